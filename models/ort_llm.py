@@ -1,0 +1,132 @@
+"""A plain onnxruntime loop over an exported decoder graph (batch 1, KV cache).
+
+Used by the accuracy gate and the benchmark; it mirrors what the agent's engine does:
+prefill with an empty past, then one token per step feeding ``present.*`` back as
+``past_key_values.*``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from models.errors import ConversionError
+from models.manifest import LlmSpec
+
+__all__ = ["Generation", "OrtDecoder", "make_session"]
+
+Past = dict[str, npt.NDArray[np.float32]]
+
+
+def make_session(onnx_path: Path, threads: int) -> Any:
+    """An onnxruntime CPU session with ``threads`` intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(
+            str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # library boundary
+        raise ConversionError(f"onnxruntime cannot load {onnx_path}: {exc}") from exc
+
+
+@dataclass
+class Generation:
+    """Result of one greedy generation."""
+
+    tokens: list[int]  # new token ids, without the prompt
+    prefill_s: float  # prompt forward pass + first token
+    decode_s: float  # all later steps
+    decode_steps: int = 0  # tokens produced by decode steps (len(tokens) - 1)
+    stopped_at_eos: bool = field(default=False)
+
+
+class OrtDecoder:
+    """Runs an exported causal LM graph one sequence at a time."""
+
+    def __init__(self, onnx_path: Path, spec: LlmSpec, threads: int) -> None:
+        started = time.perf_counter()
+        self.session = make_session(onnx_path, threads)
+        self.load_s = time.perf_counter() - started
+        self.spec = spec
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def empty_past(self) -> Past:
+        shape = (1, self.spec.num_kv_heads, 0, self.spec.head_dim)
+        past: Past = {}
+        for layer in range(self.spec.num_layers):
+            past[self.spec.past_key_template.format(layer=layer)] = np.zeros(shape, np.float32)
+            past[self.spec.past_value_template.format(layer=layer)] = np.zeros(shape, np.float32)
+        return past
+
+    def forward(
+        self, ids: list[int], past: Past, past_len: int
+    ) -> tuple[npt.NDArray[np.float32], Past]:
+        """Logits for ``ids`` (shape [len(ids), vocab]) and the grown cache."""
+        n = len(ids)
+        feed: dict[str, Any] = {
+            "input_ids": np.asarray([ids], dtype=np.int64),
+            "attention_mask": np.ones((1, past_len + n), dtype=np.int64),
+            **past,
+        }
+        if "position_ids" in self.input_names:
+            feed["position_ids"] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
+        outputs = dict(zip(self.output_names, self.session.run(None, feed), strict=True))
+        present: Past = {}
+        for layer in range(self.spec.num_layers):
+            for past_t, present_t in (
+                (self.spec.past_key_template, self.spec.present_key_template),
+                (self.spec.past_value_template, self.spec.present_value_template),
+            ):
+                present[past_t.format(layer=layer)] = outputs[present_t.format(layer=layer)]
+        logits: npt.NDArray[np.float32] = outputs["logits"][0]
+        return logits, present
+
+    def greedy(
+        self,
+        prompt: list[int],
+        max_new: int,
+        eos_ids: tuple[int, ...] = (),
+        stop_at_eos: bool = True,
+    ) -> Generation:
+        """Greedy decoding of up to ``max_new`` tokens."""
+        t0 = time.perf_counter()
+        logits, past = self.forward(prompt, self.empty_past(), 0)
+        token = int(np.argmax(logits[-1]))
+        tokens = [token]
+        t1 = time.perf_counter()
+        stopped = stop_at_eos and token in eos_ids
+        while not stopped and len(tokens) < max_new:
+            logits, past = self.forward([token], past, len(prompt) + len(tokens) - 1)
+            token = int(np.argmax(logits[-1]))
+            tokens.append(token)
+            stopped = stop_at_eos and token in eos_ids
+        t2 = time.perf_counter()
+        return Generation(
+            tokens=tokens,
+            prefill_s=t1 - t0,
+            decode_s=t2 - t1,
+            decode_steps=len(tokens) - 1,
+            stopped_at_eos=stopped,
+        )
+
+    def negative_log_likelihood(self, ids: list[int]) -> tuple[float, int]:
+        """Sum of -log p(token | prefix) over ids[1:], computed in one prefill pass."""
+        logits, _ = self.forward(ids, self.empty_past(), 0)
+        logits64 = logits[:-1].astype(np.float64)
+        peak = logits64.max(axis=-1, keepdims=True)
+        log_norm = np.log(np.exp(logits64 - peak).sum(axis=-1)) + peak[:, 0]
+        targets = np.asarray(ids[1:], dtype=np.int64)
+        picked = logits64[np.arange(len(targets)), targets]
+        return float((log_norm - picked).sum()), len(targets)

@@ -1,0 +1,113 @@
+"""The tiny-llama artifact: its graph matches its manifest, it runs, and the cache holds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.manifest import load_manifest, verify_files
+
+
+def test_graph_names_match_manifest(tiny_out: Path) -> None:
+    import onnxruntime as ort
+
+    directory = tiny_out / "tiny-llama"
+    manifest = load_manifest(directory)
+    verify_files(manifest, directory)
+    session = ort.InferenceSession(
+        str(directory / manifest.graph.onnx), providers=["CPUExecutionProvider"]
+    )
+    assert tuple(i.name for i in session.get_inputs()) == manifest.graph.inputs
+    assert tuple(o.name for o in session.get_outputs()) == manifest.graph.outputs
+    llm = manifest.llm
+    assert llm is not None
+    assert (llm.num_layers, llm.num_attention_heads, llm.num_kv_heads, llm.head_dim) == (
+        2,
+        4,
+        2,
+        16,
+    )
+    assert llm.vocab_size == 49152
+    for layer in range(llm.num_layers):
+        assert llm.past_key_template.format(layer=layer) in manifest.graph.inputs
+        assert llm.present_value_template.format(layer=layer) in manifest.graph.outputs
+    assert manifest.task == "text-generation" and manifest.variant == "fp32"
+    assert manifest.special_tokens.eos_token_ids == (2,)
+    assert manifest.context_length == 512
+    assert manifest.chat_template is not None and "<|im_start|>" in manifest.chat_template
+
+
+def test_decode_with_cache_matches_full_prefill(tiny_out: Path) -> None:
+    from models.ort_llm import OrtDecoder
+
+    directory = tiny_out / "tiny-llama"
+    manifest = load_manifest(directory)
+    assert manifest.llm is not None
+    decoder = OrtDecoder(directory / manifest.graph.onnx, manifest.llm, threads=1)
+    prompt = [1, 9690, 198, 28120, 905]
+    generation = decoder.greedy(prompt, max_new=6, stop_at_eos=False)
+    assert len(generation.tokens) == 6
+    # the same tokens scored in one pass (empty past) give the same greedy choices
+    logits, _ = decoder.forward(prompt + generation.tokens[:-1], decoder.empty_past(), 0)
+    assert [int(t) for t in np.argmax(logits[len(prompt) - 1 :], axis=-1)] == generation.tokens
+
+
+def test_tokenizer_json_encodes_chat_without_special_tokens(tiny_out: Path) -> None:
+    import jinja2
+    from tokenizers import Tokenizer
+
+    manifest = load_manifest(tiny_out / "tiny-llama")
+    tokenizer = Tokenizer.from_file(str(tiny_out / "tiny-llama" / manifest.tokenizer.file))
+    assert manifest.chat_template is not None
+    text = jinja2.Template(manifest.chat_template).render(
+        messages=[{"role": "user", "content": "Hello, world!  How are you?"}],
+        add_generation_prompt=True,
+    )
+    ids = tokenizer.encode(text, add_special_tokens=manifest.tokenizer.add_special_tokens).ids
+    assert ids[0] == 1  # <|im_start|> as one token, no extra BOS
+    assert ids.count(2) == 2  # two <|im_end|>
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_second_build_is_cached_and_rewrites_nothing(tiny_out: Path) -> None:
+    directory = tiny_out / "tiny-llama"
+    before = {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    result = subprocess.run(
+        [sys.executable, "-m", "models", "build", "--out", str(tiny_out), "--only", "tiny-llama"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    assert "tiny-llama: up to date (cached)" in result.stdout
+    after = {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
+    assert after == before
+
+
+def test_other_build_key_is_not_cached(tiny_out: Path) -> None:
+    from models.build import TARGETS, is_up_to_date
+    from models.context import BuildOptions, compute_build_key
+    from models.sources import locate
+
+    target = TARGETS["tiny-llama"]
+    options = BuildOptions(out=tiny_out)
+    key = compute_build_key(locate(target.source).spec.sha256, target.key_options(options))
+    assert is_up_to_date(tiny_out, target, key)
+    assert not is_up_to_date(tiny_out, target, "0" * 64)
+
+
+@pytest.mark.parametrize("flag", ["--out", "--only", "--force", "--skip-gate", "--threads"])
+def test_cli_help_documents_every_flag(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from models.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--help"])
+    assert exc.value.code == 0
+    assert flag in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""The agent's HTTP API: the OpenAI wire format over aiohttp."""

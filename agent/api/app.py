@@ -1,0 +1,211 @@
+"""The agent's aiohttp application: thin handlers over the serving objects."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agent.api.openapi import openapi_document
+from agent.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    Health,
+    ModelCard,
+    ModelList,
+)
+from agent.api.serving_chat import ChatService
+from agent.api.serving_common import GenerationLimits
+from agent.api.serving_completions import CompletionService
+from agent.api.serving_embeddings import EmbeddingService
+from agent.api.wire import error_body, error_response, json_response, read_json, stream_sse
+from agent.config import AgentConfig
+from agent.engine.ort_session import SessionConfig
+from agent.errors import AgentError
+from agent.metrics import AgentMetrics
+from agent.model_registry import ModelRegistry
+from agent.model_store import load_registry
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", AgentConfig)
+METRICS = web.AppKey("metrics", AgentMetrics)
+REGISTRY = web.AppKey("registry", ModelRegistry)
+CHAT = web.AppKey("chat", ChatService)
+COMPLETIONS = web.AppKey("completions", CompletionService)
+EMBEDDINGS = web.AppKey("embeddings", EmbeddingService)
+STARTED = web.AppKey("started", float)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure leaves as an OpenAI error body; every request is counted and timed."""
+    metrics = request.app[METRICS]
+    route = request.match_info.route.resource
+    endpoint = route.canonical if route is not None else "unmatched"
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except AgentError as exc:
+        status = exc.status
+        if status >= 500:
+            log.error("request %s failed: %s", request.path, exc.message)
+        return error_response(exc)
+    except web.HTTPException as exc:
+        status = exc.status
+        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        message = f"{exc.reason}: {request.method} {request.path}"
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return web.json_response(error_body(message, kind), status=exc.status, headers=headers)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.json_response(
+            error_body("internal server error", "server_error", code="internal_error"),
+            status=500,
+        )
+    finally:
+        metrics.requests.labels(endpoint, str(status)).inc()
+        metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
+
+
+def _limit(request: web.Request) -> int:
+    return request.app[CONFIG].server.max_body_bytes
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request, ChatCompletionRequest, _limit(request))
+    service = request.app[CHAT]
+    prepared = service.prepare(body)
+    if prepared.stream:
+        return await stream_sse(request, service.stream(prepared))
+    return json_response(await service.complete(prepared))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request, CompletionRequest, _limit(request))
+    service = request.app[COMPLETIONS]
+    prepared = service.prepare(body)
+    if prepared.stream:
+        return await stream_sse(request, service.stream(prepared))
+    return json_response(await service.complete(prepared))
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request, EmbeddingRequest, _limit(request))
+    return json_response(await request.app[EMBEDDINGS].create(body))
+
+
+async def list_models(request: web.Request) -> web.StreamResponse:
+    registry = request.app[REGISTRY]
+    created = int(request.app[STARTED])
+    cards = [
+        ModelCard(
+            id=m.model_id,
+            created=created,
+            version=m.version,
+            task="text-generation",
+            context_length=m.context_length,
+        )
+        for m in registry.text_models.values()
+    ] + [
+        ModelCard(
+            id=e.model_id,
+            created=created,
+            version=e.version,
+            task="feature-extraction",
+            context_length=e.max_input_tokens,
+        )
+        for e in registry.embedding_models.values()
+    ]
+    return json_response(ModelList(data=sorted(cards, key=lambda c: c.id)))
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    registry = request.app[REGISTRY]
+    running = sum(m.running for m in registry.text_models.values())
+    waiting = sum(m.waiting for m in registry.text_models.values())
+    return json_response(Health(status="ok", models=registry.ids, running=running, waiting=waiting))
+
+
+async def metrics_page(request: web.Request) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    registry = request.app[REGISTRY]
+    metrics.running.set(sum(m.running for m in registry.text_models.values()))
+    metrics.waiting.set(sum(m.waiting for m in registry.text_models.values()))
+    response = web.Response(body=generate_latest(metrics.registry))
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return response
+
+
+async def openapi(request: web.Request) -> web.StreamResponse:
+    return web.json_response(openapi_document())
+
+
+ROUTES = [
+    web.post("/v1/chat/completions", chat_completions),
+    web.post("/v1/completions", completions),
+    web.post("/v1/embeddings", embeddings),
+    web.get("/v1/models", list_models),
+    web.get("/healthz", healthz),
+    web.get("/metrics", metrics_page),
+    web.get("/openapi.json", openapi),
+]
+
+
+def _registry_ctx(
+    registry: ModelRegistry | None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        config = app[CONFIG]
+        owned = registry is None
+        reg = registry
+        if reg is None:
+            engine = config.engine
+            reg = load_registry(
+                Path(config.models.dir),
+                config.models.serve,
+                session_config=SessionConfig(
+                    intra_op_threads=engine.intra_op_threads,
+                    inter_op_threads=engine.inter_op_threads,
+                    execution_provider=engine.execution_provider,
+                ),
+                max_context_tokens=engine.max_context_tokens,
+                verify=config.models.verify_checksums,
+            )
+        limits = GenerationLimits(
+            max_context_tokens=config.engine.max_context_tokens,
+            default_max_tokens=config.engine.default_max_tokens,
+        )
+        metrics = app[METRICS]
+        app[REGISTRY] = reg
+        app[CHAT] = ChatService(reg, limits, metrics)
+        app[COMPLETIONS] = CompletionService(reg, limits, metrics)
+        app[EMBEDDINGS] = EmbeddingService(reg)
+        yield
+        if owned:
+            await reg.close()
+
+    return ctx
+
+
+def create_app(config: AgentConfig, registry: ModelRegistry | None = None) -> web.Application:
+    """Build the agent's app. Models load at startup unless a ``registry`` is given."""
+    app = web.Application(
+        middlewares=[errors_and_metrics], client_max_size=config.server.max_body_bytes
+    )
+    app[CONFIG] = config
+    app[METRICS] = AgentMetrics()
+    app[STARTED] = time.time()
+    app.add_routes(ROUTES)
+    app.cleanup_ctx.append(_registry_ctx(registry))
+    return app

@@ -1,0 +1,86 @@
+"""The OpenAPI 3.1 document of every HTTP route, built from the pydantic models."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from agent.api import protocol as p
+
+_REF = "#/components/schemas/{model}"
+
+# path, method, summary, request model, success model, streams
+_OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None, bool]] = [
+    ("/v1/chat/completions", "post", "Chat completion (stream: true gives SSE)",
+     p.ChatCompletionRequest, p.ChatCompletionResponse, True),
+    ("/v1/completions", "post", "Text completion (stream: true gives SSE)",
+     p.CompletionRequest, p.CompletionResponse, True),
+    ("/v1/embeddings", "post", "Sentence embeddings", p.EmbeddingRequest, p.EmbeddingResponse,
+     False),
+    ("/v1/models", "get", "Models served by this agent", None, p.ModelList, False),
+    ("/healthz", "get", "Liveness and current load", None, p.Health, False),
+    ("/metrics", "get", "Prometheus metrics (text format)", None, None, False),
+    ("/openapi.json", "get", "This document", None, None, False),
+]
+
+_ERRORS = {
+    "400": "Invalid request (the field is named in error.param)",
+    "404": "Unknown model or route",
+    "413": "Request body over the configured limit",
+    "429": "Overloaded; retry after the Retry-After header",
+    "500": "Inference failed",
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    models: list[type[BaseModel]] = [p.ErrorResponse, p.ChatCompletionChunk]
+    for _, _, _, req, resp, _ in _OPERATIONS:
+        models += [m for m in (req, resp) if m is not None]
+    unique = list(dict.fromkeys(models))
+    _, schemas = models_json_schema(
+        [(m, "validation") for m in unique], ref_template=_REF
+    )
+    paths: dict[str, Any] = {}
+    for path, method, summary, req, resp, streams in _OPERATIONS:
+        ok: dict[str, Any] = {"description": "Success"}
+        if resp is not None:
+            ok["content"] = {"application/json": {"schema": _ref(resp)}}
+        elif path == "/metrics":
+            ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+        else:
+            ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        if streams:
+            ok["content"]["text/event-stream"] = {
+                "schema": {"type": "string"},
+                "description": "data: <chunk JSON> events, ending with data: [DONE]",
+            }
+        op: dict[str, Any] = {"summary": summary, "responses": {"200": ok}}
+        if req is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(req)}},
+            }
+            for status, description in _ERRORS.items():
+                op["responses"][status] = {
+                    "description": description,
+                    "content": {"application/json": {"schema": _ref(p.ErrorResponse)}},
+                }
+        paths[path] = {method: op}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "edgefleet agent API",
+            "version": "1",
+            "description": "OpenAI-compatible inference API of an edgefleet agent.",
+        },
+        "paths": paths,
+        "components": {"schemas": schemas.get("$defs", {})},
+    }

@@ -1,0 +1,225 @@
+"""Request and response bodies of the OpenAI wire format, as pydantic models.
+
+Requests are validated strictly (a string is not a number); fields OpenAI documents but
+this server does not implement are accepted only at their neutral value and otherwise
+refused by the serving layer with a clear 400.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_REQUEST = ConfigDict(strict=True, extra="ignore")
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+StopField = str | Annotated[list[str], Field(max_length=4)] | None
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = _REQUEST
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    model_config = _REQUEST
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ResponseFormat(BaseModel):
+    model_config = _REQUEST
+    type: str
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and text completions."""
+
+    model_config = _REQUEST
+    model: str
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0  # extension (as in vLLM)
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    seed: int | None = None
+    stop: StopField = None
+    max_tokens: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | Annotated[list[str], Field(min_length=1)] | Annotated[
+        list[int], Field(min_length=1)
+    ]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = _REQUEST
+    model: str
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=2048)]
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[list[int]], Field(min_length=1, max_length=2048)]
+    )
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    finish_reason: Literal["stop", "length"] | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"] | None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "edgefleet"
+    version: str  # extension: the artifact version served
+    task: Literal["text-generation", "feature-extraction"]  # extension
+    context_length: int  # extension: tokens of prompt plus completion
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    models: list[str]
+    running: int
+    waiting: int

@@ -1,0 +1,134 @@
+"""``/v1/chat/completions``: messages through the chat template into the engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from agent.api.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatMessageOut,
+)
+from agent.api.serving_common import (
+    GenerationLimits,
+    PreparedGeneration,
+    new_request_id,
+    refuse_unsupported,
+    sampling_params,
+    timed_generation,
+    usage_of,
+)
+from agent.engine.interface import (
+    ChatMessage,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+)
+from agent.errors import InvalidRequestError, UnsupportedError
+from agent.metrics import AgentMetrics
+from agent.model_registry import ModelRegistry
+
+
+class ChatService:
+    def __init__(
+        self, registry: ModelRegistry, limits: GenerationLimits, metrics: AgentMetrics
+    ) -> None:
+        self._registry = registry
+        self._limits = limits
+        self._metrics = metrics
+
+    def prepare(self, req: ChatCompletionRequest) -> PreparedGeneration:
+        model = self._registry.text_model(req.model)
+        refuse_unsupported(req)
+        if req.logprobs or req.top_logprobs:
+            raise UnsupportedError("logprobs are not supported", param="logprobs")
+        if req.tools or req.functions or req.tool_choice not in (None, "none"):
+            raise UnsupportedError("tool calling is not supported", param="tools")
+        if req.response_format is not None and req.response_format.type != "text":
+            raise UnsupportedError(
+                "only response_format type 'text' is supported", param="response_format"
+            )
+        if req.max_tokens is not None and req.max_completion_tokens is not None:
+            raise InvalidRequestError(
+                "give max_tokens or max_completion_tokens, not both", param="max_tokens"
+            )
+        messages = []
+        for i, m in enumerate(req.messages):
+            if m.role == "tool":
+                raise UnsupportedError(
+                    "tool messages are not supported", param=f"messages.{i}.role"
+                )
+            role = "system" if m.role == "developer" else m.role
+            messages.append(ChatMessage(role=role, content=m.text()))
+        prompt_ids = model.encode(model.apply_chat_template(messages))
+        max_tokens_param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"
+        params = sampling_params(
+            req,
+            max_tokens=req.max_tokens if req.max_tokens is not None else req.max_completion_tokens,
+            max_tokens_param=max_tokens_param,
+            prompt_param="messages",
+            prompt_tokens=len(prompt_ids),
+            context_length=model.context_length,
+            limits=self._limits,
+        )
+        return PreparedGeneration(
+            model=model,
+            request=GenerationRequest(new_request_id("chatcmpl"), prompt_ids, params),
+            stream=req.stream,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            created=int(time.time()),
+        )
+
+    async def complete(self, prepared: PreparedGeneration) -> ChatCompletionResponse:
+        parts: list[str] = []
+        last: GenerationOutput | None = None
+        async for output in timed_generation(prepared, self._metrics):
+            parts.append(output.text)
+            last = output
+        prompt_tokens = len(prepared.request.prompt_token_ids)
+        return ChatCompletionResponse(
+            id=prepared.request.request_id,
+            created=prepared.created,
+            model=prepared.model.model_id,
+            system_fingerprint=prepared.model.version,
+            choices=[
+                ChatChoice(
+                    index=0,
+                    message=ChatMessageOut(content="".join(parts)),
+                    finish_reason=last.finish_reason if last else "length",
+                )
+            ],
+            usage=usage_of(last, prompt_tokens),
+        )
+
+    async def stream(self, prepared: PreparedGeneration) -> AsyncIterator[ChatCompletionChunk]:
+        def chunk(delta: ChatDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(
+                id=prepared.request.request_id,
+                created=prepared.created,
+                model=prepared.model.model_id,
+                system_fingerprint=prepared.model.version,
+                choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],
+            )
+
+        yield chunk(ChatDelta(role="assistant", content=""))
+        last: GenerationOutput | None = None
+        async for output in timed_generation(prepared, self._metrics):
+            last = output
+            if output.text:
+                yield chunk(ChatDelta(content=output.text))
+        yield chunk(ChatDelta(), last.finish_reason if last else "length")
+        if prepared.include_usage:
+            yield ChatCompletionChunk(
+                id=prepared.request.request_id,
+                created=prepared.created,
+                model=prepared.model.model_id,
+                system_fingerprint=prepared.model.version,
+                choices=[],
+                usage=usage_of(last, len(prepared.request.prompt_token_ids)),
+            )

@@ -1,0 +1,114 @@
+"""What chat and text completions share: limits, sampling parameters, timing, metrics."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from agent.api.protocol import SamplingFields, Usage
+from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams, TextModel
+from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedError
+from agent.metrics import AgentMetrics
+
+
+@dataclass(frozen=True)
+class GenerationLimits:
+    max_context_tokens: int = 2048  # the agent's cap on prompt + completion per sequence
+    default_max_tokens: int = 256  # completion length when the request names none
+
+
+def refuse_unsupported(req: SamplingFields) -> None:
+    if req.n != 1:
+        raise UnsupportedError("only n=1 is supported", param="n")
+    if req.presence_penalty != 0.0:
+        raise UnsupportedError("presence_penalty is not supported", param="presence_penalty")
+    if req.frequency_penalty != 0.0:
+        raise UnsupportedError("frequency_penalty is not supported", param="frequency_penalty")
+    if req.logit_bias:
+        raise UnsupportedError("logit_bias is not supported", param="logit_bias")
+
+
+def sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int | None,
+    max_tokens_param: str,
+    prompt_param: str,
+    prompt_tokens: int,
+    context_length: int,
+    limits: GenerationLimits,
+) -> SamplingParams:
+    context = min(context_length, limits.max_context_tokens)
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequestError(
+            f"{max_tokens_param} must be at least 1, got {max_tokens}", param=max_tokens_param
+        )
+    if prompt_tokens >= context:
+        raise ContextLengthError(
+            f"This model's maximum context length is {context} tokens. However, your prompt "
+            f"has {prompt_tokens} tokens, which leaves no room for a completion.",
+            param=prompt_param,
+        )
+    if max_tokens is None:
+        max_tokens = min(limits.default_max_tokens, context - prompt_tokens)
+    elif prompt_tokens + max_tokens > context:
+        raise ContextLengthError(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
+            f"for the completion). Reduce the prompt or {max_tokens_param}.",
+            param=max_tokens_param,
+        )
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return SamplingParams(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        max_tokens=max_tokens,
+        stop=stop,
+    )
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class PreparedGeneration:
+    model: TextModel
+    request: GenerationRequest
+    stream: bool
+    include_usage: bool
+    created: int
+
+
+def usage_of(output: GenerationOutput | None, prompt_tokens: int) -> Usage:
+    completion = output.completion_tokens if output else 0
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=prompt_tokens + completion,
+    )
+
+
+async def timed_generation(
+    prepared: PreparedGeneration, metrics: AgentMetrics
+) -> AsyncIterator[GenerationOutput]:
+    """The engine's outputs, with time to first token and per-token time recorded."""
+    model_id = prepared.model.model_id
+    started = time.perf_counter()
+    last = started
+    generated = 0
+    metrics.prompt_tokens.labels(model_id).inc(len(prepared.request.prompt_token_ids))
+    async for output in prepared.model.generate(prepared.request):
+        now = time.perf_counter()
+        if generated == 0:
+            metrics.time_to_first_token.labels(model_id).observe(now - started)
+        else:
+            metrics.time_per_output_token.labels(model_id).observe(now - last)
+        last = now
+        metrics.generation_tokens.labels(model_id).inc(len(output.token_ids))
+        generated = output.completion_tokens
+        yield output

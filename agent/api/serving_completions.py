@@ -1,0 +1,113 @@
+"""``/v1/completions``: raw text (or token ids) into the engine, no chat template."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from agent.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from agent.api.serving_common import (
+    GenerationLimits,
+    PreparedGeneration,
+    new_request_id,
+    refuse_unsupported,
+    sampling_params,
+    timed_generation,
+    usage_of,
+)
+from agent.engine.interface import GenerationOutput, GenerationRequest
+from agent.errors import InvalidRequestError, UnsupportedError
+from agent.metrics import AgentMetrics
+from agent.model_registry import ModelRegistry
+
+
+class CompletionService:
+    def __init__(
+        self, registry: ModelRegistry, limits: GenerationLimits, metrics: AgentMetrics
+    ) -> None:
+        self._registry = registry
+        self._limits = limits
+        self._metrics = metrics
+
+    def prepare(self, req: CompletionRequest) -> PreparedGeneration:
+        model = self._registry.text_model(req.model)
+        refuse_unsupported(req)
+        if req.echo:
+            raise UnsupportedError("echo is not supported", param="echo")
+        if req.suffix:
+            raise UnsupportedError("suffix is not supported", param="suffix")
+        if req.best_of not in (None, 1):
+            raise UnsupportedError("only best_of=1 is supported", param="best_of")
+        if req.logprobs:
+            raise UnsupportedError("logprobs are not supported", param="logprobs")
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            prompt_ids = model.encode(prompt)
+        elif all(isinstance(p, str) for p in prompt):
+            if len(prompt) != 1:
+                raise UnsupportedError("only one prompt per request is supported", param="prompt")
+            prompt_ids = model.encode(str(prompt[0]))
+        else:
+            prompt_ids = [int(t) for t in prompt]
+            vocab = model.vocab_size
+            bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt"
+                )
+        if not prompt_ids:
+            raise InvalidRequestError("prompt is empty", param="prompt")
+        params = sampling_params(
+            req,
+            max_tokens=req.max_tokens,
+            max_tokens_param="max_tokens",
+            prompt_param="prompt",
+            prompt_tokens=len(prompt_ids),
+            context_length=model.context_length,
+            limits=self._limits,
+        )
+        return PreparedGeneration(
+            model=model,
+            request=GenerationRequest(new_request_id("cmpl"), prompt_ids, params),
+            stream=req.stream,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            created=int(time.time()),
+        )
+
+    def _response(
+        self,
+        prepared: PreparedGeneration,
+        choices: list[CompletionChoice],
+        last: GenerationOutput | None,
+        with_usage: bool,
+    ) -> CompletionResponse:
+        return CompletionResponse(
+            id=prepared.request.request_id,
+            created=prepared.created,
+            model=prepared.model.model_id,
+            system_fingerprint=prepared.model.version,
+            choices=choices,
+            usage=usage_of(last, len(prepared.request.prompt_token_ids)) if with_usage else None,
+        )
+
+    async def complete(self, prepared: PreparedGeneration) -> CompletionResponse:
+        parts: list[str] = []
+        last: GenerationOutput | None = None
+        async for output in timed_generation(prepared, self._metrics):
+            parts.append(output.text)
+            last = output
+        finish = last.finish_reason if last else "length"
+        choice = CompletionChoice(index=0, text="".join(parts), finish_reason=finish)
+        return self._response(prepared, [choice], last, with_usage=True)
+
+    async def stream(self, prepared: PreparedGeneration) -> AsyncIterator[CompletionResponse]:
+        last: GenerationOutput | None = None
+        async for output in timed_generation(prepared, self._metrics):
+            last = output
+            if output.text or output.finish_reason:
+                choice = CompletionChoice(
+                    index=0, text=output.text, finish_reason=output.finish_reason
+                )
+                yield self._response(prepared, [choice], None, with_usage=False)
+        if prepared.include_usage:
+            yield self._response(prepared, [], last, with_usage=True)

@@ -1,0 +1,110 @@
+"""Reading hostile request bodies and writing OpenAI-style JSON, errors and SSE."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from agent.errors import AgentError, InvalidRequestError, OverloadedError, PayloadTooLargeError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _describe_validation(exc: ValidationError) -> InvalidRequestError:
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    # pydantic names the union branch that failed (e.g. "str", "list[int]"): drop it
+    path = [p for p in loc if not (p.startswith(("list[", "str", "int", "constrained")))]
+    param = ".".join(path) or None
+    if first["type"] == "missing":
+        message = f"Missing required parameter: '{param}'."
+    else:
+        message = f"Invalid value for '{param}': {first['msg']}."
+    return InvalidRequestError(message, param=param)
+
+
+async def read_json(request: web.Request, model: type[M], limit: int) -> M:
+    """Parse and validate a JSON body; every way it can be wrong becomes a 400 or 413."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLargeError(
+            f"request body is {request.content_length} bytes; the limit is {limit} bytes"
+        )
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes") from exc
+    if not raw:
+        raise InvalidRequestError("request body is empty; expected a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(f"request body is not valid UTF-8 ({exc.reason})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(
+            f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise InvalidRequestError(
+            f"request body must be a JSON object, got {type(data).__name__}"
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _describe_validation(exc) from exc
+
+
+def json_response(body: BaseModel, status: int = 200) -> web.Response:
+    return web.Response(
+        body=body.model_dump_json(), status=status, content_type="application/json"
+    )
+
+
+def error_body(
+    message: str, error_type: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, dict[str, str | None]]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(exc: AgentError) -> web.Response:
+    response = web.json_response(
+        error_body(exc.message, exc.error_type, param=exc.param, code=exc.code),
+        status=exc.status,
+    )
+    if isinstance(exc, OverloadedError):
+        response.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    return response
+
+
+async def stream_sse(
+    request: web.Request, events: AsyncIterator[BaseModel]
+) -> web.StreamResponse:
+    """Send ``events`` as server-sent events, then ``data: [DONE]``.
+
+    An error after the stream has started is sent as an error event (the status line is
+    already out), and the stream still ends with ``[DONE]``.
+    """
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    first = await anext(events)  # errors before the first event still get a status code
+    await response.prepare(request)
+    await response.write(f"data: {first.model_dump_json()}\n\n".encode())
+    try:
+        async for event in events:
+            await response.write(f"data: {event.model_dump_json()}\n\n".encode())
+    except AgentError as exc:
+        body = error_body(exc.message, exc.error_type, param=exc.param, code=exc.code)
+        await response.write(f"data: {json.dumps(body)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response

@@ -1,0 +1,1 @@
+"""Inference engines behind a small interface the HTTP layer depends on."""

@@ -1,0 +1,103 @@
+"""Sentence embeddings from an encoder ONNX graph: mean pooling and L2 normalisation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from agent.engine.interface import EmbeddingResult
+from agent.errors import EngineError, InvalidRequestError, ModelLoadError
+
+
+class OnnxEmbeddingModel:
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        version: str,
+        session: ort.InferenceSession,
+        tokenizer_file: Path,
+        max_input_tokens: int,
+        normalize: bool = True,
+        pad_token_id: int = 0,
+    ) -> None:
+        self._model_id = model_id
+        self._version = version
+        self._session = session
+        try:
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:
+            raise ModelLoadError(f"cannot read tokenizer {tokenizer_file}: {exc}") from exc
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self._max_input_tokens = max_input_tokens
+        self._normalize = normalize
+        self._pad = pad_token_id
+        self._input_names = {i.name for i in session.get_inputs()}
+        self._output_name = session.get_outputs()[0].name
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-embed")
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self._max_input_tokens
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _ids_for(self, index: int, item: str | Sequence[int]) -> list[int]:
+        if isinstance(item, str):
+            ids = list(self._tokenizer.encode(item, add_special_tokens=True).ids)
+        else:
+            ids = list(item)
+        if not ids:
+            raise InvalidRequestError(f"input[{index}] is empty", param="input")
+        if len(ids) > self._max_input_tokens:
+            raise InvalidRequestError(
+                f"input[{index}] has {len(ids)} tokens; this model accepts at most "
+                f"{self._max_input_tokens}",
+                param="input",
+            )
+        return ids
+
+    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult:
+        batch = [self._ids_for(i, item) for i, item in enumerate(inputs)]
+        loop = asyncio.get_running_loop()
+        try:
+            vectors = await loop.run_in_executor(self._executor, self._run, batch)
+        except Exception as exc:
+            raise EngineError(f"embedding failed: {exc}") from exc
+        return EmbeddingResult(
+            vectors=vectors.tolist(), prompt_tokens=sum(len(ids) for ids in batch)
+        )
+
+    def _run(self, batch: list[list[int]]) -> npt.NDArray[np.float32]:
+        width = max(len(ids) for ids in batch)
+        input_ids = np.full((len(batch), width), self._pad, dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        feed = {"input_ids": input_ids, "attention_mask": mask}
+        if "token_type_ids" in self._input_names:
+            feed["token_type_ids"] = np.zeros_like(input_ids)
+        hidden = self._session.run([self._output_name], feed)[0].astype(np.float32)
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        if self._normalize:
+            pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        return pooled

@@ -1,0 +1,113 @@
+"""The engine interface the HTTP layer talks to, and its plain-data inputs and outputs.
+
+The HTTP layer never sees an ``onnxruntime.InferenceSession``: it tokenizes through
+:class:`TextModel`, submits a :class:`GenerationRequest`, and reads
+:class:`GenerationOutput` increments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int = 0  # keep the k most likely tokens; 0 disables
+    seed: int | None = None  # same seed and prompt give the same output
+    max_tokens: int = 256  # generated tokens at most (end-of-turn token included)
+    stop: tuple[str, ...] = ()  # text stops; the stop string itself is not returned
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str  # for logs and cancellation; never the prompt
+    prompt_token_ids: Sequence[int] = field(repr=False)  # already templated and encoded
+    params: SamplingParams = SamplingParams()
+
+    def __repr__(self) -> str:  # hide the payload from logs
+        return (
+            f"GenerationRequest(request_id={self.request_id!r}, "
+            f"prompt_tokens={len(self.prompt_token_ids)}, params={self.params!r})"
+        )
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    text: str  # new text since the previous output (stop strings removed)
+    token_ids: tuple[int, ...]  # tokens sampled since the previous output
+    finish_reason: FinishReason | None  # set on the last output only
+    prompt_tokens: int  # tokens in the prompt
+    completion_tokens: int  # tokens generated so far, this output's included
+
+    def __repr__(self) -> str:  # hide the payload from logs
+        return (
+            f"GenerationOutput(chars={len(self.text)}, tokens={len(self.token_ids)}, "
+            f"finish_reason={self.finish_reason!r}, completion_tokens={self.completion_tokens})"
+        )
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str = field(repr=False)
+
+
+class TextModel(Protocol):
+    """A served text-generation model: its tokenizer, its limits and its engine."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]: ...
+
+    @property
+    def running(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vectors: list[list[float]] = field(repr=False)  # one L2-normalised vector per input
+    prompt_tokens: int  # tokens across all inputs, padding excluded
+
+
+class EmbeddingModel(Protocol):
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def max_input_tokens(self) -> int: ...
+
+    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,38 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, seeded."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.engine.interface import SamplingParams
+
+
+class TokenSampler:
+    """One sampler per sequence; a fixed seed makes its choices repeatable."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self._params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: npt.NDArray[np.float32]) -> int:
+        p = self._params
+        if p.greedy:
+            return int(np.argmax(logits))
+        scores = logits.astype(np.float64) / p.temperature
+        if 0 < p.top_k < scores.shape[-1]:
+            kth = np.partition(scores, -p.top_k)[-p.top_k]
+            scores = np.where(scores < kth, -np.inf, scores)
+        scores -= scores.max()
+        probs = np.exp(scores)
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cumulative = np.cumsum(probs[order])
+            # keep the smallest prefix whose mass reaches top_p (always at least one token)
+            keep = int(np.searchsorted(cumulative, p.top_p) + 1)
+            mask = np.zeros_like(probs, dtype=bool)
+            mask[order[:keep]] = True
+            probs = np.where(mask, probs, 0.0)
+            probs /= probs.sum()
+        return int(self._rng.choice(probs.shape[-1], p=probs))

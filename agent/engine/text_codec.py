@@ -1,0 +1,126 @@
+"""Tokenizer, chat template and incremental detokenization for one text model.
+
+Tokenization uses HF ``tokenizers``; chat templates are rendered with jinja2's immutable
+sandbox, the way ``transformers`` renders them, so a template shipped with a model works
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from agent.engine.interface import ChatMessage
+from agent.errors import InvalidRequestError, ModelLoadError
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class TextCodec:
+    """Turns chat messages and text into token ids and token ids back into text."""
+
+    def __init__(
+        self,
+        tokenizer_file: Path,
+        *,
+        chat_template: str | None,
+        add_special_tokens: bool,
+        bos_token: str = "",
+        eos_token: str = "",
+    ) -> None:
+        try:
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise ModelLoadError(f"cannot read tokenizer {tokenizer_file}: {exc}") from exc
+        self._add_special_tokens = add_special_tokens
+        self._bos_token = bos_token
+        self._eos_token = eos_token
+        self._template: jinja2.Template | None = None
+        if chat_template:
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = _strftime_now
+            try:
+                self._template = env.from_string(chat_template)
+            except jinja2.exceptions.TemplateError as exc:
+                raise ModelLoadError(f"chat template does not compile: {exc}") from exc
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=self._add_special_tokens).ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+        if self._template is None:
+            raise InvalidRequestError(
+                "this model has no chat template; use /v1/completions", param="model"
+            )
+        context: dict[str, Any] = {
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "add_generation_prompt": True,
+            "bos_token": self._bos_token,
+            "eos_token": self._eos_token,
+        }
+        try:
+            return self._template.render(**context)
+        except jinja2.exceptions.TemplateError as exc:
+            raise InvalidRequestError(
+                f"the model's chat template rejected these messages: {exc}", param="messages"
+            ) from exc
+
+    def detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self)
+
+
+class IncrementalDetokenizer:
+    """Yields the text of each new token once it is complete.
+
+    Decoding a window that starts a few tokens back keeps merges and multi-byte characters
+    right (a character split across tokens is held until its last byte arrives).
+    """
+
+    def __init__(self, codec: TextCodec) -> None:
+        self._codec = codec
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def add(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix_text = self._codec.decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._codec.decode(self._ids[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return new_text[len(prefix_text) :]
+        return ""
+
+    def flush(self) -> str:
+        """Text still held at the end (an incomplete character comes out as U+FFFD)."""
+        prefix_text = self._codec.decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._codec.decode(self._ids[self._prefix_offset :])
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""

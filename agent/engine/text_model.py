@@ -1,0 +1,62 @@
+"""A served text-generation model: tokenizer and chat template in front of an engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from agent.engine.interface import ChatMessage, GenerationOutput, GenerationRequest
+from agent.engine.serial_engine import SerialTextEngine
+from agent.engine.text_codec import TextCodec
+
+
+class OnnxTextModel:
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        version: str,
+        context_length: int,
+        codec: TextCodec,
+        engine: SerialTextEngine,
+    ) -> None:
+        self._model_id = model_id
+        self._version = version
+        self._context_length = context_length
+        self._codec = codec
+        self._engine = engine
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self._codec.vocab_size
+
+    @property
+    def running(self) -> int:
+        return self._engine.running
+
+    @property
+    def waiting(self) -> int:
+        return self._engine.waiting
+
+    def encode(self, text: str) -> list[int]:
+        return self._codec.encode(text)
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+        return self._codec.apply_chat_template(messages)
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        return self._engine.generate(request)
+
+    async def close(self) -> None:
+        await self._engine.close()

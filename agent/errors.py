@@ -1,0 +1,98 @@
+"""The agent's exceptions, one tree, rooted at :class:`AgentError`.
+
+```
+AgentError
+├── RequestError                 recoverable: the caller sent something we refuse
+│   ├── InvalidRequestError      400 invalid_request_error (names the field in ``param``)
+│   │   └── ContextLengthError   400 context_length_exceeded (states the limits)
+│   ├── PayloadTooLargeError     413
+│   ├── ModelNotFoundError       404 model_not_found
+│   └── UnsupportedError         400 a known OpenAI feature this server does not offer
+├── OverloadedError              429 recoverable: try again later (``retry_after`` seconds)
+├── EngineError                  500 recoverable: one request failed inside the engine
+└── FatalError                   not recoverable: the process cannot serve (bad config, model files)
+    ├── ConfigError
+    └── ModelLoadError
+```
+
+Library errors (onnxruntime, tokenizers, jinja2, json) are converted at the boundary with
+``raise ... from exc`` so callers only ever catch these.
+"""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Root of every error the agent raises on purpose."""
+
+    status = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class RequestError(AgentError):
+    """The request is at fault; the process is fine."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class InvalidRequestError(RequestError):
+    """A field is missing, of the wrong type, or out of range."""
+
+
+class ContextLengthError(InvalidRequestError):
+    """Prompt plus requested completion does not fit the model's context window."""
+
+    code = "context_length_exceeded"
+
+
+class PayloadTooLargeError(RequestError):
+    status = 413
+    code = "payload_too_large"
+
+
+class ModelNotFoundError(RequestError):
+    status = 404
+    code = "model_not_found"
+
+
+class UnsupportedError(RequestError):
+    """A documented OpenAI feature that this server does not implement."""
+
+    code = "unsupported_parameter"
+
+
+class OverloadedError(AgentError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineError(AgentError):
+    """Inference failed for one request; other requests are unaffected."""
+
+    status = 500
+    error_type = "server_error"
+    code = "engine_error"
+
+
+class FatalError(AgentError):
+    """The agent cannot serve: stop the process with a clear message."""
+
+
+class ConfigError(FatalError):
+    pass
+
+
+class ModelLoadError(FatalError):
+    pass

@@ -1,0 +1,56 @@
+"""The models one agent serves, looked up by the id clients send."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.engine.interface import EmbeddingModel, TextModel
+from agent.errors import InvalidRequestError, ModelNotFoundError
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        text_models: Mapping[str, TextModel],
+        embedding_models: Mapping[str, EmbeddingModel],
+    ) -> None:
+        self.text_models = dict(text_models)
+        self.embedding_models = dict(embedding_models)
+
+    @property
+    def ids(self) -> list[str]:
+        return sorted([*self.text_models, *self.embedding_models])
+
+    def _not_found(self, model_id: str) -> ModelNotFoundError:
+        served = ", ".join(self.ids) or "none"
+        return ModelNotFoundError(
+            f"The model '{model_id}' does not exist on this agent (served: {served})",
+            param="model",
+        )
+
+    def text_model(self, model_id: str) -> TextModel:
+        model = self.text_models.get(model_id)
+        if model is not None:
+            return model
+        if model_id in self.embedding_models:
+            raise InvalidRequestError(
+                f"'{model_id}' is an embedding model; use /v1/embeddings", param="model"
+            )
+        raise self._not_found(model_id)
+
+    def embedding_model(self, model_id: str) -> EmbeddingModel:
+        model = self.embedding_models.get(model_id)
+        if model is not None:
+            return model
+        if model_id in self.text_models:
+            raise InvalidRequestError(
+                f"'{model_id}' is a text-generation model, not an embedding model",
+                param="model",
+            )
+        raise self._not_found(model_id)
+
+    async def close(self) -> None:
+        for text in self.text_models.values():
+            await text.close()
+        for emb in self.embedding_models.values():
+            await emb.close()

@@ -1,0 +1,145 @@
+"""The agent's local model store: artifact directories (manifest.json each) on disk.
+
+Loading checks every file against its manifest (size and sha256) before a session is
+created, so a truncated or tampered artifact never serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.engine.causal_lm import CausalLM, CausalLMSpec
+from agent.engine.embedder import OnnxEmbeddingModel
+from agent.engine.interface import EmbeddingModel, TextModel
+from agent.engine.ort_session import SessionConfig, create_session
+from agent.engine.serial_engine import SerialTextEngine
+from agent.engine.text_codec import TextCodec
+from agent.engine.text_model import OnnxTextModel
+from agent.errors import ModelLoadError
+from agent.model_registry import ModelRegistry
+from models.errors import ModelsError
+from models.manifest import MANIFEST_FILENAME, ModelManifest, load_manifest, verify_files
+
+log = logging.getLogger(__name__)
+
+
+def find_artifacts(models_dir: Path) -> dict[str, Path]:
+    """Served name -> artifact directory, for every manifest directly under ``models_dir``."""
+    found: dict[str, Path] = {}
+    if not models_dir.is_dir():
+        return found
+    for manifest_path in sorted(models_dir.glob(f"*/{MANIFEST_FILENAME}")):
+        found[manifest_path.parent.name] = manifest_path.parent
+    return found
+
+
+def read_manifest(directory: Path, *, verify: bool) -> ModelManifest:
+    try:
+        manifest = load_manifest(directory / MANIFEST_FILENAME)
+        if verify:
+            verify_files(manifest, directory)
+    except ModelsError as exc:
+        raise ModelLoadError(f"artifact {directory} is unusable: {exc}") from exc
+    return manifest
+
+
+def load_text_model(
+    directory: Path,
+    manifest: ModelManifest,
+    session_config: SessionConfig,
+    max_context_tokens: int,
+) -> TextModel:
+    if manifest.llm is None:
+        raise ModelLoadError(f"{directory}: text-generation manifest without an 'llm' section")
+    llm = manifest.llm
+    spec = CausalLMSpec(
+        num_layers=llm.num_layers,
+        num_kv_heads=llm.num_kv_heads,
+        head_dim=llm.head_dim,
+        vocab_size=llm.vocab_size,
+        uses_position_ids=llm.uses_position_ids,
+        past_key=llm.past_key_template,
+        past_value=llm.past_value_template,
+        present_key=llm.present_key_template,
+        present_value=llm.present_value_template,
+    )
+    session = create_session(directory / manifest.graph.onnx, session_config)
+    special = manifest.special_tokens
+    codec = TextCodec(
+        directory / manifest.tokenizer.file,
+        chat_template=manifest.chat_template,
+        add_special_tokens=manifest.tokenizer.add_special_tokens,
+        bos_token=special.bos_token or "",
+        eos_token=special.eos_token or "",
+    )
+    engine = SerialTextEngine(CausalLM(session, spec), codec, special.eos_token_ids)
+    return OnnxTextModel(
+        model_id=manifest.name,
+        version=manifest.version,
+        context_length=min(manifest.context_length, max_context_tokens),
+        codec=codec,
+        engine=engine,
+    )
+
+
+def load_embedding_model(
+    directory: Path, manifest: ModelManifest, session_config: SessionConfig
+) -> EmbeddingModel:
+    if manifest.embedding is None:
+        raise ModelLoadError(f"{directory}: feature-extraction manifest without 'embedding'")
+    emb = manifest.embedding
+    if emb.pooling != "mean":
+        raise ModelLoadError(f"{directory}: pooling {emb.pooling!r} is not supported (mean)")
+    return OnnxEmbeddingModel(
+        model_id=manifest.name,
+        version=manifest.version,
+        session=create_session(directory / manifest.graph.onnx, session_config),
+        tokenizer_file=directory / manifest.tokenizer.file,
+        max_input_tokens=emb.max_length,
+        normalize=emb.normalize,
+        pad_token_id=manifest.special_tokens.pad_token_id or 0,
+    )
+
+
+def load_registry(
+    models_dir: Path,
+    serve: Sequence[str],
+    *,
+    session_config: SessionConfig,
+    max_context_tokens: int,
+    verify: bool = True,
+) -> ModelRegistry:
+    """Load the named artifacts (all found when ``serve`` is empty) into a registry."""
+    available = find_artifacts(models_dir)
+    names = list(serve) or sorted(available)
+    if not names:
+        raise ModelLoadError(
+            f"no model artifacts under {models_dir}; build them with `python -m models build`"
+        )
+    text: dict[str, TextModel] = {}
+    embedding: dict[str, EmbeddingModel] = {}
+    for name in names:
+        directory = available.get(name)
+        if directory is None:
+            raise ModelLoadError(
+                f"model {name!r} not found under {models_dir} "
+                f"(found: {', '.join(sorted(available)) or 'none'})"
+            )
+        started = time.perf_counter()
+        manifest = read_manifest(directory, verify=verify)
+        if manifest.task == "text-generation":
+            text[manifest.name] = load_text_model(
+                directory, manifest, session_config, max_context_tokens
+            )
+        else:
+            embedding[manifest.name] = load_embedding_model(directory, manifest, session_config)
+        log.info(
+            "model %s version %s ready in %.1f s",
+            manifest.name,
+            manifest.version,
+            time.perf_counter() - started,
+        )
+    return ModelRegistry(text, embedding)

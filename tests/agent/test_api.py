@@ -1,0 +1,172 @@
+"""The HTTP API on the tiny model: OpenAI shapes, SSE, usage, and every error case."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+TINY = "tiny-llama"
+CHAT = "/v1/chat/completions"
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": TINY,
+        "messages": [{"role": "user", "content": "Say hi"}],
+        "max_tokens": 6,
+        "temperature": 0,
+    }
+    body.update(extra)
+    return body
+
+
+async def sse_events(resp: Any) -> list[Any]:
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    raw = (await resp.read()).decode()
+    events = [line[len("data: ") :] for line in raw.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+async def test_chat_completion_shape_and_exact_usage(client: TestClient) -> None:
+    resp = await client.post(CHAT, json=chat(max_tokens=7))
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["object"] == "chat.completion"
+    assert body["model"] == TINY
+    assert body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] == "length"
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 7
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 7
+    # the prompt is the chat template around the message: more tokens than the message
+    assert usage["prompt_tokens"] > 10
+
+
+async def test_streamed_chat_equals_unstreamed_and_reports_usage(client: TestClient) -> None:
+    plain = await (await client.post(CHAT, json=chat())).json()
+    resp = await client.post(
+        CHAT, json=chat(stream=True, stream_options={"include_usage": True})
+    )
+    assert resp.status == 200
+    events = await sse_events(resp)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert text == plain["choices"][0]["message"]["content"]
+    finals = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    assert finals[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["choices"] == []
+    assert events[-1]["usage"] == plain["usage"]
+
+
+async def test_completions_text_and_token_prompt(client: TestClient) -> None:
+    body = {"model": TINY, "prompt": "Once upon", "max_tokens": 5, "temperature": 0}
+    resp = await client.post("/v1/completions", json=body)
+    assert resp.status == 200
+    text_result = await resp.json()
+    assert text_result["object"] == "text_completion"
+    assert text_result["usage"]["completion_tokens"] == 5
+    streamed = await client.post("/v1/completions", json={**body, "stream": True})
+    events = await sse_events(streamed)
+    assert "".join(e["choices"][0]["text"] for e in events) == text_result["choices"][0]["text"]
+    ids = {"model": TINY, "prompt": [1, 2, 3, 4], "max_tokens": 3, "temperature": 0}
+    by_ids = await (await client.post("/v1/completions", json=ids)).json()
+    assert by_ids["usage"]["prompt_tokens"] == 4
+
+
+async def test_seed_gives_repeatable_sampling(client: TestClient) -> None:
+    body = chat(temperature=1.0, seed=1234, max_tokens=12)
+    a = await (await client.post(CHAT, json=body)).json()
+    b = await (await client.post(CHAT, json=body)).json()
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+async def test_models_health_metrics_openapi(client: TestClient) -> None:
+    models = await (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == [TINY]
+    assert models["data"][0]["version"].startswith("fp32-")
+    health = await (await client.get("/healthz")).json()
+    assert health["status"] == "ok"
+    await client.post(CHAT, json=chat())
+    metrics = await (await client.get("/metrics")).text()
+    assert 'edgefleet_agent_requests_total{endpoint="/v1/chat/completions",status="200"}' in metrics
+    assert "edgefleet_agent_time_to_first_token_seconds_count" in metrics
+    doc = await (await client.get("/openapi.json")).json()
+    served = {r.resource.canonical for r in client.app.router.routes()}  # type: ignore[union-attr]
+    assert served == set(doc["paths"])
+
+
+LONG = "word " * 400  # well over the 256-token context of the test app
+
+BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
+    # (name, path, body (bytes or JSON-able), status, param)
+    ("malformed json", CHAT, b'{"model": "tiny-llama", "messages": [', 400, None),
+    ("bad utf-8", CHAT, b'{"model": "\xff\xfe", "messages": []}', 400, None),
+    ("json array body", CHAT, b"[1, 2, 3]", 400, None),
+    ("empty body", CHAT, b"", 400, None),
+    ("unknown model", CHAT, chat(model="no-such-model"), 404, "model"),
+    ("missing messages", CHAT, {"model": TINY}, 400, "messages"),
+    ("empty messages", CHAT, chat(messages=[]), 400, "messages"),
+    ("bad role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, None),
+    ("temperature as string", CHAT, chat(temperature="hot"), 400, "temperature"),
+    ("temperature too high", CHAT, chat(temperature=5), 400, "temperature"),
+    ("top_p zero", CHAT, chat(top_p=0), 400, "top_p"),
+    ("n=2", CHAT, chat(n=2), 400, "n"),
+    ("max_tokens zero", CHAT, chat(max_tokens=0), 400, "max_tokens"),
+    ("max_tokens over context", CHAT, chat(max_tokens=100000), 400, "max_tokens"),
+    ("prompt over context", CHAT, chat(messages=[{"role": "user", "content": LONG}]), 400,
+     "messages"),
+    ("stop not a string", CHAT, chat(stop=7), 400, "stop"),
+    ("too many stops", CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("body too large", CHAT, {"model": TINY, "messages": [{"role": "user", "content": "x" * 70000}]},
+     413, None),
+    ("completions bad token id", "/v1/completions", {"model": TINY, "prompt": [99999999]}, 400,
+     "prompt"),
+    ("embeddings on a text model", "/v1/embeddings", {"model": TINY, "input": "hi"}, 400, "model"),
+    ("seed as float", CHAT, chat(seed=1.5), 400, "seed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
+async def test_bad_request_gets_openai_error_and_server_keeps_serving(
+    client: TestClient, path: str, body: Any, status: int, param: str | None
+) -> None:
+    if isinstance(body, bytes):
+        resp = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+    else:
+        resp = await client.post(path, json=body)
+    assert resp.status == status
+    error = (await resp.json())["error"]
+    assert error["message"]
+    assert error["type"] in ("invalid_request_error", "not_found_error")
+    if param is not None:
+        assert error["param"] == param
+    # the server still answers a good request afterwards
+    ok = await client.post(CHAT, json=chat(max_tokens=2))
+    assert ok.status == 200
+
+
+async def test_context_error_states_the_limits(client: TestClient) -> None:
+    resp = await client.post(CHAT, json=chat(max_tokens=100000))
+    error = (await resp.json())["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "256" in error["message"] and "100000" in error["message"]
+
+
+async def test_unknown_route_and_wrong_method_are_json(client: TestClient) -> None:
+    resp = await client.get("/v1/nothing")
+    assert resp.status == 404
+    assert (await resp.json())["error"]["type"] == "not_found_error"
+    resp = await client.get(CHAT)
+    assert resp.status == 405
+    assert "error" in await resp.json()

@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+
+from agent.engine.interface import SamplingParams
+from agent.engine.sampling import TokenSampler
+
+LOGITS = np.array([1.0, 3.0, 2.0, 0.5, -1.0], dtype=np.float32)
+
+
+def test_greedy_takes_argmax() -> None:
+    assert TokenSampler(SamplingParams(temperature=0.0)).sample(LOGITS) == 1
+
+
+def test_top_k_one_is_greedy_even_with_temperature() -> None:
+    assert TokenSampler(SamplingParams(temperature=1.5, top_k=1)).sample(LOGITS) == 1
+
+
+def test_same_seed_same_choices_different_seed_differs() -> None:
+    def draws(seed: int) -> list[int]:
+        s = TokenSampler(SamplingParams(temperature=2.0, seed=seed))
+        return [s.sample(LOGITS) for _ in range(50)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+
+
+def test_top_k_restricts_to_k_most_likely() -> None:
+    s = TokenSampler(SamplingParams(temperature=2.0, top_k=2, seed=0))
+    assert {s.sample(LOGITS) for _ in range(300)} == {1, 2}
+
+
+def test_top_p_keeps_smallest_set_reaching_mass() -> None:
+    # softmax(LOGITS): token 1 holds ~0.63, token 2 ~0.23 -> top_p 0.7 keeps {1, 2}
+    s = TokenSampler(SamplingParams(temperature=1.0, top_p=0.7, seed=0))
+    assert {s.sample(LOGITS) for _ in range(300)} == {1, 2}
+
+
+def test_sampling_follows_the_distribution() -> None:
+    s = TokenSampler(SamplingParams(temperature=1.0, seed=123))
+    counts = np.bincount([s.sample(LOGITS) for _ in range(4000)], minlength=5) / 4000
+    expected = np.exp(LOGITS) / np.exp(LOGITS).sum()
+    assert counts == pytest.approx(expected, abs=0.03)

@@ -1,0 +1,147 @@
+"""The coordinator's internal picture of the fleet, as plain dataclasses.
+
+Transport code converts wire messages into these (see ``coordinator.wire``);
+everything behind the transport works with these only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A point on Earth in WGS84 degrees."""
+
+    lat: float
+    lon: float
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What an edge box has to run models on."""
+
+    cpu_count: int = 0
+    memory_bytes: int = 0
+    # Accelerator names, e.g. "NVIDIA L4".
+    accelerators: tuple[str, ...] = ()
+    # ONNX Runtime execution providers, e.g. "CUDAExecutionProvider".
+    execution_providers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A model an agent has loaded and serves now."""
+
+    name: str
+    version: str
+    task: str = ""
+    variant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHello:
+    """What an agent says about itself when it opens a session."""
+
+    agent_id: str
+    site: str
+    # Base URL of the agent's HTTP API; empty when the agent did not say.
+    http_url: str
+    agent_version: str = ""
+    location: Location | None = None
+    hardware: Hardware = field(default_factory=Hardware)
+    models: tuple[LoadedModel, ...] = ()
+    # Credential from Enroll; never printed.
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """One load sample from an agent."""
+
+    # When the agent took the sample (UTC); None when it did not say.
+    timestamp: datetime | None
+    # Requests accepted but not yet started.
+    queue_depth: int = 0
+    # Sequences in the running batch.
+    running_sequences: int = 0
+    # Sequences waiting for a batch slot.
+    waiting_sequences: int = 0
+    # Generated tokens per second over the last interval.
+    tokens_per_second: float = 0.0
+    # Fraction [0, 1] of the KV cache in use.
+    kv_cache_used_fraction: float = 0.0
+    kv_cache_used_tokens: int = 0
+    free_memory_bytes: int = 0
+    # Counters since agent start.
+    requests_total: int = 0
+    requests_failed_total: int = 0
+    overflow_requests_total: int = 0
+
+
+class AgentStatus(enum.StrEnum):
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecord:
+    """Everything the registry knows about one agent."""
+
+    hello: AgentHello
+    status: AgentStatus
+    # Id of the current (or last) session.
+    session_id: str
+    # When the current session opened; None while disconnected.
+    connected_since: datetime | None
+    # Last time any message from the agent arrived (UTC).
+    last_seen: datetime
+    # Latest load sample; None until the first one arrives.
+    last_report: LoadReport | None = None
+    # Reason from the agent's Bye, if it said goodbye.
+    bye_reason: str | None = None
+
+    @property
+    def agent_id(self) -> str:
+        return self.hello.agent_id
+
+
+class OverflowKind(enum.StrEnum):
+    PEER = "peer"
+    GPU_POOL = "gpu_pool"
+    HOSTED_PROVIDER = "hosted_provider"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTarget:
+    """A model version an agent should have and where to fetch it."""
+
+    name: str
+    version: str
+    artifact_url: str
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowTarget:
+    """Where an agent may send work it cannot take itself."""
+
+    name: str
+    kind: OverflowKind
+    url: str
+    # Models the target serves; empty means any.
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    """What the coordinator wants an agent to run. Versions only grow."""
+
+    version: int = 0
+    models: tuple[ModelTarget, ...] = ()
+    overflow_targets: tuple[OverflowTarget, ...] = ()
+    # Free-form settings for the agent, e.g. {"max_batch_size": "8"}.
+    config: Mapping[str, str] = field(default_factory=dict)

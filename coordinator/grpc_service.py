@@ -1,0 +1,241 @@
+"""The gRPC side of the coordinator: a thin servicer and the server that hosts it.
+
+The servicer converts wire messages to internal dataclasses (``coordinator.wire``)
+and calls the FleetRegistry; it holds no fleet state of its own beyond the
+outgoing queue of each live session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from coordinator import wire
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import ProtocolError, ServerStartError
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.registry import FleetRegistry
+from coordinator.routing import RouteQuery, rank_agents
+from edgefleet.v1 import fleet_pb2 as pb
+from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+# HTTP/2 keepalive: notice dead peers on idle connections; let agents ping us.
+_SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # A second coordinator on the same port must fail, not share the port.
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass(eq=False)
+class _LiveSession:
+    agent_id: str
+    session_id: str
+    # Messages to push to the agent; None ends the stream.
+    outbox: asyncio.Queue[pb.CoordinatorMessage | None] = field(default_factory=asyncio.Queue)
+
+
+class CoordinatorServicer:
+    """Implements edgefleet.v1.Coordinator on top of a FleetRegistry."""
+
+    def __init__(
+        self,
+        registry: FleetRegistry,
+        metrics: CoordinatorMetrics,
+        *,
+        report_interval_ms: int,
+        hello_timeout_s: float,
+    ) -> None:
+        self._registry = registry
+        self._metrics = metrics
+        self._report_interval_ms = report_interval_ms
+        self._hello_timeout_s = hello_timeout_s
+        self._live: dict[str, _LiveSession] = {}
+
+    # ------------------------------------------------------------------ RPCs
+
+    async def Enroll(self, request: pb.EnrollRequest, context: Any) -> pb.EnrollResponse:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "enrollment is not available on this coordinator yet"
+        )
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def Route(self, request: pb.RouteRequest, context: Any) -> pb.RouteResponse:
+        if not request.model:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "RouteRequest.model is empty")
+        query = RouteQuery(
+            model=request.model,
+            version=request.version if request.HasField("version") else None,
+        )
+        decision = rank_agents(self._registry.agents(), query)
+        self._metrics.route_requests.inc()
+        return pb.RouteResponse(
+            agents=[
+                pb.RankedAgent(
+                    agent_id=a.agent_id,
+                    http_url=a.http_url,
+                    site=a.site,
+                    score=a.score,
+                    score_parts=dict(a.score_parts),
+                )
+                for a in decision.agents
+            ],
+            reason=decision.reason,
+        )
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
+    ) -> AsyncIterator[pb.CoordinatorMessage]:
+        hello = await self._receive_hello(request_iterator, context)
+        session_id = self._registry.open_session(hello)
+        self._metrics.sessions.inc()
+        live = _LiveSession(agent_id=hello.agent_id, session_id=session_id)
+        replaced = self._live.pop(hello.agent_id, None)
+        if replaced is not None:
+            replaced.outbox.put_nowait(None)
+        self._live[hello.agent_id] = live
+        logger.info(
+            "agent %s connected (session %s, site %r, %d models, peer %s)",
+            hello.agent_id,
+            session_id,
+            hello.site,
+            len(hello.models),
+            context.peer(),
+        )
+
+        reader = asyncio.create_task(
+            self._consume(request_iterator, live), name=f"session-reader-{session_id}"
+        )
+        reader.add_done_callback(lambda _: live.outbox.put_nowait(None))
+        try:
+            yield wire.welcome_to_pb(session_id, self._report_interval_ms)
+            yield wire.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
+            while (message := await live.outbox.get()) is not None:
+                yield message
+            if reader.done() and not reader.cancelled():
+                failure = reader.exception()
+                if isinstance(failure, ProtocolError):
+                    self._metrics.sessions_rejected.labels(reason="protocol").inc()
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure))
+                elif failure is not None:
+                    raise failure
+        finally:
+            reader.cancel()
+            await asyncio.wait([reader])
+            if not reader.cancelled():
+                reader.exception()  # retrieved (handled above, or moot when cancelled)
+            if self._live.get(hello.agent_id) is live:
+                del self._live[hello.agent_id]
+            if self._registry.close_session(hello.agent_id, session_id):
+                logger.info("agent %s disconnected (session %s)", hello.agent_id, session_id)
+
+    # ------------------------------------------------------------- lifecycle
+
+    def push(self, agent_id: str, message: pb.CoordinatorMessage) -> bool:
+        """Queue a message for an agent's live session; False when it has none."""
+        live = self._live.get(agent_id)
+        if live is None:
+            return False
+        live.outbox.put_nowait(message)
+        return True
+
+    def end_all_sessions(self) -> None:
+        """Finish every live session cleanly (agents reconnect on their own)."""
+        for live in list(self._live.values()):
+            live.outbox.put_nowait(None)
+
+    # --------------------------------------------------------------- helpers
+
+    async def _receive_hello(
+        self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
+    ) -> Any:
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), self._hello_timeout_s)
+        except StopAsyncIteration:
+            self._metrics.sessions_rejected.labels(reason="no_hello").inc()
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "session closed before the agent sent Hello"
+            )
+        except TimeoutError:
+            self._metrics.sessions_rejected.labels(reason="hello_timeout").inc()
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no Hello within {self._hello_timeout_s:g} s of opening the session",
+            )
+        kind = first.WhichOneof("body")
+        if kind != "hello":
+            self._metrics.sessions_rejected.labels(reason="no_hello").inc()
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first message of a Session must be Hello, got {kind or 'an empty message'}",
+            )
+        try:
+            return wire.hello_from_pb(first.hello)
+        except ProtocolError as exc:
+            self._metrics.sessions_rejected.labels(reason="invalid_hello").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def _consume(
+        self, request_iterator: AsyncIterator[pb.AgentMessage], live: _LiveSession
+    ) -> None:
+        """Read the agent's messages until it half-closes the stream."""
+        async for message in request_iterator:
+            kind = message.WhichOneof("body")
+            if kind == "load_report":
+                report = wire.load_report_from_pb(message.load_report)
+                self._registry.record_report(live.agent_id, live.session_id, report)
+                self._metrics.load_reports.inc()
+            elif kind == "bye":
+                logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
+                self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)
+            elif kind == "hello":
+                raise ProtocolError("Hello may only be sent once, as the first message")
+            else:
+                raise ProtocolError("empty AgentMessage (no body set)")
+
+
+class GrpcServer:
+    """Owns the grpc.aio server; ``port`` is the bound port once started."""
+
+    def __init__(self, config: CoordinatorConfig, servicer: CoordinatorServicer) -> None:
+        self._config = config
+        self.servicer = servicer
+        self._server: Any = None
+        self.port: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self._config.grpc_host}:{self.port}"
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        pb_grpc.add_CoordinatorServicer_to_server(self.servicer, server)
+        bind = f"{self._config.grpc_host}:{self._config.grpc_port}"
+        try:
+            port = server.add_insecure_port(bind)
+        except RuntimeError as exc:
+            raise ServerStartError(f"cannot listen for gRPC on {bind}: {exc}") from exc
+        if port == 0:
+            raise ServerStartError(f"cannot listen for gRPC on {bind}")
+        await server.start()
+        self._server, self.port = server, port
+        logger.info("gRPC listening on %s", self.address)
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self.servicer.end_all_sessions()
+        await self._server.stop(self._config.shutdown_grace_s)
+        self._server = None
+        logger.info("gRPC server stopped")

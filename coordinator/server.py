@@ -1,0 +1,50 @@
+"""Runs a coordinator until SIGTERM/SIGINT, then shuts it down gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from coordinator.app import create_app
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import ServerStartError
+from coordinator.state import GRPC_SERVER_KEY
+
+logger = logging.getLogger(__name__)
+
+
+async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None) -> None:
+    """Serve gRPC and HTTP until ``stop`` is set or the process gets SIGTERM/SIGINT."""
+    stop = asyncio.Event() if stop is None else stop
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    app = create_app(config)
+    runner = web.AppRunner(app, handle_signals=False)
+    try:
+        await runner.setup()  # starts the gRPC server too (cleanup_ctx)
+        site = web.TCPSite(runner, config.http_host, config.http_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ServerStartError(
+                f"cannot listen for HTTP on {config.http_host}:{config.http_port}: {exc.strerror}"
+            ) from exc
+        http_host, http_port = runner.addresses[0][:2]
+        logger.info(
+            "coordinator ready: grpc=%s http=http://%s:%d",
+            app[GRPC_SERVER_KEY].address,
+            http_host,
+            http_port,
+        )
+        await stop.wait()
+        logger.info("shutting down")
+    finally:
+        await runner.cleanup()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    logger.info("coordinator stopped")

@@ -1,0 +1,15 @@
+"""Typed keys for what the coordinator's web.Application holds."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from coordinator.config import CoordinatorConfig
+from coordinator.grpc_service import GrpcServer
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.registry import FleetRegistry
+
+CONFIG_KEY = web.AppKey("config", CoordinatorConfig)
+REGISTRY_KEY = web.AppKey("registry", FleetRegistry)
+METRICS_KEY = web.AppKey("metrics", CoordinatorMetrics)
+GRPC_SERVER_KEY = web.AppKey("grpc_server", GrpcServer)

@@ -1,0 +1,96 @@
+"""`python -m coordinator` as a real process: serves, reports errors, shuts down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+
+from coordinator.testing import CoordinatorProcess, wait_until
+from edgefleet.v1 import fleet_pb2 as pb
+from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_serves_metrics_health_and_json_errors() -> None:
+    async with CoordinatorProcess() as coordinator, aiohttp.ClientSession() as http:
+        async with http.get(coordinator.http_url + "/healthz") as response:
+            assert response.status == 200
+            assert (await response.json())["status"] == "ok"
+        async with http.get(coordinator.http_url + "/metrics") as response:
+            text = await response.text()
+        assert "edgefleet_coordinator_connected_agents 0.0" in text
+        assert "edgefleet_coordinator_sessions_total 0.0" in text
+        async with http.get(coordinator.http_url + "/no/such/route") as response:
+            assert response.status == 404
+            assert response.content_type == "application/json"
+            error = (await response.json())["error"]
+        assert error == {
+            "message": "Invalid URL (GET /no/such/route)",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "not_found",
+        }
+        assert await coordinator.get_json("/v1/agents") == {"object": "list", "data": []}
+
+
+async def test_sigterm_with_a_live_session_exits_promptly_and_cleanly() -> None:
+    coordinator = CoordinatorProcess()
+    await coordinator.start()
+    async with grpc.aio.insecure_channel(coordinator.grpc_target) as channel:
+        call = pb_grpc.CoordinatorStub(channel).Session()
+        await call.write(pb.AgentMessage(hello=pb.Hello(agent_id="edge-1", site="lab")))
+        assert (await call.read()).WhichOneof("body") == "welcome"
+        await wait_until(lambda: _connected(coordinator), message="agent connected before shutdown")
+        started = time.monotonic()
+        code = await coordinator.terminate(timeout_s=10)
+        elapsed = time.monotonic() - started
+        # The coordinator ended the session itself instead of waiting out the grace period.
+        await call.read()  # welcome's desired state
+        assert await asyncio.wait_for(call.read(), 2) is grpc.aio.EOF
+    assert code == 0
+    assert elapsed < 4.0
+    log = "".join(coordinator.log)
+    assert "shutting down" in log and "coordinator stopped" in log
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+async def test_port_in_use_is_a_clear_startup_error(protocol: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"grpc": "0", "http": "0", protocol: str(port)}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "coordinator",
+            "--grpc-port",
+            ports["grpc"],
+            "--http-port",
+            ports["http"],
+            cwd=REPO_ROOT,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 1
+    assert (
+        f"cannot listen for {'gRPC' if protocol == 'grpc' else 'HTTP'} on 127.0.0.1:{port}"
+        in stderr.decode()
+    )
+    assert "Traceback" not in stderr.decode()
+
+
+async def _connected(coordinator: CoordinatorProcess) -> bool:
+    listing = await coordinator.get_json("/v1/agents")
+    return [a["status"] for a in listing["data"]] == ["connected"]

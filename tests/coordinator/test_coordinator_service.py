@@ -1,0 +1,235 @@
+"""The coordinator app in-process: real gRPC and HTTP over loopback, fresh app per test."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from coordinator.app import create_app
+from coordinator.config import CoordinatorConfig
+from coordinator.state import GRPC_SERVER_KEY, REGISTRY_KEY
+from coordinator.testing import wait_until
+from edgefleet.v1 import fleet_pb2 as pb
+from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@dataclass
+class Running:
+    app: web.Application
+    http_url: str
+    grpc_target: str
+    stub: Any
+
+    async def get(self, path: str) -> tuple[int, Any, str]:
+        async with aiohttp.ClientSession() as http, http.get(self.http_url + path) as response:
+            return response.status, response.headers.get("Content-Type", ""), await response.text()
+
+    async def get_json(self, path: str) -> Any:
+        async with aiohttp.ClientSession() as http, http.get(self.http_url + path) as response:
+            return await response.json()
+
+
+@pytest.fixture
+async def coordinator() -> AsyncIterator[Running]:
+    config = CoordinatorConfig(grpc_port=0, http_port=0, report_interval_ms=200, hello_timeout_s=2)
+    app = create_app(config)
+
+    async def boom(request: web.Request) -> web.Response:
+        raise RuntimeError("handler bug")
+
+    app.router.add_get("/boom", boom)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    async with grpc.aio.insecure_channel(app[GRPC_SERVER_KEY].address) as channel:
+        yield Running(
+            app=app,
+            http_url=str(server.make_url("")).rstrip("/"),
+            grpc_target=app[GRPC_SERVER_KEY].address,
+            stub=pb_grpc.CoordinatorStub(channel),
+        )
+    await server.close()
+
+
+def hello(agent_id: str = "edge-1", **fields: Any) -> pb.AgentMessage:
+    defaults: dict[str, Any] = {
+        "site": "lab",
+        "http_url": "http://127.0.0.1:8001",
+        "location": pb.Location(lat=48.1, lon=11.6),
+        "models": [pb.LoadedModel(name="smollm2-135m", version="v1", task="chat")],
+    }
+    return pb.AgentMessage(hello=pb.Hello(agent_id=agent_id, **(defaults | fields)))
+
+
+def report(queue_depth: int) -> pb.AgentMessage:
+    return pb.AgentMessage(load_report=pb.LoadReport(queue_depth=queue_depth))
+
+
+async def test_first_message_must_be_hello(coordinator: Running) -> None:
+    call = coordinator.stub.Session()
+    await call.write(report(1))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "first message of a Session must be Hello, got load_report" in info.value.details()
+    assert coordinator.app[REGISTRY_KEY].agents() == []
+    _, _, metrics = await coordinator.get("/metrics")
+    assert 'edgefleet_coordinator_sessions_rejected_total{reason="no_hello"} 1.0' in metrics
+
+
+async def test_invalid_hello_is_rejected_naming_the_field(coordinator: Running) -> None:
+    call = coordinator.stub.Session()
+    await call.write(hello(agent_id="bad id!"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Hello.agent_id 'bad id!' is invalid" in info.value.details()
+
+
+async def test_session_welcome_reports_and_disconnect(coordinator: Running) -> None:
+    call = coordinator.stub.Session()
+    await call.write(hello())
+    welcome = await call.read()
+    assert welcome.WhichOneof("body") == "welcome"
+    assert welcome.welcome.report_interval_ms == 200
+    assert welcome.welcome.session_id
+    desired = await call.read()
+    assert desired.WhichOneof("body") == "desired_state"
+
+    await call.write(report(5))
+
+    async def has_report() -> bool:
+        agent = await coordinator.get_json("/v1/agents/edge-1")
+        return agent["load"] is not None and agent["load"]["queue_depth"] == 5
+
+    await wait_until(has_report, message="load report stored")
+    agent = await coordinator.get_json("/v1/agents/edge-1")
+    assert agent["status"] == "connected"
+    assert agent["session_id"] == welcome.welcome.session_id
+    assert agent["models"] == [
+        {"name": "smollm2-135m", "version": "v1", "task": "chat", "variant": ""}
+    ]
+
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    agent = await coordinator.get_json("/v1/agents/edge-1")
+    assert agent["status"] == "disconnected"
+    assert agent["load"]["queue_depth"] == 5  # the last report is kept
+
+
+async def test_a_second_hello_breaks_the_protocol(coordinator: Running) -> None:
+    call = coordinator.stub.Session()
+    await call.write(hello())
+    await call.read()
+    await call.read()
+    await call.write(hello())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Hello may only be sent once" in info.value.details()
+    await wait_until(
+        lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0, message="disconnect"
+    )
+
+
+async def test_a_new_session_replaces_the_old_one_for_the_same_agent(coordinator: Running) -> None:
+    old = coordinator.stub.Session()
+    await old.write(hello())
+    await old.read()
+    await old.read()
+    new = coordinator.stub.Session()
+    await new.write(hello())
+    new_welcome = await new.read()
+    # The coordinator ends the old stream cleanly; the agent stays connected.
+    assert await asyncio.wait_for(old.read(), 5) is grpc.aio.EOF
+    agent = await coordinator.get_json("/v1/agents/edge-1")
+    assert agent["status"] == "connected"
+    assert agent["session_id"] == new_welcome.welcome.session_id
+    new.cancel()
+    await wait_until(
+        lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0,
+        message="cancelled session marks the agent disconnected",
+    )
+
+
+async def test_route_ranks_connected_agents_serving_the_model(coordinator: Running) -> None:
+    calls = []
+    for agent_id, queue in [("busy", 9), ("idle", 0)]:
+        call = coordinator.stub.Session()
+        await call.write(hello(agent_id=agent_id))
+        await call.read()
+        await call.write(report(queue))
+        calls.append(call)
+    await wait_until(
+        lambda: all(r.last_report for r in coordinator.app[REGISTRY_KEY].agents()),
+        message="both reports",
+    )
+    answer = await coordinator.stub.Route(pb.RouteRequest(model="smollm2-135m"))
+    assert [a.agent_id for a in answer.agents] == ["idle", "busy"]
+    assert answer.agents[0].http_url == "http://127.0.0.1:8001"
+    assert answer.agents[0].score > answer.agents[1].score
+    assert "queue" in answer.agents[0].score_parts
+    none = await coordinator.stub.Route(pb.RouteRequest(model="smollm2-135m", version="v2"))
+    assert list(none.agents) == [] and "no connected agent serves" in none.reason
+    for call in calls:
+        call.cancel()
+
+
+async def test_enroll_is_not_implemented_yet(coordinator: Running) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await coordinator.stub.Enroll(pb.EnrollRequest(join_token="t"))
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/v1/nope", 404, "not_found"),
+        ("POST", "/v1/agents", 405, "method_not_allowed"),
+        ("GET", "/v1/agents/ghost", 404, "agent_not_found"),
+        ("GET", "/boom", 500, "internal_error"),
+    ],
+)
+async def test_http_errors_have_openai_bodies(
+    coordinator: Running, method: str, path: str, status: int, code: str
+) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, coordinator.http_url + path) as response,
+    ):
+        body = await response.json()
+    assert response.status == status
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    assert "handler bug" not in body["error"]["message"]  # no internals leak
+
+
+async def test_health_and_metrics(coordinator: Running) -> None:
+    status, _, _ = await coordinator.get("/healthz")
+    assert status == 200
+    health = await coordinator.get_json("/healthz")
+    assert health == {"status": "ok", "grpc": coordinator.grpc_target, "connected_agents": 0}
+    status, content_type, text = await coordinator.get("/metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    for name in (
+        "edgefleet_coordinator_connected_agents",
+        "edgefleet_coordinator_known_agents",
+        "edgefleet_coordinator_sessions_total",
+        "edgefleet_coordinator_load_reports_total",
+        "edgefleet_coordinator_http_requests_total",
+    ):
+        assert f"\n{name}" in text
+    assert all(
+        line.startswith(("#", "edgefleet_coordinator_")) for line in text.splitlines() if line
+    )

@@ -1,0 +1,214 @@
+"""CoordinatorSession against a real `python -m coordinator` process over loopback gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from typing import Any
+
+import pytest
+
+from agent.coordinator_session import (
+    AgentIdentity,
+    CoordinatorSession,
+    DesiredState,
+    HardwareInfo,
+    LoadSnapshot,
+    ModelInfo,
+)
+from coordinator.testing import CoordinatorProcess, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+IDENTITY = AgentIdentity(
+    agent_id="edge-lab-1",
+    site="lab",
+    http_url="http://127.0.0.1:8001",
+    lat=52.52,
+    lon=13.405,
+    version="0.1.0",
+    hardware=HardwareInfo(
+        cpu_count=4,
+        memory_bytes=8 << 30,
+        accelerators=(),
+        execution_providers=("CPUExecutionProvider",),
+    ),
+    models=[
+        ModelInfo("smollm2-135m", "2024-11", "chat", "int4-cpu"),
+        ("minilm-l6", "v2", "embedding", "int8-cpu"),  # a plain tuple works too
+    ],
+    token="s3cret",
+)
+
+
+def fast_session(target: str, **kwargs: Any) -> CoordinatorSession:
+    defaults: dict[str, Any] = {
+        "initial_backoff_s": 0.05,
+        "max_backoff_s": 0.3,
+        "connect_timeout_s": 3.0,
+    }
+    return CoordinatorSession(
+        target,
+        lambda: IDENTITY,
+        lambda: LoadSnapshot(queue_depth=3, tokens_per_second=41.5, requests_total=7),
+        **(defaults | kwargs),
+    )
+
+
+async def agent_view(coordinator: CoordinatorProcess, agent_id: str) -> dict[str, Any] | None:
+    listing = await coordinator.get_json("/v1/agents")
+    return next((a for a in listing["data"] if a["agent_id"] == agent_id), None)
+
+
+async def agent_status(coordinator: CoordinatorProcess, agent_id: str) -> str | None:
+    view = await agent_view(coordinator, agent_id)
+    return None if view is None else view["status"]
+
+
+async def test_agent_appears_with_its_site_models_and_load() -> None:
+    async with CoordinatorProcess(report_interval_ms=200) as coordinator:
+        session = fast_session(coordinator.grpc_target)
+        await session.start()
+        try:
+            await wait_until(lambda: session.connected, message="session connected")
+
+            async def reported() -> bool:
+                view = await agent_view(coordinator, IDENTITY.agent_id)
+                return view is not None and view["load"] is not None
+
+            await wait_until(reported, message="agent with a load report")
+            view = await agent_view(coordinator, IDENTITY.agent_id)
+            assert view is not None
+            assert view["status"] == "connected"
+            assert view["site"] == "lab"
+            assert view["http_url"] == "http://127.0.0.1:8001"
+            assert view["location"] == {"lat": 52.52, "lon": 13.405}
+            assert view["hardware"]["execution_providers"] == ["CPUExecutionProvider"]
+            assert [(m["name"], m["version"], m["task"], m["variant"]) for m in view["models"]] == [
+                ("smollm2-135m", "2024-11", "chat", "int4-cpu"),
+                ("minilm-l6", "v2", "embedding", "int8-cpu"),
+            ]
+            assert view["load"]["queue_depth"] == 3
+            assert view["load"]["tokens_per_second"] == 41.5
+            assert view["load"]["requests_total"] == 7
+            assert view["last_seen"].endswith("Z")
+            assert "s3cret" not in str(view)
+            # The coordinator's interval and desired state reached the agent.
+            assert session.report_interval_s == pytest.approx(0.2)
+            assert session.last_desired_state == DesiredState(version=0)
+            assert session.session_id == view["session_id"]
+        finally:
+            await session.stop()
+
+
+async def test_stopping_the_session_marks_the_agent_disconnected() -> None:
+    async with CoordinatorProcess(report_interval_ms=200) as coordinator:
+        session = fast_session(coordinator.grpc_target)
+        await session.start()
+        await wait_until(lambda: session.connected, message="session connected")
+        await wait_until(
+            lambda: _is(agent_status(coordinator, IDENTITY.agent_id), "connected"),
+            message="agent listed as connected",
+        )
+        await asyncio.wait_for(session.stop(), 5)
+        assert not session.connected
+        await wait_until(
+            lambda: _is(agent_status(coordinator, IDENTITY.agent_id), "disconnected"),
+            message="agent listed as disconnected",
+        )
+        view = await agent_view(coordinator, IDENTITY.agent_id)
+        assert view is not None and view["bye_reason"] == "agent stopping"
+        metrics = await _metrics_text(coordinator)
+        assert "edgefleet_coordinator_connected_agents 0.0" in metrics
+
+
+async def test_session_reconnects_after_the_coordinator_is_killed_and_restarted() -> None:
+    first = CoordinatorProcess(report_interval_ms=200)
+    await first.start()
+    session = fast_session(first.grpc_target)
+    await session.start()
+    try:
+        await wait_until(lambda: session.connected, message="first session")
+        first_session_id = session.session_id
+        await first.kill()
+        await wait_until(lambda: not session.connected, message="session noticing the loss")
+        assert session.last_error is not None
+
+        # Same ports, fresh process with an empty registry.
+        async with CoordinatorProcess(
+            grpc_port=first.grpc_port, http_port=first.http_port, report_interval_ms=200
+        ) as second:
+            await wait_until(lambda: session.connected, timeout_s=15, message="reconnect")
+            assert session.session_id != first_session_id
+            await wait_until(
+                lambda: _is(agent_status(second, IDENTITY.agent_id), "connected"),
+                message="agent listed again after restart",
+            )
+    finally:
+        await session.stop()
+
+
+async def test_no_coordinator_means_retries_without_raising() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    session = fast_session(f"127.0.0.1:{port}")
+    await session.start()
+    await asyncio.sleep(0.6)  # several failed attempts
+    assert not session.connected
+    assert session.last_error is not None and "UNAVAILABLE" in session.last_error
+    assert session.last_desired_state is None
+    await asyncio.wait_for(session.stop(), 3)
+
+
+async def test_a_failing_load_provider_does_not_end_the_session() -> None:
+    calls = 0
+
+    def broken_load() -> LoadSnapshot:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("metrics backend down")
+
+    async with CoordinatorProcess(report_interval_ms=100) as coordinator:
+        session = CoordinatorSession(coordinator.grpc_target, lambda: IDENTITY, broken_load)
+        await session.start()
+        try:
+            await wait_until(lambda: session.connected and calls >= 3, message="3 reports")
+            assert session.connected
+            assert await agent_status(coordinator, IDENTITY.agent_id) == "connected"
+        finally:
+            await session.stop()
+
+
+def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
+    session = CoordinatorSession(
+        "127.0.0.1:1",
+        lambda: IDENTITY,
+        LoadSnapshot,
+        initial_backoff_s=0.5,
+        max_backoff_s=30.0,
+        rng=random.Random(7),
+    )
+    for failures, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (6, 30.0), (40, 30.0)]:
+        delays = [session._backoff(failures) for _ in range(50)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(set(delays)) > 1  # jittered
+
+
+def test_bad_arguments_are_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="target"):
+        CoordinatorSession("", lambda: IDENTITY, LoadSnapshot)
+    with pytest.raises(ValueError, match="backoff"):
+        CoordinatorSession("h:1", lambda: IDENTITY, LoadSnapshot, initial_backoff_s=0)
+
+
+async def _is(value: Any, expected: Any) -> bool:
+    return bool(await value == expected)
+
+
+async def _metrics_text(coordinator: CoordinatorProcess) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(coordinator.http_url + "/metrics") as r:
+        return await r.text()

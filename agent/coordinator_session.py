@@ -162,6 +162,22 @@ LoadProvider = Callable[[], LoadSnapshot]
 class _SessionLost(Exception):
     """The session ended or could not start; the run loop retries. Never leaves this module."""
 
+    def __init__(self, reason: str, *, rejected: bool = False) -> None:
+        super().__init__(reason)
+        # The coordinator refused us (bad Hello, credentials): retrying alone will not help.
+        self.rejected = rejected
+
+
+# Status codes meaning "the coordinator is there but refuses this agent".
+_REJECTIONS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)
+
 
 class CoordinatorSession:
     """The agent's long-lived control session with the coordinator.
@@ -251,11 +267,12 @@ class CoordinatorSession:
         failures = 0
         while not self._stopping.is_set():
             opened_before = self.sessions_opened
+            rejected = False
             try:
                 await self._run_session()
                 reason = "coordinator closed the session"
             except _SessionLost as exc:
-                reason = str(exc)
+                reason, rejected = str(exc), exc.rejected
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -269,8 +286,12 @@ class CoordinatorSession:
             self.last_error = reason
             failures = 0 if self.sessions_opened > opened_before else failures + 1
             delay = self._backoff(failures)
+            if rejected:
+                level = logging.ERROR
+            else:
+                level = logging.WARNING if failures <= 1 else logging.DEBUG
             logger.log(
-                logging.WARNING if failures <= 1 else logging.DEBUG,
+                level,
                 "coordinator session with %s ended: %s; reconnecting in %.1f s",
                 self.target,
                 reason,
@@ -299,7 +320,9 @@ class CoordinatorSession:
                 await self._open(call)
                 await self._exchange(call)
             except grpc.aio.AioRpcError as exc:
-                raise _SessionLost(f"{exc.code().name}: {exc.details()}") from exc
+                raise _SessionLost(
+                    f"{exc.code().name}: {exc.details()}", rejected=exc.code() in _REJECTIONS
+                ) from exc
             except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
                 raise _SessionLost(f"stream closed: {exc}") from exc
             finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import random
 import socket
 from typing import Any
@@ -160,6 +162,29 @@ async def test_no_coordinator_means_retries_without_raising() -> None:
     assert session.last_error is not None and "UNAVAILABLE" in session.last_error
     assert session.last_desired_state is None
     await asyncio.wait_for(session.stop(), 3)
+
+
+async def test_a_rejected_hello_is_logged_as_an_error_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = dataclasses.replace(IDENTITY, agent_id="not a valid id")
+    async with CoordinatorProcess(report_interval_ms=200) as coordinator:
+        session = CoordinatorSession(
+            coordinator.grpc_target,
+            lambda: bad,
+            LoadSnapshot,
+            initial_backoff_s=0.05,
+            max_backoff_s=0.1,
+        )
+        with caplog.at_level(logging.ERROR, logger="agent.coordinator_session"):
+            await session.start()
+            await wait_until(lambda: session.last_error is not None, message="rejection")
+            await asyncio.sleep(0.3)  # it keeps trying
+            await session.stop()
+    assert not session.connected
+    assert "INVALID_ARGUMENT" in (session.last_error or "")
+    assert "Hello.agent_id 'not a valid id' is invalid" in (session.last_error or "")
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) >= 2
 
 
 async def test_a_failing_load_provider_does_not_end_the_session() -> None:

@@ -14,12 +14,30 @@ _REF = "#/components/schemas/{model}"
 
 # path, method, summary, request model, success model, streams
 _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None, bool]] = [
-    ("/v1/chat/completions", "post", "Chat completion (stream: true gives SSE)",
-     p.ChatCompletionRequest, p.ChatCompletionResponse, True),
-    ("/v1/completions", "post", "Text completion (stream: true gives SSE)",
-     p.CompletionRequest, p.CompletionResponse, True),
-    ("/v1/embeddings", "post", "Sentence embeddings", p.EmbeddingRequest, p.EmbeddingResponse,
-     False),
+    (
+        "/v1/chat/completions",
+        "post",
+        "Chat completion (stream: true gives SSE)",
+        p.ChatCompletionRequest,
+        p.ChatCompletionResponse,
+        True,
+    ),
+    (
+        "/v1/completions",
+        "post",
+        "Text completion (stream: true gives SSE)",
+        p.CompletionRequest,
+        p.CompletionResponse,
+        True,
+    ),
+    (
+        "/v1/embeddings",
+        "post",
+        "Sentence embeddings",
+        p.EmbeddingRequest,
+        p.EmbeddingResponse,
+        False,
+    ),
     ("/v1/models", "get", "Models served by this agent", None, p.ModelList, False),
     ("/healthz", "get", "Liveness and current load", None, p.Health, False),
     ("/metrics", "get", "Prometheus metrics (text format)", None, None, False),
@@ -45,9 +63,7 @@ def openapi_document() -> dict[str, Any]:
     for _, _, _, req, resp, _ in _OPERATIONS:
         models += [m for m in (req, resp) if m is not None]
     unique = list(dict.fromkeys(models))
-    _, schemas = models_json_schema(
-        [(m, "validation") for m in unique], ref_template=_REF
-    )
+    _, schemas = models_json_schema([(m, "validation") for m in unique], ref_template=_REF)
     paths: dict[str, Any] = {}
     for path, method, summary, req, resp, streams in _OPERATIONS:
         ok: dict[str, Any] = {"description": "Success"}

@@ -81,9 +81,9 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | Annotated[list[str], Field(min_length=1)] | Annotated[
-        list[int], Field(min_length=1)
-    ]
+    prompt: (
+        str | Annotated[list[str], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
+    )
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None

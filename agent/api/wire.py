@@ -50,9 +50,7 @@ async def read_json(request: web.Request, model: type[M], limit: int) -> M:
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from exc
     if not isinstance(data, dict):
-        raise InvalidRequestError(
-            f"request body must be a JSON object, got {type(data).__name__}"
-        )
+        raise InvalidRequestError(f"request body must be a JSON object, got {type(data).__name__}")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -60,9 +58,7 @@ async def read_json(request: web.Request, model: type[M], limit: int) -> M:
 
 
 def json_response(body: BaseModel, status: int = 200) -> web.Response:
-    return web.Response(
-        body=body.model_dump_json(), status=status, content_type="application/json"
-    )
+    return web.Response(body=body.model_dump_json(), status=status, content_type="application/json")
 
 
 def error_body(
@@ -81,9 +77,7 @@ def error_response(exc: AgentError) -> web.Response:
     return response
 
 
-async def stream_sse(
-    request: web.Request, events: AsyncIterator[BaseModel]
-) -> web.StreamResponse:
+async def stream_sse(request: web.Request, events: AsyncIterator[BaseModel]) -> web.StreamResponse:
     """Send ``events`` as server-sent events, then ``data: [DONE]``.
 
     An error after the stream has started is sent as an error event (the status line is

@@ -50,9 +50,7 @@ async def test_chat_completion_shape_and_exact_usage(client: TestClient) -> None
 
 async def test_streamed_chat_equals_unstreamed_and_reports_usage(client: TestClient) -> None:
     plain = await (await client.post(CHAT, json=chat())).json()
-    resp = await client.post(
-        CHAT, json=chat(stream=True, stream_options={"include_usage": True})
-    )
+    resp = await client.post(CHAT, json=chat(stream=True, stream_options={"include_usage": True}))
     assert resp.status == 200
     events = await sse_events(resp)
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -119,15 +117,30 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
     ("n=2", CHAT, chat(n=2), 400, "n"),
     ("max_tokens zero", CHAT, chat(max_tokens=0), 400, "max_tokens"),
     ("max_tokens over context", CHAT, chat(max_tokens=100000), 400, "max_tokens"),
-    ("prompt over context", CHAT, chat(messages=[{"role": "user", "content": LONG}]), 400,
-     "messages"),
+    (
+        "prompt over context",
+        CHAT,
+        chat(messages=[{"role": "user", "content": LONG}]),
+        400,
+        "messages",
+    ),
     ("stop not a string", CHAT, chat(stop=7), 400, "stop"),
     ("too many stops", CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-    ("body too large", CHAT, {"model": TINY, "messages": [{"role": "user", "content": "x" * 70000}]},
-     413, None),
-    ("completions bad token id", "/v1/completions", {"model": TINY, "prompt": [99999999]}, 400,
-     "prompt"),
+    (
+        "body too large",
+        CHAT,
+        {"model": TINY, "messages": [{"role": "user", "content": "x" * 70000}]},
+        413,
+        None,
+    ),
+    (
+        "completions bad token id",
+        "/v1/completions",
+        {"model": TINY, "prompt": [99999999]},
+        400,
+        "prompt",
+    ),
     ("embeddings on a text model", "/v1/embeddings", {"model": TINY, "input": "hi"}, 400, "model"),
     ("seed as float", CHAT, chat(seed=1.5), 400, "seed"),
 ]

@@ -18,7 +18,6 @@ TINY = "tiny-llama"
 MakeRegistry = Callable[[], ModelRegistry]
 
 
-
 def _lm(artifacts: Path) -> CausalLM:
     manifest = load_manifest(artifacts / TINY / "manifest.json")
     assert manifest.llm is not None
@@ -60,16 +59,20 @@ def _text(outs: list[GenerationOutput]) -> str:
     return "".join(o.text for o in outs)
 
 
-async def test_greedy_is_deterministic_and_counts_tokens(tiny_artifacts: Path, make_tiny_registry: MakeRegistry) -> None:
+async def test_greedy_is_deterministic_and_counts_tokens(
+    tiny_artifacts: Path, make_tiny_registry: MakeRegistry
+) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=12)
     a = await _run(make_tiny_registry, "Once upon a time", params)
     b = await _run(make_tiny_registry, "Once upon a time", params)
     assert _text(a) == _text(b) != ""
     assert [o.completion_tokens for o in a] == list(range(1, 13))
     assert a[-1].finish_reason == "length"
-    assert a[-1].prompt_tokens == len(TextCodec(
-        tiny_artifacts / TINY / "tokenizer.json", chat_template=None, add_special_tokens=False
-    ).encode("Once upon a time"))
+    assert a[-1].prompt_tokens == len(
+        TextCodec(
+            tiny_artifacts / TINY / "tokenizer.json", chat_template=None, add_special_tokens=False
+        ).encode("Once upon a time")
+    )
 
 
 async def test_same_seed_same_output_other_seed_differs(make_tiny_registry: MakeRegistry) -> None:
@@ -83,13 +86,17 @@ async def test_same_seed_same_output_other_seed_differs(make_tiny_registry: Make
     assert first != other
 
 
-async def test_stop_string_cuts_output_and_finishes_with_stop(make_tiny_registry: MakeRegistry) -> None:
+async def test_stop_string_cuts_output_and_finishes_with_stop(
+    make_tiny_registry: MakeRegistry,
+) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=20)
     full = _text(await _run(make_tiny_registry, "The weather", greedy))
     stop = full[len(full) // 2 : len(full) // 2 + 4]
     assert len(stop) == 4
     outs = await _run(
-        make_tiny_registry, "The weather", SamplingParams(temperature=0.0, max_tokens=20, stop=(stop,))
+        make_tiny_registry,
+        "The weather",
+        SamplingParams(temperature=0.0, max_tokens=20, stop=(stop,)),
     )
     assert _text(outs) == full[: full.index(stop)]
     assert outs[-1].finish_reason == "stop"

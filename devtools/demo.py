@@ -1,0 +1,121 @@
+"""``python -m devtools.demo``: a coordinator and two agents on loopback with the real models.
+
+Starts the processes, waits until both agents have registered, sends a sample chat request
+with the ``openai`` SDK, prints where everything is, and keeps running until Ctrl-C
+(``--check`` exits after the sample request instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+
+import openai
+
+from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.process import ProcessStartError, wait_until
+
+LLM = "smollm2-135m-instruct"
+EMBEDDER = "all-minilm-l6-v2"
+SITES = [("edge-paris", 48.8566, 2.3522), ("edge-berlin", 52.52, 13.405)]
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+async def run(args: argparse.Namespace) -> int:
+    coordinator = CoordinatorProcess(
+        grpc_port=args.grpc_port, http_port=args.http_port, report_interval_ms=2000
+    )
+    agents = [
+        AgentProcess(
+            port=args.agent_port + i,
+            models_dir=args.models_dir,
+            serve=[LLM, EMBEDDER],
+            coordinator=f"127.0.0.1:{args.grpc_port}",
+            agent_id=site,
+            site=site,
+            lat=lat,
+            lon=lon,
+            extra_args=["--threads", str(args.threads)],
+        )
+        for i, (site, lat, lon) in enumerate(SITES)
+    ]
+    started: list[CoordinatorProcess | AgentProcess] = []
+    try:
+        say(f"starting coordinator (gRPC 127.0.0.1:{args.grpc_port}, HTTP :{args.http_port}) ...")
+        await coordinator.start()
+        started.append(coordinator)
+        say("starting two agents with the real quantized models ...")
+        await asyncio.gather(*(a.start() for a in agents))
+        started.extend(agents)
+
+        async def all_registered() -> bool:
+            listed = await coordinator.agents()
+            return sum(1 for a in listed if a.get("status") == "connected") >= len(agents)
+
+        await wait_until(all_registered, timeout_s=30, message="agents to register")
+        say("both agents registered with the coordinator")
+
+        client = openai.OpenAI(base_url=agents[0].url + "/v1", api_key="not-needed")
+        question = "What is the capital of France?"
+        t0 = time.perf_counter()
+        reply = client.chat.completions.create(
+            model=LLM, messages=[{"role": "user", "content": question}], temperature=0,
+            max_tokens=48,
+        )  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        usage = reply.usage
+        say(f"\nsample request to {agents[0].agent_id}: {question}")
+        say(f"answer ({elapsed:.2f} s, {usage.completion_tokens if usage else '?'} tokens): "
+            f"{(reply.choices[0].message.content or '').strip()}\n")  # fmt: skip
+        say("edgefleet is running:")
+        for agent in agents:
+            say(f"  agent {agent.agent_id:12s} OpenAI API  {agent.url}/v1   (pid {agent.pid})")
+        say(f"  coordinator        fleet view  {coordinator.http_url}/v1/agents   "
+            f"(gRPC {coordinator.grpc_target}, pid {coordinator.pid})")  # fmt: skip
+        say("\ntry:")
+        say(f"  curl -s {agents[0].url}/v1/chat/completions -H 'Content-Type: application/json' \\")
+        say(f"    -d '{{\"model\": \"{LLM}\", \"messages\": [{{\"role\": \"user\", "
+            f"\"content\": \"Hello!\"}}]}}'")  # fmt: skip
+        say(f"  curl -s {coordinator.http_url}/v1/agents")
+        if args.check:
+            return 0 if "Paris" in (reply.choices[0].message.content or "") else 1
+        say("\nCtrl-C stops everything.")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        return 0
+    except (ProcessStartError, TimeoutError) as exc:
+        say(f"demo failed: {exc}")
+        for proc in started:
+            say("".join(list(proc.log)[-20:]))
+        return 1
+    finally:
+        for proc in reversed(started):
+            with contextlib.suppress(Exception):
+                await proc.terminate()
+        say("stopped.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__)
+    parser.add_argument("--models-dir", default="models/artifacts")
+    parser.add_argument("--grpc-port", type=int, default=50051, help="coordinator gRPC port")
+    parser.add_argument("--http-port", type=int, default=8080, help="coordinator HTTP port")
+    parser.add_argument("--agent-port", type=int, default=8001, help="first agent's port")
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per agent")
+    parser.add_argument("--check", action="store_true", help="exit after the sample request")
+    args = parser.parse_args(argv)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Coordinator and agent processes, as started by the demo, the e2e tests and benchmarks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from devtools.process import ServiceProcess, get_json
+
+_COORDINATOR_READY = re.compile(
+    r"coordinator ready: grpc=(?P<grpc>\S+):(?P<gport>\d+) http=(?P<http>\S+)"
+)
+_AGENT_READY = re.compile(r"edgefleet agent (?P<id>\S+) ready: (?P<url>\S+)")
+
+
+class CoordinatorProcess(ServiceProcess):
+    def __init__(
+        self,
+        *,
+        grpc_port: int = 0,
+        http_port: int = 0,
+        report_interval_ms: int = 2000,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        startup_timeout_s: float = 30.0,
+    ) -> None:
+        args = [
+            "--grpc-port", str(grpc_port),
+            "--http-port", str(http_port),
+            "--report-interval-ms", str(report_interval_ms),
+            *extra_args,
+        ]  # fmt: skip
+        super().__init__(
+            "coordinator", args, _COORDINATOR_READY, env=env, startup_timeout_s=startup_timeout_s
+        )
+        self.grpc_target = ""
+        self.http_url = ""
+
+    def on_ready(self, match: re.Match[str]) -> None:
+        self.grpc_target = f"{match['grpc']}:{match['gport']}"
+        self.http_url = match["http"]
+
+    async def agents(self) -> list[dict[str, object]]:
+        body = await get_json(self.http_url + "/v1/agents")
+        return list(body["agents"] if isinstance(body, dict) else body)
+
+
+class AgentProcess(ServiceProcess):
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        models_dir: str = "models/artifacts",
+        serve: Sequence[str] = (),
+        coordinator: str = "",
+        agent_id: str = "",
+        site: str = "default",
+        lat: float = 0.0,
+        lon: float = 0.0,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        args = ["--port", str(port), "--models-dir", models_dir, "--site", site,
+                "--lat", str(lat), "--lon", str(lon)]  # fmt: skip
+        for name in serve:
+            args += ["--serve", name]
+        if coordinator:
+            args += ["--coordinator", coordinator]
+        if agent_id:
+            args += ["--agent-id", agent_id]
+        super().__init__(
+            "agent", [*args, *extra_args], _AGENT_READY, env=env,
+            startup_timeout_s=startup_timeout_s,
+        )  # fmt: skip
+        self.agent_id = agent_id
+        self.url = ""
+
+    def on_ready(self, match: re.Match[str]) -> None:
+        self.agent_id = match["id"]
+        self.url = match["url"]

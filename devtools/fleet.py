@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from devtools.process import ServiceProcess, get_json
 
@@ -33,16 +34,24 @@ class CoordinatorProcess(ServiceProcess):
         super().__init__(
             "coordinator", args, _COORDINATOR_READY, env=env, startup_timeout_s=startup_timeout_s
         )
+        self.grpc_port = grpc_port
+        self.http_port = http_port
         self.grpc_target = ""
         self.http_url = ""
 
     def on_ready(self, match: re.Match[str]) -> None:
-        self.grpc_target = f"{match['grpc']}:{match['gport']}"
+        self.grpc_port = int(match["gport"])
+        self.grpc_target = f"{match['grpc']}:{self.grpc_port}"
         self.http_url = match["http"]
+        self.http_port = int(self.http_url.rsplit(":", 1)[1])
 
-    async def agents(self) -> list[dict[str, object]]:
-        body = await get_json(self.http_url + "/v1/agents")
-        return list(body["agents"] if isinstance(body, dict) else body)
+    async def get_json(self, path: str) -> Any:
+        return await get_json(self.http_url + path)
+
+    async def agents(self) -> list[dict[str, Any]]:
+        """The coordinator's fleet view (``GET /v1/agents``)."""
+        body = await self.get_json("/v1/agents")
+        return list(body["data"])
 
 
 class AgentProcess(ServiceProcess):

@@ -19,7 +19,8 @@ from agent.coordinator_session import (
     LoadSnapshot,
     ModelInfo,
 )
-from coordinator.testing import CoordinatorProcess, wait_until
+from devtools.fleet import CoordinatorProcess
+from devtools.process import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,8 @@ import aiohttp
 import grpc
 import pytest
 
-from coordinator.testing import CoordinatorProcess, wait_until
+from devtools.fleet import CoordinatorProcess
+from devtools.process import wait_until
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
 from coordinator.state import GRPC_SERVER_KEY, REGISTRY_KEY
-from coordinator.testing import wait_until
+from devtools.process import wait_until
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 

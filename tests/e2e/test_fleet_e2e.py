@@ -54,7 +54,7 @@ async def test_agent_shows_up_at_the_coordinator(fleet: Fleet) -> None:
     async def registered() -> bool:
         agents = await fleet.coordinator.agents()
         return any(
-            a["agent_id"] == "e2e-agent" and a["status"] == "connected" and a.get("last_report")
+            a["agent_id"] == "e2e-agent" and a["status"] == "connected" and a.get("load")
             for a in agents
         )
 

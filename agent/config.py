@@ -197,4 +197,6 @@ def _validate(config: AgentConfig) -> None:
     if not -90 <= config.identity.latitude <= 90 or not -180 <= config.identity.longitude <= 180:
         raise ConfigError("identity.latitude/longitude out of range")
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {config.log_level}")
+        raise ConfigError(
+            f"log_level must be DEBUG, INFO, WARNING or ERROR, got {config.log_level}"
+        )

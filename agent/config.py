@@ -42,6 +42,12 @@ class EngineConfig:
     execution_provider: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     max_context_tokens: int = 2048  # cap on prompt + completion per sequence
     default_max_tokens: int = 256  # completion length when a request names none
+    max_running: int = 16  # sequences decoded together in one batched step
+    max_batched_tokens: int = 256  # tokens per step: prefill chunk + one per running sequence
+    kv_budget_tokens: int = 32768  # cache tokens (prompt + max_tokens) reserved at once
+    max_queue: int = 64  # waiting requests; more get 429
+    max_queue_wait_s: float = 60.0  # longer in the queue gets 429
+    request_timeout_s: float = 300.0  # default whole-request timeout (X-Request-Timeout)
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,11 @@ def _validate(config: AgentConfig) -> None:
         raise ConfigError("engine thread counts must be >= 0")
     if e.max_context_tokens < 16:
         raise ConfigError(f"engine.max_context_tokens must be >= 16, got {e.max_context_tokens}")
+    for name in ("max_running", "max_batched_tokens", "kv_budget_tokens", "max_queue"):
+        if getattr(e, name) < 1:
+            raise ConfigError(f"engine.{name} must be >= 1, got {getattr(e, name)}")
+    if e.max_queue_wait_s <= 0 or e.request_timeout_s <= 0:
+        raise ConfigError("engine.max_queue_wait_s and engine.request_timeout_s must be > 0")
     if not 1 <= e.default_max_tokens <= e.max_context_tokens:
         raise ConfigError("engine.default_max_tokens must be in 1..engine.max_context_tokens")
     if not -90 <= config.identity.latitude <= 90 or not -180 <= config.identity.longitude <= 180:

@@ -9,6 +9,7 @@ AgentError
 │   ├── ModelNotFoundError       404 model_not_found
 │   └── UnsupportedError         400 a known OpenAI feature this server does not offer
 ├── OverloadedError              429 recoverable: try again later (``retry_after`` seconds)
+├── RequestTimeoutError          504 recoverable: the request ran past its timeout
 ├── EngineError                  500 recoverable: one request failed inside the engine
 └── FatalError                   not recoverable: the process cannot serve (bad config, model files)
     ├── ConfigError
@@ -73,9 +74,16 @@ class OverloadedError(AgentError):
     error_type = "rate_limit_error"
     code = "overloaded"
 
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+    def __init__(self, message: str, *, retry_after: float = 1.0, reason: str = "busy") -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.reason = reason  # queue_full, predicted_wait, queue_timeout (a metrics label)
+
+
+class RequestTimeoutError(AgentError):
+    status = 504
+    error_type = "timeout_error"
+    code = "request_timeout"
 
 
 class EngineError(AgentError):

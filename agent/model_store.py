@@ -15,7 +15,7 @@ from agent.engine.causal_lm import CausalLM, CausalLMSpec
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
 from agent.engine.ort_session import SessionConfig, create_session
-from agent.engine.serial_engine import SerialTextEngine
+from agent.engine.scheduler import BatcherConfig, ContinuousBatcher
 from agent.engine.text_codec import TextCodec
 from agent.engine.text_model import OnnxTextModel
 from agent.errors import ModelLoadError
@@ -51,6 +51,7 @@ def load_text_model(
     manifest: ModelManifest,
     session_config: SessionConfig,
     max_context_tokens: int,
+    batcher_config: BatcherConfig,
 ) -> TextModel:
     if manifest.llm is None:
         raise ModelLoadError(f"{directory}: text-generation manifest without an 'llm' section")
@@ -75,7 +76,9 @@ def load_text_model(
         bos_token=special.bos_token or "",
         eos_token=special.eos_token or "",
     )
-    engine = SerialTextEngine(CausalLM(session, spec), codec, special.eos_token_ids)
+    engine = ContinuousBatcher(
+        CausalLM(session, spec), codec, special.eos_token_ids, batcher_config
+    )
     return OnnxTextModel(
         model_id=manifest.name,
         version=manifest.version,
@@ -110,6 +113,7 @@ def load_registry(
     *,
     session_config: SessionConfig,
     max_context_tokens: int,
+    batcher_config: BatcherConfig = BatcherConfig(),
     verify: bool = True,
 ) -> ModelRegistry:
     """Load the named artifacts (all found when ``serve`` is empty) into a registry."""
@@ -132,7 +136,7 @@ def load_registry(
         manifest = read_manifest(directory, verify=verify)
         if manifest.task == "text-generation":
             text[manifest.name] = load_text_model(
-                directory, manifest, session_config, max_context_tokens
+                directory, manifest, session_config, max_context_tokens, batcher_config
             )
         else:
             embedding[manifest.name] = load_embedding_model(directory, manifest, session_config)

@@ -26,6 +26,7 @@ from agent.api.serving_embeddings import EmbeddingService
 from agent.api.wire import error_body, error_response, json_response, read_json, stream_sse
 from agent.config import AgentConfig
 from agent.engine.ort_session import SessionConfig
+from agent.engine.scheduler import BatcherConfig
 from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
@@ -162,6 +163,18 @@ ROUTES = [
 ]
 
 
+def batcher_config(config: AgentConfig) -> BatcherConfig:
+    e = config.engine
+    return BatcherConfig(
+        max_running=e.max_running,
+        max_batched_tokens=e.max_batched_tokens,
+        kv_budget_tokens=e.kv_budget_tokens,
+        max_queue=e.max_queue,
+        max_queue_wait_s=e.max_queue_wait_s,
+        request_timeout_s=e.request_timeout_s,
+    )
+
+
 def _registry_ctx(
     registry: ModelRegistry | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -180,6 +193,7 @@ def _registry_ctx(
                     execution_provider=engine.execution_provider,
                 ),
                 max_context_tokens=engine.max_context_tokens,
+                batcher_config=batcher_config(config),
                 verify=config.models.verify_checksums,
             )
         limits = GenerationLimits(

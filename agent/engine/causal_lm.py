@@ -108,3 +108,36 @@ class CausalLM:
         presents = dict(zip(self._past_names, results[1:], strict=True))
         out = logits if all_logits else logits[-1]
         return out.astype(np.float32, copy=False), KVCache(presents, total)
+
+    @property
+    def kv_dtype(self) -> type:
+        return self._kv_dtype  # type: ignore[no-any-return]
+
+    @property
+    def num_kv_tensors(self) -> int:
+        return len(self._past_names)
+
+    def run_batch(
+        self,
+        input_ids: npt.NDArray[np.int64],
+        attention_mask: npt.NDArray[np.int64],
+        past: list[npt.NDArray[np.float32]],
+    ) -> tuple[npt.NDArray[np.float32], list[npt.NDArray[np.float32]]]:
+        """One step for a batch whose rows may hold different numbers of tokens.
+
+        ``input_ids`` is [rows, n]; ``attention_mask`` [rows, past width + n] marks real
+        tokens (padding 0); positions follow from the mask. Returns the logits of each row's
+        last position [rows, vocab] and the present tensors (in past order).
+        """
+        n = int(input_ids.shape[1])
+        feed: dict[str, npt.NDArray[np.int64] | npt.NDArray[np.float32]] = dict(
+            zip(self._past_names, past, strict=True)
+        )
+        feed["input_ids"] = input_ids
+        feed["attention_mask"] = attention_mask
+        if self._spec.uses_position_ids:
+            held = attention_mask[:, :-n].sum(axis=1, keepdims=True)
+            feed["position_ids"] = held + np.arange(n, dtype=np.int64)[None, :]
+        outputs = self._session.run(self._output_names, feed)
+        logits = np.asarray(outputs[0])[:, -1, :].astype(np.float32, copy=False)
+        return logits, [np.asarray(t) for t in outputs[1:]]

@@ -28,16 +28,23 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
 
+Priority = Literal["high", "normal", "low"]
+PRIORITY_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}  # admitted in this order
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     request_id: str  # for logs and cancellation; never the prompt
     prompt_token_ids: Sequence[int] = field(repr=False)  # already templated and encoded
     params: SamplingParams = SamplingParams()
+    priority: Priority = "normal"  # higher priority is admitted first
+    timeout_s: float | None = None  # whole request, queue wait included; None: engine default
 
     def __repr__(self) -> str:  # hide the payload from logs
         return (
             f"GenerationRequest(request_id={self.request_id!r}, "
-            f"prompt_tokens={len(self.prompt_token_ids)}, params={self.params!r})"
+            f"prompt_tokens={len(self.prompt_token_ids)}, params={self.params!r}, "
+            f"priority={self.priority!r}, timeout_s={self.timeout_s!r})"
         )
 
 

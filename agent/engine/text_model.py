@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 from agent.engine.interface import ChatMessage, GenerationOutput, GenerationRequest
-from agent.engine.serial_engine import SerialTextEngine
+from agent.engine.scheduler import ContinuousBatcher
 from agent.engine.text_codec import TextCodec
 
 
@@ -17,7 +17,7 @@ class OnnxTextModel:
         version: str,
         context_length: int,
         codec: TextCodec,
-        engine: SerialTextEngine,
+        engine: ContinuousBatcher,
     ) -> None:
         self._model_id = model_id
         self._version = version
@@ -40,6 +40,10 @@ class OnnxTextModel:
     @property
     def vocab_size(self) -> int:
         return self._codec.vocab_size
+
+    @property
+    def engine(self) -> ContinuousBatcher:
+        return self._engine
 
     @property
     def running(self) -> int:

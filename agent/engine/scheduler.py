@@ -1,0 +1,423 @@
+"""Continuous batching at iteration level over one ONNX Runtime decoder session.
+
+One scheduler task owns the session. Every step runs, on a worker thread, at most one
+prefill chunk of a newly admitted sequence (so a long prompt never stalls running decodes
+for long) followed by one batched decode of all running sequences. A sequence joins the
+batch as soon as its prompt is in the cache and leaves it the step it finishes or is
+cancelled, freeing its key/value rows.
+
+Admission control follows Triton's queue policy: a bounded priority queue, a maximum
+queue wait, per-request timeouts, and immediate rejection (429 with Retry-After) when the
+queue is full or the predicted wait exceeds the request's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.engine.batch_kv import BatchKV
+from agent.engine.causal_lm import CausalLM
+from agent.engine.interface import (
+    PRIORITY_RANK,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+)
+from agent.engine.sampling import TokenSampler
+from agent.engine.stops import StopMatcher
+from agent.engine.text_codec import IncrementalDetokenizer, TextCodec
+from agent.errors import AgentError, EngineError, OverloadedError, RequestTimeoutError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    max_running: int = 16  # sequences decoded together in one step
+    max_batched_tokens: int = 256  # tokens per step: prefill chunk plus one per running row
+    kv_budget_tokens: int = 32768  # prompt + max_tokens reserved across running sequences
+    max_queue: int = 64  # waiting sequences; more are rejected with 429
+    max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
+    request_timeout_s: float = 300.0  # default whole-request timeout
+
+
+@dataclass
+class StepStats:
+    """What one scheduler step did, for metrics and profiles."""
+
+    batch_size: int = 0  # sequences decoded this step
+    prefill_tokens: int = 0  # prompt tokens run this step
+    ort_s: float = 0.0  # time inside ONNX Runtime
+    sample_s: float = 0.0  # time choosing tokens
+    step_s: float = 0.0  # whole step, scheduling included
+
+
+class _Sequence:
+    """A request inside the batcher."""
+
+    def __init__(
+        self, request: GenerationRequest, codec: TextCodec, order: int, timeout_s: float
+    ) -> None:
+        self.request = request
+        self.prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
+        self.sampler = TokenSampler(request.params)
+        self.detok: IncrementalDetokenizer = codec.detokenizer()
+        self.stops = StopMatcher(request.params.stop)
+        self.outputs: asyncio.Queue[GenerationOutput | AgentError] = asyncio.Queue()
+        self.arrived = time.monotonic()
+        self.deadline = self.arrived + timeout_s
+        self.rank = (PRIORITY_RANK[request.priority], order)
+        self.prefilled = 0  # prompt tokens already in this sequence's cache
+        self.kv: list[npt.NDArray[np.float32]] | None = None  # cache while prefilling
+        self.last_token = -1
+        self.generated = 0
+        self.cancelled = False
+        self.done = False
+        self.admitted_at: float | None = None
+
+    @property
+    def reserved_tokens(self) -> int:
+        return int(self.prompt.shape[0]) + self.request.params.max_tokens
+
+    def __lt__(self, other: _Sequence) -> bool:
+        return self.rank < other.rank
+
+
+@dataclass
+class _Plan:
+    prefill: _Sequence | None = None
+    chunk: npt.NDArray[np.int64] | None = None
+    rows: list[_Sequence] = field(default_factory=list)
+
+
+@dataclass
+class _Result:
+    prefill_token: int | None = None
+    prefill_kv: list[npt.NDArray[np.float32]] | None = None
+    row_tokens: list[int] = field(default_factory=list)
+    presents: list[npt.NDArray[np.float32]] | None = None
+    stats: StepStats = field(default_factory=StepStats)
+
+
+class ContinuousBatcher:
+    def __init__(
+        self,
+        lm: CausalLM,
+        codec: TextCodec,
+        eos_token_ids: Sequence[int],
+        config: BatcherConfig = BatcherConfig(),
+    ) -> None:
+        self._lm = lm
+        self._codec = codec
+        self._eos = frozenset(eos_token_ids)
+        self.config = config
+        spec = lm.spec
+        self._kv = BatchKV(lm.num_kv_tensors, spec.num_kv_heads, spec.head_dim, lm.kv_dtype)
+        self._empty_kv = [
+            np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
+            for _ in range(lm.num_kv_tensors)
+        ]
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-batch")
+        self._waiting: list[_Sequence] = []  # heap by (priority, arrival)
+        self._prefilling: list[_Sequence] = []
+        self._running: list[_Sequence] = []  # row i of the batch cache
+        self._order = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._service_s = 0.0  # moving average of a sequence's time in the batch
+        self.last_step = StepStats()
+        self.step_observers: list[object] = []  # callables taking a StepStats
+
+    # ---- load, for health, metrics and the coordinator -----------------------------------
+
+    @property
+    def running(self) -> int:
+        return len(self._running) + len(self._prefilling)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return self._kv.used_tokens()
+
+    @property
+    def kv_used_fraction(self) -> float:
+        return min(1.0, self._kv.used_tokens() / self.config.kv_budget_tokens)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def _ensure_started(self) -> asyncio.Event:
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.create_task(self._loop(), name="continuous-batcher")
+        assert self._wake is not None
+        return self._wake
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for seq in [*self._waiting, *self._prefilling, *self._running]:
+            seq.outputs.put_nowait(EngineError("the engine is shutting down"))
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # ---- admission -----------------------------------------------------------------------
+
+    def predicted_wait_s(self, rank: tuple[int, int]) -> float:
+        """Time until a new sequence of this rank would start, from recent service times."""
+        free = self.config.max_running - self.running
+        ahead = sum(1 for s in self._waiting if s.rank < rank)
+        if ahead < free:
+            return 0.0
+        rounds = math.ceil((ahead - free + 1) / self.config.max_running)
+        return rounds * self._service_s
+
+    def _admit_or_reject(self, seq: _Sequence) -> None:
+        cfg = self.config
+        retry = max(1.0, self._service_s)
+        if len(self._waiting) >= cfg.max_queue:
+            raise OverloadedError(
+                f"the queue is full ({cfg.max_queue} waiting); retry later",
+                retry_after=retry,
+                reason="queue_full",
+            )
+        if seq.reserved_tokens > cfg.kv_budget_tokens:
+            raise OverloadedError(
+                f"the request needs {seq.reserved_tokens} cache tokens; this agent holds "
+                f"{cfg.kv_budget_tokens}",
+                retry_after=retry,
+                reason="too_large",
+            )
+        wait = self.predicted_wait_s(seq.rank)
+        if wait > seq.deadline - seq.arrived or wait > cfg.max_queue_wait_s:
+            raise OverloadedError(
+                f"predicted wait {wait:.1f} s exceeds the request's deadline; retry later",
+                retry_after=max(1.0, wait),
+                reason="predicted_wait",
+            )
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        if self._closed:
+            raise EngineError("the engine is shutting down")
+        timeout = request.timeout_s or self.config.request_timeout_s
+        seq = _Sequence(request, self._codec, next(self._order), timeout)
+        self._admit_or_reject(seq)
+        wake = self._ensure_started()
+        heapq.heappush(self._waiting, seq)
+        wake.set()
+        try:
+            while True:
+                item = await seq.outputs.get()
+                if isinstance(item, AgentError):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if not seq.done:
+                seq.cancelled = True  # the client went away: free the slot next step
+                wake.set()
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            started = time.perf_counter()
+            self._drop_cancelled_and_expired()
+            self._admit()
+            if not self._running and not self._prefilling:
+                self._wake.clear()
+                if not self._waiting:
+                    await self._wake.wait()
+                else:  # waiting but blocked by the cache budget: wait for a change
+                    await asyncio.sleep(0.005)
+                continue
+            plan = self._plan()
+            try:
+                result = await loop.run_in_executor(self._executor, self._execute, plan)
+            except Exception as exc:  # onnxruntime failure: fail this step's sequences
+                log.exception("engine step failed")
+                self._fail(plan, EngineError(f"inference failed: {exc}"))
+                continue
+            self._apply(plan, result)
+            result.stats.step_s = time.perf_counter() - started
+            self.last_step = result.stats
+            for observer in self.step_observers:
+                observer(result.stats)  # type: ignore[operator]
+            await asyncio.sleep(0)  # let handlers run between steps
+
+    def _finish(self, seq: _Sequence, item: GenerationOutput | AgentError) -> None:
+        seq.done = True
+        seq.outputs.put_nowait(item)
+        if seq.admitted_at is not None:
+            spent = time.monotonic() - seq.admitted_at
+            self._service_s = spent if self._service_s == 0 else 0.8 * self._service_s + 0.2 * spent
+
+    def _drop_cancelled_and_expired(self) -> None:
+        now = time.monotonic()
+        if any(s.cancelled or s.deadline < now for s in self._waiting):
+            keep = []
+            for s in self._waiting:
+                if s.cancelled:
+                    continue
+                if s.deadline < now or now - s.arrived > self.config.max_queue_wait_s:
+                    self._finish(s, OverloadedError(
+                        "timed out waiting in the queue", retry_after=1.0, reason="queue_timeout"
+                    ))  # fmt: skip
+                    continue
+                keep.append(s)
+            self._waiting = keep
+            heapq.heapify(self._waiting)
+        for s in list(self._prefilling):
+            if s.cancelled or s.deadline < now:
+                self._prefilling.remove(s)
+                if not s.cancelled:
+                    self._finish(s, RequestTimeoutError("the request ran past its timeout"))
+        gone = [i for i, s in enumerate(self._running) if s.cancelled or s.deadline < now]
+        for i in gone:
+            s = self._running[i]
+            if not s.cancelled:
+                self._finish(s, RequestTimeoutError("the request ran past its timeout"))
+        self._remove_rows(gone)
+
+    def _remove_rows(self, rows: list[int]) -> None:
+        if rows:
+            self._kv.remove(rows)
+            drop = set(rows)
+            self._running = [s for i, s in enumerate(self._running) if i not in drop]
+
+    def _admit(self) -> None:
+        reserved = sum(s.reserved_tokens for s in (*self._running, *self._prefilling))
+        while self._waiting and self.running < self.config.max_running:
+            head = self._waiting[0]
+            if reserved + head.reserved_tokens > self.config.kv_budget_tokens:
+                break
+            heapq.heappop(self._waiting)
+            head.admitted_at = time.monotonic()
+            head.kv = self._empty_kv
+            self._prefilling.append(head)
+            reserved += head.reserved_tokens
+
+    def _plan(self) -> _Plan:
+        plan = _Plan(rows=list(self._running))
+        if self._prefilling:
+            seq = self._prefilling[0]
+            budget = max(16, self.config.max_batched_tokens - len(plan.rows))
+            plan.prefill = seq
+            plan.chunk = seq.prompt[seq.prefilled : seq.prefilled + budget]
+        return plan
+
+    def _execute(self, plan: _Plan) -> _Result:
+        """Runs on the worker thread: ONNX Runtime and sampling, nothing else."""
+        result = _Result()
+        stats = result.stats
+        if plan.prefill is not None and plan.chunk is not None:
+            seq = plan.prefill
+            n = int(plan.chunk.shape[0])
+            total = seq.prefilled + n
+            t0 = time.perf_counter()
+            assert seq.kv is not None
+            logits, presents = self._lm.run_batch(
+                plan.chunk.reshape(1, n), np.ones((1, total), dtype=np.int64), seq.kv
+            )
+            t1 = time.perf_counter()
+            result.prefill_kv = presents
+            if total == int(seq.prompt.shape[0]):
+                result.prefill_token = seq.sampler.sample(logits[0])
+            stats.prefill_tokens = n
+            stats.ort_s += t1 - t0
+            stats.sample_s += time.perf_counter() - t1
+        if plan.rows:
+            ids = np.array([[s.last_token] for s in plan.rows], dtype=np.int64)
+            mask = np.concatenate(
+                [self._kv.mask, np.ones((len(plan.rows), 1), dtype=np.int64)], axis=1
+            )
+            t0 = time.perf_counter()
+            logits, presents = self._lm.run_batch(ids, mask, self._kv.tensors)
+            t1 = time.perf_counter()
+            result.presents = presents
+            result.row_tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(plan.rows)]
+            stats.batch_size = len(plan.rows)
+            stats.ort_s += t1 - t0
+            stats.sample_s += time.perf_counter() - t1
+        return result
+
+    def _emit(self, seq: _Sequence, token: int) -> bool:
+        """Hand one sampled token to the sequence's consumer; True when it is finished."""
+        params = seq.request.params
+        seq.generated += 1
+        seq.last_token = token
+        finish: FinishReason | None = None
+        if token in self._eos:
+            text = seq.stops.feed(seq.detok.flush()) + seq.stops.flush()
+            finish = "stop"
+        else:
+            text = seq.stops.feed(seq.detok.add(token))
+            if seq.stops.stopped:
+                finish = "stop"
+            elif seq.generated >= params.max_tokens:
+                text += seq.stops.feed(seq.detok.flush()) + seq.stops.flush()
+                finish = "length"
+        output = GenerationOutput(
+            text=text,
+            token_ids=(token,),
+            finish_reason=finish,
+            prompt_tokens=int(seq.prompt.shape[0]),
+            completion_tokens=seq.generated,
+        )
+        if finish is not None:
+            self._finish(seq, output)
+            return True
+        seq.outputs.put_nowait(output)
+        return False
+
+    def _apply(self, plan: _Plan, result: _Result) -> None:
+        if plan.rows and result.presents is not None:
+            self._kv.advance(result.presents)
+            finished = [
+                i
+                for i, (seq, token) in enumerate(zip(plan.rows, result.row_tokens, strict=True))
+                if seq.cancelled or self._emit(seq, token)
+            ]
+            self._remove_rows(finished)
+        seq = plan.prefill
+        if seq is None or result.prefill_kv is None or plan.chunk is None:
+            return
+        seq.prefilled += int(plan.chunk.shape[0])
+        seq.kv = result.prefill_kv
+        if result.prefill_token is None:
+            return  # more prompt chunks to go
+        self._prefilling.remove(seq)
+        kv, seq.kv = seq.kv, None
+        if seq.cancelled or self._emit(seq, result.prefill_token):
+            return
+        self._kv.append(kv, np.ones((1, seq.prefilled), dtype=np.int64))
+        self._running.append(seq)
+
+    def _fail(self, plan: _Plan, error: AgentError) -> None:
+        for i in range(len(plan.rows)):
+            self._finish(plan.rows[i], error)
+        self._remove_rows(list(range(len(plan.rows))))
+        if plan.prefill is not None and plan.prefill in self._prefilling:
+            self._prefilling.remove(plan.prefill)
+            self._finish(plan.prefill, error)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from agent.engine.scheduler import StepStats
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_TIME_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0)
 
@@ -54,3 +56,61 @@ class AgentMetrics:
         self.waiting = Gauge(
             "edgefleet_agent_waiting_sequences", "Sequences waiting for the engine", registry=r
         )
+        self.queue_wait = Histogram(
+            "edgefleet_agent_queue_wait_seconds",
+            "Time a sequence waited before the engine admitted it",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.kv_cache_used_tokens = Gauge(
+            "edgefleet_agent_kv_cache_used_tokens",
+            "Key/value cache slots in use (padding included)",
+            registry=r,
+        )
+        self.kv_cache_used_ratio = Gauge(
+            "edgefleet_agent_kv_cache_used_ratio",
+            "Key/value cache slots in use over the configured budget",
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "edgefleet_agent_batch_size",
+            "Sequences decoded together per engine step",
+            buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "edgefleet_agent_step_seconds",
+            "Engine step time by part (ort: ONNX Runtime, sample: token choice, total)",
+            ["part"],
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
+            registry=r,
+        )
+        self.rejections = Counter(
+            "edgefleet_agent_rejections",
+            "Requests refused by admission control, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "edgefleet_agent_cache_hits", "Responses served from the response cache", registry=r
+        )
+        self.cache_misses = Counter(
+            "edgefleet_agent_cache_misses",
+            "Cacheable requests not found in the response cache",
+            registry=r,
+        )
+
+    # the engine's listener interface (agent.engine.scheduler.BatcherListener)
+
+    def on_step(self, stats: StepStats) -> None:
+        if stats.batch_size:
+            self.batch_size.observe(stats.batch_size)
+        self.step_seconds.labels("ort").observe(stats.ort_s)
+        self.step_seconds.labels("sample").observe(stats.sample_s)
+        self.step_seconds.labels("total").observe(stats.step_s)
+
+    def on_admitted(self, queue_wait_s: float) -> None:
+        self.queue_wait.observe(queue_wait_s)
+
+    def on_rejected(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()

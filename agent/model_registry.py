@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from agent.engine.interface import EmbeddingModel, TextModel
+from agent.engine.interface import EmbeddingModel, EngineLoad, TextModel
 from agent.errors import InvalidRequestError, ModelNotFoundError
 
 
@@ -48,6 +48,17 @@ class ModelRegistry:
                 param="model",
             )
         raise self._not_found(model_id)
+
+    def load(self) -> EngineLoad:
+        """The load of every text engine, added up."""
+        loads = [m.load() for m in self.text_models.values()]
+        used = sum(x.kv_used_tokens for x in loads)
+        return EngineLoad(
+            running=sum(x.running for x in loads),
+            waiting=sum(x.waiting for x in loads),
+            kv_used_tokens=used,
+            kv_used_fraction=max((x.kv_used_fraction for x in loads), default=0.0),
+        )
 
     async def close(self) -> None:
         for text in self.text_models.values():

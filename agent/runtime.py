@@ -88,8 +88,7 @@ class LoadSampler:
         tokens = self._tokens()
         rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
         self._last_time, self._last_tokens = now, tokens
-        running = sum(m.running for m in self._registry.text_models.values())
-        waiting = sum(m.waiting for m in self._registry.text_models.values())
+        load = self._registry.load()
         requests = _sum_samples(self._metrics, "edgefleet_agent_requests_total")
         failed = _sum_samples(
             self._metrics,
@@ -97,10 +96,12 @@ class LoadSampler:
             lambda labels: labels["status"] >= "500",
         )
         return LoadSnapshot(
-            queue_depth=waiting,
-            running_sequences=running,
-            waiting_sequences=waiting,
+            queue_depth=load.waiting,
+            running_sequences=load.running,
+            waiting_sequences=load.waiting,
             tokens_per_second=rate,
+            kv_cache_used_fraction=load.kv_used_fraction,
+            kv_cache_used_tokens=load.kv_used_tokens,
             free_memory_bytes=_free_memory_bytes(),
             requests_total=int(requests),
             requests_failed_total=int(failed),

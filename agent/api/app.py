@@ -20,7 +20,7 @@ from agent.api.protocol import (
     ModelList,
 )
 from agent.api.serving_chat import ChatService
-from agent.api.serving_common import GenerationLimits
+from agent.api.serving_common import GenerationLimits, RequestOptions, request_options
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
 from agent.api.wire import error_body, error_response, json_response, read_json, stream_sse
@@ -83,10 +83,16 @@ def _limit(request: web.Request) -> int:
     return request.app[CONFIG].server.max_body_bytes
 
 
+def _options(request: web.Request) -> RequestOptions:
+    return request_options(
+        request.headers.get("X-Priority"), request.headers.get("X-Request-Timeout")
+    )
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, ChatCompletionRequest, _limit(request))
     service = request.app[CHAT]
-    prepared = service.prepare(body)
+    prepared = service.prepare(body, _options(request))
     if prepared.stream:
         return await stream_sse(request, service.stream(prepared))
     return json_response(await service.complete(prepared))
@@ -95,7 +101,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, CompletionRequest, _limit(request))
     service = request.app[COMPLETIONS]
-    prepared = service.prepare(body)
+    prepared = service.prepare(body, _options(request))
     if prepared.stream:
         return await stream_sse(request, service.stream(prepared))
     return json_response(await service.complete(prepared))
@@ -133,16 +139,26 @@ async def list_models(request: web.Request) -> web.StreamResponse:
 
 async def healthz(request: web.Request) -> web.StreamResponse:
     registry = request.app[REGISTRY]
-    running = sum(m.running for m in registry.text_models.values())
-    waiting = sum(m.waiting for m in registry.text_models.values())
-    return json_response(Health(status="ok", models=registry.ids, running=running, waiting=waiting))
+    load = registry.load()
+    return json_response(
+        Health(
+            status="ok",
+            models=registry.ids,
+            running=load.running,
+            waiting=load.waiting,
+            kv_cache_used_tokens=load.kv_used_tokens,
+        )
+    )
 
 
 async def metrics_page(request: web.Request) -> web.StreamResponse:
     metrics = request.app[METRICS]
     registry = request.app[REGISTRY]
-    metrics.running.set(sum(m.running for m in registry.text_models.values()))
-    metrics.waiting.set(sum(m.waiting for m in registry.text_models.values()))
+    load = registry.load()
+    metrics.running.set(load.running)
+    metrics.waiting.set(load.waiting)
+    metrics.kv_cache_used_tokens.set(load.kv_used_tokens)
+    metrics.kv_cache_used_ratio.set(load.kv_used_fraction)
     response = web.Response(body=generate_latest(metrics.registry))
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
     return response
@@ -201,6 +217,8 @@ def _registry_ctx(
             default_max_tokens=config.engine.default_max_tokens,
         )
         metrics = app[METRICS]
+        for model in reg.text_models.values():
+            model.add_listener(metrics)
         app[REGISTRY] = reg
         app[CHAT] = ChatService(reg, limits, metrics)
         app[COMPLETIONS] = CompletionService(reg, limits, metrics)

@@ -67,6 +67,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: Penalty = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    priority: Literal["high", "normal", "low"] | None = None  # extension; or X-Priority header
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -221,5 +222,6 @@ class ErrorResponse(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"]
     models: list[str]
-    running: int
-    waiting: int
+    running: int  # sequences being generated
+    waiting: int  # sequences queued
+    kv_cache_used_tokens: int

@@ -17,18 +17,14 @@ from agent.api.protocol import (
 from agent.api.serving_common import (
     GenerationLimits,
     PreparedGeneration,
-    new_request_id,
+    RequestOptions,
+    generation_request,
     refuse_unsupported,
     sampling_params,
     timed_generation,
     usage_of,
 )
-from agent.engine.interface import (
-    ChatMessage,
-    FinishReason,
-    GenerationOutput,
-    GenerationRequest,
-)
+from agent.engine.interface import ChatMessage, FinishReason, GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
@@ -42,7 +38,7 @@ class ChatService:
         self._limits = limits
         self._metrics = metrics
 
-    def prepare(self, req: ChatCompletionRequest) -> PreparedGeneration:
+    def prepare(self, req: ChatCompletionRequest, options: RequestOptions) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
         refuse_unsupported(req)
         if req.logprobs or req.top_logprobs:
@@ -78,7 +74,7 @@ class ChatService:
         )
         return PreparedGeneration(
             model=model,
-            request=GenerationRequest(new_request_id("chatcmpl"), prompt_ids, params),
+            request=generation_request("chatcmpl", prompt_ids, params, req, options),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             created=int(time.time()),

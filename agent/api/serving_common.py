@@ -8,9 +8,59 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from agent.api.protocol import SamplingFields, Usage
-from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams, TextModel
+from agent.engine.interface import (
+    PRIORITY_RANK,
+    GenerationOutput,
+    GenerationRequest,
+    Priority,
+    SamplingParams,
+    TextModel,
+)
 from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedError
 from agent.metrics import AgentMetrics
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """Per-request scheduling options from headers (``X-Priority``, ``X-Request-Timeout``)."""
+
+    priority: Priority | None = None  # None: the body's, else "normal"
+    timeout_s: float | None = None  # None: the engine's default
+
+
+def request_options(priority: str | None, timeout: str | None) -> RequestOptions:
+    if priority is not None and priority not in PRIORITY_RANK:
+        raise InvalidRequestError(
+            f"X-Priority must be high, normal or low, got {priority!r}", param="X-Priority"
+        )
+    timeout_s = None
+    if timeout is not None:
+        try:
+            timeout_s = float(timeout)
+        except ValueError:
+            timeout_s = -1.0
+        if not 0 < timeout_s <= 3600:
+            raise InvalidRequestError(
+                f"X-Request-Timeout must be seconds in (0, 3600], got {timeout!r}",
+                param="X-Request-Timeout",
+            )
+    return RequestOptions(priority=priority, timeout_s=timeout_s)  # type: ignore[arg-type]
+
+
+def generation_request(
+    prefix: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    body: SamplingFields,
+    options: RequestOptions,
+) -> GenerationRequest:
+    return GenerationRequest(
+        new_request_id(prefix),
+        prompt_ids,
+        params,
+        priority=options.priority or body.priority or "normal",
+        timeout_s=options.timeout_s,
+    )
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,14 @@ from agent.api.protocol import CompletionChoice, CompletionRequest, CompletionRe
 from agent.api.serving_common import (
     GenerationLimits,
     PreparedGeneration,
-    new_request_id,
+    RequestOptions,
+    generation_request,
     refuse_unsupported,
     sampling_params,
     timed_generation,
     usage_of,
 )
-from agent.engine.interface import GenerationOutput, GenerationRequest
+from agent.engine.interface import GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
@@ -29,7 +30,7 @@ class CompletionService:
         self._limits = limits
         self._metrics = metrics
 
-    def prepare(self, req: CompletionRequest) -> PreparedGeneration:
+    def prepare(self, req: CompletionRequest, options: RequestOptions) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
         refuse_unsupported(req)
         if req.echo:
@@ -68,7 +69,7 @@ class CompletionService:
         )
         return PreparedGeneration(
             model=model,
-            request=GenerationRequest(new_request_id("cmpl"), prompt_ids, params),
+            request=generation_request("cmpl", prompt_ids, params, req, options),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             created=int(time.time()),

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from agent.engine.scheduler import BatcherListener
 
 FinishReason = Literal["stop", "length"]
 
@@ -64,6 +67,14 @@ class GenerationOutput:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    running: int  # sequences in the batch or being prefilled
+    waiting: int  # sequences queued
+    kv_used_tokens: int  # key/value cache slots in use
+    kv_used_fraction: float  # of the configured budget
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str = field(repr=False)
@@ -90,11 +101,9 @@ class TextModel(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]: ...
 
-    @property
-    def running(self) -> int: ...
+    def load(self) -> EngineLoad: ...
 
-    @property
-    def waiting(self) -> int: ...
+    def add_listener(self, listener: BatcherListener) -> None: ...
 
     async def close(self) -> None: ...
 

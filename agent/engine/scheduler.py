@@ -14,6 +14,7 @@ queue is full or the predicted wait exceeds the request's deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -22,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +52,16 @@ class BatcherConfig:
     max_queue: int = 64  # waiting sequences; more are rejected with 429
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
+
+
+class BatcherListener(Protocol):
+    """Told what the batcher does (metrics implement this)."""
+
+    def on_step(self, stats: StepStats) -> None: ...
+
+    def on_admitted(self, queue_wait_s: float) -> None: ...
+
+    def on_rejected(self, reason: str) -> None: ...
 
 
 @dataclass
@@ -138,7 +150,7 @@ class ContinuousBatcher:
         self._closed = False
         self._service_s = 0.0  # moving average of a sequence's time in the batch
         self.last_step = StepStats()
-        self.step_observers: list[object] = []  # callables taking a StepStats
+        self.listeners: list[BatcherListener] = []
 
     # ---- load, for health, metrics and the coordinator -----------------------------------
 
@@ -171,10 +183,8 @@ class ContinuousBatcher:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         for seq in [*self._waiting, *self._prefilling, *self._running]:
             seq.outputs.put_nowait(EngineError("the engine is shutting down"))
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -219,7 +229,12 @@ class ContinuousBatcher:
             raise EngineError("the engine is shutting down")
         timeout = request.timeout_s or self.config.request_timeout_s
         seq = _Sequence(request, self._codec, next(self._order), timeout)
-        self._admit_or_reject(seq)
+        try:
+            self._admit_or_reject(seq)
+        except OverloadedError as exc:
+            for listener in self.listeners:
+                listener.on_rejected(exc.reason)
+            raise
         wake = self._ensure_started()
         heapq.heappush(self._waiting, seq)
         wake.set()
@@ -262,8 +277,8 @@ class ContinuousBatcher:
             self._apply(plan, result)
             result.stats.step_s = time.perf_counter() - started
             self.last_step = result.stats
-            for observer in self.step_observers:
-                observer(result.stats)  # type: ignore[operator]
+            for listener in self.listeners:
+                listener.on_step(result.stats)
             await asyncio.sleep(0)  # let handlers run between steps
 
     def _finish(self, seq: _Sequence, item: GenerationOutput | AgentError) -> None:
@@ -284,6 +299,8 @@ class ContinuousBatcher:
                     self._finish(s, OverloadedError(
                         "timed out waiting in the queue", retry_after=1.0, reason="queue_timeout"
                     ))  # fmt: skip
+                    for listener in self.listeners:
+                        listener.on_rejected("queue_timeout")
                     continue
                 keep.append(s)
             self._waiting = keep
@@ -314,6 +331,8 @@ class ContinuousBatcher:
                 break
             heapq.heappop(self._waiting)
             head.admitted_at = time.monotonic()
+            for listener in self.listeners:
+                listener.on_admitted(head.admitted_at - head.arrived)
             head.kv = self._empty_kv
             self._prefilling.append(head)
             reserved += head.reserved_tokens

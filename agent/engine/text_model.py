@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from agent.engine.interface import ChatMessage, GenerationOutput, GenerationRequest
-from agent.engine.scheduler import ContinuousBatcher
+from agent.engine.interface import ChatMessage, EngineLoad, GenerationOutput, GenerationRequest
+from agent.engine.scheduler import BatcherListener, ContinuousBatcher
 from agent.engine.text_codec import TextCodec
 
 
@@ -45,13 +45,12 @@ class OnnxTextModel:
     def engine(self) -> ContinuousBatcher:
         return self._engine
 
-    @property
-    def running(self) -> int:
-        return self._engine.running
+    def add_listener(self, listener: BatcherListener) -> None:
+        self._engine.listeners.append(listener)
 
-    @property
-    def waiting(self) -> int:
-        return self._engine.waiting
+    def load(self) -> EngineLoad:
+        e = self._engine
+        return EngineLoad(e.running, e.waiting, e.kv_used_tokens, e.kv_used_fraction)
 
     def encode(self, text: str) -> list[int]:
         return self._codec.encode(text)

@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from coordinator.admin_cli import add_admin_commands, run_admin_command
 from coordinator.config import LOG_LEVELS, CoordinatorConfig, load_config, log_level_number
 from coordinator.errors import ConfigError, CoordinatorError
 from coordinator.server import serve
@@ -20,7 +21,9 @@ _DEFAULTS = CoordinatorConfig()
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-coordinator",
-        description="Run the edgefleet coordinator (gRPC control plane + HTTP admin API).",
+        description="Run the edgefleet coordinator (gRPC control plane + HTTP admin API). "
+        "Operator commands: `tokens create|list|revoke`, `agents drain|resume ID` "
+        "(see `python -m coordinator tokens --help`).",
         epilog="Precedence: defaults < --config file < EDGEFLEET_COORDINATOR_<KEY> "
         "environment variables < flags.",
     )
@@ -59,13 +62,49 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         help=f"log level (default {_DEFAULTS.log_level})",
     )
+    add(
+        "--data-dir",
+        metavar="DIR",
+        help=f"database and CA directory (default {_DEFAULTS.data_dir})",
+    )
+    add(
+        "--tls",
+        type=str.lower,
+        choices=("auto", "on", "off"),
+        help="gRPC TLS: auto = on unless grpc-host is loopback (default auto)",
+    )
+    add("--enroll-port", type=int, metavar="PORT", help="TLS enrollment port (default 50052)")
+    add("--admin-token", metavar="TOKEN", help="bearer token for the admin API (default none)")
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any config key, e.g. --set down_after_reports=8",
+    )
+    return parser
+
+
+def _admin_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgefleet-coordinator", description="edgefleet coordinator operator commands."
+    )
+    add_admin_commands(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("tokens", "agents"):
+        return run_admin_command(_admin_parser().parse_args(argv))
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     config_path = args.pop("config")
+    for item in args.pop("set"):
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set expects KEY=VALUE, got {item!r}")
+        args[key.strip().replace("-", "_")] = value
     try:
         config = load_config(config_path, overrides=args)
     except ConfigError as exc:

@@ -1,43 +1,92 @@
-"""Assembles one coordinator: fleet registry, gRPC server and HTTP API in one app."""
+"""Assembles one coordinator: store, CA, fleet registry, router, gRPC server and HTTP API."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from coordinator.admin_api import ADMIN_ROUTES
+from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig
+from coordinator.enrollment import EnrollmentService
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.registry import FleetRegistry, InMemoryFleetRegistry
-from coordinator.state import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
+from coordinator.registry import FleetRegistry, LiveFleetRegistry
+from coordinator.router import Router
+from coordinator.session_auth import SessionAuthenticator
+from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.state import (
+    CONFIG_KEY,
+    GRPC_SERVER_KEY,
+    METRICS_KEY,
+    REGISTRY_KEY,
+    ROUTER_KEY,
+    STORE_KEY,
+    TOKENS_KEY,
+)
+from coordinator.store import FleetStore
+from coordinator.tokens import JoinTokens
+
+logger = logging.getLogger(__name__)
 
 
-def create_app(
-    config: CoordinatorConfig, *, registry: FleetRegistry | None = None
-) -> web.Application:
+def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) -> web.Application:
     """Build the coordinator's web.Application.
 
-    Starting the app (AppRunner.setup / a test server) also starts the gRPC
-    server; cleaning it up ends agent sessions and stops the gRPC server.
+    Opens the store (SQLite in ``config.data_dir`` unless one is given) and loads or
+    creates the CA. Starting the app (AppRunner.setup / a test server) also starts the
+    gRPC server and the liveness sweep; cleaning it up ends agent sessions, stops the
+    gRPC server and closes the store.
     """
-    fleet: FleetRegistry = InMemoryFleetRegistry() if registry is None else registry
-    metrics = CoordinatorMetrics(fleet)
+    data = config.data_path
+    fleet_store: FleetStore = SQLiteFleetStore.in_directory(data) if store is None else store
+    ca = CertificateAuthority.load_or_create(data / "ca")
+    registry: FleetRegistry = LiveFleetRegistry(
+        fleet_store,
+        report_interval_ms=config.report_interval_ms,
+        suspect_after_reports=config.suspect_after_reports,
+        down_after_reports=config.down_after_reports,
+    )
+    tokens = JoinTokens(fleet_store)
+    router = Router.from_config(registry, config)
+    metrics = CoordinatorMetrics(registry)
     servicer = CoordinatorServicer(
-        fleet,
+        registry,
         metrics,
+        router=router,
+        enrollment=EnrollmentService(fleet_store, tokens, ca),
+        authenticator=SessionAuthenticator(
+            fleet_store,
+            require_enrollment=config.enrollment_required,
+            require_mtls=config.tls_enabled,
+        ),
         report_interval_ms=config.report_interval_ms,
         hello_timeout_s=config.hello_timeout_s,
     )
     app = web.Application(middlewares=[count_requests, openai_errors])
     app[CONFIG_KEY] = config
-    app[REGISTRY_KEY] = fleet
+    app[REGISTRY_KEY] = registry
     app[METRICS_KEY] = metrics
-    app[GRPC_SERVER_KEY] = GrpcServer(config, servicer)
+    app[STORE_KEY] = fleet_store
+    app[TOKENS_KEY] = tokens
+    app[ROUTER_KEY] = router
+    app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app.add_routes(ROUTES)
+    app.add_routes(ADMIN_ROUTES)
+    app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_grpc_server)
+    app.cleanup_ctx.append(_liveness_sweep)
     return app
+
+
+async def _store(app: web.Application) -> AsyncIterator[None]:
+    yield
+    app[STORE_KEY].close()
 
 
 async def _grpc_server(app: web.Application) -> AsyncIterator[None]:
@@ -47,3 +96,23 @@ async def _grpc_server(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await server.stop()
+
+
+async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
+    """Re-evaluate liveness a few times per report interval."""
+    registry, metrics = app[REGISTRY_KEY], app[METRICS_KEY]
+    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 / 4
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            for record in registry.sweep():
+                metrics.liveness_changes.labels(liveness=record.liveness.value).inc()
+
+    task = asyncio.create_task(sweep(), name="liveness-sweep")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -14,6 +14,7 @@ naming the key and the source it came from.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import tomllib
@@ -50,11 +51,88 @@ class CoordinatorConfig:
     # Root log level.
     log_level: str = "INFO"
 
+    # --- persistence
+    # Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded.
+    data_dir: str = "~/.local/share/edgefleet/coordinator"
+
+    # --- enrollment and TLS
+    # "auto": TLS unless grpc_host is loopback; "on": always; "off": plaintext (dev only).
+    tls: str = "auto"
+    # With TLS on: port for Enroll (server-authenticated TLS, no client certificate);
+    # the Session port (grpc_port) then requires mutual TLS. 0 = any free port.
+    enroll_port: int = 50052
+    # Extra host names / IPs for the server certificate, comma-separated.
+    tls_server_names: str = ""
+    # "auto": agents must be enrolled whenever TLS is on; "on": always; "off": never checked
+    # for agents that never enrolled (enrolled agents are always checked).
+    require_enrollment: str = "auto"
+    # Bearer token for the admin API; empty = admin API only from loopback clients.
+    admin_token: str = ""
+
+    # --- liveness
+    # Missed load reports before an agent is suspect (routed last) and down (not routed).
+    suspect_after_reports: int = 2
+    down_after_reports: int = 5
+
+    # --- routing (see coordinator/routing.py for why these defaults)
+    route_weight_proximity: float = 0.45
+    route_weight_queue: float = 0.2
+    route_weight_kv: float = 0.1
+    route_weight_wait: float = 0.25
+    # Distance at which the proximity term halves (km).
+    route_distance_scale_km: float = 300.0
+    # Client-measured RTT at which the proximity term halves (ms).
+    route_rtt_scale_ms: float = 20.0
+    # Tokens a typical request generates, for predicted wait = backlog * this / tokens per s.
+    route_expected_tokens: int = 128
+    # Agents at or above either limit are saturated and get no new routes.
+    route_saturation_queue_depth: int = 64
+    route_saturation_kv_fraction: float = 0.98
+    # Most agents returned per answer, and how many nearest candidates are scored.
+    route_limit: int = 8
+    route_candidate_pool: int = 64
+    # "CIDR=site,CIDR=site": which site a client IP belongs to.
+    site_networks: str = ""
+    # Placeholder overflow answer when no edge agent fits (the overflow issue refines it).
+    overflow_name: str = ""
+    overflow_url: str = ""
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             problem = _VALIDATORS[f.name](getattr(self, f.name))
             if problem is not None:
                 raise ConfigError(f"{f.name}: {problem}")
+        if self.down_after_reports <= self.suspect_after_reports:
+            raise ConfigError(
+                "down_after_reports must be greater than suspect_after_reports, got "
+                f"{self.down_after_reports} <= {self.suspect_after_reports}"
+            )
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser()
+
+    @property
+    def tls_enabled(self) -> bool:
+        if self.tls == "auto":
+            return not is_loopback_host(self.grpc_host)
+        return self.tls == "on"
+
+    @property
+    def enrollment_required(self) -> bool:
+        if self.require_enrollment == "auto":
+            return self.tls_enabled
+        return self.require_enrollment == "on"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for localhost and loopback IP addresses."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _port(value: Any) -> str | None:
@@ -75,6 +153,37 @@ def _log_level(value: Any) -> str | None:
     return f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}"
 
 
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if value in choices:
+            return None
+        return f"must be one of {', '.join(choices)}, got {value!r}"
+
+    return check
+
+
+def _anything(value: Any) -> str | None:
+    return None
+
+
+def _non_negative(value: Any) -> str | None:
+    return None if value >= 0 else f"must be 0 or more, got {value}"
+
+
+def _fraction(value: Any) -> str | None:
+    return None if 0 < value <= 1 else f"must be in (0, 1], got {value}"
+
+
+def _site_networks(value: Any) -> str | None:
+    from coordinator.site_networks import parse_site_networks
+
+    try:
+        parse_site_networks(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _report_interval(value: Any) -> str | None:
     if 100 <= value <= 3_600_000:
         return None
@@ -90,6 +199,28 @@ _VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "hello_timeout_s": _positive,
     "shutdown_grace_s": _positive,
     "log_level": _log_level,
+    "data_dir": _host,
+    "tls": _one_of("auto", "on", "off"),
+    "enroll_port": _port,
+    "tls_server_names": _anything,
+    "require_enrollment": _one_of("auto", "on", "off"),
+    "admin_token": _anything,
+    "suspect_after_reports": _positive,
+    "down_after_reports": _positive,
+    "route_weight_proximity": _non_negative,
+    "route_weight_queue": _non_negative,
+    "route_weight_kv": _non_negative,
+    "route_weight_wait": _non_negative,
+    "route_distance_scale_km": _positive,
+    "route_rtt_scale_ms": _positive,
+    "route_expected_tokens": _positive,
+    "route_saturation_queue_depth": _positive,
+    "route_saturation_kv_fraction": _fraction,
+    "route_limit": _positive,
+    "route_candidate_pool": _positive,
+    "site_networks": _site_networks,
+    "overflow_name": _anything,
+    "overflow_url": _anything,
 }
 
 _FIELD_TYPES: dict[str, type] = {
@@ -179,7 +310,7 @@ def _coerce(key: str, raw: Any, source: str, *, from_text: bool) -> Any:
     if from_text:
         text = str(raw).strip()
         if wanted is str:
-            return text.upper() if key == "log_level" else text
+            return text.upper() if key == "log_level" else text.lower() if key in _LOWER else text
         try:
             return wanted(text)
         except ValueError:
@@ -191,7 +322,12 @@ def _coerce(key: str, raw: Any, source: str, *, from_text: bool) -> Any:
         raise ConfigError(f"{source}: expected {_type_words(wanted)}, got {raw!r}")
     if key == "log_level" and isinstance(raw, str):
         return raw.upper()
+    if key in _LOWER and isinstance(raw, str):
+        return raw.lower()
     return raw
+
+
+_LOWER = frozenset({"tls", "require_enrollment"})
 
 
 def _type_words(wanted: type) -> str:

@@ -5,10 +5,21 @@
     CoordinatorError                 root: catch this to catch anything we raise
      ├── FatalError                  the process cannot go on; `python -m coordinator` exits
      │    ├── ConfigError            a setting is unknown, mistyped or out of range
-     │    └── ServerStartError       a listener could not be opened (port in use, bad host)
+     │    ├── ServerStartError       a listener could not be opened (port in use, bad host)
+     │    ├── StoreError             the durable store cannot be opened or written
+     │    └── CertificateError       the CA or server certificate cannot be loaded or created
      └── RecoverableError            one request or session fails; the process carries on
           ├── ProtocolError          an agent broke the Session protocol (wrong first message, ...)
-          └── UnknownAgentError      a lookup named an agent the registry does not know
+          ├── UnknownAgentError      a lookup named an agent the registry does not know
+          ├── UnknownTokenRefError   an admin command named a join token that does not exist
+          └── EnrollmentError        a join token or an agent credential was refused
+               ├── UnknownTokenError        no such token (or a wrong secret)
+               ├── TokenExpiredError        past its expiry
+               ├── TokenExhaustedError      used up
+               ├── TokenRevokedError        revoked by an operator
+               ├── SiteMismatchError        bound to another site
+               ├── AuthenticationError      credentials missing or wrong, not enrolled, no mTLS
+               └── PermissionDeniedError    a valid identity, but another agent's
 
 Errors from libraries (grpc, aiohttp, tomllib) are converted where they are
 caught, with ``raise ... from exc``.
@@ -47,3 +58,63 @@ class UnknownAgentError(RecoverableError):
     def __init__(self, agent_id: str) -> None:
         super().__init__(f"unknown agent {agent_id!r}")
         self.agent_id = agent_id
+
+
+class StoreError(FatalError):
+    """The durable store (SQLite) cannot be opened or written."""
+
+
+class CertificateError(FatalError):
+    """The coordinator's CA or server certificate cannot be loaded or created."""
+
+
+class EnrollmentError(RecoverableError):
+    """A join token or agent credential was refused; ``reason`` is a short metric label."""
+
+    reason = "rejected"
+
+
+class UnknownTokenError(EnrollmentError):
+    """No join token matches (wrong id or wrong secret)."""
+
+    reason = "unknown_token"
+
+
+class TokenExpiredError(EnrollmentError):
+    reason = "expired_token"
+
+
+class TokenExhaustedError(EnrollmentError):
+    """The token was used as many times as it allows."""
+
+    reason = "exhausted_token"
+
+
+class TokenRevokedError(EnrollmentError):
+    reason = "revoked_token"
+
+
+class SiteMismatchError(EnrollmentError):
+    """The token is bound to another site than the agent asked for."""
+
+    reason = "site_mismatch"
+
+
+class AuthenticationError(EnrollmentError):
+    """A session's credentials or client certificate do not prove the agent id it claims."""
+
+    reason = "unauthenticated"
+
+
+class PermissionDeniedError(EnrollmentError):
+    """The caller is authenticated, but as someone else (e.g. another agent's certificate)."""
+
+    reason = "permission_denied"
+
+
+class UnknownTokenRefError(RecoverableError):
+    """An admin command named a join token id that does not exist."""
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(f"unknown join token {token_id!r}")
+        self.token_id = token_id

@@ -7,9 +7,17 @@ everything behind the transport works with these only.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+
+_AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def valid_agent_id(agent_id: str) -> bool:
+    """1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit."""
+    return _AGENT_ID.match(agent_id) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,17 @@ class AgentStatus(enum.StrEnum):
     DISCONNECTED = "disconnected"
 
 
+class Liveness(enum.StrEnum):
+    """How recently an agent reported, in report intervals (see coordinator.liveness)."""
+
+    # Reported within the last `suspect_after_reports` intervals: routed normally.
+    LIVE = "live"
+    # Missed `suspect_after_reports` reports: still routed, after every live agent.
+    SUSPECT = "suspect"
+    # Missed `down_after_reports` reports, said Bye, or not heard of since a restart.
+    DOWN = "down"
+
+
 @dataclass(frozen=True, slots=True)
 class AgentRecord:
     """Everything the registry knows about one agent."""
@@ -103,6 +122,11 @@ class AgentRecord:
     last_report: LoadReport | None = None
     # Reason from the agent's Bye, if it said goodbye.
     bye_reason: str | None = None
+    liveness: Liveness = Liveness.LIVE
+    # An operator drained the agent: it finishes running work and gets no new routes.
+    draining: bool = False
+    # The agent enrolled with a join token (its sessions are authenticated).
+    enrolled: bool = False
 
     @property
     def agent_id(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,11 +17,20 @@ from typing import Any
 import grpc
 
 from coordinator import wire
-from coordinator.config import CoordinatorConfig
-from coordinator.errors import ProtocolError, ServerStartError
+from coordinator.ca import CertificateAuthority
+from coordinator.config import CoordinatorConfig, is_loopback_host
+from coordinator.enrollment import EnrollmentService
+from coordinator.errors import (
+    EnrollmentError,
+    PermissionDeniedError,
+    ProtocolError,
+    ServerStartError,
+    SiteMismatchError,
+)
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
-from coordinator.routing import RouteQuery, rank_agents
+from coordinator.router import Router
+from coordinator.session_auth import SessionAuthenticator
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -46,6 +56,19 @@ class _LiveSession:
     outbox: asyncio.Queue[pb.CoordinatorMessage | None] = field(default_factory=asyncio.Queue)
 
 
+def _status_for(error: EnrollmentError) -> grpc.StatusCode:
+    """Refused identities: UNAUTHENTICATED, unless the caller is known but not allowed."""
+    if isinstance(error, PermissionDeniedError | SiteMismatchError):
+        return grpc.StatusCode.PERMISSION_DENIED
+    return grpc.StatusCode.UNAUTHENTICATED
+
+
+def peer_agent_id(context: Any) -> str | None:
+    """Common name of the peer's verified client certificate; None without one."""
+    names = context.auth_context().get("x509_common_name")
+    return names[0].decode() if names else None
+
+
 class CoordinatorServicer:
     """Implements edgefleet.v1.Coordinator on top of a FleetRegistry."""
 
@@ -54,11 +77,17 @@ class CoordinatorServicer:
         registry: FleetRegistry,
         metrics: CoordinatorMetrics,
         *,
+        router: Router,
+        enrollment: EnrollmentService,
+        authenticator: SessionAuthenticator,
         report_interval_ms: int,
         hello_timeout_s: float,
     ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._router = router
+        self._enrollment = enrollment
+        self._authenticator = authenticator
         self._report_interval_ms = report_interval_ms
         self._hello_timeout_s = hello_timeout_s
         self._live: dict[str, _LiveSession] = {}
@@ -66,39 +95,52 @@ class CoordinatorServicer:
     # ------------------------------------------------------------------ RPCs
 
     async def Enroll(self, request: pb.EnrollRequest, context: Any) -> pb.EnrollResponse:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "enrollment is not available on this coordinator yet"
+        try:
+            enrolled = self._enrollment.enroll(
+                request.join_token, request.requested_name, request.site
+            )
+        except EnrollmentError as exc:
+            self._metrics.enrollments.labels(result=exc.reason).inc()
+            logger.warning(
+                "refused enrollment with join token %s from %s: %s",
+                self._enrollment.token_id_of(request.join_token),
+                context.peer(),
+                exc,
+            )
+            await context.abort(_status_for(exc), str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        self._metrics.enrollments.labels(result="ok").inc()
+        return pb.EnrollResponse(
+            agent_id=enrolled.agent_id,
+            credentials=enrolled.credentials,
+            ca_cert_pem=enrolled.ca_cert_pem,
+            client_cert_pem=enrolled.client_cert_pem,
+            client_key_pem=enrolled.client_key_pem,
         )
-        raise AssertionError("unreachable: context.abort raises")
 
     async def Route(self, request: pb.RouteRequest, context: Any) -> pb.RouteResponse:
-        if not request.model:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "RouteRequest.model is empty")
-        query = RouteQuery(
-            model=request.model,
-            version=request.version if request.HasField("version") else None,
-        )
-        decision = rank_agents(self._registry.agents(), query)
+        try:
+            query = wire.route_query_from_pb(request)
+        except ProtocolError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        decision = self._router.route(query, client_ip=request.client_ip)
         self._metrics.route_requests.inc()
-        return pb.RouteResponse(
-            agents=[
-                pb.RankedAgent(
-                    agent_id=a.agent_id,
-                    http_url=a.http_url,
-                    site=a.site,
-                    score=a.score,
-                    score_parts=dict(a.score_parts),
-                )
-                for a in decision.agents
-            ],
-            reason=decision.reason,
-        )
+        return wire.route_response_to_pb(decision)
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
     ) -> AsyncIterator[pb.CoordinatorMessage]:
         hello = await self._receive_hello(request_iterator, context)
-        session_id = self._registry.open_session(hello)
+        try:
+            hello, enrolled = self._authenticator.authenticate(hello, peer_agent_id(context))
+        except EnrollmentError as exc:
+            self._metrics.sessions_rejected.labels(reason=exc.reason).inc()
+            logger.warning(
+                "refused session for agent %s from %s: %s", hello.agent_id, context.peer(), exc
+            )
+            await context.abort(_status_for(exc), str(exc))
+        session_id = self._registry.open_session(hello, enrolled=enrolled)
         self._metrics.sessions.inc()
         live = _LiveSession(agent_id=hello.agent_id, session_id=session_id)
         replaced = self._live.pop(hello.agent_id, None)
@@ -121,6 +163,8 @@ class CoordinatorServicer:
         try:
             yield wire.welcome_to_pb(session_id, self._report_interval_ms)
             yield wire.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
+            if self._registry.get(hello.agent_id).draining:
+                yield wire.command_to_pb("drain", "drained by an operator")
             while (message := await live.outbox.get()) is not None:
                 yield message
             if reader.done() and not reader.cancelled():
@@ -149,6 +193,10 @@ class CoordinatorServicer:
             return False
         live.outbox.put_nowait(message)
         return True
+
+    def send_command(self, agent_id: str, kind: str, reason: str) -> bool:
+        """Push a Command ("drain", "resume", "reload"); False when the agent has no session."""
+        return self.push(agent_id, wire.command_to_pb(kind, reason))
 
     def end_all_sessions(self) -> None:
         """Finish every live session cleanly (agents reconnect on their own)."""
@@ -206,31 +254,87 @@ class CoordinatorServicer:
 
 
 class GrpcServer:
-    """Owns the grpc.aio server; ``port`` is the bound port once started."""
+    """Owns the grpc.aio server; ``port`` (and ``enroll_port`` with TLS) once started.
 
-    def __init__(self, config: CoordinatorConfig, servicer: CoordinatorServicer) -> None:
+    Without TLS one plaintext port serves every RPC. With TLS, ``port`` requires a
+    client certificate signed by the coordinator's CA (mutual TLS, for Session) and
+    ``enroll_port`` is server-authenticated TLS only (for Enroll and Route).
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        servicer: CoordinatorServicer,
+        ca: CertificateAuthority | None = None,
+    ) -> None:
         self._config = config
         self.servicer = servicer
+        self._ca = ca
         self._server: Any = None
         self.port: int | None = None
+        self.enroll_port: int | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self._config.tls_enabled
 
     @property
     def address(self) -> str:
         return f"{self._config.grpc_host}:{self.port}"
 
+    @property
+    def enroll_address(self) -> str:
+        return f"{self._config.grpc_host}:{self.enroll_port or self.port}"
+
     async def start(self) -> None:
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         pb_grpc.add_CoordinatorServicer_to_server(self.servicer, server)
-        bind = f"{self._config.grpc_host}:{self._config.grpc_port}"
+        host = self._config.grpc_host
+        if self.tls:
+            if self._ca is None:
+                raise ServerStartError("TLS is on but the coordinator has no CA")
+            names = [host, "localhost", "127.0.0.1", "::1", socket.gethostname()]
+            names += [n.strip() for n in self._config.tls_server_names.split(",") if n.strip()]
+            issued = self._ca.issue_server(names)
+            pair = [(issued.key_pem.encode(), issued.cert_pem.encode())]
+            mutual = grpc.ssl_server_credentials(
+                pair, root_certificates=self._ca.cert_pem.encode(), require_client_auth=True
+            )
+            server_only = grpc.ssl_server_credentials(pair)
+            self.port = self._bind(server, host, self._config.grpc_port, mutual)
+            self.enroll_port = self._bind(server, host, self._config.enroll_port, server_only)
+        else:
+            if not is_loopback_host(host):
+                logger.warning(
+                    "gRPC on %s without TLS: agent credentials travel in plaintext "
+                    '(set tls = "on" outside development)',
+                    host,
+                )
+            self.port = self._bind(server, host, self._config.grpc_port, None)
+        await server.start()
+        self._server = server
+        if self.tls:
+            logger.info(
+                "gRPC listening on %s (mutual TLS) and %s (TLS, enrollment)",
+                self.address,
+                self.enroll_address,
+            )
+        else:
+            logger.info("gRPC listening on %s (plaintext)", self.address)
+
+    @staticmethod
+    def _bind(server: Any, host: str, port: int, credentials: Any) -> int:
+        bind = f"{host}:{port}"
         try:
-            port = server.add_insecure_port(bind)
+            if credentials is None:
+                bound = server.add_insecure_port(bind)
+            else:
+                bound = server.add_secure_port(bind, credentials)
         except RuntimeError as exc:
             raise ServerStartError(f"cannot listen for gRPC on {bind}: {exc}") from exc
-        if port == 0:
+        if bound == 0:
             raise ServerStartError(f"cannot listen for gRPC on {bind}")
-        await server.start()
-        self._server, self.port = server, port
-        logger.info("gRPC listening on %s", self.address)
+        return int(bound)
 
     async def stop(self) -> None:
         if self._server is None:

@@ -1,4 +1,4 @@
-"""The coordinator's HTTP API: fleet listing, health and metrics.
+"""The coordinator's HTTP API: fleet listing, route lookup, health and metrics.
 
 Handlers are thin: they read service objects from the app (``coordinator.state``)
 and turn dataclasses into JSON. Errors use the OpenAI body shape::
@@ -16,9 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
-from coordinator.errors import UnknownAgentError
-from coordinator.fleet import AgentRecord, AgentStatus
-from coordinator.state import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
+from coordinator.errors import UnknownAgentError, UnknownTokenRefError
+from coordinator.fleet import AgentRecord, AgentStatus, Location
+from coordinator.routing import RouteDecision, RouteQuery
+from coordinator.state import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY, ROUTER_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,14 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return error_response(
             404, str(exc), type_="invalid_request_error", code="agent_not_found", param="agent_id"
         )
+    except UnknownTokenRefError as exc:
+        return error_response(
+            404, str(exc), type_="invalid_request_error", code="token_not_found", param="token_id"
+        )
+    except InvalidParameter as exc:
+        return error_response(
+            400, str(exc), type_="invalid_request_error", code="invalid_parameter", param=exc.param
+        )
     except Exception:
         logger.exception("unhandled error serving %s %s", request.method, request.path)
         return error_response(
@@ -110,6 +119,105 @@ async def get_agent(request: web.Request) -> web.Response:
     )
 
 
+class InvalidParameter(ValueError):
+    """A query parameter is missing or malformed (answered with 400)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _number(query: Any, name: str, *, low: float, high: float) -> float | None:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidParameter(name, f"{name} must be a number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise InvalidParameter(name, f"{name} must be within [{low:g}, {high:g}], got {raw}")
+    return value
+
+
+def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
+    """Parse GET /v1/route parameters into a RouteQuery and the client IP."""
+    q = request.query
+    model = q.get("model", "")
+    if not model:
+        raise InvalidParameter("model", "the model query parameter is required")
+    lat = _number(q, "lat", low=-90, high=90)
+    lon = _number(q, "lon", low=-180, high=180)
+    if (lat is None) != (lon is None):
+        raise InvalidParameter("lat" if lat is None else "lon", "give both lat and lon, or neither")
+    rtts: dict[str, float] = {}
+    for item in ",".join(q.getall("rtt", [])).split(","):
+        if not item.strip():
+            continue
+        agent_id, sep, ms = item.rpartition(":")
+        try:
+            rtts[agent_id] = float(ms)
+        except ValueError:
+            sep = ""
+        if not sep or rtts.get(agent_id, -1.0) < 0:
+            raise InvalidParameter("rtt", f"rtt entries look like AGENT_ID:MS, got {item!r}")
+    exclude = {e.strip() for e in ",".join(q.getall("exclude", [])).split(",") if e.strip()}
+    max_wait = _number(q, "max_wait_ms", low=0, high=3_600_000)
+    limit = _number(q, "limit", low=0, high=1000)
+    query = RouteQuery(
+        model=model,
+        version=q.get("version") or None,
+        location=None if lat is None or lon is None else Location(lat=lat, lon=lon),
+        site=q.get("site", ""),
+        max_wait_ms=int(max_wait or 0),
+        exclude=frozenset(exclude),
+        client_rtt_ms=rtts,
+        limit=int(limit or 0),
+    )
+    return query, q.get("client_ip") or (request.remote or "")
+
+
+async def route(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS_KEY]
+    with metrics.route_seconds.time():
+        query, client_ip = route_query_from_http(request)
+        decision = request.app[ROUTER_KEY].route(query, client_ip=client_ip)
+    metrics.route_requests.inc()
+    return web.json_response(route_json(query, decision))
+
+
+def route_json(query: RouteQuery, decision: RouteDecision) -> dict[str, Any]:
+    overflow = decision.overflow
+    return {
+        "object": "route",
+        "model": query.model,
+        "version": query.version,
+        "agents": [
+            {
+                "agent_id": a.agent_id,
+                "http_url": a.http_url,
+                "site": a.site,
+                "score": a.score,
+                "score_parts": dict(a.score_parts),
+                "liveness": a.liveness.value,
+                "distance_km": a.distance_km,
+                "predicted_wait_ms": a.predicted_wait_ms,
+            }
+            for a in decision.agents
+        ],
+        "overflow": None
+        if overflow is None
+        else {
+            "name": overflow.name,
+            "kind": overflow.kind.value,
+            "url": overflow.url,
+            "models": list(overflow.models),
+        },
+        "excluded": dict(decision.excluded),
+        "reason": decision.reason,
+    }
+
+
 async def healthz(request: web.Request) -> web.Response:
     grpc_server = request.app[GRPC_SERVER_KEY]
     return web.json_response(
@@ -117,6 +225,8 @@ async def healthz(request: web.Request) -> web.Response:
             "status": "ok",
             "grpc": grpc_server.address if grpc_server.port is not None else None,
             "connected_agents": request.app[REGISTRY_KEY].connected_count(),
+            "tls": grpc_server.tls,
+            "enroll": grpc_server.enroll_address if grpc_server.port is not None else None,
         }
     )
 
@@ -133,6 +243,7 @@ async def metrics(request: web.Request) -> web.Response:
 ROUTES = [
     web.get("/v1/agents", list_agents),
     web.get("/v1/agents/{agent_id}", get_agent),
+    web.get("/v1/route", route),
     web.get("/healthz", healthz),
     web.get("/metrics", metrics),
 ]
@@ -154,6 +265,9 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
         "agent_version": hello.agent_version,
         "status": record.status.value,
         "stale": record.status is AgentStatus.CONNECTED and now - record.last_seen > stale_after,
+        "liveness": record.liveness.value,
+        "draining": record.draining,
+        "enrolled": record.enrolled,
         "session_id": record.session_id,
         "connected_since": iso_time(record.connected_since),
         "last_seen": iso_time(record.last_seen),

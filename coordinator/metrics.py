@@ -6,7 +6,7 @@ apps) can live in one process.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coordinator.registry import FleetRegistry
 
@@ -29,7 +29,7 @@ class CoordinatorMetrics:
             "Agents the registry knows, connected or not.",
             registry=self.registry,
         )
-        self.known_agents.set_function(lambda: float(len(fleet.agents())))
+        self.known_agents.set_function(lambda: float(fleet.known_count()))
         self.sessions = Counter(
             f"{PREFIX}_sessions",
             "Control sessions accepted (Hello answered with Welcome).",
@@ -49,6 +49,24 @@ class CoordinatorMetrics:
         self.route_requests = Counter(
             f"{PREFIX}_route_requests",
             "Route RPCs answered.",
+            registry=self.registry,
+        )
+        self.route_seconds = Histogram(
+            f"{PREFIX}_route_seconds",
+            "Time to answer a route lookup (gRPC or HTTP), scoring included.",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=self.registry,
+        )
+        self.enrollments = Counter(
+            f"{PREFIX}_enrollments",
+            "Enroll calls, by result (ok or the refusal reason).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.liveness_changes = Counter(
+            f"{PREFIX}_liveness_changes",
+            "Agents that became suspect or down, by new state.",
+            ["liveness"],
             registry=self.registry,
         )
         self.http_requests = Counter(

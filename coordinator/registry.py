@@ -1,22 +1,31 @@
-"""The fleet registry: which agents exist, their sessions, inventory and load.
+"""The fleet registry: which agents exist, their sessions, inventory, load and liveness.
 
-``FleetRegistry`` is the interface transport code talks to;
-``InMemoryFleetRegistry`` keeps everything in process memory (state is lost on
-restart; agents re-announce themselves when they reconnect). A persistent
-registry implements the same interface.
+``FleetRegistry`` is the interface transport code talks to. ``LiveFleetRegistry``
+keeps the live view (sessions, load samples, liveness) in memory and writes what must
+survive a restart (each agent's Hello, last-seen time, draining flag) to a
+``FleetStore``; on start it reloads those agents as down until they reconnect.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from coordinator.errors import UnknownAgentError
-from coordinator.fleet import AgentHello, AgentRecord, AgentStatus, DesiredState, LoadReport
+from coordinator.fleet import (
+    AgentHello,
+    AgentRecord,
+    AgentStatus,
+    DesiredState,
+    Liveness,
+    LoadReport,
+)
+from coordinator.fleet_index import FleetIndex
+from coordinator.store import FleetStore
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +37,14 @@ def utc_now() -> datetime:
 
 
 class FleetRegistry(Protocol):
-    """What the transports need from fleet state. Methods are quick and never block."""
+    """What the transports need from fleet state. Methods are quick and never block long."""
 
-    def open_session(self, hello: AgentHello) -> str:
+    @property
+    def index(self) -> FleetIndex:
+        """Candidate lookup by model, site and place."""
+        ...
+
+    def open_session(self, hello: AgentHello, *, enrolled: bool = False) -> str:
         """Record that an agent connected; return the new session id.
 
         A newer session replaces an older one for the same agent.
@@ -42,7 +56,7 @@ class FleetRegistry(Protocol):
         ...
 
     def record_bye(self, agent_id: str, session_id: str, reason: str) -> None:
-        """Note that the agent said goodbye on purpose."""
+        """Note that the agent said goodbye on purpose (it is down from now on)."""
         ...
 
     def close_session(self, agent_id: str, session_id: str) -> bool:
@@ -57,35 +71,97 @@ class FleetRegistry(Protocol):
         """One agent's record; raises UnknownAgentError."""
         ...
 
+    def find(self, agent_ids: Iterable[str]) -> list[AgentRecord]:
+        """The records of those ids that exist."""
+        ...
+
     def agents(self) -> list[AgentRecord]:
         """Every known agent, connected or not, ordered by agent id."""
         ...
 
     def connected_count(self) -> int: ...
 
+    def known_count(self) -> int: ...
+
+    def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
+        """Drain (or resume) an agent; raises UnknownAgentError."""
+        ...
+
+    def sweep(self) -> list[AgentRecord]:
+        """Update liveness from the time since each agent's last message.
+
+        Returns the records whose liveness changed.
+        """
+        ...
+
     def desired_state(self, agent_id: str) -> DesiredState:
         """What the agent should run now."""
         ...
 
 
-class InMemoryFleetRegistry:
-    """FleetRegistry kept in a dict; for one coordinator process."""
+class LiveFleetRegistry:
+    """FleetRegistry for one coordinator process, persisting through a FleetStore."""
 
-    def __init__(self, *, clock: Clock = utc_now) -> None:
+    def __init__(
+        self,
+        store: FleetStore,
+        *,
+        report_interval_ms: int = 2000,
+        suspect_after_reports: int = 2,
+        down_after_reports: int = 5,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._store = store
         self._clock = clock
+        interval = timedelta(milliseconds=report_interval_ms)
+        self._suspect_after = interval * suspect_after_reports
+        self._down_after = interval * down_after_reports
         self._agents: dict[str, AgentRecord] = {}
+        self._connected = 0
+        self._index = FleetIndex()
+        now = clock()
+        for stored in store.list_agents():
+            if stored.hello is None:
+                continue
+            self._agents[stored.agent_id] = AgentRecord(
+                hello=stored.hello,
+                status=AgentStatus.DISCONNECTED,
+                session_id="",
+                connected_since=None,
+                last_seen=stored.last_seen or now,
+                liveness=Liveness.DOWN,
+                draining=stored.draining,
+                enrolled=stored.enrolled,
+            )
+            self._index.put(stored.hello)
+        if self._agents:
+            logger.info("restored %d agents from the store (down until they report)", len(self))
 
-    def open_session(self, hello: AgentHello) -> str:
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    @property
+    def index(self) -> FleetIndex:
+        return self._index
+
+    def open_session(self, hello: AgentHello, *, enrolled: bool = False) -> str:
         now = self._clock()
         session_id = uuid.uuid4().hex
         previous = self._agents.get(hello.agent_id)
-        if previous is not None and previous.status is AgentStatus.CONNECTED:
-            logger.info(
-                "agent %s opened session %s, replacing session %s",
-                hello.agent_id,
-                session_id,
-                previous.session_id,
-            )
+        draining = False
+        if previous is not None:
+            draining = previous.draining
+            if previous.status is AgentStatus.CONNECTED:
+                self._connected -= 1
+                logger.info(
+                    "agent %s opened session %s, replacing session %s",
+                    hello.agent_id,
+                    session_id,
+                    previous.session_id,
+                )
+        else:
+            stored = self._store.get_agent(hello.agent_id)
+            draining = stored.draining if stored is not None else False
         self._agents[hello.agent_id] = AgentRecord(
             hello=hello,
             status=AgentStatus.CONNECTED,
@@ -94,26 +170,44 @@ class InMemoryFleetRegistry:
             last_seen=now,
             # Keep the previous sample: better than nothing until the next one.
             last_report=previous.last_report if previous is not None else None,
+            liveness=Liveness.LIVE,
+            draining=draining,
+            enrolled=enrolled,
         )
+        self._connected += 1
+        if previous is None or previous.hello != hello:
+            self._index.put(hello)
+        if previous is not None and previous.liveness is not Liveness.LIVE:
+            logger.info("agent %s is live again (was %s)", hello.agent_id, previous.liveness)
+        self._store.save_hello(hello, now)
         return session_id
 
     def record_report(self, agent_id: str, session_id: str, report: LoadReport) -> None:
         record = self._current(agent_id, session_id)
-        if record is not None:
-            self._agents[agent_id] = replace(record, last_report=report, last_seen=self._clock())
+        if record is None:
+            return
+        if record.liveness is not Liveness.LIVE:
+            logger.info("agent %s is live again (was %s)", agent_id, record.liveness)
+        self._agents[agent_id] = replace(
+            record, last_report=report, last_seen=self._clock(), liveness=Liveness.LIVE
+        )
 
     def record_bye(self, agent_id: str, session_id: str, reason: str) -> None:
         record = self._current(agent_id, session_id)
         if record is not None:
-            self._agents[agent_id] = replace(record, bye_reason=reason, last_seen=self._clock())
+            self._agents[agent_id] = replace(
+                record, bye_reason=reason, last_seen=self._clock(), liveness=Liveness.DOWN
+            )
 
     def close_session(self, agent_id: str, session_id: str) -> bool:
         record = self._current(agent_id, session_id)
-        if record is None:
+        if record is None or record.status is not AgentStatus.CONNECTED:
             return False
         self._agents[agent_id] = replace(
             record, status=AgentStatus.DISCONNECTED, connected_since=None
         )
+        self._connected -= 1
+        self._store.save_last_seen(agent_id, record.last_seen)
         return True
 
     def get(self, agent_id: str) -> AgentRecord:
@@ -122,11 +216,52 @@ class InMemoryFleetRegistry:
         except KeyError:
             raise UnknownAgentError(agent_id) from None
 
+    def find(self, agent_ids: Iterable[str]) -> list[AgentRecord]:
+        agents = self._agents
+        return [agents[i] for i in agent_ids if i in agents]
+
     def agents(self) -> list[AgentRecord]:
         return [self._agents[key] for key in sorted(self._agents)]
 
     def connected_count(self) -> int:
-        return sum(1 for r in self._agents.values() if r.status is AgentStatus.CONNECTED)
+        return self._connected
+
+    def known_count(self) -> int:
+        return len(self._agents)
+
+    def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
+        record = self.get(agent_id)
+        self._store.set_draining(agent_id, draining)
+        record = replace(record, draining=draining)
+        self._agents[agent_id] = record
+        logger.info("agent %s %s", agent_id, "draining" if draining else "resumed")
+        return record
+
+    def sweep(self) -> list[AgentRecord]:
+        now = self._clock()
+        changed: list[AgentRecord] = []
+        for agent_id, record in self._agents.items():
+            if record.liveness is Liveness.DOWN:
+                continue
+            silent = now - record.last_seen
+            if silent >= self._down_after:
+                liveness = Liveness.DOWN
+            elif silent >= self._suspect_after:
+                liveness = Liveness.SUSPECT
+            else:
+                continue
+            if liveness is not record.liveness:
+                record = replace(record, liveness=liveness)
+                self._agents[agent_id] = record
+                changed.append(record)
+        for record in changed:
+            logger.warning(
+                "agent %s is %s: no report for %.1f s",
+                record.agent_id,
+                record.liveness,
+                (now - record.last_seen).total_seconds(),
+            )
+        return changed
 
     def desired_state(self, agent_id: str) -> DesiredState:
         # Rollouts fill this in; until then every agent keeps what it has.

@@ -1,14 +1,89 @@
-"""A first, minimal route ranking: connected agents serving the model, least loaded first.
+"""Route scoring: which agents a client should use for a model, best first.
 
-Location, prefix affinity and overflow policy come later, behind the same call.
+``RouteScorer.rank`` filters candidate agents, then scores each one as a weighted
+sum of parts, every part in [0, 1] (higher is better):
+
+``proximity``
+    1.0 for an agent at the client's site. Otherwise, when the client measured the
+    round-trip time to the agent, ``1 / (1 + rtt / rtt_scale_ms)``; else, when both
+    locations are known, ``0.8 / (1 + distance / distance_scale_km)`` (great-circle
+    distance; 0.8 keeps any other site below the client's own); else 0.4 (unknown).
+``queue``
+    Backlog (queue depth + waiting sequences) min-max normalized across the
+    candidates, as llm-d's queue scorer does: the shortest queue scores 1, the
+    longest 0; all equal scores 1.
+``kv``
+    ``1 - kv_cache_used_fraction``, as llm-d's KV-cache utilization scorer does.
+``wait``
+    ``1 / (1 + predicted_wait_ms / 1000)``; predicted wait = backlog x expected
+    tokens per request / the agent's recent tokens per second (1 s per queued
+    request when it has no rate yet).
+
+A suspect agent (missed reports) keeps its parts but its score is halved, so it is
+used only after every live one. Excluded, never returned: down or draining agents,
+agents without the model (or the pinned version), saturated ones (backlog or KV use
+at the configured limits), ones the client excluded, and ones whose predicted wait is
+over the client's ``max_wait_ms``.
+
+Default weights (config ``route_weight_*``) and why:
+
+- proximity 0.45: at the edge the network dominates what a user feels (a WAN round
+  trip costs more than most queueing on a lightly loaded box) and a same-site agent
+  keeps prompts on the site's network.
+- wait 0.25: predicted wait is the most direct load signal for time to first token.
+- queue 0.2: queue depth is always reported and robust when tokens/s is noisy (it is
+  llm-d's default scorer).
+- kv 0.1: KV-cache pressure foretells preemption and slower batches, but is secondary.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from coordinator.fleet import AgentRecord, AgentStatus
+from coordinator.fleet import AgentRecord, Liveness, Location, OverflowTarget
+
+EARTH_RADIUS_KM = 6371.0088
+SAME_SITE = 1.0
+OTHER_SITE_MAX = 0.8
+UNKNOWN_PROXIMITY = 0.4
+SUSPECT_FACTOR = 0.5
+# Assumed service time per queued request when an agent has not measured a rate yet.
+UNKNOWN_RATE_WAIT_MS = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteWeights:
+    proximity: float = 0.45
+    queue: float = 0.2
+    kv: float = 0.1
+    wait: float = 0.25
+
+    def __post_init__(self) -> None:
+        if min(self.proximity, self.queue, self.kv, self.wait) < 0:
+            raise ValueError("route weights must be >= 0")
+        if self.total <= 0:
+            raise ValueError("at least one route weight must be > 0")
+
+    @property
+    def total(self) -> float:
+        return self.proximity + self.queue + self.kv + self.wait
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    weights: RouteWeights = field(default_factory=RouteWeights)
+    # Distance (km) / client RTT (ms) at which the proximity part halves.
+    distance_scale_km: float = 300.0
+    rtt_scale_ms: float = 20.0
+    # Tokens a typical request generates (for predicted wait).
+    expected_tokens: int = 128
+    # At or above either, an agent is saturated.
+    saturation_queue_depth: int = 64
+    saturation_kv_fraction: float = 0.98
+    # Default number of agents returned.
+    limit: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +91,16 @@ class RouteQuery:
     model: str
     # Pinned model version; None means any version.
     version: str | None = None
+    location: Location | None = None
+    # The client's site ("" when unknown).
+    site: str = ""
+    # Longest acceptable predicted wait; 0 = no limit.
+    max_wait_ms: int = 0
+    exclude: frozenset[str] = frozenset()
+    # Round-trip times the client measured, by agent id (ms).
+    client_rtt_ms: Mapping[str, float] = field(default_factory=dict)
+    # Most agents to return; 0 = the policy's limit.
+    limit: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +108,14 @@ class RankedAgent:
     agent_id: str
     http_url: str
     site: str
-    # Higher is better, in (0, 1].
+    # Higher is better, in [0, 1].
     score: float
     # The terms the score is made of, by name.
     score_parts: Mapping[str, float] = field(default_factory=dict)
+    liveness: Liveness = Liveness.LIVE
+    # Great-circle distance from the client; None when a location is unknown.
+    distance_km: float | None = None
+    predicted_wait_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,35 +123,140 @@ class RouteDecision:
     agents: tuple[RankedAgent, ...]
     # Why the ranking looks like this, for humans.
     reason: str
+    # Where to go when no agent fits; None when none is configured or agents fit.
+    overflow: OverflowTarget | None = None
+    # How many candidates were left out, by reason ("down", "saturated", ...).
+    excluded: Mapping[str, int] = field(default_factory=dict)
 
 
-def rank_agents(records: Iterable[AgentRecord], query: RouteQuery) -> RouteDecision:
-    candidates: list[RankedAgent] = []
-    for record in records:
-        if record.status is not AgentStatus.CONNECTED or not record.hello.http_url:
-            continue
+def great_circle_km(a: Location, b: Location) -> float:
+    """Haversine distance between two points."""
+    lat1, lat2 = math.radians(a.lat), math.radians(b.lat)
+    dlat = lat2 - lat1
+    dlon = math.radians(b.lon - a.lon)
+    h = math.sin(dlat / 2) ** 2 + math.cos(lat1) * math.cos(lat2) * math.sin(dlon / 2) ** 2
+    return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
+
+
+@dataclass(slots=True)
+class _Candidate:
+    record: AgentRecord
+    backlog: int
+    kv: float
+    wait_ms: float
+
+
+class RouteScorer:
+    """Filters and scores agents for one query (pure: no I/O, no clock)."""
+
+    def __init__(self, policy: RoutePolicy | None = None) -> None:
+        self.policy = policy or RoutePolicy()
+
+    def rank(self, records: Iterable[AgentRecord], query: RouteQuery) -> RouteDecision:
+        policy = self.policy
+        excluded: dict[str, int] = {}
+        candidates: list[_Candidate] = []
+        for record in records:
+            why = self._exclusion(record, query)
+            if why is None:
+                report = record.last_report
+                backlog = 0 if report is None else report.queue_depth + report.waiting_sequences
+                kv = 0.0 if report is None else report.kv_cache_used_fraction
+                if backlog >= policy.saturation_queue_depth or kv >= policy.saturation_kv_fraction:
+                    why = "saturated"
+                else:
+                    wait_ms = self._predicted_wait_ms(record, backlog)
+                    if query.max_wait_ms and wait_ms > query.max_wait_ms:
+                        why = "over_max_wait"
+                    else:
+                        candidates.append(_Candidate(record, backlog, kv, wait_ms))
+            if why is not None:
+                excluded[why] = excluded.get(why, 0) + 1
+
+        ranked = self._score(candidates, query)
+        ranked.sort(key=lambda a: (-a.score, a.agent_id))
+        limit = query.limit or policy.limit
+        wanted = query.model if query.version is None else f"{query.model}@{query.version}"
+        left_out = ", ".join(f"{n} {why}" for why, n in sorted(excluded.items()))
+        if not ranked:
+            reason = f"no edge agent can take {wanted} now"
+            return RouteDecision(
+                agents=(), reason=reason + (f" ({left_out})" if left_out else ""), excluded=excluded
+            )
+        reason = f"{len(ranked)} agent(s) can take {wanted}; ranked by proximity and load"
+        if left_out:
+            reason += f"; left out: {left_out}"
+        return RouteDecision(agents=tuple(ranked[:limit]), reason=reason, excluded=excluded)
+
+    def _exclusion(self, record: AgentRecord, query: RouteQuery) -> str | None:
+        if record.liveness is Liveness.DOWN:
+            return "down"
+        if record.draining:
+            return "draining"
+        if record.agent_id in query.exclude:
+            return "excluded_by_client"
+        if not record.hello.http_url:
+            return "no_http_url"
         if not any(
             m.name == query.model and (query.version is None or m.version == query.version)
             for m in record.hello.models
         ):
-            continue
+            return "model_not_loaded"
+        return None
+
+    def _predicted_wait_ms(self, record: AgentRecord, backlog: int) -> float:
+        if backlog == 0:
+            return 0.0
         report = record.last_report
-        backlog = 0 if report is None else report.queue_depth + report.waiting_sequences
-        queue_score = 1.0 / (1.0 + backlog)
-        candidates.append(
-            RankedAgent(
-                agent_id=record.agent_id,
-                http_url=record.hello.http_url,
-                site=record.hello.site,
-                score=queue_score,
-                score_parts={"queue": queue_score},
+        rate = 0.0 if report is None else report.tokens_per_second
+        if rate <= 0:
+            return backlog * UNKNOWN_RATE_WAIT_MS
+        return backlog * self.policy.expected_tokens / rate * 1000.0
+
+    def _score(self, candidates: list[_Candidate], query: RouteQuery) -> list[RankedAgent]:
+        if not candidates:
+            return []
+        policy, weights = self.policy, self.policy.weights
+        lowest = min(c.backlog for c in candidates)
+        spread = max(c.backlog for c in candidates) - lowest
+        ranked: list[RankedAgent] = []
+        for c in candidates:
+            hello = c.record.hello
+            distance = None
+            if query.location is not None and hello.location is not None:
+                distance = great_circle_km(query.location, hello.location)
+            rtt = query.client_rtt_ms.get(hello.agent_id)
+            if rtt is not None:
+                proximity = 1.0 / (1.0 + max(rtt, 0.0) / policy.rtt_scale_ms)
+            elif query.site and hello.site == query.site:
+                proximity = SAME_SITE
+            elif distance is not None:
+                proximity = OTHER_SITE_MAX / (1.0 + distance / policy.distance_scale_km)
+            else:
+                proximity = UNKNOWN_PROXIMITY
+            queue = 1.0 if spread == 0 else (lowest + spread - c.backlog) / spread
+            kv = 1.0 - c.kv
+            wait = 1.0 / (1.0 + c.wait_ms / 1000.0)
+            score = (
+                weights.proximity * proximity
+                + weights.queue * queue
+                + weights.kv * kv
+                + weights.wait * wait
+            ) / weights.total
+            parts = {"proximity": proximity, "queue": queue, "kv": kv, "wait": wait}
+            if c.record.liveness is Liveness.SUSPECT:
+                score *= SUSPECT_FACTOR
+                parts["suspect_factor"] = SUSPECT_FACTOR
+            ranked.append(
+                RankedAgent(
+                    agent_id=hello.agent_id,
+                    http_url=hello.http_url,
+                    site=hello.site,
+                    score=score,
+                    score_parts=parts,
+                    liveness=c.record.liveness,
+                    distance_km=distance,
+                    predicted_wait_ms=c.wait_ms,
+                )
             )
-        )
-    candidates.sort(key=lambda a: (-a.score, a.agent_id))
-    wanted = query.model if query.version is None else f"{query.model}@{query.version}"
-    if not candidates:
-        return RouteDecision(agents=(), reason=f"no connected agent serves {wanted}")
-    return RouteDecision(
-        agents=tuple(candidates),
-        reason=f"{len(candidates)} connected agent(s) serve {wanted}; ranked by queue backlog",
-    )
+        return ranked

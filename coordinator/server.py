@@ -35,11 +35,14 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
                 f"cannot listen for HTTP on {config.http_host}:{config.http_port}: {exc.strerror}"
             ) from exc
         http_host, http_port = runner.addresses[0][:2]
+        grpc_server = app[GRPC_SERVER_KEY]
         logger.info(
-            "coordinator ready: grpc=%s http=http://%s:%d",
-            app[GRPC_SERVER_KEY].address,
+            "coordinator ready: grpc=%s http=http://%s:%d enroll=%s tls=%s",
+            grpc_server.address,
             http_host,
             http_port,
+            grpc_server.enroll_address,
+            "on" if grpc_server.tls else "off",
         )
         await stop.wait()
         logger.info("shutting down")

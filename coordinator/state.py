@@ -8,8 +8,14 @@ from coordinator.config import CoordinatorConfig
 from coordinator.grpc_service import GrpcServer
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
+from coordinator.router import Router
+from coordinator.store import FleetStore
+from coordinator.tokens import JoinTokens
 
 CONFIG_KEY = web.AppKey("config", CoordinatorConfig)
 REGISTRY_KEY = web.AppKey("registry", FleetRegistry)
 METRICS_KEY = web.AppKey("metrics", CoordinatorMetrics)
 GRPC_SERVER_KEY = web.AppKey("grpc_server", GrpcServer)
+STORE_KEY = web.AppKey("store", FleetStore)
+TOKENS_KEY = web.AppKey("tokens", JoinTokens)
+ROUTER_KEY = web.AppKey("router", Router)

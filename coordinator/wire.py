@@ -6,7 +6,6 @@ Validation of incoming messages happens here and raises ProtocolError.
 from __future__ import annotations
 
 import math
-import re
 from datetime import UTC
 from urllib.parse import urlsplit
 
@@ -19,10 +18,10 @@ from coordinator.fleet import (
     LoadReport,
     Location,
     OverflowKind,
+    valid_agent_id,
 )
+from coordinator.routing import RouteDecision, RouteQuery
 from edgefleet.v1 import fleet_pb2 as pb
-
-_AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 _OVERFLOW_KIND_TO_PB = {
     OverflowKind.PEER: pb.OVERFLOW_KIND_PEER,
@@ -33,7 +32,7 @@ _OVERFLOW_KIND_TO_PB = {
 
 def hello_from_pb(message: pb.Hello) -> AgentHello:
     """Validate a Hello and convert it; raises ProtocolError naming the bad field."""
-    if not _AGENT_ID.match(message.agent_id):
+    if not valid_agent_id(message.agent_id):
         raise ProtocolError(
             f"Hello.agent_id {message.agent_id!r} is invalid: 1-128 characters of "
             "letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
@@ -46,12 +45,8 @@ def hello_from_pb(message: pb.Hello) -> AgentHello:
             )
     location = None
     if message.HasField("location"):
-        lat, lon = message.location.lat, message.location.lon
-        if not (math.isfinite(lat) and -90.0 <= lat <= 90.0):
-            raise ProtocolError(f"Hello.location.lat {lat} is outside [-90, 90]")
-        if not (math.isfinite(lon) and -180.0 <= lon <= 180.0):
-            raise ProtocolError(f"Hello.location.lon {lon} is outside [-180, 180]")
-        location = Location(lat=lat, lon=lon)
+        loc = message.location
+        location = location_checked(loc.lat, loc.lon, "Hello.location")
     models = []
     for index, model in enumerate(message.models):
         if not model.name:
@@ -133,3 +128,68 @@ def desired_state_to_pb(state: DesiredState) -> pb.CoordinatorMessage:
             config=dict(state.config),
         )
     )
+
+
+_COMMAND_TO_PB = {
+    "drain": pb.Command.KIND_DRAIN,
+    "reload": pb.Command.KIND_RELOAD,
+    "resume": pb.Command.KIND_RESUME,
+}
+
+
+def command_to_pb(kind: str, reason: str) -> pb.CoordinatorMessage:
+    return pb.CoordinatorMessage(command=pb.Command(kind=_COMMAND_TO_PB[kind], reason=reason))
+
+
+def location_checked(lat: float, lon: float, where: str) -> Location:
+    if not (math.isfinite(lat) and -90.0 <= lat <= 90.0):
+        raise ProtocolError(f"{where}.lat {lat} is outside [-90, 90]")
+    if not (math.isfinite(lon) and -180.0 <= lon <= 180.0):
+        raise ProtocolError(f"{where}.lon {lon} is outside [-180, 180]")
+    return Location(lat=lat, lon=lon)
+
+
+def route_query_from_pb(message: pb.RouteRequest) -> RouteQuery:
+    if not message.model:
+        raise ProtocolError("RouteRequest.model is empty")
+    location = None
+    if message.HasField("client_location"):
+        loc = message.client_location
+        location = location_checked(loc.lat, loc.lon, "RouteRequest.client_location")
+    for agent_id, rtt in message.client_rtt_ms.items():
+        if not (math.isfinite(rtt) and rtt >= 0):
+            raise ProtocolError(f"RouteRequest.client_rtt_ms[{agent_id!r}] {rtt} is not a time")
+    return RouteQuery(
+        model=message.model,
+        version=message.version if message.HasField("version") else None,
+        location=location,
+        site=message.site,
+        max_wait_ms=message.max_wait_ms,
+        exclude=frozenset(message.exclude_agent_ids),
+        client_rtt_ms=dict(message.client_rtt_ms),
+        limit=message.limit,
+    )
+
+
+def route_response_to_pb(decision: RouteDecision) -> pb.RouteResponse:
+    response = pb.RouteResponse(reason=decision.reason)
+    for a in decision.agents:
+        ranked = response.agents.add(
+            agent_id=a.agent_id,
+            http_url=a.http_url,
+            site=a.site,
+            score=a.score,
+            score_parts=dict(a.score_parts),
+            liveness=a.liveness.value,
+            predicted_wait_ms=a.predicted_wait_ms,
+        )
+        if a.distance_km is not None:
+            ranked.distance_km = a.distance_km
+    if decision.overflow is not None:
+        t = decision.overflow
+        response.overflow.CopyFrom(
+            pb.OverflowTarget(
+                name=t.name, kind=_OVERFLOW_KIND_TO_PB[t.kind], url=t.url, models=list(t.models)
+            )
+        )
+    return response

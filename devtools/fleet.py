@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from devtools.process import ServiceProcess, get_json
 
 _COORDINATOR_READY = re.compile(
     r"coordinator ready: grpc=(?P<grpc>\S+):(?P<gport>\d+) http=(?P<http>\S+)"
+    r"(?: enroll=(?P<enroll>\S+))?"
 )
 _AGENT_READY = re.compile(r"edgefleet agent (?P<id>\S+) ready: (?P<url>\S+)")
 
@@ -21,14 +25,23 @@ class CoordinatorProcess(ServiceProcess):
         grpc_port: int = 0,
         http_port: int = 0,
         report_interval_ms: int = 2000,
+        data_dir: str | Path | None = None,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 30.0,
     ) -> None:
+        # Without a data_dir each process gets a fresh one, removed when it exits.
+        self._own_data_dir = data_dir is None
+        self.data_dir = (
+            Path(tempfile.mkdtemp(prefix="edgefleet-coordinator-"))
+            if data_dir is None
+            else Path(data_dir)
+        )
         args = [
             "--grpc-port", str(grpc_port),
             "--http-port", str(http_port),
             "--report-interval-ms", str(report_interval_ms),
+            "--data-dir", str(self.data_dir),
             *extra_args,
         ]  # fmt: skip
         super().__init__(
@@ -37,13 +50,21 @@ class CoordinatorProcess(ServiceProcess):
         self.grpc_port = grpc_port
         self.http_port = http_port
         self.grpc_target = ""
+        self.enroll_target = ""
         self.http_url = ""
 
     def on_ready(self, match: re.Match[str]) -> None:
         self.grpc_port = int(match["gport"])
         self.grpc_target = f"{match['grpc']}:{self.grpc_port}"
+        self.enroll_target = match["enroll"] or self.grpc_target
         self.http_url = match["http"]
         self.http_port = int(self.http_url.rsplit(":", 1)[1])
+
+    async def signal_and_wait(self, signum: int, timeout_s: float) -> int:
+        code = await super().signal_and_wait(signum, timeout_s)
+        if self._own_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        return code
 
     async def get_json(self, path: str) -> Any:
         return await get_json(self.http_url + path)

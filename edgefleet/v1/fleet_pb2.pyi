@@ -209,9 +209,11 @@ class Command(_message.Message):
         KIND_UNSPECIFIED: _ClassVar[Command.Kind]
         KIND_DRAIN: _ClassVar[Command.Kind]
         KIND_RELOAD: _ClassVar[Command.Kind]
+        KIND_RESUME: _ClassVar[Command.Kind]
     KIND_UNSPECIFIED: Command.Kind
     KIND_DRAIN: Command.Kind
     KIND_RELOAD: Command.Kind
+    KIND_RESUME: Command.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     kind: Command.Kind
@@ -219,23 +221,36 @@ class Command(_message.Message):
     def __init__(self, kind: _Optional[_Union[Command.Kind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "version", "client_location", "site", "client_ip", "max_wait_ms")
+    __slots__ = ("model", "version", "client_location", "site", "client_ip", "max_wait_ms", "exclude_agent_ids", "client_rtt_ms", "limit")
+    class ClientRttMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CLIENT_LOCATION_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_IP_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     client_location: Location
     site: str
     client_ip: str
     max_wait_ms: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., client_location: _Optional[_Union[Location, _Mapping]] = ..., site: _Optional[str] = ..., client_ip: _Optional[str] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
+    exclude_agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    client_rtt_ms: _containers.ScalarMap[str, float]
+    limit: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., client_location: _Optional[_Union[Location, _Mapping]] = ..., site: _Optional[str] = ..., client_ip: _Optional[str] = ..., max_wait_ms: _Optional[int] = ..., exclude_agent_ids: _Optional[_Iterable[str]] = ..., client_rtt_ms: _Optional[_Mapping[str, float]] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class RankedAgent(_message.Message):
-    __slots__ = ("agent_id", "http_url", "site", "score", "score_parts")
+    __slots__ = ("agent_id", "http_url", "site", "score", "score_parts", "liveness", "distance_km", "predicted_wait_ms")
     class ScorePartsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -248,12 +263,18 @@ class RankedAgent(_message.Message):
     SITE_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     SCORE_PARTS_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    DISTANCE_KM_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     http_url: str
     site: str
     score: float
     score_parts: _containers.ScalarMap[str, float]
-    def __init__(self, agent_id: _Optional[str] = ..., http_url: _Optional[str] = ..., site: _Optional[str] = ..., score: _Optional[float] = ..., score_parts: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    liveness: str
+    distance_km: float
+    predicted_wait_ms: float
+    def __init__(self, agent_id: _Optional[str] = ..., http_url: _Optional[str] = ..., site: _Optional[str] = ..., score: _Optional[float] = ..., score_parts: _Optional[_Mapping[str, float]] = ..., liveness: _Optional[str] = ..., distance_km: _Optional[float] = ..., predicted_wait_ms: _Optional[float] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
     __slots__ = ("agents", "overflow", "reason")

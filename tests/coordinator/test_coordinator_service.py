@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -40,8 +41,10 @@ class Running:
 
 
 @pytest.fixture
-async def coordinator() -> AsyncIterator[Running]:
-    config = CoordinatorConfig(grpc_port=0, http_port=0, report_interval_ms=200, hello_timeout_s=2)
+async def coordinator(tmp_path: Path) -> AsyncIterator[Running]:
+    config = CoordinatorConfig(
+        grpc_port=0, http_port=0, report_interval_ms=200, hello_timeout_s=2, data_dir=str(tmp_path)
+    )
     app = create_app(config)
 
     async def boom(request: web.Request) -> web.Response:
@@ -180,15 +183,16 @@ async def test_route_ranks_connected_agents_serving_the_model(coordinator: Runni
     assert answer.agents[0].score > answer.agents[1].score
     assert "queue" in answer.agents[0].score_parts
     none = await coordinator.stub.Route(pb.RouteRequest(model="smollm2-135m", version="v2"))
-    assert list(none.agents) == [] and "no connected agent serves" in none.reason
+    assert list(none.agents) == [] and "no edge agent can take smollm2-135m@v2" in none.reason
     for call in calls:
         call.cancel()
 
 
-async def test_enroll_is_not_implemented_yet(coordinator: Running) -> None:
+async def test_enroll_with_a_malformed_token_is_unauthenticated(coordinator: Running) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await coordinator.stub.Enroll(pb.EnrollRequest(join_token="t"))
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "malformed" in info.value.details()
 
 
 @pytest.mark.parametrize(
@@ -219,7 +223,13 @@ async def test_health_and_metrics(coordinator: Running) -> None:
     status, _, _ = await coordinator.get("/healthz")
     assert status == 200
     health = await coordinator.get_json("/healthz")
-    assert health == {"status": "ok", "grpc": coordinator.grpc_target, "connected_agents": 0}
+    assert health == {
+        "status": "ok",
+        "grpc": coordinator.grpc_target,
+        "connected_agents": 0,
+        "tls": False,
+        "enroll": coordinator.grpc_target,
+    }
     status, content_type, text = await coordinator.get("/metrics")
     assert status == 200 and content_type.startswith("text/plain")
     for name in (

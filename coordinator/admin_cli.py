@@ -1,0 +1,188 @@
+"""``python -m coordinator tokens ...`` and ``... agents ...``: operator commands.
+
+Token commands work on the coordinator's SQLite database directly (default: the
+configured ``data_dir``), or on a running coordinator's admin API with ``--url``.
+Drain and resume need the running coordinator (they push a command to the agent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from coordinator.admin_api import token_json
+from coordinator.config import load_config
+from coordinator.errors import ConfigError, CoordinatorError
+from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.tokens import JoinTokens
+
+ADMIN_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta | None:
+    """``90s``, ``15m``, ``24h``, ``7d`` or ``never``."""
+    text = text.strip().lower()
+    if text == "never":
+        return None
+    unit = text[-1:]
+    try:
+        amount = float(text[:-1]) if unit in _UNITS else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 24h)") from None
+    seconds = amount * _UNITS.get(unit, 1)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("the duration must be positive")
+    return timedelta(seconds=seconds)
+
+
+def add_admin_commands(sub: Any) -> None:
+    tokens = sub.add_parser("tokens", help="create, list or revoke join tokens")
+    tokens_sub = tokens.add_subparsers(dest="action", required=True)
+    create = tokens_sub.add_parser("create", help="create a join token (printed once)")
+    create.add_argument(
+        "--expires-in", type=parse_duration, default=timedelta(hours=24),
+        help="lifetime, e.g. 30m, 24h, 7d or never (default 24h)",
+    )  # fmt: skip
+    create.add_argument("--uses", type=int, default=1, help="enrollments allowed (default 1)")
+    create.add_argument("--site", default="", help="bind enrolled agents to this site")
+    create.add_argument("--note", default="", help="free text for operators")
+    tokens_sub.add_parser("list", help="list join tokens")
+    revoke = tokens_sub.add_parser("revoke", help="revoke a join token")
+    revoke.add_argument("token_id")
+
+    agents = sub.add_parser("agents", help="drain or resume an agent (needs the coordinator)")
+    agents_sub = agents.add_subparsers(dest="action", required=True)
+    for action in ("drain", "resume"):
+        command = agents_sub.add_parser(action, help=f"{action} an agent")
+        command.add_argument("agent_id")
+
+    for parser in (tokens, agents):
+        parser.add_argument("--config", type=Path, metavar="FILE", help="coordinator TOML config")
+        parser.add_argument("--data-dir", help="coordinator data directory (token commands)")
+        parser.add_argument(
+            "--url",
+            help="admin API of a running coordinator, e.g. http://127.0.0.1:8080 "
+            "(tokens: default is the database; agents: default from the config)",
+        )
+        parser.add_argument(
+            "--admin-token", default=os.environ.get(ADMIN_TOKEN_ENV, ""),
+            help=f"admin API bearer token (default ${ADMIN_TOKEN_ENV})",
+        )  # fmt: skip
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_admin_command(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, overrides={"data_dir": args.data_dir})
+    except ConfigError as exc:
+        print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "agents":
+            url = args.url or f"http://{config.http_host}:{config.http_port}"
+            result = _http(url, "POST", f"/v1/admin/agents/{args.agent_id}/{args.action}", args)
+        elif args.url:
+            result = _tokens_over_http(args)
+        else:
+            result = _tokens_in_database(args, config.data_path)
+    except (CoordinatorError, AdminRequestError) as exc:
+        print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
+        return 1
+    _print(args, result)
+    return 0
+
+
+class AdminRequestError(Exception):
+    """The admin API answered with an error or could not be reached."""
+
+
+def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
+    store = SQLiteFleetStore.in_directory(data_dir)
+    try:
+        tokens = JoinTokens(store)
+        now = datetime.now(UTC)
+        if args.action == "create":
+            created = tokens.create(
+                expires_in=args.expires_in, max_uses=args.uses, site=args.site, note=args.note
+            )
+            return token_json(created.record, now) | {"token": created.token}
+        if args.action == "list":
+            return {"object": "list", "data": [token_json(t, now) for t in tokens.list()]}
+        tokens.revoke(args.token_id)
+        return {"object": "join_token", "token_id": args.token_id, "state": "revoked"}
+    except ValueError as exc:
+        raise AdminRequestError(str(exc)) from exc
+    finally:
+        store.close()
+
+
+def _tokens_over_http(args: argparse.Namespace) -> Any:
+    if args.action == "create":
+        expires = None if args.expires_in is None else int(args.expires_in.total_seconds())
+        body = {
+            "expires_in_s": expires,
+            "max_uses": args.uses,
+            "site": args.site,
+            "note": args.note,
+        }
+        return _http(args.url, "POST", "/v1/admin/tokens", args, body)
+    if args.action == "list":
+        return _http(args.url, "GET", "/v1/admin/tokens", args)
+    return _http(args.url, "DELETE", f"/v1/admin/tokens/{args.token_id}", args)
+
+
+def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any = None) -> Any:
+    headers = {"Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    if args.admin_token:
+        headers["Authorization"] = f"Bearer {args.admin_token}"
+    request = urllib.request.Request(
+        url.rstrip("/") + path, data=data, method=method, headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.load(exc)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = exc.reason
+        raise AdminRequestError(f"{method} {path}: {exc.code} {message}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise AdminRequestError(f"cannot reach the coordinator at {url}: {exc}") from exc
+
+
+def _print(args: argparse.Namespace, result: Any) -> None:
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    if args.command == "agents":
+        sent = "sent" if result.get("command_sent") else "not sent (agent not connected)"
+        print(f"agent {result['agent_id']}: draining={result['draining']}; command {sent}")
+    elif result.get("object") == "list":
+        print(f"{'TOKEN ID':<14}{'STATE':<11}{'USES':<8}{'SITE':<14}{'EXPIRES':<26}NOTE")
+        for t in result["data"]:
+            uses = f"{t['uses']}/{t['max_uses']}"
+            print(f"{t['token_id']:<14}{t['state']:<11}{uses:<8}{t['site'] or '-':<14}"
+                  f"{t['expires_at'] or 'never':<26}{t['note']}")  # fmt: skip
+    elif "token" in result:
+        print(result["token"])
+        print(
+            f"token {result['token_id']}: {result['max_uses']} use(s), site "
+            f"{result['site'] or 'any'}, expires {result['expires_at'] or 'never'} "
+            "(shown once; store it now)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"token {result['token_id']} revoked")

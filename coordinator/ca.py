@@ -1,0 +1,170 @@
+"""The coordinator's own certificate authority (made with ``cryptography``).
+
+On first start the coordinator creates an EC P-256 CA under ``<data_dir>/ca/`` and
+keeps it; every start it issues itself a fresh server certificate, and enrollment
+issues each agent a client certificate whose common name is the agent id.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from coordinator.errors import CertificateError
+
+logger = logging.getLogger(__name__)
+
+CA_COMMON_NAME = "edgefleet coordinator CA"
+CA_VALID_DAYS = 3650
+SERVER_VALID_DAYS = 365
+CLIENT_VALID_DAYS = 365
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedCertificate:
+    """A certificate and its private key, PEM-encoded."""
+
+    cert_pem: str
+    key_pem: str = field(repr=False)
+    # Hex serial number.
+    serial: str
+    not_after: dt.datetime
+
+
+class CertificateAuthority:
+    """Signs server and agent certificates with the coordinator's CA key."""
+
+    def __init__(self, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
+        self._cert = cert
+        self._key = key
+        self.cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+    @classmethod
+    def load_or_create(cls, directory: Path) -> CertificateAuthority:
+        """Load the CA from ``directory`` (``ca.pem`` + ``ca.key``), creating it on first use."""
+        cert_path, key_path = directory / "ca.pem", directory / "ca.key"
+        try:
+            if cert_path.exists() and key_path.exists():
+                cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+                key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+                if not isinstance(key, ec.EllipticCurvePrivateKey):
+                    raise CertificateError(f"{key_path} is not an EC private key")
+                return cls(cert, key)
+            directory.mkdir(parents=True, exist_ok=True)
+            authority = cls._create()
+            _write_private(key_path, authority._key_pem())
+            cert_path.write_text(authority.cert_pem, encoding="ascii")
+        except (OSError, ValueError) as exc:
+            raise CertificateError(f"cannot load or create the CA in {directory}: {exc}") from exc
+        logger.info("created coordinator CA in %s", directory)
+        return authority
+
+    @classmethod
+    def _create(cls) -> CertificateAuthority:
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME)])
+        now = _now()
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=CA_VALID_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
+        return cls(cert, key)
+
+    def issue_server(self, names: Sequence[str]) -> IssuedCertificate:
+        """A server certificate valid for every host name or IP address in ``names``."""
+        sans: list[x509.GeneralName] = []
+        for name in dict.fromkeys(n for n in names if n):
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+            except ValueError:
+                sans.append(x509.DNSName(name))
+        return self._issue("edgefleet coordinator", sans, ExtendedKeyUsageOID.SERVER_AUTH)
+
+    def issue_client(self, agent_id: str) -> IssuedCertificate:
+        """A client certificate naming ``agent_id`` (common name and a URI SAN)."""
+        uri = x509.UniformResourceIdentifier(f"edgefleet://agent/{agent_id}")
+        return self._issue(agent_id, [uri], ExtendedKeyUsageOID.CLIENT_AUTH, days=CLIENT_VALID_DAYS)
+
+    def _issue(
+        self,
+        common_name: str,
+        sans: list[x509.GeneralName],
+        usage: x509.ObjectIdentifier,
+        *,
+        days: int = SERVER_VALID_DAYS,
+    ) -> IssuedCertificate:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = _now()
+        not_after = now + dt.timedelta(days=days)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(self._cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self._key, hashes.SHA256())
+        return IssuedCertificate(
+            cert_pem=cert.public_bytes(serialization.Encoding.PEM).decode("ascii"),
+            key_pem=_key_pem(key),
+            serial=format(cert.serial_number, "x"),
+            not_after=not_after,
+        )
+
+    def _key_pem(self) -> str:
+        return _key_pem(self._key)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(text)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)

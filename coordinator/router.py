@@ -1,0 +1,76 @@
+"""The routing service: a client's question in, a ranked answer out.
+
+Resolves the client's site (given, or from its IP via ``site_networks``), asks the
+fleet index for candidates, scores them (``coordinator.routing``) and names the
+overflow target when no agent fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coordinator.config import CoordinatorConfig
+from coordinator.overflow import OverflowPolicy, StaticOverflowPolicy
+from coordinator.registry import FleetRegistry
+from coordinator.routing import RouteDecision, RoutePolicy, RouteQuery, RouteScorer, RouteWeights
+from coordinator.site_networks import parse_site_networks, site_of
+
+
+def policy_from_config(config: CoordinatorConfig) -> RoutePolicy:
+    return RoutePolicy(
+        weights=RouteWeights(
+            proximity=config.route_weight_proximity,
+            queue=config.route_weight_queue,
+            kv=config.route_weight_kv,
+            wait=config.route_weight_wait,
+        ),
+        distance_scale_km=config.route_distance_scale_km,
+        rtt_scale_ms=config.route_rtt_scale_ms,
+        expected_tokens=config.route_expected_tokens,
+        saturation_queue_depth=config.route_saturation_queue_depth,
+        saturation_kv_fraction=config.route_saturation_kv_fraction,
+        limit=config.route_limit,
+    )
+
+
+class Router:
+    def __init__(
+        self,
+        registry: FleetRegistry,
+        scorer: RouteScorer,
+        overflow: OverflowPolicy,
+        *,
+        site_networks: str = "",
+        candidate_pool: int = 64,
+    ) -> None:
+        self._registry = registry
+        self._scorer = scorer
+        self._overflow = overflow
+        self._networks = parse_site_networks(site_networks)
+        self._pool = candidate_pool
+
+    @classmethod
+    def from_config(cls, registry: FleetRegistry, config: CoordinatorConfig) -> Router:
+        return cls(
+            registry,
+            RouteScorer(policy_from_config(config)),
+            StaticOverflowPolicy(config.overflow_name, config.overflow_url),
+            site_networks=config.site_networks,
+            candidate_pool=config.route_candidate_pool,
+        )
+
+    def route(self, query: RouteQuery, *, client_ip: str = "") -> RouteDecision:
+        if not query.site and client_ip:
+            query = replace(query, site=site_of(client_ip, self._networks))
+        ids = self._registry.index.candidates(
+            query.model, site=query.site, location=query.location, pool=self._pool
+        )
+        decision = self._scorer.rank(self._registry.find(ids), query)
+        if decision.agents:
+            return decision
+        target = self._overflow.target_for(query.model)
+        if target is None:
+            return replace(decision, reason=decision.reason + "; no overflow target configured")
+        return replace(
+            decision, overflow=target, reason=decision.reason + f"; overflow to {target.name}"
+        )

@@ -1,0 +1,39 @@
+"""Which site a client IP address belongs to (config ``site_networks = "CIDR=site,..."``)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_site_networks(text: str) -> tuple[tuple[Network, str], ...]:
+    """Parse ``"10.1.0.0/16=berlin, 10.2.0.0/16=munich"``; raises ValueError naming the entry."""
+    entries: list[tuple[Network, str]] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        cidr, sep, site = item.partition("=")
+        if not sep or not site.strip():
+            raise ValueError(f"entry {item!r} must look like CIDR=site")
+        try:
+            network = ipaddress.ip_network(cidr.strip(), strict=False)
+        except ValueError as exc:
+            raise ValueError(f"entry {item!r}: {exc}") from None
+        entries.append((network, site.strip()))
+    # Most specific network first.
+    entries.sort(key=lambda e: -e[0].prefixlen)
+    return tuple(entries)
+
+
+def site_of(ip: str, networks: tuple[tuple[Network, str], ...]) -> str:
+    """The site whose network contains ``ip``; "" when none does or ``ip`` is not an address."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ""
+    for network, site in networks:
+        if address.version == network.version and address in network:
+            return site
+    return ""

@@ -1,0 +1,116 @@
+"""The durable store behind the coordinator: join tokens, enrolled agents, sites.
+
+``FleetStore`` is the interface; ``coordinator.sqlite_store.SQLiteFleetStore`` is the
+default implementation. A PostgreSQL store implements the same methods (each one is a
+single statement or one transaction) without touching the rest of the coordinator.
+Live state (sessions, load reports) never goes through the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from coordinator.fleet import AgentHello
+
+
+@dataclass(frozen=True, slots=True)
+class JoinToken:
+    """A join token as stored. The secret itself is never stored, only its sha256."""
+
+    token_id: str
+    secret_sha256: str = field(repr=False)
+    created_at: datetime
+    # None: never expires.
+    expires_at: datetime | None
+    # How many enrollments the token allows.
+    max_uses: int
+    uses: int = 0
+    # Agents enrolled with this token belong to this site; "" lets the agent choose.
+    site: str = ""
+    revoked: bool = False
+    # Free text for operators.
+    note: str = ""
+
+    def state(self, now: datetime) -> str:
+        """ "active", "expired", "exhausted" or "revoked"."""
+        if self.revoked:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        if self.uses >= self.max_uses:
+            return "exhausted"
+        return "active"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAgent:
+    """What the coordinator keeps about an agent across restarts."""
+
+    agent_id: str
+    # Enrollment (all empty / None for an agent that connected without enrolling).
+    enrolled_at: datetime | None = None
+    token_id: str = ""
+    credential_sha256: str = field(default="", repr=False)
+    # Hex serial of the client certificate issued at enrollment.
+    cert_serial: str = ""
+    site: str = ""
+    # The agent's latest Hello; None until its first session.
+    hello: AgentHello | None = None
+    last_seen: datetime | None = None
+    # Set by an operator: finish running work, take no new routes.
+    draining: bool = False
+
+    @property
+    def enrolled(self) -> bool:
+        return self.enrolled_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    name: str
+    first_seen: datetime
+
+
+class FleetStore(Protocol):
+    """Durable fleet state. Every method is short and synchronous."""
+
+    # ---------------------------------------------------------------- tokens
+    def add_token(self, token: JoinToken) -> None: ...
+
+    def get_token(self, token_id: str) -> JoinToken | None: ...
+
+    def list_tokens(self) -> list[JoinToken]: ...
+
+    def revoke_token(self, token_id: str) -> bool:
+        """Mark a token revoked; False when there is no such token."""
+        ...
+
+    def enroll(self, token_id: str, now: datetime, agent: StoredAgent) -> bool:
+        """In one transaction: use the token once and add the agent.
+
+        Returns False (and changes nothing) when the token is not usable at ``now``
+        (unknown, revoked, expired or exhausted) or the agent id is taken.
+        """
+        ...
+
+    # ---------------------------------------------------------------- agents
+    def get_agent(self, agent_id: str) -> StoredAgent | None: ...
+
+    def list_agents(self) -> list[StoredAgent]: ...
+
+    def save_hello(self, hello: AgentHello, seen: datetime) -> None:
+        """Remember the agent's latest Hello (creating an un-enrolled agent if new)."""
+        ...
+
+    def save_last_seen(self, agent_id: str, seen: datetime) -> None: ...
+
+    def set_draining(self, agent_id: str, draining: bool) -> bool:
+        """False when there is no such agent."""
+        ...
+
+    # ----------------------------------------------------------------- sites
+    def list_sites(self) -> list[Site]: ...
+
+    def close(self) -> None: ...

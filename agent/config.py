@@ -51,6 +51,12 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True  # exact-match response cache for deterministic requests
+    max_bytes: int = 64 * 1024 * 1024  # least recently used entries go beyond this
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     target: str = ""  # host:port of the coordinator's gRPC API; empty runs standalone
 
@@ -68,6 +74,7 @@ class AgentConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     identity: IdentityConfig = field(default_factory=IdentityConfig)
     log_level: str = "INFO"

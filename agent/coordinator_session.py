@@ -6,7 +6,9 @@ provider), then a ``LoadReport`` (from a load provider) every report interval
 the coordinator names in ``Welcome``, and keeps the ``DesiredState`` and
 ``Command`` messages the coordinator pushes. When the coordinator is away it
 reconnects with exponential backoff and jitter; it never raises into the agent,
-which keeps serving with its last-known state.
+which keeps serving with its last-known state. With an ``Enroller`` it enrolls (or
+loads saved credentials) before each session, sends the enrolled agent id and
+credentials in Hello and, with TLS, connects with the client certificate.
 
 Everything the rest of the agent sees is a plain dataclass defined here; gRPC
 and protobuf types stay inside this module.
@@ -18,12 +20,14 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import grpc
 
+from agent.enrollment import Enroller, EnrollmentUnavailableError
+from agent.errors import FatalError
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -150,7 +154,7 @@ class DesiredState:
 class Command:
     """An instruction from the coordinator."""
 
-    # "drain", "reload" or "unspecified".
+    # "drain", "resume", "reload" or "unspecified".
     kind: str
     reason: str = ""
 
@@ -193,6 +197,7 @@ class CoordinatorSession:
         load: LoadProvider,
         *,
         channel_credentials: grpc.ChannelCredentials | None = None,
+        enroller: Enroller | None = None,
         on_desired_state: Callable[[DesiredState], None] | None = None,
         on_command: Callable[[Command], None] | None = None,
         default_report_interval_s: float = 2.0,
@@ -211,6 +216,7 @@ class CoordinatorSession:
         self._identity = identity
         self._load = load
         self._credentials = channel_credentials
+        self._enroller = enroller
         self._on_desired_state = on_desired_state
         self._on_command = on_command
         self._default_interval_s = default_report_interval_s
@@ -307,17 +313,32 @@ class CoordinatorSession:
         ceiling = min(self._max_backoff_s, self._initial_backoff_s * 2.0**failures)
         return ceiling / 2.0 + self._rng.uniform(0.0, ceiling / 2.0)
 
-    def _channel(self) -> Any:
-        if self._credentials is None:
+    def _channel(self, credentials: grpc.ChannelCredentials | None) -> Any:
+        if credentials is None:
             return grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
-        return grpc.aio.secure_channel(self.target, self._credentials, options=_CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(self.target, credentials, options=_CHANNEL_OPTIONS)
+
+    async def _session_identity(self) -> tuple[AgentIdentity, grpc.ChannelCredentials | None]:
+        """Who to say we are, and how to connect (enrolling first when configured)."""
+        identity = self._identity()
+        if self._enroller is None:
+            return identity, self._credentials
+        try:
+            enrolled = await self._enroller.ensure()
+        except FatalError as exc:
+            raise _SessionLost(str(exc), rejected=True) from exc
+        except EnrollmentUnavailableError as exc:
+            raise _SessionLost(str(exc)) from exc
+        identity = replace(identity, agent_id=enrolled.agent_id, token=enrolled.token)
+        return identity, self._enroller.channel_credentials() or self._credentials
 
     async def _run_session(self) -> None:
         """One session, from Hello to the end of the stream. Raises _SessionLost."""
-        async with self._channel() as channel:
+        identity, credentials = await self._session_identity()
+        async with self._channel(credentials) as channel:
             call = pb_grpc.CoordinatorStub(channel).Session()
             try:
-                await self._open(call)
+                await self._open(call, identity)
                 await self._exchange(call)
             except grpc.aio.AioRpcError as exc:
                 raise _SessionLost(
@@ -328,8 +349,8 @@ class CoordinatorSession:
             finally:
                 call.cancel()
 
-    async def _open(self, call: Any) -> None:
-        hello = _hello_to_pb(self._identity())
+    async def _open(self, call: Any, identity: AgentIdentity) -> None:
+        hello = _hello_to_pb(identity)
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 await call.write(hello)
@@ -478,7 +499,11 @@ _OVERFLOW_KINDS = {
     pb.OVERFLOW_KIND_GPU_POOL: "gpu_pool",
     pb.OVERFLOW_KIND_HOSTED_PROVIDER: "hosted_provider",
 }
-_COMMAND_KINDS = {pb.Command.KIND_DRAIN: "drain", pb.Command.KIND_RELOAD: "reload"}
+_COMMAND_KINDS = {
+    pb.Command.KIND_DRAIN: "drain",
+    pb.Command.KIND_RELOAD: "reload",
+    pb.Command.KIND_RESUME: "resume",
+}
 
 
 def _desired_state_from_pb(message: Any) -> DesiredState:

@@ -20,7 +20,13 @@ from agent.api.protocol import (
     ModelList,
 )
 from agent.api.serving_chat import ChatService
-from agent.api.serving_common import GenerationLimits, RequestOptions, request_options
+from agent.api.serving_common import (
+    GenerationLimits,
+    GenerationRunner,
+    PreparedGeneration,
+    RequestOptions,
+    request_options,
+)
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
 from agent.api.wire import error_body, error_response, json_response, read_json, stream_sse
@@ -31,6 +37,7 @@ from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from agent.model_store import load_registry
+from agent.response_cache import ResponseCache
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,10 @@ def _limit(request: web.Request) -> int:
     return request.app[CONFIG].server.max_body_bytes
 
 
+def _headers(prepared: PreparedGeneration) -> dict[str, str]:
+    return {"X-Edgefleet-Cache": prepared.cache_status, "X-Request-Id": prepared.request.request_id}
+
+
 def _options(request: web.Request) -> RequestOptions:
     return request_options(
         request.headers.get("X-Priority"), request.headers.get("X-Request-Timeout")
@@ -93,18 +104,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, ChatCompletionRequest, _limit(request))
     service = request.app[CHAT]
     prepared = service.prepare(body, _options(request))
+    headers = _headers(prepared)
     if prepared.stream:
-        return await stream_sse(request, service.stream(prepared))
-    return json_response(await service.complete(prepared))
+        return await stream_sse(request, service.stream(prepared), headers)
+    return json_response(await service.complete(prepared), headers=headers)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, CompletionRequest, _limit(request))
     service = request.app[COMPLETIONS]
     prepared = service.prepare(body, _options(request))
+    headers = _headers(prepared)
     if prepared.stream:
-        return await stream_sse(request, service.stream(prepared))
-    return json_response(await service.complete(prepared))
+        return await stream_sse(request, service.stream(prepared), headers)
+    return json_response(await service.complete(prepared), headers=headers)
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -220,8 +233,10 @@ def _registry_ctx(
         for model in reg.text_models.values():
             model.add_listener(metrics)
         app[REGISTRY] = reg
-        app[CHAT] = ChatService(reg, limits, metrics)
-        app[COMPLETIONS] = CompletionService(reg, limits, metrics)
+        cache = ResponseCache(config.cache.max_bytes) if config.cache.enabled else None
+        runner = GenerationRunner(metrics, cache)
+        app[CHAT] = ChatService(reg, limits, runner)
+        app[COMPLETIONS] = CompletionService(reg, limits, runner)
         app[EMBEDDINGS] = EmbeddingService(reg)
         yield
         if owned:

@@ -68,6 +68,7 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     priority: Literal["high", "normal", "low"] | None = None  # extension; or X-Priority header
+    cache: bool | None = None  # extension: use the response cache (default: when deterministic)
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 from agent.api.protocol import (
@@ -16,27 +15,26 @@ from agent.api.protocol import (
 )
 from agent.api.serving_common import (
     GenerationLimits,
+    GenerationRunner,
     PreparedGeneration,
     RequestOptions,
     generation_request,
     refuse_unsupported,
     sampling_params,
-    timed_generation,
     usage_of,
 )
 from agent.engine.interface import ChatMessage, FinishReason, GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
-from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 
 
 class ChatService:
     def __init__(
-        self, registry: ModelRegistry, limits: GenerationLimits, metrics: AgentMetrics
+        self, registry: ModelRegistry, limits: GenerationLimits, runner: GenerationRunner
     ) -> None:
         self._registry = registry
         self._limits = limits
-        self._metrics = metrics
+        self._runner = runner
 
     def prepare(self, req: ChatCompletionRequest, options: RequestOptions) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
@@ -72,18 +70,18 @@ class ChatService:
             context_length=model.context_length,
             limits=self._limits,
         )
-        return PreparedGeneration(
-            model=model,
-            request=generation_request("chatcmpl", prompt_ids, params, req, options),
-            stream=req.stream,
+        return self._runner.prepare(
+            model,
+            "chat",
+            generation_request("chatcmpl", prompt_ids, params, req, options),
+            req,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
-            created=int(time.time()),
         )
 
     async def complete(self, prepared: PreparedGeneration) -> ChatCompletionResponse:
         parts: list[str] = []
         last: GenerationOutput | None = None
-        async for output in timed_generation(prepared, self._metrics):
+        async for output in self._runner.run(prepared):
             parts.append(output.text)
             last = output
         prompt_tokens = len(prepared.request.prompt_token_ids)
@@ -114,7 +112,7 @@ class ChatService:
 
         yield chunk(ChatDelta(role="assistant", content=""))
         last: GenerationOutput | None = None
-        async for output in timed_generation(prepared, self._metrics):
+        async for output in self._runner.run(prepared):
             last = output
             if output.text:
                 yield chunk(ChatDelta(content=output.text))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from agent.engine.interface import (
 )
 from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedError
 from agent.metrics import AgentMetrics
+from agent.response_cache import CachedGeneration, ResponseCache, cache_key
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,15 @@ class PreparedGeneration:
     stream: bool
     include_usage: bool
     created: int
+    cache_key: bytes | None = None  # set when the finished result may be cached
+    cached: CachedGeneration | None = None  # a cache hit: the engine is not used
+
+    @property
+    def cache_status(self) -> str:
+        """``X-Edgefleet-Cache`` header value: hit, miss or bypass."""
+        if self.cached is not None:
+            return "hit"
+        return "miss" if self.cache_key is not None else "bypass"
 
 
 def usage_of(output: GenerationOutput | None, prompt_tokens: int) -> Usage:
@@ -143,22 +154,88 @@ def usage_of(output: GenerationOutput | None, prompt_tokens: int) -> Usage:
     )
 
 
-async def timed_generation(
-    prepared: PreparedGeneration, metrics: AgentMetrics
-) -> AsyncIterator[GenerationOutput]:
-    """The engine's outputs, with time to first token and per-token time recorded."""
-    model_id = prepared.model.model_id
-    started = time.perf_counter()
-    last = started
-    generated = 0
-    metrics.prompt_tokens.labels(model_id).inc(len(prepared.request.prompt_token_ids))
-    async for output in prepared.model.generate(prepared.request):
-        now = time.perf_counter()
-        if generated == 0:
-            metrics.time_to_first_token.labels(model_id).observe(now - started)
-        else:
-            metrics.time_per_output_token.labels(model_id).observe(now - last)
-        last = now
-        metrics.generation_tokens.labels(model_id).inc(len(output.token_ids))
-        generated = output.completion_tokens
-        yield output
+class GenerationRunner:
+    """Runs prepared generations: response cache first, then the engine, with metrics."""
+
+    def __init__(self, metrics: AgentMetrics, cache: ResponseCache | None) -> None:
+        self._metrics = metrics
+        self._cache = cache
+
+    def prepare(
+        self,
+        model: TextModel,
+        endpoint: str,
+        request: GenerationRequest,
+        body: SamplingFields,
+        *,
+        include_usage: bool,
+    ) -> PreparedGeneration:
+        params = request.params
+        wanted = body.cache if body.cache is not None else (
+            params.temperature == 0.0 or params.seed is not None
+        )  # fmt: skip
+        key = cached = None
+        if self._cache is not None and wanted:
+            key = cache_key(
+                model.model_id,
+                model.version,
+                endpoint,
+                {"prompt": list(request.prompt_token_ids), "params": dataclasses.asdict(params)},
+            )
+            cached = self._cache.get(key)
+            (self._metrics.cache_hits if cached else self._metrics.cache_misses).inc()
+        return PreparedGeneration(
+            model=model,
+            request=request,
+            stream=body.stream,
+            include_usage=include_usage,
+            created=int(time.time()),
+            cache_key=key,
+            cached=cached,
+        )
+
+    async def run(self, prepared: PreparedGeneration) -> AsyncIterator[GenerationOutput]:
+        """The generation's outputs, with time to first token and per-token time recorded."""
+        if prepared.cached is not None:
+            hit = prepared.cached
+            yield GenerationOutput(
+                text=hit.text,
+                token_ids=hit.token_ids,
+                finish_reason=hit.finish_reason,  # type: ignore[arg-type]
+                prompt_tokens=hit.prompt_tokens,
+                completion_tokens=hit.completion_tokens,
+            )
+            return
+        metrics = self._metrics
+        model_id = prepared.model.model_id
+        started = time.perf_counter()
+        last = started
+        generated = 0
+        texts: list[str] = []
+        tokens: list[int] = []
+        metrics.prompt_tokens.labels(model_id).inc(len(prepared.request.prompt_token_ids))
+        async for output in prepared.model.generate(prepared.request):
+            now = time.perf_counter()
+            if generated == 0:
+                metrics.time_to_first_token.labels(model_id).observe(now - started)
+            else:
+                metrics.time_per_output_token.labels(model_id).observe(now - last)
+            last = now
+            metrics.generation_tokens.labels(model_id).inc(len(output.token_ids))
+            generated = output.completion_tokens
+            if prepared.cache_key is not None:
+                texts.append(output.text)
+                tokens.extend(output.token_ids)
+            if output.finish_reason is not None and prepared.cache_key is not None:
+                assert self._cache is not None
+                self._cache.put(
+                    prepared.cache_key,
+                    CachedGeneration(
+                        "".join(texts),
+                        tuple(tokens),
+                        output.finish_reason,
+                        output.prompt_tokens,
+                        output.completion_tokens,
+                    ),
+                )
+            yield output

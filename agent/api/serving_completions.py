@@ -2,33 +2,31 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 from agent.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from agent.api.serving_common import (
     GenerationLimits,
+    GenerationRunner,
     PreparedGeneration,
     RequestOptions,
     generation_request,
     refuse_unsupported,
     sampling_params,
-    timed_generation,
     usage_of,
 )
 from agent.engine.interface import GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
-from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 
 
 class CompletionService:
     def __init__(
-        self, registry: ModelRegistry, limits: GenerationLimits, metrics: AgentMetrics
+        self, registry: ModelRegistry, limits: GenerationLimits, runner: GenerationRunner
     ) -> None:
         self._registry = registry
         self._limits = limits
-        self._metrics = metrics
+        self._runner = runner
 
     def prepare(self, req: CompletionRequest, options: RequestOptions) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
@@ -67,12 +65,12 @@ class CompletionService:
             context_length=model.context_length,
             limits=self._limits,
         )
-        return PreparedGeneration(
-            model=model,
-            request=generation_request("cmpl", prompt_ids, params, req, options),
-            stream=req.stream,
+        return self._runner.prepare(
+            model,
+            "completions",
+            generation_request("cmpl", prompt_ids, params, req, options),
+            req,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
-            created=int(time.time()),
         )
 
     def _response(
@@ -94,7 +92,7 @@ class CompletionService:
     async def complete(self, prepared: PreparedGeneration) -> CompletionResponse:
         parts: list[str] = []
         last: GenerationOutput | None = None
-        async for output in timed_generation(prepared, self._metrics):
+        async for output in self._runner.run(prepared):
             parts.append(output.text)
             last = output
         finish = last.finish_reason if last else "length"
@@ -103,7 +101,7 @@ class CompletionService:
 
     async def stream(self, prepared: PreparedGeneration) -> AsyncIterator[CompletionResponse]:
         last: GenerationOutput | None = None
-        async for output in timed_generation(prepared, self._metrics):
+        async for output in self._runner.run(prepared):
             last = output
             if output.text or output.finish_reason:
                 choice = CompletionChoice(

@@ -57,8 +57,15 @@ async def read_json(request: web.Request, model: type[M], limit: int) -> M:
         raise _describe_validation(exc) from exc
 
 
-def json_response(body: BaseModel, status: int = 200) -> web.Response:
-    return web.Response(body=body.model_dump_json(), status=status, content_type="application/json")
+def json_response(
+    body: BaseModel, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=body.model_dump_json(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 def error_body(
@@ -77,7 +84,11 @@ def error_response(exc: AgentError) -> web.Response:
     return response
 
 
-async def stream_sse(request: web.Request, events: AsyncIterator[BaseModel]) -> web.StreamResponse:
+async def stream_sse(
+    request: web.Request,
+    events: AsyncIterator[BaseModel],
+    headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
     """Send ``events`` as server-sent events, then ``data: [DONE]``.
 
     An error after the stream has started is sent as an error event (the status line is
@@ -88,6 +99,7 @@ async def stream_sse(request: web.Request, events: AsyncIterator[BaseModel]) -> 
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no",
+            **(headers or {}),
         }
     )
     first = await anext(events)  # errors before the first event still get a status code

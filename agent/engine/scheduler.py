@@ -39,7 +39,13 @@ from agent.engine.interface import (
 from agent.engine.sampling import TokenSampler
 from agent.engine.stops import StopMatcher
 from agent.engine.text_codec import IncrementalDetokenizer, TextCodec
-from agent.errors import AgentError, EngineError, OverloadedError, RequestTimeoutError
+from agent.errors import (
+    AgentError,
+    EngineError,
+    InvalidRequestError,
+    OverloadedError,
+    RequestTimeoutError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +216,10 @@ class ContinuousBatcher:
                 reason="queue_full",
             )
         if seq.reserved_tokens > cfg.kv_budget_tokens:
-            raise OverloadedError(
-                f"the request needs {seq.reserved_tokens} cache tokens; this agent holds "
-                f"{cfg.kv_budget_tokens}",
-                retry_after=retry,
-                reason="too_large",
+            raise InvalidRequestError(
+                f"the request needs {seq.reserved_tokens} cache tokens (prompt + max_tokens); "
+                f"this agent's cache holds {cfg.kv_budget_tokens}",
+                param="max_tokens",
             )
         wait = self.predicted_wait_s(seq.rank)
         if wait > seq.deadline - seq.arrived or wait > cfg.max_queue_wait_s:

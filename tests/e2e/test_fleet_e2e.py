@@ -92,6 +92,7 @@ async def test_streamed_chat_matches_and_counts_usage(fleet: Fleet) -> None:
         max_tokens=30,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body={"cache": False},  # compare two real generations, not a cache hit
     )
     parts, usage = [], None
     async for chunk in stream:
@@ -112,7 +113,8 @@ async def test_completions_plain_and_streamed(fleet: Fleet) -> None:
     )
     assert "Paris" in done.choices[0].text
     stream = await fleet.client.completions.create(
-        model=LLM, prompt=prompt, max_tokens=8, temperature=0, stream=True
+        model=LLM, prompt=prompt, max_tokens=8, temperature=0, stream=True,
+        extra_body={"cache": False},
     )
     text = "".join([c.choices[0].text async for c in stream if c.choices])
     assert text == done.choices[0].text
@@ -144,6 +146,7 @@ async def test_seeded_sampling_repeats(fleet: Fleet) -> None:
             temperature=1.0,
             seed=7,
             max_tokens=12,
+            extra_body={"cache": False},
         )
         return r.choices[0].message.content or ""
 

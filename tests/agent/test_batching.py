@@ -1,0 +1,176 @@
+"""Continuous batching on the tiny model: equivalence, joining, cancellation, admission."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams
+from agent.engine.ort_session import SessionConfig
+from agent.engine.scheduler import BatcherConfig
+from agent.engine.text_model import OnnxTextModel
+from agent.errors import OverloadedError, RequestTimeoutError
+from agent.model_store import load_registry
+
+TINY = "tiny-llama"
+
+
+def make_model(artifacts: Path, **config: float) -> OnnxTextModel:
+    registry = load_registry(
+        artifacts,
+        [TINY],
+        session_config=SessionConfig(intra_op_threads=1),
+        max_context_tokens=512,
+        batcher_config=BatcherConfig(**config),  # type: ignore[arg-type]
+    )
+    model = registry.text_models[TINY]
+    assert isinstance(model, OnnxTextModel)
+    return model
+
+
+def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(100, 40000, size=n)] for n in lengths]
+
+
+async def collect(
+    model: OnnxTextModel, prompt: list[int], max_tokens: int = 16, **extra: object
+) -> list[GenerationOutput]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    request = GenerationRequest("t", prompt, params, **extra)  # type: ignore[arg-type]
+    return [o async for o in model.generate(request)]
+
+
+def tokens(outs: list[GenerationOutput]) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+async def test_batched_greedy_equals_alone_for_mixed_lengths(tiny_artifacts: Path) -> None:
+    # a small token budget forces the 150-token prompt through several prefill chunks
+    model = make_model(tiny_artifacts, max_batched_tokens=48)
+    ps = prompts([3, 150, 17, 60, 8, 33])
+    alone = [tokens(await collect(model, p, 24)) for p in ps]
+    together = await asyncio.gather(*(collect(model, p, 24) for p in ps))
+    assert [tokens(t) for t in together] == alone
+    assert max(model.engine.last_step.batch_size, 1) >= 1
+    await model.close()
+
+
+async def test_request_joins_a_running_batch(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts)
+    long_prompt, late_prompt = prompts([20, 40], seed=1)
+    expected_late = tokens(await collect(model, late_prompt, 10))
+    batch_sizes: list[int] = []
+
+    class Spy:
+        def on_step(self, stats: object) -> None:
+            batch_sizes.append(stats.batch_size)  # type: ignore[attr-defined]
+
+        def on_admitted(self, queue_wait_s: float) -> None: ...
+
+        def on_rejected(self, reason: str) -> None: ...
+
+    model.add_listener(Spy())
+    first = asyncio.create_task(collect(model, long_prompt, 200))
+    await wait_for(lambda: model.engine.running == 1 and len(batch_sizes) > 5)
+    late = await collect(model, late_prompt, 10)
+    assert not first.done()  # the late request finished while the long one ran
+    assert tokens(late) == expected_late
+    assert 2 in batch_sizes  # they were decoded together
+    await first
+    await model.close()
+
+
+async def test_cancelled_sequence_frees_its_slot_within_a_step(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts)
+    request = GenerationRequest("c", prompts([10])[0], SamplingParams(max_tokens=400))
+    stream = model.generate(request)
+    await anext(stream)
+    await anext(stream)
+    assert model.engine.running == 1
+    await stream.aclose()  # what a disconnecting client does
+    await wait_for(lambda: model.engine.running == 0, timeout_s=1.0)
+    assert model.load().kv_used_tokens == 0
+    await model.close()
+
+
+async def test_full_queue_rejects_at_once_with_retry_after(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts, max_running=1, max_queue=1)
+    p = prompts([8])[0]
+    running = asyncio.create_task(collect(model, p, 300))
+    await wait_for(lambda: model.engine.running == 1)
+    queued = asyncio.create_task(collect(model, p, 5))
+    await wait_for(lambda: model.engine.waiting == 1)
+    with pytest.raises(OverloadedError) as info:
+        await collect(model, p, 5)
+    assert info.value.status == 429 and info.value.retry_after >= 1
+    assert info.value.reason == "queue_full"
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert len(tokens(await queued)) == 5
+    await model.close()
+
+
+async def test_higher_priority_is_admitted_first(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts, max_running=1)
+    p = prompts([8])[0]
+    order: list[str] = []
+
+    async def tagged(tag: str, priority: str) -> None:
+        await collect(model, p, 3, priority=priority)
+        order.append(tag)
+
+    blocker = asyncio.create_task(collect(model, p, 60))
+    await wait_for(lambda: model.engine.running == 1)
+    low = asyncio.create_task(tagged("low", "low"))
+    await wait_for(lambda: model.engine.waiting == 1)
+    normal = asyncio.create_task(tagged("normal", "normal"))
+    await wait_for(lambda: model.engine.waiting == 2)
+    high = asyncio.create_task(tagged("high", "high"))
+    await asyncio.gather(blocker, low, normal, high)
+    assert order == ["high", "normal", "low"]
+    await model.close()
+
+
+async def test_timeouts_in_queue_and_while_running(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts, max_running=1)
+    p = prompts([8])[0]
+    with pytest.raises(RequestTimeoutError):
+        await collect(model, p, 500, timeout_s=0.02)
+    blocker = asyncio.create_task(collect(model, p, 200))
+    await wait_for(lambda: model.engine.running == 1)
+    with pytest.raises(OverloadedError) as info:
+        await collect(model, p, 5, timeout_s=0.05)
+    assert info.value.reason == "queue_timeout"
+    blocker.cancel()
+    await asyncio.gather(blocker, return_exceptions=True)
+    await model.close()
+
+
+async def test_predicted_wait_beyond_deadline_is_rejected_up_front(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts, max_running=1)
+    p = prompts([8])[0]
+    await collect(model, p, 100)  # teaches the batcher how long a sequence takes
+    blocker = asyncio.create_task(collect(model, p, 300))
+    await wait_for(lambda: model.engine.running == 1)
+    queued = [asyncio.create_task(collect(model, p, 100)) for _ in range(3)]
+    await wait_for(lambda: model.engine.waiting == 3)
+    service = model.engine.predicted_wait_s((1, 10**9))
+    assert service > 0
+    with pytest.raises(OverloadedError) as info:
+        await collect(model, p, 5, timeout_s=service / 2)
+    assert info.value.reason == "predicted_wait"
+    for task in [blocker, *queued]:
+        task.cancel()
+    await asyncio.gather(blocker, *queued, return_exceptions=True)
+    await model.close()

@@ -19,7 +19,9 @@ from aiohttp import web
 from agent.api.app import METRICS, REGISTRY, create_app
 from agent.config import AgentConfig, load_config
 from agent.coordinator_session import CoordinatorSession
+from agent.enrollment import build_enroller
 from agent.errors import FatalError
+from agent.mdns import MdnsAdvertiser
 from agent.runtime import LoadSampler, build_identity, default_agent_id
 
 log = logging.getLogger("agent")
@@ -109,9 +111,23 @@ async def serve(config: AgentConfig) -> None:
     if config.coordinator.target:
         identity = build_identity(config, registry, agent_id, public_url)
         session = CoordinatorSession(
-            config.coordinator.target, lambda: identity, LoadSampler(registry, metrics)
+            config.coordinator.target,
+            lambda: identity,
+            LoadSampler(registry, metrics),
+            enroller=build_enroller(config, agent_id),
         )
         await session.start()
+    advertiser: MdnsAdvertiser | None = None
+    if config.mdns.enabled:
+        advertiser = MdnsAdvertiser(
+            agent_id,
+            public_url,
+            site=config.identity.site,
+            models=registry.ids,
+            load=lambda: registry.load().waiting + registry.load().running,
+            interfaces=config.mdns.interfaces,
+        )
+        await advertiser.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -122,6 +138,8 @@ async def serve(config: AgentConfig) -> None:
         await stop.wait()
     finally:
         log.info("shutting down")
+        if advertiser is not None:
+            await advertiser.stop()
         if session is not None:
             await session.stop()
         await runner.cleanup()

@@ -51,6 +51,12 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class EmbeddingsConfig:
+    max_batch_size: int = 32  # inputs per ONNX Runtime call, across requests
+    max_queue_delay_us: int = 2000  # how long an input waits for others to batch with
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True  # exact-match response cache for deterministic requests
     max_bytes: int = 64 * 1024 * 1024  # least recently used entries go beyond this
@@ -59,6 +65,17 @@ class CacheConfig:
 @dataclass(frozen=True)
 class CoordinatorConfig:
     target: str = ""  # host:port of the coordinator's gRPC API; empty runs standalone
+    join_token: str = ""  # join token for the first enrollment; empty: no enrollment
+    enroll_target: str = ""  # host:port of the coordinator's Enroll port; empty = target
+    tls: bool = False  # TLS to the coordinator (mutual TLS on the session once enrolled)
+    ca_file: str = ""  # PEM of the coordinator's CA, trusted for the first enrollment
+    state_dir: str = "~/.local/state/edgefleet/agent"  # where enrollment credentials live
+
+
+@dataclass(frozen=True)
+class MdnsConfig:
+    enabled: bool = False  # advertise this agent on the LAN as _edgefleet._tcp (zeroconf)
+    interfaces: tuple[str, ...] = ()  # IPv4 addresses to advertise on; empty = all
 
 
 @dataclass(frozen=True)
@@ -74,9 +91,11 @@ class AgentConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     identity: IdentityConfig = field(default_factory=IdentityConfig)
+    mdns: MdnsConfig = field(default_factory=MdnsConfig)
     log_level: str = "INFO"
 
 
@@ -208,6 +227,8 @@ def _validate(config: AgentConfig) -> None:
     for name in ("max_running", "max_batched_tokens", "kv_budget_tokens", "max_queue"):
         if getattr(e, name) < 1:
             raise ConfigError(f"engine.{name} must be >= 1, got {getattr(e, name)}")
+    if config.embeddings.max_batch_size < 1 or config.embeddings.max_queue_delay_us < 0:
+        raise ConfigError("embeddings.max_batch_size must be >= 1, max_queue_delay_us >= 0")
     if e.max_queue_wait_s <= 0 or e.request_timeout_s <= 0:
         raise ConfigError("engine.max_queue_wait_s and engine.request_timeout_s must be > 0")
     if not 1 <= e.default_max_tokens <= e.max_context_tokens:

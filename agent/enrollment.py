@@ -18,7 +18,8 @@ from typing import Any
 
 import grpc
 
-from agent.errors import FatalError
+from agent.config import AgentConfig
+from agent.errors import ConfigError, FatalError
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -166,3 +167,26 @@ class Enroller:
                 json.dump(asdict(credentials), handle)
         except OSError as exc:
             raise FatalError(f"cannot save enrollment state {self._state_file}: {exc}") from exc
+
+
+def build_enroller(config: AgentConfig, agent_id: str) -> Enroller | None:
+    """The agent's Enroller: when it has a join token or enrolled before; else None."""
+    c = config.coordinator
+    state_dir = Path(c.state_dir).expanduser()
+    if not c.join_token and not (state_dir / STATE_FILE).exists():
+        return None
+    ca_pem = None
+    if c.ca_file:
+        try:
+            ca_pem = Path(c.ca_file).expanduser().read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"coordinator.ca_file {c.ca_file}: {exc.strerror}") from exc
+    return Enroller(
+        c.enroll_target or c.target,
+        c.join_token,
+        state_dir=state_dir,
+        requested_name=agent_id,
+        site=config.identity.site,
+        tls=c.tls,
+        ca_pem=ca_pem,
+    )

@@ -1,0 +1,178 @@
+"""``FleetClient``: find agents, pick the best, fail over between them.
+
+::
+
+    fleet = FleetClient(model="smollm2-135m", coordinator_url="http://coord:8080")
+    client = fleet.openai()          # an openai.OpenAI that fails over between agents
+    fleet.base_url()                 # or just the best agent's OpenAI base URL
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from edgefleet_client._exceptions import DiscoveryError, NoAgentAvailableError
+from edgefleet_client._mdns import browse_mdns
+from edgefleet_client._models import Agent
+from edgefleet_client._probe import probe_all
+from edgefleet_client._route import route_lookup
+
+logger = logging.getLogger(__name__)
+
+# Host of the placeholder base URL handed to openai; the failover transport swaps it out.
+PLACEHOLDER_BASE_URL = "http://edgefleet.invalid/v1"
+
+
+class FleetClient:
+    """Knows the agents for one model, best first, and which of them failed lately."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        coordinator_url: str = "",
+        site: str = "",
+        lat: float | None = None,
+        lon: float | None = None,
+        mdns_timeout_s: float = 2.0,
+        mdns_interfaces: Sequence[str] = (),
+        probe_timeout_s: float = 1.0,
+        cooldown_s: float = 10.0,
+        refresh_s: float = 30.0,
+    ) -> None:
+        self.model = model
+        self.coordinator_url = coordinator_url
+        self._site, self._lat, self._lon = site, lat, lon
+        self._mdns_timeout_s = mdns_timeout_s
+        self._mdns_interfaces = tuple(mdns_interfaces)
+        self._probe_timeout_s = probe_timeout_s
+        self._cooldown_s = cooldown_s
+        self._refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._agents: list[Agent] = []
+        self._failed_until: dict[str, float] = {}
+        self._refreshed_at = 0.0
+
+    # ------------------------------------------------------------ discovery
+
+    def discover(self) -> list[Agent]:
+        """Look agents up (coordinator, else mDNS), probe their RTT, rank them; best first."""
+        if self.coordinator_url:
+            found = route_lookup(
+                self.coordinator_url, self.model, site=self._site, lat=self._lat, lon=self._lon
+            )
+            probed = probe_all(found, timeout_s=self._probe_timeout_s)
+            if probed:
+                # Ask again with our own RTTs: the coordinator folds them into proximity.
+                rtts = {a.agent_id: a.rtt_ms for a in probed if a.rtt_ms is not None}
+                ranked = route_lookup(
+                    self.coordinator_url,
+                    self.model,
+                    site=self._site,
+                    lat=self._lat,
+                    lon=self._lon,
+                    rtt_ms=rtts,
+                )
+                agents = [a for a in ranked if a.agent_id in rtts]
+                agents = [
+                    Agent(**{**_fields(a), "rtt_ms": rtts[a.agent_id]}) for a in agents
+                ] or probed
+            else:
+                agents = found
+        else:
+            found = browse_mdns(
+                timeout_s=self._mdns_timeout_s, interfaces=self._mdns_interfaces, model=self.model
+            )
+            agents = probe_all(found, timeout_s=self._probe_timeout_s)
+            agents.sort(key=lambda a: (a.load or 0, a.rtt_ms or 0.0, a.agent_id))
+        if not agents:
+            where = self.coordinator_url or "mDNS"
+            raise DiscoveryError(f"no agent serving {self.model!r} found via {where}")
+        with self._lock:
+            self._agents = agents
+            self._refreshed_at = time.monotonic()
+        return list(agents)
+
+    @property
+    def agents(self) -> list[Agent]:
+        """The agents from the last discovery, best first."""
+        with self._lock:
+            return list(self._agents)
+
+    def best(self) -> Agent:
+        """The best agent not in cooldown (discovering first when needed)."""
+        return self.candidates()[0]
+
+    def base_url(self) -> str:
+        """The best agent's OpenAI base URL, e.g. ``http://10.0.0.7:8000/v1``."""
+        return self.best().url.rstrip("/") + "/v1"
+
+    # ------------------------------------------------------------- failover
+
+    def candidates(self) -> list[Agent]:
+        """Agents to try, in order: healthy ones best first, then those in cooldown."""
+        with self._lock:
+            stale = not self._agents or time.monotonic() - self._refreshed_at > self._refresh_s
+        if stale:
+            try:
+                self.discover()
+            except DiscoveryError:
+                if not self.agents:
+                    raise
+                logger.warning("rediscovery failed; keeping the last known agents")
+        now = time.monotonic()
+        with self._lock:
+            healthy = [a for a in self._agents if self._failed_until.get(a.agent_id, 0) <= now]
+            cooling = [a for a in self._agents if self._failed_until.get(a.agent_id, 0) > now]
+        return healthy + cooling
+
+    def mark_failed(self, agent: Agent, why: str) -> None:
+        """Skip ``agent`` for ``cooldown_s``; rediscover when every agent has failed."""
+        logger.warning("agent %s (%s) failed: %s; failing over", agent.agent_id, agent.url, why)
+        now = time.monotonic()
+        with self._lock:
+            self._failed_until[agent.agent_id] = now + self._cooldown_s
+            all_failed = all(self._failed_until.get(a.agent_id, 0) > now for a in self._agents)
+            if all_failed:
+                self._refreshed_at = 0.0
+
+    def mark_ok(self, agent: Agent) -> None:
+        with self._lock:
+            self._failed_until.pop(agent.agent_id, None)
+
+    # --------------------------------------------------------------- openai
+
+    def http_client(self, **kwargs: Any) -> Any:
+        """An ``httpx2.Client`` whose transport fails over between agents."""
+        import httpx2
+
+        from edgefleet_client._failover import FailoverTransport
+
+        return httpx2.Client(transport=FailoverTransport(self), **kwargs)
+
+    def openai(self, **kwargs: Any) -> Any:
+        """An ``openai.OpenAI`` client for this fleet (needs the ``openai`` package).
+
+        Its own retries are off: this library retries on the next agent instead.
+        """
+        import openai
+
+        kwargs.setdefault("api_key", "edgefleet")
+        kwargs.setdefault("max_retries", 0)
+        return openai.OpenAI(
+            base_url=PLACEHOLDER_BASE_URL, http_client=self.http_client(), **kwargs
+        )
+
+
+def _fields(agent: Agent) -> dict[str, Any]:
+    return {name: getattr(agent, name) for name in agent.__slots__}
+
+
+def no_agent_error(model: str, failures: list[str]) -> NoAgentAvailableError:
+    return NoAgentAvailableError(
+        f"every agent for {model!r} failed: " + "; ".join(failures or ["none known"])
+    )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.engine.causal_lm import CausalLM, CausalLMSpec
+from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
 from agent.engine.ort_session import SessionConfig, create_session
@@ -89,7 +90,10 @@ def load_text_model(
 
 
 def load_embedding_model(
-    directory: Path, manifest: ModelManifest, session_config: SessionConfig
+    directory: Path,
+    manifest: ModelManifest,
+    session_config: SessionConfig,
+    batch_config: EmbeddingBatchConfig,
 ) -> EmbeddingModel:
     if manifest.embedding is None:
         raise ModelLoadError(f"{directory}: feature-extraction manifest without 'embedding'")
@@ -104,6 +108,7 @@ def load_embedding_model(
         max_input_tokens=emb.max_length,
         normalize=emb.normalize,
         pad_token_id=manifest.special_tokens.pad_token_id or 0,
+        batch_config=batch_config,
     )
 
 
@@ -113,7 +118,8 @@ def load_registry(
     *,
     session_config: SessionConfig,
     max_context_tokens: int,
-    batcher_config: BatcherConfig = BatcherConfig(),
+    batcher_config: BatcherConfig | None = None,
+    embedding_batch_config: EmbeddingBatchConfig | None = None,
     verify: bool = True,
 ) -> ModelRegistry:
     """Load the named artifacts (all found when ``serve`` is empty) into a registry."""
@@ -136,10 +142,19 @@ def load_registry(
         manifest = read_manifest(directory, verify=verify)
         if manifest.task == "text-generation":
             text[manifest.name] = load_text_model(
-                directory, manifest, session_config, max_context_tokens, batcher_config
+                directory,
+                manifest,
+                session_config,
+                max_context_tokens,
+                batcher_config or BatcherConfig(),
             )
         else:
-            embedding[manifest.name] = load_embedding_model(directory, manifest, session_config)
+            embedding[manifest.name] = load_embedding_model(
+                directory,
+                manifest,
+                session_config,
+                embedding_batch_config or EmbeddingBatchConfig(),
+            )
         log.info(
             "model %s version %s ready in %.1f s",
             manifest.name,

@@ -31,6 +31,7 @@ from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
 from agent.api.wire import error_body, error_response, json_response, read_json, stream_sse
 from agent.config import AgentConfig
+from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.ort_session import SessionConfig
 from agent.engine.scheduler import BatcherConfig
 from agent.errors import AgentError
@@ -223,6 +224,10 @@ def _registry_ctx(
                 ),
                 max_context_tokens=engine.max_context_tokens,
                 batcher_config=batcher_config(config),
+                embedding_batch_config=EmbeddingBatchConfig(
+                    max_batch_size=config.embeddings.max_batch_size,
+                    max_queue_delay_us=config.embeddings.max_queue_delay_us,
+                ),
                 verify=config.models.verify_checksums,
             )
         limits = GenerationLimits(

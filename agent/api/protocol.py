@@ -57,6 +57,7 @@ class SamplingFields(BaseModel):
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     top_k: Annotated[int, Field(ge=0)] = 0  # extension (as in vLLM)
+    min_tokens: Annotated[int, Field(ge=0)] = 0  # extension (as in vLLM): no end-of-turn before
     n: Annotated[int, Field(ge=1, le=128)] = 1
     seed: int | None = None
     stop: StopField = None

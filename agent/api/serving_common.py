@@ -120,6 +120,7 @@ def sampling_params(
         seed=req.seed,
         max_tokens=max_tokens,
         stop=stop,
+        min_tokens=min(req.min_tokens, max_tokens),
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from agent.engine.embed_batcher import DynamicEmbeddingBatcher, EmbeddingBatchConfig
 from agent.engine.interface import EmbeddingResult
 from agent.errors import EngineError, InvalidRequestError, ModelLoadError
 
@@ -27,6 +27,7 @@ class OnnxEmbeddingModel:
         max_input_tokens: int,
         normalize: bool = True,
         pad_token_id: int = 0,
+        batch_config: EmbeddingBatchConfig = EmbeddingBatchConfig(),
     ) -> None:
         self._model_id = model_id
         self._version = version
@@ -43,6 +44,7 @@ class OnnxEmbeddingModel:
         self._input_names = {i.name for i in session.get_inputs()}
         self._output_name = session.get_outputs()[0].name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-embed")
+        self.batcher = DynamicEmbeddingBatcher(self._run, self._executor, batch_config)
 
     @property
     def model_id(self) -> str:
@@ -57,6 +59,7 @@ class OnnxEmbeddingModel:
         return self._max_input_tokens
 
     async def close(self) -> None:
+        await self.batcher.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def _ids_for(self, index: int, item: str | Sequence[int]) -> list[int]:
@@ -76,9 +79,8 @@ class OnnxEmbeddingModel:
 
     async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult:
         batch = [self._ids_for(i, item) for i, item in enumerate(inputs)]
-        loop = asyncio.get_running_loop()
         try:
-            vectors = await loop.run_in_executor(self._executor, self._run, batch)
+            vectors = await self.batcher.embed(batch)
         except Exception as exc:
             raise EngineError(f"embedding failed: {exc}") from exc
         return EmbeddingResult(

@@ -25,6 +25,7 @@ class SamplingParams:
     seed: int | None = None  # same seed and prompt give the same output
     max_tokens: int = 256  # generated tokens at most (end-of-turn token included)
     stop: tuple[str, ...] = ()  # text stops; the stop string itself is not returned
+    min_tokens: int = 0  # end-of-turn tokens are not sampled before this many tokens
 
     @property
     def greedy(self) -> bool:

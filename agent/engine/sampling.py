@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -11,12 +13,18 @@ from agent.engine.interface import SamplingParams
 class TokenSampler:
     """One sampler per sequence; a fixed seed makes its choices repeatable."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, eos_token_ids: Sequence[int] = ()) -> None:
         self._params = params
         self._rng = np.random.default_rng(params.seed)
+        self._eos = np.asarray(sorted(eos_token_ids), dtype=np.intp)
+        self._sampled = 0
 
     def sample(self, logits: npt.NDArray[np.float32]) -> int:
         p = self._params
+        self._sampled += 1
+        if self._sampled <= p.min_tokens and self._eos.size:
+            logits = logits.copy()
+            logits[self._eos] = -np.inf
         if p.greedy:
             return int(np.argmax(logits))
         scores = logits.astype(np.float64) / p.temperature

@@ -85,11 +85,16 @@ class _Sequence:
     """A request inside the batcher."""
 
     def __init__(
-        self, request: GenerationRequest, codec: TextCodec, order: int, timeout_s: float
+        self,
+        request: GenerationRequest,
+        codec: TextCodec,
+        eos_token_ids: frozenset[int],
+        order: int,
+        timeout_s: float,
     ) -> None:
         self.request = request
         self.prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
-        self.sampler = TokenSampler(request.params)
+        self.sampler = TokenSampler(request.params, eos_token_ids)
         self.detok: IncrementalDetokenizer = codec.detokenizer()
         self.stops = StopMatcher(request.params.stop)
         self.outputs: asyncio.Queue[GenerationOutput | AgentError] = asyncio.Queue()
@@ -233,7 +238,7 @@ class ContinuousBatcher:
         if self._closed:
             raise EngineError("the engine is shutting down")
         timeout = request.timeout_s or self.config.request_timeout_s
-        seq = _Sequence(request, self._codec, next(self._order), timeout)
+        seq = _Sequence(request, self._codec, self._eos, next(self._order), timeout)
         try:
             self._admit_or_reject(seq)
         except OverloadedError as exc:

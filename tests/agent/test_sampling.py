@@ -40,3 +40,9 @@ def test_sampling_follows_the_distribution() -> None:
     counts = np.bincount([s.sample(LOGITS) for _ in range(4000)], minlength=5) / 4000
     expected = np.exp(LOGITS) / np.exp(LOGITS).sum()
     assert counts == pytest.approx(expected, abs=0.03)
+
+
+def test_min_tokens_holds_back_end_of_turn() -> None:
+    eos_favoured = np.array([0.0, 0.0, 9.0, 0.0], dtype=np.float32)  # token 2 is end-of-turn
+    s = TokenSampler(SamplingParams(temperature=0.0, min_tokens=3), eos_token_ids=[2])
+    assert [s.sample(eos_favoured) for _ in range(4)] == [0, 0, 0, 2]

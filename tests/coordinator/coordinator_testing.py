@@ -1,0 +1,80 @@
+"""Helpers for coordinator tests: in-process coordinators and Hello messages."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from coordinator.app import create_app
+from coordinator.config import CoordinatorConfig
+from coordinator.state import GRPC_SERVER_KEY, TOKENS_KEY
+from edgefleet.v1 import fleet_pb2 as pb
+from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+
+
+@dataclass
+class Coordinator:
+    app: web.Application
+    http_url: str
+    grpc_target: str
+    stub: Any
+
+    def new_token(self, **kwargs: Any) -> str:
+        return str(self.app[TOKENS_KEY].create(**kwargs).token)
+
+    async def get_json(self, path: str) -> Any:
+        async with aiohttp.ClientSession() as http, http.get(self.http_url + path) as response:
+            return await response.json()
+
+
+MakeCoordinator = Callable[..., Awaitable[Coordinator]]
+
+
+async def coordinator_factory(tmp_path: Path) -> AsyncIterator[MakeCoordinator]:
+    servers: list[TestServer] = []
+    channels: list[Any] = []
+
+    async def make(**settings: Any) -> Coordinator:
+        defaults: dict[str, Any] = {
+            "grpc_port": 0,
+            "http_port": 0,
+            "enroll_port": 0,
+            "report_interval_ms": 200,
+            "hello_timeout_s": 2.0,
+            "data_dir": str(tmp_path / f"coordinator-{len(servers)}"),
+        }
+        app = create_app(CoordinatorConfig(**(defaults | settings)))
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        servers.append(server)
+        target = app[GRPC_SERVER_KEY].enroll_address
+        channel = grpc.aio.insecure_channel(target)
+        channels.append(channel)
+        return Coordinator(
+            app=app,
+            http_url=str(server.make_url("")).rstrip("/"),
+            grpc_target=target,
+            stub=pb_grpc.CoordinatorStub(channel),
+        )
+
+    yield make
+    for channel in channels:
+        await channel.close()
+    for server in servers:
+        await server.close()
+
+
+def hello(agent_id: str, **fields: Any) -> pb.AgentMessage:
+    defaults: dict[str, Any] = {
+        "site": "lab",
+        "http_url": "http://127.0.0.1:8001",
+        "models": [pb.LoadedModel(name="m", version="v1", task="chat")],
+    }
+    return pb.AgentMessage(hello=pb.Hello(agent_id=agent_id, **(defaults | fields)))

@@ -46,7 +46,9 @@ def parse_duration(text: str) -> timedelta | None:
 def add_admin_commands(sub: Any) -> None:
     tokens = sub.add_parser("tokens", help="create, list or revoke join tokens")
     tokens_sub = tokens.add_subparsers(dest="action", required=True)
+    leaves = []
     create = tokens_sub.add_parser("create", help="create a join token (printed once)")
+    leaves.append(create)
     create.add_argument(
         "--expires-in", type=parse_duration, default=timedelta(hours=24),
         help="lifetime, e.g. 30m, 24h, 7d or never (default 24h)",
@@ -54,17 +56,19 @@ def add_admin_commands(sub: Any) -> None:
     create.add_argument("--uses", type=int, default=1, help="enrollments allowed (default 1)")
     create.add_argument("--site", default="", help="bind enrolled agents to this site")
     create.add_argument("--note", default="", help="free text for operators")
-    tokens_sub.add_parser("list", help="list join tokens")
+    leaves.append(tokens_sub.add_parser("list", help="list join tokens"))
     revoke = tokens_sub.add_parser("revoke", help="revoke a join token")
     revoke.add_argument("token_id")
+    leaves.append(revoke)
 
     agents = sub.add_parser("agents", help="drain or resume an agent (needs the coordinator)")
     agents_sub = agents.add_subparsers(dest="action", required=True)
     for action in ("drain", "resume"):
         command = agents_sub.add_parser(action, help=f"{action} an agent")
         command.add_argument("agent_id")
+        leaves.append(command)
 
-    for parser in (tokens, agents):
+    for parser in leaves:
         parser.add_argument("--config", type=Path, metavar="FILE", help="coordinator TOML config")
         parser.add_argument("--data-dir", help="coordinator data directory (token commands)")
         parser.add_argument(

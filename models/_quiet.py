@@ -37,12 +37,18 @@ def offline_env() -> None:
 def quiet() -> Iterator[None]:
     """Ignore warnings and lower third-party log levels inside the block."""
     saved = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
+    root = logging.getLogger()
+    root_level = root.level
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in _NOISY_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
+        # onnxruntime.quantization logs through the root logger (logging.info); our own
+        # "models" logger has its own level and keeps reporting.
+        root.setLevel(logging.ERROR)
         try:
             yield
         finally:
             for name, level in saved.items():
                 logging.getLogger(name).setLevel(level)
+            root.setLevel(root_level)

@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    logging.getLogger("models").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if args.threads < 1:
         log.error("--threads must be >= 1")
         return 2

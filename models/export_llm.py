@@ -58,10 +58,12 @@ def load_gguf_tokenizer(gguf_path: Path) -> PreTrainedTokenizerBase:
     with quiet():
         from transformers import AutoTokenizer
 
+        loader: Any = AutoTokenizer.from_pretrained
         try:
-            return AutoTokenizer.from_pretrained(  # type: ignore[no-any-return]
+            tokenizer: PreTrainedTokenizerBase = loader(
                 str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True
             )
+            return tokenizer
         except Exception as exc:  # library boundary
             raise ConversionError(f"cannot read tokenizer from {gguf_path}: {exc}") from exc
 
@@ -86,7 +88,7 @@ def load_gguf_model_untied(gguf_path: Path) -> PreTrainedModel:
         from transformers import AutoModelForCausalLM
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model: Any = AutoModelForCausalLM.from_pretrained(
                 str(gguf_path.parent),
                 gguf_file=gguf_path.name,
                 dtype=torch.float32,
@@ -94,7 +96,7 @@ def load_gguf_model_untied(gguf_path: Path) -> PreTrainedModel:
             )
         except Exception as exc:  # library boundary
             raise ConversionError(f"cannot load {gguf_path} with transformers: {exc}") from exc
-        model.eval()
+        model.train(False)
         if model.config.tie_word_embeddings or (
             model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
         ):
@@ -103,7 +105,8 @@ def load_gguf_model_untied(gguf_path: Path) -> PreTrainedModel:
                 model.get_input_embeddings().weight.detach().clone()
             )
             log.info("untied lm_head from the token embedding")
-    return model  # type: ignore[no-any-return]
+    result: PreTrainedModel = model
+    return result
 
 
 def export_decoder(model_dir: Path, out_dir: Path) -> Path:
@@ -115,7 +118,7 @@ def export_decoder(model_dir: Path, out_dir: Path) -> Path:
     offline_env()
     out_dir.mkdir(parents=True, exist_ok=True)
     with quiet():
-        from optimum.exporters.onnx import main_export
+        from optimum.exporters.onnx import main_export  # type: ignore[import-untyped]
 
         try:
             main_export(

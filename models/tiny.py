@@ -45,8 +45,11 @@ def make_tiny_llama(config: TinyLlamaConfig, vocab_size: int, save_to: Path) -> 
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        config_cls: Any = LlamaConfig
+        model_cls: Any = LlamaForCausalLM
+
         torch.manual_seed(config.seed)
-        hf_config = LlamaConfig(
+        hf_config = config_cls(
             hidden_size=config.hidden_size,
             num_hidden_layers=config.num_hidden_layers,
             num_attention_heads=config.num_attention_heads,
@@ -60,11 +63,13 @@ def make_tiny_llama(config: TinyLlamaConfig, vocab_size: int, save_to: Path) -> 
             tie_word_embeddings=False,
             rope_theta=10000.0,
         )
-        model = LlamaForCausalLM(hf_config).eval()
+        model = model_cls(hf_config)
+        model.train(False)
         model.save_pretrained(str(save_to))
     log.info(
         "tiny llama: %d parameters, vocab %d",
         sum(p.numel() for p in model.parameters()),
         vocab_size,
     )
-    return model
+    result: PreTrainedModel = model
+    return result

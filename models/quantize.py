@@ -1,0 +1,164 @@
+"""Quantize exported ONNX graphs with onnxruntime.quantization.
+
+- :func:`quantize_int8_dynamic`: dynamic int8 weights (activations quantized at run time),
+  per tensor or per channel, optionally limited to some operator types.
+- :func:`quantize_nbits`: 4-bit block-wise weights (MatMulNBits), and 4-bit Gather for the
+  token embedding when asked.
+
+Both read ``src`` and write a single-file graph ``dst`` (external data when over 2 GB).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from models._quiet import quiet
+from models.errors import ConversionError
+
+__all__ = ["output_matmul", "quantize_int4_llm", "quantize_int8_dynamic", "quantize_nbits"]
+
+log = logging.getLogger(__name__)
+
+
+def quantize_int8_dynamic(
+    src: Path,
+    dst: Path,
+    *,
+    per_channel: bool,
+    op_types: tuple[str, ...] | None = None,
+    nodes: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """Dynamic int8 quantization; returns the manifest's quantization details."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with quiet():
+        from onnxruntime.quantization import (  # type: ignore[import-untyped]
+            QuantType,
+            quantize_dynamic,
+        )
+
+        try:
+            quantize_dynamic(
+                model_input=str(src),
+                model_output=str(dst),
+                per_channel=per_channel,
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=list(op_types) if op_types else None,
+                nodes_to_quantize=list(nodes) if nodes else None,
+                use_external_data_format=False,
+            )
+        except Exception as exc:  # library boundary
+            raise ConversionError(f"int8 quantization of {src} failed: {exc}") from exc
+    return {
+        "method": "dynamic-int8-per-channel" if per_channel else "dynamic-int8-per-tensor",
+        "bits": 8,
+        "block_size": None,
+        "weight_type": "int8",
+        "per_channel": per_channel,
+        "op_types": list(op_types) if op_types else "default",
+    }
+
+
+def quantize_nbits(
+    src: Path,
+    dst: Path,
+    *,
+    block_size: int = 32,
+    symmetric: bool = True,
+    quantize_gather: bool = True,
+    accuracy_level: int | None = None,
+    exclude_nodes: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """4-bit block-wise weight-only quantization (MatMulNBits, GatherBlockQuantized)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    op_types: tuple[str, ...] = ("MatMul", "Gather") if quantize_gather else ("MatMul",)
+    with quiet():
+        import onnx
+        from onnxruntime.quantization.matmul_nbits_quantizer import (  # type: ignore[import-untyped]
+            MatMulNBitsQuantizer,
+        )
+
+        try:
+            model = onnx.load(str(src))
+            quantizer = MatMulNBitsQuantizer(
+                model,
+                bits=4,
+                block_size=block_size,
+                is_symmetric=symmetric,
+                accuracy_level=accuracy_level,
+                nodes_to_exclude=list(exclude_nodes),
+                op_types_to_quantize=op_types,
+                quant_axes=(("MatMul", 0), ("Gather", 1)),
+            )
+            quantizer.process()
+            quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
+        except Exception as exc:  # library boundary
+            raise ConversionError(f"4-bit quantization of {src} failed: {exc}") from exc
+    counts = _op_counts(dst)
+    log.info(
+        "4-bit graph: %d MatMulNBits, %d GatherBlockQuantized, %d MatMul left",
+        counts.get("MatMulNBits", 0),
+        counts.get("GatherBlockQuantized", 0),
+        counts.get("MatMul", 0),
+    )
+    return {
+        "method": "matmul-nbits",
+        "bits": 4,
+        "block_size": block_size,
+        "symmetric": symmetric,
+        "accuracy_level": accuracy_level,
+        "op_types": list(op_types),
+        "excluded_nodes": list(exclude_nodes),
+        "quantized_ops": {k: counts.get(k, 0) for k in ("MatMulNBits", "GatherBlockQuantized")},
+    }
+
+
+def _op_counts(path: Path) -> dict[str, int]:
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def output_matmul(path: Path, output: str = "logits") -> str:
+    """Name of the MatMul node that produces ``output`` (the LM head), directly or via a cast."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    node = producers.get(output)
+    while node is not None and node.op_type != "MatMul":
+        node = producers.get(node.input[0]) if node.op_type in ("Cast", "Identity") else None
+    if node is None:
+        raise ConversionError(f"{path}: no MatMul produces {output!r}")
+    return str(node.name)
+
+
+def quantize_int4_llm(
+    src: Path, dst: Path, *, symmetric: bool, block_size: int = 32, accuracy_level: int | None = 4
+) -> dict[str, Any]:
+    """4-bit decoder: MatMulNBits for every layer MatMul, 4-bit Gather for the embedding,
+    and the LM head as dynamic int8 per channel.
+
+    Measured on SmolLM2-135M (2-core AVX2 machine): a 4-bit LM head pushed perplexity from
+    1.14x to 1.21x the fp32 export's (over the gate's 1.15x); per-channel int8 keeps it at
+    1.14x for +11 MB. ``accuracy_level=4`` (int8 activations inside MatMulNBits) decoded
+    about 3.5x faster than the default (83 vs 23 tok/s) at the same perplexity (+0.4%).
+    """
+    head = output_matmul(src)
+    tmp = dst.with_name(dst.stem + ".nbits.onnx")
+    details = quantize_nbits(
+        src,
+        tmp,
+        block_size=block_size,
+        symmetric=symmetric,
+        accuracy_level=accuracy_level,
+        exclude_nodes=(head,),
+    )
+    quantize_int8_dynamic(tmp, dst, per_channel=True, nodes=(head,))
+    tmp.unlink()
+    details["lm_head"] = {"node": head, "method": "dynamic-int8-per-channel"}
+    return details

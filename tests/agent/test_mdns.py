@@ -1,0 +1,58 @@
+"""mDNS discovery, inside a private network namespace with multicast on its loopback only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.mdns import SERVICE_TYPE, txt_record
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_txt_record_carries_id_models_and_load() -> None:
+    txt = txt_record("edge-1", "http://10.0.0.7:8000", "shop-7", ["a", "b"], 3)
+    assert txt == {
+        "v": "1", "id": "edge-1", "url": "http://10.0.0.7:8000", "site": "shop-7",
+        "models": "a,b", "load": "3",
+    }  # fmt: skip
+    assert SERVICE_TYPE == "_edgefleet._tcp.local."
+
+
+def _netns_available() -> bool:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _netns_available(), reason="needs `unshare -n` (root) and iproute2")
+def test_agent_is_discovered_on_mdns_in_a_private_namespace(tiny_artifacts: Path) -> None:
+    script = (
+        "ip link set lo up && ip link set lo multicast on && "
+        f'exec "{sys.executable}" tests/agent/mdns_scenario.py "{tiny_artifacts}"'
+    )
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=REPO, capture_output=True, text=True, timeout=90,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )  # fmt: skip
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["found"] == [
+        {
+            "id": "edge-lan", "url": result["agent_url"], "site": "shop-7",
+            "models": ["tiny-llama"], "load": 0, "source": "mdns",
+        }
+    ]  # fmt: skip
+    assert result["missing"] == 0
+    assert result["base_url"] == result["agent_url"] + "/v1"

@@ -107,13 +107,16 @@ async def test_streamed_chat_matches_and_counts_usage(fleet: Fleet) -> None:
 
 
 async def test_completions_plain_and_streamed(fleet: Fleet) -> None:
-    prompt = "The capital of France is"
+    # a raw prompt (no server-side template): the model's own chat format, written out
+    prompt = (
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     done = await fleet.client.completions.create(
-        model=LLM, prompt=prompt, max_tokens=8, temperature=0
+        model=LLM, prompt=prompt, max_tokens=12, temperature=0
     )
     assert "Paris" in done.choices[0].text
     stream = await fleet.client.completions.create(
-        model=LLM, prompt=prompt, max_tokens=8, temperature=0, stream=True,
+        model=LLM, prompt=prompt, max_tokens=12, temperature=0, stream=True,
         extra_body={"cache": False},
     )
     text = "".join([c.choices[0].text async for c in stream if c.choices])

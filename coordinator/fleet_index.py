@@ -7,6 +7,7 @@ agents are found by scanning rings of cells outwards.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict
 
@@ -97,9 +98,25 @@ class FleetIndex:
                 if extra_rings < 0:
                     break
             ring += 1
-        if len(found) < pool:
+        if len(found) > pool:
+            found = set(self._nearest(found, location, pool))
+        elif len(found) < pool:
             found |= serving & self._unplaced
         return chosen | found
+
+    def _nearest(self, ids: set[str], location: Location, count: int) -> list[str]:
+        """The ``count`` ids nearest to ``location`` (equirectangular: cheap, fine for ranking)."""
+        cos_lat = math.cos(math.radians(location.lat))
+        hellos = self._hellos
+
+        def squared(agent_id: str) -> float:
+            where = hellos[agent_id].location
+            if where is None:
+                return math.inf
+            dlon = (where.lon - location.lon + 180.0) % 360.0 - 180.0
+            return (where.lat - location.lat) ** 2 + (dlon * cos_lat) ** 2
+
+        return heapq.nsmallest(count, ids, key=squared)
 
 
 def _ring(lat0: int, lon0: int, radius: int) -> list[Cell]:

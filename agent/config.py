@@ -13,7 +13,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from agent.errors import ConfigError
 
@@ -155,7 +155,7 @@ def _build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
         if dataclasses.is_dataclass(kind):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{path}: expected a table")
-            values[name] = _build(kind, value, path)  # type: ignore[type-var]
+            values[name] = _build(cast(type[Any], kind), value, path)
         else:
             values[name] = _coerce(value, kind, path)
     return cls(**values)

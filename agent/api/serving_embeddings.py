@@ -17,12 +17,14 @@ class EmbeddingService:
 
     async def create(self, req: EmbeddingRequest) -> EmbeddingResponse:
         model = self._registry.embedding_model(req.model)
-        if isinstance(req.input, str):
-            inputs: list[str] | list[list[int]] = [req.input]
-        elif req.input and isinstance(req.input[0], int):
-            inputs = [[int(t) for t in req.input]]  # type: ignore[union-attr]
+        raw = req.input
+        inputs: list[str | list[int]]
+        if isinstance(raw, str):
+            inputs = [raw]
+        elif all(isinstance(t, int) for t in raw):
+            inputs = [[int(t) for t in raw]]  # type: ignore[arg-type]
         else:
-            inputs = list(req.input)  # type: ignore[arg-type]
+            inputs = list(raw)  # type: ignore[arg-type]
         result = await model.embed(inputs)
         dim = len(result.vectors[0])
         if req.dimensions is not None and req.dimensions != dim:
@@ -35,8 +37,8 @@ class EmbeddingService:
         for i, vector in enumerate(result.vectors):
             embedding: list[float] | str = vector
             if req.encoding_format == "base64":
-                raw = np.asarray(vector, dtype="<f4").tobytes()
-                embedding = base64.b64encode(raw).decode("ascii")
+                packed = np.asarray(vector, dtype="<f4").tobytes()
+                embedding = base64.b64encode(packed).decode("ascii")
             data.append(EmbeddingData(index=i, embedding=embedding))
         return EmbeddingResponse(
             data=data,

@@ -35,7 +35,8 @@ class BatchKV:
     @property
     def lengths(self) -> npt.NDArray[np.int64]:
         """Tokens held per row (= the position id of the row's next token)."""
-        return self.mask.sum(axis=1)
+        lengths: npt.NDArray[np.int64] = self.mask.sum(axis=1)
+        return lengths
 
     def used_tokens(self) -> int:
         """Key/value slots allocated (padding included)."""

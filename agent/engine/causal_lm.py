@@ -111,7 +111,7 @@ class CausalLM:
 
     @property
     def kv_dtype(self) -> type:
-        return self._kv_dtype  # type: ignore[no-any-return]
+        return self._kv_dtype
 
     @property
     def num_kv_tensors(self) -> int:

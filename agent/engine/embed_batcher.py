@@ -80,7 +80,7 @@ class DynamicEmbeddingBatcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay - waited)
                 continue
-            batch = []
+            batch: list[tuple[list[int], asyncio.Future[Vectors]]] = []
             while self._pending and len(batch) < self.config.max_batch_size:
                 ids, future = self._pending.popleft()
                 if not future.done():

@@ -102,4 +102,5 @@ class OnnxEmbeddingModel:
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         if self._normalize:
             pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
-        return pooled
+        result: npt.NDArray[np.float32] = pooled.astype(np.float32, copy=False)
+        return result

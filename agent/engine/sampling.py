@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -13,7 +13,7 @@ from agent.engine.interface import SamplingParams
 class TokenSampler:
     """One sampler per sequence; a fixed seed makes its choices repeatable."""
 
-    def __init__(self, params: SamplingParams, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(self, params: SamplingParams, eos_token_ids: Iterable[int] = ()) -> None:
         self._params = params
         self._rng = np.random.default_rng(params.seed)
         self._eos = np.asarray(sorted(eos_token_ids), dtype=np.intp)

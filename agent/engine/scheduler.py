@@ -147,7 +147,7 @@ class ContinuousBatcher:
         self.config = config
         spec = lm.spec
         self._kv = BatchKV(lm.num_kv_tensors, spec.num_kv_heads, spec.head_dim, lm.kv_dtype)
-        self._empty_kv = [
+        self._empty_kv: list[npt.NDArray[np.float32]] = [
             np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
             for _ in range(lm.num_kv_tensors)
         ]

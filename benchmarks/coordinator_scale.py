@@ -39,6 +39,18 @@ def _agent_place(rng: random.Random) -> tuple[float, float]:
 
 
 async def _fake_agent(stub: Any, agent_id: str, interval_s: float, stop: float) -> int:
+    """One agent: a session like a real one, reconnecting with backoff when it fails."""
+    sent = 0
+    rng = random.Random(agent_id)
+    while time.monotonic() < stop:
+        try:
+            sent += await _fake_session(stub, agent_id, interval_s, stop)
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(rng.uniform(0.5, 2.0))
+    return sent
+
+
+async def _fake_session(stub: Any, agent_id: str, interval_s: float, stop: float) -> int:
     rng = random.Random(agent_id)
     lat, lon = _agent_place(rng)
     queue: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
@@ -195,7 +207,7 @@ async def main(args: argparse.Namespace) -> int:
         ctx = mp.get_context("spawn")
         sim_out = ctx.Queue()
         ramp_s = max(10.0, args.agents / 400)
-        stop = time.monotonic() + ramp_s + 2 * args.duration + 10
+        stop = time.monotonic() + 3600  # the simulators are terminated at the end
         ids = [f"sim-{i:05d}" for i in range(args.agents)]
         shares = [ids[w :: args.workers] for w in range(args.workers)]
         sims = [

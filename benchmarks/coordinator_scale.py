@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 import grpc
-import psutil  # type: ignore[import-untyped]
+import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from benchmarks.results_file import target, write_results
 from devtools.fleet import CoordinatorProcess

@@ -8,11 +8,13 @@ with the listed sizes. Then nothing is rewritten.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ __all__ = ["TARGETS", "Target", "build", "is_up_to_date", "variant_dir"]
 log = logging.getLogger(__name__)
 
 REPORT_FILENAME = "build-report.json"
+LOCK_FILENAME = ".build.lock"
 
 RunFn = Callable[[BuildContext, LocatedSource, str, StageTimer], dict[str, Any]]
 KeyFn = Callable[[BuildOptions], dict[str, Any]]
@@ -132,7 +135,37 @@ def build(options: BuildOptions) -> dict[str, Any]:
     if unknown:
         raise ModelsError(f"unknown target(s) {unknown}; known: {sorted(TARGETS)}")
     options.out.mkdir(parents=True, exist_ok=True)
-    ctx = BuildContext(options=options)
+    with _exclusive(options.out):
+        ctx = BuildContext(options=options)
+        ctx.work_root = Path(tempfile.mkdtemp(prefix=".work-", dir=options.out))
+        try:
+            return _build_locked(ctx, names)
+        finally:
+            shutil.rmtree(ctx.work_root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` so two builds never write the same artifacts.
+
+    A second build waits, then finds the first one's artifacts up to date.
+    """
+    import fcntl
+
+    with open(out / LOCK_FILENAME, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another build holds %s; waiting for it to finish", out / LOCK_FILENAME)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
+    options = ctx.options
     _set_threads(options.threads)
     report_path = options.out / REPORT_FILENAME
     report = _read_report(report_path)
@@ -168,7 +201,6 @@ def build(options: BuildOptions) -> dict[str, Any]:
             f"{name}: built in {entry['total_seconds']:.1f}s, shipped {result.get('shipped')}",
             flush=True,
         )
-    shutil.rmtree(ctx.work_root, ignore_errors=True)
     run_entry["total_seconds"] = round(time.perf_counter() - started, 2)
     report["last_run"] = run_entry
     report["build_version"] = _build_version()

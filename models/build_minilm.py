@@ -65,7 +65,7 @@ def build_minilm(
 ) -> dict[str, Any]:
     opts = ctx.options
     model_dir = source.directory
-    work = ctx.work_root / NAME
+    work = ctx.work_dir(NAME)
     remove_tree(work)
     work.mkdir(parents=True)
     started = time.perf_counter()

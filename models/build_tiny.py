@@ -39,7 +39,7 @@ def build_tiny_llama(
     ctx: BuildContext, source: LocatedSource, build_key: str, timer: StageTimer
 ) -> dict[str, Any]:
     out = ctx.options.out
-    work = ctx.work_root / NAME
+    work = ctx.work_dir(NAME)
     remove_tree(work)
     started = time.perf_counter()
     with timer.stage("tokenizer from GGUF"):

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 # Bump whenever the pipeline changes in a way that changes artifacts: every cached build
 # key changes with it.
-BUILD_VERSION: Final = "edgefleet-models-1"
+BUILD_VERSION: Final = "edgefleet-models-2"
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,13 @@ class BuildContext:
             self.memo[key] = make()
         return self.memo[key]
 
-    @property
-    def work_root(self) -> Path:
-        return self.options.out / "_work"
+    work_root: Path | None = None  # private scratch dir of this run, set by build()
+
+    def work_dir(self, name: str) -> Path:
+        """A scratch directory for target ``name``, private to this process."""
+        if self.work_root is None:
+            raise RuntimeError("BuildContext.work_root is set by build() before targets run")
+        return self.work_root / name
 
 
 def utc_now() -> str:

@@ -32,7 +32,7 @@ def export_feature_extraction(model_dir: Path, out_dir: Path) -> Path:
     offline_env()
     out_dir.mkdir(parents=True, exist_ok=True)
     with quiet():
-        from optimum.exporters.onnx import main_export  # type: ignore[import-untyped]
+        from optimum.exporters.onnx import main_export
 
         try:
             main_export(
@@ -55,7 +55,7 @@ def export_feature_extraction(model_dir: Path, out_dir: Path) -> Path:
 
 def write_tokenizer(src: Path, dst: Path, max_length: int) -> Any:
     """Copy a tokenizers JSON with truncation at ``max_length`` and no fixed padding."""
-    from tokenizers import Tokenizer  # type: ignore[import-untyped]
+    from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(src))
     tokenizer.enable_truncation(max_length)

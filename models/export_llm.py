@@ -118,7 +118,7 @@ def export_decoder(model_dir: Path, out_dir: Path) -> Path:
     offline_env()
     out_dir.mkdir(parents=True, exist_ok=True)
     with quiet():
-        from optimum.exporters.onnx import main_export  # type: ignore[import-untyped]
+        from optimum.exporters.onnx import main_export
 
         try:
             main_export(

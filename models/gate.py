@@ -117,7 +117,7 @@ def evaluate_llm(
     data: LlmGateData,
 ) -> LlmEval:
     """Perplexity and factual answers of one graph."""
-    from tokenizers import Tokenizer  # type: ignore[import-untyped]
+    from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     ids = tokenizer.encode(data.text, add_special_tokens=False).ids

@@ -25,7 +25,7 @@ Past = dict[str, npt.NDArray[np.float32]]
 
 def make_session(onnx_path: Path, threads: int) -> Any:
     """An onnxruntime CPU session with ``threads`` intra-op threads."""
-    import onnxruntime as ort  # type: ignore[import-untyped]
+    import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

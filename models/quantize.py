@@ -33,7 +33,7 @@ def quantize_int8_dynamic(
     """Dynamic int8 quantization; returns the manifest's quantization details."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     with quiet():
-        from onnxruntime.quantization import (  # type: ignore[import-untyped]
+        from onnxruntime.quantization import (
             QuantType,
             quantize_dynamic,
         )
@@ -75,7 +75,7 @@ def quantize_nbits(
     op_types: tuple[str, ...] = ("MatMul", "Gather") if quantize_gather else ("MatMul",)
     with quiet():
         import onnx
-        from onnxruntime.quantization.matmul_nbits_quantizer import (  # type: ignore[import-untyped]
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
             MatMulNBitsQuantizer,
         )
 
@@ -146,7 +146,7 @@ def quantize_int4_llm(
     Measured on SmolLM2-135M (2-core AVX2 machine): a 4-bit LM head pushed perplexity from
     1.14x to 1.21x the fp32 export's (over the gate's 1.15x); per-channel int8 keeps it at
     1.14x for +11 MB. ``accuracy_level=4`` (int8 activations inside MatMulNBits) decoded
-    about 3.5x faster than the default (83 vs 23 tok/s) at the same perplexity (+0.4%).
+    1.4x faster than fp32 compute (98 vs 71 tok/s, same run) at +0.4% perplexity.
     """
     head = output_matmul(src)
     tmp = dst.with_name(dst.stem + ".nbits.onnx")

@@ -1,0 +1,88 @@
+"""The real artifacts under models/artifacts (built by ``python -m models build``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.manifest import load_manifest, verify_files
+
+pytestmark = pytest.mark.e2e
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "models" / "artifacts"
+LLM = "smollm2-135m-instruct"
+EMBEDDING = "all-minilm-l6-v2"
+
+
+def _dirs(name: str) -> list[Path]:
+    shipped = ARTIFACTS / name
+    if not (shipped / "manifest.json").is_file():
+        pytest.skip(f"{shipped} not built; run python -m models build")
+    return [shipped, *sorted((ARTIFACTS / "_variants").glob(f"{name}-*"))]
+
+
+@pytest.mark.parametrize("name", [LLM, EMBEDDING])
+def test_every_directory_matches_its_manifest(name: str) -> None:
+    import onnxruntime as ort
+
+    dirs = _dirs(name)
+    variants = set()
+    for directory in dirs:
+        manifest = load_manifest(directory)
+        verify_files(manifest, directory)
+        variants.add(manifest.variant)
+        session = ort.InferenceSession(
+            str(directory / manifest.graph.onnx), providers=["CPUExecutionProvider"]
+        )
+        assert tuple(i.name for i in session.get_inputs()) == manifest.graph.inputs
+        assert tuple(o.name for o in session.get_outputs()) == manifest.graph.outputs
+        assert manifest.accuracy is not None and manifest.benchmark is not None
+    expected = {"fp32", "int8", "int4"} if name == LLM else {"fp32", "int8"}
+    assert variants == expected
+    shipped = load_manifest(dirs[0])
+    assert shipped.name == name
+    assert shipped.accuracy is not None and shipped.accuracy["passed"] is True
+
+
+def test_shipped_llm_answers_a_fact() -> None:
+    from tokenizers import Tokenizer
+
+    from models.gate import render_chat
+    from models.ort_llm import OrtDecoder
+
+    directory = _dirs(LLM)[0]
+    manifest = load_manifest(directory)
+    assert manifest.llm is not None and manifest.chat_template is not None
+    tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer.file))
+    text = render_chat(manifest.chat_template, "What is the capital of France?")
+    ids = tokenizer.encode(text, add_special_tokens=manifest.tokenizer.add_special_tokens).ids
+    decoder = OrtDecoder(directory / manifest.graph.onnx, manifest.llm, threads=2)
+    generation = decoder.greedy(ids, 24, manifest.special_tokens.eos_token_ids)
+    assert "paris" in tokenizer.decode(generation.tokens, skip_special_tokens=True).lower()
+    assert generation.stopped_at_eos
+
+
+def test_shipped_embedding_ranks_paraphrase_first() -> None:
+    from models.export_embedding import embed
+    from models.ort_llm import make_session
+
+    directory = _dirs(EMBEDDING)[0]
+    manifest = load_manifest(directory)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer.file))
+    session = make_session(directory / manifest.graph.onnx, threads=2)
+    vectors = embed(
+        session,
+        tokenizer,
+        [
+            "How do I reset my password?",
+            "I forgot my password, how can I change it?",
+            "Whales live in the ocean.",
+        ],
+    )
+    assert manifest.embedding is not None and vectors.shape == (3, manifest.embedding.dim)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3

@@ -55,6 +55,7 @@ def key_options(options: BuildOptions) -> dict[str, Any]:
             "accuracy_level": INT4_ACCURACY_LEVEL,
             "gather": True,
             "lm_head": "int8-per-channel",
+            "exact_q4_1": True,
         },
         "bench_tokens": BENCH_TOKENS,
     }

@@ -69,8 +69,13 @@ def quantize_nbits(
     quantize_gather: bool = True,
     accuracy_level: int | None = None,
     exclude_nodes: tuple[str, ...] = (),
+    exclude_extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """4-bit block-wise weight-only quantization (MatMulNBits, GatherBlockQuantized)."""
+    """4-bit block-wise weight-only quantization (MatMulNBits, GatherBlockQuantized).
+
+    ``exclude_nodes`` are reported in the details; ``exclude_extra`` are excluded silently
+    (e.g. the hundreds of small correction MatMuls of :mod:`models.block_offsets`).
+    """
     dst.parent.mkdir(parents=True, exist_ok=True)
     op_types: tuple[str, ...] = ("MatMul", "Gather") if quantize_gather else ("MatMul",)
     with quiet():
@@ -87,7 +92,7 @@ def quantize_nbits(
                 block_size=block_size,
                 is_symmetric=symmetric,
                 accuracy_level=accuracy_level,
-                nodes_to_exclude=list(exclude_nodes),
+                nodes_to_exclude=sorted(set(exclude_nodes) | set(exclude_extra)),
                 op_types_to_quantize=op_types,
                 quant_axes=(("MatMul", 0), ("Gather", 1)),
             )
@@ -138,27 +143,55 @@ def output_matmul(path: Path, output: str = "logits") -> str:
 
 
 def quantize_int4_llm(
-    src: Path, dst: Path, *, symmetric: bool, block_size: int = 32, accuracy_level: int | None = 4
+    src: Path,
+    dst: Path,
+    *,
+    symmetric: bool,
+    block_size: int = 32,
+    accuracy_level: int | None = 4,
+    exact_q4_1: bool = True,
 ) -> dict[str, Any]:
     """4-bit decoder: MatMulNBits for every layer MatMul, 4-bit Gather for the embedding,
     and the LM head as dynamic int8 per channel.
 
-    Measured on SmolLM2-135M (2-core AVX2 machine): a 4-bit LM head pushed perplexity from
-    1.14x to 1.21x the fp32 export's (over the gate's 1.15x); per-channel int8 keeps it at
-    1.14x for +11 MB. ``accuracy_level=4`` (int8 activations inside MatMulNBits) decoded
-    1.4x faster than fp32 compute (98 vs 71 tok/s, same run) at +0.4% perplexity.
+    With ``exact_q4_1`` the GGUF Q4_1 block minimums are first moved into a small fp32
+    correction (see :mod:`models.block_offsets`), so asymmetric 4-bit weights reproduce the
+    source weights exactly. Measured on SmolLM2-135M (perplexity relative to fp32):
+    plain round-to-nearest 1.21x (4-bit head) / 1.14x (int8 head); exact Q4_1 + int8 head
+    1.03x. ``accuracy_level=4`` (int8 activations inside MatMulNBits) decoded ~1.4x faster
+    than fp32 compute at +0.4% perplexity.
     """
+    from models.block_offsets import absorb_block_offsets
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
     head = output_matmul(src)
+    exclude: tuple[str, ...] = (head,)
+    details: dict[str, Any] = {}
+    source = src
+    if exact_q4_1:
+        source = dst.with_name(dst.stem + ".offsets.onnx")
+        absorbed = absorb_block_offsets(src, source, block=block_size, exclude=(head,))
+        exclude += tuple(absorbed["correction_matmuls"])
+        details["q4_1_block_offsets"] = {
+            "rewritten_matmuls": absorbed["rewritten"],
+            "not_on_q4_1_grid": absorbed["skipped"],
+        }
     tmp = dst.with_name(dst.stem + ".nbits.onnx")
-    details = quantize_nbits(
-        src,
-        tmp,
-        block_size=block_size,
-        symmetric=symmetric,
-        accuracy_level=accuracy_level,
-        exclude_nodes=(head,),
-    )
+    details = {
+        **quantize_nbits(
+            source,
+            tmp,
+            block_size=block_size,
+            symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            exclude_nodes=(head,),
+            exclude_extra=exclude,
+        ),
+        **details,
+    }
     quantize_int8_dynamic(tmp, dst, per_channel=True, nodes=(head,))
     tmp.unlink()
+    if source != src:
+        source.unlink()
     details["lm_head"] = {"node": head, "method": "dynamic-int8-per-channel"}
     return details

@@ -1,20 +1,24 @@
 """Which agents serve a model, by site and by place: the router's candidate lookup.
 
-The index holds agent ids only; it changes when an agent's Hello does (models, site,
-location), never on load reports. Places are bucketed in 1-degree cells; the nearest
-agents are found by scanning rings of cells outwards.
+The index holds agent ids and places only; it changes when an agent's Hello does
+(models, site, location), never on load reports. Places are bucketed in 1-degree
+cells, per model, so a lookup never intersects sets; the nearest agents are found by
+scanning rings of cells outwards and ranking what was found by a cheap planar
+(equirectangular) distance on coordinates stored as plain floats.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
+from collections.abc import Iterable
+from typing import TypeVar
 
 from coordinator.fleet import AgentHello, Location
 
 Cell = tuple[int, int]
 _MAX_RING = 180
+K = TypeVar("K")
 
 
 def cell_of(location: Location) -> Cell:
@@ -23,100 +27,144 @@ def cell_of(location: Location) -> Cell:
 
 class FleetIndex:
     def __init__(self) -> None:
-        self._by_model: dict[str, set[str]] = defaultdict(set)
-        self._by_site: dict[str, set[str]] = defaultdict(set)
-        self._by_cell: dict[Cell, set[str]] = defaultdict(set)
-        self._unplaced: set[str] = set()
+        # model -> agent ids serving it
+        self._by_model: dict[str, set[str]] = {}
+        # site -> agent ids there
+        self._by_site: dict[str, set[str]] = {}
+        # model -> cell -> agent ids serving the model in that cell
+        self._cells: dict[str, dict[Cell, set[str]]] = {}
+        # model -> agent ids serving it without a location
+        self._unplaced: dict[str, set[str]] = {}
+        # agent id -> (lat, lon) for placed agents
+        self._places: dict[str, tuple[float, float]] = {}
         self._hellos: dict[str, AgentHello] = {}
+
+    def __len__(self) -> int:
+        return len(self._hellos)
 
     def put(self, hello: AgentHello) -> None:
         """Index (or re-index) an agent by its latest Hello."""
         self.remove(hello.agent_id)
         agent_id = hello.agent_id
         self._hellos[agent_id] = hello
-        for model in {m.name for m in hello.models}:
-            self._by_model[model].add(agent_id)
-        self._by_site[hello.site].add(agent_id)
-        if hello.location is None:
-            self._unplaced.add(agent_id)
-        else:
-            self._by_cell[cell_of(hello.location)].add(agent_id)
+        where = hello.location
+        if where is not None:
+            self._places[agent_id] = (where.lat, where.lon)
+        _add(self._by_site, hello.site, agent_id)
+        for model in _model_names(hello):
+            _add(self._by_model, model, agent_id)
+            if where is None:
+                _add(self._unplaced, model, agent_id)
+            else:
+                _add(self._cells.setdefault(model, {}), cell_of(where), agent_id)
 
     def remove(self, agent_id: str) -> None:
         hello = self._hellos.pop(agent_id, None)
         if hello is None:
             return
-        for model in {m.name for m in hello.models}:
-            _discard(self._by_model, model, agent_id)
+        self._places.pop(agent_id, None)
         _discard(self._by_site, hello.site, agent_id)
-        if hello.location is None:
-            self._unplaced.discard(agent_id)
-        else:
-            _discard(self._by_cell, cell_of(hello.location), agent_id)
+        for model in _model_names(hello):
+            _discard(self._by_model, model, agent_id)
+            if hello.location is None:
+                _discard(self._unplaced, model, agent_id)
+            else:
+                cells = self._cells.get(model)
+                if cells is not None:
+                    _discard(cells, cell_of(hello.location), agent_id)
+                    if not cells:
+                        del self._cells[model]
 
-    def serving(self, model: str) -> set[str]:
-        """Every agent whose Hello lists ``model``."""
-        return self._by_model.get(model, set())
+    def serving(self, model: str) -> frozenset[str] | set[str]:
+        """Every agent whose Hello lists ``model`` (do not mutate the result)."""
+        return self._by_model.get(model, frozenset())
 
     def candidates(
         self, model: str, *, site: str, location: Location | None, pool: int
     ) -> set[str]:
         """Agents serving ``model`` worth scoring: the client's site, then the nearest ones.
 
-        With no site match and no location every agent serving the model is returned.
+        With no location, the client's site if any agent there serves the model, else
+        every agent serving it. With a location: the site's agents plus the ``pool``
+        nearest ones (topped up with agents of unknown place when fewer are placed).
         """
-        serving = self.serving(model)
+        serving = self._by_model.get(model)
         if not serving:
             return set()
-        chosen = serving & self._by_site.get(site, set()) if site else set()
+        at_site = self._by_site.get(site) if site else None
+        chosen = serving & at_site if at_site else set()
         if location is None:
-            if chosen:
-                return chosen
-            return set(serving)
+            return chosen if chosen else set(serving)
         if len(serving) <= pool:
             return set(serving)
+        found = self._near(model, location, pool, len(serving))
+        if found is None:  # a sparse fleet: scoring them all is cheaper than scanning
+            return set(serving)
+        nearest = set(found)
+        if len(nearest) < pool:
+            nearest |= self._unplaced.get(model, set())
+        return chosen | nearest
+
+    def _near(self, model: str, location: Location, pool: int, serving: int) -> list[str] | None:
+        """The ``pool`` placed agents nearest to ``location`` (fewer when fewer are placed).
+
+        Scans rings of cells outwards until the ``pool``-th nearest agent found is
+        nearer than any cell not scanned yet, so the answer is exact for the planar
+        distance. None when that means scanning more cells than there are agents.
+        """
+        cells = self._cells.get(model, {})
+        places = self._places
+        lat, lon = location.lat, location.lon
+        cos_lat = max(math.cos(math.radians(lat)), 1e-6)
         lat0, lon0 = cell_of(location)
-        found: set[str] = set()
-        ring = 0
-        extra_rings = -1
+        ranked: list[tuple[float, str]] = []
         looked = 0
-        while ring <= _MAX_RING:
-            cells = _ring(lat0, lon0, ring)
-            looked += len(cells)
-            if looked > 4 * len(serving):
-                # A sparse fleet: scoring them all is cheaper than scanning empty cells.
-                return set(serving)
-            for cell in cells:
-                ids = self._by_cell.get(cell)
-                if ids:
-                    found |= ids & serving
-            if extra_rings < 0 and len(found) >= pool:
-                # One more ring: cells are not circles, a nearer agent may sit just outside.
-                extra_rings = 1
-            elif extra_rings >= 0:
-                extra_rings -= 1
-                if extra_rings < 0:
-                    break
-            ring += 1
-        if len(found) > pool:
-            found = set(self._nearest(found, location, pool))
-        elif len(found) < pool:
-            found |= serving & self._unplaced
-        return chosen | found
+        for ring in range(_MAX_RING + 1):
+            ring_cells = _ring(lat0, lon0, ring)
+            looked += len(ring_cells)
+            if looked > 4 * serving:
+                return None
+            for cell in ring_cells:
+                ids = cells.get(cell)
+                if not ids:
+                    continue
+                for agent_id in ids:
+                    p = places[agent_id]
+                    dlon = (p[1] - lon + 180.0) % 360.0 - 180.0
+                    ranked.append(((p[0] - lat) ** 2 + (dlon * cos_lat) ** 2, agent_id))
+            if len(ranked) < pool:
+                continue
+            # Nearest point outside the scanned square of cells (planar units).
+            outside = min(
+                lat - (lat0 - ring),
+                lat0 + ring + 1 - lat,
+                (lon - (lon0 - ring)) * cos_lat,
+                (lon0 + ring + 1 - lon) * cos_lat,
+            )
+            best = heapq.nsmallest(pool, ranked)
+            if best[-1][0] <= outside * outside:
+                return [agent_id for _, agent_id in best]
+            ranked = best if ring * 2 + 1 < 360 else ranked
+        return [agent_id for _, agent_id in heapq.nsmallest(pool, ranked)]
 
-    def _nearest(self, ids: set[str], location: Location, count: int) -> list[str]:
-        """The ``count`` ids nearest to ``location`` (equirectangular: cheap, fine for ranking)."""
-        cos_lat = math.cos(math.radians(location.lat))
-        hellos = self._hellos
+    def nearest(self, ids: Iterable[str], location: Location, count: int) -> list[str]:
+        """The ``count`` placed ids nearest to ``location``, nearest first (planar distance)."""
+        lat, lon = location.lat, location.lon
+        cos_lat = math.cos(math.radians(lat))
+        places = self._places
+        ranked = [
+            (
+                (p[0] - lat) ** 2 + (((p[1] - lon + 180.0) % 360.0 - 180.0) * cos_lat) ** 2,
+                agent_id,
+            )
+            for agent_id in ids
+            if (p := places.get(agent_id)) is not None
+        ]
+        return [agent_id for _, agent_id in heapq.nsmallest(count, ranked)]
 
-        def squared(agent_id: str) -> float:
-            where = hellos[agent_id].location
-            if where is None:
-                return math.inf
-            dlon = (where.lon - location.lon + 180.0) % 360.0 - 180.0
-            return (where.lat - location.lat) ** 2 + (dlon * cos_lat) ** 2
 
-        return heapq.nsmallest(count, ids, key=squared)
+def _model_names(hello: AgentHello) -> set[str]:
+    return {m.name for m in hello.models}
 
 
 def _ring(lat0: int, lon0: int, radius: int) -> list[Cell]:
@@ -139,9 +187,17 @@ def _wrap_lon(lon: int) -> int:
     return (lon + 180) % 360 - 180
 
 
-def _discard(index: dict[str, set[str]] | dict[Cell, set[str]], key: object, agent_id: str) -> None:
-    ids = index.get(key)  # type: ignore[call-overload]
+def _add(index: dict[K, set[str]], key: K, agent_id: str) -> None:
+    ids = index.get(key)
+    if ids is None:
+        index[key] = {agent_id}
+    else:
+        ids.add(agent_id)
+
+
+def _discard(index: dict[K, set[str]], key: K, agent_id: str) -> None:
+    ids = index.get(key)
     if ids is not None:
         ids.discard(agent_id)
         if not ids:
-            del index[key]  # type: ignore[arg-type]
+            del index[key]

@@ -38,6 +38,7 @@ Default weights (config ``route_weight_*``) and why:
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -144,10 +145,17 @@ class _Candidate:
     backlog: int
     kv: float
     wait_ms: float
+    proximity: float = 0.0
+    distance_km: float | None = None
+    score: float = 0.0
 
 
 class RouteScorer:
-    """Filters and scores agents for one query (pure: no I/O, no clock)."""
+    """Filters and scores agents for one query (pure: no I/O, no clock).
+
+    Every candidate is scored as plain floats; the answer's ``RankedAgent`` objects
+    (with their parts) are built only for the ``limit`` best.
+    """
 
     def __init__(self, policy: RoutePolicy | None = None) -> None:
         self.policy = policy or RoutePolicy()
@@ -173,9 +181,8 @@ class RouteScorer:
             if why is not None:
                 excluded[why] = excluded.get(why, 0) + 1
 
-        ranked = self._score(candidates, query)
-        ranked.sort(key=lambda a: (-a.score, a.agent_id))
         limit = query.limit or policy.limit
+        ranked = self._score(candidates, query, limit)
         wanted = query.model if query.version is None else f"{query.model}@{query.version}"
         left_out = ", ".join(f"{n} {why}" for why, n in sorted(excluded.items()))
         if not ranked:
@@ -183,10 +190,10 @@ class RouteScorer:
             return RouteDecision(
                 agents=(), reason=reason + (f" ({left_out})" if left_out else ""), excluded=excluded
             )
-        reason = f"{len(ranked)} agent(s) can take {wanted}; ranked by proximity and load"
+        reason = f"{len(candidates)} agent(s) can take {wanted}; ranked by proximity and load"
         if left_out:
             reason += f"; left out: {left_out}"
-        return RouteDecision(agents=tuple(ranked[:limit]), reason=reason, excluded=excluded)
+        return RouteDecision(agents=tuple(ranked), reason=reason, excluded=excluded)
 
     def _exclusion(self, record: AgentRecord, query: RouteQuery) -> str | None:
         if record.liveness is Liveness.DOWN:
@@ -213,49 +220,62 @@ class RouteScorer:
             return backlog * UNKNOWN_RATE_WAIT_MS
         return backlog * self.policy.expected_tokens / rate * 1000.0
 
-    def _score(self, candidates: list[_Candidate], query: RouteQuery) -> list[RankedAgent]:
+    def _score(
+        self, candidates: list[_Candidate], query: RouteQuery, limit: int
+    ) -> list[RankedAgent]:
+        """The ``limit`` best candidates, best first (ties by agent id)."""
         if not candidates:
             return []
         policy, weights = self.policy, self.policy.weights
+        w_proximity, w_queue = weights.proximity / weights.total, weights.queue / weights.total
+        w_kv, w_wait = weights.kv / weights.total, weights.wait / weights.total
         lowest = min(c.backlog for c in candidates)
         spread = max(c.backlog for c in candidates) - lowest
-        ranked: list[RankedAgent] = []
+        client, site, rtts = query.location, query.site, query.client_rtt_ms
         for c in candidates:
             hello = c.record.hello
-            distance = None
-            if query.location is not None and hello.location is not None:
-                distance = great_circle_km(query.location, hello.location)
-            rtt = query.client_rtt_ms.get(hello.agent_id)
+            if client is not None and hello.location is not None:
+                c.distance_km = great_circle_km(client, hello.location)
+            rtt = rtts.get(hello.agent_id) if rtts else None
             if rtt is not None:
-                proximity = 1.0 / (1.0 + max(rtt, 0.0) / policy.rtt_scale_ms)
-            elif query.site and hello.site == query.site:
-                proximity = SAME_SITE
-            elif distance is not None:
-                proximity = OTHER_SITE_MAX / (1.0 + distance / policy.distance_scale_km)
+                c.proximity = 1.0 / (1.0 + max(rtt, 0.0) / policy.rtt_scale_ms)
+            elif site and hello.site == site:
+                c.proximity = SAME_SITE
+            elif c.distance_km is not None:
+                c.proximity = OTHER_SITE_MAX / (1.0 + c.distance_km / policy.distance_scale_km)
             else:
-                proximity = UNKNOWN_PROXIMITY
+                c.proximity = UNKNOWN_PROXIMITY
             queue = 1.0 if spread == 0 else (lowest + spread - c.backlog) / spread
-            kv = 1.0 - c.kv
-            wait = 1.0 / (1.0 + c.wait_ms / 1000.0)
-            score = (
-                weights.proximity * proximity
-                + weights.queue * queue
-                + weights.kv * kv
-                + weights.wait * wait
-            ) / weights.total
-            parts = {"proximity": proximity, "queue": queue, "kv": kv, "wait": wait}
+            c.score = (
+                w_proximity * c.proximity
+                + w_queue * queue
+                + w_kv * (1.0 - c.kv)
+                + w_wait / (1.0 + c.wait_ms / 1000.0)
+            )
             if c.record.liveness is Liveness.SUSPECT:
-                score *= SUSPECT_FACTOR
+                c.score *= SUSPECT_FACTOR
+        best = heapq.nsmallest(limit, candidates, key=lambda c: (-c.score, c.record.agent_id))
+        ranked: list[RankedAgent] = []
+        for c in best:
+            hello = c.record.hello
+            queue = 1.0 if spread == 0 else (lowest + spread - c.backlog) / spread
+            parts = {
+                "proximity": c.proximity,
+                "queue": queue,
+                "kv": 1.0 - c.kv,
+                "wait": 1.0 / (1.0 + c.wait_ms / 1000.0),
+            }
+            if c.record.liveness is Liveness.SUSPECT:
                 parts["suspect_factor"] = SUSPECT_FACTOR
             ranked.append(
                 RankedAgent(
                     agent_id=hello.agent_id,
                     http_url=hello.http_url,
                     site=hello.site,
-                    score=score,
+                    score=c.score,
                     score_parts=parts,
                     liveness=c.record.liveness,
-                    distance_km=distance,
+                    distance_km=c.distance_km,
                     predicted_wait_ms=c.wait_ms,
                 )
             )

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -66,9 +67,13 @@ class AgentHello:
     token: str = field(default="", repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    """One load sample from an agent."""
+class LoadReport(NamedTuple):
+    """One load sample from an agent.
+
+    A NamedTuple of plain numbers, not a dataclass: the collector stops tracking such
+    tuples, so the thousands of samples replaced every second never pile up in the
+    old generation and never make full collections due sooner.
+    """
 
     # When the agent took the sample (UTC); None when it did not say.
     timestamp: datetime | None

@@ -280,7 +280,7 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
         "models": [asdict(m) for m in hello.models],
         "load": None
         if report is None
-        else {**asdict(report), "timestamp": iso_time(report.timestamp)},
+        else {**report._asdict(), "timestamp": iso_time(report.timestamp)},
         "bye_reason": record.bye_reason,
     }
 

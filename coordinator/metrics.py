@@ -11,6 +11,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from coordinator.registry import FleetRegistry
 
 PREFIX = "edgefleet_coordinator"
+# Fine below 5 ms (the lookup target) so a p99 is resolved to a quarter millisecond.
+ROUTE_BUCKETS = (
+    0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.00125, 0.0015, 0.00175,
+    0.002, 0.0025, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
+)  # fmt: skip
+GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class CoordinatorMetrics:
@@ -54,7 +60,14 @@ class CoordinatorMetrics:
         self.route_seconds = Histogram(
             f"{PREFIX}_route_seconds",
             "Time to answer a route lookup (gRPC or HTTP), scoring included.",
-            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+            buckets=ROUTE_BUCKETS,
+            registry=self.registry,
+        )
+        self.gc_pause_seconds = Histogram(
+            f"{PREFIX}_gc_pause_seconds",
+            "Garbage-collector pauses of the coordinator process, by generation.",
+            ["generation"],
+            buckets=GC_BUCKETS,
             registry=self.registry,
         )
         self.enrollments = Counter(

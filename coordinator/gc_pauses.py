@@ -1,0 +1,87 @@
+"""Garbage-collector pauses: measured into a histogram, and made rarer after startup.
+
+A coordinator with thousands of agent sessions holds hundreds of thousands of
+long-lived objects; a full (generation 2) collection walks all of them while every
+session and route lookup waits. ``GcPauseRecorder`` times each collection (a
+``gc.callbacks`` hook, process-wide: install it once per process, in ``server.serve``);
+``settle_heap`` moves what exists after startup out of the collector's sight
+(``gc.freeze``) so later full collections only walk what came after.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+from prometheus_client import Histogram
+
+
+class GcPauseRecorder:
+    """Observes every collection's duration into ``histogram`` (label: generation)."""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._histogram = histogram
+        self._started = 0.0
+        self._children = [histogram.labels(generation=str(g)) for g in range(3)]
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            generation = min(int(info.get("generation", 2)), 2)
+            self._children[generation].observe(time.perf_counter() - self._started)
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+
+def settle_heap() -> None:
+    """Collect once, then freeze every surviving object (modules, config, restored fleet)."""
+    gc.collect()
+    gc.freeze()
+
+
+class HeapSettler:
+    """Freezes the heap again when the fleet has grown, so full collections stay short.
+
+    Each agent session brings a few hundred long-lived objects (its stream, task,
+    queue, Hello). Once ``population`` (connected agents) has grown by ``growth`` since
+    the last settle, young garbage is collected and everything alive is frozen. Cyclic
+    garbage that later forms among frozen objects (sessions that end) is reclaimed by a
+    full unfrozen collection every ``full_every_s`` — one long pause, on purpose rare.
+    """
+
+    def __init__(
+        self, *, growth: float = 0.1, min_growth: int = 100, full_every_s: float = 3600.0
+    ) -> None:
+        self._growth = growth
+        self._min_growth = min_growth
+        self._full_every_s = full_every_s
+        self._settled_population = 0
+        self._last_full = time.monotonic()
+        #: How many times the heap was frozen, and fully collected.
+        self.settles = 0
+        self.full_collections = 0
+
+    def tick(self, population: int) -> None:
+        now = time.monotonic()
+        if now - self._last_full >= self._full_every_s:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            self._last_full = now
+            self._settled_population = population
+            self.full_collections += 1
+            return
+        grown = population - self._settled_population
+        if grown >= max(self._min_growth, self._growth * self._settled_population):
+            gc.collect(1)
+            gc.freeze()
+            self._settled_population = population
+            self.settles += 1

@@ -1,0 +1,151 @@
+"""The fleet index: candidates by model, site and place (exact nearest, re-indexing)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from coordinator.fleet import AgentHello, LoadedModel, Location
+from coordinator.fleet_index import FleetIndex
+from coordinator.routing import great_circle_km
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def hello(
+    agent_id: str,
+    location: Location | None,
+    *,
+    site: str = "",
+    models: tuple[str, ...] = ("m",),
+) -> AgentHello:
+    return AgentHello(
+        agent_id=agent_id,
+        site=site,
+        http_url=f"http://{agent_id}:8000",
+        location=location,
+        models=tuple(LoadedModel(name, "v1") for name in models),
+    )
+
+
+def random_fleet(count: int, seed: int = 3) -> list[AgentHello]:
+    rng = random.Random(seed)
+    return [
+        hello(
+            f"a{i:04d}",
+            Location(rng.uniform(36.0, 60.0), rng.uniform(-9.0, 30.0)),
+            site=f"s{rng.randrange(50)}",
+            models=("m",) if i % 3 else ("m", "other"),
+        )
+        for i in range(count)
+    ]
+
+
+def test_candidates_are_exactly_the_nearest_pool_by_planar_distance() -> None:
+    fleet = random_fleet(3000)
+    index = FleetIndex()
+    for h in fleet:
+        index.put(h)
+    rng = random.Random(11)
+    for _ in range(50):
+        client = Location(rng.uniform(36.0, 60.0), rng.uniform(-9.0, 30.0))
+        got = index.candidates("m", site="", location=client, pool=40)
+        expected = index.nearest([h.agent_id for h in fleet], client, 40)
+        assert got == set(expected)
+
+
+def test_nearest_by_planar_distance_agrees_with_great_circle_on_a_city_scale() -> None:
+    index = FleetIndex()
+    places = {
+        "berlin": Location(52.52, 13.405),
+        "potsdam": Location(52.39, 13.06),
+        "munich": Location(48.14, 11.58),
+        "hamburg": Location(53.55, 9.99),
+    }
+    for name, where in places.items():
+        index.put(hello(name, where))
+    client = Location(52.45, 13.3)
+    by_circle = sorted(places, key=lambda n: great_circle_km(client, places[n]))
+    assert index.nearest(places, client, 4) == by_circle
+
+
+def test_only_agents_serving_the_model_are_candidates() -> None:
+    fleet = random_fleet(600)
+    index = FleetIndex()
+    for h in fleet:
+        index.put(h)
+    serving_other = {h.agent_id for h in fleet if any(m.name == "other" for m in h.models)}
+    got = index.candidates("other", site="", location=Location(48.0, 10.0), pool=10)
+    assert len(got) == 10
+    assert got <= serving_other
+    assert index.candidates("missing", site="", location=Location(48.0, 10.0), pool=10) == set()
+    assert index.serving("other") == serving_other
+
+
+def test_the_clients_site_is_always_a_candidate() -> None:
+    fleet = random_fleet(600)
+    index = FleetIndex()
+    for h in fleet:
+        index.put(h)
+    far_away = hello("far", Location(-33.9, 151.2), site="client-site")
+    index.put(far_away)
+    got = index.candidates("m", site="client-site", location=Location(48.0, 10.0), pool=10)
+    assert "far" in got
+    assert len(got) == 11
+    # Without a location: the site alone, or everyone serving the model when it has none.
+    assert index.candidates("m", site="client-site", location=None, pool=10) == {"far"}
+    assert len(index.candidates("m", site="nowhere", location=None, pool=10)) == len(fleet) + 1
+
+
+def test_small_or_sparse_fleets_are_scored_whole() -> None:
+    index = FleetIndex()
+    index.put(hello("a", Location(0.0, 0.0)))
+    index.put(hello("b", Location(60.0, 170.0)))
+    index.put(hello("c", None))
+    assert index.candidates("m", site="", location=Location(1.0, 1.0), pool=64) == {"a", "b", "c"}
+    assert index.candidates("m", site="", location=Location(1.0, 1.0), pool=1) == {"a", "b", "c"}
+
+
+def test_unplaced_agents_top_up_a_pool_the_placed_ones_cannot_fill() -> None:
+    index = FleetIndex()
+    placed = random_fleet(200)
+    for h in placed:
+        index.put(h)
+    index.put(hello("nowhere", None))
+    got = index.candidates("m", site="", location=Location(48.0, 10.0), pool=20)
+    assert "nowhere" not in got and len(got) == 20
+    # A fleet with fewer placed agents than the pool (but more in all) takes them too.
+    small = FleetIndex()
+    for i in range(5):
+        small.put(hello(f"p{i}", Location(48.0 + i, 10.0)))
+    for i in range(5):
+        small.put(hello(f"u{i}", None))
+    got = small.candidates("m", site="", location=Location(48.0, 10.0), pool=8)
+    assert {f"u{i}" for i in range(5)} <= got
+
+
+def test_reindexing_on_a_new_hello_moves_and_forgets_the_agent() -> None:
+    index = FleetIndex()
+    for i in range(100):
+        index.put(hello(f"x{i}", Location(40.0 + i * 0.1, 0.0)))
+    index.put(hello("mover", Location(10.0, 10.0), site="old", models=("m", "gone")))
+    index.put(hello("mover", Location(-40.0, -70.0), site="new"))
+    assert "mover" not in index.serving("gone")
+    assert index.candidates("m", site="old", location=None, pool=5) != {"mover"}
+    near_new = index.candidates("m", site="", location=Location(-40.0, -70.0), pool=1)
+    assert near_new == {"mover"}
+    index.remove("mover")
+    assert "mover" not in index.serving("m")
+    assert len(index) == 100
+    index.remove("never-there")  # a no-op
+
+
+def test_locations_across_the_antimeridian_are_near() -> None:
+    index = FleetIndex()
+    for i in range(100):
+        index.put(hello(f"x{i}", Location(0.0, -60.0 + i * 0.5)))
+    index.put(hello("east", Location(10.0, 179.9)))
+    index.put(hello("west", Location(10.0, -179.9)))
+    got = index.candidates("m", site="", location=Location(10.0, 179.5), pool=2)
+    assert got == {"east", "west"}

@@ -1,0 +1,234 @@
+"""The SQLite fleet store: every FleetStore method, WAL, reopening, a second connection."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from coordinator.errors import StoreError
+from coordinator.fleet import AgentHello, Hardware, LoadedModel, Location
+from coordinator.sqlite_store import DB_FILE, SQLiteFleetStore
+from coordinator.store import FleetStore, JoinToken, StoredAgent
+
+pytestmark = pytest.mark.timeout(30)
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteFleetStore]:
+    opened = SQLiteFleetStore.in_directory(tmp_path)
+    yield opened
+    opened.close()
+
+
+def token(token_id: str = "tok1", **changes: object) -> JoinToken:
+    fields: dict[str, object] = {
+        "token_id": token_id,
+        "secret_sha256": "ab" * 32,
+        "created_at": NOW,
+        "expires_at": NOW + timedelta(hours=1),
+        "max_uses": 2,
+        "site": "",
+        "note": "",
+    }
+    fields.update(changes)
+    return JoinToken(**fields)  # type: ignore[arg-type]
+
+
+def hello(agent_id: str = "agent-1", site: str = "berlin") -> AgentHello:
+    return AgentHello(
+        agent_id=agent_id,
+        site=site,
+        http_url="http://10.0.0.7:8000",
+        agent_version="1.2.3",
+        location=Location(52.52, 13.405),
+        hardware=Hardware(
+            cpu_count=8,
+            memory_bytes=16 << 30,
+            accelerators=("NVIDIA L4",),
+            execution_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+        ),
+        models=(LoadedModel("smollm2-135m", "int8-abc", "text-generation", "int8"),),
+        token="secret-credential",
+    )
+
+
+def enrolled(agent_id: str = "agent-1", site: str = "") -> StoredAgent:
+    return StoredAgent(
+        agent_id=agent_id,
+        enrolled_at=NOW,
+        token_id="tok1",
+        credential_sha256="cd" * 32,
+        cert_serial="1f2e",
+        site=site,
+    )
+
+
+def test_it_is_a_fleet_store_in_wal_mode(store: SQLiteFleetStore, tmp_path: Path) -> None:
+    _typed: FleetStore = store  # the Protocol is checked statically (mypy)
+    assert store.path == tmp_path / DB_FILE
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_tokens_add_get_list_revoke(store: SQLiteFleetStore) -> None:
+    first = token("tok1", site="berlin", note="for the lab")
+    second = token("tok2", created_at=NOW + timedelta(seconds=1), expires_at=None)
+    store.add_token(first)
+    store.add_token(second)
+    assert store.get_token("tok1") == first
+    assert store.get_token("nope") is None
+    assert store.list_tokens() == [first, second]  # oldest first
+    assert store.revoke_token("tok2") is True
+    assert store.revoke_token("nope") is False
+    revoked = store.get_token("tok2")
+    assert revoked is not None and revoked.revoked and revoked.state(NOW) == "revoked"
+
+
+def test_a_duplicate_token_id_is_a_store_error(store: SQLiteFleetStore) -> None:
+    store.add_token(token())
+    with pytest.raises(StoreError):
+        store.add_token(token())
+
+
+def test_enroll_uses_the_token_once_and_adds_the_agent(store: SQLiteFleetStore) -> None:
+    store.add_token(token(max_uses=2, site="berlin"))
+    assert store.enroll("tok1", NOW, enrolled("agent-1", site="berlin")) is True
+    used = store.get_token("tok1")
+    assert used is not None and used.uses == 1
+    agent = store.get_agent("agent-1")
+    assert agent is not None and agent.enrolled and agent.token_id == "tok1"
+    assert agent.cert_serial == "1f2e" and agent.site == "berlin"
+    assert [s.name for s in store.list_sites()] == ["berlin"]
+    # The same id again: refused, and the token is not used up by the refusal.
+    assert store.enroll("tok1", NOW, enrolled("agent-1")) is False
+    again = store.get_token("tok1")
+    assert again is not None and again.uses == 1
+
+
+@pytest.mark.parametrize(
+    ("stored", "when"),
+    [
+        (None, NOW),  # unknown token
+        (token(max_uses=1, uses=1), NOW),  # exhausted
+        (token(), NOW + timedelta(hours=2)),  # expired
+        (token(revoked=True), NOW),  # revoked
+    ],
+)
+def test_enroll_refuses_an_unusable_token_and_changes_nothing(
+    store: SQLiteFleetStore, stored: JoinToken | None, when: datetime
+) -> None:
+    if stored is not None:
+        store.add_token(stored)
+    assert store.enroll("tok1", when, enrolled()) is False
+    assert store.get_agent("agent-1") is None
+    assert store.list_sites() == []
+    if stored is not None:
+        assert store.get_token("tok1") == stored
+
+
+def test_save_hello_creates_then_updates_an_agent(store: SQLiteFleetStore) -> None:
+    store.save_hello(hello(site="berlin"), NOW)
+    agent = store.get_agent("agent-1")
+    assert agent is not None and not agent.enrolled
+    # Everything but the credential comes back.
+    assert agent.hello == replace(hello(site="berlin"), token="")
+    assert agent.last_seen == NOW and agent.site == "berlin"
+    later = NOW + timedelta(minutes=5)
+    store.save_hello(hello(site="munich"), later)
+    agent = store.get_agent("agent-1")
+    assert agent is not None and agent.site == "munich" and agent.last_seen == later
+    assert [s.name for s in store.list_sites()] == ["berlin", "munich"]
+
+
+def test_an_enrolled_agents_site_is_not_changed_by_its_hello(store: SQLiteFleetStore) -> None:
+    store.add_token(token(site="berlin"))
+    store.enroll("tok1", NOW, enrolled(site="berlin"))
+    store.save_hello(hello(site="elsewhere"), NOW)
+    agent = store.get_agent("agent-1")
+    assert agent is not None and agent.site == "berlin" and agent.enrolled
+    assert agent.hello is not None and agent.hello.site == "elsewhere"
+
+
+def test_last_seen_and_draining(store: SQLiteFleetStore) -> None:
+    store.save_hello(hello(), NOW)
+    store.save_last_seen("agent-1", NOW + timedelta(seconds=30))
+    assert store.set_draining("agent-1", True) is True
+    assert store.set_draining("ghost", True) is False
+    agent = store.get_agent("agent-1")
+    assert agent is not None and agent.draining
+    assert agent.last_seen == NOW + timedelta(seconds=30)
+    store.set_draining("agent-1", False)
+    agent = store.get_agent("agent-1")
+    assert agent is not None and not agent.draining
+
+
+def test_list_agents_is_ordered_by_id(store: SQLiteFleetStore) -> None:
+    for agent_id in ("c", "a", "b"):
+        store.save_hello(hello(agent_id), NOW)
+    assert [a.agent_id for a in store.list_agents()] == ["a", "b", "c"]
+
+
+def test_reopening_keeps_everything(tmp_path: Path) -> None:
+    first = SQLiteFleetStore.in_directory(tmp_path)
+    first.add_token(token())
+    first.enroll("tok1", NOW, enrolled())
+    first.save_hello(hello(), NOW)
+    first.set_draining("agent-1", True)
+    before = (first.list_tokens(), first.list_agents(), first.list_sites())
+    first.close()
+    reopened = SQLiteFleetStore.in_directory(tmp_path)
+    try:
+        assert (reopened.list_tokens(), reopened.list_agents(), reopened.list_sites()) == before
+    finally:
+        reopened.close()
+
+
+def test_a_second_connection_sees_writes_and_enrollment_races_use_a_token_once(
+    tmp_path: Path,
+) -> None:
+    """The admin CLI opens the store while the coordinator has it open."""
+    coordinator = SQLiteFleetStore.in_directory(tmp_path)
+    cli = SQLiteFleetStore.in_directory(tmp_path)
+    try:
+        cli.add_token(token(max_uses=1))
+        assert coordinator.get_token("tok1") is not None
+        results: list[bool] = []
+        barrier = threading.Barrier(2)
+
+        def race(store_path: Path, agent_id: str) -> None:
+            own = SQLiteFleetStore(store_path)
+            try:
+                barrier.wait()
+                results.append(own.enroll("tok1", NOW, enrolled(agent_id)))
+            finally:
+                own.close()
+
+        threads = [
+            threading.Thread(target=race, args=(coordinator.path, f"racer-{i}")) for i in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(results) == [False, True]
+        used = coordinator.get_token("tok1")
+        assert used is not None and used.uses == 1
+        assert len([a for a in cli.list_agents() if a.enrolled]) == 1
+    finally:
+        coordinator.close()
+        cli.close()
+
+
+def test_an_unopenable_database_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError, match="cannot open the fleet database"):
+        SQLiteFleetStore(blocker / DB_FILE)

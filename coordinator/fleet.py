@@ -93,6 +93,8 @@ class LoadReport(NamedTuple):
     requests_total: int = 0
     requests_failed_total: int = 0
     overflow_requests_total: int = 0
+    # The agent says it is draining (it got a drain Command): no new routes.
+    draining: bool = False
 
 
 class AgentStatus(enum.StrEnum):

@@ -20,9 +20,10 @@ sum of parts, every part in [0, 1] (higher is better):
     request when it has no rate yet).
 
 A suspect agent (missed reports) keeps its parts but its score is halved, so it is
-used only after every live one. Excluded, never returned: down or draining agents,
-agents without the model (or the pinned version), saturated ones (backlog or KV use
-at the configured limits), ones the client excluded, and ones whose predicted wait is
+used only after every live one. Excluded, never returned: down or draining agents
+(drained by an operator, or saying so in their load reports), agents without the
+model (or the pinned version), saturated ones (backlog or KV use at the configured
+limits), ones the client excluded, and ones whose predicted wait is
 over the client's ``max_wait_ms``.
 
 Default weights (config ``route_weight_*``) and why:
@@ -198,7 +199,7 @@ class RouteScorer:
     def _exclusion(self, record: AgentRecord, query: RouteQuery) -> str | None:
         if record.liveness is Liveness.DOWN:
             return "down"
-        if record.draining:
+        if record.draining or (record.last_report is not None and record.last_report.draining):
             return "draining"
         if record.agent_id in query.exclude:
             return "excluded_by_client"

@@ -97,6 +97,7 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         requests_total=message.requests_total,
         requests_failed_total=message.requests_failed_total,
         overflow_requests_total=message.overflow_requests_total,
+        draining=message.draining,
     )
 
 

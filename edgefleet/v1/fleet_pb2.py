@@ -27,7 +27,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65\x64gefleet/v1/fleet.proto\x12\x0c\x65\x64gefleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"$\n\x08Location\x12\x0b\n\x03lat\x18\x01 \x01(\x01\x12\x0b\n\x03lon\x18\x02 \x01(\x01\"f\n\x08Hardware\x12\x11\n\tcpu_count\x18\x01 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x61\x63\x63\x65lerators\x18\x03 \x03(\t\x12\x1b\n\x13\x65xecution_providers\x18\x04 \x03(\t\"K\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0f\n\x07variant\x18\x04 \x01(\t\"e\n\x0eOverflowTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.edgefleet.v1.OverflowKind\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\"I\n\rEnrollRequest\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x16\n\x0erequested_name\x18\x02 \x01(\t\x12\x0c\n\x04site\x18\x03 \x01(\t\"}\n\x0e\x45nrollResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63redentials\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61_cert_pem\x18\x03 \x01(\t\x12\x17\n\x0f\x63lient_cert_pem\x18\x04 \x01(\t\x12\x16\n\x0e\x63lient_key_pem\x18\x05 \x01(\t\"\x8f\x01\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.edgefleet.v1.HelloH\x00\x12/\n\x0bload_report\x18\x02 \x01(\x0b\x32\x18.edgefleet.v1.LoadReportH\x00\x12 \n\x03\x62ye\x18\x03 \x01(\x0b\x32\x11.edgefleet.v1.ByeH\x00\x42\x06\n\x04\x62ody\"\xde\x01\n\x05Hello\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x0c\n\x04site\x18\x04 \x01(\t\x12(\n\x08location\x18\x05 \x01(\x0b\x32\x16.edgefleet.v1.Location\x12(\n\x08hardware\x18\x06 \x01(\x0b\x32\x16.edgefleet.v1.Hardware\x12\x10\n\x08http_url\x18\x07 \x01(\t\x12)\n\x06models\x18\x08 \x03(\x0b\x32\x19.edgefleet.v1.LoadedModel\"\xd2\x02\n\nLoadReport\x12-\n\ttimestamp\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\r\x12\x19\n\x11running_sequences\x18\x03 \x01(\r\x12\x19\n\x11waiting_sequences\x18\x04 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x05 \x01(\x01\x12\x1e\n\x16kv_cache_used_fraction\x18\x06 \x01(\x01\x12\x1c\n\x14kv_cache_used_tokens\x18\x07 \x01(\x04\x12\x19\n\x11\x66ree_memory_bytes\x18\x08 \x01(\x04\x12\x16\n\x0erequests_total\x18\t \x01(\x04\x12\x1d\n\x15requests_failed_total\x18\n \x01(\x04\x12\x1f\n\x17overflow_requests_total\x18\x0b \x01(\x04\"\x15\n\x03\x42ye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa5\x01\n\x12\x43oordinatorMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.edgefleet.v1.WelcomeH\x00\x12\x33\n\rdesired_state\x18\x02 \x01(\x0b\x32\x1a.edgefleet.v1.DesiredStateH\x00\x12(\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x15.edgefleet.v1.CommandH\x00\x42\x06\n\x04\x62ody\"9\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12report_interval_ms\x18\x02 \x01(\r\"R\n\x0bModelTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x61rtifact_url\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xe9\x01\n\x0c\x44\x65siredState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12)\n\x06models\x18\x02 \x03(\x0b\x32\x19.edgefleet.v1.ModelTarget\x12\x36\n\x10overflow_targets\x18\x03 \x03(\x0b\x32\x1c.edgefleet.v1.OverflowTarget\x12\x36\n\x06\x63onfig\x18\x04 \x03(\x0b\x32&.edgefleet.v1.DesiredState.ConfigEntry\x1a-\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x01\n\x07\x43ommand\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.edgefleet.v1.Command.Kind\x12\x0e\n\x06reason\x18\x02 \x01(\t\"N\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0e\n\nKIND_DRAIN\x10\x01\x12\x0f\n\x0bKIND_RELOAD\x10\x02\x12\x0f\n\x0bKIND_RESUME\x10\x03\"\xc8\x02\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x07version\x18\x02 \x01(\tH\x00\x88\x01\x01\x12/\n\x0f\x63lient_location\x18\x03 \x01(\x0b\x32\x16.edgefleet.v1.Location\x12\x0c\n\x04site\x18\x04 \x01(\t\x12\x11\n\tclient_ip\x18\x05 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x06 \x01(\r\x12\x19\n\x11\x65xclude_agent_ids\x18\x07 \x03(\t\x12\x42\n\rclient_rtt_ms\x18\x08 \x03(\x0b\x32+.edgefleet.v1.RouteRequest.ClientRttMsEntry\x12\r\n\x05limit\x18\t \x01(\r\x1a\x32\n\x10\x43lientRttMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\n\n\x08_version\"\x98\x02\n\x0bRankedAgent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08http_url\x18\x02 \x01(\t\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\x12>\n\x0bscore_parts\x18\x05 \x03(\x0b\x32).edgefleet.v1.RankedAgent.ScorePartsEntry\x12\x10\n\x08liveness\x18\x06 \x01(\t\x12\x18\n\x0b\x64istance_km\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x11predicted_wait_ms\x18\x08 \x01(\x01\x1a\x31\n\x0fScorePartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0e\n\x0c_distance_km\"z\n\rRouteResponse\x12)\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x19.edgefleet.v1.RankedAgent\x12.\n\x08overflow\x18\x02 \x01(\x0b\x32\x1c.edgefleet.v1.OverflowTarget\x12\x0e\n\x06reason\x18\x03 \x01(\t*\x84\x01\n\x0cOverflowKind\x12\x1d\n\x19OVERFLOW_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12OVERFLOW_KIND_PEER\x10\x01\x12\x1a\n\x16OVERFLOW_KIND_GPU_POOL\x10\x02\x12!\n\x1dOVERFLOW_KIND_HOSTED_PROVIDER\x10\x03\x32\xe1\x01\n\x0b\x43oordinator\x12\x43\n\x06\x45nroll\x12\x1b.edgefleet.v1.EnrollRequest\x1a\x1c.edgefleet.v1.EnrollResponse\x12K\n\x07Session\x12\x1a.edgefleet.v1.AgentMessage\x1a .edgefleet.v1.CoordinatorMessage(\x01\x30\x01\x12@\n\x05Route\x12\x1a.edgefleet.v1.RouteRequest\x1a\x1b.edgefleet.v1.RouteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65\x64gefleet/v1/fleet.proto\x12\x0c\x65\x64gefleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"$\n\x08Location\x12\x0b\n\x03lat\x18\x01 \x01(\x01\x12\x0b\n\x03lon\x18\x02 \x01(\x01\"f\n\x08Hardware\x12\x11\n\tcpu_count\x18\x01 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x61\x63\x63\x65lerators\x18\x03 \x03(\t\x12\x1b\n\x13\x65xecution_providers\x18\x04 \x03(\t\"K\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0f\n\x07variant\x18\x04 \x01(\t\"e\n\x0eOverflowTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.edgefleet.v1.OverflowKind\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\"I\n\rEnrollRequest\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x16\n\x0erequested_name\x18\x02 \x01(\t\x12\x0c\n\x04site\x18\x03 \x01(\t\"}\n\x0e\x45nrollResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63redentials\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61_cert_pem\x18\x03 \x01(\t\x12\x17\n\x0f\x63lient_cert_pem\x18\x04 \x01(\t\x12\x16\n\x0e\x63lient_key_pem\x18\x05 \x01(\t\"\x8f\x01\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.edgefleet.v1.HelloH\x00\x12/\n\x0bload_report\x18\x02 \x01(\x0b\x32\x18.edgefleet.v1.LoadReportH\x00\x12 \n\x03\x62ye\x18\x03 \x01(\x0b\x32\x11.edgefleet.v1.ByeH\x00\x42\x06\n\x04\x62ody\"\xde\x01\n\x05Hello\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x0c\n\x04site\x18\x04 \x01(\t\x12(\n\x08location\x18\x05 \x01(\x0b\x32\x16.edgefleet.v1.Location\x12(\n\x08hardware\x18\x06 \x01(\x0b\x32\x16.edgefleet.v1.Hardware\x12\x10\n\x08http_url\x18\x07 \x01(\t\x12)\n\x06models\x18\x08 \x03(\x0b\x32\x19.edgefleet.v1.LoadedModel\"\xe4\x02\n\nLoadReport\x12-\n\ttimestamp\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\r\x12\x19\n\x11running_sequences\x18\x03 \x01(\r\x12\x19\n\x11waiting_sequences\x18\x04 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x05 \x01(\x01\x12\x1e\n\x16kv_cache_used_fraction\x18\x06 \x01(\x01\x12\x1c\n\x14kv_cache_used_tokens\x18\x07 \x01(\x04\x12\x19\n\x11\x66ree_memory_bytes\x18\x08 \x01(\x04\x12\x16\n\x0erequests_total\x18\t \x01(\x04\x12\x1d\n\x15requests_failed_total\x18\n \x01(\x04\x12\x1f\n\x17overflow_requests_total\x18\x0b \x01(\x04\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\"\x15\n\x03\x42ye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa5\x01\n\x12\x43oordinatorMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.edgefleet.v1.WelcomeH\x00\x12\x33\n\rdesired_state\x18\x02 \x01(\x0b\x32\x1a.edgefleet.v1.DesiredStateH\x00\x12(\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x15.edgefleet.v1.CommandH\x00\x42\x06\n\x04\x62ody\"9\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12report_interval_ms\x18\x02 \x01(\r\"R\n\x0bModelTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x61rtifact_url\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xe9\x01\n\x0c\x44\x65siredState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12)\n\x06models\x18\x02 \x03(\x0b\x32\x19.edgefleet.v1.ModelTarget\x12\x36\n\x10overflow_targets\x18\x03 \x03(\x0b\x32\x1c.edgefleet.v1.OverflowTarget\x12\x36\n\x06\x63onfig\x18\x04 \x03(\x0b\x32&.edgefleet.v1.DesiredState.ConfigEntry\x1a-\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x01\n\x07\x43ommand\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.edgefleet.v1.Command.Kind\x12\x0e\n\x06reason\x18\x02 \x01(\t\"N\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0e\n\nKIND_DRAIN\x10\x01\x12\x0f\n\x0bKIND_RELOAD\x10\x02\x12\x0f\n\x0bKIND_RESUME\x10\x03\"\xc8\x02\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x07version\x18\x02 \x01(\tH\x00\x88\x01\x01\x12/\n\x0f\x63lient_location\x18\x03 \x01(\x0b\x32\x16.edgefleet.v1.Location\x12\x0c\n\x04site\x18\x04 \x01(\t\x12\x11\n\tclient_ip\x18\x05 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x06 \x01(\r\x12\x19\n\x11\x65xclude_agent_ids\x18\x07 \x03(\t\x12\x42\n\rclient_rtt_ms\x18\x08 \x03(\x0b\x32+.edgefleet.v1.RouteRequest.ClientRttMsEntry\x12\r\n\x05limit\x18\t \x01(\r\x1a\x32\n\x10\x43lientRttMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\n\n\x08_version\"\x98\x02\n\x0bRankedAgent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08http_url\x18\x02 \x01(\t\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\x12>\n\x0bscore_parts\x18\x05 \x03(\x0b\x32).edgefleet.v1.RankedAgent.ScorePartsEntry\x12\x10\n\x08liveness\x18\x06 \x01(\t\x12\x18\n\x0b\x64istance_km\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x11predicted_wait_ms\x18\x08 \x01(\x01\x1a\x31\n\x0fScorePartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0e\n\x0c_distance_km\"z\n\rRouteResponse\x12)\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x19.edgefleet.v1.RankedAgent\x12.\n\x08overflow\x18\x02 \x01(\x0b\x32\x1c.edgefleet.v1.OverflowTarget\x12\x0e\n\x06reason\x18\x03 \x01(\t*\x84\x01\n\x0cOverflowKind\x12\x1d\n\x19OVERFLOW_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12OVERFLOW_KIND_PEER\x10\x01\x12\x1a\n\x16OVERFLOW_KIND_GPU_POOL\x10\x02\x12!\n\x1dOVERFLOW_KIND_HOSTED_PROVIDER\x10\x03\x32\xe1\x01\n\x0b\x43oordinator\x12\x43\n\x06\x45nroll\x12\x1b.edgefleet.v1.EnrollRequest\x1a\x1c.edgefleet.v1.EnrollResponse\x12K\n\x07Session\x12\x1a.edgefleet.v1.AgentMessage\x1a .edgefleet.v1.CoordinatorMessage(\x01\x30\x01\x12@\n\x05Route\x12\x1a.edgefleet.v1.RouteRequest\x1a\x1b.edgefleet.v1.RouteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,8 +40,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTEREQUEST_CLIENTRTTMSENTRY']._serialized_options = b'8\001'
   _globals['_RANKEDAGENT_SCOREPARTSENTRY']._loaded_options = None
   _globals['_RANKEDAGENT_SCOREPARTSENTRY']._serialized_options = b'8\001'
-  _globals['_OVERFLOWKIND']._serialized_start=2770
-  _globals['_OVERFLOWKIND']._serialized_end=2902
+  _globals['_OVERFLOWKIND']._serialized_start=2788
+  _globals['_OVERFLOWKIND']._serialized_end=2920
   _globals['_LOCATION']._serialized_start=75
   _globals['_LOCATION']._serialized_end=111
   _globals['_HARDWARE']._serialized_start=113
@@ -59,33 +59,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=746
   _globals['_HELLO']._serialized_end=968
   _globals['_LOADREPORT']._serialized_start=971
-  _globals['_LOADREPORT']._serialized_end=1309
-  _globals['_BYE']._serialized_start=1311
-  _globals['_BYE']._serialized_end=1332
-  _globals['_COORDINATORMESSAGE']._serialized_start=1335
-  _globals['_COORDINATORMESSAGE']._serialized_end=1500
-  _globals['_WELCOME']._serialized_start=1502
-  _globals['_WELCOME']._serialized_end=1559
-  _globals['_MODELTARGET']._serialized_start=1561
-  _globals['_MODELTARGET']._serialized_end=1643
-  _globals['_DESIREDSTATE']._serialized_start=1646
-  _globals['_DESIREDSTATE']._serialized_end=1879
-  _globals['_DESIREDSTATE_CONFIGENTRY']._serialized_start=1834
-  _globals['_DESIREDSTATE_CONFIGENTRY']._serialized_end=1879
-  _globals['_COMMAND']._serialized_start=1882
-  _globals['_COMMAND']._serialized_end=2029
-  _globals['_COMMAND_KIND']._serialized_start=1951
-  _globals['_COMMAND_KIND']._serialized_end=2029
-  _globals['_ROUTEREQUEST']._serialized_start=2032
-  _globals['_ROUTEREQUEST']._serialized_end=2360
-  _globals['_ROUTEREQUEST_CLIENTRTTMSENTRY']._serialized_start=2298
-  _globals['_ROUTEREQUEST_CLIENTRTTMSENTRY']._serialized_end=2348
-  _globals['_RANKEDAGENT']._serialized_start=2363
-  _globals['_RANKEDAGENT']._serialized_end=2643
-  _globals['_RANKEDAGENT_SCOREPARTSENTRY']._serialized_start=2578
-  _globals['_RANKEDAGENT_SCOREPARTSENTRY']._serialized_end=2627
-  _globals['_ROUTERESPONSE']._serialized_start=2645
-  _globals['_ROUTERESPONSE']._serialized_end=2767
-  _globals['_COORDINATOR']._serialized_start=2905
-  _globals['_COORDINATOR']._serialized_end=3130
+  _globals['_LOADREPORT']._serialized_end=1327
+  _globals['_BYE']._serialized_start=1329
+  _globals['_BYE']._serialized_end=1350
+  _globals['_COORDINATORMESSAGE']._serialized_start=1353
+  _globals['_COORDINATORMESSAGE']._serialized_end=1518
+  _globals['_WELCOME']._serialized_start=1520
+  _globals['_WELCOME']._serialized_end=1577
+  _globals['_MODELTARGET']._serialized_start=1579
+  _globals['_MODELTARGET']._serialized_end=1661
+  _globals['_DESIREDSTATE']._serialized_start=1664
+  _globals['_DESIREDSTATE']._serialized_end=1897
+  _globals['_DESIREDSTATE_CONFIGENTRY']._serialized_start=1852
+  _globals['_DESIREDSTATE_CONFIGENTRY']._serialized_end=1897
+  _globals['_COMMAND']._serialized_start=1900
+  _globals['_COMMAND']._serialized_end=2047
+  _globals['_COMMAND_KIND']._serialized_start=1969
+  _globals['_COMMAND_KIND']._serialized_end=2047
+  _globals['_ROUTEREQUEST']._serialized_start=2050
+  _globals['_ROUTEREQUEST']._serialized_end=2378
+  _globals['_ROUTEREQUEST_CLIENTRTTMSENTRY']._serialized_start=2316
+  _globals['_ROUTEREQUEST_CLIENTRTTMSENTRY']._serialized_end=2366
+  _globals['_RANKEDAGENT']._serialized_start=2381
+  _globals['_RANKEDAGENT']._serialized_end=2661
+  _globals['_RANKEDAGENT_SCOREPARTSENTRY']._serialized_start=2596
+  _globals['_RANKEDAGENT_SCOREPARTSENTRY']._serialized_end=2645
+  _globals['_ROUTERESPONSE']._serialized_start=2663
+  _globals['_ROUTERESPONSE']._serialized_end=2785
+  _globals['_COORDINATOR']._serialized_start=2923
+  _globals['_COORDINATOR']._serialized_end=3148
 # @@protoc_insertion_point(module_scope)

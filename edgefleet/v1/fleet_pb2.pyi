@@ -122,7 +122,7 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., token: _Optional[str] = ..., agent_version: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., http_url: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("timestamp", "queue_depth", "running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "overflow_requests_total")
+    __slots__ = ("timestamp", "queue_depth", "running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "overflow_requests_total", "draining")
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class LoadReport(_message.Message):
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FAILED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     OVERFLOW_REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     timestamp: _timestamp_pb2.Timestamp
     queue_depth: int
     running_sequences: int
@@ -145,7 +146,8 @@ class LoadReport(_message.Message):
     requests_total: int
     requests_failed_total: int
     overflow_requests_total: int
-    def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., queue_depth: _Optional[int] = ..., running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., overflow_requests_total: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., queue_depth: _Optional[int] = ..., running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., overflow_requests_total: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class Bye(_message.Message):
     __slots__ = ("reason",)

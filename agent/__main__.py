@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.api.app import METRICS, REGISTRY, create_app
+from agent.api.app import METRICS, REGISTRY, STATE, create_app
 from agent.config import AgentConfig, load_config
 from agent.coordinator_session import CoordinatorSession
 from agent.enrollment import build_enroller
@@ -106,15 +106,16 @@ async def serve(config: AgentConfig) -> None:
     port = runner.addresses[0][1]
     public_url = config.server.public_url or f"http://{config.server.host}:{port}"
     agent_id = config.identity.agent_id or default_agent_id(port)
-    registry, metrics = app[REGISTRY], app[METRICS]
+    registry, metrics, state = app[REGISTRY], app[METRICS], app[STATE]
     session: CoordinatorSession | None = None
     if config.coordinator.target:
         identity = build_identity(config, registry, agent_id, public_url)
         session = CoordinatorSession(
             config.coordinator.target,
             lambda: identity,
-            LoadSampler(registry, metrics),
+            LoadSampler(registry, metrics, state),
             enroller=build_enroller(config, agent_id),
+            on_command=state.apply,
         )
         await session.start()
     advertiser: MdnsAdvertiser | None = None
@@ -125,6 +126,7 @@ async def serve(config: AgentConfig) -> None:
             site=config.identity.site,
             models=registry.ids,
             load=lambda: registry.load().waiting + registry.load().running,
+            status=lambda: state.status,
             interfaces=config.mdns.interfaces,
         )
         await advertiser.start()

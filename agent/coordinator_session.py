@@ -110,6 +110,8 @@ class LoadSnapshot:
     requests_total: int = 0
     requests_failed_total: int = 0
     overflow_requests_total: int = 0
+    # The agent is draining: it finishes running work and should get no new routes.
+    draining: bool = False
     # When the sample was taken; None means "now" (when it is sent).
     timestamp: datetime | None = None
 
@@ -489,6 +491,7 @@ def _load_to_pb(snapshot: LoadSnapshot) -> Any:
         requests_total=snapshot.requests_total,
         requests_failed_total=snapshot.requests_failed_total,
         overflow_requests_total=snapshot.overflow_requests_total,
+        draining=snapshot.draining,
     )
     report.timestamp.FromDatetime(snapshot.timestamp or datetime.now(UTC))
     return report

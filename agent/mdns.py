@@ -1,8 +1,9 @@
 """LAN discovery: advertise this agent with zeroconf as ``_edgefleet._tcp``.
 
 TXT records (all text): ``id`` agent id, ``url`` HTTP base URL, ``site``, ``models``
-(comma-separated model names), ``load`` (queue depth + waiting sequences, refreshed
-while advertising), ``v`` (TXT format version, "1"). ``edgefleet_client`` reads them.
+(comma-separated model names), ``load`` (queue depth + waiting sequences) and
+``state`` ("ok" or "draining"), both refreshed while advertising, ``v`` (TXT format
+version, "1"). ``edgefleet_client`` reads them and skips draining agents.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ TXT_VERSION = "1"
 
 
 def txt_record(
-    agent_id: str, url: str, site: str, models: Sequence[str], load: int
+    agent_id: str, url: str, site: str, models: Sequence[str], load: int, status: str = "ok"
 ) -> dict[str, str]:
     return {
         "v": TXT_VERSION,
@@ -34,6 +35,7 @@ def txt_record(
         "site": site,
         "models": ",".join(models),
         "load": str(load),
+        "state": status,
     }
 
 
@@ -53,6 +55,7 @@ class MdnsAdvertiser:
         site: str,
         models: Sequence[str],
         load: Callable[[], int],
+        status: Callable[[], str] = lambda: "ok",
         interfaces: Sequence[str] = (),
         refresh_s: float = 5.0,
     ) -> None:
@@ -66,12 +69,14 @@ class MdnsAdvertiser:
         self._site = site
         self._models = tuple(models)
         self._load = load
+        self._status = status
         self._interfaces = list(interfaces)
         self._refresh_s = refresh_s
         self._zeroconf: AsyncZeroconf | None = None
         self._info: AsyncServiceInfo | None = None
         self._task: asyncio.Task[None] | None = None
         self._last_load = -1
+        self._last_status = ""
 
     @property
     def service_name(self) -> str:
@@ -90,13 +95,19 @@ class MdnsAdvertiser:
 
     def _info_now(self) -> AsyncServiceInfo:
         self._last_load = self._safe_load()
+        self._last_status = self._status()
         addresses = self._addresses()
         return AsyncServiceInfo(
             SERVICE_TYPE,
             self.service_name,
             port=self._port,
             properties=txt_record(
-                self._agent_id, self._url, self._site, self._models, self._last_load
+                self._agent_id,
+                self._url,
+                self._site,
+                self._models,
+                self._last_load,
+                self._last_status,
             ),
             server=f"{_instance_label(self._agent_id)}.local.",
             addresses=addresses,
@@ -120,7 +131,9 @@ class MdnsAdvertiser:
     async def _refresh(self) -> None:
         while True:
             await asyncio.sleep(self._refresh_s)
-            if self._zeroconf is None or self._safe_load() == self._last_load:
+            if self._zeroconf is None or (
+                self._safe_load() == self._last_load and self._status() == self._last_status
+            ):
                 continue
             info = self._info_now()
             if self._info is not None:

@@ -14,6 +14,7 @@ from agent.config import AgentConfig
 from agent.coordinator_session import AgentIdentity, HardwareInfo, LoadSnapshot, ModelInfo
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
+from agent.state import AgentState
 
 
 def agent_version() -> str:
@@ -74,9 +75,12 @@ def build_identity(
 class LoadSampler:
     """Turns the agent's metrics into load reports (tokens/s over the last interval)."""
 
-    def __init__(self, registry: ModelRegistry, metrics: AgentMetrics) -> None:
+    def __init__(
+        self, registry: ModelRegistry, metrics: AgentMetrics, state: AgentState | None = None
+    ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._state = state
         self._last_time = time.monotonic()
         self._last_tokens = self._tokens()
 
@@ -105,6 +109,7 @@ class LoadSampler:
             free_memory_bytes=_free_memory_bytes(),
             requests_total=int(requests),
             requests_failed_total=int(failed),
+            draining=self._state is not None and self._state.draining,
         )
 
 

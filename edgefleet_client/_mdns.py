@@ -61,6 +61,8 @@ def browse_mdns(
             models = tuple(m for m in txt.get("models", "").split(",") if m)
             if model and model not in models:
                 continue
+            if txt.get("state") == "draining":
+                continue
             load = txt.get("load", "")
             agents.append(
                 Agent(

@@ -39,6 +39,7 @@ from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from agent.model_store import load_registry
 from agent.response_cache import ResponseCache
+from agent.state import AgentState
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ CHAT = web.AppKey("chat", ChatService)
 COMPLETIONS = web.AppKey("completions", CompletionService)
 EMBEDDINGS = web.AppKey("embeddings", EmbeddingService)
 STARTED = web.AppKey("started", float)
+STATE = web.AppKey("state", AgentState)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -156,7 +158,7 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     load = registry.load()
     return json_response(
         Health(
-            status="ok",
+            status="draining" if request.app[STATE].draining else "ok",
             models=registry.ids,
             running=load.running,
             waiting=load.waiting,
@@ -258,6 +260,7 @@ def create_app(config: AgentConfig, registry: ModelRegistry | None = None) -> we
     app[CONFIG] = config
     app[METRICS] = AgentMetrics()
     app[STARTED] = time.time()
+    app[STATE] = AgentState()
     app.add_routes(ROUTES)
     app.cleanup_ctx.append(_registry_ctx(registry))
     return app

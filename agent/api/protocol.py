@@ -222,7 +222,7 @@ class ErrorResponse(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "draining"]  # draining: finishing work, wants no new routes
     models: list[str]
     running: int  # sequences being generated
     waiting: int  # sequences queued

@@ -17,12 +17,14 @@ pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_txt_record_carries_id_models_and_load() -> None:
+def test_txt_record_carries_id_models_load_and_state() -> None:
     txt = txt_record("edge-1", "http://10.0.0.7:8000", "shop-7", ["a", "b"], 3)
     assert txt == {
         "v": "1", "id": "edge-1", "url": "http://10.0.0.7:8000", "site": "shop-7",
-        "models": "a,b", "load": "3",
+        "models": "a,b", "load": "3", "state": "ok",
     }  # fmt: skip
+    draining = txt_record("edge-1", "http://10.0.0.7:8000", "shop-7", ["a"], 0, "draining")
+    assert draining["state"] == "draining"
     assert SERVICE_TYPE == "_edgefleet._tcp.local."
 
 

@@ -232,7 +232,11 @@ class LiveFleetRegistry:
     def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
         record = self.get(agent_id)
         self._store.set_draining(agent_id, draining)
-        record = replace(record, draining=draining)
+        report = record.last_report
+        if not draining and report is not None and report.draining:
+            # The resume supersedes the agent's last word; its next report confirms it.
+            report = report._replace(draining=False)
+        record = replace(record, draining=draining, last_report=report)
         self._agents[agent_id] = record
         logger.info("agent %s %s", agent_id, "draining" if draining else "resumed")
         return record

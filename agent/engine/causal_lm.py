@@ -2,13 +2,15 @@
 
 The graph takes ``input_ids``, ``attention_mask``, (``position_ids``) and the past keys and
 values of every layer, and returns logits and the present keys and values. Prefill runs the
-whole prompt once against an empty past; each decode step then feeds one token and the
+prompt against an empty past; each decode step then feeds one token per row and the
 previous step's present tensors, so the prompt is never recomputed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -32,14 +34,16 @@ class CausalLMSpec:
     present_value: str = "present.{layer}.value"
 
 
-class KVCache:
-    """The past keys and values of one sequence, as ONNX Runtime values."""
+# A past key or value tensor: ONNX Runtime's own value (fresh from the last step, no copy)
+# or a numpy array (after the batch was rearranged).
+KV: TypeAlias = "ort.OrtValue | npt.NDArray[np.float32]"
 
-    __slots__ = ("length", "values")
 
-    def __init__(self, values: dict[str, ort.OrtValue], length: int) -> None:
-        self.values = values  # input name -> tensor [1, kv_heads, length, head_dim]
-        self.length = length  # tokens held
+def kv_to_numpy(value: KV) -> npt.NDArray[np.float32]:
+    if isinstance(value, ort.OrtValue):
+        array: npt.NDArray[np.float32] = value.numpy()
+        return array
+    return value
 
 
 class CausalLM:
@@ -78,36 +82,10 @@ class CausalLM:
     def spec(self) -> CausalLMSpec:
         return self._spec
 
-    def empty_cache(self) -> KVCache:
+    def empty_past(self, rows: int = 1) -> list[KV]:
         s = self._spec
-        empty = np.zeros((1, s.num_kv_heads, 0, s.head_dim), dtype=self._kv_dtype)
-        value = ort.OrtValue.ortvalue_from_numpy(empty)
-        return KVCache({name: value for name in self._past_names}, 0)
-
-    def forward(
-        self, token_ids: npt.NDArray[np.int64], cache: KVCache, *, all_logits: bool = False
-    ) -> tuple[npt.NDArray[np.float32], KVCache]:
-        """Run ``token_ids`` (1-D) after ``cache``; return logits and the extended cache.
-
-        Logits are those of the last position, or of every position with ``all_logits``.
-        """
-        n = int(token_ids.shape[0])
-        total = cache.length + n
-        feed: dict[str, ort.OrtValue] = dict(cache.values)
-        feed["input_ids"] = ort.OrtValue.ortvalue_from_numpy(
-            token_ids.reshape(1, n).astype(np.int64, copy=False)
-        )
-        feed["attention_mask"] = ort.OrtValue.ortvalue_from_numpy(
-            np.ones((1, total), dtype=np.int64)
-        )
-        if self._spec.uses_position_ids:
-            positions = np.arange(cache.length, total, dtype=np.int64).reshape(1, n)
-            feed["position_ids"] = ort.OrtValue.ortvalue_from_numpy(positions)
-        results = self._session.run_with_ort_values(self._output_names, feed)
-        logits = results[0].numpy()[0]
-        presents = dict(zip(self._past_names, results[1:], strict=True))
-        out = logits if all_logits else logits[-1]
-        return out.astype(np.float32, copy=False), KVCache(presents, total)
+        empty = np.zeros((rows, s.num_kv_heads, 0, s.head_dim), dtype=self._kv_dtype)
+        return [empty for _ in self._past_names]
 
     @property
     def kv_dtype(self) -> type:
@@ -121,23 +99,33 @@ class CausalLM:
         self,
         input_ids: npt.NDArray[np.int64],
         attention_mask: npt.NDArray[np.int64],
-        past: list[npt.NDArray[np.float32]],
-    ) -> tuple[npt.NDArray[np.float32], list[npt.NDArray[np.float32]]]:
+        past: Sequence[KV],
+        *,
+        all_logits: bool = False,
+    ) -> tuple[npt.NDArray[np.float32], list[ort.OrtValue]]:
         """One step for a batch whose rows may hold different numbers of tokens.
 
         ``input_ids`` is [rows, n]; ``attention_mask`` [rows, past width + n] marks real
         tokens (padding 0); positions follow from the mask. Returns the logits of each row's
-        last position [rows, vocab] and the present tensors (in past order).
+        last position [rows, vocab] (of every position [rows, n, vocab] with
+        ``all_logits``) and the present tensors, in past order, as ONNX Runtime values that
+        the next step takes without a copy.
         """
         n = int(input_ids.shape[1])
-        feed: dict[str, npt.NDArray[np.int64] | npt.NDArray[np.float32]] = dict(
-            zip(self._past_names, past, strict=True)
-        )
-        feed["input_ids"] = input_ids
-        feed["attention_mask"] = attention_mask
+        feed: dict[str, ort.OrtValue] = {
+            name: value if isinstance(value, ort.OrtValue) else _ortvalue(value)
+            for name, value in zip(self._past_names, past, strict=True)
+        }
+        feed["input_ids"] = _ortvalue(input_ids)
+        feed["attention_mask"] = _ortvalue(attention_mask)
         if self._spec.uses_position_ids:
             held = attention_mask[:, :-n].sum(axis=1, keepdims=True)
-            feed["position_ids"] = held + np.arange(n, dtype=np.int64)[None, :]
-        outputs = self._session.run(self._output_names, feed)
-        logits = np.asarray(outputs[0])[:, -1, :].astype(np.float32, copy=False)
-        return logits, [np.asarray(t) for t in outputs[1:]]
+            feed["position_ids"] = _ortvalue(held + np.arange(n, dtype=np.int64)[None, :])
+        outputs = self._session.run_with_ort_values(self._output_names, feed)
+        logits = outputs[0].numpy()
+        chosen = logits if all_logits else logits[:, -1, :]
+        return chosen.astype(np.float32, copy=False), list(outputs[1:])
+
+
+def _ortvalue(array: npt.NDArray[Any]) -> ort.OrtValue:
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))

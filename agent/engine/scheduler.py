@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.engine.batch_kv import BatchKV
-from agent.engine.causal_lm import CausalLM
+from agent.engine.causal_lm import KV, CausalLM
 from agent.engine.interface import (
     PRIORITY_RANK,
     FinishReason,
@@ -102,7 +102,7 @@ class _Sequence:
         self.deadline = self.arrived + timeout_s
         self.rank = (PRIORITY_RANK[request.priority], order)
         self.prefilled = 0  # prompt tokens already in this sequence's cache
-        self.kv: list[npt.NDArray[np.float32]] | None = None  # cache while prefilling
+        self.kv: list[KV] | None = None  # cache while prefilling
         self.last_token = -1
         self.generated = 0
         self.cancelled = False
@@ -127,9 +127,9 @@ class _Plan:
 @dataclass
 class _Result:
     prefill_token: int | None = None
-    prefill_kv: list[npt.NDArray[np.float32]] | None = None
+    prefill_kv: list[KV] | None = None
     row_tokens: list[int] = field(default_factory=list)
-    presents: list[npt.NDArray[np.float32]] | None = None
+    presents: list[KV] | None = None
     stats: StepStats = field(default_factory=StepStats)
 
 
@@ -147,10 +147,7 @@ class ContinuousBatcher:
         self.config = config
         spec = lm.spec
         self._kv = BatchKV(lm.num_kv_tensors, spec.num_kv_heads, spec.head_dim, lm.kv_dtype)
-        self._empty_kv: list[npt.NDArray[np.float32]] = [
-            np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
-            for _ in range(lm.num_kv_tensors)
-        ]
+        self._empty_kv = lm.empty_past()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-batch")
         self._waiting: list[_Sequence] = []  # heap by (priority, arrival)
         self._prefilling: list[_Sequence] = []

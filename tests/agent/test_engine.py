@@ -35,15 +35,30 @@ def _lm(artifacts: Path) -> CausalLM:
 def test_kv_cache_decode_matches_full_recompute(tiny_artifacts: Path) -> None:
     lm = _lm(tiny_artifacts)
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, lm.spec.vocab_size, size=24).astype(np.int64)
-    full, _ = lm.forward(tokens, lm.empty_cache(), all_logits=True)
+    tokens = rng.integers(0, lm.spec.vocab_size, size=(1, 24)).astype(np.int64)
+    ones = np.ones((1, 24), dtype=np.int64)
+    full, _ = lm.run_batch(tokens, ones, lm.empty_past(), all_logits=True)
     # prefill 10 tokens, then decode the other 14 one at a time against the cache
-    logits, cache = lm.forward(tokens[:10], lm.empty_cache())
-    np.testing.assert_allclose(logits, full[9], rtol=1e-4, atol=1e-4)
+    logits, past = lm.run_batch(tokens[:, :10], ones[:, :10], lm.empty_past())
+    np.testing.assert_allclose(logits[0], full[0, 9], rtol=1e-4, atol=1e-4)
     for i in range(10, 24):
-        logits, cache = lm.forward(tokens[i : i + 1], cache)
-        np.testing.assert_allclose(logits, full[i], rtol=1e-4, atol=1e-4)
-    assert cache.length == 24
+        logits, past = lm.run_batch(tokens[:, i : i + 1], ones[:, : i + 1], past)
+        np.testing.assert_allclose(logits[0], full[0, i], rtol=1e-4, atol=1e-4)
+    assert past[0].shape()[2] == 24  # the cache holds every token once
+
+
+def test_padded_rows_decode_like_unpadded_ones(tiny_artifacts: Path) -> None:
+    lm = _lm(tiny_artifacts)
+    rng = np.random.default_rng(1)
+    short, long = (rng.integers(0, lm.spec.vocab_size, size=(1, n)) for n in (5, 12))
+    alone, _ = lm.run_batch(short, np.ones((1, 5), dtype=np.int64), lm.empty_past())
+    padded = np.concatenate([np.zeros((1, 7), dtype=np.int64), short], axis=1)
+    mask = np.concatenate([np.zeros((1, 7)), np.ones((1, 5))], axis=1).astype(np.int64)
+    both, _ = lm.run_batch(
+        np.concatenate([padded, long]), np.concatenate([mask, np.ones((1, 12), np.int64)]),
+        lm.empty_past(2),
+    )  # fmt: skip
+    np.testing.assert_allclose(both[0], alone[0], rtol=1e-4, atol=1e-4)
 
 
 async def _run(make: MakeRegistry, prompt: str, params: SamplingParams) -> list[GenerationOutput]:

@@ -30,7 +30,7 @@ from models.manifest import (
     TokenizerSpec,
 )
 from models.ort_llm import make_session
-from models.quantize import quantize_int8_dynamic
+from models.quantize import quantize_nbits
 from models.sources import LocatedSource
 
 __all__ = ["NAME", "build_minilm", "key_options"]
@@ -44,7 +44,7 @@ BERT_SPECIAL_TOKENS: Final = SpecialTokens(
 
 
 def key_options(options: BuildOptions) -> dict[str, Any]:
-    return {"target": NAME, "skip_gate": options.skip_gate, "int8": "dynamic-per-channel-matmul"}
+    return {"target": NAME, "skip_gate": options.skip_gate, "int8": "matmul-nbits-8-acc4"}
 
 
 @dataclass
@@ -81,9 +81,22 @@ def build_minilm(
 
     with timer.stage("export fp32 onnx (optimum, feature-extraction)"):
         fp32_path = export_feature_extraction(model_dir, work / "fp32")
-    with timer.stage("quantize int8 (dynamic, per-channel, MatMul only)"):
+    # Weight-only int8 (MatMulNBits, 8 bits, int8 compute per row block): unlike dynamic
+    # int8, whose activation scale is shared by a whole padded batch, a sentence's vector
+    # does not depend on what it is batched with (dynamic int8 drifted to cosine 0.989
+    # between batched and alone), it is closer to fp32 (0.9994 against 0.991-0.995) and
+    # faster here.
+    with timer.stage("quantize int8 (MatMulNBits 8-bit, accuracy level 4)"):
         int8_path = work / "int8" / "model.onnx"
-        int8_q = quantize_int8_dynamic(fp32_path, int8_path, per_channel=True, op_types=("MatMul",))
+        int8_q = quantize_nbits(
+            fp32_path,
+            int8_path,
+            bits=8,
+            block_size=32,
+            symmetric=True,
+            quantize_gather=False,
+            accuracy_level=4,
+        )
     variants = {
         "fp32": EmbeddingVariant(
             "fp32", fp32_path, {"method": "none", "bits": 32, "block_size": None}

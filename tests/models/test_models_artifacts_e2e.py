@@ -11,15 +11,20 @@ from models.manifest import load_manifest, verify_files
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "models" / "artifacts"
 LLM = "smollm2-135m-instruct"
 EMBEDDING = "all-minilm-l6-v2"
+ARTIFACTS = Path()
+
+
+@pytest.fixture(autouse=True)
+def _artifacts(real_artifacts: Path) -> None:
+    """The real artifacts (built on demand by the shared ``real_artifacts`` fixture)."""
+    global ARTIFACTS
+    ARTIFACTS = real_artifacts
 
 
 def _dirs(name: str) -> list[Path]:
     shipped = ARTIFACTS / name
-    if not (shipped / "manifest.json").is_file():
-        pytest.skip(f"{shipped} not built; run python -m models build")
     return [shipped, *sorted((ARTIFACTS / "_variants").glob(f"{name}-*"))]
 
 
@@ -58,6 +63,7 @@ def test_shipped_llm_answers_easy_facts_and_stops() -> None:
     tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer.file))
     decoder = OrtDecoder(directory / manifest.graph.onnx, manifest.llm, threads=2)
     facts = {
+        "What is the capital of France?": "paris",
         "What is the capital of Japan?": "tokyo",
         "What is the capital of Germany?": "berlin",
         "What is the chemical symbol for water?": "h2o",
@@ -72,7 +78,7 @@ def test_shipped_llm_answers_easy_facts_and_stops() -> None:
         generation = decoder.greedy(ids, 40, manifest.special_tokens.eos_token_ids)
         right += answer in tokenizer.decode(generation.tokens, skip_special_tokens=True).lower()
         stopped += generation.stopped_at_eos
-    assert right >= 4
+    assert right >= 5  # of 6
     assert stopped >= 1  # ends its turn with <|im_end|>
 
 

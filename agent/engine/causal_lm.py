@@ -119,8 +119,9 @@ class CausalLM:
         feed["input_ids"] = _ortvalue(input_ids)
         feed["attention_mask"] = _ortvalue(attention_mask)
         if self._spec.uses_position_ids:
-            held = attention_mask[:, :-n].sum(axis=1, keepdims=True)
-            feed["position_ids"] = _ortvalue(held + np.arange(n, dtype=np.int64)[None, :])
+            # a token's position counts the real tokens before it (padding has none)
+            positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0)[:, -n:]
+            feed["position_ids"] = _ortvalue(positions)
         outputs = self._session.run_with_ort_values(self._output_names, feed)
         logits = outputs[0].numpy()
         chosen = logits if all_logits else logits[:, -1, :]

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.engine.batch_kv import BatchKV
-from agent.engine.causal_lm import KV, CausalLM
+from agent.engine.causal_lm import KV, CausalLM, kv_to_numpy
 from agent.engine.interface import (
     PRIORITY_RANK,
     FinishReason,
@@ -119,15 +119,19 @@ class _Sequence:
 
 @dataclass
 class _Plan:
-    prefill: _Sequence | None = None
+    prefill: _Sequence | None = None  # a long prompt, one chunk this step
     chunk: npt.NDArray[np.int64] | None = None
-    rows: list[_Sequence] = field(default_factory=list)
+    group: list[_Sequence] = field(default_factory=list)  # short prompts, whole, together
+    rows: list[_Sequence] = field(default_factory=list)  # running sequences to decode
 
 
 @dataclass
 class _Result:
     prefill_token: int | None = None
     prefill_kv: list[KV] | None = None
+    group_tokens: list[int] = field(default_factory=list)
+    group_kv: list[KV] | None = None
+    group_mask: npt.NDArray[np.int64] | None = None
     row_tokens: list[int] = field(default_factory=list)
     presents: list[KV] | None = None
     stats: StepStats = field(default_factory=StepStats)
@@ -346,17 +350,50 @@ class ContinuousBatcher:
 
     def _plan(self) -> _Plan:
         plan = _Plan(rows=list(self._running))
-        if self._prefilling:
-            seq = self._prefilling[0]
-            budget = max(16, self.config.max_batched_tokens - len(plan.rows))
+        if not self._prefilling:
+            return plan
+        budget = max(16, self.config.max_batched_tokens - len(plan.rows))
+        seq = self._prefilling[0]
+        if seq.prefilled or len(seq.prompt) > budget:
             plan.prefill = seq
             plan.chunk = seq.prompt[seq.prefilled : seq.prefilled + budget]
+            return plan
+        # whole short prompts go together, left-padded to the longest, within the budget
+        width = 0
+        for candidate in self._prefilling:
+            if candidate.prefilled:
+                break
+            longest = max(width, len(candidate.prompt))
+            if (len(plan.group) + 1) * longest > budget:
+                break
+            plan.group.append(candidate)
+            width = longest
         return plan
+
+    def _prefill_group(self, plan: _Plan, result: _Result) -> None:
+        group = plan.group
+        width = max(len(s.prompt) for s in group)
+        ids = np.zeros((len(group), width), dtype=np.int64)
+        mask = np.zeros((len(group), width), dtype=np.int64)
+        for i, seq in enumerate(group):
+            ids[i, width - len(seq.prompt) :] = seq.prompt
+            mask[i, width - len(seq.prompt) :] = 1
+        t0 = time.perf_counter()
+        logits, presents = self._lm.run_batch(ids, mask, self._lm.empty_past(len(group)))
+        t1 = time.perf_counter()
+        result.group_kv = presents
+        result.group_mask = mask
+        result.group_tokens = [seq.sampler.sample(logits[i]) for i, seq in enumerate(group)]
+        result.stats.prefill_tokens += int(mask.sum())
+        result.stats.ort_s += t1 - t0
+        result.stats.sample_s += time.perf_counter() - t1
 
     def _execute(self, plan: _Plan) -> _Result:
         """Runs on the worker thread: ONNX Runtime and sampling, nothing else."""
         result = _Result()
         stats = result.stats
+        if plan.group:
+            self._prefill_group(plan, result)
         if plan.prefill is not None and plan.chunk is not None:
             seq = plan.prefill
             n = int(plan.chunk.shape[0])
@@ -426,6 +463,8 @@ class ContinuousBatcher:
                 if seq.cancelled or self._emit(seq, token)
             ]
             self._remove_rows(finished)
+        if plan.group and result.group_kv is not None and result.group_mask is not None:
+            self._join_group(plan.group, result)
         seq = plan.prefill
         if seq is None or result.prefill_kv is None or plan.chunk is None:
             return
@@ -440,10 +479,26 @@ class ContinuousBatcher:
         self._kv.append(kv, np.ones((1, seq.prefilled), dtype=np.int64))
         self._running.append(seq)
 
+    def _join_group(self, group: list[_Sequence], result: _Result) -> None:
+        """Sequences whose prompts ran together this step: first tokens out, rows in."""
+        assert result.group_kv is not None and result.group_mask is not None
+        keep = []
+        for i, (seq, token) in enumerate(zip(group, result.group_tokens, strict=True)):
+            self._prefilling.remove(seq)
+            seq.prefilled = len(seq.prompt)
+            seq.kv = None
+            if not seq.cancelled and not self._emit(seq, token):
+                keep.append(i)
+        if keep:
+            tensors = [kv_to_numpy(t)[keep] for t in result.group_kv]
+            self._kv.append(tensors, result.group_mask[keep])
+            self._running.extend(group[i] for i in keep)
+
     def _fail(self, plan: _Plan, error: AgentError) -> None:
         for i in range(len(plan.rows)):
             self._finish(plan.rows[i], error)
         self._remove_rows(list(range(len(plan.rows))))
-        if plan.prefill is not None and plan.prefill in self._prefilling:
-            self._prefilling.remove(plan.prefill)
-            self._finish(plan.prefill, error)
+        for seq in [*plan.group, *([plan.prefill] if plan.prefill else [])]:
+            if seq in self._prefilling:
+                self._prefilling.remove(seq)
+                self._finish(seq, error)

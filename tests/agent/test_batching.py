@@ -174,3 +174,24 @@ async def test_predicted_wait_beyond_deadline_is_rejected_up_front(tiny_artifact
         task.cancel()
     await asyncio.gather(blocker, *queued, return_exceptions=True)
     await model.close()
+
+
+async def test_short_prompts_prefill_together_with_the_same_output(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts, max_batched_tokens=512)
+    ps = prompts([7, 30, 12, 25, 9])
+    alone = [tokens(await collect(model, p, 12)) for p in ps]
+    prefill_sizes: list[int] = []
+
+    class Spy:
+        def on_step(self, stats: object) -> None:
+            prefill_sizes.append(stats.prefill_tokens)  # type: ignore[attr-defined]
+
+        def on_admitted(self, queue_wait_s: float) -> None: ...
+
+        def on_rejected(self, reason: str) -> None: ...
+
+    model.add_listener(Spy())
+    together = await asyncio.gather(*(collect(model, p, 12) for p in ps))
+    assert [tokens(t) for t in together] == alone
+    assert max(prefill_sizes) > 30  # more than one prompt ran in one step
+    await model.close()

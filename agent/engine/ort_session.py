@@ -43,6 +43,9 @@ def create_session(model_path: Path, config: SessionConfig) -> ort.InferenceSess
     options.intra_op_num_threads = config.intra_op_threads
     options.inter_op_num_threads = config.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Tensor shapes change every step (the cache grows, batches change); an arena keeps the
+    # high-water mark of every shape seen, plain allocation returns memory.
+    options.enable_cpu_mem_arena = False
     providers = choose_providers(config.execution_provider)
     try:
         session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)

@@ -41,4 +41,5 @@ async def test_rss_stays_flat_across_2000_requests(tiny_artifacts: Path) -> None
             await asyncio.gather(*(one(http, i) for i in range(300, 2300)))
             after = process.memory_info().rss
     growth_mb = (after - baseline) / 2**20
+    print(f"RSS {baseline / 2**20:.1f} MiB after warm-up, grew {growth_mb:.1f} MiB")
     assert growth_mb < 20, f"RSS grew {growth_mb:.1f} MiB over 2,000 requests"

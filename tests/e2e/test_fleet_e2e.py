@@ -3,6 +3,7 @@ official ``openai`` SDK as the client."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -215,7 +216,9 @@ async def test_twenty_kinds_of_bad_requests_then_still_serving(fleet: Fleet) -> 
         for path, body, status in BAD:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             async with http.post(
-                fleet.agent.url + path, data=data, headers={"Content-Type": "application/json"}
+                fleet.agent.url + path,
+                data=io.BytesIO(data),
+                headers={"Content-Type": "application/json"},
             ) as resp:
                 assert resp.status == status, (path, body if len(data) < 200 else "<big>")
                 error = (await resp.json())["error"]

@@ -48,6 +48,7 @@ class EngineConfig:
     max_queue: int = 64  # waiting requests; more get 429
     max_queue_wait_s: float = 60.0  # longer in the queue gets 429
     request_timeout_s: float = 300.0  # default whole-request timeout (X-Request-Timeout)
+    prefix_cache_bytes: int = 64 * 1024 * 1024  # keys/values of recent prompts; 0 disables
 
 
 @dataclass(frozen=True)

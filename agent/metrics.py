@@ -91,6 +91,11 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.prefix_reused_tokens = Counter(
+            "edgefleet_agent_prefix_reused_tokens",
+            "Prompt tokens whose keys/values came from the prefix cache (not recomputed)",
+            registry=r,
+        )
         self.cache_hits = Counter(
             "edgefleet_agent_cache_hits", "Responses served from the response cache", registry=r
         )
@@ -114,3 +119,6 @@ class AgentMetrics:
 
     def on_rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
+
+    def on_prefix_reused(self, tokens: int) -> None:
+        self.prefix_reused_tokens.inc(tokens)

@@ -204,6 +204,7 @@ def batcher_config(config: AgentConfig) -> BatcherConfig:
         max_queue=e.max_queue,
         max_queue_wait_s=e.max_queue_wait_s,
         request_timeout_s=e.request_timeout_s,
+        prefix_cache_bytes=e.prefix_cache_bytes,
     )
 
 

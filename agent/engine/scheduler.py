@@ -36,6 +36,7 @@ from agent.engine.interface import (
     GenerationOutput,
     GenerationRequest,
 )
+from agent.engine.prefix_cache import PrefixCache
 from agent.engine.sampling import TokenSampler
 from agent.engine.stops import StopMatcher
 from agent.engine.text_codec import IncrementalDetokenizer, TextCodec
@@ -58,6 +59,7 @@ class BatcherConfig:
     max_queue: int = 64  # waiting sequences; more are rejected with 429
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
+    prefix_cache_bytes: int = 64 * 1024 * 1024  # cache of recent prompts' keys/values; 0: off
 
 
 class BatcherListener(Protocol):
@@ -68,6 +70,8 @@ class BatcherListener(Protocol):
     def on_admitted(self, queue_wait_s: float) -> None: ...
 
     def on_rejected(self, reason: str) -> None: ...
+
+    def on_prefix_reused(self, tokens: int) -> None: ...
 
 
 @dataclass
@@ -152,6 +156,9 @@ class ContinuousBatcher:
         spec = lm.spec
         self._kv = BatchKV(lm.num_kv_tensors, spec.num_kv_heads, spec.head_dim, lm.kv_dtype)
         self._empty_kv = lm.empty_past()
+        self._prefixes = (
+            PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
+        )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-batch")
         self._waiting: list[_Sequence] = []  # heap by (priority, arrival)
         self._prefilling: list[_Sequence] = []
@@ -345,6 +352,12 @@ class ContinuousBatcher:
             for listener in self.listeners:
                 listener.on_admitted(head.admitted_at - head.arrived)
             head.kv = self._empty_kv
+            if self._prefixes is not None:
+                reused, kv = self._prefixes.lookup(head.prompt)
+                if kv is not None:
+                    head.prefilled, head.kv = reused, list(kv)
+                    for listener in self.listeners:
+                        listener.on_prefix_reused(reused)
             self._prefilling.append(head)
             reserved += head.reserved_tokens
 
@@ -473,7 +486,9 @@ class ContinuousBatcher:
         if result.prefill_token is None:
             return  # more prompt chunks to go
         self._prefilling.remove(seq)
-        kv, seq.kv = seq.kv, None
+        kv, seq.kv = [kv_to_numpy(t) for t in seq.kv], None
+        if self._prefixes is not None:
+            self._prefixes.store(seq.prompt, [a.copy() for a in kv])
         if seq.cancelled or self._emit(seq, result.prefill_token):
             return
         self._kv.append(kv, np.ones((1, seq.prefilled), dtype=np.int64))
@@ -489,9 +504,14 @@ class ContinuousBatcher:
             seq.kv = None
             if not seq.cancelled and not self._emit(seq, token):
                 keep.append(i)
+        arrays = [kv_to_numpy(t) for t in result.group_kv]
+        if self._prefixes is not None:
+            width = arrays[0].shape[2]
+            for i, seq in enumerate(group):
+                start = width - len(seq.prompt)
+                self._prefixes.store(seq.prompt, [a[i : i + 1, :, start:].copy() for a in arrays])
         if keep:
-            tensors = [kv_to_numpy(t)[keep] for t in result.group_kv]
-            self._kv.append(tensors, result.group_mask[keep])
+            self._kv.append([a[keep] for a in arrays], result.group_mask[keep])
             self._running.extend(group[i] for i in keep)
 
     def _fail(self, plan: _Plan, error: AgentError) -> None:

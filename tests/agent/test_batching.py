@@ -80,6 +80,8 @@ async def test_request_joins_a_running_batch(tiny_artifacts: Path) -> None:
 
         def on_rejected(self, reason: str) -> None: ...
 
+        def on_prefix_reused(self, tokens: int) -> None: ...
+
     model.add_listener(Spy())
     first = asyncio.create_task(collect(model, long_prompt, 200))
     await wait_for(lambda: model.engine.running == 1 and len(batch_sizes) > 5)
@@ -177,7 +179,7 @@ async def test_predicted_wait_beyond_deadline_is_rejected_up_front(tiny_artifact
 
 
 async def test_short_prompts_prefill_together_with_the_same_output(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts, max_batched_tokens=512)
+    model = make_model(tiny_artifacts, max_batched_tokens=512, prefix_cache_bytes=0)
     ps = prompts([7, 30, 12, 25, 9])
     alone = [tokens(await collect(model, p, 12)) for p in ps]
     prefill_sizes: list[int] = []
@@ -190,8 +192,55 @@ async def test_short_prompts_prefill_together_with_the_same_output(tiny_artifact
 
         def on_rejected(self, reason: str) -> None: ...
 
+        def on_prefix_reused(self, tokens: int) -> None: ...
+
     model.add_listener(Spy())
     together = await asyncio.gather(*(collect(model, p, 12) for p in ps))
     assert [tokens(t) for t in together] == alone
     assert max(prefill_sizes) > 30  # more than one prompt ran in one step
     await model.close()
+
+
+async def test_shared_prompt_prefix_is_reused_with_the_same_output(tiny_artifacts: Path) -> None:
+    shared = prompts([60], seed=5)[0]
+    first, second = shared + prompts([9], seed=6)[0], shared + prompts([14], seed=7)[0]
+    cold = make_model(tiny_artifacts, prefix_cache_bytes=0)
+    expected = tokens(await collect(cold, second, 16))
+    await cold.close()
+    model = make_model(tiny_artifacts)
+    reused: list[int] = []
+
+    class Spy:
+        def on_step(self, stats: object) -> None: ...
+
+        def on_admitted(self, queue_wait_s: float) -> None: ...
+
+        def on_rejected(self, reason: str) -> None: ...
+
+        def on_prefix_reused(self, tokens: int) -> None:
+            reused.append(tokens)
+
+    model.add_listener(Spy())
+    await collect(model, first, 4)
+    assert tokens(await collect(model, second, 16)) == expected
+    assert reused == [60]  # the shared part was not recomputed
+    await model.close()
+
+
+def test_prefix_cache_keeps_within_its_budget() -> None:
+    import numpy as np
+
+    from agent.engine.prefix_cache import PrefixCache
+
+    def kv(n: int) -> list[np.ndarray]:
+        return [np.ones((1, 2, n, 4), dtype=np.float32)]
+
+    one = np.arange(40, dtype=np.int64)
+    size = kv(40)[0].nbytes + one.nbytes
+    cache = PrefixCache(max_bytes=2 * size, min_tokens=8)
+    for start in (0, 100, 200):
+        cache.store(np.arange(start, start + 40, dtype=np.int64), kv(40))
+    assert len(cache) == 2 and cache.bytes_used <= cache.max_bytes
+    assert cache.lookup(np.arange(0, 50, dtype=np.int64))[0] == 0  # evicted first
+    n, arrays = cache.lookup(np.arange(200, 230, dtype=np.int64))
+    assert n == 29 and arrays is not None and arrays[0].shape == (1, 2, 29, 4)

@@ -43,12 +43,12 @@ class EngineConfig:
     max_context_tokens: int = 2048  # cap on prompt + completion per sequence
     default_max_tokens: int = 256  # completion length when a request names none
     max_running: int = 16  # sequences decoded together in one batched step
-    max_batched_tokens: int = 256  # tokens per step: prefill chunk + one per running sequence
+    max_batched_tokens: int = 256  # prompt tokens per step: a chunk, or short prompts together
     kv_budget_tokens: int = 32768  # cache tokens (prompt + max_tokens) reserved at once
     max_queue: int = 64  # waiting requests; more get 429
     max_queue_wait_s: float = 60.0  # longer in the queue gets 429
     request_timeout_s: float = 300.0  # default whole-request timeout (X-Request-Timeout)
-    prefix_cache_bytes: int = 64 * 1024 * 1024  # keys/values of recent prompts; 0 disables
+    prefix_cache_bytes: int = 0  # keys/values of recent prompts for shared prefixes; 0: off
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def key_options(options: BuildOptions) -> dict[str, Any]:
             "block_size": INT4_BLOCK,
             "accuracy_level": INT4_ACCURACY_LEVEL,
             "gather": False,
-            "lm_head": "int8-per-channel",
+            "lm_head": "matmul-nbits-8",
             "exact_q4_1": True,
         },
         "bench_tokens": BENCH_TOKENS,

@@ -154,7 +154,7 @@ def quantize_int4_llm(
     exact_q4_1: bool = True,
 ) -> dict[str, Any]:
     """4-bit decoder: MatMulNBits for every layer MatMul, the embedding kept fp32, and the
-    LM head as dynamic int8 per channel.
+    LM head as weight-only 8-bit MatMulNBits.
 
     With ``exact_q4_1`` the GGUF Q4_1 block minimums are first moved into a small fp32
     correction (see :mod:`models.block_offsets`), so asymmetric 4-bit weights reproduce the
@@ -196,9 +196,23 @@ def quantize_int4_llm(
         ),
         **details,
     }
-    quantize_int8_dynamic(tmp, dst, per_channel=True, nodes=(head,))
+    # The LM head: weight-only 8-bit with int8 compute per row block. Dynamic int8 (one
+    # activation scale for the whole input) made a row's logits depend on the other rows of
+    # the call: batched decode differed from decoding alone (max logit difference 0.57).
+    # Weight-only int8 is batch-invariant (difference 0.0) and closer to fp32 (perplexity
+    # 1.007x against 1.018x).
+    quantize_nbits(
+        tmp,
+        dst,
+        bits=8,
+        block_size=block_size,
+        symmetric=True,
+        quantize_gather=False,
+        accuracy_level=4,
+        exclude_extra=exclude[1:],
+    )
     tmp.unlink()
     if source != src:
         source.unlink()
-    details["lm_head"] = {"node": head, "method": "dynamic-int8-per-channel"}
+    details["lm_head"] = {"node": head, "method": "matmul-nbits-8bit-accuracy-level-4"}
     return details

@@ -54,12 +54,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BatcherConfig:
     max_running: int = 16  # sequences decoded together in one step
-    max_batched_tokens: int = 256  # tokens per step: prefill chunk plus one per running row
+    max_batched_tokens: int = 256  # prompt tokens per step (a chunk, or short prompts together)
     kv_budget_tokens: int = 32768  # prompt + max_tokens reserved across running sequences
     max_queue: int = 64  # waiting sequences; more are rejected with 429
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
-    prefix_cache_bytes: int = 64 * 1024 * 1024  # cache of recent prompts' keys/values; 0: off
+    prefix_cache_bytes: int = 0  # cache of recent prompts' keys/values; 0: off
 
 
 class BatcherListener(Protocol):
@@ -365,7 +365,9 @@ class ContinuousBatcher:
         plan = _Plan(rows=list(self._running))
         if not self._prefilling:
             return plan
-        budget = max(16, self.config.max_batched_tokens - len(plan.rows))
+        # The budget does not shrink with the batch: a prompt is cut into the same chunks
+        # whether it runs alone or with others, so its output does not depend on the load.
+        budget = self.config.max_batched_tokens
         seq = self._prefilling[0]
         if seq.prefilled or len(seq.prompt) > budget:
             plan.prefill = seq

@@ -207,7 +207,7 @@ async def test_shared_prompt_prefix_is_reused_with_the_same_output(tiny_artifact
     cold = make_model(tiny_artifacts, prefix_cache_bytes=0)
     expected = tokens(await collect(cold, second, 16))
     await cold.close()
-    model = make_model(tiny_artifacts)
+    model = make_model(tiny_artifacts, prefix_cache_bytes=8 * 1024 * 1024)
     reused: list[int] = []
 
     class Spy:

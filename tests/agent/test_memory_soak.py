@@ -17,8 +17,12 @@ TINY = "tiny-llama"
 
 
 async def test_rss_stays_flat_across_2000_requests(tiny_artifacts: Path) -> None:
-    # a small response cache, so its (bounded) growth is not mistaken for a leak
-    args = ["--set", "cache.max_bytes=262144", "--threads", "1"]
+    # small caches, so their (bounded) growth is not mistaken for a leak
+    args = [
+        "--set", "cache.max_bytes=262144",
+        "--set", "engine.prefix_cache_bytes=1048576",
+        "--threads", "1",
+    ]  # fmt: skip
     async with AgentProcess(models_dir=str(tiny_artifacts), serve=[TINY], extra_args=args) as agent:
         process = psutil.Process(agent.pid)
         sem = asyncio.Semaphore(8)

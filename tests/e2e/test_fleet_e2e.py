@@ -20,6 +20,9 @@ from devtools.process import wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 LLM = "smollm2-135m-instruct"
+# SmolLM2-135M is weak: even in fp32 it answers 2 of 6 phrasings of this question with
+# French word salad; this phrasing gets "Paris" from fp32 and every quantized variant.
+FRANCE = "Which city is the capital of France?"
 EMBEDDER = "all-minilm-l6-v2"
 
 
@@ -69,7 +72,7 @@ async def test_agent_shows_up_at_the_coordinator(fleet: Fleet) -> None:
 async def test_chat_knows_the_capital_of_france(fleet: Fleet) -> None:
     reply = await fleet.client.chat.completions.create(
         model=LLM,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "user", "content": FRANCE}],
         temperature=0,
         max_tokens=40,
     )
@@ -79,7 +82,7 @@ async def test_chat_knows_the_capital_of_france(fleet: Fleet) -> None:
 
 
 async def test_streamed_chat_matches_and_counts_usage(fleet: Fleet) -> None:
-    messages = [{"role": "user", "content": "Name the capital city of France."}]
+    messages = [{"role": "user", "content": FRANCE}]
     plain = await fleet.client.chat.completions.create(
         model=LLM,
         messages=messages,
@@ -109,15 +112,17 @@ async def test_streamed_chat_matches_and_counts_usage(fleet: Fleet) -> None:
 
 async def test_completions_plain_and_streamed(fleet: Fleet) -> None:
     # a raw prompt (no server-side template): the model's own chat format, written out
-    prompt = (
-        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    )
+    prompt = f"<|im_start|>user\n{FRANCE}<|im_end|>\n<|im_start|>assistant\n"
     done = await fleet.client.completions.create(
         model=LLM, prompt=prompt, max_tokens=12, temperature=0
     )
     assert "Paris" in done.choices[0].text
     stream = await fleet.client.completions.create(
-        model=LLM, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+        model=LLM,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
         extra_body={"cache": False},
     )
     text = "".join([c.choices[0].text async for c in stream if c.choices])
@@ -225,7 +230,7 @@ async def test_twenty_kinds_of_bad_requests_then_still_serving(fleet: Fleet) -> 
                 assert error["message"] and error["type"]
     reply = await fleet.client.chat.completions.create(
         model=LLM,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "user", "content": FRANCE}],
         temperature=0,
         max_tokens=20,
     )

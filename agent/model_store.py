@@ -47,17 +47,12 @@ def read_manifest(directory: Path, *, verify: bool) -> ModelManifest:
     return manifest
 
 
-def load_text_model(
-    directory: Path,
-    manifest: ModelManifest,
-    session_config: SessionConfig,
-    max_context_tokens: int,
-    batcher_config: BatcherConfig,
-) -> TextModel:
-    if manifest.llm is None:
-        raise ModelLoadError(f"{directory}: text-generation manifest without an 'llm' section")
+def causal_lm_spec(directory: Path, manifest: ModelManifest) -> CausalLMSpec:
+    """The decoder graph's shapes and tensor names, from its manifest."""
     llm = manifest.llm
-    spec = CausalLMSpec(
+    if llm is None:
+        raise ModelLoadError(f"{directory}: text-generation manifest without an 'llm' section")
+    return CausalLMSpec(
         num_layers=llm.num_layers,
         num_kv_heads=llm.num_kv_heads,
         head_dim=llm.head_dim,
@@ -68,6 +63,16 @@ def load_text_model(
         present_key=llm.present_key_template,
         present_value=llm.present_value_template,
     )
+
+
+def load_text_model(
+    directory: Path,
+    manifest: ModelManifest,
+    session_config: SessionConfig,
+    max_context_tokens: int,
+    batcher_config: BatcherConfig,
+) -> TextModel:
+    spec = causal_lm_spec(directory, manifest)
     session = create_session(directory / manifest.graph.onnx, session_config)
     special = manifest.special_tokens
     codec = TextCodec(

@@ -14,8 +14,7 @@ from agent.api.protocol import (
     ChatMessageOut,
 )
 from agent.api.serving_common import (
-    GenerationLimits,
-    GenerationRunner,
+    GenerationService,
     PreparedGeneration,
     RequestOptions,
     generation_request,
@@ -25,17 +24,9 @@ from agent.api.serving_common import (
 )
 from agent.engine.interface import ChatMessage, FinishReason, GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
-from agent.model_registry import ModelRegistry
 
 
-class ChatService:
-    def __init__(
-        self, registry: ModelRegistry, limits: GenerationLimits, runner: GenerationRunner
-    ) -> None:
-        self._registry = registry
-        self._limits = limits
-        self._runner = runner
-
+class ChatService(GenerationService):
     def prepare(self, req: ChatCompletionRequest, options: RequestOptions) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
         refuse_unsupported(req)

@@ -19,6 +19,7 @@ from agent.engine.interface import (
 )
 from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedError
 from agent.metrics import AgentMetrics
+from agent.model_registry import ModelRegistry
 from agent.response_cache import CachedGeneration, ResponseCache, cache_key
 
 
@@ -240,3 +241,14 @@ class GenerationRunner:
                     ),
                 )
             yield output
+
+
+class GenerationService:
+    """What the chat and text completion services share: the models, limits and runner."""
+
+    def __init__(
+        self, registry: ModelRegistry, limits: GenerationLimits, runner: GenerationRunner
+    ) -> None:
+        self._registry = registry
+        self._limits = limits
+        self._runner = runner

@@ -6,8 +6,7 @@ from collections.abc import AsyncIterator
 
 from agent.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from agent.api.serving_common import (
-    GenerationLimits,
-    GenerationRunner,
+    GenerationService,
     PreparedGeneration,
     RequestOptions,
     generation_request,
@@ -17,17 +16,9 @@ from agent.api.serving_common import (
 )
 from agent.engine.interface import GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
-from agent.model_registry import ModelRegistry
 
 
-class CompletionService:
-    def __init__(
-        self, registry: ModelRegistry, limits: GenerationLimits, runner: GenerationRunner
-    ) -> None:
-        self._registry = registry
-        self._limits = limits
-        self._runner = runner
-
+class CompletionService(GenerationService):
     def prepare(self, req: CompletionRequest, options: RequestOptions) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
         refuse_unsupported(req)

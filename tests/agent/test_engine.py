@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.engine.causal_lm import CausalLM, CausalLMSpec
+from agent.engine.causal_lm import CausalLM
 from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams
 from agent.engine.ort_session import SessionConfig, create_session
 from agent.engine.text_codec import TextCodec
 from agent.model_registry import ModelRegistry
+from agent.model_store import causal_lm_spec
 from models.manifest import load_manifest
 
 TINY = "tiny-llama"
@@ -19,17 +20,9 @@ MakeRegistry = Callable[[], ModelRegistry]
 
 
 def _lm(artifacts: Path) -> CausalLM:
-    manifest = load_manifest(artifacts / TINY / "manifest.json")
-    assert manifest.llm is not None
-    llm = manifest.llm
-    spec = CausalLMSpec(
-        num_layers=llm.num_layers,
-        num_kv_heads=llm.num_kv_heads,
-        head_dim=llm.head_dim,
-        vocab_size=llm.vocab_size,
-        uses_position_ids=llm.uses_position_ids,
-    )
-    return CausalLM(create_session(artifacts / TINY / "model.onnx", SessionConfig()), spec)
+    directory = artifacts / TINY
+    spec = causal_lm_spec(directory, load_manifest(directory / "manifest.json"))
+    return CausalLM(create_session(directory / "model.onnx", SessionConfig()), spec)
 
 
 def test_kv_cache_decode_matches_full_recompute(tiny_artifacts: Path) -> None:

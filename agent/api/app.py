@@ -109,7 +109,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prepared = service.prepare(body, _options(request))
     headers = _headers(prepared)
     if prepared.stream:
-        return await stream_sse(request, service.stream(prepared), headers)
+        return await stream_sse(
+            request, service.stream(prepared), headers, with_usage=prepared.include_usage
+        )
     return json_response(await service.complete(prepared), headers=headers)
 
 
@@ -119,7 +121,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prepared = service.prepare(body, _options(request))
     headers = _headers(prepared)
     if prepared.stream:
-        return await stream_sse(request, service.stream(prepared), headers)
+        return await stream_sse(
+            request, service.stream(prepared), headers, with_usage=prepared.include_usage
+        )
     return json_response(await service.complete(prepared), headers=headers)
 
 

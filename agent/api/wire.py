@@ -88,6 +88,8 @@ async def stream_sse(
     request: web.Request,
     events: AsyncIterator[BaseModel],
     headers: dict[str, str] | None = None,
+    *,
+    with_usage: bool = False,
 ) -> web.StreamResponse:
     """Send ``events`` as server-sent events, then ``data: [DONE]``.
 
@@ -102,12 +104,14 @@ async def stream_sse(
             **(headers or {}),
         }
     )
+    # OpenAI sends a "usage" key in chunks only when stream_options.include_usage is set
+    exclude = None if with_usage else {"usage"}
     first = await anext(events)  # errors before the first event still get a status code
     await response.prepare(request)
-    await response.write(f"data: {first.model_dump_json()}\n\n".encode())
+    await response.write(f"data: {first.model_dump_json(exclude=exclude)}\n\n".encode())
     try:
         async for event in events:
-            await response.write(f"data: {event.model_dump_json()}\n\n".encode())
+            await response.write(f"data: {event.model_dump_json(exclude=exclude)}\n\n".encode())
     except AgentError as exc:
         body = error_body(exc.message, exc.error_type, param=exc.param, code=exc.code)
         await response.write(f"data: {json.dumps(body)}\n\n".encode())

@@ -183,3 +183,13 @@ async def test_unknown_route_and_wrong_method_are_json(client: TestClient) -> No
     resp = await client.get(CHAT)
     assert resp.status == 405
     assert "error" in await resp.json()
+
+
+async def test_stream_chunks_have_openai_shape(client: TestClient) -> None:
+    resp = await client.post(CHAT, json=chat(stream=True, cache=False))
+    events = await sse_events(resp)
+    assert all("usage" not in e for e in events)  # only with stream_options.include_usage
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(set(e["choices"][0]["delta"]) == {"content"} for e in events[1:-1])
+    assert events[-1]["choices"][0]["delta"] == {}
+    assert events[-1]["choices"][0]["finish_reason"] == "length"

@@ -150,6 +150,8 @@ async def run(args: argparse.Namespace) -> int:
     agent_args = ["--threads", str(args.threads),
                   "--set", f"engine.max_running={max(args.concurrency)}",
                   "--set", "cache.enabled=false"]  # fmt: skip
+    for item in args.agent_set:
+        agent_args += ["--set", item]
     print(f"edgefleet agent: {LLM} {manifest['version']}, {args.threads} threads", flush=True)
     async with AgentProcess(
         models_dir=args.models_dir, serve=[LLM], extra_args=agent_args
@@ -163,6 +165,9 @@ async def run(args: argparse.Namespace) -> int:
                 "decode_tokens_per_s_p50"] else 0.0  # fmt: skip
             ours[str(c)]["profile"] = profile(before, after, tpot)
             print(f"  ours  c={c:<3} {json.dumps(ours[str(c)])}", flush=True)
+    if args.skip_llamacpp:
+        print("--skip-llamacpp: no comparison, results not written")
+        return 0
     print(f"llama.cpp server: {gguf.name}, {args.threads} threads", flush=True)
     async with LlamaCppServer(gguf, args.llamacpp_port, args.threads) as server:
         await wave(server.url, LLM, 1, 8, 10_000)
@@ -215,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llamacpp-port", type=int, default=8765)
+    parser.add_argument(
+        "--agent-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="extra agent config for this run, e.g. engine.max_batched_tokens=512",
+    )
+    parser.add_argument("--skip-llamacpp", action="store_true", help="measure the agent only")
     return asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -103,28 +103,27 @@ def _options(request: web.Request) -> RequestOptions:
     )
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await read_json(request, ChatCompletionRequest, _limit(request))
-    service = request.app[CHAT]
-    prepared = service.prepare(body, _options(request))
+async def _generate(
+    request: web.Request,
+    body_model: type[ChatCompletionRequest] | type[CompletionRequest],
+    service: ChatService | CompletionService,
+) -> web.StreamResponse:
+    body = await read_json(request, body_model, _limit(request))
+    prepared = service.prepare(body, _options(request))  # type: ignore[arg-type]
     headers = _headers(prepared)
     if prepared.stream:
         return await stream_sse(
             request, service.stream(prepared), headers, with_usage=prepared.include_usage
         )
     return json_response(await service.complete(prepared), headers=headers)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, ChatCompletionRequest, request.app[CHAT])
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    body = await read_json(request, CompletionRequest, _limit(request))
-    service = request.app[COMPLETIONS]
-    prepared = service.prepare(body, _options(request))
-    headers = _headers(prepared)
-    if prepared.stream:
-        return await stream_sse(
-            request, service.stream(prepared), headers, with_usage=prepared.include_usage
-        )
-    return json_response(await service.complete(prepared), headers=headers)
+    return await _generate(request, CompletionRequest, request.app[COMPLETIONS])
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:

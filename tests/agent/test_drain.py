@@ -49,7 +49,11 @@ async def test_drain_and_resume_reach_the_agent_and_the_router(tiny_artifacts: P
 
             await wait_until(lambda: _routes_to_agent(routed), timeout_s=20, message="agent routed")
             assert await health() == "ok"
-            assert await reported_draining() is False
+
+            async def first_report_not_draining() -> bool:
+                return await reported_draining() is False
+
+            await wait_until(first_report_not_draining, timeout_s=10, message="a load report")
 
             async with aiohttp.ClientSession() as http:
                 # A streamed completion in flight when the drain comes finishes normally.

@@ -22,6 +22,7 @@ from agent.coordinator_session import CoordinatorSession
 from agent.enrollment import build_enroller
 from agent.errors import FatalError
 from agent.mdns import MdnsAdvertiser
+from agent.model_registry import ModelRegistry
 from agent.runtime import LoadSampler, build_identity, default_agent_id
 
 log = logging.getLogger("agent")
@@ -97,6 +98,12 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return nested
 
 
+def _busy(registry: ModelRegistry) -> int:
+    """Sequences running or queued, for the mDNS TXT record."""
+    load = registry.load()
+    return load.running + load.waiting
+
+
 async def serve(config: AgentConfig) -> None:
     app = create_app(config)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -125,7 +132,7 @@ async def serve(config: AgentConfig) -> None:
             public_url,
             site=config.identity.site,
             models=registry.ids,
-            load=lambda: registry.load().waiting + registry.load().running,
+            load=lambda: _busy(registry),
             status=lambda: state.status,
             interfaces=config.mdns.interfaces,
         )

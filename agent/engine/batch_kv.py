@@ -34,12 +34,6 @@ class BatchKV:
     def width(self) -> int:
         return int(self.mask.shape[1])
 
-    @property
-    def lengths(self) -> npt.NDArray[np.int64]:
-        """Tokens held per row (= the position id of the row's next token)."""
-        lengths: npt.NDArray[np.int64] = self.mask.sum(axis=1)
-        return lengths
-
     def used_tokens(self) -> int:
         """Key/value slots allocated (padding included)."""
         return self.rows * self.width

@@ -62,7 +62,6 @@ async def test_batched_greedy_equals_alone_for_mixed_lengths(tiny_artifacts: Pat
     alone = [tokens(await collect(model, p, 24)) for p in ps]
     together = await asyncio.gather(*(collect(model, p, 24) for p in ps))
     assert [tokens(t) for t in together] == alone
-    assert max(model.engine.last_step.batch_size, 1) >= 1
     await model.close()
 
 

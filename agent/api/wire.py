@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
@@ -14,11 +15,14 @@ from agent.errors import AgentError, InvalidRequestError, OverloadedError, Paylo
 M = TypeVar("M", bound=BaseModel)
 
 
+# pydantic names the branch of a union that failed ("str", "list[int]", "constrained-str")
+_UNION_BRANCH = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|constrained-.*)$")
+
+
 def _describe_validation(exc: ValidationError) -> InvalidRequestError:
     first = exc.errors()[0]
     loc = [str(part) for part in first["loc"]]
-    # pydantic names the union branch that failed (e.g. "str", "list[int]"): drop it
-    path = [p for p in loc if not (p.startswith(("list[", "str", "int", "constrained")))]
+    path = [p for p in loc if not _UNION_BRANCH.match(p)]
     param = ".".join(path) or None
     if first["type"] == "missing":
         message = f"Missing required parameter: '{param}'."

@@ -143,6 +143,7 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
     ),
     ("embeddings on a text model", "/v1/embeddings", {"model": TINY, "input": "hi"}, 400, "model"),
     ("seed as float", CHAT, chat(seed=1.5), 400, "seed"),
+    ("stream not a bool", CHAT, chat(stream="yes"), 400, "stream"),
 ]
 
 

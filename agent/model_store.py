@@ -57,7 +57,6 @@ def causal_lm_spec(directory: Path, manifest: ModelManifest) -> CausalLMSpec:
         num_kv_heads=llm.num_kv_heads,
         head_dim=llm.head_dim,
         vocab_size=llm.vocab_size,
-        uses_position_ids=llm.uses_position_ids,
         past_key=llm.past_key_template,
         past_value=llm.past_value_template,
         present_key=llm.present_key_template,

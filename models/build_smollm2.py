@@ -22,13 +22,12 @@ from models.context import BuildContext, BuildOptions, StageTimer, utc_now
 from models.errors import ConversionError
 from models.export_llm import (
     SMOLLM2_SPECIAL_TOKENS,
-    export_decoder,
-    llm_spec,
     load_gguf_model_untied,
     remove_tree,
     save_tokenizer_json,
 )
 from models.gate import LlmEval, LlmGateData, evaluate_llm, llm_gate, render_chat
+from models.llama_graph import llm_spec, write_llama_gqa
 from models.manifest import LlmSpec, ModelManifest, QuantizationSpec, TokenizerSpec
 from models.ort_llm import OrtDecoder
 from models.quantize import quantize_int4_llm, quantize_int8_dynamic
@@ -98,15 +97,9 @@ def build_smollm2(
     with timer.stage("load GGUF into torch (fp32, untie lm_head)"):
         model = load_gguf_model_untied(source.path)
         config = model.config
-    with timer.stage("save HF checkpoint"):
-        from models._quiet import quiet
-
-        with quiet():
-            model.save_pretrained(str(work / "hf"))
+    with timer.stage("write fp32 onnx (fused attention)"):
+        fp32_path = write_llama_gqa(model, work / "fp32" / "model.onnx")
         del model
-    with timer.stage("export fp32 onnx (optimum, with past)"):
-        fp32_path = export_decoder(work / "hf", work / "fp32")
-        remove_tree(work / "hf")
     graph = graph_io(fp32_path)
     spec = llm_spec(config, graph.inputs, graph.outputs)
     variants = {

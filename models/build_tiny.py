@@ -10,12 +10,11 @@ from models.artifact import copy_files, dir_size, graph_io, install_dir, onnx_fi
 from models.context import BuildContext, BuildOptions, StageTimer, utc_now
 from models.export_llm import (
     SMOLLM2_SPECIAL_TOKENS,
-    export_decoder,
-    llm_spec,
     load_gguf_tokenizer,
     remove_tree,
     save_tokenizer_json,
 )
+from models.llama_graph import llm_spec, write_llama_gqa
 from models.manifest import ModelManifest, QuantizationSpec, TokenizerSpec
 from models.sources import LocatedSource
 from models.tiny import TinyLlamaConfig, make_tiny_llama
@@ -46,8 +45,8 @@ def build_tiny_llama(
         tokenizer = gguf_tokenizer(ctx, source)
     with timer.stage("init random model"):
         model = make_tiny_llama(CONFIG, len(tokenizer), work / "hf")
-    with timer.stage("export onnx"):
-        onnx_path = export_decoder(work / "hf", work / "onnx")
+    with timer.stage("write onnx (fused attention)"):
+        onnx_path = write_llama_gqa(model, work / "onnx" / "model.onnx")
     with timer.stage("write artifact"):
         final = out / NAME
         staging = stage_dir(final)

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 # Bump whenever the pipeline changes in a way that changes artifacts: every cached build
 # key changes with it.
-BUILD_VERSION: Final = "edgefleet-models-4"
+BUILD_VERSION: Final = "edgefleet-models-5"
 
 
 @dataclass(frozen=True)

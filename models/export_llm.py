@@ -1,10 +1,7 @@
-"""Export a causal language model (Llama family) to one ONNX decoder graph with KV cache.
+"""Load a causal language model (Llama family) and its tokenizer from a GGUF file.
 
-optimum-onnx 0.1.0 with task ``text-generation-with-past`` writes a single ``model.onnx``
-whose ``past_key_values.*`` inputs accept past length 0 (prefill) as well as a real cache
-(decode). :func:`export_decoder` checks that this is what came out.
-
-Heavy libraries (torch, transformers, optimum) are imported inside the functions.
+The graph itself is written by :mod:`models.llama_graph`. Heavy libraries (torch,
+transformers) are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from models._quiet import offline_env, quiet
 from models.errors import ConversionError
-from models.manifest import LlmSpec, SpecialTokens
+from models.manifest import SpecialTokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,8 +24,6 @@ __all__ = [
     "PRESENT_KEY",
     "PRESENT_VALUE",
     "SMOLLM2_SPECIAL_TOKENS",
-    "export_decoder",
-    "llm_spec",
     "load_gguf_model_untied",
     "load_gguf_tokenizer",
     "save_tokenizer_json",
@@ -107,64 +102,6 @@ def load_gguf_model_untied(gguf_path: Path) -> PreTrainedModel:
             log.info("untied lm_head from the token embedding")
     result: PreTrainedModel = model
     return result
-
-
-def export_decoder(model_dir: Path, out_dir: Path) -> Path:
-    """Export the HF checkpoint in ``model_dir`` to ``out_dir/model.onnx`` (fp32, with past).
-
-    Returns the path of the graph. Raises ConversionError unless exactly one decoder graph
-    with ``past_key_values`` inputs was written.
-    """
-    offline_env()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with quiet():
-        from optimum.exporters.onnx import main_export
-
-        try:
-            main_export(
-                str(model_dir),
-                output=str(out_dir),
-                task="text-generation-with-past",
-                device="cpu",
-                dtype="fp32",
-                do_validation=False,
-                local_files_only=True,
-                library_name="transformers",
-            )
-        except Exception as exc:  # library boundary
-            raise ConversionError(f"optimum export of {model_dir} failed: {exc}") from exc
-    graphs = sorted(p.name for p in out_dir.glob("*.onnx"))
-    if graphs != ["model.onnx"]:
-        raise ConversionError(f"expected a single model.onnx from optimum, got {graphs}")
-    return out_dir / "model.onnx"
-
-
-def llm_spec(config: Any, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> LlmSpec:
-    """Shapes from the HF config, checked against the graph's tensor names."""
-    layers = int(config.num_hidden_layers)
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    expected_in = {"input_ids", "attention_mask"}
-    expected_out = {"logits"}
-    for layer in range(layers):
-        expected_in |= {PAST_KEY.format(layer=layer), PAST_VALUE.format(layer=layer)}
-        expected_out |= {PRESENT_KEY.format(layer=layer), PRESENT_VALUE.format(layer=layer)}
-    missing = (expected_in - set(inputs)) | (expected_out - set(outputs))
-    if missing:
-        raise ConversionError(f"graph lacks expected tensors: {sorted(missing)[:6]}")
-    return LlmSpec(
-        num_layers=layers,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=int(config.vocab_size),
-        past_key_template=PAST_KEY,
-        past_value_template=PAST_VALUE,
-        present_key_template=PRESENT_KEY,
-        present_value_template=PRESENT_VALUE,
-        uses_position_ids="position_ids" in inputs,
-    )
 
 
 def remove_tree(path: Path) -> None:

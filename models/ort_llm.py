@@ -1,8 +1,9 @@
-"""A plain onnxruntime loop over an exported decoder graph (batch 1, KV cache).
+"""A plain onnxruntime loop over a decoder graph (batch 1, KV cache).
 
-Used by the accuracy gate and the benchmark; it mirrors what the agent's engine does:
-prefill with an empty past, then one token per step feeding ``present.*`` back as
-``past_key_values.*``.
+Used by the accuracy gate and the benchmark: prefill with an empty past, then one token per
+step feeding ``present.*`` back as ``past_key_values.*`` (each step's present is the past
+plus the new tokens; the engine shares one buffer instead, see
+:mod:`agent.engine.causal_lm`). The graph is :mod:`models.llama_graph`'s.
 """
 
 from __future__ import annotations
@@ -71,17 +72,20 @@ class OrtDecoder:
         return past
 
     def forward(
-        self, ids: list[int], past: Past, past_len: int
+        self, ids: list[int], past: Past, past_len: int, *, every_position: bool = True
     ) -> tuple[npt.NDArray[np.float32], Past]:
-        """Logits for ``ids`` (shape [len(ids), vocab]) and the grown cache."""
+        """Logits for ``ids`` ([len(ids), vocab]; [1, vocab], the last, unless
+        ``every_position``) and the grown cache."""
         n = len(ids)
+        total = past_len + n
         feed: dict[str, Any] = {
             "input_ids": np.asarray([ids], dtype=np.int64),
-            "attention_mask": np.ones((1, past_len + n), dtype=np.int64),
+            "seqlens_k": np.array([total - 1], dtype=np.int32),
+            "total_sequence_length": np.array(total, dtype=np.int32),
+            "logits_index": np.arange(n if every_position else 1, dtype=np.int64)[None, :]
+            + (0 if every_position else n - 1),
             **past,
         }
-        if "position_ids" in self.input_names:
-            feed["position_ids"] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
         outputs = dict(zip(self.output_names, self.session.run(None, feed), strict=True))
         present: Past = {}
         for layer in range(self.spec.num_layers):
@@ -102,7 +106,7 @@ class OrtDecoder:
     ) -> Generation:
         """Greedy decoding of up to ``max_new`` tokens."""
         t0 = time.perf_counter()
-        logits, past = self.forward(prompt, self.empty_past(), 0)
+        logits, past = self.forward(prompt, self.empty_past(), 0, every_position=False)
         token = int(np.argmax(logits[-1]))
         tokens = [token]
         t1 = time.perf_counter()

@@ -47,6 +47,8 @@ def quantize_int8_dynamic(
                 op_types_to_quantize=list(op_types) if op_types else None,
                 nodes_to_quantize=list(nodes) if nodes else None,
                 use_external_data_format=False,
+                # shape inference cannot type the outputs of contrib ops (attention)
+                extra_options={"DefaultTensorType": 1},  # onnx.TensorProto.FLOAT
             )
         except Exception as exc:  # library boundary
             raise ConversionError(f"int8 quantization of {src} failed: {exc}") from exc

@@ -1,10 +1,15 @@
 """Continuous batching at iteration level over one ONNX Runtime decoder session.
 
 One scheduler task owns the session. Every step runs, on a worker thread, at most one
-prefill chunk of a newly admitted sequence (so a long prompt never stalls running decodes
-for long) followed by one batched decode of all running sequences. A sequence joins the
-batch as soon as its prompt is in the cache and leaves it the step it finishes or is
-cancelled, freeing its key/value rows.
+prefill (a chunk of one newly admitted prompt, so a long prompt never stalls running decodes
+for long, or several short prompts together) followed by one batched decode of all running
+sequences. A sequence joins the batch as soon as its prompt is in the cache and leaves it
+the step it finishes or is cancelled, freeing its key/value slot.
+
+Slots (rows of the :class:`~agent.engine.causal_lm.SlotCache`): the running sequences hold
+slots ``0..n-1`` in the order of ``_running``; the prompt being prefilled takes the slots
+right after them. A sequence that leaves has its slot filled by the last running one (and
+that one's by the prompt being prefilled), so the decode batch is always rows ``0..n-1``.
 
 Admission control follows Triton's queue policy: a bounded priority queue, a maximum
 queue wait, per-request timeouts, and immediate rejection (429 with Retry-After) when the
@@ -28,8 +33,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from agent.engine.batch_kv import BatchKV
-from agent.engine.causal_lm import KV, CausalLM, kv_to_numpy
+from agent.engine.causal_lm import CausalLM
 from agent.engine.interface import (
     PRIORITY_RANK,
     FinishReason,
@@ -106,7 +110,7 @@ class _Sequence:
         self.deadline = self.arrived + timeout_s
         self.rank = (PRIORITY_RANK[request.priority], order)
         self.prefilled = 0  # prompt tokens already in this sequence's cache
-        self.kv: list[KV] | None = None  # cache while prefilling
+        self.prefix: tuple[int, list[npt.NDArray[np.float32]]] | None = None  # cached start
         self.last_token = -1
         self.generated = 0
         self.cancelled = False
@@ -123,7 +127,7 @@ class _Sequence:
 
 @dataclass
 class _Plan:
-    prefill: _Sequence | None = None  # a long prompt, one chunk this step
+    prefill: _Sequence | None = None  # a prompt, one chunk this step
     chunk: npt.NDArray[np.int64] | None = None
     group: list[_Sequence] = field(default_factory=list)  # short prompts, whole, together
     rows: list[_Sequence] = field(default_factory=list)  # running sequences to decode
@@ -132,12 +136,8 @@ class _Plan:
 @dataclass
 class _Result:
     prefill_token: int | None = None
-    prefill_kv: list[KV] | None = None
     group_tokens: list[int] = field(default_factory=list)
-    group_kv: list[KV] | None = None
-    group_mask: npt.NDArray[np.int64] | None = None
     row_tokens: list[int] = field(default_factory=list)
-    presents: list[KV] | None = None
     stats: StepStats = field(default_factory=StepStats)
 
 
@@ -153,16 +153,17 @@ class ContinuousBatcher:
         self._codec = codec
         self._eos = frozenset(eos_token_ids)
         self.config = config
-        spec = lm.spec
-        self._kv = BatchKV(lm.num_kv_tensors, spec.num_kv_heads, spec.head_dim, lm.kv_dtype)
-        self._empty_kv = lm.empty_past()
+        # running and prefilling sequences together are at most max_running
+        self._cache = lm.new_cache(config.max_running)
+        self._bytes_per_token = lm.spec.bytes_per_token
         self._prefixes = (
             PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-batch")
         self._waiting: list[_Sequence] = []  # heap by (priority, arrival)
         self._prefilling: list[_Sequence] = []
-        self._running: list[_Sequence] = []  # row i of the batch cache
+        self._running: list[_Sequence] = []  # slot i of the cache
+        self._partial: _Sequence | None = None  # prompt half in the cache, slot len(_running)
         self._order = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -183,11 +184,12 @@ class ContinuousBatcher:
 
     @property
     def kv_used_tokens(self) -> int:
-        return self._kv.used_tokens()
+        """Cache slots allocated, in tokens (padding to the longest sequence included)."""
+        return self._cache.allocated_tokens
 
     @property
     def kv_used_fraction(self) -> float:
-        return min(1.0, self._kv.used_tokens() / self.config.kv_budget_tokens)
+        return min(1.0, self._cache.allocated_tokens / self.config.kv_budget_tokens)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -326,6 +328,9 @@ class ContinuousBatcher:
         for s in list(self._prefilling):
             if s.cancelled or s.deadline < now:
                 self._prefilling.remove(s)
+                if s is self._partial:
+                    self._partial = None
+                    self._cache.lengths[len(self._running)] = 0
                 if not s.cancelled:
                     self._finish(s, RequestTimeoutError("the request ran past its timeout"))
         gone = [i for i, s in enumerate(self._running) if s.cancelled or s.deadline < now]
@@ -336,30 +341,39 @@ class ContinuousBatcher:
         self._remove_rows(gone)
 
     def _remove_rows(self, rows: list[int]) -> None:
-        if rows:
-            self._kv.remove(rows)
-            drop = set(rows)
-            self._running = [s for i, s in enumerate(self._running) if i not in drop]
+        """Free the slots of these running sequences (indices into ``_running``)."""
+        for row in sorted(rows, reverse=True):
+            last = len(self._running) - 1
+            if row != last:  # the last running sequence takes the freed slot
+                self._cache.move(last, row)
+                self._running[row] = self._running[last]
+            self._running.pop()
+            self._cache.lengths[last] = 0
+            if self._partial is not None:  # the prompt being prefilled follows
+                self._cache.move(last + 1, last)
+        if not self._running and self._partial is None:
+            self._cache.clear()  # idle: give the memory back
+
+    def _reserved_fits(self, extra: _Sequence) -> bool:
+        """Slots are padded to the longest sequence: rows x longest must fit the budget."""
+        active = [*self._running, *self._prefilling, extra]
+        longest = max(s.reserved_tokens for s in active)
+        return len(active) * longest <= self.config.kv_budget_tokens
 
     def _admit(self) -> None:
-        reserved = sum(s.reserved_tokens for s in (*self._running, *self._prefilling))
         while self._waiting and self.running < self.config.max_running:
             head = self._waiting[0]
-            if reserved + head.reserved_tokens > self.config.kv_budget_tokens:
+            if (self._running or self._prefilling) and not self._reserved_fits(head):
                 break
             heapq.heappop(self._waiting)
             head.admitted_at = time.monotonic()
             for listener in self.listeners:
                 listener.on_admitted(head.admitted_at - head.arrived)
-            head.kv = self._empty_kv
             if self._prefixes is not None:
                 reused, kv = self._prefixes.lookup(head.prompt)
                 if kv is not None:
-                    head.prefilled, head.kv = reused, list(kv)
-                    for listener in self.listeners:
-                        listener.on_prefix_reused(reused)
+                    head.prefix = (reused, kv)
             self._prefilling.append(head)
-            reserved += head.reserved_tokens
 
     def _plan(self) -> _Plan:
         plan = _Plan(rows=list(self._running))
@@ -368,15 +382,23 @@ class ContinuousBatcher:
         # The budget does not shrink with the batch: a prompt is cut into the same chunks
         # whether it runs alone or with others, so its output does not depend on the load.
         budget = self.config.max_batched_tokens
-        seq = self._prefilling[0]
-        if seq.prefilled or len(seq.prompt) > budget:
+        seq = self._partial or self._prefilling[0]
+        if seq is self._partial or seq.prefix is not None or len(seq.prompt) > budget:
+            if seq.prefix is not None:  # start from a cached prefix: into the slot now
+                reused, arrays = seq.prefix
+                seq.prefix = None
+                self._cache.write(len(self._running), arrays, reused)
+                seq.prefilled = reused
+                for listener in self.listeners:
+                    listener.on_prefix_reused(reused)
+            self._partial = seq
             plan.prefill = seq
             plan.chunk = seq.prompt[seq.prefilled : seq.prefilled + budget]
             return plan
-        # whole short prompts go together, left-padded to the longest, within the budget
+        # whole short prompts go together, right-padded to the longest, within the budget
         width = 0
         for candidate in self._prefilling:
-            if candidate.prefilled:
+            if candidate.prefix is not None:
                 break
             longest = max(width, len(candidate.prompt))
             if (len(plan.group) + 1) * longest > budget:
@@ -387,19 +409,15 @@ class ContinuousBatcher:
 
     def _prefill_group(self, plan: _Plan, result: _Result) -> None:
         group = plan.group
-        width = max(len(s.prompt) for s in group)
-        ids = np.zeros((len(group), width), dtype=np.int64)
-        mask = np.zeros((len(group), width), dtype=np.int64)
+        lengths = np.array([len(s.prompt) for s in group], dtype=np.int64)
+        ids = np.zeros((len(group), int(lengths.max())), dtype=np.int64)
         for i, seq in enumerate(group):
-            ids[i, width - len(seq.prompt) :] = seq.prompt
-            mask[i, width - len(seq.prompt) :] = 1
+            ids[i, : len(seq.prompt)] = seq.prompt
         t0 = time.perf_counter()
-        logits, presents = self._lm.run_batch(ids, mask, self._lm.empty_past(len(group)))
+        logits = self._lm.run(self._cache, len(self._running), ids, lengths, lengths[:, None] - 1)
         t1 = time.perf_counter()
-        result.group_kv = presents
-        result.group_mask = mask
-        result.group_tokens = [seq.sampler.sample(logits[i]) for i, seq in enumerate(group)]
-        result.stats.prefill_tokens += int(mask.sum())
+        result.group_tokens = [seq.sampler.sample(logits[i, 0]) for i, seq in enumerate(group)]
+        result.stats.prefill_tokens += int(lengths.sum())
         result.stats.ort_s += t1 - t0
         result.stats.sample_s += time.perf_counter() - t1
 
@@ -414,28 +432,29 @@ class ContinuousBatcher:
             n = int(plan.chunk.shape[0])
             total = seq.prefilled + n
             t0 = time.perf_counter()
-            assert seq.kv is not None
-            logits, presents = self._lm.run_batch(
-                plan.chunk.reshape(1, n), np.ones((1, total), dtype=np.int64), seq.kv
+            logits = self._lm.run(
+                self._cache,
+                len(self._running),
+                plan.chunk.reshape(1, n),
+                np.array([total], dtype=np.int64),
+                np.array([[n - 1]], dtype=np.int64),
             )
             t1 = time.perf_counter()
-            result.prefill_kv = presents
             if total == int(seq.prompt.shape[0]):
-                result.prefill_token = seq.sampler.sample(logits[0])
+                result.prefill_token = seq.sampler.sample(logits[0, 0])
             stats.prefill_tokens = n
             stats.ort_s += t1 - t0
             stats.sample_s += time.perf_counter() - t1
         if plan.rows:
+            rows = len(plan.rows)
             ids = np.array([[s.last_token] for s in plan.rows], dtype=np.int64)
-            mask = np.concatenate(
-                [self._kv.mask, np.ones((len(plan.rows), 1), dtype=np.int64)], axis=1
-            )
             t0 = time.perf_counter()
-            logits, presents = self._lm.run_batch(ids, mask, self._kv.tensors)
+            logits = self._lm.run(
+                self._cache, 0, ids, self._cache.lengths[:rows] + 1, np.zeros((rows, 1), np.int64)
+            )
             t1 = time.perf_counter()
-            result.presents = presents
-            result.row_tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(plan.rows)]
-            stats.batch_size = len(plan.rows)
+            result.row_tokens = [s.sampler.sample(logits[i, 0]) for i, s in enumerate(plan.rows)]
+            stats.batch_size = rows
             stats.ort_s += t1 - t0
             stats.sample_s += time.perf_counter() - t1
         return result
@@ -469,58 +488,43 @@ class ContinuousBatcher:
         seq.outputs.put_nowait(output)
         return False
 
-    def _apply(self, plan: _Plan, result: _Result) -> None:
-        if plan.rows and result.presents is not None:
-            self._kv.advance(result.presents)
-            finished = [
-                i
-                for i, (seq, token) in enumerate(zip(plan.rows, result.row_tokens, strict=True))
-                if seq.cancelled or self._emit(seq, token)
-            ]
-            self._remove_rows(finished)
-        if plan.group and result.group_kv is not None and result.group_mask is not None:
-            self._join_group(plan.group, result)
-        seq = plan.prefill
-        if seq is None or result.prefill_kv is None or plan.chunk is None:
-            return
-        seq.prefilled += int(plan.chunk.shape[0])
-        seq.kv = result.prefill_kv
-        if result.prefill_token is None:
-            return  # more prompt chunks to go
-        self._prefilling.remove(seq)
-        kv, seq.kv = [kv_to_numpy(t) for t in seq.kv], None
-        if self._prefixes is not None:
-            self._prefixes.store(seq.prompt, [a.copy() for a in kv])
-        if seq.cancelled or self._emit(seq, result.prefill_token):
-            return
-        self._kv.append(kv, np.ones((1, seq.prefilled), dtype=np.int64))
-        self._running.append(seq)
 
-    def _join_group(self, group: list[_Sequence], result: _Result) -> None:
-        """Sequences whose prompts ran together this step: first tokens out, rows in."""
-        assert result.group_kv is not None and result.group_mask is not None
-        keep = []
-        for i, (seq, token) in enumerate(zip(group, result.group_tokens, strict=True)):
+    def _apply(self, plan: _Plan, result: _Result) -> None:
+        # Indices into _running stay valid until _remove_rows, which runs once, at the end.
+        finished = [
+            i
+            for i, (seq, token) in enumerate(zip(plan.rows, result.row_tokens, strict=True))
+            if seq.cancelled or self._emit(seq, token)
+        ]
+        joined: list[tuple[_Sequence, int]] = []  # prompts now whole in the cache
+        for seq, token in zip(plan.group, result.group_tokens, strict=True):
             self._prefilling.remove(seq)
             seq.prefilled = len(seq.prompt)
-            seq.kv = None
-            if not seq.cancelled and not self._emit(seq, token):
-                keep.append(i)
-        arrays = [kv_to_numpy(t) for t in result.group_kv]
-        if self._prefixes is not None:
-            width = arrays[0].shape[2]
-            for i, seq in enumerate(group):
-                start = width - len(seq.prompt)
-                self._prefixes.store(seq.prompt, [a[i : i + 1, :, start:].copy() for a in arrays])
-        if keep:
-            self._kv.append([a[keep] for a in arrays], result.group_mask[keep])
-            self._running.extend(group[i] for i in keep)
+            joined.append((seq, token))
+        chunked = plan.prefill
+        if chunked is not None and plan.chunk is not None:
+            chunked.prefilled += int(plan.chunk.shape[0])
+            if result.prefill_token is not None:
+                self._prefilling.remove(chunked)
+                self._partial = None
+                joined.append((chunked, result.prefill_token))
+        for seq, token in joined:  # their slots follow the running ones already
+            slot = len(self._running)
+            if self._prefixes is not None and len(seq.prompt) >= self._prefixes.min_tokens:
+                self._prefixes.store(seq.prompt, self._cache.read(slot, len(seq.prompt)))
+            self._running.append(seq)
+            if seq.cancelled or self._emit(seq, token):
+                finished.append(slot)
+        self._remove_rows(finished)
 
     def _fail(self, plan: _Plan, error: AgentError) -> None:
-        for i in range(len(plan.rows)):
-            self._finish(plan.rows[i], error)
+        for seq in plan.rows:
+            self._finish(seq, error)
         self._remove_rows(list(range(len(plan.rows))))
         for seq in [*plan.group, *([plan.prefill] if plan.prefill else [])]:
             if seq in self._prefilling:
                 self._prefilling.remove(seq)
                 self._finish(seq, error)
+        self._partial = None
+        if not self._running:
+            self._cache.clear()

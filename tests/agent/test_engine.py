@@ -25,33 +25,71 @@ def _lm(artifacts: Path) -> CausalLM:
     return CausalLM(create_session(directory / "model.onnx", SessionConfig()), spec)
 
 
+def _one(n: int, value: int) -> np.ndarray:
+    return np.array([value] * n, dtype=np.int64)
+
+
 def test_kv_cache_decode_matches_full_recompute(tiny_artifacts: Path) -> None:
     lm = _lm(tiny_artifacts)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, lm.spec.vocab_size, size=(1, 24)).astype(np.int64)
-    ones = np.ones((1, 24), dtype=np.int64)
-    full, _ = lm.run_batch(tokens, ones, lm.empty_past(), all_logits=True)
+    full = lm.run(lm.new_cache(1), 0, tokens, _one(1, 24), np.arange(24)[None, :])
+    assert full.shape == (1, 24, lm.spec.vocab_size)
     # prefill 10 tokens, then decode the other 14 one at a time against the cache
-    logits, past = lm.run_batch(tokens[:, :10], ones[:, :10], lm.empty_past())
-    np.testing.assert_allclose(logits[0], full[0, 9], rtol=1e-4, atol=1e-4)
+    cache = lm.new_cache(1)
+    logits = lm.run(cache, 0, tokens[:, :10], _one(1, 10), np.array([[9]]))
+    np.testing.assert_allclose(logits[0, 0], full[0, 9], rtol=1e-4, atol=1e-4)
     for i in range(10, 24):
-        logits, past = lm.run_batch(tokens[:, i : i + 1], ones[:, : i + 1], past)
-        np.testing.assert_allclose(logits[0], full[0, i], rtol=1e-4, atol=1e-4)
-    assert past[0].shape()[2] == 24  # the cache holds every token once
+        logits = lm.run(cache, 0, tokens[:, i : i + 1], _one(1, i + 1), np.zeros((1, 1), np.int64))
+        np.testing.assert_allclose(logits[0, 0], full[0, i], rtol=1e-4, atol=1e-4)
+    assert int(cache.lengths[0]) == 24  # the cache holds every token once
 
 
-def test_padded_rows_decode_like_unpadded_ones(tiny_artifacts: Path) -> None:
+def test_chunked_prefill_matches_one_pass(tiny_artifacts: Path) -> None:
+    lm = _lm(tiny_artifacts)
+    tokens = np.random.default_rng(3).integers(0, lm.spec.vocab_size, size=(1, 30))
+    full = lm.run(lm.new_cache(1), 0, tokens, _one(1, 30), np.array([[29]]))
+    cache = lm.new_cache(1)
+    lm.run(cache, 0, tokens[:, :12], _one(1, 12), np.array([[11]]))
+    lm.run(cache, 0, tokens[:, 12:25], _one(1, 25), np.array([[12]]))
+    last = lm.run(cache, 0, tokens[:, 25:], _one(1, 30), np.array([[4]]))
+    np.testing.assert_allclose(last[0, 0], full[0, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_padded_prompts_and_uneven_rows_decode_like_alone(tiny_artifacts: Path) -> None:
     lm = _lm(tiny_artifacts)
     rng = np.random.default_rng(1)
     short, long = (rng.integers(0, lm.spec.vocab_size, size=(1, n)) for n in (5, 12))
-    alone, _ = lm.run_batch(short, np.ones((1, 5), dtype=np.int64), lm.empty_past())
-    padded = np.concatenate([np.zeros((1, 7), dtype=np.int64), short], axis=1)
-    mask = np.concatenate([np.zeros((1, 7)), np.ones((1, 5))], axis=1).astype(np.int64)
-    both, _ = lm.run_batch(
-        np.concatenate([padded, long]), np.concatenate([mask, np.ones((1, 12), np.int64)]),
-        lm.empty_past(2),
-    )  # fmt: skip
-    np.testing.assert_allclose(both[0], alone[0], rtol=1e-4, atol=1e-4)
+    alone = lm.new_cache(1)
+    first = lm.run(alone, 0, short, _one(1, 5), np.array([[4]]))
+    padded = np.concatenate([short, np.zeros((1, 7), dtype=np.int64)], axis=1)  # right-padded
+    both = lm.new_cache(4)
+    logits = lm.run(both, 0, np.concatenate([padded, long]), np.array([5, 12]), np.array([[4], [11]]))
+    np.testing.assert_allclose(logits[0, 0], first[0, 0], rtol=1e-4, atol=1e-4)
+    # a decode step over rows of different lengths: row 0 as if it were alone
+    step = np.array([[7], [9]], dtype=np.int64)
+    solo = lm.run(alone, 0, step[:1], _one(1, 6), np.zeros((1, 1), np.int64))
+    pair = lm.run(both, 0, step, np.array([6, 13]), np.zeros((2, 1), np.int64))
+    np.testing.assert_allclose(pair[0, 0], solo[0, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_slot_moves_and_growth_keep_each_sequence(tiny_artifacts: Path) -> None:
+    lm = _lm(tiny_artifacts)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, lm.spec.vocab_size, size=(1, n)) for n in (4, 9, 6)]
+    cache = lm.new_cache(3)
+    for slot, p in enumerate(prompts):
+        lm.run(cache, slot, p, _one(1, p.shape[1]), np.array([[p.shape[1] - 1]]))
+    cache.move(2, 0)  # slot 0's sequence left; the last one takes its slot
+    grown_before = cache.capacity
+    cache.ensure(2, grown_before + 1)  # capacity grows, tokens stay
+    assert cache.capacity > grown_before
+    step = np.array([[3], [5]], dtype=np.int64)
+    moved = lm.run(cache, 0, step, np.array([7, 10]), np.zeros((2, 1), np.int64))
+    ref = lm.new_cache(1)
+    lm.run(ref, 0, prompts[2], _one(1, 6), np.array([[5]]))
+    want = lm.run(ref, 0, step[:1], _one(1, 7), np.zeros((1, 1), np.int64))
+    np.testing.assert_allclose(moved[0, 0], want[0, 0], rtol=1e-4, atol=1e-4)
 
 
 async def _run(make: MakeRegistry, prompt: str, params: SamplingParams) -> list[GenerationOutput]:

@@ -48,7 +48,7 @@ class EngineConfig:
     max_queue: int = 64  # waiting requests; more get 429
     max_queue_wait_s: float = 60.0  # longer in the queue gets 429
     request_timeout_s: float = 300.0  # default whole-request timeout (X-Request-Timeout)
-    prefix_cache_bytes: int = 0  # keys/values of recent prompts for shared prefixes; 0: off
+    prefix_cache_bytes: int = 64 << 20  # keys/values of prompts' shared prefixes; 0: off
 
 
 @dataclass(frozen=True)

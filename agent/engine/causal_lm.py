@@ -130,16 +130,17 @@ class SlotCache:
         self.lengths[dst] = n
         self.lengths[src] = 0
 
-    def write(self, slot: int, arrays: list[npt.NDArray[np.float32]], n: int) -> None:
-        """Put ``n`` tokens of keys/values (``[1, heads, >= n, dim]`` each) in ``slot``."""
+    def write(self, slot: int, stacked: npt.NDArray[np.float32]) -> None:
+        """Make ``slot`` hold these tokens: ``stacked`` is [tensors, heads, tokens, dim]."""
+        n = int(stacked.shape[2])
         self.ensure(slot + 1, n)
-        for b, a in zip(self.buffers, arrays, strict=True):
-            b[slot, :, :n] = a[0, :, :n]
+        for b, a in zip(self.buffers, stacked, strict=True):
+            b[slot, :, :n] = a
         self.lengths[slot] = n
 
-    def read(self, slot: int, n: int) -> list[npt.NDArray[np.float32]]:
-        """A copy of the first ``n`` tokens of ``slot`` (``[1, heads, n, dim]`` each)."""
-        return [b[slot : slot + 1, :, :n].copy() for b in self.buffers]
+    def read(self, slot: int, start: int, end: int) -> npt.NDArray[np.float32]:
+        """A copy of tokens ``[start, end)`` of ``slot``: [tensors, heads, tokens, dim]."""
+        return np.stack([b[slot, :, start:end] for b in self.buffers])
 
 
 class CausalLM:

@@ -28,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -63,7 +64,7 @@ class BatcherConfig:
     max_queue: int = 64  # waiting sequences; more are rejected with 429
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
-    prefix_cache_bytes: int = 0  # cache of recent prompts' keys/values; 0: off
+    prefix_cache_bytes: int = 64 << 20  # keys/values of recent prompts' blocks; 0: off
 
 
 class BatcherListener(Protocol):
@@ -110,7 +111,7 @@ class _Sequence:
         self.deadline = self.arrived + timeout_s
         self.rank = (PRIORITY_RANK[request.priority], order)
         self.prefilled = 0  # prompt tokens already in this sequence's cache
-        self.prefix: tuple[int, list[npt.NDArray[np.float32]]] | None = None  # cached start
+        self.prefix: npt.NDArray[np.float32] | None = None  # cached keys/values of its start
         self.last_token = -1
         self.generated = 0
         self.cancelled = False
@@ -370,9 +371,7 @@ class ContinuousBatcher:
             for listener in self.listeners:
                 listener.on_admitted(head.admitted_at - head.arrived)
             if self._prefixes is not None:
-                reused, kv = self._prefixes.lookup(head.prompt)
-                if kv is not None:
-                    head.prefix = (reused, kv)
+                head.prefix = self._prefixes.lookup(head.prompt)[1]
             self._prefilling.append(head)
 
     def _plan(self) -> _Plan:
@@ -385,10 +384,9 @@ class ContinuousBatcher:
         seq = self._partial or self._prefilling[0]
         if seq is self._partial or seq.prefix is not None or len(seq.prompt) > budget:
             if seq.prefix is not None:  # start from a cached prefix: into the slot now
-                reused, arrays = seq.prefix
+                self._cache.write(len(self._running), seq.prefix)
+                reused = seq.prefilled = int(seq.prefix.shape[2])
                 seq.prefix = None
-                self._cache.write(len(self._running), arrays, reused)
-                seq.prefilled = reused
                 for listener in self.listeners:
                     listener.on_prefix_reused(reused)
             self._partial = seq
@@ -510,8 +508,8 @@ class ContinuousBatcher:
                 joined.append((chunked, result.prefill_token))
         for seq, token in joined:  # their slots follow the running ones already
             slot = len(self._running)
-            if self._prefixes is not None and len(seq.prompt) >= self._prefixes.min_tokens:
-                self._prefixes.store(seq.prompt, self._cache.read(slot, len(seq.prompt)))
+            if self._prefixes is not None:
+                self._prefixes.store(seq.prompt, partial(self._cache.read, slot))
             self._running.append(seq)
             if seq.cancelled or self._emit(seq, token):
                 finished.append(slot)

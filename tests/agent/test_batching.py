@@ -222,24 +222,41 @@ async def test_shared_prompt_prefix_is_reused_with_the_same_output(tiny_artifact
     model.add_listener(Spy())
     await collect(model, first, 4)
     assert tokens(await collect(model, second, 16)) == expected
-    assert reused == [60]  # the shared part was not recomputed
+    assert reused == [48]  # the shared part's whole 16-token blocks were not recomputed
     await model.close()
 
 
-def test_prefix_cache_keeps_within_its_budget() -> None:
+def test_prefix_cache_keeps_within_its_budget_and_shares_blocks() -> None:
     import numpy as np
 
     from agent.engine.prefix_cache import PrefixCache
 
-    def kv(n: int) -> list[np.ndarray]:
-        return [np.ones((1, 2, n, 4), dtype=np.float32)]
+    def reader(prompt: np.ndarray) -> Callable[[int, int], np.ndarray]:
+        # keys/values that remember which token they belong to
+        def read(start: int, end: int) -> np.ndarray:
+            values = prompt[start:end].astype(np.float32)
+            return np.broadcast_to(values[None, None, :, None], (3, 2, end - start, 4)).copy()
 
-    one = np.arange(40, dtype=np.int64)
-    size = kv(40)[0].nbytes + one.nbytes
-    cache = PrefixCache(max_bytes=2 * size, min_tokens=8)
-    for start in (0, 100, 200):
-        cache.store(np.arange(start, start + 40, dtype=np.int64), kv(40))
-    assert len(cache) == 2 and cache.bytes_used <= cache.max_bytes
-    assert cache.lookup(np.arange(0, 50, dtype=np.int64))[0] == 0  # evicted first
-    n, arrays = cache.lookup(np.arange(200, 230, dtype=np.int64))
-    assert n == 29 and arrays is not None and arrays[0].shape == (1, 2, 29, 4)
+        return read
+
+    block_bytes = 3 * 2 * 16 * 4 * 4
+    cache = PrefixCache(max_bytes=5 * block_bytes, block_tokens=16)
+    a = np.arange(40, dtype=np.int64)  # 2 whole blocks
+    assert cache.store(a, reader(a)) == 2
+    b = np.concatenate([a[:32], np.arange(900, 920)])  # shares a's 2 blocks, adds 1
+    assert cache.store(b, reader(b)) == 1 and len(cache) == 3
+    n, kv = cache.lookup(np.concatenate([a[:32], [7, 7, 7]]))
+    assert n == 32 and kv is not None and kv.shape == (3, 2, 32, 4)
+    np.testing.assert_array_equal(kv[0, 0, :, 0], a[:32])
+    # at least two prompt tokens are always left to run
+    assert cache.lookup(a[:33])[0] == 16
+    # other prompts push the least recently used blocks out, deepest first
+    for start in (100, 200):
+        p = np.arange(start, start + 32, dtype=np.int64)
+        cache.store(p, reader(p))
+    assert cache.bytes_used <= cache.max_bytes and len(cache) == 5
+    # b's and a's deeper blocks went first; their first block, used most, is still there
+    assert cache.lookup(np.concatenate([b[:48], [1, 1]]))[0] == 16
+    assert cache.lookup(np.arange(200, 240, dtype=np.int64))[0] == 32
+    # a prefix that does not start the same way is never matched
+    assert cache.lookup(np.concatenate([[5], a[1:40]]))[0] == 0

@@ -63,7 +63,7 @@ async def run(args: argparse.Namespace) -> int:
         say("both agents registered with the coordinator")
 
         client = openai.OpenAI(base_url=agents[0].url + "/v1", api_key="not-needed")
-        question = "Which city is the capital of France?"
+        question = "Name the capital of France."
         t0 = time.perf_counter()
         reply = client.chat.completions.create(
             model=LLM, messages=[{"role": "user", "content": question}], temperature=0,

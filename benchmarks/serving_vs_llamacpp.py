@@ -5,9 +5,16 @@ was converted from) on the same cores, one after the other. At each concurrency 
 streamed chat requests (~100-token prompts, exactly 128 output tokens via ``min_tokens``,
 temperature 0) is sent over HTTP with the ``openai`` SDK.
 
-    python -m benchmarks.serving_vs_llamacpp [--concurrency 1 4 16 32] [--threads 2]
+Prompts: ``shared`` (the default) are one story that ends in a different number, so they
+share their first ~100 tokens, as chat requests share a system prompt; both servers reuse
+the shared part (llama.cpp keeps its last prompt's cache, edgefleet its prefix cache).
+``distinct`` puts the number first, so nothing past the chat template is shared and every
+prompt is prefilled in full: the cold-prefill picture.
 
-Writes ``benchmarks/results/serving_vs_llamacpp.json``.
+    python -m benchmarks.serving_vs_llamacpp [--prompts shared|distinct]
+        [--concurrency 1 4 16 32] [--threads 2]
+
+Writes ``benchmarks/results/serving_vs_llamacpp.json`` (``..._distinct.json``).
 """
 
 from __future__ import annotations
@@ -38,7 +45,12 @@ STORY = (
 )
 
 
+PROMPTS = "shared"  # set from --prompts
+
+
 def prompt(i: int) -> str:
+    if PROMPTS == "distinct":
+        return f"Story number {i}. {STORY.removesuffix(' Story number')}"
     return f"{STORY} {i}."
 
 
@@ -143,6 +155,9 @@ def profile(
 async def run(args: argparse.Namespace) -> int:
     from models.sources import SMOLLM2, locate
 
+    global PROMPTS
+    PROMPTS = args.prompts
+
     manifest = json.loads((Path(args.models_dir) / LLM / "manifest.json").read_text())
     gguf = locate(SMOLLM2).path
     ours: dict[str, Any] = {}
@@ -187,6 +202,7 @@ async def run(args: argparse.Namespace) -> int:
         "version": manifest["version"],
         "threads": args.threads,
         "max_tokens": args.max_tokens,
+        "prompts": args.prompts,
         "edgefleet": ours,
         "llamacpp": theirs,
         "aggregate_ratio_vs_llamacpp": ratios,
@@ -201,7 +217,8 @@ async def run(args: argparse.Namespace) -> int:
         targets["aggregate_ratio_c16"] = target(ratios["16"], ">= 3.0", ratios["16"] >= 3.0)
         ttft16 = ours["16"]["ttft_p50_s"]
         targets["ttft_p50_c16_s"] = target(ttft16, "<= 2.0", ttft16 <= 2.0)
-    path = write_results("serving_vs_llamacpp", figures, targets)
+    name = "serving_vs_llamacpp" + ("" if args.prompts == "shared" else f"_{args.prompts}")
+    path = write_results(name, figures, targets)
     print("\nratios (ours / llama.cpp, aggregate tokens/s):", ratios)
     for name, t in targets.items():
         print(f"  {name}: {t['value']} (target {t['target']}) {'MET' if t['met'] else 'NOT MET'}")
@@ -216,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--models-dir", default="models/artifacts")
+    parser.add_argument("--prompts", choices=["shared", "distinct"], default="shared")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)

@@ -69,6 +69,9 @@ class SlotCache:
         self.buffers: list[npt.NDArray[np.float32]] = []
         self.lengths = np.zeros(max_rows, dtype=np.int64)
         self._views: dict[tuple[int, int], list[ort.OrtValue]] = {}
+        # ONNX Runtime bindings over these buffers, by row range (made by CausalLM); they
+        # go with the buffers they point into
+        self.bindings: dict[tuple[int, int], ort.IOBinding] = {}
 
     @property
     def rows(self) -> int:
@@ -104,12 +107,14 @@ class SlotCache:
             grown.append(buffer)
         self.buffers = grown
         self._views.clear()
+        self.bindings.clear()
 
     def clear(self) -> None:
         """Free the buffers (no sequence holds a slot)."""
         self.buffers = []
         self.lengths[:] = 0
         self._views.clear()
+        self.bindings.clear()
 
     def views(self, first: int, count: int) -> list[ort.OrtValue]:
         """ONNX Runtime values over rows ``[first, first + count)`` of every buffer (no copy)."""
@@ -202,7 +207,7 @@ class CausalLM:
         """
         rows = int(input_ids.shape[0])
         cache.ensure(first + rows, int(lengths.max()))
-        binding = self._session.io_binding()
+        binding = self._binding(cache, first, rows)
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
         # the longest row's total; for a first prompt that is n, which is how the kernel
@@ -210,13 +215,22 @@ class CausalLM:
         total = np.array(int(lengths.max()), dtype=np.int32)
         binding.bind_cpu_input("total_sequence_length", total)
         binding.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
-        binding.bind_output("logits", "cpu")  # first: get_outputs() keeps binding order
-        for past, present, value in zip(
-            self._past_names, self._present_names, cache.views(first, rows), strict=True
-        ):
-            binding.bind_ortvalue_input(past, value)
-            binding.bind_ortvalue_output(present, value)
         self._session.run_with_iobinding(binding)
         logits: npt.NDArray[np.float32] = binding.get_outputs()[0].numpy()
         cache.lengths[first : first + rows] = lengths
         return logits
+
+    def _binding(self, cache: SlotCache, first: int, rows: int) -> ort.IOBinding:
+        """A binding with the cache views and the logits output in place, kept by the cache:
+        a decode step then only binds its four small inputs (~0.5 ms less per step)."""
+        binding = cache.bindings.get((first, rows))
+        if binding is None:
+            binding = self._session.io_binding()
+            binding.bind_output("logits", "cpu")  # first: get_outputs() keeps binding order
+            for past, present, value in zip(
+                self._past_names, self._present_names, cache.views(first, rows), strict=True
+            ):
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)
+            cache.bindings[(first, rows)] = binding
+        return binding

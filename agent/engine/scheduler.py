@@ -486,7 +486,6 @@ class ContinuousBatcher:
         seq.outputs.put_nowait(output)
         return False
 
-
     def _apply(self, plan: _Plan, result: _Result) -> None:
         # Indices into _running stay valid until _remove_rows, which runs once, at the end.
         finished = [

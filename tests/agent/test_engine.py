@@ -64,7 +64,9 @@ def test_padded_prompts_and_uneven_rows_decode_like_alone(tiny_artifacts: Path) 
     first = lm.run(alone, 0, short, _one(1, 5), np.array([[4]]))
     padded = np.concatenate([short, np.zeros((1, 7), dtype=np.int64)], axis=1)  # right-padded
     both = lm.new_cache(4)
-    logits = lm.run(both, 0, np.concatenate([padded, long]), np.array([5, 12]), np.array([[4], [11]]))
+    logits = lm.run(
+        both, 0, np.concatenate([padded, long]), np.array([5, 12]), np.array([[4], [11]])
+    )
     np.testing.assert_allclose(logits[0, 0], first[0, 0], rtol=1e-4, atol=1e-4)
     # a decode step over rows of different lengths: row 0 as if it were alone
     step = np.array([[7], [9]], dtype=np.int64)

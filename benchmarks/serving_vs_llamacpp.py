@@ -93,7 +93,7 @@ async def wave(
 ) -> dict[str, Any]:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                 timeout=600)  # fmt: skip
-    requests = 3 if concurrency == 1 else concurrency
+    requests = 5 if concurrency == 1 else concurrency
     results: list[dict[str, float]] = []
     started = time.perf_counter()
     if concurrency == 1:
@@ -171,7 +171,7 @@ async def run(args: argparse.Namespace) -> int:
     async with AgentProcess(
         models_dir=args.models_dir, serve=[LLM], extra_args=agent_args
     ) as agent:
-        await wave(agent.url, LLM, 1, 8, 10_000)  # warm-up
+        await wave(agent.url, LLM, 1, 64, 10_000)  # warm-up (pages the weights in)
         for c in args.concurrency:
             before = await scrape_steps(agent.url)
             ours[str(c)] = await wave(agent.url, LLM, c, args.max_tokens, 1000 * c)
@@ -185,7 +185,7 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     print(f"llama.cpp server: {gguf.name}, {args.threads} threads", flush=True)
     async with LlamaCppServer(gguf, args.llamacpp_port, args.threads) as server:
-        await wave(server.url, LLM, 1, 8, 10_000)
+        await wave(server.url, LLM, 1, 64, 10_000)  # warm-up
         for c in args.concurrency:
             theirs[str(c)] = await wave(server.url, LLM, c, args.max_tokens, 1000 * c)
             print(f"  llama c={c:<3} {json.dumps(theirs[str(c)])}", flush=True)

@@ -216,7 +216,8 @@ class CausalLM:
         binding.bind_cpu_input("total_sequence_length", total)
         binding.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
         self._session.run_with_iobinding(binding)
-        logits: npt.NDArray[np.float32] = binding.get_outputs()[0].numpy()
+        # a copy: the bound output's memory is reused by the binding's next run
+        logits: npt.NDArray[np.float32] = np.array(binding.get_outputs()[0].numpy())
         cache.lengths[first : first + rows] = lengths
         return logits
 

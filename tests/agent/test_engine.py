@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.engine.causal_lm import CausalLM
+from agent.engine.causal_lm import CausalLM, SlotCache
 from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams
 from agent.engine.ort_session import SessionConfig, create_session
 from agent.engine.text_codec import TextCodec
@@ -157,3 +157,44 @@ async def test_top_k_one_equals_greedy(make_tiny_registry: MakeRegistry) -> None
     assert _text(await _run(make_tiny_registry, "abc", greedy)) == _text(
         await _run(make_tiny_registry, "abc", top1)
     )
+
+
+def test_real_model_prefix_reuse_and_batching_are_bit_exact(real_artifacts: Path) -> None:
+    """On the shipped int4 SmolLM2: a prompt run after a cached prefix (at least two tokens
+    left to run), or right-padded next to a longer one, gives exactly the logits of a cold
+    run on its own, and greedy decoding then produces the same tokens."""
+    directory = real_artifacts / "smollm2-135m-instruct"
+    spec = causal_lm_spec(directory, load_manifest(directory / "manifest.json"))
+    lm = CausalLM(create_session(directory / "model.onnx", SessionConfig()), spec)
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(100, 30000, size=(1, 70))
+    other = np.concatenate([prompt[:, :48], rng.integers(100, 30000, size=(1, 40))], axis=1)
+
+    def greedy(cache: SlotCache, slot: int, logits: np.ndarray, steps: int = 16) -> list[int]:
+        out = []
+        for _ in range(steps):
+            token = int(logits.argmax())
+            out.append(token)
+            n = int(cache.lengths[slot]) + 1
+            logits = lm.run(
+                cache, slot, np.array([[token]]), np.array([n]), np.zeros((1, 1), np.int64)
+            )[0, 0]
+        return out
+
+    cold = lm.new_cache(1)
+    cold_logits = lm.run(cold, 0, prompt, _one(1, 70), np.array([[69]]))[0, 0]
+    expected = greedy(cold, 0, cold_logits)
+    # keys/values of the shared 48 tokens, computed as part of another prompt
+    donor = lm.new_cache(1)
+    lm.run(donor, 0, other, _one(1, 88), np.array([[87]]))
+    warm = lm.new_cache(2)
+    warm.write(1, donor.read(0, 0, 48))
+    warm_logits = lm.run(warm, 1, prompt[:, 48:], _one(1, 70), np.array([[21]]))[0, 0]
+    np.testing.assert_array_equal(warm_logits, cold_logits)
+    assert greedy(warm, 1, warm_logits) == expected
+    # the same prompt right-padded in a first-prompt batch with a longer one
+    batch = lm.new_cache(2)
+    padded = np.concatenate([prompt, np.zeros((1, 18), np.int64)], axis=1)
+    both = lm.run(batch, 0, np.concatenate([padded, other]), np.array([70, 88]),
+                  np.array([[69], [87]]))  # fmt: skip
+    np.testing.assert_array_equal(both[0, 0], cold_logits)

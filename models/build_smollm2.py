@@ -55,6 +55,7 @@ def key_options(options: BuildOptions) -> dict[str, Any]:
             "gather": False,
             "lm_head": "matmul-nbits-8",
             "exact_q4_1": True,
+            "q4_1_corrections": "matmul-nbits-8",
         },
         "bench_tokens": BENCH_TOKENS,
         "speed_tie": SPEED_TIE,

@@ -72,6 +72,9 @@ class SlotCache:
         # ONNX Runtime bindings over these buffers, by row range (made by CausalLM); they
         # go with the buffers they point into
         self.bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        # no slot will ever hold more tokens than this (the scheduler sets it from what the
+        # admitted sequences may reach): growth stops there instead of doubling past it
+        self.token_limit: int | None = None
 
     @property
     def rows(self) -> int:
@@ -94,8 +97,9 @@ class SlotCache:
         new_rows = min(self.max_rows, max(rows, 2 * self.rows)) if rows > self.rows else self.rows
         new_cap = self.capacity
         if tokens > self.capacity:
-            new_cap = max(tokens, 2 * self.capacity, self.MIN_CAPACITY)
-            new_cap = -(-new_cap // 64) * 64
+            new_cap = -(-max(tokens, 2 * self.capacity, self.MIN_CAPACITY) // 64) * 64
+            if self.token_limit is not None:
+                new_cap = max(tokens, min(new_cap, self.token_limit))
         keep = int(self.lengths[: self.rows].max()) if self.rows else 0
         shape = (new_rows, self._heads, new_cap, self._dim)
         grown: list[npt.NDArray[np.float32]] = []

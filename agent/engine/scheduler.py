@@ -375,6 +375,9 @@ class ContinuousBatcher:
             self._prefilling.append(head)
 
     def _plan(self) -> _Plan:
+        self._cache.token_limit = max(
+            (s.reserved_tokens for s in (*self._running, *self._prefilling)), default=None
+        )
         plan = _Plan(rows=list(self._running))
         if not self._prefilling:
             return plan

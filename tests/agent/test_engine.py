@@ -198,3 +198,17 @@ def test_real_model_prefix_reuse_and_batching_are_bit_exact(real_artifacts: Path
     both = lm.run(batch, 0, np.concatenate([padded, other]), np.array([70, 88]),
                   np.array([[69], [87]]))  # fmt: skip
     np.testing.assert_array_equal(both[0, 0], cold_logits)
+
+
+def test_slot_cache_growth_stops_at_the_token_limit(tiny_artifacts: Path) -> None:
+    lm = _lm(tiny_artifacts)
+    cache = lm.new_cache(4)
+    cache.ensure(1, 100)
+    assert (cache.rows, cache.capacity) == (1, 128)
+    cache.ensure(3, 129)  # rows and capacity double (at least) when they grow...
+    assert cache.rows == 3 and cache.capacity == 256
+    cache.token_limit = 300
+    cache.ensure(3, 257)  # ...but never past what a sequence can reach
+    assert cache.capacity == 300
+    cache.clear()
+    assert cache.allocated_tokens == 0 and cache.buffers == []

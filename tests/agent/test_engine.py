@@ -162,7 +162,7 @@ async def test_top_k_one_equals_greedy(make_tiny_registry: MakeRegistry) -> None
 def test_real_model_prefix_reuse_and_batching_are_bit_exact(real_artifacts: Path) -> None:
     """On the shipped int4 SmolLM2: a prompt run after a cached prefix (at least two tokens
     left to run), or right-padded next to a longer one, gives exactly the logits of a cold
-    run on its own, and greedy decoding then produces the same tokens."""
+    run on its own, and greedy decoding, alone or batched, then produces the same tokens."""
     directory = real_artifacts / "smollm2-135m-instruct"
     spec = causal_lm_spec(directory, load_manifest(directory / "manifest.json"))
     lm = CausalLM(create_session(directory / "model.onnx", SessionConfig()), spec)
@@ -198,6 +198,15 @@ def test_real_model_prefix_reuse_and_batching_are_bit_exact(real_artifacts: Path
     both = lm.run(batch, 0, np.concatenate([padded, other]), np.array([70, 88]),
                   np.array([[69], [87]]))  # fmt: skip
     np.testing.assert_array_equal(both[0, 0], cold_logits)
+    # and decoding it in a batch with the longer one gives the tokens it gives alone
+    tokens: list[int] = []
+    logits = both[:, 0]
+    for _ in range(16):
+        step = logits.argmax(-1)
+        tokens.append(int(step[0]))
+        index = np.zeros((2, 1), np.int64)
+        logits = lm.run(batch, 0, step[:, None], batch.lengths[:2] + 1, index)[:, 0]
+    assert tokens == expected
 
 
 def test_slot_cache_growth_stops_at_the_token_limit(tiny_artifacts: Path) -> None:

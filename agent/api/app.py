@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,7 +30,15 @@ from agent.api.serving_common import (
 )
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
-from agent.api.wire import error_body, error_response, json_response, read_json, stream_sse
+from agent.api.wire import (
+    CLIENT_CLOSED,
+    CLIENT_GONE,
+    error_body,
+    error_response,
+    json_response,
+    read_json,
+    stream_sse,
+)
 from agent.config import AgentConfig
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.ort_session import SessionConfig
@@ -65,8 +74,11 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     status = 500
     try:
         response = await handler(request)
-        status = response.status
+        status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
         return response
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED  # the connection closed under the handler
+        raise
     except AgentError as exc:
         status = exc.status
         if status >= 500:

@@ -14,6 +14,10 @@ from agent.errors import AgentError, InvalidRequestError, OverloadedError, Paylo
 
 M = TypeVar("M", bound=BaseModel)
 
+# status recorded for a request whose client went away mid-response (nginx's 499)
+CLIENT_CLOSED = 499
+CLIENT_GONE = "edgefleet.client_gone"  # request key set when that happened
+
 
 # pydantic names the branch of a union that failed ("str", "list[int]", "constrained-str")
 _UNION_BRANCH = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|constrained-.*)$")
@@ -112,13 +116,21 @@ async def stream_sse(
     exclude = None if with_usage else {"usage"}
     first = await anext(events)  # errors before the first event still get a status code
     await response.prepare(request)
-    await response.write(f"data: {first.model_dump_json(exclude=exclude)}\n\n".encode())
     try:
-        async for event in events:
-            await response.write(f"data: {event.model_dump_json(exclude=exclude)}\n\n".encode())
-    except AgentError as exc:
-        body = error_body(exc.message, exc.error_type, param=exc.param, code=exc.code)
-        await response.write(f"data: {json.dumps(body)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+        await response.write(f"data: {first.model_dump_json(exclude=exclude)}\n\n".encode())
+        try:
+            async for event in events:
+                data = f"data: {event.model_dump_json(exclude=exclude)}\n\n"
+                await response.write(data.encode())
+        except AgentError as exc:
+            body = error_body(exc.message, exc.error_type, param=exc.param, code=exc.code)
+            await response.write(f"data: {json.dumps(body)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        # the client went away: closing the events cancels its sequence at once
+        request[CLIENT_GONE] = True
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
     return response

@@ -147,6 +147,10 @@ async def test_client_disconnect_cancels_its_sequence(make_client: ClientFactory
     resp.close()  # the client goes away mid-stream
     await until(lambda: _running(client, 0), timeout_s=2.0)
     assert (await health(client))["kv_cache_used_tokens"] == 0
+    # counted as "client closed request", not as a server error
+    text = await (await client.get("/metrics")).text()
+    assert 'endpoint="/v1/chat/completions",status="499"} 1.0' in text
+    assert 'status="500"' not in text
 
 
 async def test_metrics_cover_the_engine(client: TestClient) -> None:

@@ -228,6 +228,10 @@ def _validate(config: AgentConfig) -> None:
     for name in ("max_running", "max_batched_tokens", "kv_budget_tokens", "max_queue"):
         if getattr(e, name) < 1:
             raise ConfigError(f"engine.{name} must be >= 1, got {getattr(e, name)}")
+    if e.prefix_cache_bytes < 0:
+        raise ConfigError(
+            f"engine.prefix_cache_bytes must be >= 0 (0 turns it off), got {e.prefix_cache_bytes}"
+        )
     if config.embeddings.max_batch_size < 1 or config.embeddings.max_queue_delay_us < 0:
         raise ConfigError("embeddings.max_batch_size must be >= 1, max_queue_delay_us >= 0")
     if e.max_queue_wait_s <= 0 or e.request_timeout_s <= 0:

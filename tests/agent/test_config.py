@@ -45,6 +45,8 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
         ("", {"EDGEFLEET_AGENT_SERVER_PORT": "x"}, "server.port"),
         ("", {"EDGEFLEET_AGENT_MODELS_VERIFY_CHECKSUMS": "maybe"}, "verify_checksums"),
         ("[identity]\nlatitude = 123.0\n", {}, "latitude"),
+        ("[engine]\nprefix_cache_bytes = -1\n", {}, "prefix_cache_bytes"),
+        ("[engine]\nmax_running = 0\n", {}, "max_running"),
     ],
 )
 def test_bad_config_is_a_clear_error(

@@ -260,3 +260,68 @@ def test_prefix_cache_keeps_within_its_budget_and_shares_blocks() -> None:
     assert cache.lookup(np.arange(200, 240, dtype=np.int64))[0] == 32
     # a prefix that does not start the same way is never matched
     assert cache.lookup(np.concatenate([[5], a[1:40]]))[0] == 0
+
+
+@pytest.mark.parametrize("seed", [11, 21, 31])
+async def test_random_arrivals_cancellations_and_shared_prefixes_keep_every_output(
+    tiny_artifacts: Path, seed: int
+) -> None:
+    """Slots are rearranged whenever a sequence leaves (and the prompt being prefilled moves
+    with them); a randomized mix of arrivals, chunked and grouped prefills, prefix reuse and
+    disconnects must leave every surviving sequence's greedy output as it is alone."""
+    rng = np.random.default_rng(seed)
+    shared = prompts([40], seed=seed + 1)[0]
+    jobs: list[tuple[list[int], int, int | None]] = []  # prompt, max_tokens, cancel after
+    lengths = [int(n) for n in rng.integers(3, 120, size=28)]
+    for i, p in enumerate(prompts(lengths, seed=seed + 2)):
+        prompt = shared + p if i % 3 == 0 else p  # a third share a 40-token prefix
+        cancel = int(rng.integers(1, 6)) if i % 5 == 0 else None
+        jobs.append((prompt, int(rng.integers(4, 40)), cancel))
+    cold = make_model(tiny_artifacts, prefix_cache_bytes=0)
+    alone = [tokens(await collect(cold, p, n)) for p, n, _ in jobs]
+    await cold.close()
+
+    model = make_model(
+        tiny_artifacts, max_running=5, max_batched_tokens=64, prefix_cache_bytes=1 << 20
+    )
+    reused: list[int] = []
+    batch_sizes: list[int] = []
+    prefill_sizes: list[int] = []
+
+    class Spy:
+        def on_step(self, stats: object) -> None:
+            batch_sizes.append(stats.batch_size)  # type: ignore[attr-defined]
+            prefill_sizes.append(stats.prefill_tokens)  # type: ignore[attr-defined]
+
+        def on_admitted(self, queue_wait_s: float) -> None: ...
+
+        def on_rejected(self, reason: str) -> None: ...
+
+        def on_prefix_reused(self, tokens: int) -> None:
+            reused.append(tokens)
+
+    model.add_listener(Spy())
+
+    async def run(i: int) -> list[int] | None:
+        prompt, max_tokens, cancel = jobs[i]
+        await asyncio.sleep(float(rng.uniform(0, 0.05)))  # arrivals spread over steps
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        stream = model.generate(GenerationRequest(f"r{i}", prompt, params))
+        got: list[int] = []
+        async for out in stream:
+            got.extend(out.token_ids)
+            if cancel is not None and len(got) >= cancel:
+                await stream.aclose()  # type: ignore[attr-defined]
+                return None
+        return got
+
+    results = await asyncio.gather(*(run(i) for i in range(len(jobs))))
+    for i, got in enumerate(results):
+        if got is not None:
+            assert got == alone[i], f"request {i} changed in the batch"
+    # what the mix exercised: disconnects, prefix reuse, full batches, long prompts chunked
+    assert sum(r is None for r in results) >= 1 and reused
+    assert max(batch_sizes) == 5 and 64 in prefill_sizes
+    await wait_for(lambda: model.load().running == 0)
+    assert model.load().kv_used_tokens == 0  # every slot given back
+    await model.close()

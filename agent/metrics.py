@@ -64,12 +64,13 @@ class AgentMetrics:
         )
         self.kv_cache_used_tokens = Gauge(
             "edgefleet_agent_kv_cache_used_tokens",
-            "Key/value cache slots in use (padding included)",
+            "Key/value cache allocated, in tokens (slots padded to the longest sequence)",
             registry=r,
         )
         self.kv_cache_used_ratio = Gauge(
             "edgefleet_agent_kv_cache_used_ratio",
-            "Key/value cache slots in use over the configured budget",
+            "Key/value cache promised to admitted sequences (rows x the longest one's "
+            "prompt + max_tokens) over the configured budget",
             registry=r,
         )
         self.batch_size = Histogram(

@@ -71,8 +71,8 @@ class GenerationOutput:
 class EngineLoad:
     running: int  # sequences in the batch or being prefilled
     waiting: int  # sequences queued
-    kv_used_tokens: int  # key/value cache slots in use
-    kv_used_fraction: float  # of the configured budget
+    kv_used_tokens: int  # key/value cache allocated (slots padded to the longest)
+    kv_used_fraction: float  # of the budget promised to admitted sequences
 
 
 @dataclass(frozen=True)

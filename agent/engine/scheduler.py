@@ -190,7 +190,13 @@ class ContinuousBatcher:
 
     @property
     def kv_used_fraction(self) -> float:
-        return min(1.0, self._cache.allocated_tokens / self.config.kv_budget_tokens)
+        """The budget share admission has promised: admitted sequences x the longest one's
+        prompt + max_tokens (slots are padded to it). Near 1, new requests wait."""
+        active = [*self._running, *self._prefilling]
+        if not active:
+            return 0.0
+        promised = len(active) * max(s.reserved_tokens for s in active)
+        return min(1.0, promised / self.config.kv_budget_tokens)
 
     # ---- lifecycle -----------------------------------------------------------------------
 

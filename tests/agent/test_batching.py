@@ -325,3 +325,21 @@ async def test_random_arrivals_cancellations_and_shared_prefixes_keep_every_outp
     await wait_for(lambda: model.load().running == 0)
     assert model.load().kv_used_tokens == 0  # every slot given back
     await model.close()
+
+
+async def test_kv_use_reports_what_admission_promised(tiny_artifacts: Path) -> None:
+    model = make_model(tiny_artifacts, kv_budget_tokens=1000)
+    short, long = prompts([20, 50], seed=40)
+    params = SamplingParams(temperature=0.0, max_tokens=80)
+    a = model.generate(GenerationRequest("a", short, params))  # reserves 20 + 80
+    await anext(a)
+    assert model.load().kv_used_fraction == pytest.approx(0.1)
+    b = model.generate(GenerationRequest("b", long, params))  # 50 + 80: rows pad to 130
+    await anext(b)
+    assert model.load().kv_used_fraction == pytest.approx(2 * 130 / 1000)
+    assert model.load().kv_used_tokens >= 2 * 70  # allocated: both prompts and more
+    for stream in (a, b):
+        await stream.aclose()  # type: ignore[attr-defined]
+    await wait_for(lambda: model.load().running == 0)
+    assert model.load().kv_used_fraction == 0.0 and model.load().kv_used_tokens == 0
+    await model.close()

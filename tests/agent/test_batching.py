@@ -11,7 +11,7 @@ import pytest
 
 from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams
 from agent.engine.ort_session import SessionConfig
-from agent.engine.scheduler import BatcherConfig
+from agent.engine.scheduler import BatcherConfig, StepStats
 from agent.engine.text_model import OnnxTextModel
 from agent.errors import OverloadedError, RequestTimeoutError
 from agent.model_store import load_registry
@@ -55,6 +55,32 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> Non
             await asyncio.sleep(0.001)
 
 
+class Recorder:
+    """A batcher listener that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+        self.reused: list[int] = []
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [s.batch_size for s in self.steps]
+
+    @property
+    def prefill_sizes(self) -> list[int]:
+        return [s.prefill_tokens for s in self.steps]
+
+    def on_step(self, stats: StepStats) -> None:
+        self.steps.append(stats)
+
+    def on_admitted(self, queue_wait_s: float) -> None: ...
+
+    def on_rejected(self, reason: str) -> None: ...
+
+    def on_prefix_reused(self, tokens: int) -> None:
+        self.reused.append(tokens)
+
+
 async def test_batched_greedy_equals_alone_for_mixed_lengths(tiny_artifacts: Path) -> None:
     # a small token budget forces the 150-token prompt through several prefill chunks
     model = make_model(tiny_artifacts, max_batched_tokens=48)
@@ -69,25 +95,14 @@ async def test_request_joins_a_running_batch(tiny_artifacts: Path) -> None:
     model = make_model(tiny_artifacts)
     long_prompt, late_prompt = prompts([20, 40], seed=1)
     expected_late = tokens(await collect(model, late_prompt, 10))
-    batch_sizes: list[int] = []
-
-    class Spy:
-        def on_step(self, stats: object) -> None:
-            batch_sizes.append(stats.batch_size)  # type: ignore[attr-defined]
-
-        def on_admitted(self, queue_wait_s: float) -> None: ...
-
-        def on_rejected(self, reason: str) -> None: ...
-
-        def on_prefix_reused(self, tokens: int) -> None: ...
-
-    model.add_listener(Spy())
+    spy = Recorder()
+    model.add_listener(spy)
     first = asyncio.create_task(collect(model, long_prompt, 200))
-    await wait_for(lambda: model.engine.running == 1 and len(batch_sizes) > 5)
+    await wait_for(lambda: model.engine.running == 1 and len(spy.steps) > 5)
     late = await collect(model, late_prompt, 10)
     assert not first.done()  # the late request finished while the long one ran
     assert tokens(late) == expected_late
-    assert 2 in batch_sizes  # they were decoded together
+    assert 2 in spy.batch_sizes  # they were decoded together
     await first
     await model.close()
 
@@ -181,22 +196,11 @@ async def test_short_prompts_prefill_together_with_the_same_output(tiny_artifact
     model = make_model(tiny_artifacts, max_batched_tokens=512, prefix_cache_bytes=0)
     ps = prompts([7, 30, 12, 25, 9])
     alone = [tokens(await collect(model, p, 12)) for p in ps]
-    prefill_sizes: list[int] = []
-
-    class Spy:
-        def on_step(self, stats: object) -> None:
-            prefill_sizes.append(stats.prefill_tokens)  # type: ignore[attr-defined]
-
-        def on_admitted(self, queue_wait_s: float) -> None: ...
-
-        def on_rejected(self, reason: str) -> None: ...
-
-        def on_prefix_reused(self, tokens: int) -> None: ...
-
-    model.add_listener(Spy())
+    spy = Recorder()
+    model.add_listener(spy)
     together = await asyncio.gather(*(collect(model, p, 12) for p in ps))
     assert [tokens(t) for t in together] == alone
-    assert max(prefill_sizes) > 30  # more than one prompt ran in one step
+    assert max(spy.prefill_sizes) > 30  # more than one prompt ran in one step
     await model.close()
 
 
@@ -207,22 +211,11 @@ async def test_shared_prompt_prefix_is_reused_with_the_same_output(tiny_artifact
     expected = tokens(await collect(cold, second, 16))
     await cold.close()
     model = make_model(tiny_artifacts, prefix_cache_bytes=8 * 1024 * 1024)
-    reused: list[int] = []
-
-    class Spy:
-        def on_step(self, stats: object) -> None: ...
-
-        def on_admitted(self, queue_wait_s: float) -> None: ...
-
-        def on_rejected(self, reason: str) -> None: ...
-
-        def on_prefix_reused(self, tokens: int) -> None:
-            reused.append(tokens)
-
-    model.add_listener(Spy())
+    spy = Recorder()
+    model.add_listener(spy)
     await collect(model, first, 4)
     assert tokens(await collect(model, second, 16)) == expected
-    assert reused == [48]  # the shared part's whole 16-token blocks were not recomputed
+    assert spy.reused == [48]  # the shared part's whole 16-token blocks were not recomputed
     await model.close()
 
 
@@ -284,23 +277,8 @@ async def test_random_arrivals_cancellations_and_shared_prefixes_keep_every_outp
     model = make_model(
         tiny_artifacts, max_running=5, max_batched_tokens=64, prefix_cache_bytes=1 << 20
     )
-    reused: list[int] = []
-    batch_sizes: list[int] = []
-    prefill_sizes: list[int] = []
-
-    class Spy:
-        def on_step(self, stats: object) -> None:
-            batch_sizes.append(stats.batch_size)  # type: ignore[attr-defined]
-            prefill_sizes.append(stats.prefill_tokens)  # type: ignore[attr-defined]
-
-        def on_admitted(self, queue_wait_s: float) -> None: ...
-
-        def on_rejected(self, reason: str) -> None: ...
-
-        def on_prefix_reused(self, tokens: int) -> None:
-            reused.append(tokens)
-
-    model.add_listener(Spy())
+    spy = Recorder()
+    model.add_listener(spy)
 
     async def run(i: int) -> list[int] | None:
         prompt, max_tokens, cancel = jobs[i]
@@ -320,8 +298,8 @@ async def test_random_arrivals_cancellations_and_shared_prefixes_keep_every_outp
         if got is not None:
             assert got == alone[i], f"request {i} changed in the batch"
     # what the mix exercised: disconnects, prefix reuse, full batches, long prompts chunked
-    assert sum(r is None for r in results) >= 1 and reused
-    assert max(batch_sizes) == 5 and 64 in prefill_sizes
+    assert sum(r is None for r in results) >= 1 and spy.reused
+    assert max(spy.batch_sizes) == 5 and 64 in spy.prefill_sizes
     await wait_for(lambda: model.load().running == 0)
     assert model.load().kv_used_tokens == 0  # every slot given back
     await model.close()

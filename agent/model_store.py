@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.engine.causal_lm import CausalLM, CausalLMSpec
+from agent.engine.causal_lm import CausalLM
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
@@ -22,7 +22,13 @@ from agent.engine.text_model import OnnxTextModel
 from agent.errors import ModelLoadError
 from agent.model_registry import ModelRegistry
 from models.errors import ModelsError
-from models.manifest import MANIFEST_FILENAME, ModelManifest, load_manifest, verify_files
+from models.manifest import (
+    MANIFEST_FILENAME,
+    LlmSpec,
+    ModelManifest,
+    load_manifest,
+    verify_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,21 +53,11 @@ def read_manifest(directory: Path, *, verify: bool) -> ModelManifest:
     return manifest
 
 
-def causal_lm_spec(directory: Path, manifest: ModelManifest) -> CausalLMSpec:
+def causal_lm_spec(directory: Path, manifest: ModelManifest) -> LlmSpec:
     """The decoder graph's shapes and tensor names, from its manifest."""
-    llm = manifest.llm
-    if llm is None:
+    if manifest.llm is None:
         raise ModelLoadError(f"{directory}: text-generation manifest without an 'llm' section")
-    return CausalLMSpec(
-        num_layers=llm.num_layers,
-        num_kv_heads=llm.num_kv_heads,
-        head_dim=llm.head_dim,
-        vocab_size=llm.vocab_size,
-        past_key=llm.past_key_template,
-        past_value=llm.past_value_template,
-        present_key=llm.present_key_template,
-        present_value=llm.present_value_template,
-    )
+    return manifest.llm
 
 
 def load_text_model(

@@ -19,33 +19,15 @@ rearranging of a right-aligned batch cache; fused attention over a shared buffer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
 from agent.errors import ModelLoadError
+from models.llama_graph import GRAPH_INPUTS
+from models.manifest import LlmSpec
 
 _ORT_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-GRAPH_INPUTS = ("input_ids", "seqlens_k", "total_sequence_length", "logits_index")
-
-
-@dataclass(frozen=True)
-class CausalLMSpec:
-    num_layers: int  # decoder layers, one past key and value each
-    num_kv_heads: int  # key/value heads (grouped-query attention)
-    head_dim: int  # size of one head
-    vocab_size: int  # logits per position
-    past_key: str = "past_key_values.{layer}.key"  # input name templates
-    past_value: str = "past_key_values.{layer}.value"
-    present_key: str = "present.{layer}.key"  # output name templates
-    present_value: str = "present.{layer}.value"
-
-    @property
-    def bytes_per_token(self) -> int:
-        """Cache bytes of one token (float32 keys and values, every layer)."""
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
 
 
 class SlotCache:
@@ -68,7 +50,6 @@ class SlotCache:
         self.max_rows = max_rows
         self.buffers: list[npt.NDArray[np.float32]] = []
         self.lengths = np.zeros(max_rows, dtype=np.int64)
-        self._views: dict[tuple[int, int], list[ort.OrtValue]] = {}
         # ONNX Runtime bindings over these buffers, by row range (made by CausalLM); they
         # go with the buffers they point into
         self.bindings: dict[tuple[int, int], ort.IOBinding] = {}
@@ -110,26 +91,13 @@ class SlotCache:
                 buffer[: old.shape[0], :, :keep] = old[:, :, :keep]
             grown.append(buffer)
         self.buffers = grown
-        self._views.clear()
         self.bindings.clear()
 
     def clear(self) -> None:
         """Free the buffers (no sequence holds a slot)."""
         self.buffers = []
         self.lengths[:] = 0
-        self._views.clear()
         self.bindings.clear()
-
-    def views(self, first: int, count: int) -> list[ort.OrtValue]:
-        """ONNX Runtime values over rows ``[first, first + count)`` of every buffer (no copy)."""
-        key = (first, count)
-        views = self._views.get(key)
-        if views is None:
-            views = [
-                ort.OrtValue.ortvalue_from_numpy(b[first : first + count]) for b in self.buffers
-            ]
-            self._views[key] = views
-        return views
 
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s tokens into slot ``dst``."""
@@ -153,7 +121,7 @@ class SlotCache:
 
 
 class CausalLM:
-    def __init__(self, session: ort.InferenceSession, spec: CausalLMSpec) -> None:
+    def __init__(self, session: ort.InferenceSession, spec: LlmSpec) -> None:
         self._session = session
         self._spec = spec
         inputs = {i.name: i for i in session.get_inputs()}
@@ -161,14 +129,17 @@ class CausalLM:
         self._past_names = [
             name
             for layer in range(spec.num_layers)
-            for name in (spec.past_key.format(layer=layer), spec.past_value.format(layer=layer))
+            for name in (
+                spec.past_key_template.format(layer=layer),
+                spec.past_value_template.format(layer=layer),
+            )
         ]
         self._present_names = [
             name
             for layer in range(spec.num_layers)
             for name in (
-                spec.present_key.format(layer=layer),
-                spec.present_value.format(layer=layer),
+                spec.present_key_template.format(layer=layer),
+                spec.present_value_template.format(layer=layer),
             )
         ]
         missing = [n for n in [*GRAPH_INPUTS, *self._past_names] if n not in inputs]
@@ -184,7 +155,7 @@ class CausalLM:
         self._kv_dtype = _ORT_TO_NUMPY[kv_type]
 
     @property
-    def spec(self) -> CausalLMSpec:
+    def spec(self) -> LlmSpec:
         return self._spec
 
     def new_cache(self, max_rows: int) -> SlotCache:
@@ -232,9 +203,11 @@ class CausalLM:
         if binding is None:
             binding = self._session.io_binding()
             binding.bind_output("logits", "cpu")  # first: get_outputs() keeps binding order
-            for past, present, value in zip(
-                self._past_names, self._present_names, cache.views(first, rows), strict=True
+            for past, present, buffer in zip(
+                self._past_names, self._present_names, cache.buffers, strict=True
             ):
+                # a view of rows [first, first + rows): no copy, the kernel writes in place
+                value = ort.OrtValue.ortvalue_from_numpy(buffer[first : first + rows])
                 binding.bind_ortvalue_input(past, value)
                 binding.bind_ortvalue_output(present, value)
             cache.bindings[(first, rows)] = binding

@@ -56,15 +56,24 @@ class PrefixCache:
         for key in reversed(keys):
             self._blocks.move_to_end(key)
 
-    def lookup(self, prompt: Tokens) -> tuple[int, Block | None]:
-        """The longest cached prefix of ``prompt`` in whole blocks (leaving at least
-        ``MIN_RUN`` tokens), as one array [tensors, kv_heads, tokens, head_dim]."""
+    def _cached_keys(self, prompt: Tokens) -> list[bytes]:
+        """Keys of the cached blocks that start ``prompt``, leaving ``MIN_RUN`` tokens."""
         usable = max(0, (len(prompt) - MIN_RUN) // self.block_tokens)
         found: list[bytes] = []
         for key in self._keys(prompt, usable):
             if key not in self._blocks:
                 break
             found.append(key)
+        return found
+
+    def cached_tokens(self, prompt: Tokens) -> int:
+        """How many tokens :meth:`lookup` would return now (nothing is touched or copied)."""
+        return len(self._cached_keys(prompt)) * self.block_tokens
+
+    def lookup(self, prompt: Tokens) -> tuple[int, Block | None]:
+        """The longest cached prefix of ``prompt`` in whole blocks (leaving at least
+        ``MIN_RUN`` tokens), as one array [tensors, kv_heads, tokens, head_dim]."""
+        found = self._cached_keys(prompt)
         if not found:
             return 0, None
         self._touch(found)

@@ -111,7 +111,6 @@ class _Sequence:
         self.deadline = self.arrived + timeout_s
         self.rank = (PRIORITY_RANK[request.priority], order)
         self.prefilled = 0  # prompt tokens already in this sequence's cache
-        self.prefix: npt.NDArray[np.float32] | None = None  # cached keys/values of its start
         self.last_token = -1
         self.generated = 0
         self.cancelled = False
@@ -128,16 +127,16 @@ class _Sequence:
 
 @dataclass
 class _Plan:
-    prefill: _Sequence | None = None  # a prompt, one chunk this step
-    chunk: npt.NDArray[np.int64] | None = None
-    group: list[_Sequence] = field(default_factory=list)  # short prompts, whole, together
+    # prompt tokens run this step, (sequence, first, end): one chunk of one prompt (after
+    # its cached prefix, if any), or several short prompts whole, right-padded together
+    prompts: list[tuple[_Sequence, int, int]] = field(default_factory=list)
+    reuse: int = 0  # cached prefix tokens copied into the chunked prompt's slot first
     rows: list[_Sequence] = field(default_factory=list)  # running sequences to decode
 
 
 @dataclass
 class _Result:
-    prefill_token: int | None = None
-    group_tokens: list[int] = field(default_factory=list)
+    prompt_tokens: dict[int, int] = field(default_factory=dict)  # whole prompts' first tokens
     row_tokens: list[int] = field(default_factory=list)
     stats: StepStats = field(default_factory=StepStats)
 
@@ -156,7 +155,6 @@ class ContinuousBatcher:
         self.config = config
         # running and prefilling sequences together are at most max_running
         self._cache = lm.new_cache(config.max_running)
-        self._bytes_per_token = lm.spec.bytes_per_token
         self._prefixes = (
             PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         )
@@ -170,7 +168,6 @@ class ContinuousBatcher:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._service_s = 0.0  # moving average of a sequence's time in the batch
-        self.last_step = StepStats()
         self.listeners: list[BatcherListener] = []
 
     # ---- load, for health, metrics and the coordinator -----------------------------------
@@ -190,13 +187,15 @@ class ContinuousBatcher:
 
     @property
     def kv_used_fraction(self) -> float:
-        """The budget share admission has promised: admitted sequences x the longest one's
-        prompt + max_tokens (slots are padded to it). Near 1, new requests wait."""
-        active = [*self._running, *self._prefilling]
-        if not active:
-            return 0.0
-        promised = len(active) * max(s.reserved_tokens for s in active)
-        return min(1.0, promised / self.config.kv_budget_tokens)
+        """The budget share admission has promised (see :meth:`_promised`); near 1, new
+        requests wait."""
+        return min(1.0, self._promised() / self.config.kv_budget_tokens)
+
+    def _promised(self, extra: _Sequence | None = None) -> int:
+        """Cache tokens promised to the admitted sequences (and ``extra``): their number x
+        the longest one's prompt + max_tokens, since slots are padded to the longest."""
+        active = [*self._running, *self._prefilling, *([extra] if extra else [])]
+        return len(active) * max((s.reserved_tokens for s in active), default=0)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -287,12 +286,9 @@ class ContinuousBatcher:
             started = time.perf_counter()
             self._drop_cancelled_and_expired()
             self._admit()
-            if not self._running and not self._prefilling:
+            if not self._running and not self._prefilling:  # _admit took all it could
                 self._wake.clear()
-                if not self._waiting:
-                    await self._wake.wait()
-                else:  # waiting but blocked by the cache budget: wait for a change
-                    await asyncio.sleep(0.005)
+                await self._wake.wait()
                 continue
             plan = self._plan()
             try:
@@ -303,7 +299,6 @@ class ContinuousBatcher:
                 continue
             self._apply(plan, result)
             result.stats.step_s = time.perf_counter() - started
-            self.last_step = result.stats
             for listener in self.listeners:
                 listener.on_step(result.stats)
             await asyncio.sleep(0)  # let handlers run between steps
@@ -315,6 +310,9 @@ class ContinuousBatcher:
             spent = time.monotonic() - seq.admitted_at
             self._service_s = spent if self._service_s == 0 else 0.8 * self._service_s + 0.2 * spent
 
+    def _expired_in_queue(self, seq: _Sequence, now: float) -> bool:
+        return seq.deadline < now or now - seq.arrived > self.config.max_queue_wait_s
+
     def _drop_cancelled_and_expired(self) -> None:
         now = time.monotonic()
         if any(s.cancelled or s.deadline < now for s in self._waiting):
@@ -322,7 +320,7 @@ class ContinuousBatcher:
             for s in self._waiting:
                 if s.cancelled:
                     continue
-                if s.deadline < now or now - s.arrived > self.config.max_queue_wait_s:
+                if self._expired_in_queue(s, now):
                     self._finish(s, OverloadedError(
                         "timed out waiting in the queue", retry_after=1.0, reason="queue_timeout"
                     ))  # fmt: skip
@@ -349,6 +347,9 @@ class ContinuousBatcher:
 
     def _remove_rows(self, rows: list[int]) -> None:
         """Free the slots of these running sequences (indices into ``_running``)."""
+        if not rows:
+            return
+        partial_slot = len(self._running)  # the prompt being prefilled follows them
         for row in sorted(rows, reverse=True):
             last = len(self._running) - 1
             if row != last:  # the last running sequence takes the freed slot
@@ -356,29 +357,24 @@ class ContinuousBatcher:
                 self._running[row] = self._running[last]
             self._running.pop()
             self._cache.lengths[last] = 0
-            if self._partial is not None:  # the prompt being prefilled follows
-                self._cache.move(last + 1, last)
-        if not self._running and self._partial is None:
+        if self._partial is not None:
+            self._cache.move(partial_slot, len(self._running))
+        elif not self._running:
             self._cache.clear()  # idle: give the memory back
-
-    def _reserved_fits(self, extra: _Sequence) -> bool:
-        """Slots are padded to the longest sequence: rows x longest must fit the budget."""
-        active = [*self._running, *self._prefilling, extra]
-        longest = max(s.reserved_tokens for s in active)
-        return len(active) * longest <= self.config.kv_budget_tokens
 
     def _admit(self) -> None:
         while self._waiting and self.running < self.config.max_running:
             head = self._waiting[0]
-            if (self._running or self._prefilling) and not self._reserved_fits(head):
+            if self.running and self._promised(head) > self.config.kv_budget_tokens:
                 break
             heapq.heappop(self._waiting)
             head.admitted_at = time.monotonic()
             for listener in self.listeners:
                 listener.on_admitted(head.admitted_at - head.arrived)
-            if self._prefixes is not None:
-                head.prefix = self._prefixes.lookup(head.prompt)[1]
             self._prefilling.append(head)
+
+    def _cached_prefix(self, seq: _Sequence) -> int:
+        return self._prefixes.cached_tokens(seq.prompt) if self._prefixes is not None else 0
 
     def _plan(self) -> _Plan:
         self._cache.token_limit = max(
@@ -391,79 +387,83 @@ class ContinuousBatcher:
         # whether it runs alone or with others, so its output does not depend on the load.
         budget = self.config.max_batched_tokens
         seq = self._partial or self._prefilling[0]
-        if seq is self._partial or seq.prefix is not None or len(seq.prompt) > budget:
-            if seq.prefix is not None:  # start from a cached prefix: into the slot now
-                self._cache.write(len(self._running), seq.prefix)
-                reused = seq.prefilled = int(seq.prefix.shape[2])
-                seq.prefix = None
-                for listener in self.listeners:
-                    listener.on_prefix_reused(reused)
-            self._partial = seq
-            plan.prefill = seq
-            plan.chunk = seq.prompt[seq.prefilled : seq.prefilled + budget]
+        reuse = 0 if seq is self._partial else self._cached_prefix(seq)
+        if seq is self._partial or reuse or len(seq.prompt) > budget:
+            first = seq.prefilled or reuse
+            plan.prompts = [(seq, first, min(len(seq.prompt), first + budget))]
+            plan.reuse = reuse
+            self._partial = seq  # it holds the slot after the running ones until it is in
             return plan
         # whole short prompts go together, right-padded to the longest, within the budget
         width = 0
         for candidate in self._prefilling:
-            if candidate.prefix is not None:
-                break
             longest = max(width, len(candidate.prompt))
-            if (len(plan.group) + 1) * longest > budget:
+            if (len(plan.prompts) + 1) * longest > budget or self._cached_prefix(candidate):
                 break
-            plan.group.append(candidate)
+            plan.prompts.append((candidate, 0, len(candidate.prompt)))
             width = longest
         return plan
 
-    def _prefill_group(self, plan: _Plan, result: _Result) -> None:
-        group = plan.group
-        lengths = np.array([len(s.prompt) for s in group], dtype=np.int64)
-        ids = np.zeros((len(group), int(lengths.max())), dtype=np.int64)
-        for i, seq in enumerate(group):
-            ids[i, : len(seq.prompt)] = seq.prompt
+    def _run(
+        self,
+        stats: StepStats,
+        first: int,
+        ids: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+        index: npt.NDArray[np.int64],
+    ) -> npt.NDArray[np.float32]:
         t0 = time.perf_counter()
-        logits = self._lm.run(self._cache, len(self._running), ids, lengths, lengths[:, None] - 1)
-        t1 = time.perf_counter()
-        result.group_tokens = [seq.sampler.sample(logits[i, 0]) for i, seq in enumerate(group)]
-        result.stats.prefill_tokens += int(lengths.sum())
-        result.stats.ort_s += t1 - t0
-        result.stats.sample_s += time.perf_counter() - t1
+        logits = self._lm.run(self._cache, first, ids, lengths, index)
+        stats.ort_s += time.perf_counter() - t0
+        return logits
+
+    def _sample(
+        self, stats: StepStats, seqs: list[_Sequence], logits: npt.NDArray[np.float32]
+    ) -> list[int]:
+        t0 = time.perf_counter()
+        tokens = [seq.sampler.sample(logits[i]) for i, seq in enumerate(seqs)]
+        stats.sample_s += time.perf_counter() - t0
+        return tokens
+
+    def _prefill(self, plan: _Plan, result: _Result) -> None:
+        """Runs the plan's prompt tokens into the slots after the running sequences."""
+        first = len(self._running)
+        if plan.reuse:  # the chunked prompt starts from its cached prefix
+            assert self._prefixes is not None
+            seq = plan.prompts[0][0]
+            reused, block = self._prefixes.lookup(seq.prompt)
+            if reused != plan.reuse or block is None:
+                raise RuntimeError("the prefix cache changed between planning and running")
+            self._cache.write(first, block)
+        starts = np.array([start for _, start, _ in plan.prompts], dtype=np.int64)
+        ends = np.array([end for _, _, end in plan.prompts], dtype=np.int64)
+        widths = ends - starts
+        ids = np.zeros((len(plan.prompts), int(widths.max())), dtype=np.int64)
+        for i, (seq, start, end) in enumerate(plan.prompts):
+            ids[i, : end - start] = seq.prompt[start:end]
+        logits = self._run(result.stats, first, ids, ends, widths[:, None] - 1)
+        result.stats.prefill_tokens = int(widths.sum())
+        whole = [i for i, (seq, _, end) in enumerate(plan.prompts) if end == len(seq.prompt)]
+        tokens = self._sample(result.stats, [plan.prompts[i][0] for i in whole], logits[whole, 0])
+        result.prompt_tokens = dict(zip(whole, tokens, strict=True))
+        if self._prefixes is not None:  # keep the whole prompts' blocks for later prompts
+            for i in whole:
+                self._prefixes.store(
+                    plan.prompts[i][0].prompt, partial(self._cache.read, first + i)
+                )
 
     def _execute(self, plan: _Plan) -> _Result:
-        """Runs on the worker thread: ONNX Runtime and sampling, nothing else."""
+        """Runs on the worker thread: ONNX Runtime, sampling and cache copies."""
         result = _Result()
-        stats = result.stats
-        if plan.group:
-            self._prefill_group(plan, result)
-        if plan.prefill is not None and plan.chunk is not None:
-            seq = plan.prefill
-            n = int(plan.chunk.shape[0])
-            total = seq.prefilled + n
-            t0 = time.perf_counter()
-            logits = self._lm.run(
-                self._cache,
-                len(self._running),
-                plan.chunk.reshape(1, n),
-                np.array([total], dtype=np.int64),
-                np.array([[n - 1]], dtype=np.int64),
-            )
-            t1 = time.perf_counter()
-            if total == int(seq.prompt.shape[0]):
-                result.prefill_token = seq.sampler.sample(logits[0, 0])
-            stats.prefill_tokens = n
-            stats.ort_s += t1 - t0
-            stats.sample_s += time.perf_counter() - t1
+        if plan.prompts:
+            self._prefill(plan, result)
         if plan.rows:
             rows = len(plan.rows)
             ids = np.array([[s.last_token] for s in plan.rows], dtype=np.int64)
-            t0 = time.perf_counter()
-            logits = self._lm.run(
-                self._cache, 0, ids, self._cache.lengths[:rows] + 1, np.zeros((rows, 1), np.int64)
-            )
-            t1 = time.perf_counter()
-            result.row_tokens = [s.sampler.sample(logits[i, 0]) for i, s in enumerate(plan.rows)]
-            stats.batch_size = rows
-            stats.ort_s += t1 - t0
-            stats.sample_s += time.perf_counter() - t1
+            lengths = self._cache.lengths[:rows] + 1
+            logits = self._run(result.stats, 0, ids, lengths, np.zeros((rows, 1), np.int64))
+            result.row_tokens = self._sample(result.stats, plan.rows, logits[:, 0])
+            result.stats.batch_size = rows
         return result
 
     def _emit(self, seq: _Sequence, token: int) -> bool:
@@ -502,35 +502,28 @@ class ContinuousBatcher:
             for i, (seq, token) in enumerate(zip(plan.rows, result.row_tokens, strict=True))
             if seq.cancelled or self._emit(seq, token)
         ]
-        joined: list[tuple[_Sequence, int]] = []  # prompts now whole in the cache
-        for seq, token in zip(plan.group, result.group_tokens, strict=True):
+        if plan.reuse:
+            for listener in self.listeners:
+                listener.on_prefix_reused(plan.reuse)
+        for i, (seq, _, end) in enumerate(plan.prompts):
+            seq.prefilled = end
+            token = result.prompt_tokens.get(i)
+            if token is None:
+                continue  # more chunks to go; it keeps its slot as the partial prompt
             self._prefilling.remove(seq)
-            seq.prefilled = len(seq.prompt)
-            joined.append((seq, token))
-        chunked = plan.prefill
-        if chunked is not None and plan.chunk is not None:
-            chunked.prefilled += int(plan.chunk.shape[0])
-            if result.prefill_token is not None:
-                self._prefilling.remove(chunked)
+            if seq is self._partial:
                 self._partial = None
-                joined.append((chunked, result.prefill_token))
-        for seq, token in joined:  # their slots follow the running ones already
-            slot = len(self._running)
-            if self._prefixes is not None:
-                self._prefixes.store(seq.prompt, partial(self._cache.read, slot))
+            slot = len(self._running)  # prompts' slots follow the running ones already
             self._running.append(seq)
             if seq.cancelled or self._emit(seq, token):
                 finished.append(slot)
         self._remove_rows(finished)
 
     def _fail(self, plan: _Plan, error: AgentError) -> None:
-        for seq in plan.rows:
+        for seq in [*plan.rows, *(seq for seq, _, _ in plan.prompts)]:
             self._finish(seq, error)
-        self._remove_rows(list(range(len(plan.rows))))
-        for seq in [*plan.group, *([plan.prefill] if plan.prefill else [])]:
-            if seq in self._prefilling:
-                self._prefilling.remove(seq)
-                self._finish(seq, error)
+        for seq, _, _ in plan.prompts:
+            self._prefilling.remove(seq)
+        self._running = []
         self._partial = None
-        if not self._running:
-            self._cache.clear()
+        self._cache.clear()

@@ -21,7 +21,6 @@ class GcPauseRecorder:
     """Observes every collection's duration into ``histogram`` (label: generation)."""
 
     def __init__(self, histogram: Histogram) -> None:
-        self._histogram = histogram
         self._started = 0.0
         self._children = [histogram.labels(generation=str(g)) for g in range(3)]
 
@@ -65,9 +64,6 @@ class HeapSettler:
         self._full_every_s = full_every_s
         self._settled_population = 0
         self._last_full = time.monotonic()
-        #: How many times the heap was frozen, and fully collected.
-        self.settles = 0
-        self.full_collections = 0
 
     def tick(self, population: int) -> None:
         now = time.monotonic()
@@ -77,11 +73,9 @@ class HeapSettler:
             gc.freeze()
             self._last_full = now
             self._settled_population = population
-            self.full_collections += 1
             return
         grown = population - self._settled_population
         if grown >= max(self._min_growth, self._growth * self._settled_population):
             gc.collect(1)
             gc.freeze()
             self._settled_population = population
-            self.settles += 1

@@ -25,8 +25,4 @@ class StaticOverflowPolicy:
         )
 
     def target_for(self, model: str) -> OverflowTarget | None:
-        if self._target is None:
-            return None
-        if self._target.models and model not in self._target.models:
-            return None
         return self._target

@@ -135,10 +135,9 @@ class LiveFleetRegistry:
             )
             self._index.put(stored.hello)
         if self._agents:
-            logger.info("restored %d agents from the store (down until they report)", len(self))
-
-    def __len__(self) -> int:
-        return len(self._agents)
+            logger.info(
+                "restored %d agents from the store (down until they report)", self.known_count()
+            )
 
     @property
     def index(self) -> FleetIndex:
@@ -159,9 +158,6 @@ class LiveFleetRegistry:
                     session_id,
                     previous.session_id,
                 )
-        else:
-            stored = self._store.get_agent(hello.agent_id)
-            draining = stored.draining if stored is not None else False
         self._agents[hello.agent_id] = AgentRecord(
             hello=hello,
             status=AgentStatus.CONNECTED,

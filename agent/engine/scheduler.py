@@ -315,7 +315,7 @@ class ContinuousBatcher:
 
     def _drop_cancelled_and_expired(self) -> None:
         now = time.monotonic()
-        if any(s.cancelled or s.deadline < now for s in self._waiting):
+        if any(s.cancelled or self._expired_in_queue(s, now) for s in self._waiting):
             keep = []
             for s in self._waiting:
                 if s.cancelled:

@@ -173,6 +173,20 @@ async def test_timeouts_in_queue_and_while_running(tiny_artifacts: Path) -> None
     await model.close()
 
 
+async def test_max_queue_wait_applies_on_its_own(tiny_artifacts: Path) -> None:
+    # the request's own timeout (300 s) is far away: only max_queue_wait_s can reject it
+    model = make_model(tiny_artifacts, max_running=1, max_queue_wait_s=0.05)
+    p = prompts([8])[0]
+    blocker = asyncio.create_task(collect(model, p, 400))
+    await wait_for(lambda: model.engine.running == 1)
+    with pytest.raises(OverloadedError) as info:
+        await collect(model, p, 5)
+    assert info.value.reason == "queue_timeout"
+    blocker.cancel()
+    await asyncio.gather(blocker, return_exceptions=True)
+    await model.close()
+
+
 async def test_predicted_wait_beyond_deadline_is_rejected_up_front(tiny_artifacts: Path) -> None:
     model = make_model(tiny_artifacts, max_running=1)
     p = prompts([8])[0]

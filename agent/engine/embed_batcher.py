@@ -97,7 +97,8 @@ class DynamicEmbeddingBatcher:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            self.batch_sizes = [*self.batch_sizes[-999:], len(batch)]
+            self.batch_sizes.append(len(batch))
+            del self.batch_sizes[:-1000]
             for row, (_, future) in enumerate(batch):
                 if not future.done():
                     future.set_result(vectors[row])

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
 from agent.engine.embed_batcher import DynamicEmbeddingBatcher, EmbeddingBatchConfig
 from agent.engine.interface import EmbeddingResult
-from agent.errors import EngineError, InvalidRequestError, ModelLoadError
+from agent.engine.text_codec import load_tokenizer
+from agent.errors import EngineError, InvalidRequestError
 
 
 class OnnxEmbeddingModel:
@@ -32,10 +32,7 @@ class OnnxEmbeddingModel:
         self._model_id = model_id
         self._version = version
         self._session = session
-        try:
-            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:
-            raise ModelLoadError(f"cannot read tokenizer {tokenizer_file}: {exc}") from exc
+        self._tokenizer = load_tokenizer(tokenizer_file)
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self._max_input_tokens = max_input_tokens

@@ -28,6 +28,14 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def load_tokenizer(path: Path) -> Tokenizer:
+    """A Hugging Face ``tokenizers`` JSON file; ModelLoadError when it cannot be read."""
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exception subclasses
+        raise ModelLoadError(f"cannot read tokenizer {path}: {exc}") from exc
+
+
 class TextCodec:
     """Turns chat messages and text into token ids and token ids back into text."""
 
@@ -40,10 +48,7 @@ class TextCodec:
         bos_token: str = "",
         eos_token: str = "",
     ) -> None:
-        try:
-            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:  # tokenizers raises plain Exception subclasses
-            raise ModelLoadError(f"cannot read tokenizer {tokenizer_file}: {exc}") from exc
+        self._tokenizer = load_tokenizer(tokenizer_file)
         self._add_special_tokens = add_special_tokens
         self._bos_token = bos_token
         self._eos_token = eos_token

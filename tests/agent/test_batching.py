@@ -234,8 +234,6 @@ async def test_shared_prompt_prefix_is_reused_with_the_same_output(tiny_artifact
 
 
 def test_prefix_cache_keeps_within_its_budget_and_shares_blocks() -> None:
-    import numpy as np
-
     from agent.engine.prefix_cache import PrefixCache
 
     def reader(prompt: np.ndarray) -> Callable[[int, int], np.ndarray]:
@@ -329,7 +327,8 @@ async def test_kv_use_reports_what_admission_promised(tiny_artifacts: Path) -> N
     b = model.generate(GenerationRequest("b", long, params))  # 50 + 80: rows pad to 130
     await anext(b)
     assert model.load().kv_used_fraction == pytest.approx(2 * 130 / 1000)
-    assert model.load().kv_used_tokens >= 2 * 70  # allocated: both prompts and more
+    # allocated: two rows, padded no further than the longest reach (50 + 80)
+    assert 2 * 50 <= model.load().kv_used_tokens <= 2 * 130
     for stream in (a, b):
         await stream.aclose()  # type: ignore[attr-defined]
     await wait_for(lambda: model.load().running == 0)

@@ -53,8 +53,8 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         down_after_reports=config.down_after_reports,
     )
     tokens = JoinTokens(fleet_store)
-    router = Router.from_config(registry, config)
     metrics = CoordinatorMetrics(registry)
+    router = Router.from_config(registry, config, metrics)
     servicer = CoordinatorServicer(
         registry,
         metrics,

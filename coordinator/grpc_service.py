@@ -125,7 +125,6 @@ class CoordinatorServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("unreachable: context.abort raises") from exc
         decision = self._router.route(query, client_ip=request.client_ip)
-        self._metrics.route_requests.inc()
         return wire.route_response_to_pb(decision)
 
     async def Session(

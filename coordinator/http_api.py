@@ -178,11 +178,8 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
 
 
 async def route(request: web.Request) -> web.Response:
-    metrics = request.app[METRICS_KEY]
-    with metrics.route_seconds.time():
-        query, client_ip = route_query_from_http(request)
-        decision = request.app[ROUTER_KEY].route(query, client_ip=client_ip)
-    metrics.route_requests.inc()
+    query, client_ip = route_query_from_http(request)
+    decision = request.app[ROUTER_KEY].route(query, client_ip=client_ip)
     return web.json_response(route_json(query, decision))
 
 

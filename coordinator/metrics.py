@@ -54,7 +54,7 @@ class CoordinatorMetrics:
         )
         self.route_requests = Counter(
             f"{PREFIX}_route_requests",
-            "Route RPCs answered.",
+            "Route lookups answered (gRPC or HTTP).",
             registry=self.registry,
         )
         self.route_seconds = Histogram(

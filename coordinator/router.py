@@ -2,7 +2,8 @@
 
 Resolves the client's site (given, or from its IP via ``site_networks``), asks the
 fleet index for candidates, scores them (``coordinator.routing``) and names the
-overflow target when no agent fits.
+overflow target when no agent fits. Every lookup, over gRPC or HTTP, is timed and
+counted here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coordinator.config import CoordinatorConfig
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.overflow import OverflowPolicy, StaticOverflowPolicy
 from coordinator.registry import FleetRegistry
 from coordinator.routing import RouteDecision, RoutePolicy, RouteQuery, RouteScorer, RouteWeights
@@ -39,6 +41,7 @@ class Router:
         registry: FleetRegistry,
         scorer: RouteScorer,
         overflow: OverflowPolicy,
+        metrics: CoordinatorMetrics,
         *,
         site_networks: str = "",
         candidate_pool: int = 64,
@@ -46,20 +49,30 @@ class Router:
         self._registry = registry
         self._scorer = scorer
         self._overflow = overflow
+        self._metrics = metrics
         self._networks = parse_site_networks(site_networks)
         self._pool = candidate_pool
 
     @classmethod
-    def from_config(cls, registry: FleetRegistry, config: CoordinatorConfig) -> Router:
+    def from_config(
+        cls, registry: FleetRegistry, config: CoordinatorConfig, metrics: CoordinatorMetrics
+    ) -> Router:
         return cls(
             registry,
             RouteScorer(policy_from_config(config)),
             StaticOverflowPolicy(config.overflow_name, config.overflow_url),
+            metrics,
             site_networks=config.site_networks,
             candidate_pool=config.route_candidate_pool,
         )
 
     def route(self, query: RouteQuery, *, client_ip: str = "") -> RouteDecision:
+        with self._metrics.route_seconds.time():
+            decision = self._route(query, client_ip)
+        self._metrics.route_requests.inc()
+        return decision
+
+    def _route(self, query: RouteQuery, client_ip: str) -> RouteDecision:
         if not query.site and client_ip:
             query = replace(query, site=site_of(client_ip, self._networks))
         ids = self._registry.index.candidates(

@@ -158,5 +158,11 @@ async def test_route_over_grpc_and_http_with_overflow_placeholder(
         async with http.get(c.http_url + "/v1/route", params={"lat": "1"}) as response:
             assert response.status == 400
             assert (await response.json())["error"]["param"] == "model"
+        # One gRPC and two HTTP lookups answered, each counted and timed once (the
+        # malformed request never reached the router).
+        async with http.get(c.http_url + "/metrics") as response:
+            metrics = await response.text()
+    assert "edgefleet_coordinator_route_requests_total 3.0" in metrics
+    assert "edgefleet_coordinator_route_seconds_count 3.0" in metrics
     for call in calls:
         call.cancel()

@@ -1,9 +1,8 @@
-"""Shared fixtures: model artifacts (built on demand) and free ports."""
+"""Shared fixtures: model artifacts, built (or found up to date) once per session."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,33 +15,27 @@ REAL_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 
 
 def _ensure_built(names: tuple[str, ...]) -> Path:
-    missing = [n for n in names if not (ARTIFACTS / n / "manifest.json").is_file()]
-    if missing:
-        # the build is cached: this is quick when another test session already built them
-        subprocess.run(
-            [sys.executable, "-m", "models", "build", "--out", str(ARTIFACTS), "--only", *missing],
-            cwd=REPO,
-            check=True,
-        )
+    # Always run the build: it is cached, so it returns in about a second when the artifacts
+    # match the current build key, and rebuilds them when they are stale (e.g. after a
+    # BUILD_VERSION bump), which a check for manifest.json alone would miss.
+    subprocess.run(
+        [sys.executable, "-m", "models", "build", "--out", str(ARTIFACTS), "--only", *names],
+        cwd=REPO,
+        check=True,
+    )
     return ARTIFACTS
 
 
 @pytest.fixture(scope="session")
 def tiny_artifacts() -> Path:
-    """The directory holding the tiny random model (built in seconds when missing)."""
+    """The directory holding the tiny random model (built in seconds when missing or stale)."""
     return _ensure_built(("tiny-llama",))
 
 
 @pytest.fixture(scope="session")
 def real_artifacts() -> Path:
-    """The directory holding the real quantized models (built when missing: minutes)."""
+    """The directory holding the real quantized models (built when missing or stale: minutes)."""
     return _ensure_built(REAL_MODELS)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -58,16 +58,14 @@ def test_decode_with_cache_matches_full_prefill(tiny_out: Path) -> None:
 
 
 def test_tokenizer_json_encodes_chat_without_special_tokens(tiny_out: Path) -> None:
-    import jinja2
     from tokenizers import Tokenizer
+
+    from models.gate import render_chat
 
     manifest = load_manifest(tiny_out / "tiny-llama")
     tokenizer = Tokenizer.from_file(str(tiny_out / "tiny-llama" / manifest.tokenizer.file))
     assert manifest.chat_template is not None
-    text = jinja2.Template(manifest.chat_template).render(
-        messages=[{"role": "user", "content": "Hello, world!  How are you?"}],
-        add_generation_prompt=True,
-    )
+    text = render_chat(manifest.chat_template, "Hello, world!  How are you?")
     ids = tokenizer.encode(text, add_special_tokens=manifest.tokenizer.add_special_tokens).ids
     assert ids[0] == 1  # <|im_start|> as one token, no extra BOS
     assert ids.count(2) == 2  # two <|im_end|>

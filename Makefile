@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv models demo test lint bench bench-llamacpp clean-models help
+.PHONY: venv models demo test lint bench clean-models help
 
 help:
 	@echo "make demo   - set up, build the models (cached), start coordinator + 2 agents"

@@ -238,10 +238,6 @@ async def _metric(http_url: str, name: str) -> dict[str, float]:
     return found
 
 
-async def _route_histogram(http_url: str) -> dict[str, float]:
-    return await _metric(http_url, "edgefleet_coordinator_route_seconds")
-
-
 def _histogram_delta(
     before: dict[str, float], after: dict[str, float], name: str, labels: str = ""
 ) -> tuple[list[tuple[float, float]], float]:

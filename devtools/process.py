@@ -46,7 +46,6 @@ class ServiceProcess:
         self._process: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
         self.log: collections.deque[str] = collections.deque(maxlen=500)  # last stderr lines
-        self.ready_match: re.Match[str] | None = None
 
     @property
     def pid(self) -> int:
@@ -91,7 +90,6 @@ class ServiceProcess:
             raise ProcessStartError(
                 f"{self.module} not ready in {self._startup_timeout_s:g} s:\n" + "".join(self.log)
             ) from None
-        self.ready_match = match
         self.on_ready(match)
         self._drain = asyncio.create_task(self._drain_stderr())
 

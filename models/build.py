@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.context import BuildContext, BuildOptions, StageTimer, compute_build_key, utc_now
+from models.context import (
+    BUILD_VERSION,
+    BuildContext,
+    BuildOptions,
+    StageTimer,
+    compute_build_key,
+    utc_now,
+)
 from models.errors import ManifestError, ModelsError
 from models.manifest import load_manifest, verify_files
 from models.sources import MINILM, SMOLLM2, LocatedSource, PackagedFile, locate
@@ -203,18 +210,12 @@ def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
         )
     run_entry["total_seconds"] = round(time.perf_counter() - started, 2)
     report["last_run"] = run_entry
-    report["build_version"] = _build_version()
+    report["build_version"] = BUILD_VERSION
     tmp = report_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     tmp.replace(report_path)
     log.info("build finished in %.1fs; report: %s", run_entry["total_seconds"], report_path)
     return report
-
-
-def _build_version() -> str:
-    from models.context import BUILD_VERSION
-
-    return BUILD_VERSION
 
 
 def _options_json(options: BuildOptions) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def build_tiny_llama(
     with timer.stage("tokenizer from GGUF"):
         tokenizer = gguf_tokenizer(ctx, source)
     with timer.stage("init random model"):
-        model = make_tiny_llama(CONFIG, len(tokenizer), work / "hf")
+        model = make_tiny_llama(CONFIG, len(tokenizer))
     with timer.stage("write onnx (fused attention)"):
         onnx_path = write_llama_gqa(model, work / "onnx" / "model.onnx")
     with timer.stage("write artifact"):

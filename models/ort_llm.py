@@ -60,7 +60,6 @@ class OrtDecoder:
         self.session = make_session(onnx_path, threads)
         self.load_s = time.perf_counter() - started
         self.spec = spec
-        self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def empty_past(self) -> Past:

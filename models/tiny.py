@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from models._quiet import offline_env, quiet
@@ -38,8 +37,8 @@ class TinyLlamaConfig:
         return asdict(self)
 
 
-def make_tiny_llama(config: TinyLlamaConfig, vocab_size: int, save_to: Path) -> PreTrainedModel:
-    """Create the model after ``torch.manual_seed(seed)``; save it (safetensors) to ``save_to``."""
+def make_tiny_llama(config: TinyLlamaConfig, vocab_size: int) -> PreTrainedModel:
+    """Create the model after ``torch.manual_seed(seed)`` (in memory; nothing is saved)."""
     offline_env()
     with quiet():
         import torch
@@ -65,7 +64,9 @@ def make_tiny_llama(config: TinyLlamaConfig, vocab_size: int, save_to: Path) -> 
         )
         model = model_cls(hf_config)
         model.train(False)
-        model.save_pretrained(str(save_to))
+        # the two fields save_pretrained used to fill in, so config.json stays as it was
+        model.config.architectures = [type(model).__name__]
+        model.config.dtype = "float32"
     log.info(
         "tiny llama: %d parameters, vocab %d",
         sum(p.numel() for p in model.parameters()),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An output dir holding a freshly built tiny-llama artifact (about 12 s)."""
-    importlib.import_module("optimum.exporters.onnx")
     from models.build import build
     from models.context import BuildOptions
 

@@ -7,13 +7,13 @@ configured; without one, only loopback clients are let in.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
 
+from coordinator.config import is_loopback_host
 from coordinator.http_api import InvalidParameter, agent_json, error_response, iso_time
 from coordinator.state import CONFIG_KEY, GRPC_SERVER_KEY, REGISTRY_KEY, TOKENS_KEY
 from coordinator.store import JoinToken
@@ -50,11 +50,7 @@ def _admin_refusal(request: web.Request) -> web.Response | None:
             type_="authentication_error",
             code="invalid_admin_token",
         )
-    try:
-        loopback = ipaddress.ip_address(request.remote or "").is_loopback
-    except ValueError:
-        loopback = False
-    if loopback:
+    if is_loopback_host(request.remote or ""):
         return None
     return error_response(
         403,

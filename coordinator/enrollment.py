@@ -6,11 +6,12 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from coordinator.ca import CertificateAuthority
 from coordinator.errors import SiteMismatchError, TokenExhaustedError, UnknownTokenError
 from coordinator.fleet import valid_agent_id
+from coordinator.registry import utc_now
 from coordinator.store import FleetStore, StoredAgent
 from coordinator.tokens import JoinTokens, parse_token, sha256_hex
 
@@ -44,7 +45,7 @@ class EnrollmentService:
         self._store = store
         self._tokens = tokens
         self._ca = ca
-        self._clock = clock or (lambda: datetime.now(UTC))
+        self._clock = clock or utc_now
 
     def enroll(self, join_token: str, requested_name: str, site: str) -> Enrollment:
         """Enroll one agent; raises an EnrollmentError (nothing stored) when refused."""

@@ -148,6 +148,9 @@ class _Candidate:
     wait_ms: float
     proximity: float = 0.0
     distance_km: float | None = None
+    # The queue and wait terms of the score (each 0..1, higher is better).
+    queue: float = 0.0
+    wait: float = 0.0
     score: float = 0.0
 
 
@@ -246,12 +249,13 @@ class RouteScorer:
                 c.proximity = OTHER_SITE_MAX / (1.0 + c.distance_km / policy.distance_scale_km)
             else:
                 c.proximity = UNKNOWN_PROXIMITY
-            queue = 1.0 if spread == 0 else (lowest + spread - c.backlog) / spread
+            c.queue = 1.0 if spread == 0 else (lowest + spread - c.backlog) / spread
+            c.wait = 1.0 / (1.0 + c.wait_ms / 1000.0)
             c.score = (
                 w_proximity * c.proximity
-                + w_queue * queue
+                + w_queue * c.queue
                 + w_kv * (1.0 - c.kv)
-                + w_wait / (1.0 + c.wait_ms / 1000.0)
+                + w_wait * c.wait
             )
             if c.record.liveness is Liveness.SUSPECT:
                 c.score *= SUSPECT_FACTOR
@@ -259,13 +263,7 @@ class RouteScorer:
         ranked: list[RankedAgent] = []
         for c in best:
             hello = c.record.hello
-            queue = 1.0 if spread == 0 else (lowest + spread - c.backlog) / spread
-            parts = {
-                "proximity": c.proximity,
-                "queue": queue,
-                "kv": 1.0 - c.kv,
-                "wait": 1.0 / (1.0 + c.wait_ms / 1000.0),
-            }
+            parts = {"proximity": c.proximity, "queue": c.queue, "kv": 1.0 - c.kv, "wait": c.wait}
             if c.record.liveness is Liveness.SUSPECT:
                 parts["suspect_factor"] = SUSPECT_FACTOR
             ranked.append(

@@ -13,7 +13,7 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from coordinator.errors import (
     TokenExhaustedError,
@@ -22,6 +22,7 @@ from coordinator.errors import (
     UnknownTokenError,
     UnknownTokenRefError,
 )
+from coordinator.registry import utc_now
 from coordinator.store import FleetStore, JoinToken
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class JoinTokens:
 
     def __init__(self, store: FleetStore, *, clock: Clock | None = None) -> None:
         self._store = store
-        self._clock = clock or (lambda: datetime.now(UTC))
+        self._clock = clock or utc_now
 
     def create(
         self,

@@ -18,6 +18,7 @@ from coordinator.fleet import (
     LoadReport,
     Location,
     OverflowKind,
+    OverflowTarget,
     valid_agent_id,
 )
 from coordinator.routing import RouteDecision, RouteQuery
@@ -107,6 +108,15 @@ def welcome_to_pb(session_id: str, report_interval_ms: int) -> pb.CoordinatorMes
     )
 
 
+def overflow_target_to_pb(target: OverflowTarget) -> pb.OverflowTarget:
+    return pb.OverflowTarget(
+        name=target.name,
+        kind=_OVERFLOW_KIND_TO_PB[target.kind],
+        url=target.url,
+        models=list(target.models),
+    )
+
+
 def desired_state_to_pb(state: DesiredState) -> pb.CoordinatorMessage:
     return pb.CoordinatorMessage(
         desired_state=pb.DesiredState(
@@ -117,15 +127,7 @@ def desired_state_to_pb(state: DesiredState) -> pb.CoordinatorMessage:
                 )
                 for m in state.models
             ],
-            overflow_targets=[
-                pb.OverflowTarget(
-                    name=t.name,
-                    kind=_OVERFLOW_KIND_TO_PB[t.kind],
-                    url=t.url,
-                    models=list(t.models),
-                )
-                for t in state.overflow_targets
-            ],
+            overflow_targets=[overflow_target_to_pb(t) for t in state.overflow_targets],
             config=dict(state.config),
         )
     )
@@ -187,10 +189,5 @@ def route_response_to_pb(decision: RouteDecision) -> pb.RouteResponse:
         if a.distance_km is not None:
             ranked.distance_km = a.distance_km
     if decision.overflow is not None:
-        t = decision.overflow
-        response.overflow.CopyFrom(
-            pb.OverflowTarget(
-                name=t.name, kind=_OVERFLOW_KIND_TO_PB[t.kind], url=t.url, models=list(t.models)
-            )
-        )
+        response.overflow.CopyFrom(overflow_target_to_pb(decision.overflow))
     return response

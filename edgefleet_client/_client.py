@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from edgefleet_client._exceptions import DiscoveryError, NoAgentAvailableError
@@ -78,9 +79,7 @@ class FleetClient:
                     rtt_ms=rtts,
                 )
                 agents = [a for a in ranked if a.agent_id in rtts]
-                agents = [
-                    Agent(**{**_fields(a), "rtt_ms": rtts[a.agent_id]}) for a in agents
-                ] or probed
+                agents = [replace(a, rtt_ms=rtts[a.agent_id]) for a in agents] or probed
             else:
                 agents = found
         else:
@@ -166,10 +165,6 @@ class FleetClient:
         return openai.OpenAI(
             base_url=PLACEHOLDER_BASE_URL, http_client=self.http_client(), **kwargs
         )
-
-
-def _fields(agent: Agent) -> dict[str, Any]:
-    return {name: getattr(agent, name) for name in agent.__slots__}
 
 
 def no_agent_error(model: str, failures: list[str]) -> NoAgentAvailableError:

@@ -92,6 +92,14 @@ async def test_unusable_tokens_are_refused_and_nothing_is_registered(
     assert any("refused enrollment" in r.getMessage() for r in caplog.records)
     metrics = await _metrics(c.http_url)
     assert "edgefleet_coordinator_enrollments_total{result=" in metrics
+    reason = {
+        "expired": "expired_token",
+        "exhausted": "exhausted_token",
+        "revoked": "revoked_token",
+        "unknown": "unknown_token",
+        "wrong_secret": "unknown_token",
+    }[case]
+    assert f'edgefleet_coordinator_enrollments_total{{result="{reason}"}} 1.0' in metrics
 
 
 async def test_site_bound_token_refuses_another_site(make_coordinator: MakeCoordinator) -> None:

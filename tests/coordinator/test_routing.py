@@ -129,11 +129,11 @@ async def test_route_over_grpc_and_http_with_overflow_placeholder(
 ) -> None:
     c = await make_coordinator(overflow_name="gpu-pool-eu", overflow_url="http://gpu.example/v1")
     calls = []
-    for agent_id, where, queue in [("berlin", BERLIN, 0), ("munich", MUNICH, 0)]:
+    for agent_id, where in [("berlin", BERLIN), ("munich", MUNICH)]:
         call = c.stub.Session()
         await call.write(hello(agent_id, location=pb.Location(lat=where.lat, lon=where.lon)))
         await call.read()
-        await call.write(pb.AgentMessage(load_report=pb.LoadReport(queue_depth=queue)))
+        await call.write(pb.AgentMessage(load_report=pb.LoadReport()))
         calls.append(call)
     await wait_until(
         lambda: all(r.last_report for r in c.app[REGISTRY_KEY].agents()), message="reports"

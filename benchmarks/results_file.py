@@ -29,6 +29,12 @@ def machine() -> dict[str, Any]:
     }
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile (0-100) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
 def target(value: float, expression: str, met: bool) -> dict[str, Any]:
     return {"value": value, "target": expression, "met": met}
 

@@ -31,9 +31,10 @@ import aiohttp
 import openai
 
 from benchmarks.llamacpp_server import LlamaCppServer
-from benchmarks.results_file import target, write_results
+from benchmarks.results_file import percentile, target, write_results
 from devtools.fleet import AgentProcess
 from devtools.process import REPO_ROOT
+from models.manifest import load_manifest
 
 LLM = "smollm2-135m-instruct"
 STORY = (
@@ -45,29 +46,22 @@ STORY = (
 )
 
 
-PROMPTS = "shared"  # set from --prompts
-
-
-def prompt(i: int) -> str:
-    if PROMPTS == "distinct":
+def prompt(i: int, prompts: str) -> str:
+    """Prompt ``i`` of the ``shared`` or ``distinct`` set (see the module docstring)."""
+    if prompts == "distinct":
         return f"Story number {i}. {STORY.removesuffix(' Story number')}"
     return f"{STORY} {i}."
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
 async def one_request(
-    client: openai.AsyncOpenAI, model: str, i: int, max_tokens: int
+    client: openai.AsyncOpenAI, model: str, i: int, max_tokens: int, prompts: str
 ) -> dict[str, float]:
     started = time.perf_counter()
     first = last = None
     chunks = 0
     stream = await client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": prompt(i)}],
+        messages=[{"role": "user", "content": prompt(i, prompts)}],
         max_tokens=max_tokens,
         temperature=0,
         stream=True,
@@ -89,7 +83,7 @@ async def one_request(
 
 
 async def wave(
-    url: str, model: str, concurrency: int, max_tokens: int, base: int
+    url: str, model: str, concurrency: int, max_tokens: int, base: int, prompts: str
 ) -> dict[str, Any]:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                 timeout=600)  # fmt: skip
@@ -98,10 +92,10 @@ async def wave(
     started = time.perf_counter()
     if concurrency == 1:
         for i in range(requests):
-            results.append(await one_request(client, model, base + i, max_tokens))
+            results.append(await one_request(client, model, base + i, max_tokens, prompts))
     else:
         results = await asyncio.gather(
-            *(one_request(client, model, base + i, max_tokens) for i in range(requests))
+            *(one_request(client, model, base + i, max_tokens, prompts) for i in range(requests))
         )
     wall = time.perf_counter() - started
     await client.close()
@@ -112,9 +106,9 @@ async def wave(
         "output_tokens": tokens,
         "wall_s": round(wall, 3),
         "aggregate_tokens_per_s": round(tokens / wall, 2),
-        "ttft_p50_s": round(pct(ttfts, 50), 3),
-        "ttft_p99_s": round(pct(ttfts, 99), 3),
-        "decode_tokens_per_s_p50": round(pct([r["decode_tps"] for r in results], 50), 2),
+        "ttft_p50_s": round(percentile(ttfts, 50), 3),
+        "ttft_p99_s": round(percentile(ttfts, 99), 3),
+        "decode_tokens_per_s_p50": round(percentile([r["decode_tps"] for r in results], 50), 2),
     }
 
 
@@ -155,10 +149,7 @@ def profile(
 async def run(args: argparse.Namespace) -> int:
     from models.sources import SMOLLM2, locate
 
-    global PROMPTS
-    PROMPTS = args.prompts
-
-    manifest = json.loads((Path(args.models_dir) / LLM / "manifest.json").read_text())
+    manifest = load_manifest(Path(args.models_dir) / LLM)
     gguf = locate(SMOLLM2).path
     ours: dict[str, Any] = {}
     theirs: dict[str, Any] = {}
@@ -167,14 +158,14 @@ async def run(args: argparse.Namespace) -> int:
                   "--set", "cache.enabled=false"]  # fmt: skip
     for item in args.agent_set:
         agent_args += ["--set", item]
-    print(f"edgefleet agent: {LLM} {manifest['version']}, {args.threads} threads", flush=True)
+    print(f"edgefleet agent: {LLM} {manifest.version}, {args.threads} threads", flush=True)
     async with AgentProcess(
         models_dir=args.models_dir, serve=[LLM], extra_args=agent_args
     ) as agent:
-        await wave(agent.url, LLM, 1, 64, 10_000)  # warm-up (pages the weights in)
+        await wave(agent.url, LLM, 1, 64, 10_000, args.prompts)  # warm-up (pages the weights in)
         for c in args.concurrency:
             before = await scrape_steps(agent.url)
-            ours[str(c)] = await wave(agent.url, LLM, c, args.max_tokens, 1000 * c)
+            ours[str(c)] = await wave(agent.url, LLM, c, args.max_tokens, 1000 * c, args.prompts)
             after = await scrape_steps(agent.url)
             tpot = 1 / ours[str(c)]["decode_tokens_per_s_p50"] if ours[str(c)][
                 "decode_tokens_per_s_p50"] else 0.0  # fmt: skip
@@ -185,9 +176,9 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     print(f"llama.cpp server: {gguf.name}, {args.threads} threads", flush=True)
     async with LlamaCppServer(gguf, args.llamacpp_port, args.threads) as server:
-        await wave(server.url, LLM, 1, 64, 10_000)  # warm-up
+        await wave(server.url, LLM, 1, 64, 10_000, args.prompts)  # warm-up
         for c in args.concurrency:
-            theirs[str(c)] = await wave(server.url, LLM, c, args.max_tokens, 1000 * c)
+            theirs[str(c)] = await wave(server.url, LLM, c, args.max_tokens, 1000 * c, args.prompts)
             print(f"  llama c={c:<3} {json.dumps(theirs[str(c)])}", flush=True)
 
     ratios = {
@@ -198,8 +189,8 @@ async def run(args: argparse.Namespace) -> int:
     }
     figures: dict[str, Any] = {
         "model": LLM,
-        "variant": manifest["variant"],
-        "version": manifest["version"],
+        "variant": manifest.variant,
+        "version": manifest.version,
         "threads": args.threads,
         "max_tokens": args.max_tokens,
         "prompts": args.prompts,

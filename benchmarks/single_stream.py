@@ -19,8 +19,9 @@ from pathlib import Path
 
 import openai
 
-from benchmarks.results_file import target, write_results
+from benchmarks.results_file import percentile, target, write_results
 from devtools.fleet import AgentProcess
+from models.manifest import load_manifest
 
 LLM = "smollm2-135m-instruct"
 PROMPTS = [
@@ -29,12 +30,6 @@ PROMPTS = [
     "Describe a walk through a busy market in a large city, with many details.",
     "Write a long letter to a friend about a summer spent in the mountains.",
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 async def measure(url: str, requests: int, max_tokens: int) -> dict[str, object]:
@@ -67,13 +62,15 @@ async def measure(url: str, requests: int, max_tokens: int) -> dict[str, object]
                 usage = chunk.usage
         assert first is not None and usage is not None, "stream produced no tokens"
         ttfts.append(first - started)
+        decode = "n/a"  # one token (or one chunk): no decode rate for this request
         if usage.completion_tokens > 1 and last > first:
             decode_rates.append((usage.completion_tokens - 1) / (last - first))
+            decode = f"{decode_rates[-1]:.1f} tok/s"
         prompt_tokens.append(usage.prompt_tokens)
         completion_tokens.append(usage.completion_tokens)
         print(
             f"  request {i + 1}/{requests}: ttft {ttfts[-1] * 1000:.0f} ms, "
-            f"{usage.completion_tokens} tokens, decode {decode_rates[-1]:.1f} tok/s",
+            f"{usage.completion_tokens} tokens, decode {decode}",
             flush=True,
         )
     await client.close()
@@ -90,13 +87,13 @@ async def measure(url: str, requests: int, max_tokens: int) -> dict[str, object]
 
 
 async def run(args: argparse.Namespace) -> int:
-    manifest = json.loads((Path(args.models_dir) / LLM / "manifest.json").read_text())
+    manifest = load_manifest(Path(args.models_dir) / LLM)
     async with AgentProcess(models_dir=args.models_dir, serve=[LLM]) as agent:
-        print(f"agent {agent.url} serving {LLM} {manifest['version']}", flush=True)
+        print(f"agent {agent.url} serving {LLM} {manifest.version}", flush=True)
         figures = await measure(agent.url, args.requests, args.max_tokens)
-    figures["variant"] = manifest["variant"]
-    figures["version"] = manifest["version"]
-    figures["artifact_bytes"] = sum(f["size"] for f in manifest["files"])
+    figures["variant"] = manifest.variant
+    figures["version"] = manifest.version
+    figures["artifact_bytes"] = sum(f.size for f in manifest.files)
     decode = float(figures["decode_tokens_per_s_p50"])  # type: ignore[arg-type]
     ttft = float(figures["ttft_p50_s"])  # type: ignore[arg-type]
     targets = {

@@ -7,20 +7,18 @@ Its own virtual environment lives in ``.benchcache/llamacpp-venv`` and is built 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 
-import aiohttp
-
-from devtools.process import REPO_ROOT
+from devtools.process import REPO_ROOT, ServiceProcess
 
 VERSION = "0.3.36"
 VENV = REPO_ROOT / ".benchcache" / "llamacpp-venv"
 PYTHON = VENV / "bin" / "python"
+_READY = re.compile(r"Uvicorn running on http://")
 
 
 def ensure_built() -> Path:
@@ -46,46 +44,27 @@ def ensure_built() -> Path:
     return PYTHON
 
 
-class LlamaCppServer:
+class LlamaCppServer(ServiceProcess):
+    """``python -m llama_cpp.server`` from the benchmark venv, ready once uvicorn listens.
+
+    The model is loaded before uvicorn starts, so its "running on" line means it serves.
+    """
+
     def __init__(self, gguf: Path, port: int, threads: int) -> None:
         self.gguf = gguf
         self.port = port
         self.threads = threads
         self.url = f"http://127.0.0.1:{port}"
-        self._process: subprocess.Popen[bytes] | None = None
+        args = ["--model", str(gguf.resolve()),
+                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+                "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                # with interruption on, a new request aborts the one being streamed
+                "--interrupt_requests", "False"]  # fmt: skip
+        super().__init__(
+            "llama_cpp.server", args, _READY, startup_timeout_s=60.0, executable=PYTHON
+        )
 
-    async def __aenter__(self) -> LlamaCppServer:
-        python = ensure_built()
-        self._process = subprocess.Popen(
-            [str(python), "-m", "llama_cpp.server", "--model", str(self.gguf),
-             "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", "2048",
-             "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads),
-             # with interruption on, a new request aborts the one being streamed
-             "--interrupt_requests", "False"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                if self._process.poll() is not None:
-                    raise RuntimeError(f"llama.cpp server exited with {self._process.returncode}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(self.url + "/v1/models") as resp:
-                        if resp.status == 200:
-                            return self
-                await asyncio.sleep(0.2)
-        raise RuntimeError("llama.cpp server did not come up in 60 s")
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+    async def start(self) -> None:
+        # the first run builds the venv (minutes): keep the event loop free meanwhile
+        await asyncio.to_thread(ensure_built)
+        await super().start()

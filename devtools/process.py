@@ -1,5 +1,8 @@
 """A real edgefleet process (``python -m MODULE ...``) on loopback, for tests and tools.
 
+``python`` is this interpreter unless another one is given (e.g. a benchmark peer's own
+virtual environment).
+
 The child's stderr is read until it prints its ready line, then drained in the background
 (its last lines stay in ``log`` for failure messages).
 """
@@ -37,8 +40,10 @@ class ServiceProcess:
         *,
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 60.0,
+        executable: str | Path | None = None,
     ) -> None:
         self.module = module
+        self.executable = str(executable) if executable is not None else sys.executable
         self.args = list(args)
         self._ready = ready
         self._env = env
@@ -63,7 +68,7 @@ class ServiceProcess:
     async def start(self) -> None:
         env = {**os.environ, **(self._env or {}), "PYTHONUNBUFFERED": "1"}
         self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", self.module, *self.args,
+            self.executable, "-m", self.module, *self.args,
             cwd=REPO_ROOT, env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,

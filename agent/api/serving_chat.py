@@ -101,12 +101,18 @@ class ChatService(GenerationService):
                 choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],
             )
 
+        outputs = self._runner.run(prepared)
+        # the first output before the role chunk: admission errors (queue full, ...) then
+        # come before the first event, so they still get a real status code
+        last = await anext(outputs, None)
         yield chunk(ChatDelta(role="assistant", content=""))
-        last: GenerationOutput | None = None
-        async for output in self._runner.run(prepared):
-            last = output
-            if output.text:
-                yield chunk(ChatDelta(content=output.text))
+        if last is not None:
+            if last.text:
+                yield chunk(ChatDelta(content=last.text))
+            async for output in outputs:
+                last = output
+                if output.text:
+                    yield chunk(ChatDelta(content=output.text))
         yield chunk(ChatDelta(), last.finish_reason if last else "length")
         if prepared.include_usage:
             yield ChatCompletionChunk(

@@ -69,6 +69,20 @@ async def _waiting(client: TestClient, n: int) -> bool:
     return (await health(client))["waiting"] == n
 
 
+async def test_streamed_chat_with_the_queue_full_gets_429(make_client: ClientFactory) -> None:
+    client = await make_client(engine={"max_running": 1, "max_queue": 1})
+    long = chat(max_tokens=200, cache=False)
+    first = asyncio.create_task(client.post(CHAT, json=long))
+    await until(lambda: _running(client, 1))
+    second = asyncio.create_task(client.post(CHAT, json=long))
+    await until(lambda: _waiting(client, 1))
+    rejected = await client.post(CHAT, json=chat(stream=True, cache=False))
+    assert rejected.status == 429  # a real status, not 200 and an error event
+    assert int(rejected.headers["Retry-After"]) >= 1
+    assert (await rejected.json())["error"]["type"] == "rate_limit_error"
+    assert (await first).status == 200 and (await second).status == 200
+
+
 async def test_health_is_fast_while_the_engine_is_saturated(make_client: ClientFactory) -> None:
     client = await make_client(engine={"max_running": 4})
     busy = [

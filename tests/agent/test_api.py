@@ -49,8 +49,12 @@ async def test_chat_completion_shape_and_exact_usage(client: TestClient) -> None
 
 
 async def test_streamed_chat_equals_unstreamed_and_reports_usage(client: TestClient) -> None:
-    plain = await (await client.post(CHAT, json=chat())).json()
-    resp = await client.post(CHAT, json=chat(stream=True, stream_options={"include_usage": True}))
+    # no cache: the streamed answer must come from the engine, not from the plain one
+    plain = await (await client.post(CHAT, json=chat(cache=False))).json()
+    resp = await client.post(
+        CHAT, json=chat(stream=True, stream_options={"include_usage": True}, cache=False)
+    )
+    assert resp.headers["X-Edgefleet-Cache"] == "bypass"
     assert resp.status == 200
     events = await sse_events(resp)
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"

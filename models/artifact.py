@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,24 +59,45 @@ def onnx_files(directory: Path, graph: str = "model.onnx") -> list[Path]:
     return [main, *extra]
 
 
-def graph_version(directory: Path, variant: str, graph: str = "model.onnx") -> str:
-    """``<variant>-<12 hex>`` where the hex is sha256 over the graph and its external data."""
+def graph_version(
+    directory: Path,
+    variant: str,
+    graph: str = "model.onnx",
+    *,
+    file_sha256: dict[str, str] | None = None,
+) -> str:
+    """``<variant>-<12 hex>`` where the hex is sha256 over the graph and its external data.
+
+    With ``file_sha256``, each of those files' own sha256 is recorded there too (by name),
+    from the same read, for :func:`file_entries`.
+    """
     digest = hashlib.sha256()
     for path in onnx_files(directory, graph):
+        own = hashlib.sha256()
         with open(path, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 digest.update(chunk)
+                own.update(chunk)
+        if file_sha256 is not None:
+            file_sha256[path.relative_to(directory).as_posix()] = own.hexdigest()
     return f"{variant}-{digest.hexdigest()[:12]}"
 
 
-def file_entries(directory: Path) -> tuple[FileEntry, ...]:
-    """Every file under ``directory`` except manifest.json, with size and sha256."""
+def file_entries(
+    directory: Path, known_sha256: Mapping[str, str] | None = None
+) -> tuple[FileEntry, ...]:
+    """Every file under ``directory`` except manifest.json, with size and sha256.
+
+    Digests in ``known_sha256`` (relative path -> hex) are used instead of rehashing.
+    """
+    known = known_sha256 or {}
     entries = []
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         rel = path.relative_to(directory).as_posix()
         if rel == MANIFEST_FILENAME:
             continue
-        entries.append(FileEntry(path=rel, sha256=sha256_file(path), size=path.stat().st_size))
+        sha256 = known.get(rel) or sha256_file(path)
+        entries.append(FileEntry(path=rel, sha256=sha256, size=path.stat().st_size))
     return tuple(entries)
 
 
@@ -95,16 +116,15 @@ def stage_dir(final: Path) -> Path:
 
 def install_dir(staging: Path, final: Path, manifest: ModelManifest) -> ModelManifest:
     """Fill in files/version of ``manifest`` from ``staging``, write it, swap into ``final``."""
-    files = file_entries(staging)
-    names = {f.path for f in files}
     for required in (manifest.graph.onnx, manifest.tokenizer.file):
-        if required not in names:
+        if not (staging / required).is_file():
             raise ConversionError(f"{staging}: {required} was not written")
-    complete = replace(
-        manifest,
-        files=files,
-        version=graph_version(staging, manifest.variant, manifest.graph.onnx),
+    # the graph files are large: hash each once, for the version and for its file entry
+    graph_sha256: dict[str, str] = {}
+    version = graph_version(
+        staging, manifest.variant, manifest.graph.onnx, file_sha256=graph_sha256
     )
+    complete = replace(manifest, files=file_entries(staging, graph_sha256), version=version)
     write_manifest(complete, staging)
     old = final.with_name(f".{final.name}.old")
     shutil.rmtree(old, ignore_errors=True)

@@ -9,6 +9,7 @@ with the listed sizes. Then nothing is rewritten.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import shutil
@@ -187,7 +188,10 @@ def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
         target = TARGETS[name]
         timer = StageTimer(name)
         with timer.stage("locate source"):
-            source = locate(target.source)
+            # once per run: tiny-llama and smollm2 share the GGUF, and locating hashes it
+            source: LocatedSource = ctx.remember(
+                f"source:{target.source}", functools.partial(locate, target.source)
+            )
             key = compute_build_key(source.spec.sha256, target.key_options(options))
         if not options.force and is_up_to_date(options.out, target, key):
             print(f"{name}: up to date (cached)", flush=True)

@@ -13,8 +13,8 @@ the lookup client: the coordinator's "one core" is then enforced, not just measu
 Measured over two steady windows, side by side: reports/s the coordinator stored and
 its CPU use (cores) with reports only, then with lookups too. Route latency twice:
 
-* coordinator side: the handler's own time (parse, route, JSON), from the
-  coordinator's ``edgefleet_coordinator_route_seconds`` histogram, whose buckets are
+* coordinator side: the routing decision itself (candidates, scoring), timed inside the
+  router for gRPC and HTTP lookups alike (``edgefleet_coordinator_route_seconds``; buckets are
   0.25 ms apart up to 5 ms; p99 is given as its bucket's upper bound and interpolated;
 * client side: from writing the request to reading the whole response, in the lookup
   process (loopback, queueing in the coordinator's event loop and the kernel

@@ -168,7 +168,9 @@ async def test_client_disconnect_cancels_its_sequence(make_client: ClientFactory
 
 
 async def test_metrics_cover_the_engine(client: TestClient) -> None:
-    await client.post(CHAT, json=chat(cache=False))
+    resp = await client.post(CHAT, json=chat(cache=False))
+    assert resp.status == 200
+    usage = (await resp.json())["usage"]
     text = await (await client.get("/metrics")).text()
     for name in [
         "edgefleet_agent_requests_total",
@@ -189,3 +191,20 @@ async def test_metrics_cover_the_engine(client: TestClient) -> None:
         "edgefleet_agent_rejections",
     ]:
         assert name in text, name
+    # the names alone are there without traffic (HELP lines): the request must be counted
+    samples = {
+        'edgefleet_agent_requests_total{endpoint="/v1/chat/completions",status="200"}': 1,
+        'edgefleet_agent_request_latency_seconds_count{endpoint="/v1/chat/completions"}': 1,
+        f'edgefleet_agent_time_to_first_token_seconds_count{{model="{TINY}"}}': 1,
+        f'edgefleet_agent_time_per_output_token_seconds_count{{model="{TINY}"}}': (
+            usage["completion_tokens"] - 1
+        ),
+        f'edgefleet_agent_prompt_tokens_total{{model="{TINY}"}}': usage["prompt_tokens"],
+        f'edgefleet_agent_generation_tokens_total{{model="{TINY}"}}': usage["completion_tokens"],
+        "edgefleet_agent_queue_wait_seconds_count": 1,
+    }
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 1
+    for sample, value in samples.items():
+        assert await metric(client, sample) == value, sample
+    assert await metric(client, "edgefleet_agent_batch_size_count") >= 1
+    assert await metric(client, 'edgefleet_agent_step_seconds_count{part="total"}') >= 1

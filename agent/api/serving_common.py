@@ -210,6 +210,10 @@ class GenerationRunner:
             return
         metrics = self._metrics
         model_id = prepared.model.model_id
+        # the per-model children, looked up once rather than per token
+        time_to_first_token = metrics.time_to_first_token.labels(model_id)
+        time_per_output_token = metrics.time_per_output_token.labels(model_id)
+        generation_tokens = metrics.generation_tokens.labels(model_id)
         started = time.perf_counter()
         last = started
         generated = 0
@@ -219,11 +223,11 @@ class GenerationRunner:
         async for output in prepared.model.generate(prepared.request):
             now = time.perf_counter()
             if generated == 0:
-                metrics.time_to_first_token.labels(model_id).observe(now - started)
+                time_to_first_token.observe(now - started)
             else:
-                metrics.time_per_output_token.labels(model_id).observe(now - last)
+                time_per_output_token.observe(now - last)
             last = now
-            metrics.generation_tokens.labels(model_id).inc(len(output.token_ids))
+            generation_tokens.inc(len(output.token_ids))
             generated = output.completion_tokens
             if prepared.cache_key is not None:
                 texts.append(output.text)

@@ -75,6 +75,7 @@ class MdnsAdvertiser:
         self._zeroconf: AsyncZeroconf | None = None
         self._info: AsyncServiceInfo | None = None
         self._task: asyncio.Task[None] | None = None
+        self._addresses: list[bytes] = []  # resolved once, in start()
         self._last_load = -1
         self._last_status = ""
 
@@ -82,7 +83,7 @@ class MdnsAdvertiser:
     def service_name(self) -> str:
         return f"{_instance_label(self._agent_id)}.{SERVICE_TYPE}"
 
-    def _addresses(self) -> list[bytes]:
+    def _resolve_addresses(self) -> list[bytes]:
         try:
             address = ipaddress.ip_address(self._host)
         except ValueError:
@@ -93,10 +94,9 @@ class MdnsAdvertiser:
             return [socket.inet_aton(socket.gethostbyname(socket.gethostname()))]
         return [address.packed]
 
-    def _info_now(self) -> AsyncServiceInfo:
-        self._last_load = self._safe_load()
-        self._last_status = self._status()
-        addresses = self._addresses()
+    def _info_now(self, load: int, status: str) -> AsyncServiceInfo:
+        self._last_load = load
+        self._last_status = status
         return AsyncServiceInfo(
             SERVICE_TYPE,
             self.service_name,
@@ -106,11 +106,11 @@ class MdnsAdvertiser:
                 self._url,
                 self._site,
                 self._models,
-                self._last_load,
-                self._last_status,
+                load,
+                status,
             ),
             server=f"{_instance_label(self._agent_id)}.local.",
-            addresses=addresses,
+            addresses=self._addresses,
         )
 
     def _safe_load(self) -> int:
@@ -121,9 +121,11 @@ class MdnsAdvertiser:
             return 0
 
     async def start(self) -> None:
+        # getaddrinfo blocks: once, off the event loop, not on every refresh
+        self._addresses = await asyncio.to_thread(self._resolve_addresses)
         interfaces = self._interfaces or InterfaceChoice.All
         self._zeroconf = AsyncZeroconf(interfaces=interfaces, ip_version=IPVersion.V4Only)
-        self._info = self._info_now()
+        self._info = self._info_now(self._safe_load(), self._status())
         await self._zeroconf.async_register_service(self._info, allow_name_change=True)
         logger.info("advertising %s on mDNS as %s", self._url, self._info.name)
         self._task = asyncio.create_task(self._refresh(), name="mdns-refresh")
@@ -131,11 +133,12 @@ class MdnsAdvertiser:
     async def _refresh(self) -> None:
         while True:
             await asyncio.sleep(self._refresh_s)
-            if self._zeroconf is None or (
-                self._safe_load() == self._last_load and self._status() == self._last_status
-            ):
+            if self._zeroconf is None:
                 continue
-            info = self._info_now()
+            load, status = self._safe_load(), self._status()
+            if load == self._last_load and status == self._last_status:
+                continue
+            info = self._info_now(load, status)
             if self._info is not None:
                 info.name = self._info.name  # keep a name changed on conflict
             self._info = info

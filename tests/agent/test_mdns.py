@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.mdns import SERVICE_TYPE, txt_record
+from agent.mdns import SERVICE_TYPE, MdnsAdvertiser, txt_record
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,6 +28,42 @@ def test_txt_record_carries_id_models_load_and_state() -> None:
     draining = txt_record("edge-1", "http://10.0.0.7:8000", "shop-7", ["a"], 0, "draining")
     assert draining["state"] == "draining"
     assert SERVICE_TYPE == "_edgefleet._tcp.local."
+
+
+async def test_refresh_republishes_changed_load_and_state_without_resolving_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    load, status = [0], ["ok"]
+    adv = MdnsAdvertiser(
+        "edge-1", "http://10.0.0.7:8000", site="s", models=["a"],
+        load=lambda: load[0], status=lambda: status[0], refresh_s=0.01,
+    )  # fmt: skip
+    published: list[dict[bytes, bytes | None]] = []
+
+    class Zeroconf:
+        async def async_update_service(self, info: object) -> None:
+            published.append(info.properties)  # type: ignore[attr-defined]
+
+    def no_lookups(*args: object) -> None:
+        raise AssertionError("address looked up again on refresh")
+
+    adv._addresses = [bytes([10, 0, 0, 7])]
+    adv._zeroconf = Zeroconf()  # type: ignore[assignment]
+    adv._info = adv._info_now(0, "ok")
+    monkeypatch.setattr(adv, "_resolve_addresses", no_lookups)
+    task = asyncio.create_task(adv._refresh())
+    try:
+        await asyncio.sleep(0.05)
+        assert published == []  # nothing changed: nothing re-published
+        load[0], status[0] = 3, "draining"
+        async with asyncio.timeout(2):
+            while not published:
+                await asyncio.sleep(0.01)
+        assert published[-1][b"load"] == b"3" and published[-1][b"state"] == b"draining"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _netns_available() -> bool:

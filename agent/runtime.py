@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
 import onnxruntime as ort
+from prometheus_client import Counter
 
 from agent.config import AgentConfig
 from agent.coordinator_session import AgentIdentity, HardwareInfo, LoadSnapshot, ModelInfo
@@ -85,7 +87,7 @@ class LoadSampler:
         self._last_tokens = self._tokens()
 
     def _tokens(self) -> float:
-        return _sum_samples(self._metrics, "edgefleet_agent_generation_tokens_total")
+        return sum(value for _, value in _totals(self._metrics.generation_tokens))
 
     def __call__(self) -> LoadSnapshot:
         now = time.monotonic()
@@ -93,12 +95,11 @@ class LoadSampler:
         rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
         self._last_time, self._last_tokens = now, tokens
         load = self._registry.load()
-        requests = _sum_samples(self._metrics, "edgefleet_agent_requests_total")
-        failed = _sum_samples(
-            self._metrics,
-            "edgefleet_agent_requests_total",
-            lambda labels: labels["status"] >= "500",
-        )
+        requests = failed = 0.0
+        for labels, value in _totals(self._metrics.requests):
+            requests += value
+            if labels["status"] >= "500":
+                failed += value
         return LoadSnapshot(
             queue_depth=load.waiting,
             running_sequences=load.running,
@@ -113,10 +114,10 @@ class LoadSampler:
         )
 
 
-def _sum_samples(metrics: AgentMetrics, name: str, keep: object = None) -> float:
-    total = 0.0
-    for family in metrics.registry.collect():
+def _totals(counter: Counter) -> Iterator[tuple[dict[str, str], float]]:
+    """A counter's ``_total`` samples (not its ``_created`` ones), with their labels."""
+    for family in counter.collect():
+        total = f"{family.name}_total"
         for sample in family.samples:
-            if sample.name == name and (keep is None or keep(sample.labels)):  # type: ignore[operator]
-                total += sample.value
-    return total
+            if sample.name == total:
+                yield sample.labels, sample.value

@@ -19,6 +19,10 @@ from agent.coordinator_session import (
     LoadSnapshot,
     ModelInfo,
 )
+from agent.metrics import AgentMetrics
+from agent.model_registry import ModelRegistry
+from agent.runtime import LoadSampler
+from agent.state import AgentState
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 
@@ -57,6 +61,20 @@ def fast_session(target: str, **kwargs: Any) -> CoordinatorSession:
         lambda: LoadSnapshot(queue_depth=3, tokens_per_second=41.5, requests_total=7),
         **(defaults | kwargs),
     )
+
+
+def test_load_sampler_counts_requests_failures_and_generated_tokens() -> None:
+    metrics, state = AgentMetrics(), AgentState()
+    sampler = LoadSampler(ModelRegistry({}, {}), metrics, state)
+    for status, n in [("200", 3), ("499", 4), ("500", 2), ("503", 1)]:
+        metrics.requests.labels("/v1/chat/completions", status).inc(n)
+    metrics.generation_tokens.labels("a").inc(7)
+    metrics.generation_tokens.labels("b").inc(5)
+    state.set_draining(True)
+    snapshot = sampler()
+    assert (snapshot.requests_total, snapshot.requests_failed_total) == (10, 3)
+    assert snapshot.tokens_per_second > 0 and snapshot.draining
+    assert sampler().tokens_per_second == 0.0  # no tokens since the last report
 
 
 async def agent_view(coordinator: CoordinatorProcess, agent_id: str) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from agent.api.app import METRICS, REGISTRY, STATE, create_app
 from agent.config import AgentConfig, load_config
 from agent.coordinator_session import CoordinatorSession
 from agent.enrollment import build_enroller
-from agent.errors import FatalError
+from agent.errors import ConfigError, FatalError
 from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
 from agent.runtime import LoadSampler, build_identity, default_agent_id
@@ -104,7 +104,23 @@ def _busy(registry: ModelRegistry) -> int:
     return load.running + load.waiting
 
 
+def check_coordinator_tls(config: AgentConfig) -> None:
+    """With ``coordinator.tls`` the session is mutual TLS: it needs enrollment's certificate.
+
+    Without enrollment the session would fall back to plaintext, so refuse to start.
+    """
+    c = config.coordinator
+    if c.target and c.tls and build_enroller(config, "") is None:
+        raise ConfigError(
+            "coordinator.tls is on but this agent is not enrolled: the session needs the "
+            "client certificate enrollment gives. Set coordinator.join_token (or keep the "
+            f"credentials saved in coordinator.state_dir {c.state_dir}), or turn "
+            "coordinator.tls off"
+        )
+
+
 async def serve(config: AgentConfig) -> None:
+    check_coordinator_tls(config)  # before the models load
     app = create_app(config)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()  # loads the models

@@ -7,10 +7,13 @@ import dataclasses
 import logging
 import random
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.__main__ import serve
+from agent.config import load_config
 from agent.coordinator_session import (
     AgentIdentity,
     CoordinatorSession,
@@ -19,6 +22,7 @@ from agent.coordinator_session import (
     LoadSnapshot,
     ModelInfo,
 )
+from agent.errors import ConfigError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from agent.runtime import LoadSampler
@@ -75,6 +79,24 @@ def test_load_sampler_counts_requests_failures_and_generated_tokens() -> None:
     assert (snapshot.requests_total, snapshot.requests_failed_total) == (10, 3)
     assert snapshot.tokens_per_second > 0 and snapshot.draining
     assert sampler().tokens_per_second == 0.0  # no tokens since the last report
+
+
+async def test_coordinator_tls_without_enrollment_fails_at_start(tmp_path: Path) -> None:
+    # mutual TLS needs the client certificate enrollment gives; without one the agent
+    # connected in plaintext, silently ignoring coordinator.tls
+    config = load_config(
+        environ={},
+        overrides={
+            "models": {"dir": str(tmp_path / "no-models")},
+            "coordinator": {
+                "target": "127.0.0.1:1",
+                "tls": True,
+                "state_dir": str(tmp_path / "state"),
+            },
+        },
+    )
+    with pytest.raises(ConfigError, match="not enrolled"):
+        await serve(config)  # before any model is loaded
 
 
 async def agent_view(coordinator: CoordinatorProcess, agent_id: str) -> dict[str, Any] | None:

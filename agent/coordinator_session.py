@@ -221,7 +221,6 @@ class CoordinatorSession:
         self._enroller = enroller
         self._on_desired_state = on_desired_state
         self._on_command = on_command
-        self._default_interval_s = default_report_interval_s
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
         self._connect_timeout_s = connect_timeout_s
@@ -229,7 +228,6 @@ class CoordinatorSession:
 
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
-        self._connected = False
         #: Id of the current session (from Welcome); None while disconnected.
         self.session_id: str | None = None
         #: Report interval in use (the coordinator's, once welcomed).
@@ -244,7 +242,7 @@ class CoordinatorSession:
     @property
     def connected(self) -> bool:
         """True while a session is open (Welcome received, stream alive)."""
-        return self._connected
+        return self.session_id is not None
 
     async def start(self) -> None:
         """Start the background session task (no-op when already running)."""
@@ -266,8 +264,6 @@ class CoordinatorSession:
             await asyncio.wait([task])
         except Exception:  # _run never raises; belt and braces for the contract
             logger.exception("coordinator session task failed")
-        self._connected = False
-        self.session_id = None
 
     # ----------------------------------------------------------------- internals
 
@@ -287,7 +283,6 @@ class CoordinatorSession:
                 logger.exception("coordinator session failed unexpectedly")
                 reason = f"{type(exc).__name__}: {exc}"
             finally:
-                self._connected = False
                 self.session_id = None
             if self._stopping.is_set():
                 return
@@ -370,7 +365,6 @@ class CoordinatorSession:
             self.report_interval_s = welcome.report_interval_ms / 1000.0
         self.session_id = welcome.session_id
         self.sessions_opened += 1
-        self._connected = True
         self.last_error = None
         logger.info(
             "connected to coordinator %s (session %s, report every %.1f s)",

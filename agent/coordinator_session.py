@@ -198,7 +198,6 @@ class CoordinatorSession:
         identity: IdentityProvider,
         load: LoadProvider,
         *,
-        channel_credentials: grpc.ChannelCredentials | None = None,
         enroller: Enroller | None = None,
         on_desired_state: Callable[[DesiredState], None] | None = None,
         on_command: Callable[[Command], None] | None = None,
@@ -217,7 +216,6 @@ class CoordinatorSession:
         self.target = target
         self._identity = identity
         self._load = load
-        self._credentials = channel_credentials
         self._enroller = enroller
         self._on_desired_state = on_desired_state
         self._on_command = on_command
@@ -316,10 +314,14 @@ class CoordinatorSession:
         return grpc.aio.secure_channel(self.target, credentials, options=_CHANNEL_OPTIONS)
 
     async def _session_identity(self) -> tuple[AgentIdentity, grpc.ChannelCredentials | None]:
-        """Who to say we are, and how to connect (enrolling first when configured)."""
+        """Who to say we are, and how to connect (enrolling first when configured).
+
+        The channel is TLS only with enrollment's client certificate; without an enroller
+        it is plaintext (``agent.__main__`` refuses ``coordinator.tls`` without one).
+        """
         identity = self._identity()
         if self._enroller is None:
-            return identity, self._credentials
+            return identity, None
         try:
             enrolled = await self._enroller.ensure()
         except FatalError as exc:
@@ -327,7 +329,7 @@ class CoordinatorSession:
         except EnrollmentUnavailableError as exc:
             raise _SessionLost(str(exc)) from exc
         identity = replace(identity, agent_id=enrolled.agent_id, token=enrolled.token)
-        return identity, self._enroller.channel_credentials() or self._credentials
+        return identity, self._enroller.channel_credentials()
 
     async def _run_session(self) -> None:
         """One session, from Hello to the end of the stream. Raises _SessionLost."""

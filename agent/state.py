@@ -20,8 +20,6 @@ class AgentState:
 
     def __init__(self) -> None:
         self._draining = False
-        #: Why the agent is draining ("" when it is not).
-        self.reason = ""
 
     @property
     def draining(self) -> bool:
@@ -38,7 +36,6 @@ class AgentState:
         elif self._draining and not draining:
             log.info("agent resumed")
         self._draining = draining
-        self.reason = reason if draining else ""
 
     def apply(self, command: Command) -> None:
         """Follow a coordinator command (drain, resume); other kinds are not state."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -16,7 +16,12 @@ M = TypeVar("M", bound=BaseModel)
 
 # status recorded for a request whose client went away mid-response (nginx's 499)
 CLIENT_CLOSED = 499
-CLIENT_GONE = "edgefleet.client_gone"  # request key set when that happened
+# request key set when that happened; aiohttp >= 3.14 warns on str request keys
+CLIENT_GONE: Any = (
+    web.RequestKey("edgefleet_client_gone", bool)
+    if hasattr(web, "RequestKey")
+    else "edgefleet.client_gone"
+)
 
 
 # pydantic names the branch of a union that failed ("str", "list[int]", "constrained-str")

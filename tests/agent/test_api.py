@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, make_mocked_request
+
+from agent.api.wire import CLIENT_GONE
 
 TINY = "tiny-llama"
 CHAT = "/v1/chat/completions"
@@ -198,3 +201,13 @@ async def test_stream_chunks_have_openai_shape(client: TestClient) -> None:
     assert all(set(e["choices"][0]["delta"]) == {"content"} for e in events[1:-1])
     assert events[-1]["choices"][0]["delta"] == {}
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_client_gone_mark_is_a_request_key_without_warnings() -> None:
+    # aiohttp >= 3.14 warns on str request keys; with warnings as errors the disconnect
+    # path of stream_sse turned a client gone mid-stream into a 500
+    request = make_mocked_request("POST", CHAT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        request[CLIENT_GONE] = True
+    assert request.get(CLIENT_GONE) is True

@@ -9,6 +9,7 @@ its load reports to the coordinator and its mDNS TXT record, so no new routes co
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from agent.coordinator_session import Command
 
@@ -26,7 +27,7 @@ class AgentState:
         return self._draining
 
     @property
-    def status(self) -> str:
+    def status(self) -> Literal["ok", "draining"]:
         """``"draining"`` or ``"ok"``, as /healthz and the mDNS TXT record say it."""
         return "draining" if self._draining else "ok"
 

@@ -173,7 +173,7 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     load = registry.load()
     return json_response(
         Health(
-            status="draining" if request.app[STATE].draining else "ok",
+            status=request.app[STATE].status,
             models=registry.ids,
             running=load.running,
             waiting=load.waiting,

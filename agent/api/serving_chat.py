@@ -66,7 +66,6 @@ class ChatService(GenerationService):
             "chat",
             generation_request("chatcmpl", prompt_ids, params, req, options),
             req,
-            include_usage=bool(req.stream_options and req.stream_options.include_usage),
         )
 
     async def complete(self, prepared: PreparedGeneration) -> ChatCompletionResponse:

@@ -169,8 +169,6 @@ class GenerationRunner:
         endpoint: str,
         request: GenerationRequest,
         body: SamplingFields,
-        *,
-        include_usage: bool,
     ) -> PreparedGeneration:
         params = request.params
         wanted = body.cache if body.cache is not None else (
@@ -190,7 +188,7 @@ class GenerationRunner:
             model=model,
             request=request,
             stream=body.stream,
-            include_usage=include_usage,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
             created=int(time.time()),
             cache_key=key,
             cached=cached,

@@ -61,7 +61,6 @@ class CompletionService(GenerationService):
             "completions",
             generation_request("cmpl", prompt_ids, params, req, options),
             req,
-            include_usage=bool(req.stream_options and req.stream_options.include_usage),
         )
 
     def _response(

@@ -22,7 +22,7 @@ from agent.api.serving_common import (
     sampling_params,
     usage_of,
 )
-from agent.engine.interface import ChatMessage, FinishReason, GenerationOutput
+from agent.engine.interface import ChatMessage, FinishReason
 from agent.errors import InvalidRequestError, UnsupportedError
 
 
@@ -69,11 +69,7 @@ class ChatService(GenerationService):
         )
 
     async def complete(self, prepared: PreparedGeneration) -> ChatCompletionResponse:
-        parts: list[str] = []
-        last: GenerationOutput | None = None
-        async for output in self._runner.run(prepared):
-            parts.append(output.text)
-            last = output
+        text, last = await self._collect(prepared)
         prompt_tokens = len(prepared.request.prompt_token_ids)
         return ChatCompletionResponse(
             id=prepared.request.request_id,
@@ -83,7 +79,7 @@ class ChatService(GenerationService):
             choices=[
                 ChatChoice(
                     index=0,
-                    message=ChatMessageOut(content="".join(parts)),
+                    message=ChatMessageOut(content=text),
                     finish_reason=last.finish_reason if last else "length",
                 )
             ],

@@ -254,3 +254,12 @@ class GenerationService:
         self._registry = registry
         self._limits = limits
         self._runner = runner
+
+    async def _collect(self, prepared: PreparedGeneration) -> tuple[str, GenerationOutput | None]:
+        """Run a generation to the end: its whole text and its last output (None if none)."""
+        parts: list[str] = []
+        last: GenerationOutput | None = None
+        async for output in self._runner.run(prepared):
+            parts.append(output.text)
+            last = output
+        return "".join(parts), last

@@ -80,13 +80,9 @@ class CompletionService(GenerationService):
         )
 
     async def complete(self, prepared: PreparedGeneration) -> CompletionResponse:
-        parts: list[str] = []
-        last: GenerationOutput | None = None
-        async for output in self._runner.run(prepared):
-            parts.append(output.text)
-            last = output
+        text, last = await self._collect(prepared)
         finish = last.finish_reason if last else "length"
-        choice = CompletionChoice(index=0, text="".join(parts), finish_reason=finish)
+        choice = CompletionChoice(index=0, text=text, finish_reason=finish)
         return self._response(prepared, [choice], last, with_usage=True)
 
     async def stream(self, prepared: PreparedGeneration) -> AsyncIterator[CompletionResponse]:

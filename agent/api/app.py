@@ -248,10 +248,7 @@ def _registry_ctx(
                 ),
                 verify=config.models.verify_checksums,
             )
-        limits = GenerationLimits(
-            max_context_tokens=config.engine.max_context_tokens,
-            default_max_tokens=config.engine.default_max_tokens,
-        )
+        limits = GenerationLimits(default_max_tokens=config.engine.default_max_tokens)
         metrics = app[METRICS]
         for model in reg.text_models.values():
             model.add_listener(metrics)

@@ -68,7 +68,6 @@ def generation_request(
 
 @dataclass(frozen=True)
 class GenerationLimits:
-    max_context_tokens: int = 2048  # the agent's cap on prompt + completion per sequence
     default_max_tokens: int = 256  # completion length when the request names none
 
 
@@ -93,7 +92,7 @@ def sampling_params(
     context_length: int,
     limits: GenerationLimits,
 ) -> SamplingParams:
-    context = min(context_length, limits.max_context_tokens)
+    context = context_length  # the model's, already capped at engine.max_context_tokens
     if max_tokens is not None and max_tokens < 1:
         raise InvalidRequestError(
             f"{max_tokens_param} must be at least 1, got {max_tokens}", param=max_tokens_param

@@ -21,9 +21,10 @@ from agent.config import AgentConfig, load_config
 from agent.coordinator_session import CoordinatorSession
 from agent.enrollment import build_enroller
 from agent.errors import ConfigError, FatalError
+from agent.identity import build_identity, default_agent_id
+from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
-from agent.runtime import LoadSampler, build_identity, default_agent_id
 
 log = logging.getLogger("agent")
 

@@ -64,7 +64,7 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
-class CoordinatorConfig:
+class CoordinatorLinkConfig:
     target: str = ""  # host:port of the coordinator's gRPC API; empty runs standalone
     join_token: str = ""  # join token for the first enrollment; empty: no enrollment
     enroll_target: str = ""  # host:port of the coordinator's Enroll port; empty = target
@@ -94,7 +94,7 @@ class AgentConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    coordinator: CoordinatorLinkConfig = field(default_factory=CoordinatorLinkConfig)
     identity: IdentityConfig = field(default_factory=IdentityConfig)
     mdns: MdnsConfig = field(default_factory=MdnsConfig)
     log_level: str = "INFO"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agent.engine.scheduler import StepStats
+from agent.engine.interface import StepStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_TIME_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0)
@@ -106,7 +106,7 @@ class AgentMetrics:
             registry=r,
         )
 
-    # the engine's listener interface (agent.engine.scheduler.BatcherListener)
+    # the engine's listener interface (agent.engine.interface.BatcherListener)
 
     def on_step(self, stats: StepStats) -> None:
         if stats.batch_size:

@@ -13,10 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
+from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, REGISTRY_KEY, TOKENS_KEY
 from coordinator.config import is_loopback_host
+from coordinator.fleet_store import JoinToken
 from coordinator.http_api import InvalidParameter, agent_json, error_response, iso_time
-from coordinator.state import CONFIG_KEY, GRPC_SERVER_KEY, REGISTRY_KEY, TOKENS_KEY
-from coordinator.store import JoinToken
 
 logger = logging.getLogger(__name__)
 

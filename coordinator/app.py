@@ -10,17 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from coordinator.admin_api import ADMIN_ROUTES
-from coordinator.ca import CertificateAuthority
-from coordinator.config import CoordinatorConfig
-from coordinator.enrollment import EnrollmentService
-from coordinator.grpc_service import CoordinatorServicer, GrpcServer
-from coordinator.http_api import ROUTES, count_requests, openai_errors
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.registry import FleetRegistry, LiveFleetRegistry
-from coordinator.router import Router
-from coordinator.session_auth import SessionAuthenticator
-from coordinator.sqlite_store import SQLiteFleetStore
-from coordinator.state import (
+from coordinator.app_keys import (
     CONFIG_KEY,
     GRPC_SERVER_KEY,
     METRICS_KEY,
@@ -29,7 +19,17 @@ from coordinator.state import (
     STORE_KEY,
     TOKENS_KEY,
 )
-from coordinator.store import FleetStore
+from coordinator.ca import CertificateAuthority
+from coordinator.config import CoordinatorConfig
+from coordinator.enrollment import EnrollmentService
+from coordinator.fleet_store import FleetStore
+from coordinator.grpc_service import CoordinatorServicer, GrpcServer
+from coordinator.http_api import ROUTES, count_requests, openai_errors
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.registry import FleetRegistry, LiveFleetRegistry
+from coordinator.route_service import Router
+from coordinator.session_auth import SessionAuthenticator
+from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import JoinTokens
 
 logger = logging.getLogger(__name__)

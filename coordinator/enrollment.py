@@ -11,8 +11,8 @@ from datetime import datetime
 from coordinator.ca import CertificateAuthority
 from coordinator.errors import SiteMismatchError, TokenExhaustedError, UnknownTokenError
 from coordinator.fleet import valid_agent_id
+from coordinator.fleet_store import FleetStore, StoredAgent
 from coordinator.registry import utc_now
-from coordinator.store import FleetStore, StoredAgent
 from coordinator.tokens import JoinTokens, parse_token, sha256_hex
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The coordinator's internal picture of the fleet, as plain dataclasses.
 
-Transport code converts wire messages into these (see ``coordinator.wire``);
+Transport code converts wire messages into these (see ``coordinator.proto_convert``);
 everything behind the transport works with these only.
 """
 

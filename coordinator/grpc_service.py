@@ -1,6 +1,6 @@
 """The gRPC side of the coordinator: a thin servicer and the server that hosts it.
 
-The servicer converts wire messages to internal dataclasses (``coordinator.wire``)
+The servicer converts wire messages to internal dataclasses (``coordinator.proto_convert``)
 and calls the FleetRegistry; it holds no fleet state of its own beyond the
 outgoing queue of each live session.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from coordinator import wire
+from coordinator import proto_convert
 from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.enrollment import EnrollmentService
@@ -29,7 +29,7 @@ from coordinator.errors import (
 )
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
-from coordinator.router import Router
+from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
@@ -120,12 +120,12 @@ class CoordinatorServicer:
 
     async def Route(self, request: pb.RouteRequest, context: Any) -> pb.RouteResponse:
         try:
-            query = wire.route_query_from_pb(request)
+            query = proto_convert.route_query_from_pb(request)
         except ProtocolError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("unreachable: context.abort raises") from exc
         decision = self._router.route(query, client_ip=request.client_ip)
-        return wire.route_response_to_pb(decision)
+        return proto_convert.route_response_to_pb(decision)
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
@@ -160,10 +160,10 @@ class CoordinatorServicer:
         )
         reader.add_done_callback(lambda _: live.outbox.put_nowait(None))
         try:
-            yield wire.welcome_to_pb(session_id, self._report_interval_ms)
-            yield wire.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
+            yield proto_convert.welcome_to_pb(session_id, self._report_interval_ms)
+            yield proto_convert.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
             if self._registry.get(hello.agent_id).draining:
-                yield wire.command_to_pb("drain", "drained by an operator")
+                yield proto_convert.command_to_pb("drain", "drained by an operator")
             while (message := await live.outbox.get()) is not None:
                 yield message
             if reader.done() and not reader.cancelled():
@@ -195,7 +195,7 @@ class CoordinatorServicer:
 
     def send_command(self, agent_id: str, kind: str, reason: str) -> bool:
         """Push a Command ("drain", "resume", "reload"); False when the agent has no session."""
-        return self.push(agent_id, wire.command_to_pb(kind, reason))
+        return self.push(agent_id, proto_convert.command_to_pb(kind, reason))
 
     def end_all_sessions(self) -> None:
         """Finish every live session cleanly (agents reconnect on their own)."""
@@ -228,7 +228,7 @@ class CoordinatorServicer:
                 f"the first message of a Session must be Hello, got {kind or 'an empty message'}",
             )
         try:
-            return wire.hello_from_pb(first.hello)
+            return proto_convert.hello_from_pb(first.hello)
         except ProtocolError as exc:
             self._metrics.sessions_rejected.labels(reason="invalid_hello").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -240,7 +240,7 @@ class CoordinatorServicer:
         async for message in request_iterator:
             kind = message.WhichOneof("body")
             if kind == "load_report":
-                report = wire.load_report_from_pb(message.load_report)
+                report = proto_convert.load_report_from_pb(message.load_report)
                 self._registry.record_report(live.agent_id, live.session_id, report)
                 self._metrics.load_reports.inc()
             elif kind == "bye":

@@ -1,6 +1,6 @@
 """The coordinator's HTTP API: fleet listing, route lookup, health and metrics.
 
-Handlers are thin: they read service objects from the app (``coordinator.state``)
+Handlers are thin: they read service objects from the app (``coordinator.app_keys``)
 and turn dataclasses into JSON. Errors use the OpenAI body shape::
 
     {"error": {"message": "...", "type": "...", "param": null, "code": "..."}}
@@ -16,10 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
+from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY, ROUTER_KEY
 from coordinator.errors import UnknownAgentError, UnknownTokenRefError
 from coordinator.fleet import AgentRecord, AgentStatus, Location
-from coordinator.routing import RouteDecision, RouteQuery
-from coordinator.state import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY, ROUTER_KEY
+from coordinator.route_scorer import RouteDecision, RouteQuery
 
 logger = logging.getLogger(__name__)
 

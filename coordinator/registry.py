@@ -25,7 +25,7 @@ from coordinator.fleet import (
     LoadReport,
 )
 from coordinator.fleet_index import FleetIndex
-from coordinator.store import FleetStore
+from coordinator.fleet_store import FleetStore
 
 logger = logging.getLogger(__name__)
 

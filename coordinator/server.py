@@ -9,10 +9,10 @@ import signal
 from aiohttp import web
 
 from coordinator.app import create_app
+from coordinator.app_keys import GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ServerStartError
 from coordinator.gc_pauses import GcPauseRecorder, HeapSettler, settle_heap
-from coordinator.state import GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from coordinator.errors import AuthenticationError, PermissionDeniedError
 from coordinator.fleet import AgentHello
-from coordinator.store import FleetStore
+from coordinator.fleet_store import FleetStore
 from coordinator.tokens import sha256_hex
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from coordinator.errors import StoreError
 from coordinator.fleet import AgentHello
 from coordinator.fleet_json import hello_from_json, hello_to_json
-from coordinator.store import JoinToken, Site, StoredAgent
+from coordinator.fleet_store import JoinToken, Site, StoredAgent
 
 logger = logging.getLogger(__name__)
 

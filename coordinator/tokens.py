@@ -22,8 +22,8 @@ from coordinator.errors import (
     UnknownTokenError,
     UnknownTokenRefError,
 )
+from coordinator.fleet_store import FleetStore, JoinToken
 from coordinator.registry import utc_now
-from coordinator.store import FleetStore, JoinToken
 
 logger = logging.getLogger(__name__)
 

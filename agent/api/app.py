@@ -11,6 +11,16 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from agent.agent_state import AgentState
+from agent.api.http_io import (
+    CLIENT_CLOSED,
+    CLIENT_GONE,
+    error_body,
+    error_response,
+    json_response,
+    read_json,
+    stream_sse,
+)
 from agent.api.openapi import openapi_document
 from agent.api.protocol import (
     ChatCompletionRequest,
@@ -30,25 +40,15 @@ from agent.api.serving_common import (
 )
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
-from agent.api.wire import (
-    CLIENT_CLOSED,
-    CLIENT_GONE,
-    error_body,
-    error_response,
-    json_response,
-    read_json,
-    stream_sse,
-)
 from agent.config import AgentConfig
+from agent.engine.continuous_batcher import BatcherConfig
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.ort_session import SessionConfig
-from agent.engine.scheduler import BatcherConfig
 from agent.errors import AgentError
 from agent.metrics import AgentMetrics
+from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
-from agent.model_store import load_registry
 from agent.response_cache import ResponseCache
-from agent.state import AgentState
 
 log = logging.getLogger(__name__)
 

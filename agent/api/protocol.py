@@ -233,7 +233,7 @@ class ErrorResponse(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "draining"]  # draining: finishing work, wants no new routes
+    status: Literal["ok", "draining", "unhealthy"]  # draining: wants no new routes; unhealthy: 503
     models: list[str]
     running: int  # sequences being generated
     waiting: int  # sequences queued

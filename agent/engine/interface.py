@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
-
-if TYPE_CHECKING:
-    from agent.engine.scheduler import BatcherListener
+from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
 
@@ -128,3 +125,26 @@ class EmbeddingModel(Protocol):
     async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult: ...
 
     async def close(self) -> None: ...
+
+
+class BatcherListener(Protocol):
+    """Told what the batcher does (metrics implement this)."""
+
+    def on_step(self, stats: StepStats) -> None: ...
+
+    def on_admitted(self, queue_wait_s: float) -> None: ...
+
+    def on_rejected(self, reason: str) -> None: ...
+
+    def on_prefix_reused(self, tokens: int) -> None: ...
+
+
+@dataclass
+class StepStats:
+    """What one scheduler step did, for metrics and profiles."""
+
+    batch_size: int = 0  # sequences decoded this step
+    prefill_tokens: int = 0  # prompt tokens run this step
+    ort_s: float = 0.0  # time inside ONNX Runtime
+    sample_s: float = 0.0  # time choosing tokens
+    step_s: float = 0.0  # whole step, scheduling included

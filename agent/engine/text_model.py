@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from agent.engine.interface import ChatMessage, EngineLoad, GenerationOutput, GenerationRequest
-from agent.engine.scheduler import BatcherListener, ContinuousBatcher
+from agent.engine.continuous_batcher import ContinuousBatcher
+from agent.engine.interface import (
+    BatcherListener,
+    ChatMessage,
+    EngineLoad,
+    GenerationOutput,
+    GenerationRequest,
+)
 from agent.engine.text_codec import TextCodec
 
 

@@ -10,8 +10,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from agent.api.app import create_app
 from agent.config import load_config
 from agent.engine.ort_session import SessionConfig
+from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
-from agent.model_store import load_registry
 
 TINY = "tiny-llama"
 

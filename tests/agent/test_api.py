@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, make_mocked_request
 
-from agent.api.wire import CLIENT_GONE
+from agent.api.http_io import CLIENT_GONE
 
 TINY = "tiny-llama"
 CHAT = "/v1/chat/completions"

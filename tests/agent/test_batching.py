@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams
+from agent.engine.continuous_batcher import BatcherConfig
+from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams, StepStats
 from agent.engine.ort_session import SessionConfig
-from agent.engine.scheduler import BatcherConfig, StepStats
 from agent.engine.text_model import OnnxTextModel
 from agent.errors import OverloadedError, RequestTimeoutError
-from agent.model_store import load_registry
+from agent.model_loader import load_registry
 
 TINY = "tiny-llama"
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from agent.__main__ import serve
+from agent.agent_state import AgentState
 from agent.config import load_config
 from agent.coordinator_session import (
     AgentIdentity,
@@ -23,10 +24,9 @@ from agent.coordinator_session import (
     ModelInfo,
 )
 from agent.errors import ConfigError
+from agent.load_sampler import LoadSampler
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
-from agent.runtime import LoadSampler
-from agent.state import AgentState
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 

@@ -14,7 +14,7 @@ from agent.api.app import create_app
 from agent.config import load_config
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.ort_session import SessionConfig
-from agent.model_store import load_registry
+from agent.model_loader import load_registry
 
 EMBEDDER = "all-minilm-l6-v2"
 SENTENCES = [

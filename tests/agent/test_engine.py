@@ -11,8 +11,8 @@ from agent.engine.causal_lm import CausalLM, SlotCache
 from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams
 from agent.engine.ort_session import SessionConfig, create_session
 from agent.engine.text_codec import TextCodec
+from agent.model_loader import causal_lm_spec
 from agent.model_registry import ModelRegistry
-from agent.model_store import causal_lm_spec
 from models.manifest import load_manifest
 
 TINY = "tiny-llama"

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from coordinator.app import create_app
+from coordinator.app_keys import GRPC_SERVER_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
-from coordinator.state import GRPC_SERVER_KEY, TOKENS_KEY
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 

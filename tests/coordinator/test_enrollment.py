@@ -10,7 +10,7 @@ import grpc
 import pytest
 from coordinator_testing import MakeCoordinator, hello
 
-from coordinator.state import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
+from coordinator.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
 from edgefleet.v1 import fleet_pb2 as pb
 
 pytestmark = pytest.mark.timeout(30)

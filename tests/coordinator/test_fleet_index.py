@@ -8,7 +8,7 @@ import pytest
 
 from coordinator.fleet import AgentHello, LoadedModel, Location
 from coordinator.fleet_index import FleetIndex
-from coordinator.routing import great_circle_km
+from coordinator.route_scorer import great_circle_km
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from coordinator_testing import MakeCoordinator, hello
 
+from coordinator.app_keys import REGISTRY_KEY
 from coordinator.fleet import (
     AgentHello,
     AgentRecord,
@@ -17,8 +18,7 @@ from coordinator.fleet import (
     LoadReport,
     Location,
 )
-from coordinator.routing import RouteQuery, RouteScorer, great_circle_km
-from coordinator.state import REGISTRY_KEY
+from coordinator.route_scorer import RouteQuery, RouteScorer, great_circle_km
 from devtools.process import wait_until
 from edgefleet.v1 import fleet_pb2 as pb
 

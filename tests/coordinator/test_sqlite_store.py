@@ -13,8 +13,8 @@ import pytest
 
 from coordinator.errors import StoreError
 from coordinator.fleet import AgentHello, Hardware, LoadedModel, Location
+from coordinator.fleet_store import FleetStore, JoinToken, StoredAgent
 from coordinator.sqlite_store import DB_FILE, SQLiteFleetStore
-from coordinator.store import FleetStore, JoinToken, StoredAgent
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from coordinator.config import CoordinatorConfig
+from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import GrpcServer
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
-from coordinator.router import Router
-from coordinator.store import FleetStore
+from coordinator.route_service import Router
 from coordinator.tokens import JoinTokens
 
 CONFIG_KEY = web.AppKey("config", CoordinatorConfig)

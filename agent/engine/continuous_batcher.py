@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -37,9 +36,11 @@ import numpy.typing as npt
 from agent.engine.causal_lm import CausalLM
 from agent.engine.interface import (
     PRIORITY_RANK,
+    BatcherListener,
     FinishReason,
     GenerationOutput,
     GenerationRequest,
+    StepStats,
 )
 from agent.engine.prefix_cache import PrefixCache
 from agent.engine.sampling import TokenSampler
@@ -65,29 +66,6 @@ class BatcherConfig:
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
     prefix_cache_bytes: int = 64 << 20  # keys/values of recent prompts' blocks; 0: off
-
-
-class BatcherListener(Protocol):
-    """Told what the batcher does (metrics implement this)."""
-
-    def on_step(self, stats: StepStats) -> None: ...
-
-    def on_admitted(self, queue_wait_s: float) -> None: ...
-
-    def on_rejected(self, reason: str) -> None: ...
-
-    def on_prefix_reused(self, tokens: int) -> None: ...
-
-
-@dataclass
-class StepStats:
-    """What one scheduler step did, for metrics and profiles."""
-
-    batch_size: int = 0  # sequences decoded this step
-    prefill_tokens: int = 0  # prompt tokens run this step
-    ort_s: float = 0.0  # time inside ONNX Runtime
-    sample_s: float = 0.0  # time choosing tokens
-    step_s: float = 0.0  # whole step, scheduling included
 
 
 class _Sequence:

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.engine.causal_lm import CausalLM
+from agent.engine.continuous_batcher import BatcherConfig, ContinuousBatcher
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
 from agent.engine.ort_session import SessionConfig, create_session
-from agent.engine.scheduler import BatcherConfig, ContinuousBatcher
 from agent.engine.text_codec import TextCodec
 from agent.engine.text_model import OnnxTextModel
 from agent.errors import ModelLoadError

@@ -21,15 +21,29 @@ class AgentState:
 
     def __init__(self) -> None:
         self._draining = False
+        self._unhealthy_reason = ""
 
     @property
     def draining(self) -> bool:
         return self._draining
 
     @property
-    def status(self) -> Literal["ok", "draining"]:
-        """``"draining"`` or ``"ok"``, as /healthz and the mDNS TXT record say it."""
+    def unhealthy_reason(self) -> str:
+        """Why the agent cannot serve (e.g. its engine died); empty while it is healthy."""
+        return self._unhealthy_reason
+
+    @property
+    def status(self) -> Literal["ok", "draining", "unhealthy"]:
+        """``"unhealthy"``, ``"draining"`` or ``"ok"``, as /healthz and mDNS say it."""
+        if self._unhealthy_reason:
+            return "unhealthy"
         return "draining" if self._draining else "ok"
+
+    def mark_unhealthy(self, reason: str) -> None:
+        """The agent cannot serve any more (a dead engine); it says so everywhere."""
+        if not self._unhealthy_reason:
+            log.error("agent unhealthy: %s", reason)
+        self._unhealthy_reason = reason or "unhealthy"
 
     def set_draining(self, draining: bool, reason: str = "") -> None:
         if draining and not self._draining:

@@ -1,7 +1,7 @@
 """The routing service: a client's question in, a ranked answer out.
 
 Resolves the client's site (given, or from its IP via ``site_networks``), asks the
-fleet index for candidates, scores them (``coordinator.routing``) and names the
+fleet index for candidates, scores them (``coordinator.route_scorer``) and names the
 overflow target when no agent fits. Every lookup, over gRPC or HTTP, is timed and
 counted here.
 """
@@ -14,7 +14,13 @@ from coordinator.config import CoordinatorConfig
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.overflow import OverflowPolicy, StaticOverflowPolicy
 from coordinator.registry import FleetRegistry
-from coordinator.routing import RouteDecision, RoutePolicy, RouteQuery, RouteScorer, RouteWeights
+from coordinator.route_scorer import (
+    RouteDecision,
+    RoutePolicy,
+    RouteQuery,
+    RouteScorer,
+    RouteWeights,
+)
 from coordinator.site_networks import parse_site_networks, site_of
 
 

@@ -21,7 +21,7 @@ from coordinator.fleet import (
     OverflowTarget,
     valid_agent_id,
 )
-from coordinator.routing import RouteDecision, RouteQuery
+from coordinator.route_scorer import RouteDecision, RouteQuery
 from edgefleet.v1 import fleet_pb2 as pb
 
 _OVERFLOW_KIND_TO_PB = {

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from agent.agent_state import AgentState
 from agent.api.app import REGISTRY, STATE, create_app
 from agent.config import load_config
 from agent.engine.continuous_batcher import BatcherConfig, ContinuousBatcher
@@ -126,6 +127,17 @@ def test_restart_policy_rejects_nonsense() -> None:
         RestartPolicy(max_restarts=-1)
     with pytest.raises(ValueError, match="window_s"):
         RestartPolicy(window_s=0)
+
+
+def test_agent_state_keeps_every_dead_engine_reason_once() -> None:
+    state = AgentState()
+    assert (state.status, state.unhealthy_reason) == ("ok", "")
+    state.set_draining(True)
+    state.mark_unhealthy("model a: dead")
+    state.mark_unhealthy("model a: dead")
+    state.mark_unhealthy("model b: dead")
+    assert state.status == "unhealthy"  # over draining
+    assert state.unhealthy_reason == "model a: dead; model b: dead"
 
 
 # ---- the scheduler loop --------------------------------------------------------------------

@@ -265,8 +265,8 @@ def _registry_ctx(
         app[EMBEDDINGS] = EmbeddingService(reg)
         # the app owns the engines' loops: started here, awaited at cleanup; an engine that
         # fails past its restart policy marks the agent unhealthy (/healthz 503, reports)
-        await reg.start(on_dead=app[STATE].mark_unhealthy)
         try:
+            await reg.start(on_dead=app[STATE].mark_unhealthy)
             yield
         finally:
             await reg.close()

@@ -1,9 +1,13 @@
-"""The agent's operational state: serving normally, or draining.
+"""The agent's operational state: serving normally, draining, or unhealthy.
 
 A coordinator ``Command`` (drain / resume) changes it. While draining the agent keeps
 serving (requests in flight finish; a client that still comes is answered) but says
 it is draining everywhere a router looks: ``GET /healthz`` (``"status": "draining"``),
 its load reports to the coordinator and its mDNS TXT record, so no new routes come.
+
+An engine that fails past its restart policy marks the agent unhealthy for good (the app
+wires :meth:`AgentState.mark_unhealthy` as the engines' ``on_dead``): ``GET /healthz``
+answers 503 with ``"status": "unhealthy"`` and the reason, and the load reports carry it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class AgentState:
-    """Whether the agent is draining; read by /healthz, load reports and mDNS."""
+    """Whether the agent is draining or unhealthy; read by /healthz, load reports and mDNS."""
 
     def __init__(self) -> None:
         self._draining = False
@@ -40,10 +44,15 @@ class AgentState:
         return "draining" if self._draining else "ok"
 
     def mark_unhealthy(self, reason: str) -> None:
-        """The agent cannot serve any more (a dead engine); it says so everywhere."""
-        if not self._unhealthy_reason:
-            log.error("agent unhealthy: %s", reason)
-        self._unhealthy_reason = reason or "unhealthy"
+        """The agent cannot serve any more (a dead engine); it says so everywhere. Each
+        distinct reason is logged once and kept (two dead engines: both are named)."""
+        reason = reason or "unhealthy"
+        if reason in self._unhealthy_reason.split("; "):
+            return
+        log.error("agent unhealthy: %s", reason)
+        self._unhealthy_reason = (
+            f"{self._unhealthy_reason}; {reason}" if self._unhealthy_reason else reason
+        )
 
     def set_draining(self, draining: bool, reason: str = "") -> None:
         if draining and not self._draining:

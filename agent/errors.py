@@ -11,6 +11,8 @@ AgentError
 ├── OverloadedError              429 recoverable: try again later (``retry_after`` seconds)
 ├── RequestTimeoutError          504 recoverable: the request ran past its timeout
 ├── EngineError                  500 recoverable: one request failed inside the engine
+│   ├── EngineRestartedError     503 the engine's loop failed and restarted: retry the request
+│   └── EngineDeadError          503 the engine failed too often and stopped: not recoverable
 └── FatalError                   not recoverable: the process cannot serve (bad config, model files)
     ├── ConfigError
     └── ModelLoadError
@@ -92,6 +94,22 @@ class EngineError(AgentError):
     status = 500
     error_type = "server_error"
     code = "engine_error"
+
+
+class EngineRestartedError(EngineError):
+    """The engine's loop failed unexpectedly; every sequence in it was dropped and the loop
+    restarted. The request did nothing wrong: retrying it (here or elsewhere) should work."""
+
+    status = 503
+    code = "engine_restarted"
+
+
+class EngineDeadError(EngineError):
+    """The engine failed more often than its restart policy allows and stopped for good:
+    this agent cannot serve the model until it is restarted (it reports itself unhealthy)."""
+
+    status = 503
+    code = "engine_unavailable"
 
 
 class FatalError(AgentError):

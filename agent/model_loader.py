@@ -17,6 +17,7 @@ from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
 from agent.engine.ort_session import SessionConfig, create_session
+from agent.engine.supervisor import RestartPolicy
 from agent.engine.text_codec import TextCodec
 from agent.engine.text_model import OnnxTextModel
 from agent.errors import ModelLoadError
@@ -66,6 +67,7 @@ def load_text_model(
     session_config: SessionConfig,
     max_context_tokens: int,
     batcher_config: BatcherConfig,
+    restart_policy: RestartPolicy | None = None,
 ) -> TextModel:
     spec = causal_lm_spec(directory, manifest)
     session = create_session(directory / manifest.graph.onnx, session_config)
@@ -78,7 +80,7 @@ def load_text_model(
         eos_token=special.eos_token or "",
     )
     engine = ContinuousBatcher(
-        CausalLM(session, spec), codec, special.eos_token_ids, batcher_config
+        CausalLM(session, spec), codec, special.eos_token_ids, batcher_config, restart_policy
     )
     return OnnxTextModel(
         model_id=manifest.name,
@@ -94,6 +96,7 @@ def load_embedding_model(
     manifest: ModelManifest,
     session_config: SessionConfig,
     batch_config: EmbeddingBatchConfig,
+    restart_policy: RestartPolicy | None = None,
 ) -> EmbeddingModel:
     if manifest.embedding is None:
         raise ModelLoadError(f"{directory}: feature-extraction manifest without 'embedding'")
@@ -109,6 +112,7 @@ def load_embedding_model(
         normalize=emb.normalize,
         pad_token_id=manifest.special_tokens.pad_token_id or 0,
         batch_config=batch_config,
+        restart_policy=restart_policy,
     )
 
 
@@ -120,9 +124,14 @@ def load_registry(
     max_context_tokens: int,
     batcher_config: BatcherConfig | None = None,
     embedding_batch_config: EmbeddingBatchConfig | None = None,
+    restart_policy: RestartPolicy | None = None,
     verify: bool = True,
 ) -> ModelRegistry:
-    """Load the named artifacts (all found when ``serve`` is empty) into a registry."""
+    """Load the named artifacts (all found when ``serve`` is empty) into a registry.
+
+    The engines are not running yet: the owner calls ``await registry.start()`` and, when
+    done, ``await registry.close()``.
+    """
     available = find_artifacts(models_dir)
     names = list(serve) or sorted(available)
     if not names:
@@ -147,6 +156,7 @@ def load_registry(
                 session_config,
                 max_context_tokens,
                 batcher_config or BatcherConfig(),
+                restart_policy,
             )
         else:
             embedding[manifest.name] = load_embedding_model(
@@ -154,6 +164,7 @@ def load_registry(
                 manifest,
                 session_config,
                 embedding_batch_config or EmbeddingBatchConfig(),
+                restart_policy,
             )
         log.info(
             "model %s version %s ready in %.1f s",

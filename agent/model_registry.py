@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from agent.engine.interface import EmbeddingModel, EngineLoad, TextModel
 from agent.errors import InvalidRequestError, ModelNotFoundError
@@ -59,6 +59,20 @@ class ModelRegistry:
             kv_used_tokens=used,
             kv_used_fraction=max((x.kv_used_fraction for x in loads), default=0.0),
         )
+
+    async def start(self, on_dead: Callable[[str], None] | None = None) -> None:
+        """Starts every model's engine loop. ``on_dead`` hears, once per model, that its
+        engine failed past its restart policy (the reason names the model)."""
+
+        def tell(model_id: str) -> Callable[[str], None] | None:
+            if on_dead is None:
+                return None
+            return lambda reason: on_dead(f"model {model_id}: {reason}")
+
+        for text in self.text_models.values():
+            await text.start(tell(text.model_id))
+        for emb in self.embedding_models.values():
+            await emb.start(tell(emb.model_id))
 
     async def close(self) -> None:
         for text in self.text_models.values():

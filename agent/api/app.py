@@ -169,16 +169,22 @@ async def list_models(request: web.Request) -> web.StreamResponse:
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:
+    """200 while the agent serves (also while draining); 503 once it cannot (a dead
+    engine), with the reason in the body."""
     registry = request.app[REGISTRY]
+    state = request.app[STATE]
     load = registry.load()
+    status = state.status
     return json_response(
         Health(
-            status=request.app[STATE].status,
+            status=status,
             models=registry.ids,
             running=load.running,
             waiting=load.waiting,
             kv_cache_used_tokens=load.kv_used_tokens,
-        )
+            unhealthy_reason=state.unhealthy_reason,
+        ),
+        status=503 if status == "unhealthy" else 200,
     )
 
 
@@ -228,7 +234,6 @@ def _registry_ctx(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         config = app[CONFIG]
-        owned = registry is None
         reg = registry
         if reg is None:
             engine = config.engine
@@ -258,15 +263,20 @@ def _registry_ctx(
         app[CHAT] = ChatService(reg, limits, runner)
         app[COMPLETIONS] = CompletionService(reg, limits, runner)
         app[EMBEDDINGS] = EmbeddingService(reg)
-        yield
-        if owned:
+        # the app owns the engines' loops: started here, awaited at cleanup; an engine that
+        # fails past its restart policy marks the agent unhealthy (/healthz 503, reports)
+        try:
+            await reg.start(on_dead=app[STATE].mark_unhealthy)
+            yield
+        finally:
             await reg.close()
 
     return ctx
 
 
 def create_app(config: AgentConfig, registry: ModelRegistry | None = None) -> web.Application:
-    """Build the agent's app. Models load at startup unless a ``registry`` is given."""
+    """Build the agent's app. Models load at startup unless a ``registry`` is given (not
+    started: the app starts its engines and closes them at cleanup, as for its own)."""
     app = web.Application(
         middlewares=[errors_and_metrics], client_max_size=config.server.max_body_bytes
     )

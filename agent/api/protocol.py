@@ -238,3 +238,4 @@ class Health(BaseModel):
     running: int  # sequences being generated
     waiting: int  # sequences queued
     kv_cache_used_tokens: int
+    unhealthy_reason: str = ""  # why the agent cannot serve (a dead engine); empty otherwise

@@ -14,6 +14,13 @@ that one's by the prompt being prefilled), so the decode batch is always rows ``
 Admission control follows Triton's queue policy: a bounded priority queue, a maximum
 queue wait, per-request timeouts, and immediate rejection (429 with Retry-After) when the
 queue is full or the predicted wait exceeds the request's deadline.
+
+Supervision: the owner starts the loop (:meth:`ContinuousBatcher.start`) and awaits its end
+(:meth:`ContinuousBatcher.close`). A failed ONNX Runtime call fails that step's sequences
+only. Any other unexpected error in the loop (admission, planning, applying a step, a
+listener) fails every waiting and running sequence with :class:`EngineRestartedError`, frees
+their slots and restarts the loop; past the :class:`RestartPolicy` the engine is dead, every
+request fails at once with :class:`EngineDeadError`, and ``on_dead`` is told why.
 """
 
 from __future__ import annotations
@@ -45,10 +52,13 @@ from agent.engine.interface import (
 from agent.engine.prefix_cache import PrefixCache
 from agent.engine.sampling import TokenSampler
 from agent.engine.stops import StopMatcher
+from agent.engine.supervisor import OnDead, RestartPolicy, supervise
 from agent.engine.text_codec import IncrementalDetokenizer, TextCodec
 from agent.errors import (
     AgentError,
+    EngineDeadError,
     EngineError,
+    EngineRestartedError,
     InvalidRequestError,
     OverloadedError,
     RequestTimeoutError,
@@ -126,6 +136,7 @@ class ContinuousBatcher:
         codec: TextCodec,
         eos_token_ids: Sequence[int],
         config: BatcherConfig = BatcherConfig(),
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         self._lm = lm
         self._codec = codec
@@ -145,6 +156,10 @@ class ContinuousBatcher:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.restart_policy = restart_policy or RestartPolicy()
+        self._on_dead: OnDead | None = None
+        self._dead_reason = ""  # set once the loop failed past the restart policy
+        self.restarts = 0  # loop restarts after an unexpected failure, since start
         self._service_s = 0.0  # moving average of a sequence's time in the batch
         self.listeners: list[BatcherListener] = []
 
@@ -177,22 +192,59 @@ class ContinuousBatcher:
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    def _ensure_started(self) -> asyncio.Event:
-        if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.create_task(self._loop(), name="continuous-batcher")
-        assert self._wake is not None
-        return self._wake
+    @property
+    def dead_reason(self) -> str:
+        """Why the engine stopped for good; empty while it serves."""
+        return self._dead_reason
+
+    async def start(self, on_dead: OnDead | None = None) -> None:
+        """Starts the supervised scheduler loop; ``on_dead`` hears if it ever dies."""
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if self._task is not None:
+            raise EngineError("the engine is already started")
+        self._on_dead = on_dead
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(
+            supervise("scheduler loop", self._loop, self.restart_policy, self._on_loop_failure),
+            name="continuous-batcher",
+        )
 
     async def close(self) -> None:
+        """Stops the loop, fails what it held, and waits for the worker thread without
+        blocking the event loop."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for seq in [*self._waiting, *self._prefilling, *self._running]:
-            seq.outputs.put_nowait(EngineError("the engine is shutting down"))
-        self._executor.shutdown(wait=True, cancel_futures=True)
+            if not seq.done:
+                self._finish(seq, EngineError("the engine is shutting down"))
+        self._waiting, self._prefilling, self._running = [], [], []
+        # a step cancelled mid-run is still on the worker thread: wait for it off the loop
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+    def _on_loop_failure(self, dead: str | None) -> None:
+        """The loop raised: fail every sequence it held and start from a clean state."""
+        error: EngineError
+        if dead is None:
+            self.restarts += 1
+            error = EngineRestartedError("the engine failed and restarted; retry the request")
+        else:
+            self._dead_reason = dead
+            error = EngineDeadError(f"the engine is unavailable: {dead}")
+        for seq in [*self._waiting, *self._prefilling, *self._running]:
+            if not seq.done and not seq.cancelled:
+                self._finish(seq, error)
+            seq.done = True
+        self._waiting, self._prefilling, self._running = [], [], []
+        self._partial = None
+        self._cache.clear()  # every slot is free again
+        if self._prefixes is not None:  # it may be half updated: start it empty
+            self._prefixes = PrefixCache(self.config.prefix_cache_bytes)
+        if dead is not None and self._on_dead is not None:
+            self._on_dead(dead)
 
     # ---- admission -----------------------------------------------------------------------
 
@@ -231,6 +283,11 @@ class ContinuousBatcher:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         if self._closed:
             raise EngineError("the engine is shutting down")
+        if self._dead_reason:
+            raise EngineDeadError(f"the engine is unavailable: {self._dead_reason}")
+        wake = self._wake
+        if wake is None:
+            raise EngineError("the engine is not running (start() was never called)")
         timeout = request.timeout_s or self.config.request_timeout_s
         seq = _Sequence(request, self._codec, self._eos, next(self._order), timeout)
         try:
@@ -239,7 +296,6 @@ class ContinuousBatcher:
             for listener in self.listeners:
                 listener.on_rejected(exc.reason)
             raise
-        wake = self._ensure_started()
         heapq.heappush(self._waiting, seq)
         wake.set()
         try:

@@ -2,6 +2,12 @@
 
 Inputs from concurrent requests wait at most ``max_queue_delay_us`` for company, then run
 together in one ONNX Runtime call of at most ``max_batch_size`` inputs.
+
+The owner starts the loop (:meth:`DynamicEmbeddingBatcher.start`) and awaits its end
+(:meth:`DynamicEmbeddingBatcher.close`). A failed ONNX Runtime call fails that call's
+inputs only; any other unexpected error in the loop fails every pending input with
+:class:`EngineRestartedError` and restarts the loop, up to the :class:`RestartPolicy`; past
+it the batcher is dead and every request fails at once with :class:`EngineDeadError`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from agent.engine.supervisor import OnDead, RestartPolicy, supervise
+from agent.errors import EngineDeadError, EngineError, EngineRestartedError
+
 Vectors = npt.NDArray[np.float32]
+_Pending = tuple[list[int], "asyncio.Future[Vectors]"]
 
 
 @dataclass(frozen=True)
@@ -32,27 +42,55 @@ class DynamicEmbeddingBatcher:
         run: Callable[[list[list[int]]], Vectors],
         executor: Executor,
         config: EmbeddingBatchConfig = EmbeddingBatchConfig(),
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         self._run = run
         self._executor = executor
         self.config = config
-        self._pending: deque[tuple[list[int], asyncio.Future[Vectors]]] = deque()
+        self.restart_policy = restart_policy or RestartPolicy()
+        self._pending: deque[_Pending] = deque()
+        self._batch: list[_Pending] = []  # the inputs of the call being run
         self._first_arrival = 0.0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._on_dead: OnDead | None = None
+        self._dead_reason = ""
+        self.restarts = 0  # loop restarts after an unexpected failure, since start
         self.batch_sizes: list[int] = []  # inputs per call, most recent last (bounded)
 
+    @property
+    def dead_reason(self) -> str:
+        """Why the batcher stopped for good; empty while it serves."""
+        return self._dead_reason
+
+    async def start(self, on_dead: OnDead | None = None) -> None:
+        """Starts the supervised batching loop; ``on_dead`` hears if it ever dies."""
+        if self._closed:
+            raise EngineError("the embedding engine is closed")
+        if self._task is not None:
+            raise EngineError("the embedding engine is already started")
+        self._on_dead = on_dead
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(
+            supervise("embedding batcher", self._loop, self.restart_policy, self._on_failure),
+            name="embedding-batcher",
+        )
+
     async def embed(self, inputs: list[list[int]]) -> Vectors:
+        if self._closed:
+            raise EngineError("the embedding engine is shutting down")
+        if self._dead_reason:
+            raise EngineDeadError(f"the embedding engine is unavailable: {self._dead_reason}")
+        wake = self._wake
+        if wake is None:
+            raise EngineError("the embedding engine is not running (start() was never called)")
         loop = asyncio.get_running_loop()
-        if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.create_task(self._loop(), name="embedding-batcher")
-        assert self._wake is not None
         futures = [loop.create_future() for _ in inputs]
         if not self._pending:
             self._first_arrival = time.monotonic()
         self._pending.extend(zip(inputs, futures, strict=True))
-        self._wake.set()
+        wake.set()
         try:
             return np.stack(await asyncio.gather(*futures))
         finally:
@@ -60,10 +98,49 @@ class DynamicEmbeddingBatcher:
                 f.cancel()  # a cancelled request's inputs are skipped
 
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._fail_all(EngineError("the embedding engine is shutting down"))
+
+    def _fail_all(self, error: EngineError) -> None:
+        for _, future in [*self._batch, *self._pending]:
+            if not future.done():
+                future.set_exception(error)
+        self._batch = []
+        self._pending.clear()
+
+    def _on_failure(self, dead: str | None) -> None:
+        """The loop raised: fail every input it held and start from a clean state."""
+        if dead is None:
+            self.restarts += 1
+            self._fail_all(
+                EngineRestartedError("the engine failed and restarted; retry the request")
+            )
+        else:
+            self._dead_reason = dead
+            self._fail_all(EngineDeadError(f"the embedding engine is unavailable: {dead}"))
+            if self._on_dead is not None:
+                self._on_dead(dead)
+
+    def _take_batch(self) -> list[_Pending]:
+        """The next call's inputs: up to ``max_batch_size`` still wanted, oldest first."""
+        batch: list[_Pending] = []
+        while self._pending and len(batch) < self.config.max_batch_size:
+            ids, future = self._pending.popleft()
+            if not future.done():
+                batch.append((ids, future))
+        self._first_arrival = time.monotonic()
+        return batch
+
+    def _deliver(self, batch: list[_Pending], vectors: Vectors) -> None:
+        self.batch_sizes.append(len(batch))
+        del self.batch_sizes[:-1000]
+        for row, (_, future) in enumerate(batch):
+            if not future.done():
+                future.set_result(vectors[row])
 
     async def _loop(self) -> None:
         assert self._wake is not None
@@ -80,25 +157,18 @@ class DynamicEmbeddingBatcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay - waited)
                 continue
-            batch: list[tuple[list[int], asyncio.Future[Vectors]]] = []
-            while self._pending and len(batch) < self.config.max_batch_size:
-                ids, future = self._pending.popleft()
-                if not future.done():
-                    batch.append((ids, future))
-            self._first_arrival = time.monotonic()
+            self._batch = batch = self._take_batch()
             if not batch:
                 continue
             try:
                 vectors = await loop.run_in_executor(
                     self._executor, self._run, [ids for ids, _ in batch]
                 )
-            except Exception as exc:
+            except Exception as exc:  # onnxruntime failure: fail this call's inputs only
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
+                self._batch = []
                 continue
-            self.batch_sizes.append(len(batch))
-            del self.batch_sizes[:-1000]
-            for row, (_, future) in enumerate(batch):
-                if not future.done():
-                    future.set_result(vectors[row])
+            self._deliver(batch, vectors)
+            self._batch = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,8 +13,9 @@ import onnxruntime as ort
 
 from agent.engine.embed_batcher import DynamicEmbeddingBatcher, EmbeddingBatchConfig
 from agent.engine.interface import EmbeddingResult
+from agent.engine.supervisor import OnDead, RestartPolicy
 from agent.engine.text_codec import load_tokenizer
-from agent.errors import EngineError, InvalidRequestError
+from agent.errors import AgentError, EngineError, InvalidRequestError
 
 
 class OnnxEmbeddingModel:
@@ -28,6 +30,7 @@ class OnnxEmbeddingModel:
         normalize: bool = True,
         pad_token_id: int = 0,
         batch_config: EmbeddingBatchConfig = EmbeddingBatchConfig(),
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         self._model_id = model_id
         self._version = version
@@ -41,7 +44,9 @@ class OnnxEmbeddingModel:
         self._input_names = {i.name for i in session.get_inputs()}
         self._output_name = session.get_outputs()[0].name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-embed")
-        self.batcher = DynamicEmbeddingBatcher(self._run, self._executor, batch_config)
+        self.batcher = DynamicEmbeddingBatcher(
+            self._run, self._executor, batch_config, restart_policy
+        )
 
     @property
     def model_id(self) -> str:
@@ -55,9 +60,17 @@ class OnnxEmbeddingModel:
     def max_input_tokens(self) -> int:
         return self._max_input_tokens
 
+    @property
+    def dead_reason(self) -> str:
+        return self.batcher.dead_reason
+
+    async def start(self, on_dead: OnDead | None = None) -> None:
+        await self.batcher.start(on_dead)
+
     async def close(self) -> None:
         await self.batcher.close()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # a call cancelled mid-run is still on the worker thread: wait for it off the loop
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
     def _ids_for(self, index: int, item: str | Sequence[int]) -> list[int]:
         if isinstance(item, str):
@@ -78,6 +91,8 @@ class OnnxEmbeddingModel:
         batch = [self._ids_for(i, item) for i, item in enumerate(inputs)]
         try:
             vectors = await self.batcher.embed(batch)
+        except AgentError:
+            raise
         except Exception as exc:
             raise EngineError(f"embedding failed: {exc}") from exc
         return EmbeddingResult(

@@ -7,7 +7,7 @@ The HTTP layer never sees an ``onnxruntime.InferenceSession``: it tokenizes thro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -103,6 +103,11 @@ class TextModel(Protocol):
 
     def add_listener(self, listener: BatcherListener) -> None: ...
 
+    async def start(self, on_dead: Callable[[str], None] | None = None) -> None:
+        """Starts the engine's loop; the owner awaits :meth:`close`. ``on_dead`` is called
+        once, with the reason, if the engine fails past its restart policy."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -123,6 +128,8 @@ class EmbeddingModel(Protocol):
     def max_input_tokens(self) -> int: ...
 
     async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult: ...
+
+    async def start(self, on_dead: Callable[[str], None] | None = None) -> None: ...
 
     async def close(self) -> None: ...
 

@@ -12,6 +12,7 @@ from agent.engine.interface import (
     GenerationOutput,
     GenerationRequest,
 )
+from agent.engine.supervisor import OnDead
 from agent.engine.text_codec import TextCodec
 
 
@@ -66,6 +67,13 @@ class OnnxTextModel:
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         return self._engine.generate(request)
+
+    @property
+    def dead_reason(self) -> str:
+        return self._engine.dead_reason
+
+    async def start(self, on_dead: OnDead | None = None) -> None:
+        await self._engine.start(on_dead)
 
     async def close(self) -> None:
         await self._engine.close()

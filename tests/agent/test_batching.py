@@ -19,7 +19,8 @@ from agent.model_loader import load_registry
 TINY = "tiny-llama"
 
 
-def make_model(artifacts: Path, **config: float) -> OnnxTextModel:
+async def make_model(artifacts: Path, **config: float) -> OnnxTextModel:
+    """The tiny model with its engine started (the test closes it)."""
     registry = load_registry(
         artifacts,
         [TINY],
@@ -29,6 +30,7 @@ def make_model(artifacts: Path, **config: float) -> OnnxTextModel:
     )
     model = registry.text_models[TINY]
     assert isinstance(model, OnnxTextModel)
+    await model.start()
     return model
 
 
@@ -83,7 +85,7 @@ class Recorder:
 
 async def test_batched_greedy_equals_alone_for_mixed_lengths(tiny_artifacts: Path) -> None:
     # a small token budget forces the 150-token prompt through several prefill chunks
-    model = make_model(tiny_artifacts, max_batched_tokens=48)
+    model = await make_model(tiny_artifacts, max_batched_tokens=48)
     ps = prompts([3, 150, 17, 60, 8, 33])
     alone = [tokens(await collect(model, p, 24)) for p in ps]
     together = await asyncio.gather(*(collect(model, p, 24) for p in ps))
@@ -92,7 +94,7 @@ async def test_batched_greedy_equals_alone_for_mixed_lengths(tiny_artifacts: Pat
 
 
 async def test_request_joins_a_running_batch(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts)
+    model = await make_model(tiny_artifacts)
     long_prompt, late_prompt = prompts([20, 40], seed=1)
     expected_late = tokens(await collect(model, late_prompt, 10))
     spy = Recorder()
@@ -108,7 +110,7 @@ async def test_request_joins_a_running_batch(tiny_artifacts: Path) -> None:
 
 
 async def test_cancelled_sequence_frees_its_slot_within_a_step(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts)
+    model = await make_model(tiny_artifacts)
     request = GenerationRequest("c", prompts([10])[0], SamplingParams(max_tokens=400))
     stream = model.generate(request)
     await anext(stream)
@@ -121,7 +123,7 @@ async def test_cancelled_sequence_frees_its_slot_within_a_step(tiny_artifacts: P
 
 
 async def test_full_queue_rejects_at_once_with_retry_after(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts, max_running=1, max_queue=1)
+    model = await make_model(tiny_artifacts, max_running=1, max_queue=1)
     p = prompts([8])[0]
     running = asyncio.create_task(collect(model, p, 300))
     await wait_for(lambda: model.engine.running == 1)
@@ -138,7 +140,7 @@ async def test_full_queue_rejects_at_once_with_retry_after(tiny_artifacts: Path)
 
 
 async def test_higher_priority_is_admitted_first(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts, max_running=1)
+    model = await make_model(tiny_artifacts, max_running=1)
     p = prompts([8])[0]
     order: list[str] = []
 
@@ -159,7 +161,7 @@ async def test_higher_priority_is_admitted_first(tiny_artifacts: Path) -> None:
 
 
 async def test_timeouts_in_queue_and_while_running(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts, max_running=1)
+    model = await make_model(tiny_artifacts, max_running=1)
     p = prompts([8])[0]
     with pytest.raises(RequestTimeoutError):
         await collect(model, p, 500, timeout_s=0.02)
@@ -175,7 +177,7 @@ async def test_timeouts_in_queue_and_while_running(tiny_artifacts: Path) -> None
 
 async def test_max_queue_wait_applies_on_its_own(tiny_artifacts: Path) -> None:
     # the request's own timeout (300 s) is far away: only max_queue_wait_s can reject it
-    model = make_model(tiny_artifacts, max_running=1, max_queue_wait_s=0.05)
+    model = await make_model(tiny_artifacts, max_running=1, max_queue_wait_s=0.05)
     p = prompts([8])[0]
     blocker = asyncio.create_task(collect(model, p, 400))
     await wait_for(lambda: model.engine.running == 1)
@@ -188,7 +190,7 @@ async def test_max_queue_wait_applies_on_its_own(tiny_artifacts: Path) -> None:
 
 
 async def test_predicted_wait_beyond_deadline_is_rejected_up_front(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts, max_running=1)
+    model = await make_model(tiny_artifacts, max_running=1)
     p = prompts([8])[0]
     await collect(model, p, 100)  # teaches the batcher how long a sequence takes
     blocker = asyncio.create_task(collect(model, p, 300))
@@ -207,7 +209,7 @@ async def test_predicted_wait_beyond_deadline_is_rejected_up_front(tiny_artifact
 
 
 async def test_short_prompts_prefill_together_with_the_same_output(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts, max_batched_tokens=512, prefix_cache_bytes=0)
+    model = await make_model(tiny_artifacts, max_batched_tokens=512, prefix_cache_bytes=0)
     ps = prompts([7, 30, 12, 25, 9])
     alone = [tokens(await collect(model, p, 12)) for p in ps]
     spy = Recorder()
@@ -221,10 +223,10 @@ async def test_short_prompts_prefill_together_with_the_same_output(tiny_artifact
 async def test_shared_prompt_prefix_is_reused_with_the_same_output(tiny_artifacts: Path) -> None:
     shared = prompts([60], seed=5)[0]
     first, second = shared + prompts([9], seed=6)[0], shared + prompts([14], seed=7)[0]
-    cold = make_model(tiny_artifacts, prefix_cache_bytes=0)
+    cold = await make_model(tiny_artifacts, prefix_cache_bytes=0)
     expected = tokens(await collect(cold, second, 16))
     await cold.close()
-    model = make_model(tiny_artifacts, prefix_cache_bytes=8 * 1024 * 1024)
+    model = await make_model(tiny_artifacts, prefix_cache_bytes=8 * 1024 * 1024)
     spy = Recorder()
     model.add_listener(spy)
     await collect(model, first, 4)
@@ -282,11 +284,11 @@ async def test_random_arrivals_cancellations_and_shared_prefixes_keep_every_outp
         prompt = shared + p if i % 3 == 0 else p  # a third share a 40-token prefix
         cancel = int(rng.integers(1, 6)) if i % 5 == 0 else None
         jobs.append((prompt, int(rng.integers(4, 40)), cancel))
-    cold = make_model(tiny_artifacts, prefix_cache_bytes=0)
+    cold = await make_model(tiny_artifacts, prefix_cache_bytes=0)
     alone = [tokens(await collect(cold, p, n)) for p, n, _ in jobs]
     await cold.close()
 
-    model = make_model(
+    model = await make_model(
         tiny_artifacts, max_running=5, max_batched_tokens=64, prefix_cache_bytes=1 << 20
     )
     spy = Recorder()
@@ -318,7 +320,7 @@ async def test_random_arrivals_cancellations_and_shared_prefixes_keep_every_outp
 
 
 async def test_kv_use_reports_what_admission_promised(tiny_artifacts: Path) -> None:
-    model = make_model(tiny_artifacts, kv_budget_tokens=1000)
+    model = await make_model(tiny_artifacts, kv_budget_tokens=1000)
     short, long = prompts([20, 50], seed=40)
     params = SamplingParams(temperature=0.0, max_tokens=80)
     a = model.generate(GenerationRequest("a", short, params))  # reserves 20 + 80

@@ -46,6 +46,7 @@ async def test_concurrent_requests_are_batched_with_the_same_vectors(
     real_artifacts: Path,
 ) -> None:
     model = embedder(real_artifacts, max_batch_size=8, max_queue_delay_us=20_000)
+    await model.start()
     alone = [(await model.embed([s])).vectors[0] for s in SENTENCES]
     assert model.batcher.batch_sizes[-len(SENTENCES) :] == [1] * len(SENTENCES)
     together = await asyncio.gather(*(model.embed([s]) for s in SENTENCES))
@@ -59,6 +60,7 @@ async def test_concurrent_requests_are_batched_with_the_same_vectors(
 
 async def test_batch_size_cap_splits_large_requests(real_artifacts: Path) -> None:
     model = embedder(real_artifacts, max_batch_size=4, max_queue_delay_us=0)
+    await model.start()
     result = await model.embed(SENTENCES * 2)
     assert len(result.vectors) == 12
     assert max(model.batcher.batch_sizes) <= 4

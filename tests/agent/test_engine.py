@@ -96,6 +96,7 @@ def test_slot_moves_and_growth_keep_each_sequence(tiny_artifacts: Path) -> None:
 
 async def _run(make: MakeRegistry, prompt: str, params: SamplingParams) -> list[GenerationOutput]:
     registry = make()
+    await registry.start()
     model = registry.text_model(TINY)
     ids = model.encode(prompt)
     outs = [o async for o in model.generate(GenerationRequest("t", ids, params))]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,14 +19,16 @@ from typing import Any
 from aiohttp import web
 
 from agent.api.app import METRICS, REGISTRY, STATE, create_app
-from agent.config import AgentConfig, load_config
+from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
 from agent.coordinator_session import CoordinatorSession
 from agent.enrollment import build_enroller
-from agent.errors import ConfigError, FatalError
+from agent.errors import ConfigError, FatalError, ModelLoadError
 from agent.identity import build_identity, default_agent_id
 from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
+from edgefleet import config_loading
+from edgefleet.config_loading import add_arguments
 
 log = logging.getLogger("agent")
 
@@ -33,70 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-agent",
         description="Serve ONNX models over the OpenAI HTTP API and report to a coordinator.",
+        epilog="Precedence: defaults < --config file < EDGEFLEET_AGENT_<SECTION>__<KEY> "
+        "environment variables < flags.",
     )
-    parser.add_argument("--config", type=Path, help="TOML config file")
-    parser.add_argument("--host", help="listen address (server.host, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="listen port (server.port, default 8000)")
-    parser.add_argument("--public-url", help="URL clients reach this agent at (server.public_url)")
-    parser.add_argument("--models-dir", help="artifact directory (models.dir)")
-    parser.add_argument(
-        "--serve",
-        action="append",
-        metavar="NAME",
-        help="artifact to serve, repeatable (models.serve; default: all found)",
-    )
-    parser.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (0 = cores)")
-    parser.add_argument(
-        "--execution-provider",
-        choices=["auto", "cpu", "cuda"],
-        help="engine.execution_provider (default auto)",
-    )
-    parser.add_argument("--max-context-tokens", type=int, help="engine.max_context_tokens")
-    parser.add_argument("--coordinator", help="coordinator gRPC host:port (coordinator.target)")
-    parser.add_argument("--agent-id", help="identity.agent_id")
-    parser.add_argument("--site", help="identity.site")
-    parser.add_argument("--lat", type=float, help="identity.latitude")
-    parser.add_argument("--lon", type=float, help="identity.longitude")
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="set any config option, e.g. --set engine.default_max_tokens=128",
+    add_arguments(
+        parser, AgentConfig, FLAGS, env_prefix=ENV_PREFIX, example="engine.default_max_tokens=128"
     )
     return parser
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    flat: dict[str, Any] = {
-        "server.host": args.host,
-        "server.port": args.port,
-        "server.public_url": args.public_url,
-        "models.dir": args.models_dir,
-        "models.serve": tuple(args.serve) if args.serve else None,
-        "engine.intra_op_threads": args.threads,
-        "engine.execution_provider": args.execution_provider,
-        "engine.max_context_tokens": args.max_context_tokens,
-        "coordinator.target": args.coordinator,
-        "identity.agent_id": args.agent_id,
-        "identity.site": args.site,
-        "identity.latitude": args.lat,
-        "identity.longitude": args.lon,
-        "log_level": args.log_level,
-    }
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects SECTION.KEY=VALUE, got {item!r}")
-        flat[key.strip()] = value
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        if value is None:
-            continue
-        section, _, name = key.rpartition(".")
-        (nested.setdefault(section, {}) if section else nested)[name] = value
-    return nested
+    """Dotted key -> value for the flags given; ValueError for a malformed ``--set``."""
+    return config_loading.overrides_from_args(args, FLAGS)
 
 
 def _busy(registry: ModelRegistry) -> int:
@@ -120,13 +72,66 @@ def check_coordinator_tls(config: AgentConfig) -> None:
         )
 
 
+def check_models_dir(config: AgentConfig) -> None:
+    """``models.dir`` is a directory this process can list (before anything loads)."""
+    where = Path(config.models.dir)
+    try:
+        with os.scandir(where):
+            pass
+    except FileNotFoundError:
+        raise ModelLoadError(
+            f"models.dir {where} does not exist; build artifacts with `python -m models build` "
+            "or point models.dir (--models-dir) at them"
+        ) from None
+    except NotADirectoryError:
+        raise ModelLoadError(f"models.dir {where} is not a directory") from None
+    except OSError as exc:
+        raise ModelLoadError(f"models.dir {where} cannot be read: {exc.strerror}") from None
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> FatalError:
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return FatalError(
+        f"cannot listen for HTTP on {host}:{port} (server.host, server.port): {reason}"
+    )
+
+
+def check_port_free(config: AgentConfig) -> None:
+    """Fail before the models load when ``server.port`` is taken (the bind itself rechecks)."""
+    host, port = config.server.host, config.server.port
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        socket.create_server((host, port), family=family).close()
+    except OSError as exc:
+        raise _cannot_listen(host, port, exc) from None
+
+
+async def start_http(config: AgentConfig, app: web.Application) -> web.AppRunner:
+    """Load the models and listen; start-up failures become one-line FatalErrors."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    try:
+        await runner.setup()  # loads the models
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot load the models in models.dir {config.models.dir}: {exc}"
+        ) from None
+    host, port = config.server.host, config.server.port
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise _cannot_listen(host, port, exc) from None
+    return runner
+
+
 async def serve(config: AgentConfig) -> None:
     check_coordinator_tls(config)  # before the models load
+    check_models_dir(config)
+    check_port_free(config)
     app = create_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()  # loads the models
-    site = web.TCPSite(runner, config.server.host, config.server.port)
-    await site.start()
+    runner = await start_http(config, app)
     port = runner.addresses[0][1]
     public_url = config.server.public_url or f"http://{config.server.host}:{port}"
     agent_id = config.identity.agent_id or default_agent_id(port)
@@ -172,14 +177,14 @@ async def serve(config: AgentConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         config = load_config(args.config, overrides=overrides_from_args(args))
-    except FatalError as exc:
-        print(f"edgefleet-agent: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, ValueError) as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     logging.basicConfig(
-        level=config.log_level.upper(),
+        level=config.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:

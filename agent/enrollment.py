@@ -182,7 +182,7 @@ def build_enroller(config: AgentConfig, agent_id: str) -> Enroller | None:
         except OSError as exc:
             raise ConfigError(f"coordinator.ca_file {c.ca_file}: {exc.strerror}") from exc
     return Enroller(
-        c.enroll_target or c.target,
+        c.enrollment_target,  # with TLS, the coordinator's enroll port, not the session's
         c.join_token,
         state_dir=state_dir,
         requested_name=agent_id,

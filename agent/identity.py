@@ -46,8 +46,8 @@ def build_identity(
         agent_id=agent_id,
         site=config.identity.site,
         http_url=public_url,
-        lat=config.identity.latitude,
-        lon=config.identity.longitude,
+        lat=config.identity.latitude or 0.0,  # unknown place: 0.0 until the wire says unknown
+        lon=config.identity.longitude or 0.0,
         version=agent_version(),
         hardware=HardwareInfo(
             cpu_count=os.cpu_count() or 0,

@@ -118,7 +118,8 @@ class FleetStore(Protocol):
     def list_agents(self) -> list[StoredAgent]: ...
 
     def save_hello(self, hello: AgentHello, seen: datetime) -> None:
-        """Remember the agent's latest Hello (creating an un-enrolled agent if new)."""
+        """Remember the agent's latest Hello (creating an un-enrolled agent if new), and
+        in its last state that it is live as of ``seen`` (its saved report is kept)."""
         ...
 
     def save_last_seen(self, agent_id: str, seen: datetime) -> None: ...

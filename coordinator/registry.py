@@ -287,26 +287,21 @@ class LiveFleetRegistry:
     ) -> None:
         """Reload the agents on record: unconfirmed when they were last seen alive.
 
-        An agent is unconfirmed when its saved state was live or suspect, or when it
-        has none but was heard from after the newest snapshot (it connected after
-        the last save, before the coordinator stopped); otherwise down.
+        An agent is unconfirmed when its saved state says live, suspect or unconfirmed
+        (opening a session saves "live" at once, so a kill before the next snapshot
+        loses no agent); down when it says down or nothing was saved (a database from
+        before states were saved).
         """
         states = {s.agent_id: s for s in last_states}
-        newest_save = max((s.saved_at for s in last_states if s.saved_at), default=None)
         unconfirmed = 0
         for stored in stored_agents:
             if stored.hello is None:
                 continue
             state = states.get(stored.agent_id)
+            alive = state is not None and state.liveness is not Liveness.DOWN
             if state is not None:
-                alive = state.liveness is not Liveness.DOWN
                 last_seen, report = state.last_seen, state.report
             else:
-                alive = (
-                    newest_save is not None
-                    and stored.last_seen is not None
-                    and stored.last_seen >= newest_save
-                )
                 last_seen, report = stored.last_seen or now, None
             unconfirmed += alive
             self._agents[stored.agent_id] = AgentRecord(

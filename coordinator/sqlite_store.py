@@ -259,6 +259,14 @@ class SQLiteFleetStore:
                 "THEN excluded.site ELSE agents.site END",
                 (hello.agent_id, hello.site, hello_to_json(hello), _text(seen)),
             )
+            # Live as of now, keeping the last saved report until the next snapshot.
+            db.execute(
+                "INSERT INTO agent_last_state (agent_id, liveness, last_seen, saved_at) "
+                "VALUES (?, 'live', ?, ?) ON CONFLICT(agent_id) DO UPDATE SET "
+                "liveness = excluded.liveness, last_seen = excluded.last_seen, "
+                "saved_at = excluded.saved_at",
+                (hello.agent_id, seen.timestamp(), seen.timestamp()),
+            )
             if hello.site:
                 _add_site(db, hello.site, seen)
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from coordinator.admin_api import ADMIN_ROUTES
+from coordinator.admin_api import ADMIN_PREFIX, create_admin_app
 from coordinator.app_keys import (
     CONFIG_KEY,
     GRPC_SERVER_KEY,
@@ -79,7 +79,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[ROUTER_KEY] = router
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app.add_routes(ROUTES)
-    app.add_routes(ADMIN_ROUTES)
+    app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)
     # Between the store and the gRPC server: the last save runs once sessions ended.
     app.cleanup_ctx.append(_last_state_saver)

@@ -283,3 +283,17 @@ def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Pat
         assert a.liveness is Liveness.DOWN
     finally:
         store.close()
+
+
+def test_the_coordinator_refuses_a_newer_database_with_one_clear_line(tmp_path: Path) -> None:
+    SQLiteFleetStore.in_directory(tmp_path).close()
+    with sqlite3.connect(tmp_path / DB_FILE) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", "--data-dir", str(tmp_path),
+         "--grpc-port", "0", "--http-port", "0"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert f"has schema version {SCHEMA_VERSION + 5}, newer than" in done.stderr

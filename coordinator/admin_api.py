@@ -1,7 +1,11 @@
 """The admin HTTP API: join tokens and draining. Thin handlers over the services.
 
-Callers must present ``Authorization: Bearer <admin_token>`` when ``admin_token`` is
-configured; without one, only loopback clients are let in.
+Every admin route lives in one sub-application (``create_admin_app``, mounted at
+``ADMIN_PREFIX``) whose middleware checks the caller before any handler runs: a
+route added there cannot forget the check. Callers must present
+``Authorization: Bearer <admin_token>`` when ``admin_token`` is configured (compared
+in constant time; 401 otherwise); without one, only loopback clients are let in (403).
+Handlers read the coordinator's services through ``request.config_dict``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,17 @@ from aiohttp import web
 from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, REGISTRY_KEY, TOKENS_KEY
 from coordinator.config import is_loopback_host
 from coordinator.fleet_store import JoinToken
-from coordinator.http_api import InvalidParameter, agent_json, error_response, iso_time
+from coordinator.http_api import (
+    Handler,
+    InvalidParameter,
+    agent_json,
+    error_response,
+    iso_time,
+)
 
 logger = logging.getLogger(__name__)
+
+ADMIN_PREFIX = "/v1/admin"
 
 
 def token_json(token: JoinToken, now: datetime) -> dict[str, Any]:
@@ -35,12 +47,28 @@ def token_json(token: JoinToken, now: datetime) -> dict[str, Any]:
     }
 
 
+def _token_matches(given: str, expected: str) -> bool:
+    """Constant-time comparison; any text (compare_digest refuses non-ASCII str)."""
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape")
+    )
+
+
+@web.middleware
+async def require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The admin sub-application's gate: refuse before the handler runs."""
+    refusal = _admin_refusal(request)
+    if refusal is not None:
+        return refusal
+    return await handler(request)
+
+
 def _admin_refusal(request: web.Request) -> web.Response | None:
-    expected = request.app[CONFIG_KEY].admin_token
+    expected = request.config_dict[CONFIG_KEY].admin_token
     if expected:
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), expected):
+        if scheme.lower() == "bearer" and _token_matches(given.strip(), expected):
             return None
         logger.warning("refused admin request %s %s from %s", request.method, request.path,
                        request.remote)  # fmt: skip
@@ -52,6 +80,8 @@ def _admin_refusal(request: web.Request) -> web.Response | None:
         )
     if is_loopback_host(request.remote or ""):
         return None
+    logger.warning("refused admin request %s %s from %s (not loopback, no admin_token set)",
+                   request.method, request.path, request.remote)  # fmt: skip
     return error_response(
         403,
         "The admin API is only open to loopback clients unless admin_token is set.",
@@ -70,8 +100,6 @@ def _int(body: dict[str, Any], name: str, default: int | None) -> int | None:
 
 
 async def create_token(request: web.Request) -> web.Response:
-    if (refusal := _admin_refusal(request)) is not None:
-        return refusal
     try:
         body = await request.json() if request.can_read_body else {}
     except ValueError:
@@ -87,7 +115,7 @@ async def create_token(request: web.Request) -> web.Response:
     site, note = body.get("site", ""), body.get("note", "")
     if not isinstance(site, str) or not isinstance(note, str):
         raise InvalidParameter("site", "site and note must be strings")
-    created = request.app[TOKENS_KEY].create(
+    created = request.config_dict[TOKENS_KEY].create(
         expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
         max_uses=max_uses,
         site=site,
@@ -98,31 +126,26 @@ async def create_token(request: web.Request) -> web.Response:
 
 
 async def list_tokens(request: web.Request) -> web.Response:
-    if (refusal := _admin_refusal(request)) is not None:
-        return refusal
     now = datetime.now(UTC)
-    data = [token_json(t, now) for t in request.app[TOKENS_KEY].list()]
+    data = [token_json(t, now) for t in request.config_dict[TOKENS_KEY].list()]
     return web.json_response({"object": "list", "data": data})
 
 
 async def revoke_token(request: web.Request) -> web.Response:
-    if (refusal := _admin_refusal(request)) is not None:
-        return refusal
     token_id = request.match_info["token_id"]
-    request.app[TOKENS_KEY].revoke(token_id)
+    request.config_dict[TOKENS_KEY].revoke(token_id)
     return web.json_response({"object": "join_token", "token_id": token_id, "state": "revoked"})
 
 
 async def _set_draining(request: web.Request, draining: bool) -> web.Response:
-    if (refusal := _admin_refusal(request)) is not None:
-        return refusal
     agent_id = request.match_info["agent_id"]
-    record = request.app[REGISTRY_KEY].set_draining(agent_id, draining)
+    record = request.config_dict[REGISTRY_KEY].set_draining(agent_id, draining)
     kind = "drain" if draining else "resume"
-    sent = request.app[GRPC_SERVER_KEY].servicer.send_command(
+    sent = request.config_dict[GRPC_SERVER_KEY].servicer.send_command(
         agent_id, kind, f"{kind} requested by an operator"
     )
-    view = agent_json(record, datetime.now(UTC), request.app[CONFIG_KEY].report_interval_ms)
+    interval_ms = request.config_dict[CONFIG_KEY].report_interval_ms
+    view = agent_json(record, datetime.now(UTC), interval_ms)
     return web.json_response(view | {"command_sent": sent})
 
 
@@ -134,10 +157,18 @@ async def resume_agent(request: web.Request) -> web.Response:
     return await _set_draining(request, False)
 
 
+# Relative to ADMIN_PREFIX.
 ADMIN_ROUTES = [
-    web.post("/v1/admin/tokens", create_token),
-    web.get("/v1/admin/tokens", list_tokens),
-    web.delete("/v1/admin/tokens/{token_id}", revoke_token),
-    web.post("/v1/admin/agents/{agent_id}/drain", drain_agent),
-    web.post("/v1/admin/agents/{agent_id}/resume", resume_agent),
+    web.post("/tokens", create_token),
+    web.get("/tokens", list_tokens),
+    web.delete("/tokens/{token_id}", revoke_token),
+    web.post("/agents/{agent_id}/drain", drain_agent),
+    web.post("/agents/{agent_id}/resume", resume_agent),
 ]
+
+
+def create_admin_app() -> web.Application:
+    """The admin routes behind ``require_admin``; mount with ``add_subapp(ADMIN_PREFIX, ...)``."""
+    admin = web.Application(middlewares=[require_admin])
+    admin.add_routes(ADMIN_ROUTES)
+    return admin

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from coordinator.admin_api import ADMIN_ROUTES
+from coordinator.admin_api import ADMIN_PREFIX, create_admin_app
 from coordinator.app_keys import (
     CONFIG_KEY,
     GRPC_SERVER_KEY,
@@ -22,6 +22,7 @@ from coordinator.app_keys import (
 from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig
 from coordinator.enrollment import EnrollmentService
+from coordinator.errors import StoreError
 from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
@@ -40,8 +41,9 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
 
     Opens the store (SQLite in ``config.data_dir`` unless one is given) and loads or
     creates the CA. Starting the app (AppRunner.setup / a test server) also starts the
-    gRPC server and the liveness sweep; cleaning it up ends agent sessions, stops the
-    gRPC server and closes the store.
+    gRPC server, the liveness sweep and the periodic save of the agents' live state;
+    cleaning it up ends agent sessions, stops the gRPC server, saves the live state a
+    last time and closes the store.
     """
     data = config.data_path
     fleet_store: FleetStore = SQLiteFleetStore.in_directory(data) if store is None else store
@@ -77,8 +79,10 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[ROUTER_KEY] = router
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app.add_routes(ROUTES)
-    app.add_routes(ADMIN_ROUTES)
+    app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)
+    # Between the store and the gRPC server: the last save runs once sessions ended.
+    app.cleanup_ctx.append(_last_state_saver)
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
     return app
@@ -87,6 +91,42 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
 async def _store(app: web.Application) -> AsyncIterator[None]:
     yield
     app[STORE_KEY].close()
+
+
+# The agents' live state is saved every this many report intervals (and at shutdown).
+SAVE_EVERY_REPORTS = 5
+# Agents per store transaction when saving it (a few ms each at most).
+SAVE_BATCH = 250
+
+
+async def _last_state_saver(app: web.Application) -> AsyncIterator[None]:
+    """Save what changed in the agents' live state periodically, in small batches that
+    let the event loop serve in between, and once more at shutdown."""
+    registry = app[REGISTRY_KEY]
+    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 * SAVE_EVERY_REPORTS
+
+    async def save_periodically() -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                for _ in registry.save_last_states(SAVE_BATCH):
+                    await asyncio.sleep(0)
+            except StoreError as exc:  # retried next period: what failed is still unsaved
+                logger.warning("could not save the agents' live state: %s", exc)
+
+    task = asyncio.create_task(save_periodically(), name="last-state-saver")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:
+            saved = sum(registry.save_last_states(SAVE_BATCH))
+        except StoreError as exc:
+            logger.error("could not save the agents' live state at shutdown: %s", exc)
+        else:
+            logger.info("saved the live state of %d agents", saved)
 
 
 async def _grpc_server(app: web.Application) -> AsyncIterator[None]:

@@ -109,6 +109,9 @@ class Liveness(enum.StrEnum):
     LIVE = "live"
     # Missed `suspect_after_reports` reports: still routed, after every live agent.
     SUSPECT = "suspect"
+    # Known before a coordinator restart, not reconnected yet: routed with its last
+    # saved state, after every live agent, until `restart_grace_s` ends (then down).
+    UNCONFIRMED = "unconfirmed"
     # Missed `down_after_reports` reports, said Bye, or not heard of since a restart.
     DOWN = "down"
 

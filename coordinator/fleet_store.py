@@ -3,16 +3,19 @@
 ``FleetStore`` is the interface; ``coordinator.sqlite_store.SQLiteFleetStore`` is the
 default implementation. A PostgreSQL store implements the same methods (each one is a
 single statement or one transaction) without touching the rest of the coordinator.
-Live state (sessions, load reports) never goes through the store.
+Live state (sessions, load reports) goes through the store only as a periodic,
+batched snapshot (``AgentLastState``), so that a restarted coordinator can keep
+routing to the agents it knew until they reconnect.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from coordinator.fleet import AgentHello
+from coordinator.fleet import AgentHello, Liveness, LoadReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,20 @@ class StoredAgent:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentLastState:
+    """An agent's live state as last saved: what a restarted coordinator starts from."""
+
+    agent_id: str
+    liveness: Liveness
+    # Last time any message from the agent arrived (UTC).
+    last_seen: datetime
+    # Latest load sample; None when there was none (or it cannot be read back).
+    report: LoadReport | None = None
+    # When the snapshot holding this state was written; None before it is saved.
+    saved_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Site:
     name: str
     first_seen: datetime
@@ -101,13 +118,22 @@ class FleetStore(Protocol):
     def list_agents(self) -> list[StoredAgent]: ...
 
     def save_hello(self, hello: AgentHello, seen: datetime) -> None:
-        """Remember the agent's latest Hello (creating an un-enrolled agent if new)."""
+        """Remember the agent's latest Hello (creating an un-enrolled agent if new), and
+        in its last state that it is live as of ``seen`` (its saved report is kept)."""
         ...
 
     def save_last_seen(self, agent_id: str, seen: datetime) -> None: ...
 
     def set_draining(self, agent_id: str, draining: bool) -> bool:
         """False when there is no such agent."""
+        ...
+
+    def save_last_states(self, states: Sequence[AgentLastState], saved_at: datetime) -> None:
+        """Write these agents' live states in one transaction (replacing older ones)."""
+        ...
+
+    def list_last_states(self) -> list[AgentLastState]:
+        """Every saved live state, ordered by agent id."""
         ...
 
     # ----------------------------------------------------------------- sites

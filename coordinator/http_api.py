@@ -101,7 +101,8 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     response = await handler(request)
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
-    request.app[METRICS_KEY].http_requests.labels(route=route, status=str(response.status)).inc()
+    metrics = request.config_dict[METRICS_KEY]  # config_dict: also under sub-apps (admin)
+    metrics.http_requests.labels(route=route, status=str(response.status)).inc()
     return response
 
 

@@ -2,15 +2,18 @@
 
 ``FleetRegistry`` is the interface transport code talks to. ``LiveFleetRegistry``
 keeps the live view (sessions, load samples, liveness) in memory and writes what must
-survive a restart (each agent's Hello, last-seen time, draining flag) to a
-``FleetStore``; on start it reloads those agents as down until they reconnect.
+survive a restart to a ``FleetStore``: each agent's Hello and draining flag as they
+change, and its live state (liveness, last-seen time, last load report) in batched
+snapshots (``save_last_states``, driven by the app's lifecycle). On start it reloads
+those agents: the ones that were live or suspect as ``UNCONFIRMED`` (still routed,
+after live agents) until they reconnect or ``restart_grace_s`` ends, the rest as down.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -25,7 +28,7 @@ from coordinator.fleet import (
     LoadReport,
 )
 from coordinator.fleet_index import FleetIndex
-from coordinator.fleet_store import FleetStore
+from coordinator.fleet_store import AgentLastState, FleetStore, StoredAgent
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +101,14 @@ class FleetRegistry(Protocol):
         """What the agent should run now."""
         ...
 
+    def save_last_states(self, batch_size: int = 500) -> Iterator[int]:
+        """Write the live state of every agent that changed since the last save.
+
+        One store transaction per ``batch_size`` agents; yields after each (the count
+        written), so that a caller on an event loop can let other work run between.
+        """
+        ...
+
 
 class LiveFleetRegistry:
     """FleetRegistry for one coordinator process, persisting through a FleetStore."""
@@ -109,6 +120,7 @@ class LiveFleetRegistry:
         report_interval_ms: int = 2000,
         suspect_after_reports: int = 2,
         down_after_reports: int = 5,
+        restart_grace_s: float = 30.0,
         clock: Clock = utc_now,
     ) -> None:
         self._store = store
@@ -119,25 +131,12 @@ class LiveFleetRegistry:
         self._agents: dict[str, AgentRecord] = {}
         self._connected = 0
         self._index = FleetIndex()
+        # What was last saved of each agent's live state, to skip unchanged agents.
+        self._saved: dict[str, tuple[datetime, str]] = {}
         now = clock()
-        for stored in store.list_agents():
-            if stored.hello is None:
-                continue
-            self._agents[stored.agent_id] = AgentRecord(
-                hello=stored.hello,
-                status=AgentStatus.DISCONNECTED,
-                session_id="",
-                connected_since=None,
-                last_seen=stored.last_seen or now,
-                liveness=Liveness.DOWN,
-                draining=stored.draining,
-                enrolled=stored.enrolled,
-            )
-            self._index.put(stored.hello)
-        if self._agents:
-            logger.info(
-                "restored %d agents from the store (down until they report)", self.known_count()
-            )
+        # Agents known before a restart stay routable (unconfirmed) until then.
+        self._grace_ends = now + timedelta(seconds=restart_grace_s)
+        self._restore(store.list_agents(), store.list_last_states(), now)
 
     @property
     def index(self) -> FleetIndex:
@@ -240,8 +239,15 @@ class LiveFleetRegistry:
     def sweep(self) -> list[AgentRecord]:
         now = self._clock()
         changed: list[AgentRecord] = []
+        expired: list[AgentRecord] = []
         for agent_id, record in self._agents.items():
             if record.liveness is Liveness.DOWN:
+                continue
+            if record.liveness is Liveness.UNCONFIRMED:
+                if (after_grace := self._sweep_unconfirmed(now)) is not None:
+                    record = replace(record, liveness=after_grace)
+                    self._agents[agent_id] = record
+                    expired.append(record)
                 continue
             silent = now - record.last_seen
             if silent >= self._down_after:
@@ -261,11 +267,85 @@ class LiveFleetRegistry:
                 record.liveness,
                 (now - record.last_seen).total_seconds(),
             )
-        return changed
+        if expired:
+            logger.warning(
+                "%d agents known before the restart did not reconnect within the grace "
+                "period; they are down (e.g. %s)",
+                len(expired),
+                ", ".join(r.agent_id for r in expired[:5]),
+            )
+        return changed + expired
 
     def desired_state(self, agent_id: str) -> DesiredState:
         # Rollouts fill this in; until then every agent keeps what it has.
         return DesiredState()
+
+    # ------------------------------------------------ restart: restore and save
+
+    def _restore(
+        self, stored_agents: list[StoredAgent], last_states: list[AgentLastState], now: datetime
+    ) -> None:
+        """Reload the agents on record: unconfirmed when they were last seen alive.
+
+        An agent is unconfirmed when its saved state says live, suspect or unconfirmed
+        (opening a session saves "live" at once, so a kill before the next snapshot
+        loses no agent); down when it says down or nothing was saved (a database from
+        before states were saved).
+        """
+        states = {s.agent_id: s for s in last_states}
+        unconfirmed = 0
+        for stored in stored_agents:
+            if stored.hello is None:
+                continue
+            state = states.get(stored.agent_id)
+            alive = state is not None and state.liveness is not Liveness.DOWN
+            if state is not None:
+                last_seen, report = state.last_seen, state.report
+            else:
+                last_seen, report = stored.last_seen or now, None
+            unconfirmed += alive
+            self._agents[stored.agent_id] = AgentRecord(
+                hello=stored.hello,
+                status=AgentStatus.DISCONNECTED,
+                session_id="",
+                connected_since=None,
+                last_seen=last_seen,
+                last_report=report,
+                liveness=Liveness.UNCONFIRMED if alive else Liveness.DOWN,
+                draining=stored.draining,
+                enrolled=stored.enrolled,
+            )
+            self._index.put(stored.hello)
+        if self._agents:
+            logger.info(
+                "restored %d agents from the store: %d unconfirmed (routed until they "
+                "reconnect or the grace period ends at %s), %d down",
+                self.known_count(),
+                unconfirmed,
+                self._grace_ends.isoformat(timespec="seconds"),
+                self.known_count() - unconfirmed,
+            )
+
+    def save_last_states(self, batch_size: int = 500) -> Iterator[int]:
+        changed: list[AgentLastState] = []
+        fingerprints: list[tuple[str, tuple[datetime, str]]] = []
+        saved = self._saved
+        for agent_id, record in self._agents.items():
+            fingerprint = (record.last_seen, record.liveness.value)
+            if saved.get(agent_id) != fingerprint:
+                changed.append(
+                    AgentLastState(agent_id, record.liveness, record.last_seen, record.last_report)
+                )
+                fingerprints.append((agent_id, fingerprint))
+        for start in range(0, len(changed), batch_size):
+            batch = changed[start : start + batch_size]
+            self._store.save_last_states(batch, self._clock())
+            saved.update(fingerprints[start : start + batch_size])
+            yield len(batch)
+
+    def _sweep_unconfirmed(self, now: datetime) -> Liveness | None:
+        """Down once the restart grace period is over without a session; else unchanged."""
+        return Liveness.DOWN if now >= self._grace_ends else None
 
     def _current(self, agent_id: str, session_id: str) -> AgentRecord | None:
         record = self._agents.get(agent_id)

@@ -19,8 +19,9 @@ sum of parts, every part in [0, 1] (higher is better):
     tokens per request / the agent's recent tokens per second (1 s per queued
     request when it has no rate yet).
 
-A suspect agent (missed reports) keeps its parts but its score is halved, so it is
-used only after every live one. Excluded, never returned: down or draining agents
+A suspect agent (missed reports) or an unconfirmed one (known before a coordinator
+restart, not reconnected yet) keeps its parts but its score is halved, so it is used
+only after every live one. Excluded, never returned: down or draining agents
 (drained by an operator, or saying so in their load reports), agents without the
 model (or the pinned version), saturated ones (backlog or KV use at the configured
 limits), ones the client excluded, and ones whose predicted wait is
@@ -51,6 +52,8 @@ SAME_SITE = 1.0
 OTHER_SITE_MAX = 0.8
 UNKNOWN_PROXIMITY = 0.4
 SUSPECT_FACTOR = 0.5
+# Liveness states scored with SUSPECT_FACTOR (reported under "<liveness>_factor").
+_DEMOTED = frozenset({Liveness.SUSPECT, Liveness.UNCONFIRMED})
 # Assumed service time per queued request when an agent has not measured a rate yet.
 UNKNOWN_RATE_WAIT_MS = 1000.0
 
@@ -257,15 +260,15 @@ class RouteScorer:
                 + w_kv * (1.0 - c.kv)
                 + w_wait * c.wait
             )
-            if c.record.liveness is Liveness.SUSPECT:
+            if c.record.liveness in _DEMOTED:
                 c.score *= SUSPECT_FACTOR
         best = heapq.nsmallest(limit, candidates, key=lambda c: (-c.score, c.record.agent_id))
         ranked: list[RankedAgent] = []
         for c in best:
             hello = c.record.hello
             parts = {"proximity": c.proximity, "queue": c.queue, "kv": 1.0 - c.kv, "wait": c.wait}
-            if c.record.liveness is Liveness.SUSPECT:
-                parts["suspect_factor"] = SUSPECT_FACTOR
+            if c.record.liveness in _DEMOTED:
+                parts[f"{c.record.liveness.value}_factor"] = SUSPECT_FACTOR
             ranked.append(
                 RankedAgent(
                     agent_id=hello.agent_id,

@@ -21,6 +21,9 @@ def parse_site_networks(text: str) -> tuple[tuple[Network, str], ...]:
             network = ipaddress.ip_network(cidr.strip(), strict=False)
         except ValueError as exc:
             raise ValueError(f"entry {item!r}: {exc}") from None
+        clash = next((s for n, s in entries if n == network and s != site.strip()), None)
+        if clash is not None:
+            raise ValueError(f"entry {item!r}: {network} is already given to site {clash!r}")
         entries.append((network, site.strip()))
     # Most specific network first.
     entries.sort(key=lambda e: -e[0].prefixlen)
@@ -28,11 +31,17 @@ def parse_site_networks(text: str) -> tuple[tuple[Network, str], ...]:
 
 
 def site_of(ip: str, networks: tuple[tuple[Network, str], ...]) -> str:
-    """The site whose network contains ``ip``; "" when none does or ``ip`` is not an address."""
+    """The site whose network contains ``ip``; "" when none does or ``ip`` is not an address.
+
+    An IPv4 client seen through a dual-stack socket (``::ffff:10.1.2.3``) is matched
+    as its IPv4 address.
+    """
     try:
-        address = ipaddress.ip_address(ip)
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(ip)
     except ValueError:
         return ""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
     for network, site in networks:
         if address.version == network.version and address in network:
             return site

@@ -2,50 +2,125 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 from coordinator.errors import StoreError
-from coordinator.fleet import AgentHello
+from coordinator.fleet import AgentHello, Liveness, LoadReport
 from coordinator.fleet_json import hello_from_json, hello_to_json
-from coordinator.fleet_store import JoinToken, Site, StoredAgent
+from coordinator.fleet_store import AgentLastState, JoinToken, Site, StoredAgent
 
 logger = logging.getLogger(__name__)
 
 DB_FILE = "fleet.db"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS join_tokens (
-    token_id      TEXT PRIMARY KEY,
-    secret_sha256 TEXT NOT NULL,
-    created_at    TEXT NOT NULL,
-    expires_at    TEXT,
-    max_uses      INTEGER NOT NULL,
-    uses          INTEGER NOT NULL DEFAULT 0,
-    site          TEXT NOT NULL DEFAULT '',
-    revoked       INTEGER NOT NULL DEFAULT 0,
-    note          TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS agents (
-    agent_id          TEXT PRIMARY KEY,
-    enrolled_at       TEXT,
-    token_id          TEXT NOT NULL DEFAULT '',
-    credential_sha256 TEXT NOT NULL DEFAULT '',
-    cert_serial       TEXT NOT NULL DEFAULT '',
-    site              TEXT NOT NULL DEFAULT '',
-    hello_json        TEXT,
-    last_seen         TEXT,
-    draining          INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS sites (
-    name       TEXT PRIMARY KEY,
-    first_seen TEXT NOT NULL
-);
-"""
+Migration = Callable[[sqlite3.Connection], None]
+
+# The schema's history: MIGRATIONS[n - 1] takes a database from version n - 1 to n
+# (``PRAGMA user_version``; 0 is an empty file, or one written before versions were
+# kept). To change the schema, add one function decorated ``@_migration(next number)``.
+MIGRATIONS: list[Migration] = []
+
+
+def _migration(version: int) -> Callable[[Migration], Migration]:
+    def register(step: Migration) -> Migration:
+        if version != len(MIGRATIONS) + 1:
+            raise RuntimeError(f"migration {step.__name__} is numbered {version}, "
+                               f"the next free number is {len(MIGRATIONS) + 1}")  # fmt: skip
+        MIGRATIONS.append(step)
+        return step
+
+    return register
+
+
+@_migration(1)
+def _tokens_agents_sites(db: sqlite3.Connection) -> None:
+    """The schema as first released (no version kept): its tables may already exist."""
+    db.execute("""
+        CREATE TABLE IF NOT EXISTS join_tokens (
+            token_id      TEXT PRIMARY KEY,
+            secret_sha256 TEXT NOT NULL,
+            created_at    TEXT NOT NULL,
+            expires_at    TEXT,
+            max_uses      INTEGER NOT NULL,
+            uses          INTEGER NOT NULL DEFAULT 0,
+            site          TEXT NOT NULL DEFAULT '',
+            revoked       INTEGER NOT NULL DEFAULT 0,
+            note          TEXT NOT NULL DEFAULT ''
+        )""")  # fmt: skip
+    db.execute("""
+        CREATE TABLE IF NOT EXISTS agents (
+            agent_id          TEXT PRIMARY KEY,
+            enrolled_at       TEXT,
+            token_id          TEXT NOT NULL DEFAULT '',
+            credential_sha256 TEXT NOT NULL DEFAULT '',
+            cert_serial       TEXT NOT NULL DEFAULT '',
+            site              TEXT NOT NULL DEFAULT '',
+            hello_json        TEXT,
+            last_seen         TEXT,
+            draining          INTEGER NOT NULL DEFAULT 0
+        )""")  # fmt: skip
+    db.execute("""
+        CREATE TABLE IF NOT EXISTS sites (
+            name       TEXT PRIMARY KEY,
+            first_seen TEXT NOT NULL
+        )""")  # fmt: skip
+
+
+@_migration(2)
+def _agent_last_state(db: sqlite3.Connection) -> None:
+    """Each agent's last live state, so that a restart does not declare the fleet down."""
+    db.execute("""
+        CREATE TABLE agent_last_state (
+            agent_id      TEXT PRIMARY KEY REFERENCES agents (agent_id) ON DELETE CASCADE,
+            liveness      TEXT NOT NULL,
+            -- POSIX seconds (UTC): thousands of rows are written per snapshot.
+            last_seen     REAL NOT NULL,
+            -- The load report as a JSON list of values, named by report_fields.
+            report_fields TEXT,
+            report_json   TEXT,
+            saved_at      REAL NOT NULL
+        ) WITHOUT ROWID""")  # fmt: skip
+
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(db: sqlite3.Connection) -> int:
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the database to SCHEMA_VERSION, one transaction per migration.
+
+    Safe to run concurrently (the admin CLI and the coordinator): each step re-reads
+    the version inside its write transaction and skips what another connection did.
+    Refuses a database written by a newer coordinator.
+    """
+    for version in range(schema_version(db) + 1, SCHEMA_VERSION + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if schema_version(db) < version:
+                MIGRATIONS[version - 1](db)
+                db.execute(f"PRAGMA user_version = {version:d}")
+                logger.info("fleet database %s: schema migrated to version %d", path, version)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    found = schema_version(db)
+    if found > SCHEMA_VERSION:
+        raise StoreError(
+            f"the fleet database {path} has schema version {found}, newer than this "
+            f"coordinator's {SCHEMA_VERSION}: run a coordinator at least as new as the one "
+            "that wrote it (or point data_dir elsewhere)"
+        )
 
 
 def _text(value: datetime | None) -> str | None:
@@ -68,7 +143,10 @@ class SQLiteFleetStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
+            migrate(self._db, path)
+        except StoreError:
+            self._db.close()
+            raise
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the fleet database {path}: {exc}") from exc
 
@@ -181,6 +259,14 @@ class SQLiteFleetStore:
                 "THEN excluded.site ELSE agents.site END",
                 (hello.agent_id, hello.site, hello_to_json(hello), _text(seen)),
             )
+            # Live as of now, keeping the last saved report until the next snapshot.
+            db.execute(
+                "INSERT INTO agent_last_state (agent_id, liveness, last_seen, saved_at) "
+                "VALUES (?, 'live', ?, ?) ON CONFLICT(agent_id) DO UPDATE SET "
+                "liveness = excluded.liveness, last_seen = excluded.last_seen, "
+                "saved_at = excluded.saved_at",
+                (hello.agent_id, seen.timestamp(), seen.timestamp()),
+            )
             if hello.site:
                 _add_site(db, hello.site, seen)
 
@@ -196,6 +282,48 @@ class SQLiteFleetStore:
                 "UPDATE agents SET draining = ? WHERE agent_id = ?", (int(draining), agent_id)
             )
             return cursor.rowcount == 1
+
+    # ------------------------------------------------------- live-state snapshot
+
+    def save_last_states(self, states: Sequence[AgentLastState], saved_at: datetime) -> None:
+        if not states:
+            return
+        saved, names = saved_at.timestamp(), _REPORT_FIELDS
+        rows = [
+            (
+                s.agent_id,
+                s.liveness.value,
+                s.last_seen.timestamp(),
+                None if s.report is None else names,
+                _report_to_json(s.report),
+                saved,
+            )
+            for s in states
+        ]
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO agent_last_state VALUES (?, ?, ?, ?, ?, ?)", rows
+            )
+
+    def list_last_states(self) -> list[AgentLastState]:
+        states = []
+        for row in self._query("SELECT * FROM agent_last_state ORDER BY agent_id"):
+            try:
+                liveness = Liveness(row["liveness"])
+            except ValueError:
+                liveness = Liveness.DOWN
+            states.append(
+                AgentLastState(
+                    agent_id=row["agent_id"],
+                    liveness=liveness,
+                    last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
+                    report=_report_from_json(
+                        row["agent_id"], row["report_fields"], row["report_json"]
+                    ),
+                    saved_at=datetime.fromtimestamp(row["saved_at"], UTC),
+                )
+            )
+        return states
 
     # ----------------------------------------------------------------- sites
 
@@ -245,3 +373,46 @@ def _agent(row: sqlite3.Row) -> StoredAgent:
         last_seen=_time(row["last_seen"]),
         draining=bool(row["draining"]),
     )
+
+
+# Fields of LoadReport that hold a datetime (saved as POSIX seconds).
+_REPORT_TIME_FIELDS = frozenset(
+    name
+    for name, hint in get_type_hints(LoadReport).items()
+    if hint is datetime or datetime in get_args(hint)
+)
+_REPORT_FIELDS = ",".join(LoadReport._fields)
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+def _report_to_json(report: LoadReport | None) -> str | None:
+    """The report's values as a JSON list, in ``_REPORT_FIELDS`` order (the row keeps
+    the names, so a version with renamed or added fields loses only those fields)."""
+    if report is None:
+        return None
+    if not _REPORT_TIME_FIELDS:
+        return _encode(list(report))
+    return _encode(
+        [
+            v.timestamp() if isinstance(v, datetime) else v
+            for v in report  # a handful of numbers: cheap enough per row
+        ]
+    )
+
+
+def _report_from_json(agent_id: str, names: str | None, text: str | None) -> LoadReport | None:
+    if text is None or not names:
+        return None
+    try:
+        stored = dict(zip(names.split(","), json.loads(text), strict=True))
+        fields = {}
+        for name in LoadReport._fields:
+            if name in stored:
+                value = stored[name]
+                if name in _REPORT_TIME_FIELDS and isinstance(value, int | float):
+                    value = datetime.fromtimestamp(value, UTC)
+                fields[name] = value
+        return LoadReport(**fields)
+    except (TypeError, ValueError) as exc:
+        logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)
+        return None

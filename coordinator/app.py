@@ -53,6 +53,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         report_interval_ms=config.report_interval_ms,
         suspect_after_reports=config.suspect_after_reports,
         down_after_reports=config.down_after_reports,
+        restart_grace_s=config.restart_grace_s,
     )
     tokens = JoinTokens(fleet_store)
     metrics = CoordinatorMetrics(registry)

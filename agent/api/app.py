@@ -41,9 +41,6 @@ from agent.api.serving_common import (
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
 from agent.config import AgentConfig
-from agent.engine.continuous_batcher import BatcherConfig
-from agent.engine.embed_batcher import EmbeddingBatchConfig
-from agent.engine.ort_session import SessionConfig
 from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
@@ -216,19 +213,6 @@ ROUTES = [
 ]
 
 
-def batcher_config(config: AgentConfig) -> BatcherConfig:
-    e = config.engine
-    return BatcherConfig(
-        max_running=e.max_running,
-        max_batched_tokens=e.max_batched_tokens,
-        kv_budget_tokens=e.kv_budget_tokens,
-        max_queue=e.max_queue,
-        max_queue_wait_s=e.max_queue_wait_s,
-        request_timeout_s=e.request_timeout_s,
-        prefix_cache_bytes=e.prefix_cache_bytes,
-    )
-
-
 def _registry_ctx(
     registry: ModelRegistry | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -240,17 +224,10 @@ def _registry_ctx(
             reg = load_registry(
                 Path(config.models.dir),
                 config.models.serve,
-                session_config=SessionConfig(
-                    intra_op_threads=engine.intra_op_threads,
-                    inter_op_threads=engine.inter_op_threads,
-                    execution_provider=engine.execution_provider,
-                ),
+                session_config=engine.session(),
                 max_context_tokens=engine.max_context_tokens,
-                batcher_config=batcher_config(config),
-                embedding_batch_config=EmbeddingBatchConfig(
-                    max_batch_size=config.embeddings.max_batch_size,
-                    max_queue_delay_us=config.embeddings.max_queue_delay_us,
-                ),
+                batcher_config=engine.batcher(),
+                embedding_batch_config=config.embeddings.batch(),
                 verify=config.models.verify_checksums,
             )
         limits = GenerationLimits(default_max_tokens=config.engine.default_max_tokens)

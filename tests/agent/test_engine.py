@@ -163,7 +163,13 @@ async def test_top_k_one_equals_greedy(make_tiny_registry: MakeRegistry) -> None
 def test_real_model_prefix_reuse_and_batching_are_bit_exact(real_artifacts: Path) -> None:
     """On the shipped int4 SmolLM2: a prompt run after a cached prefix (at least two tokens
     left to run), or right-padded next to a longer one, gives exactly the logits of a cold
-    run on its own, and greedy decoding, alone or batched, then produces the same tokens."""
+    run on its own, and greedy decoding after a prefix reuse produces the same tokens.
+
+    Decoding in a batch of two is NOT bit-identical to decoding alone: ONNX Runtime's
+    4-bit MatMul takes another kernel for one row than for several, and the logits differ
+    by up to about 0.7. So batched decoding is held to what is true: it is deterministic,
+    its logits stay within that noise of the lone run's, and the two runs choose different
+    tokens only where the lone run's top two logits are closer than that noise."""
     directory = real_artifacts / "smollm2-135m-instruct"
     spec = causal_lm_spec(directory, load_manifest(directory / "manifest.json"))
     lm = CausalLM(create_session(directory / "model.onnx", SessionConfig()), spec)
@@ -199,15 +205,36 @@ def test_real_model_prefix_reuse_and_batching_are_bit_exact(real_artifacts: Path
     both = lm.run(batch, 0, np.concatenate([padded, other]), np.array([70, 88]),
                   np.array([[69], [87]]))  # fmt: skip
     np.testing.assert_array_equal(both[0, 0], cold_logits)
-    # and decoding it in a batch with the longer one gives the tokens it gives alone
-    tokens: list[int] = []
-    logits = both[:, 0]
-    for _ in range(16):
-        step = logits.argmax(-1)
-        tokens.append(int(step[0]))
-        index = np.zeros((2, 1), np.int64)
-        logits = lm.run(batch, 0, step[:, None], batch.lengths[:2] + 1, index)[:, 0]
-    assert tokens == expected
+    # decoding it in a batch with the longer one: deterministic, and within the
+    # one-row/many-row kernel noise of decoding it alone, forced along the lone tokens
+    noise = 1.0
+    runs = []
+    for _ in range(2):
+        batch = lm.new_cache(2)
+        logits = lm.run(batch, 0, np.concatenate([padded, other]), np.array([70, 88]),
+                        np.array([[69], [87]]))[:, 0]  # fmt: skip
+        rows = [logits[0]]
+        for token in expected[:-1]:
+            step = np.array([[token], [int(logits[1].argmax())]])
+            index = np.zeros((2, 1), np.int64)
+            logits = lm.run(batch, 0, step, batch.lengths[:2] + 1, index)[:, 0]
+            rows.append(logits[0])
+        runs.append(np.stack(rows))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    alone = [cold_logits]
+    lone = lm.new_cache(1)
+    logits_alone = lm.run(lone, 0, prompt, _one(1, 70), np.array([[69]]))[0, 0]
+    for token in expected[:-1]:
+        n = int(lone.lengths[0]) + 1
+        logits_alone = lm.run(
+            lone, 0, np.array([[token]]), np.array([n]), np.zeros((1, 1), np.int64)
+        )[0, 0]
+        alone.append(logits_alone)
+    for step, (batched, single) in enumerate(zip(runs[0], alone, strict=True)):
+        assert np.abs(batched - single).max() < noise, f"step {step}: beyond kernel noise"
+        if int(batched.argmax()) != int(single.argmax()):
+            top2 = np.sort(single)[-2:]
+            assert top2[1] - top2[0] < noise, f"step {step}: a clear choice changed"
 
 
 def test_slot_cache_growth_stops_at_the_token_limit(tiny_artifacts: Path) -> None:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from agent.api.app import METRICS, REGISTRY, STATE, create_app
 from agent.config import AgentConfig, load_config
-from agent.coordinator_session import CoordinatorSession
+from agent.control import CoordinatorSession
 from agent.enrollment import build_enroller
 from agent.errors import ConfigError, FatalError
 from agent.identity import build_identity, default_agent_id

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from coordinator.fleet import AgentHello
+from edgefleet.contract import Hello
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ class StoredAgent:
     cert_serial: str = ""
     site: str = ""
     # The agent's latest Hello; None until its first session.
-    hello: AgentHello | None = None
+    hello: Hello | None = None
     last_seen: datetime | None = None
     # Set by an operator: finish running work, take no new routes.
     draining: bool = False
@@ -100,7 +100,7 @@ class FleetStore(Protocol):
 
     def list_agents(self) -> list[StoredAgent]: ...
 
-    def save_hello(self, hello: AgentHello, seen: datetime) -> None:
+    def save_hello(self, hello: Hello, seen: datetime) -> None:
         """Remember the agent's latest Hello (creating an un-enrolled agent if new)."""
         ...
 

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from coordinator.errors import StoreError
-from coordinator.fleet import AgentHello
 from coordinator.fleet_json import hello_from_json, hello_to_json
 from coordinator.fleet_store import JoinToken, Site, StoredAgent
+from edgefleet.contract import Hello
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class SQLiteFleetStore:
     def list_agents(self) -> list[StoredAgent]:
         return [_agent(r) for r in self._query("SELECT * FROM agents ORDER BY agent_id")]
 
-    def save_hello(self, hello: AgentHello, seen: datetime) -> None:
+    def save_hello(self, hello: Hello, seen: datetime) -> None:
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO agents (agent_id, site, hello_json, last_seen) VALUES (?, ?, ?, ?) "

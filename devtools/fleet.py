@@ -85,14 +85,16 @@ class AgentProcess(ServiceProcess):
         coordinator: str = "",
         agent_id: str = "",
         site: str = "default",
-        lat: float = 0.0,
-        lon: float = 0.0,
+        lat: float | None = None,
+        lon: float | None = None,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 120.0,
+        cwd: str | Path | None = None,
     ) -> None:
-        args = ["--port", str(port), "--models-dir", models_dir, "--site", site,
-                "--lat", str(lat), "--lon", str(lon)]  # fmt: skip
+        args = ["--port", str(port), "--models-dir", models_dir, "--site", site]
+        if lat is not None and lon is not None:  # else the agent's place is unknown
+            args += ["--lat", str(lat), "--lon", str(lon)]
         for name in serve:
             args += ["--serve", name]
         if coordinator:
@@ -101,7 +103,7 @@ class AgentProcess(ServiceProcess):
             args += ["--agent-id", agent_id]
         super().__init__(
             "agent", [*args, *extra_args], _AGENT_READY, env=env,
-            startup_timeout_s=startup_timeout_s,
+            startup_timeout_s=startup_timeout_s, cwd=cwd,
         )  # fmt: skip
         self.agent_id = agent_id
         self.url = ""

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from agent.api.app import METRICS, REGISTRY, STATE, create_app
 from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
-from agent.coordinator_session import CoordinatorSession
+from agent.control import CoordinatorSession
 from agent.enrollment import build_enroller
 from agent.errors import ConfigError, FatalError, ModelLoadError
 from agent.identity import build_identity, default_agent_id
@@ -145,6 +145,7 @@ async def serve(config: AgentConfig) -> None:
             LoadSampler(registry, metrics, state),
             enroller=build_enroller(config, agent_id),
             on_command=state.apply,
+            max_backoff_s=config.coordinator.max_backoff_s,
         )
         await session.start()
     advertiser: MdnsAdvertiser | None = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from agent.coordinator_session import Command
+from edgefleet.contract import Command, CommandKind
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class AgentState:
 
     def apply(self, command: Command) -> None:
         """Follow a coordinator command (drain, resume); other kinds are not state."""
-        if command.kind == "drain":
+        if command.kind is CommandKind.DRAIN:
             self.set_draining(True, command.reason or "drained by the coordinator")
-        elif command.kind == "resume":
+        elif command.kind is CommandKind.RESUME:
             self.set_draining(False)

@@ -108,7 +108,9 @@ class CoordinatorLinkConfig(Settings):
     tls: bool = False  # TLS to the coordinator (mutual TLS on the session once enrolled)
     ca_file: str = ""  # PEM of the coordinator's CA, trusted for the first enrollment
     state_dir: str = Field(default="~/.local/state/edgefleet/agent", min_length=1)  # credentials
-    max_backoff_s: float = Field(default=2.0, ge=0.5, le=600)  # longest wait between reconnects
+    # longest wait between reconnect attempts (the port is also probed, so an agent is
+    # back within about 0.25 s of its coordinator)
+    max_backoff_s: float = Field(default=2.0, ge=0.5, le=600)
 
     @property
     def enrollment_target(self) -> str:

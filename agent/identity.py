@@ -10,8 +10,8 @@ from importlib.metadata import version as package_version
 import onnxruntime as ort
 
 from agent.config import AgentConfig
-from agent.coordinator_session import AgentIdentity, HardwareInfo, ModelInfo
 from agent.model_registry import ModelRegistry
+from edgefleet.contract import Hardware, Hello, LoadedModel, Location
 
 
 def agent_version() -> str:
@@ -34,25 +34,26 @@ def _memory_bytes() -> int:
 
 def build_identity(
     config: AgentConfig, registry: ModelRegistry, agent_id: str, public_url: str
-) -> AgentIdentity:
+) -> Hello:
+    """The Hello this agent sends; its place only when both coordinates are configured."""
     models = [
-        ModelInfo(m.model_id, m.version, "text-generation", m.version.split("-")[0])
+        LoadedModel(m.model_id, m.version, "text-generation", m.version.split("-")[0])
         for m in registry.text_models.values()
     ] + [
-        ModelInfo(e.model_id, e.version, "feature-extraction", e.version.split("-")[0])
+        LoadedModel(e.model_id, e.version, "feature-extraction", e.version.split("-")[0])
         for e in registry.embedding_models.values()
     ]
-    return AgentIdentity(
+    lat, lon = config.identity.latitude, config.identity.longitude
+    return Hello(
         agent_id=agent_id,
         site=config.identity.site,
         http_url=public_url,
-        lat=config.identity.latitude or 0.0,  # unknown place: 0.0 until the wire says unknown
-        lon=config.identity.longitude or 0.0,
-        version=agent_version(),
-        hardware=HardwareInfo(
+        location=None if lat is None or lon is None else Location(lat=lat, lon=lon),
+        agent_version=agent_version(),
+        hardware=Hardware(
             cpu_count=os.cpu_count() or 0,
             memory_bytes=_memory_bytes(),
             execution_providers=tuple(ort.get_available_providers()),
         ),
-        models=models,
+        models=tuple(models),
     )

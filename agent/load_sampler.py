@@ -1,4 +1,9 @@
-"""How loaded this agent is: the load reports it sends to the coordinator."""
+"""How loaded and how healthy this agent is: the load reports it sends to the coordinator.
+
+Each field is the one fleet.proto defines: the engine's running and waiting sequences
+(each counted once), tokens/s over the last interval, KV cache use, available memory,
+request counters, and whether the agent is draining or unhealthy.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,9 @@ from collections.abc import Iterator
 from prometheus_client import Counter
 
 from agent.agent_state import AgentState
-from agent.coordinator_session import LoadSnapshot
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
+from edgefleet.contract import LoadReport
 
 
 def _free_memory_bytes() -> int:
@@ -39,7 +44,7 @@ class LoadSampler:
     def _tokens(self) -> float:
         return sum(value for _, value in _totals(self._metrics.generation_tokens))
 
-    def __call__(self) -> LoadSnapshot:
+    def __call__(self) -> LoadReport:
         now = time.monotonic()
         tokens = self._tokens()
         rate = (tokens - self._last_tokens) / max(now - self._last_time, 1e-6)
@@ -48,10 +53,10 @@ class LoadSampler:
         requests = failed = 0.0
         for labels, value in _totals(self._metrics.requests):
             requests += value
-            if labels["status"] >= "500":
+            if _is_server_error(labels["status"]):
                 failed += value
-        return LoadSnapshot(
-            queue_depth=load.waiting,
+        state = self._state
+        return LoadReport(
             running_sequences=load.running,
             waiting_sequences=load.waiting,
             tokens_per_second=rate,
@@ -60,8 +65,14 @@ class LoadSampler:
             free_memory_bytes=_free_memory_bytes(),
             requests_total=int(requests),
             requests_failed_total=int(failed),
-            draining=self._state is not None and self._state.draining,
+            draining=state is not None and state.draining,
+            unhealthy_reason="" if state is None else state.unhealthy_reason,
         )
+
+
+def _is_server_error(status: str) -> bool:
+    """A 5xx status code label (compared as a number: "99" is not above "500")."""
+    return status.isdigit() and 500 <= int(status) <= 599
 
 
 def _totals(counter: Counter) -> Iterator[tuple[dict[str, str], float]]:

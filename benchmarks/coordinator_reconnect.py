@@ -39,9 +39,11 @@ from typing import Any
 
 import grpc
 
+from agent.control.reconnect import ReconnectBackoff
 from benchmarks.coordinator_scale import AGENTS_PER_CHANNEL, MODELS, _agent_place
 from benchmarks.results_file import target, write_results
 from devtools.fleet import CoordinatorProcess
+from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -58,9 +60,10 @@ _CHANNEL_OPTIONS = [
 
 
 def backoff_s(failures: int, rng: random.Random) -> float:
-    """Equal-jitter exponential backoff, as the agent computes it."""
-    ceiling = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2.0**failures)
-    return ceiling / 2.0 + rng.uniform(0.0, ceiling / 2.0)
+    """The agent's own reconnect delay (agent.control.reconnect), capped at 2 s. The
+    simulated agents do not probe the port as real agents do, so they come back no
+    sooner than real ones would."""
+    return ReconnectBackoff(INITIAL_BACKOFF_S, rng).delay(failures, MAX_BACKOFF_S)
 
 
 def _hello(agent_id: str) -> pb.AgentMessage:
@@ -73,6 +76,7 @@ def _hello(agent_id: str) -> pb.AgentMessage:
             http_url=f"http://10.{rng.randrange(256)}.{rng.randrange(256)}.1:8000",
             location=pb.Location(lat=lat, lon=lon),
             models=[pb.LoadedModel(name=m, version="v1") for m in MODELS],
+            contract_minor=CONTRACT_MINOR,
         )
     )
 
@@ -94,7 +98,8 @@ async def _session(stub: Any, agent_id: str, interval_s: float, rng: random.Rand
             queue.put_nowait(
                 pb.AgentMessage(
                     load_report=pb.LoadReport(
-                        queue_depth=rng.randrange(8),
+                        waiting_sequences=rng.randrange(8),
+                        running_sequences=rng.randrange(8),
                         tokens_per_second=rng.uniform(5, 60),
                         kv_cache_used_fraction=rng.uniform(0, 0.9),
                     )

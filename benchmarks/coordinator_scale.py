@@ -45,6 +45,7 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from benchmarks.results_file import target, write_results
 from devtools.fleet import CoordinatorProcess
+from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -83,6 +84,7 @@ async def _fake_session(stub: Any, agent_id: str, interval_s: float, stop: float
                 http_url=f"http://10.{rng.randrange(256)}.{rng.randrange(256)}.1:8000",
                 location=pb.Location(lat=lat, lon=lon),
                 models=[pb.LoadedModel(name=m, version="v1") for m in MODELS],
+                contract_minor=CONTRACT_MINOR,
             )
         )
     )
@@ -100,7 +102,8 @@ async def _fake_session(stub: Any, agent_id: str, interval_s: float, stop: float
             queue.put_nowait(
                 pb.AgentMessage(
                     load_report=pb.LoadReport(
-                        queue_depth=rng.randrange(8),
+                        running_sequences=rng.randrange(8),
+                        waiting_sequences=rng.randrange(4),
                         tokens_per_second=rng.uniform(5, 60),
                         kv_cache_used_fraction=rng.uniform(0, 0.9),
                     )

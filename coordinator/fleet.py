@@ -1,17 +1,18 @@
-"""The coordinator's internal picture of the fleet, as plain dataclasses.
+"""The coordinator's own picture of each agent: its record, connection status and liveness.
 
-Transport code converts wire messages into these (see ``coordinator.proto_convert``);
-everything behind the transport works with these only.
+What agents say (Hello, LoadReport) and what the coordinator sends (DesiredState) are
+the shared contract types of ``edgefleet.contract``; transport code converts wire
+messages into them (``coordinator.proto_convert``).
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
+
+from edgefleet.contract import DesiredState, Hello, LoadReport
 
 _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -19,82 +20,6 @@ _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 def valid_agent_id(agent_id: str) -> bool:
     """1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit."""
     return _AGENT_ID.match(agent_id) is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """A point on Earth in WGS84 degrees."""
-
-    lat: float
-    lon: float
-
-
-@dataclass(frozen=True, slots=True)
-class Hardware:
-    """What an edge box has to run models on."""
-
-    cpu_count: int = 0
-    memory_bytes: int = 0
-    # Accelerator names, e.g. "NVIDIA L4".
-    accelerators: tuple[str, ...] = ()
-    # ONNX Runtime execution providers, e.g. "CUDAExecutionProvider".
-    execution_providers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedModel:
-    """A model an agent has loaded and serves now."""
-
-    name: str
-    version: str
-    task: str = ""
-    variant: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class AgentHello:
-    """What an agent says about itself when it opens a session."""
-
-    agent_id: str
-    site: str
-    # Base URL of the agent's HTTP API; empty when the agent did not say.
-    http_url: str
-    agent_version: str = ""
-    location: Location | None = None
-    hardware: Hardware = field(default_factory=Hardware)
-    models: tuple[LoadedModel, ...] = ()
-    # Credential from Enroll; never printed.
-    token: str = field(default="", repr=False)
-
-
-class LoadReport(NamedTuple):
-    """One load sample from an agent.
-
-    A NamedTuple of plain numbers, not a dataclass: the collector stops tracking such
-    tuples, so the thousands of samples replaced every second never pile up in the
-    old generation and never make full collections due sooner.
-    """
-
-    # When the agent took the sample (UTC); None when it did not say.
-    timestamp: datetime | None
-    # Requests accepted but not yet started.
-    queue_depth: int = 0
-    # Sequences in the running batch.
-    running_sequences: int = 0
-    # Sequences waiting for a batch slot.
-    waiting_sequences: int = 0
-    # Generated tokens per second over the last interval.
-    tokens_per_second: float = 0.0
-    # Fraction [0, 1] of the KV cache in use.
-    kv_cache_used_fraction: float = 0.0
-    kv_cache_used_tokens: int = 0
-    free_memory_bytes: int = 0
-    # Counters since agent start.
-    requests_total: int = 0
-    requests_failed_total: int = 0
-    overflow_requests_total: int = 0
-    # The agent says it is draining (it got a drain Command): no new routes.
-    draining: bool = False
 
 
 class AgentStatus(enum.StrEnum):
@@ -120,7 +45,7 @@ class Liveness(enum.StrEnum):
 class AgentRecord:
     """Everything the registry knows about one agent."""
 
-    hello: AgentHello
+    hello: Hello
     status: AgentStatus
     # Id of the current (or last) session.
     session_id: str
@@ -137,45 +62,15 @@ class AgentRecord:
     draining: bool = False
     # The agent enrolled with a join token (its sessions are authenticated).
     enrolled: bool = False
+    # What the coordinator wants the agent to run (each section with its generation);
+    # what the agent applied is ``last_report.applied``.
+    desired: DesiredState = field(default_factory=DesiredState)
+
+    @property
+    def unhealthy_reason(self) -> str:
+        """Why the agent says it cannot serve; empty while it is healthy (or has not said)."""
+        return "" if self.last_report is None else self.last_report.unhealthy_reason
 
     @property
     def agent_id(self) -> str:
         return self.hello.agent_id
-
-
-class OverflowKind(enum.StrEnum):
-    PEER = "peer"
-    GPU_POOL = "gpu_pool"
-    HOSTED_PROVIDER = "hosted_provider"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelTarget:
-    """A model version an agent should have and where to fetch it."""
-
-    name: str
-    version: str
-    artifact_url: str
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True)
-class OverflowTarget:
-    """Where an agent may send work it cannot take itself."""
-
-    name: str
-    kind: OverflowKind
-    url: str
-    # Models the target serves; empty means any.
-    models: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class DesiredState:
-    """What the coordinator wants an agent to run. Versions only grow."""
-
-    version: int = 0
-    models: tuple[ModelTarget, ...] = ()
-    overflow_targets: tuple[OverflowTarget, ...] = ()
-    # Free-form settings for the agent, e.g. {"max_batch_size": "8"}.
-    config: Mapping[str, str] = field(default_factory=dict)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Iterable
 from typing import TypeVar
 
-from coordinator.fleet import AgentHello, Location
+from edgefleet.contract import Hello, Location
 
 Cell = tuple[int, int]
 _MAX_RING = 180
@@ -26,7 +27,8 @@ def cell_of(location: Location) -> Cell:
 
 
 class FleetIndex:
-    def __init__(self) -> None:
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
         # model -> agent ids serving it
         self._by_model: dict[str, set[str]] = {}
         # site -> agent ids there
@@ -37,12 +39,12 @@ class FleetIndex:
         self._unplaced: dict[str, set[str]] = {}
         # agent id -> (lat, lon) for placed agents
         self._places: dict[str, tuple[float, float]] = {}
-        self._hellos: dict[str, AgentHello] = {}
+        self._hellos: dict[str, Hello] = {}
 
     def __len__(self) -> int:
         return len(self._hellos)
 
-    def put(self, hello: AgentHello) -> None:
+    def put(self, hello: Hello) -> None:
         """Index (or re-index) an agent by its latest Hello."""
         self.remove(hello.agent_id)
         agent_id = hello.agent_id
@@ -85,8 +87,11 @@ class FleetIndex:
         """Agents serving ``model`` worth scoring: the client's site, then the nearest ones.
 
         With no location, the client's site if any agent there serves the model, else
-        every agent serving it. With a location: the site's agents plus the ``pool``
-        nearest ones (topped up with agents of unknown place when fewer are placed).
+        every agent serving it. With a location: the site's agents, the ``pool`` nearest
+        placed ones, and the agents of unknown place. An unknown place is not far away:
+        such agents cannot lose a distance comparison, so they always take part (the
+        scorer gives them a neutral proximity); when more than ``pool`` serve the model,
+        ``pool`` of them chosen at random, so the same few are not always the ones asked.
         """
         serving = self._by_model.get(model)
         if not serving:
@@ -100,10 +105,10 @@ class FleetIndex:
         found = self._near(model, location, pool, len(serving))
         if found is None:  # a sparse fleet: scoring them all is cheaper than scanning
             return set(serving)
-        nearest = set(found)
-        if len(nearest) < pool:
-            nearest |= self._unplaced.get(model, set())
-        return chosen | nearest
+        unplaced = self._unplaced.get(model, set())
+        if len(unplaced) > pool:
+            unplaced = set(self._rng.sample(list(unplaced), pool))
+        return chosen | set(found) | unplaced
 
     def _near(self, model: str, location: Location, pool: int, serving: int) -> list[str] | None:
         """The ``pool`` placed agents nearest to ``location`` (fewer when fewer are placed).
@@ -163,7 +168,7 @@ class FleetIndex:
         return [agent_id for _, agent_id in heapq.nsmallest(count, ranked)]
 
 
-def _model_names(hello: AgentHello) -> set[str]:
+def _model_names(hello: Hello) -> set[str]:
     return {m.name for m in hello.models}
 
 

@@ -1,14 +1,14 @@
-"""AgentHello to and from JSON, for storing it."""
+"""Hello to and from JSON, for storing it."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from coordinator.fleet import AgentHello, Hardware, LoadedModel, Location
+from edgefleet.contract import Hardware, Hello, LoadedModel, Location
 
 
-def hello_to_json(hello: AgentHello) -> str:
+def hello_to_json(hello: Hello) -> str:
     """JSON of a Hello, without its token."""
     return json.dumps(
         {
@@ -22,20 +22,21 @@ def hello_to_json(hello: AgentHello) -> str:
             "hardware": {
                 "cpu_count": hello.hardware.cpu_count,
                 "memory_bytes": hello.hardware.memory_bytes,
-                "accelerators": list(hello.hardware.accelerators),
                 "execution_providers": list(hello.hardware.execution_providers),
             },
             "models": [[m.name, m.version, m.task, m.variant] for m in hello.models],
+            "contract_minor": hello.contract_minor,
         },
         separators=(",", ":"),
     )
 
 
-def hello_from_json(text: str) -> AgentHello:
+def hello_from_json(text: str) -> Hello:
+    """The Hello stored by ``hello_to_json`` (or by the code before contract versions)."""
     data: dict[str, Any] = json.loads(text)
     hw = data["hardware"]
     location = data["location"]
-    return AgentHello(
+    return Hello(
         agent_id=data["agent_id"],
         site=data["site"],
         http_url=data["http_url"],
@@ -44,8 +45,9 @@ def hello_from_json(text: str) -> AgentHello:
         hardware=Hardware(
             cpu_count=hw["cpu_count"],
             memory_bytes=hw["memory_bytes"],
-            accelerators=tuple(hw["accelerators"]),
             execution_providers=tuple(hw["execution_providers"]),
         ),
         models=tuple(LoadedModel(*m) for m in data["models"]),
+        # Stored before contract versions: the agent spoke minor 0.
+        contract_minor=data.get("contract_minor", 0),
     )

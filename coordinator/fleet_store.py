@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from coordinator.fleet import AgentHello, Liveness, LoadReport
+from coordinator.fleet import Liveness
+from edgefleet.contract import Hello, LoadReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class StoredAgent:
     cert_serial: str = ""
     site: str = ""
     # The agent's latest Hello; None until its first session.
-    hello: AgentHello | None = None
+    hello: Hello | None = None
     last_seen: datetime | None = None
     # Set by an operator: finish running work, take no new routes.
     draining: bool = False
@@ -117,7 +118,7 @@ class FleetStore(Protocol):
 
     def list_agents(self) -> list[StoredAgent]: ...
 
-    def save_hello(self, hello: AgentHello, seen: datetime) -> None:
+    def save_hello(self, hello: Hello, seen: datetime) -> None:
         """Remember the agent's latest Hello (creating an un-enrolled agent if new), and
         in its last state that it is live as of ``seen`` (its saved report is kept)."""
         ...

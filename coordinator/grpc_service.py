@@ -31,6 +31,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
+from edgefleet.contract import CommandKind, DesiredState, Hello, Section
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -163,7 +164,7 @@ class CoordinatorServicer:
             yield proto_convert.welcome_to_pb(session_id, self._report_interval_ms)
             yield proto_convert.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
             if self._registry.get(hello.agent_id).draining:
-                yield proto_convert.command_to_pb("drain", "drained by an operator")
+                yield proto_convert.command_to_pb(CommandKind.DRAIN, "drained by an operator")
             while (message := await live.outbox.get()) is not None:
                 yield message
             if reader.done() and not reader.cancelled():
@@ -193,9 +194,23 @@ class CoordinatorServicer:
         live.outbox.put_nowait(message)
         return True
 
-    def send_command(self, agent_id: str, kind: str, reason: str) -> bool:
+    def send_command(self, agent_id: str, kind: CommandKind | str, reason: str) -> bool:
         """Push a Command ("drain", "resume", "reload"); False when the agent has no session."""
-        return self.push(agent_id, proto_convert.command_to_pb(kind, reason))
+        return self.push(agent_id, proto_convert.command_to_pb(CommandKind(kind), reason))
+
+    def set_section(self, agent_id: str, section: Section) -> DesiredState:
+        """Set one section of an agent's desired state and push it on its live session.
+
+        The registry bumps the section's generation; the agent gets the whole section
+        now when it is connected, else with the full desired state when it next
+        connects. Returns the agent's new desired state; raises UnknownAgentError.
+        """
+        desired = self._registry.set_section(agent_id, section)
+        name = type(section)
+        pushed = next(s for s in desired.sections() if type(s) is name)
+        update = DesiredState(version=desired.version).with_section(pushed)
+        self.push(agent_id, proto_convert.desired_state_to_pb(update))
+        return desired
 
     def end_all_sessions(self) -> None:
         """Finish every live session cleanly (agents reconnect on their own)."""
@@ -206,7 +221,7 @@ class CoordinatorServicer:
 
     async def _receive_hello(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
-    ) -> Any:
+    ) -> Hello:
         try:
             first = await asyncio.wait_for(anext(request_iterator), self._hello_timeout_s)
         except StopAsyncIteration:
@@ -229,9 +244,14 @@ class CoordinatorServicer:
             )
         try:
             return proto_convert.hello_from_pb(first.hello)
+        except proto_convert.UnsupportedContractError as exc:
+            self._metrics.sessions_rejected.labels(reason="contract_version").inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
         except ProtocolError as exc:
             self._metrics.sessions_rejected.labels(reason="invalid_hello").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
 
     async def _consume(
         self, request_iterator: AsyncIterator[pb.AgentMessage], live: _LiveSession

@@ -18,8 +18,9 @@ from aiohttp import web
 
 from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY, ROUTER_KEY
 from coordinator.errors import UnknownAgentError, UnknownTokenRefError
-from coordinator.fleet import AgentRecord, AgentStatus, Location
+from coordinator.fleet import AgentRecord, AgentStatus
 from coordinator.route_scorer import RouteDecision, RouteQuery
+from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
 
@@ -272,13 +273,21 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
         "hardware": {
             "cpu_count": hello.hardware.cpu_count,
             "memory_bytes": hello.hardware.memory_bytes,
-            "accelerators": list(hello.hardware.accelerators),
             "execution_providers": list(hello.hardware.execution_providers),
         },
         "models": [asdict(m) for m in hello.models],
         "load": None
         if report is None
-        else {**report._asdict(), "timestamp": iso_time(report.timestamp)},
+        else {**report._asdict(), "applied": report.applied._asdict()},
+        "healthy": not record.unhealthy_reason,
+        "unhealthy_reason": record.unhealthy_reason or None,
+        "contract_minor": hello.contract_minor,
+        "desired_state": {
+            "version": record.desired.version,
+            # The generation of each section the coordinator set, and the agent applied.
+            "generations": record.desired.generations()._asdict(),
+            "applied": None if report is None else report.applied._asdict(),
+        },
         "bye_reason": record.bye_reason,
     }
 

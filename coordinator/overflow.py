@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from coordinator.fleet import OverflowKind, OverflowTarget
+from edgefleet.contract import OverflowKind, OverflowTarget
 
 
 class OverflowPolicy(Protocol):

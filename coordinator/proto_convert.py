@@ -1,38 +1,53 @@
-"""Conversion between edgefleet.v1 wire messages and the internal dataclasses.
+"""Validation of what agents and clients send, and conversion of the coordinator's answers.
 
-Validation of incoming messages happens here and raises ProtocolError.
+Messages from outside (Hello, LoadReport, RouteRequest) are checked here and raise
+ProtocolError naming the bad field; well-formed ones are converted to the shared
+contract types by ``edgefleet.contract_pb``, the one conversion both processes use.
 """
 
 from __future__ import annotations
 
 import math
-from datetime import UTC
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from coordinator.errors import ProtocolError
-from coordinator.fleet import (
-    AgentHello,
+from coordinator.fleet import valid_agent_id
+from coordinator.route_scorer import RouteDecision, RouteQuery
+from edgefleet import contract_pb
+from edgefleet.contract import (
+    CONTRACT_MINOR,
+    Command,
+    CommandKind,
     DesiredState,
-    Hardware,
-    LoadedModel,
+    Hello,
     LoadReport,
     Location,
-    OverflowKind,
-    OverflowTarget,
-    valid_agent_id,
+    Welcome,
+    contract_minor_accepted,
 )
-from coordinator.route_scorer import RouteDecision, RouteQuery
 from edgefleet.v1 import fleet_pb2 as pb
 
-_OVERFLOW_KIND_TO_PB = {
-    OverflowKind.PEER: pb.OVERFLOW_KIND_PEER,
-    OverflowKind.GPU_POOL: pb.OVERFLOW_KIND_GPU_POOL,
-    OverflowKind.HOSTED_PROVIDER: pb.OVERFLOW_KIND_HOSTED_PROVIDER,
-}
+
+class UnsupportedContractError(ProtocolError):
+    """The agent speaks a minor contract version this coordinator does not accept."""
 
 
-def hello_from_pb(message: pb.Hello) -> AgentHello:
-    """Validate a Hello and convert it; raises ProtocolError naming the bad field."""
+def hello_from_pb(message: pb.Hello) -> Hello:
+    """Validate a Hello and convert it; raises ProtocolError naming the bad field.
+
+    Raises UnsupportedContractError when ``contract_minor`` is more than one minor version
+    away from ours. An agent from before contract versions (minor 0) always sent a
+    location, 0°N 0°E when it had none: from such an agent, 0, 0 means unknown.
+    """
+    minor = message.contract_minor
+    if not contract_minor_accepted(minor):
+        raise UnsupportedContractError(
+            f"Hello.contract_minor {minor}: the agent speaks contract v1.{minor}, this "
+            f"coordinator speaks v1.{CONTRACT_MINOR} and accepts v1.{max(CONTRACT_MINOR - 1, 0)}"
+            f" to v1.{CONTRACT_MINOR + 1}; upgrade the "
+            + ("coordinator" if minor > CONTRACT_MINOR else "agent")
+        )
     if not valid_agent_id(message.agent_id):
         raise ProtocolError(
             f"Hello.agent_id {message.agent_id!r} is invalid: 1-128 characters of "
@@ -48,34 +63,16 @@ def hello_from_pb(message: pb.Hello) -> AgentHello:
     if message.HasField("location"):
         loc = message.location
         location = location_checked(loc.lat, loc.lon, "Hello.location")
-    models = []
+        if minor == 0 and loc.lat == 0.0 and loc.lon == 0.0:
+            location = None
     for index, model in enumerate(message.models):
         if not model.name:
             raise ProtocolError(f"Hello.models[{index}].name is empty")
-        models.append(
-            LoadedModel(
-                name=model.name, version=model.version, task=model.task, variant=model.variant
-            )
-        )
-    hw = message.hardware
-    return AgentHello(
-        agent_id=message.agent_id,
-        site=message.site,
-        http_url=message.http_url,
-        agent_version=message.agent_version,
-        location=location,
-        hardware=Hardware(
-            cpu_count=hw.cpu_count,
-            memory_bytes=hw.memory_bytes,
-            accelerators=tuple(hw.accelerators),
-            execution_providers=tuple(hw.execution_providers),
-        ),
-        models=tuple(models),
-        token=message.token,
-    )
+    return replace(contract_pb.hello_from_pb(message), location=location)
 
 
 def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
+    """Validate a LoadReport and convert it; raises ProtocolError naming the bad field."""
     fraction = message.kv_cache_used_fraction
     if not (math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
         raise ProtocolError(f"LoadReport.kv_cache_used_fraction {fraction} is outside [0, 1]")
@@ -83,65 +80,23 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         raise ProtocolError(
             f"LoadReport.tokens_per_second {message.tokens_per_second} is not a rate"
         )
-    timestamp = None
-    if message.HasField("timestamp"):
-        timestamp = message.timestamp.ToDatetime(tzinfo=UTC)
-    return LoadReport(
-        timestamp=timestamp,
-        queue_depth=message.queue_depth,
-        running_sequences=message.running_sequences,
-        waiting_sequences=message.waiting_sequences,
-        tokens_per_second=message.tokens_per_second,
-        kv_cache_used_fraction=fraction,
-        kv_cache_used_tokens=message.kv_cache_used_tokens,
-        free_memory_bytes=message.free_memory_bytes,
-        requests_total=message.requests_total,
-        requests_failed_total=message.requests_failed_total,
-        overflow_requests_total=message.overflow_requests_total,
-        draining=message.draining,
-    )
+    if len(message.unhealthy_reason) > 1000:
+        raise ProtocolError("LoadReport.unhealthy_reason is longer than 1000 characters")
+    return contract_pb.load_report_from_pb(message)
 
 
 def welcome_to_pb(session_id: str, report_interval_ms: int) -> pb.CoordinatorMessage:
-    return pb.CoordinatorMessage(
-        welcome=pb.Welcome(session_id=session_id, report_interval_ms=report_interval_ms)
-    )
-
-
-def overflow_target_to_pb(target: OverflowTarget) -> pb.OverflowTarget:
-    return pb.OverflowTarget(
-        name=target.name,
-        kind=_OVERFLOW_KIND_TO_PB[target.kind],
-        url=target.url,
-        models=list(target.models),
-    )
+    welcome = Welcome(session_id=session_id, report_interval_ms=report_interval_ms)
+    return pb.CoordinatorMessage(welcome=contract_pb.welcome_to_pb(welcome))
 
 
 def desired_state_to_pb(state: DesiredState) -> pb.CoordinatorMessage:
-    return pb.CoordinatorMessage(
-        desired_state=pb.DesiredState(
-            version=state.version,
-            models=[
-                pb.ModelTarget(
-                    name=m.name, version=m.version, artifact_url=m.artifact_url, sha256=m.sha256
-                )
-                for m in state.models
-            ],
-            overflow_targets=[overflow_target_to_pb(t) for t in state.overflow_targets],
-            config=dict(state.config),
-        )
-    )
+    return pb.CoordinatorMessage(desired_state=contract_pb.desired_state_to_pb(state))
 
 
-_COMMAND_TO_PB = {
-    "drain": pb.Command.KIND_DRAIN,
-    "reload": pb.Command.KIND_RELOAD,
-    "resume": pb.Command.KIND_RESUME,
-}
-
-
-def command_to_pb(kind: str, reason: str) -> pb.CoordinatorMessage:
-    return pb.CoordinatorMessage(command=pb.Command(kind=_COMMAND_TO_PB[kind], reason=reason))
+def command_to_pb(kind: CommandKind, reason: str) -> pb.CoordinatorMessage:
+    command = Command(kind=kind, reason=reason)
+    return pb.CoordinatorMessage(command=contract_pb.command_to_pb(command))
 
 
 def location_checked(lat: float, lon: float, where: str) -> Location:
@@ -189,5 +144,5 @@ def route_response_to_pb(decision: RouteDecision) -> pb.RouteResponse:
         if a.distance_km is not None:
             ranked.distance_km = a.distance_km
     if decision.overflow is not None:
-        response.overflow.CopyFrom(overflow_target_to_pb(decision.overflow))
+        response.overflow.CopyFrom(contract_pb.overflow_target_to_pb(decision.overflow))
     return response

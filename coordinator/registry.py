@@ -19,16 +19,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from coordinator.errors import UnknownAgentError
-from coordinator.fleet import (
-    AgentHello,
-    AgentRecord,
-    AgentStatus,
-    DesiredState,
-    Liveness,
-    LoadReport,
-)
+from coordinator.fleet import AgentRecord, AgentStatus, Liveness
 from coordinator.fleet_index import FleetIndex
 from coordinator.fleet_store import AgentLastState, FleetStore, StoredAgent
+from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +41,7 @@ class FleetRegistry(Protocol):
         """Candidate lookup by model, site and place."""
         ...
 
-    def open_session(self, hello: AgentHello, *, enrolled: bool = False) -> str:
+    def open_session(self, hello: Hello, *, enrolled: bool = False) -> str:
         """Record that an agent connected; return the new session id.
 
         A newer session replaces an older one for the same agent.
@@ -98,7 +92,15 @@ class FleetRegistry(Protocol):
         ...
 
     def desired_state(self, agent_id: str) -> DesiredState:
-        """What the agent should run now."""
+        """What the agent should run now: every section set for it, with its generation."""
+        ...
+
+    def set_section(self, agent_id: str, section: Section) -> DesiredState:
+        """Replace one section of an agent's desired state; return the new state.
+
+        The section's generation is set to the previous one's plus one (``section``'s own
+        is ignored) and the state's version grows. Raises UnknownAgentError.
+        """
         ...
 
     def save_last_states(self, batch_size: int = 500) -> Iterator[int]:
@@ -142,7 +144,7 @@ class LiveFleetRegistry:
     def index(self) -> FleetIndex:
         return self._index
 
-    def open_session(self, hello: AgentHello, *, enrolled: bool = False) -> str:
+    def open_session(self, hello: Hello, *, enrolled: bool = False) -> str:
         now = self._clock()
         session_id = uuid.uuid4().hex
         previous = self._agents.get(hello.agent_id)
@@ -168,6 +170,7 @@ class LiveFleetRegistry:
             liveness=Liveness.LIVE,
             draining=draining,
             enrolled=enrolled,
+            desired=previous.desired if previous is not None else DesiredState(),
         )
         self._connected += 1
         if previous is None or previous.hello != hello:
@@ -183,6 +186,13 @@ class LiveFleetRegistry:
             return
         if record.liveness is not Liveness.LIVE:
             logger.info("agent %s is live again (was %s)", agent_id, record.liveness)
+        if report.unhealthy_reason != record.unhealthy_reason:
+            if report.unhealthy_reason:
+                logger.warning(
+                    "agent %s is unhealthy (no routes): %s", agent_id, report.unhealthy_reason
+                )
+            else:
+                logger.info("agent %s is healthy again", agent_id)
         self._agents[agent_id] = replace(
             record, last_report=report, last_seen=self._clock(), liveness=Liveness.LIVE
         )
@@ -277,8 +287,26 @@ class LiveFleetRegistry:
         return changed + expired
 
     def desired_state(self, agent_id: str) -> DesiredState:
-        # Rollouts fill this in; until then every agent keeps what it has.
-        return DesiredState()
+        record = self._agents.get(agent_id)
+        return DesiredState() if record is None else record.desired
+
+    def set_section(self, agent_id: str, section: Section) -> DesiredState:
+        record = self.get(agent_id)
+        held = record.desired
+        name = SECTION_FIELDS[type(section)]
+        current: Section | None = getattr(held, name)
+        generation = (0 if current is None else current.generation) + 1
+        desired = held.with_section(replace(section, generation=generation))
+        desired = replace(desired, version=held.version + 1)
+        self._agents[agent_id] = replace(record, desired=desired)
+        logger.info(
+            "agent %s: desired %s is now generation %d (version %d)",
+            agent_id,
+            name,
+            generation,
+            desired.version,
+        )
+        return desired
 
     # ------------------------------------------------ restart: restore and save
 

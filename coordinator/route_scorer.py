@@ -7,25 +7,30 @@ sum of parts, every part in [0, 1] (higher is better):
     1.0 for an agent at the client's site. Otherwise, when the client measured the
     round-trip time to the agent, ``1 / (1 + rtt / rtt_scale_ms)``; else, when both
     locations are known, ``0.8 / (1 + distance / distance_scale_km)`` (great-circle
-    distance; 0.8 keeps any other site below the client's own); else 0.4 (unknown).
+    distance; 0.8 keeps any other site below the client's own). An agent whose place
+    is unknown is scored as if it were at the median distance of the candidates whose
+    place is known: neutral, neither near nor far, so the other terms decide (an
+    unknown place is not 0°N 0°E). With no distance to compare (the client's place
+    unknown, or no candidate placed), 0.4.
 ``queue``
-    Backlog (queue depth + waiting sequences) min-max normalized across the
-    candidates, as llm-d's queue scorer does: the shortest queue scores 1, the
-    longest 0; all equal scores 1.
+    The agent's load (running + waiting sequences, from its load report) min-max
+    normalized across the candidates, as llm-d's queue scorer does: the least loaded
+    scores 1, the most loaded 0; all equal scores 1.
 ``kv``
     ``1 - kv_cache_used_fraction``, as llm-d's KV-cache utilization scorer does.
 ``wait``
-    ``1 / (1 + predicted_wait_ms / 1000)``; predicted wait = backlog x expected
-    tokens per request / the agent's recent tokens per second (1 s per queued
-    request when it has no rate yet).
+    ``1 / (1 + predicted_wait_ms / 1000)``; predicted wait = waiting sequences x
+    expected tokens per request / the agent's recent tokens per second (1 s per
+    waiting sequence when it has no rate yet). Running sequences share the batch
+    with a new request rather than delay its start, so they count in ``queue`` only.
 
 A suspect agent (missed reports) or an unconfirmed one (known before a coordinator
 restart, not reconnected yet) keeps its parts but its score is halved, so it is used
-only after every live one. Excluded, never returned: down or draining agents
-(drained by an operator, or saying so in their load reports), agents without the
-model (or the pinned version), saturated ones (backlog or KV use at the configured
-limits), ones the client excluded, and ones whose predicted wait is
-over the client's ``max_wait_ms``.
+only after every live one. Excluded, never returned: down, unhealthy or draining
+agents (drained by an operator, or saying so in their load reports), agents without
+the model (or the pinned version), saturated ones (waiting sequences or KV use at the
+configured limits), ones the client excluded, and ones whose predicted wait is over
+the client's ``max_wait_ms``.
 
 Default weights (config ``route_weight_*``) and why:
 
@@ -42,10 +47,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from coordinator.fleet import AgentRecord, Liveness, Location, OverflowTarget
+from coordinator.fleet import AgentRecord, Liveness
+from edgefleet.contract import Location, OverflowTarget
 
 EARTH_RADIUS_KM = 6371.0088
 SAME_SITE = 1.0
@@ -84,7 +91,7 @@ class RoutePolicy:
     rtt_scale_ms: float = 20.0
     # Tokens a typical request generates (for predicted wait).
     expected_tokens: int = 128
-    # At or above either, an agent is saturated.
+    # At or above either, an agent is saturated: waiting sequences, KV cache fraction.
     saturation_queue_depth: int = 64
     saturation_kv_fraction: float = 0.98
     # Default number of agents returned.
@@ -146,7 +153,8 @@ def great_circle_km(a: Location, b: Location) -> float:
 @dataclass(slots=True)
 class _Candidate:
     record: AgentRecord
-    backlog: int
+    # Running + waiting sequences.
+    load: int
     kv: float
     wait_ms: float
     proximity: float = 0.0
@@ -175,16 +183,17 @@ class RouteScorer:
             why = self._exclusion(record, query)
             if why is None:
                 report = record.last_report
-                backlog = 0 if report is None else report.queue_depth + report.waiting_sequences
+                waiting = 0 if report is None else report.waiting_sequences
+                load = 0 if report is None else report.running_sequences + waiting
                 kv = 0.0 if report is None else report.kv_cache_used_fraction
-                if backlog >= policy.saturation_queue_depth or kv >= policy.saturation_kv_fraction:
+                if waiting >= policy.saturation_queue_depth or kv >= policy.saturation_kv_fraction:
                     why = "saturated"
                 else:
-                    wait_ms = self._predicted_wait_ms(record, backlog)
+                    wait_ms = self._predicted_wait_ms(record, waiting)
                     if query.max_wait_ms and wait_ms > query.max_wait_ms:
                         why = "over_max_wait"
                     else:
-                        candidates.append(_Candidate(record, backlog, kv, wait_ms))
+                        candidates.append(_Candidate(record, load, kv, wait_ms))
             if why is not None:
                 excluded[why] = excluded.get(why, 0) + 1
 
@@ -205,6 +214,8 @@ class RouteScorer:
     def _exclusion(self, record: AgentRecord, query: RouteQuery) -> str | None:
         if record.liveness is Liveness.DOWN:
             return "down"
+        if record.unhealthy_reason:
+            return "unhealthy"
         if record.draining or (record.last_report is not None and record.last_report.draining):
             return "draining"
         if record.agent_id in query.exclude:
@@ -218,14 +229,17 @@ class RouteScorer:
             return "model_not_loaded"
         return None
 
-    def _predicted_wait_ms(self, record: AgentRecord, backlog: int) -> float:
-        if backlog == 0:
+    def _predicted_wait_ms(self, record: AgentRecord, waiting: int) -> float:
+        if waiting == 0:
             return 0.0
         report = record.last_report
         rate = 0.0 if report is None else report.tokens_per_second
         if rate <= 0:
-            return backlog * UNKNOWN_RATE_WAIT_MS
-        return backlog * self.policy.expected_tokens / rate * 1000.0
+            return waiting * UNKNOWN_RATE_WAIT_MS
+        return waiting * self.policy.expected_tokens / rate * 1000.0
+
+    def _distance_proximity(self, distance_km: float) -> float:
+        return OTHER_SITE_MAX / (1.0 + distance_km / self.policy.distance_scale_km)
 
     def _score(
         self, candidates: list[_Candidate], query: RouteQuery, limit: int
@@ -236,24 +250,36 @@ class RouteScorer:
         policy, weights = self.policy, self.policy.weights
         w_proximity, w_queue = weights.proximity / weights.total, weights.queue / weights.total
         w_kv, w_wait = weights.kv / weights.total, weights.wait / weights.total
-        lowest = min(c.backlog for c in candidates)
-        spread = max(c.backlog for c in candidates) - lowest
+        lowest = min(c.load for c in candidates)
+        spread = max(c.load for c in candidates) - lowest
         client, site, rtts = query.location, query.site, query.client_rtt_ms
+        unplaced: list[_Candidate] = []
+        distances: list[float] = []
         for c in candidates:
             hello = c.record.hello
             if client is not None and hello.location is not None:
                 c.distance_km = great_circle_km(client, hello.location)
+                distances.append(c.distance_km)
             rtt = rtts.get(hello.agent_id) if rtts else None
             if rtt is not None:
                 c.proximity = 1.0 / (1.0 + max(rtt, 0.0) / policy.rtt_scale_ms)
             elif site and hello.site == site:
                 c.proximity = SAME_SITE
             elif c.distance_km is not None:
-                c.proximity = OTHER_SITE_MAX / (1.0 + c.distance_km / policy.distance_scale_km)
+                c.proximity = self._distance_proximity(c.distance_km)
             else:
-                c.proximity = UNKNOWN_PROXIMITY
-            c.queue = 1.0 if spread == 0 else (lowest + spread - c.backlog) / spread
+                unplaced.append(c)
+            c.queue = 1.0 if spread == 0 else (lowest + spread - c.load) / spread
             c.wait = 1.0 / (1.0 + c.wait_ms / 1000.0)
+        # An unknown place counts as the median known distance: neutral, not far.
+        neutral = (
+            self._distance_proximity(statistics.median(distances))
+            if distances
+            else UNKNOWN_PROXIMITY
+        )
+        for c in unplaced:
+            c.proximity = neutral
+        for c in candidates:
             c.score = (
                 w_proximity * c.proximity
                 + w_queue * c.queue

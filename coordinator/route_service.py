@@ -2,7 +2,9 @@
 
 Resolves the client's site (given, or from its IP via ``site_networks``), asks the
 fleet index for candidates, scores them (``coordinator.route_scorer``) and names the
-overflow target when no agent fits. Every lookup, over gRPC or HTTP, is timed and
+overflow target when no agent fits. When no agent at the client's site can take the
+request (all down, draining, saturated...), the rest of the fleet is asked before
+overflow: a site is a preference, not a boundary. Every lookup, over gRPC or HTTP, is timed and
 counted here.
 """
 
@@ -81,10 +83,13 @@ class Router:
     def _route(self, query: RouteQuery, client_ip: str) -> RouteDecision:
         if not query.site and client_ip:
             query = replace(query, site=site_of(client_ip, self._networks))
-        ids = self._registry.index.candidates(
+        index = self._registry.index
+        ids = index.candidates(
             query.model, site=query.site, location=query.location, pool=self._pool
         )
         decision = self._scorer.rank(self._registry.find(ids), query)
+        if not decision.agents and query.site:
+            decision = self._beyond_site(query, ids, decision)
         if decision.agents:
             return decision
         target = self._overflow.target_for(query.model)
@@ -92,4 +97,27 @@ class Router:
             return replace(decision, reason=decision.reason + "; no overflow target configured")
         return replace(
             decision, overflow=target, reason=decision.reason + f"; overflow to {target.name}"
+        )
+
+    def _beyond_site(
+        self, query: RouteQuery, tried: set[str], at_site: RouteDecision
+    ) -> RouteDecision:
+        """No candidate at the client's site fits: rank the rest of the fleet instead."""
+        others = self._registry.index.candidates(
+            query.model, site="", location=query.location, pool=self._pool
+        )
+        others -= tried
+        if not others:
+            return at_site
+        elsewhere = self._scorer.rank(self._registry.find(others), query)
+        left_out = ", ".join(f"{n} {why}" for why, n in sorted(at_site.excluded.items()))
+        note = f"no agent at site {query.site!r} can take {query.model} now"
+        note += f" ({left_out})" if left_out else ""
+        excluded = dict(at_site.excluded)
+        for why, n in elsewhere.excluded.items():
+            excluded[why] = excluded.get(why, 0) + n
+        return replace(
+            elsewhere,
+            reason=f"{note}; fell back to the rest of the fleet: {elsewhere.reason}",
+            excluded=excluded,
         )

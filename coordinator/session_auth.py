@@ -6,9 +6,9 @@ import hmac
 from dataclasses import replace
 
 from coordinator.errors import AuthenticationError, PermissionDeniedError
-from coordinator.fleet import AgentHello
 from coordinator.fleet_store import FleetStore
 from coordinator.tokens import sha256_hex
+from edgefleet.contract import Hello
 
 
 class SessionAuthenticator:
@@ -19,7 +19,7 @@ class SessionAuthenticator:
         self.require_enrollment = require_enrollment
         self.require_mtls = require_mtls
 
-    def authenticate(self, hello: AgentHello, peer_agent_id: str | None) -> tuple[AgentHello, bool]:
+    def authenticate(self, hello: Hello, peer_agent_id: str | None) -> tuple[Hello, bool]:
         """Return the Hello to register (site fixed by enrollment) and whether it is enrolled.
 
         ``peer_agent_id`` is the common name of the verified client certificate, or

@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import get_args, get_type_hints
 
 from coordinator.errors import StoreError
-from coordinator.fleet import AgentHello, Liveness, LoadReport
+from coordinator.fleet import Liveness
 from coordinator.fleet_json import hello_from_json, hello_to_json
 from coordinator.fleet_store import AgentLastState, JoinToken, Site, StoredAgent
+from edgefleet.contract import Hello, LoadReport, SectionGenerations
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class SQLiteFleetStore:
     def list_agents(self) -> list[StoredAgent]:
         return [_agent(r) for r in self._query("SELECT * FROM agents ORDER BY agent_id")]
 
-    def save_hello(self, hello: AgentHello, seen: datetime) -> None:
+    def save_hello(self, hello: Hello, seen: datetime) -> None:
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO agents (agent_id, site, hello_json, last_seen) VALUES (?, ?, ?, ?) "
@@ -375,12 +375,6 @@ def _agent(row: sqlite3.Row) -> StoredAgent:
     )
 
 
-# Fields of LoadReport that hold a datetime (saved as POSIX seconds).
-_REPORT_TIME_FIELDS = frozenset(
-    name
-    for name, hint in get_type_hints(LoadReport).items()
-    if hint is datetime or datetime in get_args(hint)
-)
 _REPORT_FIELDS = ",".join(LoadReport._fields)
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
@@ -388,16 +382,7 @@ _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 def _report_to_json(report: LoadReport | None) -> str | None:
     """The report's values as a JSON list, in ``_REPORT_FIELDS`` order (the row keeps
     the names, so a version with renamed or added fields loses only those fields)."""
-    if report is None:
-        return None
-    if not _REPORT_TIME_FIELDS:
-        return _encode(list(report))
-    return _encode(
-        [
-            v.timestamp() if isinstance(v, datetime) else v
-            for v in report  # a handful of numbers: cheap enough per row
-        ]
-    )
+    return None if report is None else _encode(list(report))
 
 
 def _report_from_json(agent_id: str, names: str | None, text: str | None) -> LoadReport | None:
@@ -405,13 +390,9 @@ def _report_from_json(agent_id: str, names: str | None, text: str | None) -> Loa
         return None
     try:
         stored = dict(zip(names.split(","), json.loads(text), strict=True))
-        fields = {}
-        for name in LoadReport._fields:
-            if name in stored:
-                value = stored[name]
-                if name in _REPORT_TIME_FIELDS and isinstance(value, int | float):
-                    value = datetime.fromtimestamp(value, UTC)
-                fields[name] = value
+        fields = {name: stored[name] for name in LoadReport._fields if name in stored}
+        if "applied" in fields:  # a nested tuple, saved as a JSON list
+            fields["applied"] = SectionGenerations(*fields["applied"])
         return LoadReport(**fields)
     except (TypeError, ValueError) as exc:
         logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)

@@ -91,9 +91,10 @@ class AgentProcess(ServiceProcess):
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 120.0,
         executable: str | Path | None = None,
+        cwd: str | Path | None = None,
     ) -> None:
         args = ["--port", str(port), "--models-dir", models_dir, "--site", site]
-        if lat is not None and lon is not None:  # else an unknown place
+        if lat is not None and lon is not None:  # else the agent's place is unknown
             args += ["--lat", str(lat), "--lon", str(lon)]
         for name in serve:
             args += ["--serve", name]
@@ -103,7 +104,7 @@ class AgentProcess(ServiceProcess):
             args += ["--agent-id", agent_id]
         super().__init__(
             "agent", [*args, *extra_args], _AGENT_READY, env=env,
-            startup_timeout_s=startup_timeout_s, executable=executable,
+            startup_timeout_s=startup_timeout_s, executable=executable, cwd=cwd,
         )  # fmt: skip
         self.agent_id = agent_id
         self.url = ""

@@ -41,8 +41,12 @@ class ServiceProcess:
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 60.0,
         executable: str | Path | None = None,
+        cwd: str | Path | None = None,
     ) -> None:
         self.module = module
+        # Where the child runs (and so which tree ``-m MODULE`` imports): the repository
+        # unless told otherwise (e.g. an older release unpacked elsewhere).
+        self.cwd = Path(cwd) if cwd is not None else REPO_ROOT
         self.executable = str(executable) if executable is not None else sys.executable
         self.args = list(args)
         self._ready = ready
@@ -69,7 +73,7 @@ class ServiceProcess:
         env = {**os.environ, **(self._env or {}), "PYTHONUNBUFFERED": "1"}
         self._process = await asyncio.create_subprocess_exec(
             self.executable, "-m", self.module, *self.args,
-            cwd=REPO_ROOT, env=env,
+            cwd=self.cwd, env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import random
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,40 +16,41 @@ import pytest
 from agent.__main__ import serve
 from agent.agent_state import AgentState
 from agent.config import load_config
-from agent.coordinator_session import (
-    AgentIdentity,
-    CoordinatorSession,
-    DesiredState,
-    HardwareInfo,
-    LoadSnapshot,
-    ModelInfo,
-)
+from agent.control import CoordinatorSession
+from agent.control.reconnect import ReconnectBackoff, host_port
 from agent.errors import ConfigError
 from agent.load_sampler import LoadSampler
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
+from edgefleet.contract import (
+    DesiredState,
+    Hardware,
+    Hello,
+    LoadedModel,
+    LoadReport,
+    Location,
+    SectionGenerations,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
-IDENTITY = AgentIdentity(
+IDENTITY = Hello(
     agent_id="edge-lab-1",
     site="lab",
     http_url="http://127.0.0.1:8001",
-    lat=52.52,
-    lon=13.405,
-    version="0.1.0",
-    hardware=HardwareInfo(
+    location=Location(52.52, 13.405),
+    agent_version="0.1.0",
+    hardware=Hardware(
         cpu_count=4,
         memory_bytes=8 << 30,
-        accelerators=(),
         execution_providers=("CPUExecutionProvider",),
     ),
-    models=[
-        ModelInfo("smollm2-135m", "2024-11", "chat", "int4-cpu"),
-        ("minilm-l6", "v2", "embedding", "int8-cpu"),  # a plain tuple works too
-    ],
+    models=(
+        LoadedModel("smollm2-135m", "2024-11", "chat", "int4-cpu"),
+        LoadedModel("minilm-l6", "v2", "embedding", "int8-cpu"),
+    ),
     token="s3cret",
 )
 
@@ -62,7 +64,7 @@ def fast_session(target: str, **kwargs: Any) -> CoordinatorSession:
     return CoordinatorSession(
         target,
         lambda: IDENTITY,
-        lambda: LoadSnapshot(queue_depth=3, tokens_per_second=41.5, requests_total=7),
+        lambda: LoadReport(waiting_sequences=3, tokens_per_second=41.5, requests_total=7),
         **(defaults | kwargs),
     )
 
@@ -70,15 +72,24 @@ def fast_session(target: str, **kwargs: Any) -> CoordinatorSession:
 def test_load_sampler_counts_requests_failures_and_generated_tokens() -> None:
     metrics, state = AgentMetrics(), AgentState()
     sampler = LoadSampler(ModelRegistry({}, {}), metrics, state)
-    for status, n in [("200", 3), ("499", 4), ("500", 2), ("503", 1)]:
+    for status, n in [("200", 3), ("499", 4), ("500", 2), ("503", 1), ("99", 5)]:
         metrics.requests.labels("/v1/chat/completions", status).inc(n)
     metrics.generation_tokens.labels("a").inc(7)
     metrics.generation_tokens.labels("b").inc(5)
     state.set_draining(True)
-    snapshot = sampler()
-    assert (snapshot.requests_total, snapshot.requests_failed_total) == (10, 3)
-    assert snapshot.tokens_per_second > 0 and snapshot.draining
+    report = sampler()
+    # Status codes compare as numbers: "99" >= "500" as text, but 99 is no server error.
+    assert (report.requests_total, report.requests_failed_total) == (15, 3)
+    assert report.tokens_per_second > 0 and report.draining
+    assert report.unhealthy_reason == ""
     assert sampler().tokens_per_second == 0.0  # no tokens since the last report
+
+
+def test_load_sampler_reports_an_unhealthy_agent() -> None:
+    state = AgentState()
+    sampler = LoadSampler(ModelRegistry({}, {}), AgentMetrics(), state)
+    state.mark_unhealthy("engine dead: planner failed 4 times in 60 s")
+    assert sampler().unhealthy_reason == "engine dead: planner failed 4 times in 60 s"
 
 
 async def test_coordinator_tls_without_enrollment_fails_at_start(tmp_path: Path) -> None:
@@ -132,14 +143,15 @@ async def test_agent_appears_with_its_site_models_and_load() -> None:
                 ("smollm2-135m", "2024-11", "chat", "int4-cpu"),
                 ("minilm-l6", "v2", "embedding", "int8-cpu"),
             ]
-            assert view["load"]["queue_depth"] == 3
+            assert view["load"]["waiting_sequences"] == 3
             assert view["load"]["tokens_per_second"] == 41.5
             assert view["load"]["requests_total"] == 7
             assert view["last_seen"].endswith("Z")
             assert "s3cret" not in str(view)
             # The coordinator's interval and desired state reached the agent.
             assert session.report_interval_s == pytest.approx(0.2)
-            assert session.last_desired_state == DesiredState(version=0)
+            assert session.desired_state == DesiredState()
+            assert view["load"]["applied"] == SectionGenerations()._asdict()
             assert session.session_id == view["session_id"]
         finally:
             await session.stop()
@@ -166,10 +178,12 @@ async def test_stopping_the_session_marks_the_agent_disconnected() -> None:
         assert "edgefleet_coordinator_connected_agents 0.0" in metrics
 
 
-async def test_session_reconnects_after_the_coordinator_is_killed_and_restarted() -> None:
-    first = CoordinatorProcess(report_interval_ms=200)
+async def test_the_agent_is_back_within_one_report_interval_of_the_coordinators_return() -> None:
+    # The default backoff (initial 0.5 s) against a coordinator away for 6 s: uncapped
+    # exponential backoff had grown to waits of 4-8 s by then.
+    first = CoordinatorProcess(report_interval_ms=2000)
     await first.start()
-    session = fast_session(first.grpc_target)
+    session = CoordinatorSession(first.grpc_target, lambda: IDENTITY, LoadReport)
     await session.start()
     try:
         await wait_until(lambda: session.connected, message="first session")
@@ -177,12 +191,17 @@ async def test_session_reconnects_after_the_coordinator_is_killed_and_restarted(
         await first.kill()
         await wait_until(lambda: not session.connected, message="session noticing the loss")
         assert session.last_error is not None
+        await asyncio.sleep(6.0)
 
         # Same ports, fresh process with an empty registry.
         async with CoordinatorProcess(
-            grpc_port=first.grpc_port, http_port=first.http_port, report_interval_ms=200
+            grpc_port=first.grpc_port, http_port=first.http_port, report_interval_ms=2000
         ) as second:
-            await wait_until(lambda: session.connected, timeout_s=15, message="reconnect")
+            returned = time.monotonic()
+            await wait_until(lambda: session.connected, timeout_s=15, interval_s=0.02)
+            away = time.monotonic() - returned
+            print(f"agent back {away:.2f} s after the coordinator returned")
+            assert away < 2.5, f"agent back {away:.2f} s after the coordinator"
             assert session.session_id != first_session_id
             await wait_until(
                 lambda: _is(agent_status(second, IDENTITY.agent_id), "connected"),
@@ -201,7 +220,7 @@ async def test_no_coordinator_means_retries_without_raising() -> None:
     await asyncio.sleep(0.6)  # several failed attempts
     assert not session.connected
     assert session.last_error is not None and "UNAVAILABLE" in session.last_error
-    assert session.last_desired_state is None
+    assert session.desired_state == DesiredState()
     await asyncio.wait_for(session.stop(), 3)
 
 
@@ -213,11 +232,11 @@ async def test_a_rejected_hello_is_logged_as_an_error_and_retried(
         session = CoordinatorSession(
             coordinator.grpc_target,
             lambda: bad,
-            LoadSnapshot,
+            LoadReport,
             initial_backoff_s=0.05,
             max_backoff_s=0.1,
         )
-        with caplog.at_level(logging.ERROR, logger="agent.coordinator_session"):
+        with caplog.at_level(logging.ERROR, logger="agent.control.session"):
             await session.start()
             await wait_until(lambda: session.last_error is not None, message="rejection")
             await asyncio.sleep(0.3)  # it keeps trying
@@ -231,7 +250,7 @@ async def test_a_rejected_hello_is_logged_as_an_error_and_retried(
 async def test_a_failing_load_provider_does_not_end_the_session() -> None:
     calls = 0
 
-    def broken_load() -> LoadSnapshot:
+    def broken_load() -> LoadReport:
         nonlocal calls
         calls += 1
         raise RuntimeError("metrics backend down")
@@ -248,25 +267,34 @@ async def test_a_failing_load_provider_does_not_end_the_session() -> None:
 
 
 def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
-    session = CoordinatorSession(
-        "127.0.0.1:1",
-        lambda: IDENTITY,
-        LoadSnapshot,
-        initial_backoff_s=0.5,
-        max_backoff_s=30.0,
-        rng=random.Random(7),
-    )
-    for failures, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (6, 30.0), (40, 30.0)]:
-        delays = [session._backoff(failures) for _ in range(50)]
+    backoff = ReconnectBackoff(0.5, random.Random(7))
+    for failures, ceiling in [(0, 0.5), (1, 1.0), (2, 2.0), (3, 2.0), (40, 2.0)]:
+        delays = [backoff.delay(failures, cap_s=2.0) for _ in range(50)]
         assert all(ceiling / 2 <= d <= ceiling for d in delays)
         assert len(set(delays)) > 1  # jittered
 
 
+def test_the_backoff_cap_is_the_report_interval_unless_configured() -> None:
+    session = CoordinatorSession("127.0.0.1:1", lambda: IDENTITY, LoadReport)
+    assert session.max_backoff_s == session.report_interval_s == 2.0
+    session.report_interval_s = 0.5  # as a coordinator's Welcome sets it
+    assert session.max_backoff_s == 0.5
+    pinned = CoordinatorSession("127.0.0.1:1", lambda: IDENTITY, LoadReport, max_backoff_s=5.0)
+    assert pinned.max_backoff_s == 5.0
+
+
+def test_gRPC_targets_name_the_port_to_probe() -> None:
+    assert host_port("coordinator:50051") == ("coordinator", 50051)
+    assert host_port("dns:///coord.example:443") == ("coord.example", 443)
+    assert host_port("[::1]:7000") == ("::1", 7000)
+    assert host_port("unix:/run/coordinator.sock") is None
+
+
 def test_bad_arguments_are_refused_up_front() -> None:
     with pytest.raises(ValueError, match="target"):
-        CoordinatorSession("", lambda: IDENTITY, LoadSnapshot)
+        CoordinatorSession("", lambda: IDENTITY, LoadReport)
     with pytest.raises(ValueError, match="backoff"):
-        CoordinatorSession("h:1", lambda: IDENTITY, LoadSnapshot, initial_backoff_s=0)
+        CoordinatorSession("h:1", lambda: IDENTITY, LoadReport, initial_backoff_s=0)
 
 
 async def _is(value: Any, expected: Any) -> bool:

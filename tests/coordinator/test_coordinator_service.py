@@ -17,7 +17,15 @@ from aiohttp.test_utils import TestServer
 from coordinator.app import create_app
 from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY
 from coordinator.config import CoordinatorConfig
+from coordinator.errors import UnknownAgentError
 from devtools.process import wait_until
+from edgefleet.contract import (
+    CONTRACT_MINOR,
+    ConfigSection,
+    OverflowKind,
+    OverflowTarget,
+    OverflowTargetsSection,
+)
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -69,12 +77,13 @@ def hello(agent_id: str = "edge-1", **fields: Any) -> pb.AgentMessage:
         "http_url": "http://127.0.0.1:8001",
         "location": pb.Location(lat=48.1, lon=11.6),
         "models": [pb.LoadedModel(name="smollm2-135m", version="v1", task="chat")],
+        "contract_minor": CONTRACT_MINOR,
     }
     return pb.AgentMessage(hello=pb.Hello(agent_id=agent_id, **(defaults | fields)))
 
 
-def report(queue_depth: int) -> pb.AgentMessage:
-    return pb.AgentMessage(load_report=pb.LoadReport(queue_depth=queue_depth))
+def report(waiting: int, **fields: Any) -> pb.AgentMessage:
+    return pb.AgentMessage(load_report=pb.LoadReport(waiting_sequences=waiting, **fields))
 
 
 async def test_first_message_must_be_hello(coordinator: Running) -> None:
@@ -112,7 +121,7 @@ async def test_session_welcome_reports_and_disconnect(coordinator: Running) -> N
 
     async def has_report() -> bool:
         agent = await coordinator.get_json("/v1/agents/edge-1")
-        return agent["load"] is not None and agent["load"]["queue_depth"] == 5
+        return agent["load"] is not None and agent["load"]["waiting_sequences"] == 5
 
     await wait_until(has_report, message="load report stored")
     agent = await coordinator.get_json("/v1/agents/edge-1")
@@ -127,7 +136,7 @@ async def test_session_welcome_reports_and_disconnect(coordinator: Running) -> N
     assert await call.code() == grpc.StatusCode.OK
     agent = await coordinator.get_json("/v1/agents/edge-1")
     assert agent["status"] == "disconnected"
-    assert agent["load"]["queue_depth"] == 5  # the last report is kept
+    assert agent["load"]["waiting_sequences"] == 5  # the last report is kept
 
 
 async def test_a_second_hello_breaks_the_protocol(coordinator: Running) -> None:
@@ -243,3 +252,97 @@ async def test_health_and_metrics(coordinator: Running) -> None:
     assert all(
         line.startswith(("#", "edgefleet_coordinator_")) for line in text.splitlines() if line
     )
+
+
+@pytest.mark.parametrize("minor", [CONTRACT_MINOR + 2, CONTRACT_MINOR + 5])
+async def test_an_agent_two_minor_versions_ahead_is_refused_with_a_clear_message(
+    coordinator: Running, minor: int
+) -> None:
+    call = coordinator.stub.Session()
+    await call.write(hello(contract_minor=minor))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"the agent speaks contract v1.{minor}" in info.value.details()
+    assert f"accepts v1.{CONTRACT_MINOR - 1} to v1.{CONTRACT_MINOR + 1}" in info.value.details()
+    assert "upgrade the coordinator" in info.value.details()
+    _, _, metrics = await coordinator.get("/metrics")
+    assert 'edgefleet_coordinator_sessions_rejected_total{reason="contract_version"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("minor", [CONTRACT_MINOR - 1, CONTRACT_MINOR + 1])
+async def test_agents_one_minor_version_apart_are_accepted(
+    coordinator: Running, minor: int
+) -> None:
+    call = coordinator.stub.Session()
+    await call.write(hello(contract_minor=minor))
+    welcome = await call.read()
+    assert welcome.welcome.contract_minor == CONTRACT_MINOR
+    agent = await coordinator.get_json("/v1/agents/edge-1")
+    assert agent["contract_minor"] == minor
+    call.cancel()
+
+
+async def test_an_agent_from_before_versions_at_0n_0e_has_an_unknown_place(
+    coordinator: Running,
+) -> None:
+    # Agents before contract minor 1 always sent a location, 0, 0 when none was set.
+    old = coordinator.stub.Session()
+    await old.write(hello("old", contract_minor=0, location=pb.Location(lat=0.0, lon=0.0)))
+    await old.read()
+    new = coordinator.stub.Session()
+    await new.write(hello("new", location=pb.Location(lat=0.0, lon=0.0)))
+    await new.read()
+    assert (await coordinator.get_json("/v1/agents/old"))["location"] is None
+    assert (await coordinator.get_json("/v1/agents/new"))["location"] == {"lat": 0.0, "lon": 0.0}
+    old.cancel()
+    new.cancel()
+
+
+async def test_a_section_set_for_an_agent_is_pushed_whole_and_its_ack_recorded(
+    coordinator: Running,
+) -> None:
+    servicer = coordinator.app[GRPC_SERVER_KEY].servicer
+    call = coordinator.stub.Session()
+    await call.write(hello())
+    await call.read()
+    first = (await call.read()).desired_state
+    assert (first.version, first.HasField("overflow_targets")) == (0, False)
+
+    peer = OverflowTarget("peer-1", OverflowKind.PEER, "http://10.0.0.8:8000", ("m",))
+    servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "8"}))
+    servicer.set_section("edge-1", OverflowTargetsSection(0, (peer,)))
+    servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "4"}))
+    pushed = [(await call.read()).desired_state for _ in range(3)]
+    assert [p.version for p in pushed] == [1, 2, 3]
+    # Each push carries only the section that changed, whole, with its own generation.
+    assert [p.WhichOneof("_config") for p in pushed] == ["config", None, "config"]
+    assert dict(pushed[2].config.values) == {"engine.max_batch_size": "4"}
+    assert pushed[2].config.generation == 2
+    assert pushed[1].overflow_targets.generation == 1
+    assert pushed[1].overflow_targets.targets[0].kind == pb.OVERFLOW_KIND_PEER
+
+    applied = pb.SectionGenerations(config=2, overflow_targets=1)
+    await call.write(report(0, applied=applied))
+
+    async def acked() -> bool:
+        view = await coordinator.get_json("/v1/agents/edge-1")
+        return bool(view["load"])
+
+    await wait_until(acked, message="acknowledging report")
+    view = (await coordinator.get_json("/v1/agents/edge-1"))["desired_state"]
+    assert view["version"] == 3
+    assert view["generations"] == {"models": 0, "overflow_targets": 1, "keys": 0, "config": 2}
+    assert view["applied"] == {"models": 0, "overflow_targets": 1, "keys": 0, "config": 2}
+
+    # A reconnecting agent gets every section set for it in its first DesiredState.
+    call.cancel()
+    again = coordinator.stub.Session()
+    await again.write(hello())
+    await again.read()
+    full = (await again.read()).desired_state
+    assert (full.version, full.config.generation, full.overflow_targets.generation) == (3, 2, 1)
+    assert not full.HasField("models")
+    again.cancel()
+    with pytest.raises(UnknownAgentError):
+        servicer.set_section("ghost", ConfigSection(0))

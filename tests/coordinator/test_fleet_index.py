@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from coordinator.fleet import AgentHello, LoadedModel, Location
 from coordinator.fleet_index import FleetIndex
 from coordinator.route_scorer import great_circle_km
+from edgefleet.contract import Hello, LoadedModel, Location
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -19,8 +19,8 @@ def hello(
     *,
     site: str = "",
     models: tuple[str, ...] = ("m",),
-) -> AgentHello:
-    return AgentHello(
+) -> Hello:
+    return Hello(
         agent_id=agent_id,
         site=site,
         http_url=f"http://{agent_id}:8000",
@@ -29,7 +29,7 @@ def hello(
     )
 
 
-def random_fleet(count: int, seed: int = 3) -> list[AgentHello]:
+def random_fleet(count: int, seed: int = 3) -> list[Hello]:
     rng = random.Random(seed)
     return [
         hello(
@@ -107,22 +107,27 @@ def test_small_or_sparse_fleets_are_scored_whole() -> None:
     assert index.candidates("m", site="", location=Location(1.0, 1.0), pool=1) == {"a", "b", "c"}
 
 
-def test_unplaced_agents_top_up_a_pool_the_placed_ones_cannot_fill() -> None:
+def test_agents_of_unknown_place_always_take_part() -> None:
+    # An unknown place is not 0N 0E: it cannot lose a distance comparison and fall out.
     index = FleetIndex()
     placed = random_fleet(200)
     for h in placed:
         index.put(h)
     index.put(hello("nowhere", None))
     got = index.candidates("m", site="", location=Location(48.0, 10.0), pool=20)
-    assert "nowhere" not in got and len(got) == 20
-    # A fleet with fewer placed agents than the pool (but more in all) takes them too.
-    small = FleetIndex()
-    for i in range(5):
-        small.put(hello(f"p{i}", Location(48.0 + i, 10.0)))
-    for i in range(5):
-        small.put(hello(f"u{i}", None))
-    got = small.candidates("m", site="", location=Location(48.0, 10.0), pool=8)
-    assert {f"u{i}" for i in range(5)} <= got
+    assert "nowhere" in got and len(got) == 21
+    # Many of them: at most a pool's worth, a different draw each time.
+    crowd = FleetIndex(rng=random.Random(5))
+    for h in placed:
+        crowd.put(h)
+    for i in range(50):
+        crowd.put(hello(f"u{i:02d}", None))
+    draws = [
+        {a for a in crowd.candidates("m", site="", location=Location(48.0, 10.0), pool=20)
+         if a.startswith("u")}
+        for _ in range(3)
+    ]  # fmt: skip
+    assert all(len(d) == 20 for d in draws) and len({frozenset(d) for d in draws}) > 1
 
 
 def test_reindexing_on_a_new_hello_moves_and_forgets_the_agent() -> None:

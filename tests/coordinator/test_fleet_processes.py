@@ -12,10 +12,11 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.coordinator_session import AgentIdentity, CoordinatorSession, LoadSnapshot
+from agent.control import CoordinatorSession
 from agent.enrollment import Enroller
 from devtools.fleet import AgentProcess, CoordinatorProcess
 from devtools.process import REPO_ROOT, wait_until
+from edgefleet.contract import Hello, LoadedModel, LoadReport
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -34,9 +35,12 @@ async def agent_view(coordinator: CoordinatorProcess, agent_id: str) -> dict[str
     return next((a for a in await coordinator.agents() if a["agent_id"] == agent_id), None)
 
 
-def identity(agent_id: str) -> AgentIdentity:
-    return AgentIdentity(
-        agent_id=agent_id, site="lab", http_url="http://127.0.0.1:9", models=[("m", "v1", "", "")]
+def identity(agent_id: str) -> Hello:
+    return Hello(
+        agent_id=agent_id,
+        site="lab",
+        http_url="http://127.0.0.1:9",
+        models=(LoadedModel("m", "v1"),),
     )
 
 
@@ -53,7 +57,7 @@ async def test_tls_enrollment_and_mutual_tls_session(tmp_path: Path) -> None:
             requested_name="edge-1", site="lab", tls=True, ca_pem=ca_pem,
         )  # fmt: skip
         session = CoordinatorSession(
-            coordinator.grpc_target, lambda: identity("edge-1"), LoadSnapshot,
+            coordinator.grpc_target, lambda: identity("edge-1"), LoadReport,
             enroller=enroller, initial_backoff_s=0.05, max_backoff_s=0.3,
         )  # fmt: skip
         await session.start()

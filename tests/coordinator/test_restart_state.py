@@ -19,12 +19,13 @@ import grpc
 import pytest
 from coordinator_testing import hello
 
-from coordinator.fleet import AgentHello, Liveness, LoadedModel, LoadReport
+from coordinator.fleet import Liveness
 from coordinator.registry import LiveFleetRegistry
 from coordinator.route_scorer import RouteQuery, RouteScorer
 from coordinator.sqlite_store import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
+from edgefleet.contract import Hello, LoadedModel, LoadReport
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -41,8 +42,8 @@ class Clock:
         return self.now
 
 
-def agent_hello(agent_id: str) -> AgentHello:
-    return AgentHello(
+def agent_hello(agent_id: str) -> Hello:
+    return Hello(
         agent_id=agent_id,
         site="lab",
         http_url=f"http://{agent_id}:8000",
@@ -72,10 +73,10 @@ def test_agents_alive_before_a_restart_come_back_unconfirmed_with_their_last_loa
         for agent_id in ("live-1", "suspect-1", "bye-1", "late-1"):
             before.open_session(agent_hello(agent_id))
         sessions = {r.agent_id: r.session_id for r in before.agents()}
-        before.record_report("live-1", sessions["live-1"], LoadReport(T0, queue_depth=3))
+        before.record_report("live-1", sessions["live-1"], LoadReport(waiting_sequences=3))
         before.record_bye("bye-1", sessions["bye-1"], "shutting down")
         clock.now += timedelta(seconds=2.5)
-        before.record_report("live-1", sessions["live-1"], LoadReport(T0, queue_depth=4))
+        before.record_report("live-1", sessions["live-1"], LoadReport(waiting_sequences=4))
         before.sweep()  # suspect-1 and late-1 missed two reports
         assert before.get("suspect-1").liveness is Liveness.SUSPECT
         assert sum(before.save_last_states()) == 4
@@ -93,7 +94,7 @@ def test_agents_alive_before_a_restart_come_back_unconfirmed_with_their_last_loa
             "suspect-1": Liveness.UNCONFIRMED,
         }
         restored = after.get("live-1")
-        assert restored.last_report is not None and restored.last_report.queue_depth == 4
+        assert restored.last_report is not None and restored.last_report.waiting_sequences == 4
         assert restored.last_seen == T0 + timedelta(seconds=2.5)
 
 
@@ -131,7 +132,7 @@ def test_saving_writes_only_what_changed_in_batches(data_dir: Path) -> None:
         assert list(registry.save_last_states(batch_size=3)) == []
         session = registry.get("a5").session_id
         clock.now += timedelta(seconds=1)
-        registry.record_report("a5", session, LoadReport(T0, queue_depth=9))
+        registry.record_report("a5", session, LoadReport(waiting_sequences=9))
         assert list(registry.save_last_states(batch_size=3)) == [1]
 
 
@@ -168,7 +169,9 @@ async def sessions(target: str, agent_ids: list[str]) -> AsyncIterator[None]:
     async def report(call: Any, depth: int) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             while True:
-                await call.write(pb.AgentMessage(load_report=pb.LoadReport(queue_depth=depth)))
+                await call.write(
+                    pb.AgentMessage(load_report=pb.LoadReport(waiting_sequences=depth))
+                )
                 await asyncio.sleep(0.2)
 
     reporters = [asyncio.create_task(report(call, depth)) for call, depth in calls]
@@ -219,7 +222,7 @@ async def test_a_restarted_coordinator_routes_to_the_agents_it_had(
         assert {a["liveness"] for a in body["agents"]} == {"unconfirmed"}
         assert body["excluded"] == {}
         views = {a["agent_id"]: a for a in await second.agents()}
-        assert views["edge-c"]["load"]["queue_depth"] == 2  # its last report, kept
+        assert views["edge-c"]["load"]["waiting_sequences"] == 2  # its last report, kept
         assert views["edge-c"]["status"] == "disconnected"
 
         # One agent reconnects: live again, and ranked before the unconfirmed ones.

@@ -1,25 +1,28 @@
-"""Routing: nearer first, less loaded of two equally near, never down/draining/saturated."""
+"""Routing: nearer first, less loaded of two equally near, never down/draining/saturated.
+
+Also the router with the fleet index and real load reports (waiting and running
+sequences), unknown places, and the fallback beyond the client's site.
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import MakeCoordinator, hello
+from coordinator_testing import Coordinator, MakeCoordinator, hello
 
 from coordinator.app_keys import REGISTRY_KEY
-from coordinator.fleet import (
-    AgentHello,
-    AgentRecord,
-    AgentStatus,
-    Liveness,
-    LoadedModel,
-    LoadReport,
-    Location,
+from coordinator.fleet import AgentRecord, AgentStatus, Liveness
+from coordinator.route_scorer import (
+    UNKNOWN_RATE_WAIT_MS,
+    RouteQuery,
+    RouteScorer,
+    great_circle_km,
 )
-from coordinator.route_scorer import RouteQuery, RouteScorer, great_circle_km
 from devtools.process import wait_until
+from edgefleet.contract import Hello, LoadedModel, LoadReport, Location
 from edgefleet.v1 import fleet_pb2 as pb
 
 pytestmark = pytest.mark.timeout(30)
@@ -34,16 +37,18 @@ def record(
     location: Location | None,
     *,
     site: str = "",
-    queue: int = 0,
+    waiting: int = 0,
+    running: int = 0,
     kv: float = 0.0,
     tps: float = 50.0,
     liveness: Liveness = Liveness.LIVE,
     draining: bool = False,
     version: str = "v1",
+    unhealthy: str = "",
 ) -> AgentRecord:
     now = datetime.now(UTC)
     return AgentRecord(
-        hello=AgentHello(
+        hello=Hello(
             agent_id=agent_id,
             site=site,
             http_url=f"http://{agent_id}:8000",
@@ -55,7 +60,11 @@ def record(
         connected_since=now,
         last_seen=now,
         last_report=LoadReport(
-            timestamp=now, queue_depth=queue, kv_cache_used_fraction=kv, tokens_per_second=tps
+            running_sequences=running,
+            waiting_sequences=waiting,
+            kv_cache_used_fraction=kv,
+            tokens_per_second=tps,
+            unhealthy_reason=unhealthy,
         ),
         liveness=liveness,
         draining=draining,
@@ -81,7 +90,10 @@ def test_same_site_comes_first() -> None:
 
 
 def test_less_loaded_of_two_equally_near() -> None:
-    agents = [record("busy", BERLIN, queue=6, kv=0.7), record("idle", BERLIN, queue=1, kv=0.1)]
+    agents = [
+        record("busy", BERLIN, waiting=6, kv=0.7),
+        record("idle", BERLIN, waiting=1, kv=0.1),
+    ]
     decision = RouteScorer().rank(agents, RouteQuery("m", location=BERLIN))
     assert [a.agent_id for a in decision.agents] == ["idle", "busy"]
     idle, busy = decision.agents
@@ -99,7 +111,8 @@ def test_never_down_draining_saturated_or_excluded() -> None:
     agents = [
         record("down", BERLIN, liveness=Liveness.DOWN),
         record("draining", BERLIN, draining=True),
-        record("full-queue", BERLIN, queue=64),
+        record("full-queue", BERLIN, waiting=64),
+        record("unhealthy", BERLIN, unhealthy="engine dead: planner failed 4 times in 60 s"),
         record("full-kv", BERLIN, kv=0.99),
         record("excluded", BERLIN),
         record("old-version", BERLIN, version="v0"),
@@ -111,6 +124,7 @@ def test_never_down_draining_saturated_or_excluded() -> None:
     assert [a.agent_id for a in decision.agents] == ["ok", "suspect"]
     assert decision.excluded == {
         "down": 1,
+        "unhealthy": 1,
         "draining": 1,
         "saturated": 2,
         "excluded_by_client": 1,
@@ -119,7 +133,7 @@ def test_never_down_draining_saturated_or_excluded() -> None:
 
 
 def test_max_wait_excludes_agents_that_cannot_start_in_time() -> None:
-    agents = [record("slow", BERLIN, queue=10, tps=10.0)]  # 10 x 128 tokens / 10 tok/s = 128 s
+    agents = [record("slow", BERLIN, waiting=10, tps=10.0)]  # 10 x 128 tokens / 10 tok/s = 128 s
     decision = RouteScorer().rank(agents, RouteQuery("m", max_wait_ms=5000))
     assert decision.agents == () and decision.excluded == {"over_max_wait": 1}
 
@@ -166,3 +180,123 @@ async def test_route_over_grpc_and_http_with_overflow_placeholder(
     assert "edgefleet_coordinator_route_seconds_count 3.0" in metrics
     for call in calls:
         call.cancel()
+
+
+def test_running_sequences_count_as_load_and_waiting_ones_once() -> None:
+    # Running sequences used to count for nothing: a box busy with 10 streams looked idle.
+    agents = [record("a-busy", BERLIN, running=10), record("b-idle", BERLIN)]
+    decision = RouteScorer().rank(agents, RouteQuery("m", location=BERLIN))
+    assert [a.agent_id for a in decision.agents] == ["b-idle", "a-busy"]
+    busy = decision.agents[1]
+    assert busy.score_parts["queue"] == 0.0
+    assert busy.predicted_wait_ms == 0.0  # nothing waits: a new request joins the batch
+    # 40 waiting is 40, under the default saturation limit of 64 (it used to be 80).
+    decision = RouteScorer().rank([record("q", BERLIN, waiting=40, tps=0.0)], RouteQuery("m"))
+    assert [a.agent_id for a in decision.agents] == ["q"]
+    assert decision.agents[0].predicted_wait_ms == 40 * UNKNOWN_RATE_WAIT_MS
+
+
+def test_an_agent_of_unknown_place_scores_as_if_at_the_median_distance() -> None:
+    placed = [record("potsdam", POTSDAM), record("munich", MUNICH), record("far", Location(0, 60))]
+    decision = RouteScorer().rank(
+        [*placed, record("nowhere", None)], RouteQuery("m", location=BERLIN)
+    )
+    by_id = {a.agent_id: a for a in decision.agents}
+    assert by_id["nowhere"].distance_km is None
+    # Neutral: exactly the proximity of the median placed agent (munich), not the last.
+    assert by_id["nowhere"].score_parts["proximity"] == by_id["munich"].score_parts["proximity"]
+    assert [a.agent_id for a in decision.agents].index("nowhere") < 3
+    # With nothing to compare, every agent of unknown place scores the same.
+    alone = RouteScorer().rank([record("x", None), record("y", None)], RouteQuery("m"))
+    assert alone.agents[0].score_parts["proximity"] == alone.agents[1].score_parts["proximity"]
+
+
+async def _agent(c: Coordinator, agent_id: str, report: pb.LoadReport, **fields: Any) -> Any:
+    call = c.stub.Session()
+    await call.write(hello(agent_id, **fields))
+    await call.read()
+    await call.write(pb.AgentMessage(load_report=report))
+    return call
+
+
+async def _all_reported(c: Coordinator, count: int) -> None:
+    def done() -> bool:
+        agents = c.app[REGISTRY_KEY].agents()
+        return len(agents) == count and all(r.last_report for r in agents)
+
+    await wait_until(done, message=f"{count} agents reporting")
+
+
+async def test_router_with_the_fleet_index_ranks_by_running_and_waiting(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    # A pool of 2 makes the index choose: the 2 nearest, plus the agents of unknown place.
+    c = await make_coordinator(route_candidate_pool=2, report_interval_ms=2000)
+    here = pb.Location(lat=BERLIN.lat, lon=BERLIN.lon)
+    calls = [
+        await _agent(c, "a-running", pb.LoadReport(running_sequences=6), location=here),
+        await _agent(c, "b-waiting", pb.LoadReport(waiting_sequences=3), location=here),
+        await _agent(c, "c-idle-far", pb.LoadReport(), location=pb.Location(lat=40.4, lon=-3.7)),
+        await _agent(c, "d-idle-nowhere", pb.LoadReport()),
+        await _agent(c, "e-saturated", pb.LoadReport(waiting_sequences=64), location=here),
+    ]
+    await _all_reported(c, 5)
+    answer = await c.stub.Route(pb.RouteRequest(model="m", client_location=here, limit=8))
+    ranked = [a.agent_id for a in answer.agents]
+    # c-idle-far is not among the 2 nearest; the agent of unknown place always takes part.
+    assert "c-idle-far" not in ranked and "e-saturated" not in ranked
+    assert ranked[0] == "d-idle-nowhere"
+    by_id = {a.agent_id: a for a in answer.agents}
+    assert by_id["b-waiting"].predicted_wait_ms > 0 == by_id["a-running"].predicted_wait_ms
+    assert by_id["a-running"].score_parts["queue"] == 0.0  # 6 running: the most loaded
+    assert by_id["b-waiting"].score_parts["queue"] == pytest.approx(0.5)  # 3 of 6
+    for call in calls:
+        call.cancel()
+
+
+async def test_a_site_whose_agents_are_down_falls_back_to_the_rest_of_the_fleet(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    c = await make_coordinator(report_interval_ms=2000)  # nobody goes stale on a slow box
+    at_site = await _agent(c, "lab-1", pb.LoadReport(), site="lab")
+    elsewhere = await _agent(c, "hq-1", pb.LoadReport(), site="hq")
+    await _all_reported(c, 2)
+    await at_site.write(pb.AgentMessage(bye=pb.Bye(reason="power cut")))  # the lab's only one
+    await wait_until(
+        lambda: c.app[REGISTRY_KEY].get("lab-1").liveness is Liveness.DOWN, message="lab-1 down"
+    )
+    answer = await c.stub.Route(pb.RouteRequest(model="m", site="lab"))
+    assert [a.agent_id for a in answer.agents] == ["hq-1"]
+    assert "no agent at site 'lab' can take m now (1 down)" in answer.reason
+    assert "fell back to the rest of the fleet" in answer.reason
+    async with aiohttp.ClientSession() as http:
+        params = {"model": "m", "site": "lab"}
+        async with http.get(c.http_url + "/v1/route", params=params) as response:
+            body = await response.json()
+    assert [a["agent_id"] for a in body["agents"]] == ["hq-1"]
+    assert body["excluded"] == {"down": 1}
+    elsewhere.cancel()
+
+
+async def test_an_unhealthy_agent_gets_no_routes_and_says_why_in_the_fleet_view(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    c = await make_coordinator(report_interval_ms=2000)
+    reason = "engine dead: scheduler failed 4 times in 60 s"
+    sick = await _agent(c, "sick", pb.LoadReport(unhealthy_reason=reason))
+    well = await _agent(c, "well", pb.LoadReport(running_sequences=5))
+    await _all_reported(c, 2)
+    answer = await c.stub.Route(pb.RouteRequest(model="m"))
+    assert [a.agent_id for a in answer.agents] == ["well"]
+    view = await c.get_json("/v1/agents/sick")
+    assert view["healthy"] is False and view["unhealthy_reason"] == reason
+    assert (await c.get_json("/v1/agents/well"))["unhealthy_reason"] is None
+    # It recovers: the next report without a reason makes it routable again.
+    await sick.write(pb.AgentMessage(load_report=pb.LoadReport()))
+    await wait_until(
+        lambda: not c.app[REGISTRY_KEY].get("sick").unhealthy_reason, message="healthy again"
+    )
+    answer = await c.stub.Route(pb.RouteRequest(model="m"))
+    assert [a.agent_id for a in answer.agents] == ["sick", "well"]
+    sick.cancel()
+    well.cancel()

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from coordinator.errors import AuthenticationError, PermissionDeniedError
-from coordinator.fleet import AgentHello, LoadedModel
 from coordinator.fleet_store import JoinToken, StoredAgent
 from coordinator.session_auth import SessionAuthenticator
 from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import sha256_hex
+from edgefleet.contract import Hello, LoadedModel
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -35,8 +35,8 @@ def store(tmp_path: Path) -> Iterator[SQLiteFleetStore]:
     opened.close()
 
 
-def hello(agent_id: str = "edge-1", *, token: str = CREDENTIAL, site: str = "munich") -> AgentHello:
-    return AgentHello(
+def hello(agent_id: str = "edge-1", *, token: str = CREDENTIAL, site: str = "munich") -> Hello:
+    return Hello(
         agent_id=agent_id, site=site, http_url="http://10.0.0.7:8000",
         models=(LoadedModel("m", "v1"),), token=token,
     )  # fmt: skip

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from coordinator.errors import StoreError
-from coordinator.fleet import AgentHello, Hardware, LoadedModel, Location
 from coordinator.fleet_store import FleetStore, JoinToken, StoredAgent
 from coordinator.sqlite_store import DB_FILE, SQLiteFleetStore
+from edgefleet.contract import Hardware, Hello, LoadedModel, Location
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -42,8 +42,8 @@ def token(token_id: str = "tok1", **changes: object) -> JoinToken:
     return JoinToken(**fields)  # type: ignore[arg-type]
 
 
-def hello(agent_id: str = "agent-1", site: str = "berlin") -> AgentHello:
-    return AgentHello(
+def hello(agent_id: str = "agent-1", site: str = "berlin") -> Hello:
+    return Hello(
         agent_id=agent_id,
         site=site,
         http_url="http://10.0.0.7:8000",
@@ -52,7 +52,6 @@ def hello(agent_id: str = "agent-1", site: str = "berlin") -> AgentHello:
         hardware=Hardware(
             cpu_count=8,
             memory_bytes=16 << 30,
-            accelerators=("NVIDIA L4",),
             execution_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
         ),
         models=(LoadedModel("smollm2-135m", "int8-abc", "text-generation", "int8"),),

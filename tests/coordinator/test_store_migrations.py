@@ -23,11 +23,12 @@ import pytest
 
 from coordinator import sqlite_store
 from coordinator.errors import StoreError
-from coordinator.fleet import Liveness, LoadReport
+from coordinator.fleet import Liveness
 from coordinator.fleet_store import AgentLastState, StoredAgent
 from coordinator.registry import LiveFleetRegistry
 from coordinator.sqlite_store import DB_FILE, SCHEMA_VERSION, SQLiteFleetStore
 from devtools.process import REPO_ROOT
+from edgefleet.contract import LoadReport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,9 +138,7 @@ def test_a_database_written_before_versions_is_upgraded_and_keeps_its_rows(
         # The upgraded database works: the token's second use, and live states.
         assert store.enroll("tok-berlin", NOW, _enrolled("edge-2")) is True
         assert store.enroll("tok-old", NOW, _enrolled("edge-3")) is False  # still revoked
-        store.save_last_states(
-            [AgentLastState("edge-1", Liveness.LIVE, NOW, LoadReport(timestamp=None))], NOW
-        )
+        store.save_last_states([AgentLastState("edge-1", Liveness.LIVE, NOW, LoadReport())], NOW)
         assert [s.agent_id for s in store.list_last_states()] == ["edge-1"]
     finally:
         store.close()
@@ -259,9 +258,7 @@ def _enrolled(agent_id: str) -> StoredAgent:
 def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Path) -> None:
     store = SQLiteFleetStore.in_directory(tmp_path)
     try:
-        report = LoadReport(
-            timestamp=NOW, queue_depth=3, running_sequences=2, tokens_per_second=41.5
-        )
+        report = LoadReport(waiting_sequences=3, running_sequences=2, tokens_per_second=41.5)
         states = [
             AgentLastState("a", Liveness.LIVE, NOW, report),
             AgentLastState("b", Liveness.DOWN, NOW - timedelta(minutes=3), None),
@@ -275,11 +272,12 @@ def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Pat
         assert {s.saved_at for s in saved} == {NOW + timedelta(seconds=1)}
         # A row written by another version: one field renamed, a liveness unknown here.
         store._db.execute(
-            "UPDATE agent_last_state SET report_fields = 'timestamp,queue_depth,renamed_field', "
-            "report_json = '[null, 5, 7]', liveness = 'from-the-future' WHERE agent_id = 'a'"
+            "UPDATE agent_last_state SET report_fields = "
+            "'queue_depth,waiting_sequences,renamed_field', report_json = '[null, 5, 7]', "
+            "liveness = 'from-the-future' WHERE agent_id = 'a'"
         )
         (a, _) = store.list_last_states()
-        assert a.report is not None and a.report.queue_depth == 5
+        assert a.report is not None and a.report.waiting_sequences == 5
         assert a.liveness is Liveness.DOWN
     finally:
         store.close()

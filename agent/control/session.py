@@ -2,16 +2,26 @@
 
 ``CoordinatorSession`` holds one long-lived bidirectional gRPC stream
 (``edgefleet.v1.Coordinator/Session``): it sends ``Hello`` (from an identity
-provider), then a ``LoadReport`` (from a load provider) every report interval
-the coordinator names in ``Welcome``, and keeps the ``DesiredState`` and
+provider), then a ``LoadReport`` (from a load provider) every report interval the
+coordinator names in ``Welcome``, and keeps the ``DesiredState`` sections and
 ``Command`` messages the coordinator pushes. When the coordinator is away it
-reconnects with exponential backoff and jitter; it never raises into the agent,
-which keeps serving with its last-known state. With an ``Enroller`` it enrolls (or
-loads saved credentials) before each session, sends the enrolled agent id and
-credentials in Hello and, with TLS, connects with the client certificate.
+reconnects (``agent.control.reconnect``: backoff capped at one report interval, reset
+after every session, and a port probe that reconnects as soon as the coordinator is
+back); it never raises into the agent, which keeps serving with its last-known state.
+With an ``Enroller`` it enrolls (or loads saved credentials) before each session, sends
+the enrolled agent id and credentials in Hello and, with TLS, connects with the client
+certificate.
 
-Everything the rest of the agent sees is a plain dataclass defined here; gRPC
-and protobuf types stay inside this module.
+The rest of the agent sees only the contract dataclasses (``edgefleet.contract``);
+gRPC stays inside this module and protobuf inside ``edgefleet.contract_pb``.
+
+Desired state: each section received with a newer generation than the one held
+replaces it (``DesiredState.merged``); ``on_desired_state`` is called with the whole
+last-known state, and when it returns the changed sections' generations are
+acknowledged in every following LoadReport (``LoadReport.applied``). A section whose
+callback raised is not acknowledged. Today the agent applies a section by keeping it
+as last-known state; later features (model sync, overflow, keys) act on it in the
+callback.
 """
 
 from __future__ import annotations
@@ -19,15 +29,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import grpc
 
+from agent.control.reconnect import ReconnectBackoff, host_port, wait_to_retry
 from agent.enrollment import Enroller, EnrollmentUnavailableError
 from agent.errors import FatalError
+from edgefleet import contract_pb
+from edgefleet.contract import (
+    Bye,
+    Command,
+    DesiredState,
+    Hello,
+    LoadReport,
+    SectionGenerations,
+)
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -41,137 +60,19 @@ _CHANNEL_OPTIONS = [
 # How long a graceful stop waits for the coordinator to close the stream.
 _BYE_TIMEOUT_S = 1.0
 
-
-# --------------------------------------------------------------------- what we send
-
-
-class ModelInfo(NamedTuple):
-    """A model the agent has loaded. A plain (name, version, task, variant) tuple works too."""
-
-    name: str
-    version: str
-    task: str = ""
-    variant: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class HardwareInfo:
-    """What the edge box has to run models on."""
-
-    cpu_count: int = 0
-    memory_bytes: int = 0
-    # Accelerator names, e.g. "NVIDIA L4".
-    accelerators: tuple[str, ...] = ()
-    # ONNX Runtime execution providers, e.g. "CPUExecutionProvider".
-    execution_providers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class AgentIdentity:
-    """Who the agent is and what it serves: the content of Hello.
-
-    The identity provider is called at every (re)connect, so a changed model
-    list is announced on the next session.
-    """
-
-    agent_id: str
-    site: str
-    # Base URL where clients reach this agent's HTTP API, e.g. "http://10.0.0.7:8000".
-    http_url: str
-    # WGS84 degrees; None when the agent does not know where it is.
-    lat: float | None = None
-    lon: float | None = None
-    # Agent software version.
-    version: str = ""
-    hardware: HardwareInfo = HardwareInfo()
-    # ModelInfo or plain (name, version, task, variant) tuples.
-    models: Sequence[ModelInfo | tuple[str, str, str, str]] = ()
-    # Credential from enrollment; never printed.
-    token: str = field(default="", repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadSnapshot:
-    """One load sample: the content of LoadReport."""
-
-    # Requests accepted but not yet started.
-    queue_depth: int = 0
-    # Sequences in the running batch.
-    running_sequences: int = 0
-    # Sequences waiting for a batch slot.
-    waiting_sequences: int = 0
-    # Generated tokens per second over the last interval.
-    tokens_per_second: float = 0.0
-    # Fraction [0, 1] of the KV cache in use.
-    kv_cache_used_fraction: float = 0.0
-    kv_cache_used_tokens: int = 0
-    free_memory_bytes: int = 0
-    # Counters since agent start.
-    requests_total: int = 0
-    requests_failed_total: int = 0
-    overflow_requests_total: int = 0
-    # The agent is draining: it finishes running work and should get no new routes.
-    draining: bool = False
-    # When the sample was taken; None means "now" (when it is sent).
-    timestamp: datetime | None = None
-
-
-# ------------------------------------------------------------------ what we receive
-
-
-@dataclass(frozen=True, slots=True)
-class ModelTarget:
-    """A model version the coordinator wants this agent to have."""
-
-    name: str
-    version: str
-    artifact_url: str
-    # Hex sha256 of the artifact.
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True)
-class OverflowTarget:
-    """Where to send work the agent cannot take itself."""
-
-    name: str
-    # "peer", "gpu_pool", "hosted_provider" or "unspecified".
-    kind: str
-    url: str
-    # Models the target serves; empty means any.
-    models: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class DesiredState:
-    """What the coordinator wants this agent to run."""
-
-    version: int
-    models: tuple[ModelTarget, ...] = ()
-    overflow_targets: tuple[OverflowTarget, ...] = ()
-    config: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    """An instruction from the coordinator."""
-
-    # "drain", "resume", "reload" or "unspecified".
-    kind: str
-    reason: str = ""
-
-
-IdentityProvider = Callable[[], AgentIdentity]
-LoadProvider = Callable[[], LoadSnapshot]
+IdentityProvider = Callable[[], Hello]
+LoadProvider = Callable[[], LoadReport]
 
 
 class _SessionLost(Exception):
     """The session ended or could not start; the run loop retries. Never leaves this module."""
 
-    def __init__(self, reason: str, *, rejected: bool = False) -> None:
+    def __init__(self, reason: str, *, rejected: bool = False, unreachable: bool = False) -> None:
         super().__init__(reason)
         # The coordinator refused us (bad Hello, credentials): retrying alone will not help.
         self.rejected = rejected
+        # The coordinator could not be reached (nothing listening, network down).
+        self.unreachable = unreachable
 
 
 # Status codes meaning "the coordinator is there but refuses this agent".
@@ -203,15 +104,20 @@ class CoordinatorSession:
         on_command: Callable[[Command], None] | None = None,
         default_report_interval_s: float = 2.0,
         initial_backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
+        max_backoff_s: float | None = None,
+        probe_interval_s: float = 0.25,
         connect_timeout_s: float = 10.0,
         rng: random.Random | None = None,
     ) -> None:
+        """``max_backoff_s`` caps the delay between attempts; None: the report interval in
+        use (the coordinator's once welcomed). ``probe_interval_s``: how often the port of
+        an unreachable coordinator is tried while waiting (see agent.control.reconnect).
+        """
         if not target:
             raise ValueError("target must be a gRPC target such as 'coordinator:50051'")
-        if not 0 < initial_backoff_s <= max_backoff_s:
+        if not 0 < initial_backoff_s <= (max_backoff_s or initial_backoff_s):
             raise ValueError("need 0 < initial_backoff_s <= max_backoff_s")
-        if default_report_interval_s <= 0 or connect_timeout_s <= 0:
+        if min(default_report_interval_s, connect_timeout_s, probe_interval_s) <= 0:
             raise ValueError("intervals and timeouts must be positive")
         self.target = target
         self._identity = identity
@@ -219,10 +125,12 @@ class CoordinatorSession:
         self._enroller = enroller
         self._on_desired_state = on_desired_state
         self._on_command = on_command
-        self._initial_backoff_s = initial_backoff_s
-        self._max_backoff_s = max_backoff_s
-        self._connect_timeout_s = connect_timeout_s
         self._rng = rng or random.Random()
+        self._backoff = ReconnectBackoff(initial_backoff_s, self._rng)
+        self._max_backoff_s = max_backoff_s
+        self._probe_interval_s = probe_interval_s
+        self._probe = host_port(target)
+        self._connect_timeout_s = connect_timeout_s
 
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -230,8 +138,11 @@ class CoordinatorSession:
         self.session_id: str | None = None
         #: Report interval in use (the coordinator's, once welcomed).
         self.report_interval_s = default_report_interval_s
-        #: Latest DesiredState received, kept across reconnects; None until the first.
-        self.last_desired_state: DesiredState | None = None
+        #: Last-known desired state: the newest generation of each section received,
+        #: kept across reconnects (sections never received are None).
+        self.desired_state = DesiredState()
+        #: The generation of each section applied, acknowledged in every LoadReport.
+        self.applied = SectionGenerations()
         #: Why the last session ended or failed; None while none has.
         self.last_error: str | None = None
         #: Sessions opened (Welcome received) since start.
@@ -269,12 +180,12 @@ class CoordinatorSession:
         failures = 0
         while not self._stopping.is_set():
             opened_before = self.sessions_opened
-            rejected = False
+            rejected = unreachable = False
             try:
                 await self._run_session()
                 reason = "coordinator closed the session"
             except _SessionLost as exc:
-                reason, rejected = str(exc), exc.rejected
+                reason, rejected, unreachable = str(exc), exc.rejected, exc.unreachable
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -285,8 +196,9 @@ class CoordinatorSession:
             if self._stopping.is_set():
                 return
             self.last_error = reason
+            # A session that opened resets the backoff: the next attempt comes quickly.
             failures = 0 if self.sessions_opened > opened_before else failures + 1
-            delay = self._backoff(failures)
+            delay = self._backoff.delay(failures, self.max_backoff_s)
             if rejected:
                 level = logging.ERROR
             else:
@@ -298,22 +210,25 @@ class CoordinatorSession:
                 reason,
                 delay,
             )
-            try:
-                await asyncio.wait_for(self._stopping.wait(), delay)
-            except TimeoutError:
-                continue
+            await wait_to_retry(
+                self._stopping,
+                delay,
+                probe=self._probe if unreachable else None,
+                probe_interval_s=self._probe_interval_s,
+                rng=self._rng,
+            )
 
-    def _backoff(self, failures: int) -> float:
-        """Exponential backoff with equal jitter, capped at max_backoff_s."""
-        ceiling = min(self._max_backoff_s, self._initial_backoff_s * 2.0**failures)
-        return ceiling / 2.0 + self._rng.uniform(0.0, ceiling / 2.0)
+    @property
+    def max_backoff_s(self) -> float:
+        """The cap on the delay between attempts."""
+        return self._max_backoff_s or self.report_interval_s
 
     def _channel(self, credentials: grpc.ChannelCredentials | None) -> Any:
         if credentials is None:
             return grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
         return grpc.aio.secure_channel(self.target, credentials, options=_CHANNEL_OPTIONS)
 
-    async def _session_identity(self) -> tuple[AgentIdentity, grpc.ChannelCredentials | None]:
+    async def _session_identity(self) -> tuple[Hello, grpc.ChannelCredentials | None]:
         """Who to say we are, and how to connect (enrolling first when configured).
 
         The channel is TLS only with enrollment's client certificate; without an enroller
@@ -341,15 +256,17 @@ class CoordinatorSession:
                 await self._exchange(call)
             except grpc.aio.AioRpcError as exc:
                 raise _SessionLost(
-                    f"{exc.code().name}: {exc.details()}", rejected=exc.code() in _REJECTIONS
+                    f"{exc.code().name}: {exc.details()}",
+                    rejected=exc.code() in _REJECTIONS,
+                    unreachable=exc.code() is grpc.StatusCode.UNAVAILABLE,
                 ) from exc
             except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
                 raise _SessionLost(f"stream closed: {exc}") from exc
             finally:
                 call.cancel()
 
-    async def _open(self, call: Any, identity: AgentIdentity) -> None:
-        hello = _hello_to_pb(identity)
+    async def _open(self, call: Any, identity: Hello) -> None:
+        hello = pb.AgentMessage(hello=contract_pb.hello_to_pb(identity))
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 await call.write(hello)
@@ -362,16 +279,17 @@ class CoordinatorSession:
             raise _SessionLost("coordinator closed the stream before Welcome")
         if first.WhichOneof("body") != "welcome":
             raise _SessionLost(f"expected Welcome, got {first.WhichOneof('body')}")
-        welcome = first.welcome
+        welcome = contract_pb.welcome_from_pb(first.welcome)
         if welcome.report_interval_ms > 0:
             self.report_interval_s = welcome.report_interval_ms / 1000.0
         self.session_id = welcome.session_id
         self.sessions_opened += 1
         self.last_error = None
         logger.info(
-            "connected to coordinator %s (session %s, report every %.1f s)",
+            "connected to coordinator %s (session %s, contract v1.%d, report every %.1f s)",
             self.target,
             welcome.session_id,
+            welcome.contract_minor,
             self.report_interval_s,
         )
 
@@ -398,21 +316,33 @@ class CoordinatorSession:
                 return
             kind = message.WhichOneof("body")
             if kind == "desired_state":
-                state = _desired_state_from_pb(message.desired_state)
-                self.last_desired_state = state
-                logger.info(
-                    "desired state v%d: %d models, %d overflow targets",
-                    state.version,
-                    len(state.models),
-                    len(state.overflow_targets),
-                )
-                _notify(self._on_desired_state, state)
+                self._apply(contract_pb.desired_state_from_pb(message.desired_state))
             elif kind == "command":
-                command = _command_from_pb(message.command)
+                command = contract_pb.command_from_pb(message.command)
                 logger.info("coordinator command %s (%s)", command.kind, command.reason or "-")
                 _notify(self._on_command, command)
             else:
                 logger.warning("ignoring unexpected %s from coordinator", kind)
+
+    def _apply(self, update: DesiredState) -> None:
+        """Keep the sections of ``update`` newer than ours; acknowledge them once applied."""
+        merged, changed = self.desired_state.merged(update)
+        self.desired_state = merged
+        if not changed:
+            return
+        generations = merged.generations()
+        logger.info(
+            "desired state v%d: %s",
+            merged.version,
+            ", ".join(f"{name} generation {getattr(generations, name)}" for name in changed),
+        )
+        if self._on_desired_state is not None:
+            try:
+                self._on_desired_state(merged)
+            except Exception:
+                logger.exception("applying desired state v%d failed", merged.version)
+                return
+        self.applied = self.applied._replace(**{n: getattr(generations, n) for n in changed})
 
     async def _report_loop(self, call: Any) -> None:
         while True:
@@ -423,17 +353,18 @@ class CoordinatorSession:
                 await asyncio.wait_for(self._stopping.wait(), self.report_interval_s)
             except TimeoutError:
                 continue
-            await call.write(pb.AgentMessage(bye=pb.Bye(reason="agent stopping")))
+            bye = contract_pb.bye_to_pb(Bye(reason="agent stopping"))
+            await call.write(pb.AgentMessage(bye=bye))
             await call.done_writing()
             return
 
-    def _take_load_report(self) -> Any:
+    def _take_load_report(self) -> pb.LoadReport | None:
         try:
-            snapshot = self._load()
+            report = self._load()
         except Exception:
             logger.exception("load provider failed; skipping this report")
             return None
-        return _load_to_pb(snapshot)
+        return contract_pb.load_report_to_pb(report._replace(applied=self.applied))
 
 
 def _notify(callback: Callable[[Any], None] | None, value: object) -> None:
@@ -443,89 +374,3 @@ def _notify(callback: Callable[[Any], None] | None, value: object) -> None:
         callback(value)
     except Exception:
         logger.exception("coordinator session callback %r failed", callback)
-
-
-# ------------------------------------------------------------- wire conversion
-
-
-def _hello_to_pb(identity: AgentIdentity) -> Any:
-    location = None
-    if identity.lat is not None and identity.lon is not None:
-        location = pb.Location(lat=identity.lat, lon=identity.lon)
-    hw = identity.hardware
-    return pb.AgentMessage(
-        hello=pb.Hello(
-            agent_id=identity.agent_id,
-            token=identity.token,
-            agent_version=identity.version,
-            site=identity.site,
-            location=location,
-            hardware=pb.Hardware(
-                cpu_count=hw.cpu_count,
-                memory_bytes=hw.memory_bytes,
-                accelerators=list(hw.accelerators),
-                execution_providers=list(hw.execution_providers),
-            ),
-            http_url=identity.http_url,
-            models=[
-                pb.LoadedModel(name=m.name, version=m.version, task=m.task, variant=m.variant)
-                for m in (ModelInfo(*model) for model in identity.models)
-            ],
-        )
-    )
-
-
-def _load_to_pb(snapshot: LoadSnapshot) -> Any:
-    report = pb.LoadReport(
-        queue_depth=snapshot.queue_depth,
-        running_sequences=snapshot.running_sequences,
-        waiting_sequences=snapshot.waiting_sequences,
-        tokens_per_second=snapshot.tokens_per_second,
-        kv_cache_used_fraction=snapshot.kv_cache_used_fraction,
-        kv_cache_used_tokens=snapshot.kv_cache_used_tokens,
-        free_memory_bytes=snapshot.free_memory_bytes,
-        requests_total=snapshot.requests_total,
-        requests_failed_total=snapshot.requests_failed_total,
-        overflow_requests_total=snapshot.overflow_requests_total,
-        draining=snapshot.draining,
-    )
-    report.timestamp.FromDatetime(snapshot.timestamp or datetime.now(UTC))
-    return report
-
-
-_OVERFLOW_KINDS = {
-    pb.OVERFLOW_KIND_PEER: "peer",
-    pb.OVERFLOW_KIND_GPU_POOL: "gpu_pool",
-    pb.OVERFLOW_KIND_HOSTED_PROVIDER: "hosted_provider",
-}
-_COMMAND_KINDS = {
-    pb.Command.KIND_DRAIN: "drain",
-    pb.Command.KIND_RELOAD: "reload",
-    pb.Command.KIND_RESUME: "resume",
-}
-
-
-def _desired_state_from_pb(message: Any) -> DesiredState:
-    return DesiredState(
-        version=message.version,
-        models=tuple(
-            ModelTarget(
-                name=m.name, version=m.version, artifact_url=m.artifact_url, sha256=m.sha256
-            )
-            for m in message.models
-        ),
-        overflow_targets=tuple(
-            OverflowTarget(
-                name=t.name,
-                kind=_OVERFLOW_KINDS.get(t.kind, "unspecified"),
-                url=t.url,
-                models=tuple(t.models),
-            )
-            for t in message.overflow_targets
-        ),
-        config=dict(message.config),
-    )
-
-
-def _command_from_pb(message: Any) -> Command:
-    return Command(kind=_COMMAND_KINDS.get(message.kind, "unspecified"), reason=message.reason)

@@ -1,0 +1,280 @@
+"""The agent<->coordinator contract as plain Python: one dataclass per protobuf message.
+
+Both processes use these types (the agent to build what it sends and hold what it
+gets, the coordinator to record and route); protobuf stays at the edges
+(``edgefleet.contract_pb`` converts, ``coordinator.proto_convert`` validates what agents
+send). Names and fields are those of ``protos/edgefleet/v1/fleet.proto``; the comments
+there define each field. Standard library only, so both sides import it cheaply.
+
+Where the proto has an optional field (``Hello.location``, the DesiredState sections),
+the dataclass says ``None`` for unset: unknown stays unknown.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+#: The contract's major version is the proto package (``edgefleet.v1``).
+CONTRACT_MAJOR = 1
+#: The minor version this code speaks; see the top of fleet.proto for the history.
+CONTRACT_MINOR = 1
+
+
+def contract_minor_accepted(minor: int, ours: int = CONTRACT_MINOR) -> bool:
+    """True when a peer speaking ``minor`` can talk to us: one minor version apart at most."""
+    return abs(minor - ours) <= 1
+
+
+# ------------------------------------------------------------------ shared types
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A point on Earth in WGS84 degrees."""
+
+    lat: float
+    lon: float
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What an edge box has to run models on."""
+
+    cpu_count: int = 0
+    memory_bytes: int = 0
+    # ONNX Runtime execution providers, e.g. "CUDAExecutionProvider".
+    execution_providers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A model an agent has loaded and serves now."""
+
+    name: str
+    version: str
+    # "text-generation", "feature-extraction", ...
+    task: str = ""
+    # Quantization / build variant, e.g. "int4", "fp16".
+    variant: str = ""
+
+
+class OverflowKind(enum.StrEnum):
+    UNSPECIFIED = "unspecified"
+    # Another agent at the same site.
+    PEER = "peer"
+    # A cloud GPU pool we run.
+    GPU_POOL = "gpu_pool"
+    # A hosted provider speaking the OpenAI wire format.
+    HOSTED_PROVIDER = "hosted_provider"
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowTarget:
+    """Where an agent may send work it cannot take itself."""
+
+    name: str
+    kind: OverflowKind
+    # Base URL of the target's OpenAI-compatible API.
+    url: str
+    # Models the target serves; empty means any.
+    models: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------ agent -> coordinator
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First message of every session: who the agent is and what it serves."""
+
+    agent_id: str
+    site: str = ""
+    # Base URL of the agent's HTTP API; empty when the agent did not say.
+    http_url: str = ""
+    # The agent software's version.
+    agent_version: str = ""
+    # None when the agent does not know where it is.
+    location: Location | None = None
+    hardware: Hardware = field(default_factory=Hardware)
+    models: tuple[LoadedModel, ...] = ()
+    # Credential from Enroll; never printed.
+    token: str = field(default="", repr=False)
+    # The minor contract version the agent speaks (0 for agents from before versions).
+    contract_minor: int = CONTRACT_MINOR
+
+
+class SectionGenerations(NamedTuple):
+    """A generation per DesiredState section (0: never set / never applied)."""
+
+    models: int = 0
+    overflow_targets: int = 0
+    keys: int = 0
+    config: int = 0
+
+
+class LoadReport(NamedTuple):
+    """One load sample from an agent; fleet.proto defines each field.
+
+    A NamedTuple of plain values, not a dataclass: the collector stops tracking such
+    tuples, so the thousands of samples a coordinator replaces every second never pile
+    up in the old generation and never make full collections due sooner.
+    """
+
+    running_sequences: int = 0
+    waiting_sequences: int = 0
+    tokens_per_second: float = 0.0
+    kv_cache_used_fraction: float = 0.0
+    kv_cache_used_tokens: int = 0
+    free_memory_bytes: int = 0
+    requests_total: int = 0
+    requests_failed_total: int = 0
+    draining: bool = False
+    # Empty while the agent is healthy.
+    unhealthy_reason: str = ""
+    # The generation of each DesiredState section the agent has applied.
+    applied: SectionGenerations = SectionGenerations()
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """The agent is leaving on purpose (shutdown or drain); not an error."""
+
+    reason: str = ""
+
+
+# ------------------------------------------------------------------ coordinator -> agent
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Answer to Hello: the session is accepted."""
+
+    session_id: str
+    report_interval_ms: int
+    contract_minor: int = CONTRACT_MINOR
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTarget:
+    """A model version an agent should have, and where to fetch it."""
+
+    name: str
+    version: str
+    # Content-addressed artifact URL.
+    artifact_url: str
+    # Hex sha256 of the artifact.
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsSection:
+    generation: int
+    models: tuple[ModelTarget, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowTargetsSection:
+    generation: int
+    targets: tuple[OverflowTarget, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KeysSection:
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSection:
+    generation: int
+    # Agent settings by config key, e.g. {"engine.max_batch_size": "8"}.
+    values: Mapping[str, str] = field(default_factory=dict)
+
+
+Section = ModelsSection | OverflowTargetsSection | KeysSection | ConfigSection
+
+#: DesiredState's field for each section type.
+SECTION_FIELDS: dict[type[Section], str] = {
+    ModelsSection: "models",
+    OverflowTargetsSection: "overflow_targets",
+    KeysSection: "keys",
+    ConfigSection: "config",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    """What the coordinator wants an agent to run, in sections.
+
+    In a message, an unset (None) section is unchanged; as what a side holds, None
+    means "never set".
+    """
+
+    # Grows whenever any section changes for the agent.
+    version: int = 0
+    models: ModelsSection | None = None
+    overflow_targets: OverflowTargetsSection | None = None
+    keys: KeysSection | None = None
+    config: ConfigSection | None = None
+
+    def sections(self) -> tuple[Section, ...]:
+        """The sections that are set."""
+        found = (self.models, self.overflow_targets, self.keys, self.config)
+        return tuple(s for s in found if s is not None)
+
+    def generations(self) -> SectionGenerations:
+        return SectionGenerations(
+            models=_generation(self.models),
+            overflow_targets=_generation(self.overflow_targets),
+            keys=_generation(self.keys),
+            config=_generation(self.config),
+        )
+
+    def with_section(self, section: Section) -> DesiredState:
+        """This state with ``section`` in place of the one of its kind."""
+        if isinstance(section, ModelsSection):
+            return replace(self, models=section)
+        if isinstance(section, OverflowTargetsSection):
+            return replace(self, overflow_targets=section)
+        if isinstance(section, KeysSection):
+            return replace(self, keys=section)
+        return replace(self, config=section)
+
+    def merged(self, update: DesiredState) -> tuple[DesiredState, tuple[str, ...]]:
+        """Apply a received ``update``: each of its sections newer than ours replaces ours.
+
+        Returns the new state and the names of the sections that changed.
+        """
+        merged, changed = self, []
+        for section in update.sections():
+            name = SECTION_FIELDS[type(section)]
+            if section.generation > _generation(getattr(self, name)):
+                merged = merged.with_section(section)
+                changed.append(name)
+        if update.version > merged.version:
+            merged = replace(merged, version=update.version)
+        return merged, tuple(changed)
+
+
+def _generation(section: Section | None) -> int:
+    return 0 if section is None else section.generation
+
+
+class CommandKind(enum.StrEnum):
+    UNSPECIFIED = "unspecified"
+    # Stop accepting new requests, finish running ones.
+    DRAIN = "drain"
+    # Re-read local configuration and model store.
+    RELOAD = "reload"
+    # End a drain: accept new requests again.
+    RESUME = "resume"
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """An instruction from the coordinator."""
+
+    kind: CommandKind
+    reason: str = ""

@@ -1,0 +1,78 @@
+"""DesiredState end to end: the coordinator sets a section, the agent's session applies it
+and acknowledges its generation, the coordinator shows the acknowledgement."""
+
+from __future__ import annotations
+
+import pytest
+from coordinator_testing import MakeCoordinator
+
+from agent.control import CoordinatorSession
+from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY
+from devtools.process import wait_until
+from edgefleet.contract import (
+    ConfigSection,
+    DesiredState,
+    Hello,
+    LoadedModel,
+    LoadReport,
+    OverflowKind,
+    OverflowTarget,
+    OverflowTargetsSection,
+    SectionGenerations,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+HELLO = Hello(agent_id="edge-1", site="lab", models=(LoadedModel("m", "v1"),))
+
+
+async def test_sections_are_applied_acknowledged_and_kept_across_reconnects(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    c = await make_coordinator()
+    seen: list[DesiredState] = []
+    failing = False
+
+    def apply(state: DesiredState) -> None:
+        if failing:
+            raise RuntimeError("cannot apply")
+        seen.append(state)
+
+    session = CoordinatorSession(
+        c.grpc_target, lambda: HELLO, LoadReport, on_desired_state=apply, initial_backoff_s=0.05
+    )
+    await session.start()
+    servicer, registry = c.app[GRPC_SERVER_KEY].servicer, c.app[REGISTRY_KEY]
+    try:
+        await wait_until(lambda: session.connected, message="session")
+        peer = OverflowTarget("peer", OverflowKind.PEER, "http://10.0.0.9:8000")
+        servicer.set_section("edge-1", OverflowTargetsSection(0, (peer,)))
+        servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "8"}))
+
+        def acked(expected: SectionGenerations) -> bool:
+            report = registry.get("edge-1").last_report
+            return report is not None and report.applied == expected
+
+        await wait_until(lambda: acked(SectionGenerations(overflow_targets=1, config=1)))
+        held = session.desired_state
+        assert held.overflow_targets == OverflowTargetsSection(1, (peer,))
+        assert held.config is not None and held.config.values == {"engine.max_batch_size": "8"}
+        assert seen[-1] == held and held.version == 2
+
+        # A section the agent fails to apply is kept as received but not acknowledged.
+        failing = True
+        servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "2"}))
+        await wait_until(lambda: session.desired_state.generations().config == 2)
+        await wait_until(lambda: registry.get("edge-1").last_report.applied.config == 1)
+        assert session.applied == SectionGenerations(overflow_targets=1, config=1)
+        failing = False
+
+        # After a reconnect the full state arrives again; nothing newer, nothing re-applied.
+        applied_before = len(seen)
+        servicer.end_all_sessions()
+        await wait_until(lambda: session.sessions_opened == 2, message="reconnect")
+        view = await c.get_json("/v1/agents/edge-1")
+        assert view["desired_state"]["generations"]["config"] == 2
+        assert len(seen) == applied_before
+    finally:
+        await session.stop()

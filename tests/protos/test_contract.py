@@ -1,0 +1,226 @@
+"""The shared contract: one dataclass per proto message, conversion both ways, and the load
+report from the agent's sampler through protobuf to the coordinator's route score."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.agent_state import AgentState
+from agent.engine.interface import EngineLoad
+from agent.load_sampler import LoadSampler
+from agent.metrics import AgentMetrics
+from coordinator import proto_convert
+from coordinator.registry import LiveFleetRegistry
+from coordinator.route_scorer import UNKNOWN_RATE_WAIT_MS, RouteQuery, RouteScorer
+from coordinator.sqlite_store import SQLiteFleetStore
+from edgefleet import contract, contract_pb
+from edgefleet.contract import (
+    Command,
+    CommandKind,
+    ConfigSection,
+    DesiredState,
+    Hardware,
+    Hello,
+    KeysSection,
+    LoadedModel,
+    LoadReport,
+    Location,
+    ModelsSection,
+    ModelTarget,
+    OverflowKind,
+    OverflowTarget,
+    OverflowTargetsSection,
+    SectionGenerations,
+    Welcome,
+)
+from edgefleet.v1 import fleet_pb2 as pb
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Contract dataclass -> the proto message it mirrors.
+MIRRORS: dict[type, Any] = {
+    contract.Location: pb.Location,
+    contract.Hardware: pb.Hardware,
+    contract.LoadedModel: pb.LoadedModel,
+    contract.OverflowTarget: pb.OverflowTarget,
+    contract.Hello: pb.Hello,
+    contract.SectionGenerations: pb.SectionGenerations,
+    contract.LoadReport: pb.LoadReport,
+    contract.Bye: pb.Bye,
+    contract.Welcome: pb.Welcome,
+    contract.ModelTarget: pb.ModelTarget,
+    contract.ModelsSection: pb.ModelsSection,
+    contract.OverflowTargetsSection: pb.OverflowTargetsSection,
+    contract.KeysSection: pb.KeysSection,
+    contract.ConfigSection: pb.ConfigSection,
+    contract.DesiredState: pb.DesiredState,
+    contract.Command: pb.Command,
+}
+
+
+def _fields(cls: type) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(cls._fields)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cls", list(MIRRORS), ids=lambda c: c.__name__)
+def test_each_contract_type_has_the_name_and_fields_of_its_proto_message(cls: type) -> None:
+    message = MIRRORS[cls]
+    assert cls.__name__ == message.DESCRIPTOR.name
+    assert _fields(cls) == {f.name for f in message.DESCRIPTOR.fields}
+
+
+def test_enums_mirror_the_proto_enums() -> None:
+    assert len(OverflowKind) == len(pb.OverflowKind.keys())
+    assert len(CommandKind) == len(pb.Command.Kind.keys())
+
+
+def test_removed_fields_are_reserved_not_sent() -> None:
+    proto = (REPO_ROOT / "protos" / "edgefleet" / "v1" / "fleet.proto").read_text()
+    assert 'reserved "timestamp", "queue_depth", "overflow_requests_total";' in proto
+    for gone in ("timestamp", "queue_depth", "overflow_requests_total"):
+        assert gone not in pb.LoadReport.DESCRIPTOR.fields_by_name
+    assert "accelerators" not in pb.Hardware.DESCRIPTOR.fields_by_name
+
+
+def test_the_contract_module_needs_only_the_standard_library() -> None:
+    code = (
+        "import sys, edgefleet.contract; "
+        "print(sorted(m for m in sys.modules if m.startswith(('google', 'grpc', 'edgefleet.v1'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+HELLO = Hello(
+    agent_id="edge-1",
+    site="lab",
+    http_url="http://10.0.0.7:8000",
+    agent_version="1.2.3",
+    location=Location(52.5, 13.4),
+    hardware=Hardware(cpu_count=8, memory_bytes=16 << 30, execution_providers=("CPU",)),
+    models=(LoadedModel("tiny-llama", "int8-abc", "text-generation", "int8"),),
+    token="secret",
+)
+STATE = DesiredState(
+    version=7,
+    models=ModelsSection(3, (ModelTarget("m", "v2", "http://c/a/sha", "ab" * 32),)),
+    overflow_targets=OverflowTargetsSection(
+        2, (OverflowTarget("gpu", OverflowKind.GPU_POOL, "http://gpu/v1", ("m",)),)
+    ),
+    keys=KeysSection(1),
+    config=ConfigSection(4, {"engine.max_batch_size": "8"}),
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "to_pb", "from_pb", "message"),
+    [
+        (HELLO, contract_pb.hello_to_pb, contract_pb.hello_from_pb, pb.Hello),
+        (
+            dataclasses.replace(HELLO, location=None),
+            contract_pb.hello_to_pb,
+            contract_pb.hello_from_pb,
+            pb.Hello,
+        ),
+        (
+            LoadReport(
+                3, 5, 41.5, 0.25, 900, 1 << 30, 10, 2, True, "sick", SectionGenerations(1, 2)
+            ),
+            contract_pb.load_report_to_pb,
+            contract_pb.load_report_from_pb,
+            pb.LoadReport,
+        ),
+        (
+            STATE,
+            contract_pb.desired_state_to_pb,
+            contract_pb.desired_state_from_pb,
+            pb.DesiredState,
+        ),
+        (
+            DesiredState(version=1, config=ConfigSection(1)),
+            contract_pb.desired_state_to_pb,
+            contract_pb.desired_state_from_pb,
+            pb.DesiredState,
+        ),
+        (Welcome("s-1", 2000), contract_pb.welcome_to_pb, contract_pb.welcome_from_pb, pb.Welcome),
+        (
+            Command(CommandKind.DRAIN, "maintenance"),
+            contract_pb.command_to_pb,
+            contract_pb.command_from_pb,
+            pb.Command,
+        ),
+    ],
+)
+def test_every_message_survives_the_wire(
+    value: Any, to_pb: Any, from_pb: Any, message: Any
+) -> None:
+    assert from_pb(message.FromString(to_pb(value).SerializeToString())) == value
+
+
+def test_an_unknown_place_stays_unknown_on_the_wire() -> None:
+    wire = contract_pb.hello_to_pb(dataclasses.replace(HELLO, location=None))
+    assert not wire.HasField("location")
+
+
+def test_newer_sections_replace_older_ones_and_older_ones_are_ignored() -> None:
+    held, changed = DesiredState().merged(STATE)
+    assert held == STATE and changed == ("models", "overflow_targets", "keys", "config")
+    stale = DesiredState(version=8, config=ConfigSection(4, {"engine.max_batch_size": "1"}))
+    newer = DesiredState(version=9, keys=KeysSection(2))
+    held2, changed = held.merged(stale)
+    assert changed == () and held2.config == STATE.config
+    held3, changed = held2.merged(newer)
+    assert changed == ("keys",) and held3.generations() == SectionGenerations(3, 2, 2, 4)
+    assert held3.version == 9
+
+
+class _EnginesWithKnownLoad:
+    """The one thing LoadSampler asks a model registry for: the engines' load."""
+
+    def __init__(self, load: EngineLoad) -> None:
+        self._load = load
+
+    def load(self) -> EngineLoad:
+        return self._load
+
+
+def test_load_from_the_agents_sampler_to_the_coordinators_route_score(tmp_path: Path) -> None:
+    # Agent side: an engine with 4 running and 40 waiting sequences.
+    busy = EngineLoad(running=4, waiting=40, kv_used_tokens=900, kv_used_fraction=0.3)
+    idle = EngineLoad(running=1, waiting=0, kv_used_tokens=10, kv_used_fraction=0.01)
+    registry = LiveFleetRegistry(SQLiteFleetStore(tmp_path / "fleet.db"))
+    for agent_id, load in (("busy", busy), ("idle", idle)):
+        sampler = LoadSampler(_EnginesWithKnownLoad(load), AgentMetrics(), AgentState())  # type: ignore[arg-type]
+        wire = contract_pb.load_report_to_pb(sampler()).SerializeToString()
+        # Coordinator side: validate, record, route.
+        hello = dataclasses.replace(HELLO, agent_id=agent_id, location=None)
+        session_id = registry.open_session(hello)
+        registry.record_report(
+            agent_id, session_id, proto_convert.load_report_from_pb(pb.LoadReport.FromString(wire))
+        )
+    recorded = registry.get("busy").last_report
+    assert recorded is not None
+    assert (recorded.running_sequences, recorded.waiting_sequences) == (4, 40)
+    assert recorded.kv_cache_used_fraction == 0.3
+
+    decision = RouteScorer().rank(registry.agents(), RouteQuery("tiny-llama"))
+    by_id = {a.agent_id: a for a in decision.agents}
+    # 40 waiting is under the saturation limit of 64 (counted twice it was 80: saturated).
+    assert set(by_id) == {"busy", "idle"}
+    # No rate measured yet: 1 s per waiting sequence; the running ones do not delay a start.
+    assert by_id["busy"].predicted_wait_ms == 40 * UNKNOWN_RATE_WAIT_MS
+    assert by_id["idle"].predicted_wait_ms == 0.0
+    # Load = running + waiting: 44 vs 1, min-max normalized.
+    assert (by_id["busy"].score_parts["queue"], by_id["idle"].score_parts["queue"]) == (0.0, 1.0)
+    assert by_id["busy"].score_parts["kv"] == pytest.approx(0.7)
+    assert [a.agent_id for a in decision.agents] == ["idle", "busy"]

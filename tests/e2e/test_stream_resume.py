@@ -152,7 +152,8 @@ async def test_streams_cut_by_a_sigkill_finish_on_the_other_agent(real_artifacts
         f"\nstream resume: {STREAMS} streams, killed {victim_id} after "
         f"{min(at_kill)}..{max(at_kill)} tokens; cut after >=1 token and resumed: {len(cut)}; "
         f"failed: {len(failed)}; identical to the uninterrupted reference: "
-        f"{len(identical)}/{STREAMS}; first diverging token of the others "
+        f"{len(identical)}/{STREAMS} (of the resumed: {len(set(cut) & set(identical))}/"
+        f"{len(cut)}); first diverging token of the others "
         f"(stream: index, cut at): "
         + str({i: (d, outcomes[i].segments[-1].first_token) for i, d in divergences.items()})
         + f"; streaming took {streamed_s:.1f} s"

@@ -2,7 +2,9 @@
 
 Imports nothing heavy (no onnxruntime, numpy or grpc): route lookups use the
 standard library, LAN discovery uses zeroconf, and the ``openai`` / ``httpx2``
-packages are imported only when an OpenAI client is asked for.
+packages (the ``client`` extra) are imported only when an OpenAI client is asked for.
+Streamed completions that break after some tokens resume on another agent serving the same
+model version (:class:`StreamSegment` records which agent served which part).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from edgefleet_client._exceptions import (
     NoAgentAvailableError,
 )
 from edgefleet_client._mdns import browse_mdns
-from edgefleet_client._models import Agent
+from edgefleet_client._models import Agent, StreamSegment
 from edgefleet_client._probe import probe_rtt_ms
 from edgefleet_client._route import route_lookup
 
@@ -24,6 +26,7 @@ __all__ = [
     "EdgefleetClientError",
     "FleetClient",
     "NoAgentAvailableError",
+    "StreamSegment",
     "browse_mdns",
     "probe_rtt_ms",
     "route_lookup",

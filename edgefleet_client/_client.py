@@ -5,15 +5,24 @@
     fleet = FleetClient(model="smollm2-135m", coordinator_url="http://coord:8080")
     client = fleet.openai()          # an openai.OpenAI that fails over between agents
     fleet.base_url()                 # or just the best agent's OpenAI base URL
+
+With ``cache_path``, the last discovered agents are kept on disk; when the coordinator
+cannot be reached, the client keeps using the agents it discovered last (in memory, or from
+that file after a restart). A streamed completion that breaks after some tokens resumes on
+another agent serving the same model version; ``stream.response.extensions
+["edgefleet_segments"]`` says which agent served which part.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from edgefleet_client._exceptions import DiscoveryError, NoAgentAvailableError
@@ -44,6 +53,7 @@ class FleetClient:
         probe_timeout_s: float = 1.0,
         cooldown_s: float = 10.0,
         refresh_s: float = 30.0,
+        cache_path: str | Path | None = None,
     ) -> None:
         self.model = model
         self.coordinator_url = coordinator_url
@@ -57,6 +67,9 @@ class FleetClient:
         self._agents: list[Agent] = []
         self._failed_until: dict[str, float] = {}
         self._refreshed_at = 0.0
+        # the last discovery, kept on disk: a client started while the coordinator is away
+        # still finds the agents it knew
+        self._cache_path = Path(cache_path) if cache_path is not None else None
 
     # ------------------------------------------------------------ discovery
 
@@ -94,7 +107,32 @@ class FleetClient:
         with self._lock:
             self._agents = agents
             self._refreshed_at = time.monotonic()
+        self._save(agents)
         return list(agents)
+
+    def _save(self, agents: list[Agent]) -> None:
+        if self._cache_path is None:
+            return
+        data = {"model": self.model, "agents": [asdict(a) for a in agents]}
+        tmp = self._cache_path.with_name(self._cache_path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._cache_path)
+        except OSError as exc:
+            logger.warning("cannot keep the discovered agents in %s: %s", self._cache_path, exc)
+
+    def _load(self) -> list[Agent]:
+        """The agents of the last discovery kept on disk (none when absent or unreadable)."""
+        if self._cache_path is None:
+            return []
+        try:
+            data = json.loads(self._cache_path.read_text())
+            if data.get("model") != self.model:
+                return []
+            return [Agent(**{**a, "models": tuple(a.get("models", ()))}) for a in data["agents"]]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("cannot read the kept agents in %s: %s", self._cache_path, exc)
+            return []
 
     @property
     def agents(self) -> list[Agent]:
@@ -119,10 +157,16 @@ class FleetClient:
         if stale:
             try:
                 self.discover()
-            except DiscoveryError:
+            except DiscoveryError as exc:
                 if not self.agents:
-                    raise
-                logger.warning("rediscovery failed; keeping the last known agents")
+                    kept = self._load()
+                    if not kept:
+                        raise
+                    with self._lock:
+                        self._agents = kept
+                    logger.warning("%s; using the %d agents discovered last", exc, len(kept))
+                else:
+                    logger.warning("rediscovery failed; keeping the last known agents")
         now = time.monotonic()
         with self._lock:
             healthy = [a for a in self._agents if self._failed_until.get(a.agent_id, 0) <= now]

@@ -4,18 +4,22 @@ A request goes to the first candidate; on a connection error, or a 429/503 answe
 it is sent again to the next one. A non-streamed response is read whole before it is
 returned, so a failure mid-body fails over too. A streamed (``text/event-stream``)
 response is returned once its first chunk arrived: failures before the first token
-fail over, later ones reach the caller.
+fail over; a streamed chat or text completion that breaks later resumes on the next agent
+serving the same model version (see :mod:`edgefleet_client._resume`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx2
 
 from edgefleet_client._client import no_agent_error
+from edgefleet_client._models import Agent, StreamSegment
+from edgefleet_client._resume import SEGMENTS, ResumingStream, StreamBroken, resumable_body
 
 if TYPE_CHECKING:
     from edgefleet_client._client import FleetClient
@@ -40,28 +44,49 @@ class _PrefixedStream(httpx2.SyncByteStream):
         self._response.close()
 
 
+def _is_sse(response: httpx2.Response) -> bool:
+    return response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+def _first_chunk(response: httpx2.Response) -> tuple[bytes, Iterator[bytes]]:
+    chunks = response.iter_raw()
+    first = b""
+    while not first:
+        try:
+            first = next(chunks)
+        except StopIteration:
+            break
+    return first, chunks
+
+
 class FailoverTransport(httpx2.BaseTransport):
     def __init__(self, fleet: FleetClient, inner: httpx2.BaseTransport | None = None) -> None:
         self._fleet = fleet
         self._inner = inner or httpx2.HTTPTransport()
 
+    def _attempt(self, request: httpx2.Request, agent: Agent, body: bytes) -> httpx2.Request:
+        target = urlsplit(agent.url)
+        url = request.url.copy_with(scheme=target.scheme, host=target.hostname, port=target.port)
+        headers = [
+            (k, v) for k, v in request.headers.raw if k.lower() not in (b"host", b"content-length")
+        ]
+        return httpx2.Request(
+            request.method, url, headers=headers, content=body, extensions=request.extensions
+        )
+
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         body = request.read()
+        resumable = resumable_body(request, body)
+        if resumable is not None and not resumable.get("return_token_ids"):
+            # ask for token ids, so that a stream broken later can be resumed by ids
+            resumable["return_token_ids"] = True
+            body = json.dumps(resumable).encode()
         failures: list[str] = []
         candidates = self._fleet.candidates()
         for position, agent in enumerate(candidates):
             last = position == len(candidates) - 1
-            target = urlsplit(agent.url)
-            url = request.url.copy_with(
-                scheme=target.scheme, host=target.hostname, port=target.port
-            )
-            headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"host"]
-            attempt = httpx2.Request(
-                request.method, url, headers=headers, content=body,
-                extensions=request.extensions,
-            )  # fmt: skip
             try:
-                response = self._inner.handle_request(attempt)
+                response = self._inner.handle_request(self._attempt(request, agent, body))
             except httpx2.TransportError as exc:
                 self._fleet.mark_failed(agent, f"{type(exc).__name__}: {exc}")
                 failures.append(f"{agent.agent_id}: {type(exc).__name__}")
@@ -72,7 +97,11 @@ class FailoverTransport(httpx2.BaseTransport):
                 failures.append(f"{agent.agent_id}: HTTP {response.status_code}")
                 continue
             try:
-                ready = self._first_part(response)
+                if not _is_sse(response):
+                    ready = self._whole(response)
+                else:
+                    first, rest = _first_chunk(response)
+                    ready = self._streamed(request, resumable, agent, response, first, rest)
             except httpx2.TransportError as exc:
                 response.close()
                 self._fleet.mark_failed(agent, f"{type(exc).__name__} before the first token")
@@ -84,27 +113,93 @@ class FailoverTransport(httpx2.BaseTransport):
         raise httpx2.ConnectError(str(no_agent_error(self._fleet.model, failures)), request=request)
 
     @staticmethod
-    def _first_part(response: httpx2.Response) -> httpx2.Response:
-        """Read a whole body, or a stream's first chunk, so failures happen here."""
-        content_type = response.headers.get("content-type", "")
-        if not content_type.startswith("text/event-stream"):
-            content = b"".join(response.iter_raw())
-            response.close()
+    def _whole(response: httpx2.Response) -> httpx2.Response:
+        """Read a whole body, so failures mid-body happen here."""
+        content = b"".join(response.iter_raw())
+        response.close()
+        return httpx2.Response(
+            response.status_code, headers=response.headers, content=content,
+            extensions=response.extensions,
+        )  # fmt: skip
+
+    def _streamed(
+        self,
+        request: httpx2.Request,
+        resumable: dict[str, Any] | None,
+        agent: Agent,
+        response: httpx2.Response,
+        first: bytes,
+        rest: Iterator[bytes],
+    ) -> httpx2.Response:
+        if resumable is None or response.status_code != 200:
+            stream: httpx2.SyncByteStream = _PrefixedStream(first, rest, response)
             return httpx2.Response(
-                response.status_code, headers=response.headers, content=content,
+                response.status_code, headers=response.headers, stream=stream,
                 extensions=response.extensions,
             )  # fmt: skip
-        chunks = response.iter_raw()
-        first = b""
-        while not first:
-            try:
-                first = next(chunks)
-            except StopIteration:
-                break
+        segments: list[StreamSegment] = []
+
+        def open_continuation(
+            body: dict[str, Any], version: str, skip: set[str]
+        ) -> tuple[Agent, httpx2.Response]:
+            return self._continue(request, body, version, skip)
+
+        resuming = ResumingStream(
+            resumable, agent, response, first, rest, open_continuation, segments
+        )
         return httpx2.Response(
-            response.status_code, headers=response.headers,
-            stream=_PrefixedStream(first, chunks, response), extensions=response.extensions,
+            response.status_code, headers=response.headers, stream=resuming,
+            extensions={**response.extensions, SEGMENTS: segments},
         )  # fmt: skip
+
+    def _continue(
+        self, request: httpx2.Request, body: dict[str, Any], version: str, skip: set[str]
+    ) -> tuple[Agent, httpx2.Response]:
+        """Send a continuation to the next agent serving ``version`` of the model."""
+        for broken in skip:
+            for agent in self._fleet.agents:
+                if agent.agent_id == broken:
+                    self._fleet.mark_failed(agent, "stream broke mid-way")
+        content = json.dumps(body).encode()
+        tried: list[str] = []
+        for agent in self._fleet.candidates():
+            if agent.agent_id in skip:
+                continue
+            if version and self._version_of(agent, str(body.get("model", ""))) != version:
+                tried.append(f"{agent.agent_id}: other version")
+                continue
+            try:
+                response = self._inner.handle_request(self._attempt(request, agent, content))
+            except httpx2.TransportError as exc:
+                self._fleet.mark_failed(agent, f"{type(exc).__name__}: {exc}")
+                tried.append(f"{agent.agent_id}: {type(exc).__name__}")
+                continue
+            if response.status_code != 200 or not _is_sse(response):
+                response.read()
+                response.close()
+                tried.append(f"{agent.agent_id}: HTTP {response.status_code}")
+                continue
+            return agent, response
+        raise StreamBroken(
+            f"no other agent can resume {body.get('model')!r} version {version!r}: "
+            + ("; ".join(tried) or "none known")
+        )
+
+    def _version_of(self, agent: Agent, model: str) -> str | None:
+        """The version of ``model`` that ``agent`` serves (``GET /v1/models``), or None."""
+        url = httpx2.URL(agent.url.rstrip("/") + "/v1/models")
+        try:
+            response = self._inner.handle_request(httpx2.Request("GET", url))
+            raw = response.read()
+            response.close()
+            cards = json.loads(raw).get("data", [])
+        except (httpx2.TransportError, ValueError, AttributeError):
+            return None
+        for card in cards:
+            if isinstance(card, dict) and card.get("id") == model:
+                version = card.get("version")
+                return str(version) if version is not None else None
+        return None
 
     def close(self) -> None:
         self._inner.close()

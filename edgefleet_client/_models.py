@@ -24,3 +24,15 @@ class Agent:
     # "coordinator" or "mdns".
     source: str = "coordinator"
     score_parts: dict[str, float] = field(default_factory=dict, compare=False)
+
+
+@dataclass(slots=True)
+class StreamSegment:
+    """One agent's part of a streamed completion (a resumed stream has several)."""
+
+    agent_id: str
+    url: str
+    # index, in the completion, of this segment's first token
+    first_token: int = 0
+    # completion tokens this agent delivered
+    tokens: int = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -13,6 +14,18 @@ from pydantic import BaseModel, ValidationError
 from agent.errors import AgentError, InvalidRequestError, OverloadedError, PayloadTooLargeError
 
 M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger(__name__)
+
+# error.code of the event that ends a stream broken after its first event, by cause; an
+# AgentError keeps the code it has in a JSON error body, so one cause has one code
+STREAM_ERROR_CODES: dict[str, str] = {
+    "engine_error": "inference failed inside the engine for this request",
+    "request_timeout": "the request ran past its timeout (X-Request-Timeout or the default)",
+    "overloaded": "the agent shed the request (e.g. it is shutting down or overloaded)",
+    "invalid_request": "the engine refused the request after the stream had started",
+    "internal_error": "an unexpected error in the agent (details only in its log)",
+}
 
 # status recorded for a request whose client went away mid-response (nginx's 499)
 CLIENT_CLOSED = 499
@@ -87,6 +100,21 @@ def error_body(
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+def stream_error_event(exc: Exception) -> bytes:
+    """The SSE event that ends a stream broken after it started (the status line is out).
+
+    OpenAI's shape, ``data: {"error": {"message", "type", "param", "code"}}``, for every
+    exception: an :class:`AgentError` with its own message and code, anything else as
+    ``internal_error`` without details. ``data: [DONE]`` follows it.
+    """
+    if isinstance(exc, AgentError):
+        code = exc.code or ("invalid_request" if exc.status < 500 else "internal_error")
+        body = error_body(exc.message, exc.error_type, param=exc.param, code=code)
+    else:
+        body = error_body("internal server error", "server_error", code="internal_error")
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
 def error_response(exc: AgentError) -> web.Response:
     response = web.json_response(
         error_body(exc.message, exc.error_type, param=exc.param, code=exc.code),
@@ -106,8 +134,8 @@ async def stream_sse(
 ) -> web.StreamResponse:
     """Send ``events`` as server-sent events, then ``data: [DONE]``.
 
-    An error after the stream has started is sent as an error event (the status line is
-    already out), and the stream still ends with ``[DONE]``.
+    Any error after the stream has started is sent as :func:`stream_error_event` (the
+    status line is already out), and the stream still ends with ``[DONE]``.
     """
     response = web.StreamResponse(
         headers={
@@ -127,9 +155,14 @@ async def stream_sse(
             async for event in events:
                 data = f"data: {event.model_dump_json(exclude=exclude)}\n\n"
                 await response.write(data.encode())
-        except AgentError as exc:
-            body = error_body(exc.message, exc.error_type, param=exc.param, code=exc.code)
-            await response.write(f"data: {json.dumps(body)}\n\n".encode())
+        except ConnectionResetError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, AgentError):
+                log.warning("stream %s ended by %s: %s", request.path, exc.code, exc.message)
+            else:
+                log.exception("stream %s failed", request.path)
+            await response.write(stream_error_event(exc))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
     except ConnectionResetError:

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from agent.api import protocol as p
+from agent.api.http_io import STREAM_ERROR_CODES
 
 _REF = "#/components/schemas/{model}"
 
@@ -53,6 +54,18 @@ _ERRORS = {
 }
 
 
+_SSE_DESCRIPTION = (
+    "data: <chunk JSON> events, ending with data: [DONE]. A failure after the first event "
+    "(the status line is already out) ends the stream with one error event in the shape of "
+    'ErrorResponse, data: {"error": {"message", "type", "param", "code"}}, then '
+    "data: [DONE]; it never ends silently. error.code by cause: "
+    + "; ".join(f"{code}: {why}" for code, why in STREAM_ERROR_CODES.items())
+    + ". With return_token_ids each chunk's choice carries token_ids; a client resumes a "
+    "broken stream by sending the concatenated ids back as continue_token_ids (to this or "
+    "another agent serving the same model version, see system_fingerprint)."
+)
+
+
 def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
@@ -76,7 +89,7 @@ def openapi_document() -> dict[str, Any]:
         if streams:
             ok["content"]["text/event-stream"] = {
                 "schema": {"type": "string"},
-                "description": "data: <chunk JSON> events, ending with data: [DONE]",
+                "description": _SSE_DESCRIPTION,
             }
         op: dict[str, Any] = {"summary": summary, "responses": {"200": ok}}
         if req is not None:

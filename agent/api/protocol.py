@@ -23,6 +23,14 @@ Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 StopField = str | Annotated[list[str], Field(max_length=4)] | None
+TokenIds = Annotated[
+    list[int] | None,
+    Field(
+        description="Extension, present only when the request set return_token_ids: the token "
+        "ids this choice (or this streamed chunk) delivers, in order. Concatenated over a "
+        "stream they are the completion's ids, to send back as continue_token_ids."
+    ),
+]
 
 
 class StreamOptions(BaseModel):
@@ -76,6 +84,29 @@ class SamplingFields(BaseModel):
     user: str | None = None
     priority: Literal["high", "normal", "low"] | None = None  # extension; or X-Priority header
     cache: bool | None = None  # extension: use the response cache (default: when deterministic)
+    # extension: each choice (and each streamed chunk's choice) carries the token ids it
+    # delivers in ``token_ids``, so a client can resume a broken stream by ids
+    return_token_ids: bool = Field(
+        default=False,
+        description="Extension: every choice, and every streamed chunk's choice, carries the "
+        "token ids it delivers in token_ids.",
+    )
+    # extension (in the spirit of vLLM's continue_final_message): completion token ids
+    # already delivered by a stream that broke; generation resumes right after them.
+    # max_tokens then counts the tokens still to come; usage counts them in prompt_tokens
+    continue_token_ids: Annotated[list[int], Field(min_length=1)] | None = Field(
+        default=None,
+        description="Extension: resume a completion. Token ids already delivered (the "
+        "concatenated token_ids of a broken stream) form the start of the completion: the "
+        "prompt (chat: the messages through the chat template with the generation prompt) is "
+        "followed by these ids and generation goes on after them, with max_tokens counting "
+        "only the tokens still to come, and min_tokens, stop strings and seeded sampling "
+        "counting from the completion's start. For greedy and seeded requests the result "
+        "continues exactly as an uninterrupted run on the same model version would, as far "
+        "as the engine's arithmetic allows. Usage counts these ids in prompt_tokens. Ids "
+        "outside the vocabulary are refused (400, param continue_token_ids); prompt plus "
+        "these ids must leave room in the context (400 context_length_exceeded).",
+    )
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -127,11 +158,23 @@ class ChatMessageOut(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
+class _TokenIdsOnRequest(BaseModel):
+    """A choice whose ``token_ids`` extension appears only when the request asked for it."""
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_token_ids(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("token_ids") is None:
+            data.pop("token_ids", None)
+        return data
+
+
+class ChatChoice(_TokenIdsOnRequest):
     index: int
     message: ChatMessageOut
     finish_reason: Literal["stop", "length"] | None
     logprobs: None = None
+    token_ids: TokenIds = None  # extension: with return_token_ids, the ids delivered
 
 
 class ChatCompletionResponse(BaseModel):
@@ -154,11 +197,12 @@ class ChatDelta(BaseModel):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(_TokenIdsOnRequest):
     index: int
     delta: ChatDelta
     finish_reason: Literal["stop", "length"] | None = None
     logprobs: None = None
+    token_ids: TokenIds = None  # extension: with return_token_ids, the ids delivered
 
 
 class ChatCompletionChunk(BaseModel):
@@ -171,11 +215,12 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(_TokenIdsOnRequest):
     index: int
     text: str
     finish_reason: Literal["stop", "length"] | None
     logprobs: None = None
+    token_ids: TokenIds = None  # extension: with return_token_ids, the ids delivered
 
 
 class CompletionResponse(BaseModel):

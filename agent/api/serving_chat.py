@@ -17,12 +17,14 @@ from agent.api.serving_common import (
     GenerationService,
     PreparedGeneration,
     RequestOptions,
+    check_token_ids,
     generation_request,
+    prompt_tokens_of,
     refuse_unsupported,
     sampling_params,
     usage_of,
 )
-from agent.engine.interface import ChatMessage, FinishReason
+from agent.engine.interface import ChatMessage, FinishReason, GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
 
 
@@ -51,6 +53,8 @@ class ChatService(GenerationService):
             role = "system" if m.role == "developer" else m.role
             messages.append(ChatMessage(role=role, content=m.text()))
         prompt_ids = model.encode(model.apply_chat_template(messages))
+        if req.continue_token_ids:
+            check_token_ids(req.continue_token_ids, model.vocab_size, "continue_token_ids")
         max_tokens_param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"
         params = sampling_params(
             req,
@@ -69,8 +73,8 @@ class ChatService(GenerationService):
         )
 
     async def complete(self, prepared: PreparedGeneration) -> ChatCompletionResponse:
-        text, last = await self._collect(prepared)
-        prompt_tokens = len(prepared.request.prompt_token_ids)
+        text, ids, last = await self._collect(prepared)
+        prompt_tokens = prompt_tokens_of(prepared.request)
         return ChatCompletionResponse(
             id=prepared.request.request_id,
             created=prepared.created,
@@ -81,34 +85,49 @@ class ChatService(GenerationService):
                     index=0,
                     message=ChatMessageOut(content=text),
                     finish_reason=last.finish_reason if last else "length",
+                    token_ids=ids if prepared.return_token_ids else None,
                 )
             ],
             usage=usage_of(last, prompt_tokens),
         )
 
     async def stream(self, prepared: PreparedGeneration) -> AsyncIterator[ChatCompletionChunk]:
-        def chunk(delta: ChatDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
+        with_ids = prepared.return_token_ids
+
+        def chunk(
+            delta: ChatDelta, finish: FinishReason | None = None, ids: list[int] | None = None
+        ) -> ChatCompletionChunk:
+            choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish, token_ids=ids)
             return ChatCompletionChunk(
                 id=prepared.request.request_id,
                 created=prepared.created,
                 model=prepared.model.model_id,
                 system_fingerprint=prepared.model.version,
-                choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                choices=[choice],
             )
+
+        def content(output: GenerationOutput) -> ChatCompletionChunk | None:
+            # with token ids, a token whose text is held back (a possible stop string, a
+            # character not complete yet) still gets its chunk: the client counts its id
+            if with_ids and output.token_ids:
+                return chunk(ChatDelta(content=output.text), ids=list(output.token_ids))
+            return chunk(ChatDelta(content=output.text)) if output.text else None
 
         outputs = self._runner.run(prepared)
         # the first output before the role chunk: admission errors (queue full, ...) then
         # come before the first event, so they still get a real status code
         last = await anext(outputs, None)
-        yield chunk(ChatDelta(role="assistant", content=""))
+        yield chunk(ChatDelta(role="assistant", content=""), ids=[] if with_ids else None)
         if last is not None:
-            if last.text:
-                yield chunk(ChatDelta(content=last.text))
+            if (event := content(last)) is not None:
+                yield event
             async for output in outputs:
                 last = output
-                if output.text:
-                    yield chunk(ChatDelta(content=output.text))
-        yield chunk(ChatDelta(), last.finish_reason if last else "length")
+                if (event := content(output)) is not None:
+                    yield event
+        yield chunk(
+            ChatDelta(), last.finish_reason if last else "length", ids=[] if with_ids else None
+        )
         if prepared.include_usage:
             yield ChatCompletionChunk(
                 id=prepared.request.request_id,
@@ -116,5 +135,5 @@ class ChatService(GenerationService):
                 model=prepared.model.model_id,
                 system_fingerprint=prepared.model.version,
                 choices=[],
-                usage=usage_of(last, len(prepared.request.prompt_token_ids)),
+                usage=usage_of(last, prompt_tokens_of(prepared.request)),
             )

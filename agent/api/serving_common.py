@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from agent.api.protocol import SamplingFields, Usage
 from agent.engine.interface import (
@@ -63,7 +64,17 @@ def generation_request(
         params,
         priority=options.priority or body.priority or "normal",
         timeout_s=options.timeout_s,
+        continuation_token_ids=tuple(body.continue_token_ids or ()),
     )
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """Token ids from a request must lie in the model's vocabulary."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token id {bad} is outside the vocabulary [0, {vocab_size})", param=param
+        )
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,15 @@ def sampling_params(
             f"has {prompt_tokens} tokens, which leaves no room for a completion.",
             param=prompt_param,
         )
+    continued = len(req.continue_token_ids or ())
+    if prompt_tokens + continued >= context:
+        raise ContextLengthError(
+            f"This model's maximum context length is {context} tokens. However, your prompt "
+            f"has {prompt_tokens} tokens and continue_token_ids {continued}, which leaves no "
+            "room for a completion.",
+            param="continue_token_ids",
+        )
+    prompt_tokens += continued  # from here on, what the engine holds before generating
     if max_tokens is None:
         max_tokens = min(limits.default_max_tokens, context - prompt_tokens)
     elif prompt_tokens + max_tokens > context:
@@ -120,8 +140,25 @@ def sampling_params(
         seed=req.seed,
         max_tokens=max_tokens,
         stop=stop,
-        min_tokens=min(req.min_tokens, max_tokens),
+        # min_tokens counts from the completion's start, continued tokens included
+        min_tokens=min(req.min_tokens, continued + max_tokens),
     )
+
+
+def cache_fields(request: GenerationRequest) -> dict[str, Any]:
+    """Everything about a request that changes its output, for the response cache key.
+
+    The model id and exact version are added by :func:`cache_key`. Every field of
+    :class:`SamplingParams` is included, so a parameter added there is keyed at once. Not
+    included: what only changes how the same output is written out (stream,
+    stream_options, return_token_ids: a cached entry keeps the token ids), scheduling
+    (priority, X-Request-Timeout) and ``user``.
+    """
+    return {
+        "prompt": list(request.prompt_token_ids),
+        "continuation": list(request.continuation_token_ids),
+        "params": dataclasses.asdict(request.params),
+    }
 
 
 def new_request_id(prefix: str) -> str:
@@ -135,6 +172,7 @@ class PreparedGeneration:
     stream: bool
     include_usage: bool
     created: int
+    return_token_ids: bool = False  # choices carry their token ids (the request's extension)
     cache_key: bytes | None = None  # set when the finished result may be cached
     cached: CachedGeneration | None = None  # a cache hit: the engine is not used
 
@@ -144,6 +182,11 @@ class PreparedGeneration:
         if self.cached is not None:
             return "hit"
         return "miss" if self.cache_key is not None else "bypass"
+
+
+def prompt_tokens_of(request: GenerationRequest) -> int:
+    """Usage's prompt_tokens: the prompt and, for a resumed stream, the continued ids."""
+    return len(request.prompt_token_ids) + len(request.continuation_token_ids)
 
 
 def usage_of(output: GenerationOutput | None, prompt_tokens: int) -> Usage:
@@ -175,12 +218,7 @@ class GenerationRunner:
         )  # fmt: skip
         key = cached = None
         if self._cache is not None and wanted:
-            key = cache_key(
-                model.model_id,
-                model.version,
-                endpoint,
-                {"prompt": list(request.prompt_token_ids), "params": dataclasses.asdict(params)},
-            )
+            key = cache_key(model.model_id, model.version, endpoint, cache_fields(request))
             cached = self._cache.get(key)
             (self._metrics.cache_hits if cached else self._metrics.cache_misses).inc()
         return PreparedGeneration(
@@ -188,6 +226,7 @@ class GenerationRunner:
             request=request,
             stream=body.stream,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            return_token_ids=body.return_token_ids,
             created=int(time.time()),
             cache_key=key,
             cached=cached,
@@ -216,7 +255,7 @@ class GenerationRunner:
         generated = 0
         texts: list[str] = []
         tokens: list[int] = []
-        metrics.prompt_tokens.labels(model_id).inc(len(prepared.request.prompt_token_ids))
+        metrics.prompt_tokens.labels(model_id).inc(prompt_tokens_of(prepared.request))
         async for output in prepared.model.generate(prepared.request):
             now = time.perf_counter()
             if generated == 0:
@@ -254,11 +293,15 @@ class GenerationService:
         self._limits = limits
         self._runner = runner
 
-    async def _collect(self, prepared: PreparedGeneration) -> tuple[str, GenerationOutput | None]:
-        """Run a generation to the end: its whole text and its last output (None if none)."""
+    async def _collect(
+        self, prepared: PreparedGeneration
+    ) -> tuple[str, list[int], GenerationOutput | None]:
+        """Run a generation to the end: its text, its token ids and its last output."""
         parts: list[str] = []
+        ids: list[int] = []
         last: GenerationOutput | None = None
         async for output in self._runner.run(prepared):
             parts.append(output.text)
+            ids.extend(output.token_ids)
             last = output
-        return "".join(parts), last
+        return "".join(parts), ids, last

@@ -9,7 +9,9 @@ from agent.api.serving_common import (
     GenerationService,
     PreparedGeneration,
     RequestOptions,
+    check_token_ids,
     generation_request,
+    prompt_tokens_of,
     refuse_unsupported,
     sampling_params,
     usage_of,
@@ -39,14 +41,11 @@ class CompletionService(GenerationService):
             prompt_ids = model.encode(str(prompt[0]))
         else:
             prompt_ids = [int(t) for t in prompt]
-            vocab = model.vocab_size
-            bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise InvalidRequestError(
-                    f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt"
-                )
+            check_token_ids(prompt_ids, model.vocab_size, "prompt")
         if not prompt_ids:
             raise InvalidRequestError("prompt is empty", param="prompt")
+        if req.continue_token_ids:
+            check_token_ids(req.continue_token_ids, model.vocab_size, "continue_token_ids")
         params = sampling_params(
             req,
             max_tokens=req.max_tokens,
@@ -76,22 +75,27 @@ class CompletionService(GenerationService):
             model=prepared.model.model_id,
             system_fingerprint=prepared.model.version,
             choices=choices,
-            usage=usage_of(last, len(prepared.request.prompt_token_ids)) if with_usage else None,
+            usage=usage_of(last, prompt_tokens_of(prepared.request)) if with_usage else None,
         )
 
     async def complete(self, prepared: PreparedGeneration) -> CompletionResponse:
-        text, last = await self._collect(prepared)
+        text, ids, last = await self._collect(prepared)
         finish = last.finish_reason if last else "length"
-        choice = CompletionChoice(index=0, text=text, finish_reason=finish)
+        token_ids = ids if prepared.return_token_ids else None
+        choice = CompletionChoice(index=0, text=text, finish_reason=finish, token_ids=token_ids)
         return self._response(prepared, [choice], last, with_usage=True)
 
     async def stream(self, prepared: PreparedGeneration) -> AsyncIterator[CompletionResponse]:
         last: GenerationOutput | None = None
         async for output in self._runner.run(prepared):
             last = output
-            if output.text or output.finish_reason:
+            with_ids = prepared.return_token_ids and bool(output.token_ids)
+            if output.text or output.finish_reason or with_ids:
                 choice = CompletionChoice(
-                    index=0, text=output.text, finish_reason=output.finish_reason
+                    index=0,
+                    text=output.text,
+                    finish_reason=output.finish_reason,
+                    token_ids=list(output.token_ids) if prepared.return_token_ids else None,
                 )
                 yield self._response(prepared, [choice], None, with_usage=False)
         if prepared.include_usage:

@@ -92,6 +92,7 @@ class _Sequence:
         self.request = request
         self.prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
         self.sampler = TokenSampler(request.params, eos_token_ids)
+        self.replay = list(request.continuation_token_ids)  # fed one per step, not sampled
         self.detok: IncrementalDetokenizer = codec.detokenizer()
         self.stops = StopMatcher(request.params.stop)
         self.outputs: asyncio.Queue[GenerationOutput | AgentError] = asyncio.Queue()
@@ -101,13 +102,21 @@ class _Sequence:
         self.prefilled = 0  # prompt tokens already in this sequence's cache
         self.last_token = -1
         self.generated = 0
+        self.replayed = 0  # continuation tokens fed so far
         self.cancelled = False
         self.done = False
         self.admitted_at: float | None = None
 
     @property
     def reserved_tokens(self) -> int:
-        return int(self.prompt.shape[0]) + self.request.params.max_tokens
+        return int(self.prompt.shape[0]) + len(self.replay) + self.request.params.max_tokens
+
+    def choose(self, logits: npt.NDArray[np.float32]) -> int:
+        """The next token: the next continuation token while replaying, else a sample."""
+        if self.sampler.position < len(self.replay):
+            self.sampler.skip()
+            return self.replay[self.sampler.position - 1]
+        return self.sampler.sample(logits)
 
     def __lt__(self, other: _Sequence) -> bool:
         return self.rank < other.rank
@@ -455,7 +464,7 @@ class ContinuousBatcher:
         self, stats: StepStats, seqs: list[_Sequence], logits: npt.NDArray[np.float32]
     ) -> list[int]:
         t0 = time.perf_counter()
-        tokens = [seq.sampler.sample(logits[i]) for i, seq in enumerate(seqs)]
+        tokens = [seq.choose(logits[i]) for i, seq in enumerate(seqs)]
         stats.sample_s += time.perf_counter() - t0
         return tokens
 
@@ -503,8 +512,12 @@ class ContinuousBatcher:
     def _emit(self, seq: _Sequence, token: int) -> bool:
         """Hand one sampled token to the sequence's consumer; True when it is finished."""
         params = seq.request.params
-        seq.generated += 1
         seq.last_token = token
+        if seq.replayed < len(seq.replay):  # already delivered: restore the text state only
+            seq.replayed += 1
+            seq.stops.feed(seq.detok.add(token))
+            return False
+        seq.generated += 1
         finish: FinishReason | None = None
         if token in self._eos:
             text = seq.stops.feed(seq.detok.flush()) + seq.stops.flush()
@@ -520,7 +533,7 @@ class ContinuousBatcher:
             text=text,
             token_ids=(token,),
             finish_reason=finish,
-            prompt_tokens=int(seq.prompt.shape[0]),
+            prompt_tokens=int(seq.prompt.shape[0]) + len(seq.replay),
             completion_tokens=seq.generated,
         )
         if finish is not None:

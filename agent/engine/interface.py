@@ -40,11 +40,17 @@ class GenerationRequest:
     params: SamplingParams = SamplingParams()
     priority: Priority = "normal"  # higher priority is admitted first
     timeout_s: float | None = None  # whole request, queue wait included; None: engine default
+    # a resumed stream: completion tokens already delivered elsewhere. The engine runs them
+    # one per decode step after the prompt (the path an uninterrupted run took), sends no
+    # output for them, and generates from there; params.max_tokens counts the tokens after
+    # them, params.min_tokens and seeded draws count positions from the completion's start
+    continuation_token_ids: Sequence[int] = field(default=(), repr=False)
 
     def __repr__(self) -> str:  # hide the payload from logs
         return (
             f"GenerationRequest(request_id={self.request_id!r}, "
-            f"prompt_tokens={len(self.prompt_token_ids)}, params={self.params!r}, "
+            f"prompt_tokens={len(self.prompt_token_ids)}, "
+            f"continuation_tokens={len(self.continuation_token_ids)}, params={self.params!r}, "
             f"priority={self.priority!r}, timeout_s={self.timeout_s!r})"
         )
 
@@ -54,8 +60,8 @@ class GenerationOutput:
     text: str  # new text since the previous output (stop strings removed)
     token_ids: tuple[int, ...]  # tokens sampled since the previous output
     finish_reason: FinishReason | None  # set on the last output only
-    prompt_tokens: int  # tokens in the prompt
-    completion_tokens: int  # tokens generated so far, this output's included
+    prompt_tokens: int  # tokens in the prompt (a resumed stream's continuation included)
+    completion_tokens: int  # tokens generated so far, this output's included (not continued ones)
 
     def __repr__(self) -> str:  # hide the payload from logs
         return (

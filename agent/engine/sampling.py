@@ -1,7 +1,14 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, seeded."""
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, seeded.
+
+Each random draw comes from a generator keyed by ``(seed, position)``, position being the
+token's index in the completion, not from one stream per sequence: a stream resumed after
+``k`` delivered tokens (on this agent or another) draws token ``k`` exactly as the
+uninterrupted run did.
+"""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 
 import numpy as np
@@ -10,19 +17,36 @@ import numpy.typing as npt
 from agent.engine.interface import SamplingParams
 
 
-class TokenSampler:
-    """One sampler per sequence; a fixed seed makes its choices repeatable."""
+def _seed_entropy(seed: int) -> int:
+    """A seed as the non-negative integer numpy's SeedSequence takes (zigzag: -1 -> 1, 1 -> 2)."""
+    return 2 * seed if seed >= 0 else -2 * seed - 1
 
-    def __init__(self, params: SamplingParams, eos_token_ids: Iterable[int] = ()) -> None:
+
+class TokenSampler:
+    """One sampler per sequence; a fixed seed makes its choices repeatable, token by token.
+
+    ``position`` is the index in the completion of the next token it chooses; it advances
+    by one per :meth:`sample` or :meth:`skip`.
+    """
+
+    def __init__(
+        self, params: SamplingParams, eos_token_ids: Iterable[int] = (), *, position: int = 0
+    ) -> None:
         self._params = params
-        self._rng = np.random.default_rng(params.seed)
+        # unseeded: a random seed of its own, so both cases take the same path
+        self._seed = _seed_entropy(params.seed if params.seed is not None else secrets.randbits(63))
         self._eos = np.asarray(sorted(eos_token_ids), dtype=np.intp)
-        self._sampled = 0
+        self.position = position
+
+    def skip(self) -> None:
+        """Pass over one position whose token is already known (a resumed stream's replay)."""
+        self.position += 1
 
     def sample(self, logits: npt.NDArray[np.float32]) -> int:
         p = self._params
-        self._sampled += 1
-        if self._sampled <= p.min_tokens and self._eos.size:
+        position = self.position
+        self.position += 1
+        if position < p.min_tokens and self._eos.size:
             logits = logits.copy()
             logits[self._eos] = -np.inf
         if p.greedy:
@@ -43,7 +67,8 @@ class TokenSampler:
             mask[order[:keep]] = True
             probs = np.where(mask, probs, 0.0)
             probs /= probs.sum()
-        return int(self._rng.choice(probs.shape[-1], p=probs))
+        rng = np.random.default_rng([self._seed, position])
+        return int(rng.choice(probs.shape[-1], p=probs))
 
 
 _CANDIDATES = 1024

@@ -46,3 +46,32 @@ def test_min_tokens_holds_back_end_of_turn() -> None:
     eos_favoured = np.array([0.0, 0.0, 9.0, 0.0], dtype=np.float32)  # token 2 is end-of-turn
     s = TokenSampler(SamplingParams(temperature=0.0, min_tokens=3), eos_token_ids=[2])
     assert [s.sample(eos_favoured) for _ in range(4)] == [0, 0, 0, 2]
+
+
+def test_seeded_draw_depends_on_seed_and_position_only() -> None:
+    # a sampler started at position k (a resumed stream) draws what an uninterrupted one
+    # draws from its k-th token on, even for other logits before k
+    params = SamplingParams(temperature=2.0, seed=42)
+    whole = TokenSampler(params)
+    expected = [whole.sample(LOGITS) for _ in range(40)]
+    resumed = TokenSampler(params, position=17)
+    assert [resumed.sample(LOGITS) for _ in range(23)] == expected[17:]
+    replaying = TokenSampler(params)
+    for _ in range(17):
+        replaying.skip()
+    assert [replaying.sample(LOGITS) for _ in range(23)] == expected[17:]
+
+
+def test_negative_and_huge_seeds_are_accepted_and_distinct() -> None:
+    def draws(seed: int) -> list[int]:
+        s = TokenSampler(SamplingParams(temperature=2.0, seed=seed))
+        return [s.sample(LOGITS) for _ in range(30)]
+
+    assert draws(-1) == draws(-1)
+    assert len({tuple(draws(s)) for s in (-1, 0, 1, 2**70)}) == 4
+
+
+def test_min_tokens_counts_from_the_completion_start_when_resumed() -> None:
+    eos_favoured = np.array([0.0, 0.0, 9.0, 0.0], dtype=np.float32)
+    s = TokenSampler(SamplingParams(temperature=0.0, min_tokens=3), eos_token_ids=[2], position=2)
+    assert [s.sample(eos_favoured) for _ in range(2)] == [0, 2]

@@ -24,6 +24,7 @@ def test_public_names_are_pinned() -> None:
         "EdgefleetClientError",
         "FleetClient",
         "NoAgentAvailableError",
+        "StreamSegment",
         "browse_mdns",
         "probe_rtt_ms",
         "route_lookup",

@@ -1,0 +1,162 @@
+"""Resuming a broken stream on another agent, and agents kept while the coordinator is away.
+
+Two agent apps serve the tiny model on real loopback sockets; the first one fails each
+generation after a few tokens (an ``engine_error`` event mid-stream, as an agent whose
+engine dies sends). The coordinator address points at a closed port: the client works from
+the agents it discovered last, kept on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+
+from agent.api.app import REGISTRY, create_app
+from agent.config import load_config
+from agent.errors import EngineError
+from edgefleet_client import Agent, DiscoveryError, FleetClient
+
+pytestmark = [pytest.mark.timeout(120)]
+
+TINY = "tiny-llama"
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+async def _agent(artifacts: Path) -> TestServer:
+    config = load_config(
+        environ={},
+        overrides={
+            "models": {"dir": str(artifacts), "serve": [TINY]},
+            "engine": {"max_context_tokens": 256, "default_max_tokens": 16},
+        },
+    )
+    server = TestServer(create_app(config), host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+def _fail_after(server: TestServer, n: int) -> None:
+    model = server.app[REGISTRY].text_model(TINY)
+    real = model.generate
+
+    async def generate(request: Any) -> Any:
+        produced = 0
+        async for output in real(request):
+            if produced == n:
+                raise EngineError("the engine died")
+            produced += 1
+            yield output
+
+    model.generate = generate  # type: ignore[method-assign]
+
+
+@pytest.fixture
+async def two_agents(tiny_artifacts: Path) -> AsyncIterator[list[TestServer]]:
+    servers = [await _agent(tiny_artifacts), await _agent(tiny_artifacts)]
+    yield servers
+    for server in servers:
+        await server.close()
+
+
+def _kept(path: Path, servers: list[TestServer]) -> None:
+    agents = [
+        {"agent_id": f"edge-{i}", "url": str(s.make_url("")).rstrip("/"), "site": "lab"}
+        for i, s in enumerate(servers)
+    ]
+    path.write_text(json.dumps({"model": TINY, "agents": agents}))
+
+
+async def test_stream_broken_mid_way_resumes_on_the_next_agent(
+    two_agents: list[TestServer], tmp_path: Path
+) -> None:
+    kept = tmp_path / "agents.json"
+    _kept(kept, two_agents)
+    _fail_after(two_agents[0], 5)
+    fleet = FleetClient(TINY, coordinator_url=_closed_port_url(), cache_path=kept)
+    client = fleet.openai(timeout=30)
+    body: dict[str, Any] = {
+        "model": TINY,
+        "messages": [{"role": "user", "content": "Say hi"}],
+        "max_tokens": 12,
+        "temperature": 0.9,
+        "seed": 11,
+        "extra_body": {"cache": False},
+    }
+
+    def streamed() -> tuple[list[Any], Any]:
+        stream = client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **body
+        )
+        return list(stream), stream.response.extensions["edgefleet_segments"]
+
+    chunks, segments = await asyncio.to_thread(streamed)
+    direct = openai.AsyncOpenAI(
+        base_url=str(two_agents[1].make_url("/v1")), api_key="x", max_retries=0
+    )
+    reference = await direct.chat.completions.create(**body)
+    await direct.close()
+    # one uninterrupted stream for the caller
+    assert [(s.agent_id, s.first_token, s.tokens) for s in segments] == [
+        ("edge-0", 0, 5),
+        ("edge-1", 5, 7),
+    ]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference.choices[0].message.content
+    roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role]
+    assert roles == ["assistant"]  # the resumed segment's role chunk is not repeated
+    assert len({c.id for c in chunks}) == 1
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and finishes.count("length") == 1
+    assert chunks[-1].usage is not None and reference.usage is not None
+    assert chunks[-1].usage.model_dump() == reference.usage.model_dump()
+    # the failed agent is avoided for a while
+    assert fleet.candidates()[0].agent_id == "edge-1"
+
+
+async def test_non_resumable_error_event_reaches_the_caller(
+    two_agents: list[TestServer], tmp_path: Path
+) -> None:
+    kept = tmp_path / "agents.json"
+    _kept(kept, two_agents[:1])  # nowhere to resume
+    _fail_after(two_agents[0], 3)
+    fleet = FleetClient(TINY, coordinator_url=_closed_port_url(), cache_path=kept)
+    client = fleet.openai(timeout=30)
+
+    def streamed() -> None:
+        stream = client.chat.completions.create(
+            model=TINY, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+            stream=True, extra_body={"cache": False},
+        )  # fmt: skip
+        list(stream)
+
+    with pytest.raises(openai.APIConnectionError):
+        await asyncio.to_thread(streamed)
+
+
+def test_kept_agents_serve_when_the_coordinator_is_away(tmp_path: Path) -> None:
+    kept = tmp_path / "agents.json"
+    away = _closed_port_url()
+    fresh = FleetClient(TINY, coordinator_url=away, cache_path=kept)
+    with pytest.raises(DiscoveryError):
+        fresh.candidates()  # nothing discovered yet, nothing kept
+    kept.write_text(
+        json.dumps({"model": TINY, "agents": [{"agent_id": "a1", "url": "http://10.0.0.7:8000"}]})
+    )
+    restarted = FleetClient(TINY, coordinator_url=away, cache_path=kept)
+    assert restarted.candidates() == [Agent(agent_id="a1", url="http://10.0.0.7:8000")]
+    other_model = FleetClient("other-model", coordinator_url=away, cache_path=kept)
+    with pytest.raises(DiscoveryError):
+        other_model.candidates()

@@ -35,7 +35,7 @@ test: models
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy agent coordinator models devtools
+	$(BIN)/mypy agent coordinator models devtools benchmarks edgefleet edgefleet_client
 
 bench: models
 	$(BIN)/python -m benchmarks.single_stream

@@ -116,6 +116,7 @@ async def test_after_a_hot_swap_the_old_versions_answers_never_come_back(
     from agent.metrics import AgentMetrics
 
     old_registry = make_tiny_registry()
+    await old_registry.start()
     old = old_registry.text_model("tiny-llama")
     assert isinstance(old, OnnxTextModel)
     swapped = OnnxTextModel(

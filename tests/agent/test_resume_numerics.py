@@ -73,6 +73,7 @@ async def test_engine_resumed_output_equals_uninterrupted(
     registry = load_registry(
         real_artifacts, [LLM], session_config=SessionConfig(), max_context_tokens=512
     )
+    await registry.start()
     model = registry.text_model(LLM)
     prompt = model.encode(PROMPT)
 

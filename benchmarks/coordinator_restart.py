@@ -89,6 +89,8 @@ async def main(args: argparse.Namespace) -> int:
             # A couple of load reports in (opening a session saved the agent as live).
             await asyncio.sleep(args.interval_ms / 1000.0 * 2)
             await current.signal_and_wait(getattr(signal, args.signal), 30)
+            # Away long enough for an uncapped backoff to grow (it reached 7 s before).
+            await asyncio.sleep(args.down_s)
             current = coordinator()
             await current.start()
             ready = time.monotonic()
@@ -132,6 +134,7 @@ async def main(args: argparse.Namespace) -> int:
     figures: dict[str, Any] = {
         "agents": args.agents,
         "restarts": args.restarts,
+        "coordinator_away_s": args.down_s,
         "signal": args.signal,
         "report_interval_ms": args.interval_ms,
         "reconnect_all_median_s": None if median_s is None else round(median_s, 3),
@@ -155,7 +158,7 @@ async def main(args: argparse.Namespace) -> int:
     }  # fmt: skip
     path = write_results("coordinator_restart", figures, targets)
     print(
-        f"reconnect median {median_s} s, max {max_s} s over {len(restarts)} restarts "
+        f"reconnect median {median_s if median_s is None else round(median_s, 3)} s, max {max_s} s over {len(restarts)} restarts "
         f"({timed_out} timed out); lookups at ready returned every agent: {every_routed}; "
         f"wrote {path}"
     )
@@ -166,6 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=5)
     parser.add_argument("--restarts", type=int, default=10)
+    parser.add_argument(
+        "--down-s", type=float, default=8.0, help="how long the coordinator stays away"
+    )
     parser.add_argument("--interval-ms", type=int, default=2000)
     parser.add_argument("--signal", choices=("SIGKILL", "SIGTERM"), default="SIGKILL")
     parser.add_argument("--models-dir", default="models/artifacts")

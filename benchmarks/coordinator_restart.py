@@ -158,7 +158,8 @@ async def main(args: argparse.Namespace) -> int:
     }  # fmt: skip
     path = write_results("coordinator_restart", figures, targets)
     print(
-        f"reconnect median {median_s if median_s is None else round(median_s, 3)} s, max {max_s} s over {len(restarts)} restarts "
+        f"reconnect median {None if median_s is None else round(median_s, 3)} s, "
+        f"max {max_s} s over {len(restarts)} restarts "
         f"({timed_out} timed out); lookups at ready returned every agent: {every_routed}; "
         f"wrote {path}"
     )

@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 RESUMABLE_PATHS = ("/v1/chat/completions", "/v1/completions")
 # codes of error events after which another agent may well succeed
-RESUMABLE_ERROR_CODES = frozenset({"engine_error", "internal_error", "overloaded"})
+RESUMABLE_ERROR_CODES = frozenset(
+    {"engine_error", "engine_restarted", "engine_unavailable", "internal_error", "overloaded"}
+)
 SEGMENTS = "edgefleet_segments"  # response extension: list[StreamSegment]
 
 

@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from agent.errors import AgentError, InvalidRequestError, OverloadedError, PayloadTooLargeError
+from agent.errors import (
+    AgentError,
+    EngineRestartedError,
+    InvalidRequestError,
+    OverloadedError,
+    PayloadTooLargeError,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -21,6 +27,9 @@ log = logging.getLogger(__name__)
 # AgentError keeps the code it has in a JSON error body, so one cause has one code
 STREAM_ERROR_CODES: dict[str, str] = {
     "engine_error": "inference failed inside the engine for this request",
+    "engine_restarted": "the engine's loop failed and restarted; every request in it was "
+    "dropped (retry it)",
+    "engine_unavailable": "the engine failed too often and stopped; this agent is unhealthy",
     "request_timeout": "the request ran past its timeout (X-Request-Timeout or the default)",
     "overloaded": "the agent shed the request (e.g. it is shutting down or overloaded)",
     "invalid_request": "the engine refused the request after the stream had started",
@@ -122,6 +131,8 @@ def error_response(exc: AgentError) -> web.Response:
     )
     if isinstance(exc, OverloadedError):
         response.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    elif isinstance(exc, EngineRestartedError):
+        response.headers["Retry-After"] = "1"  # the loop is already running again
     return response
 
 

@@ -26,7 +26,14 @@ from agent.engine.interface import GenerationRequest, SamplingParams, StepStats
 from agent.engine.ort_session import SessionConfig
 from agent.engine.supervisor import RestartBudget, RestartPolicy
 from agent.engine.text_model import OnnxTextModel
-from agent.errors import EngineDeadError, EngineError, EngineRestartedError
+from agent.errors import (
+    AgentError,
+    EngineDeadError,
+    EngineError,
+    EngineRestartedError,
+    OverloadedError,
+    RequestTimeoutError,
+)
 from agent.model_loader import load_registry
 
 TINY = "tiny-llama"
@@ -382,6 +389,7 @@ async def test_app_starts_the_engine_and_a_restart_is_a_clear_503(
     async with asyncio.timeout(LIMIT_S):
         resp = await client.post(CHAT, json=chat(max_tokens=30))
     assert resp.status == 503
+    assert resp.headers["Retry-After"] == "1"  # the loop is already running again
     error = (await resp.json())["error"]
     assert error["code"] == "engine_restarted" and "retry the request" in error["message"]
     assert (await client.get("/healthz")).status == 200  # one restart is not unhealthy
@@ -457,3 +465,20 @@ async def test_dead_embedding_engine_makes_healthz_503(embedding_client: TestCli
     health = await client.get("/healthz")
     assert health.status == 503
     assert (await health.json())["status"] == "unhealthy"
+
+
+def test_every_engine_failure_code_is_documented_and_resumable_by_the_client() -> None:
+    """A code an engine failure can end a stream with is in the OpenAPI document's list,
+    and the client library resumes a stream it ends (a new EngineError subclass must
+    choose both)."""
+    from agent.api.http_io import STREAM_ERROR_CODES
+    from edgefleet_client._resume import RESUMABLE_ERROR_CODES
+
+    def subclasses(cls: type[AgentError]) -> list[type[AgentError]]:
+        return [cls] + [s for sub in cls.__subclasses__() for s in subclasses(sub)]
+
+    runtime = [*subclasses(EngineError), OverloadedError, RequestTimeoutError]
+    codes = {cls.code for cls in runtime}
+    assert {"engine_error", "engine_restarted", "engine_unavailable"} <= codes
+    assert codes <= set(STREAM_ERROR_CODES)
+    assert {cls.code for cls in subclasses(EngineError)} <= RESUMABLE_ERROR_CODES

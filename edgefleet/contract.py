@@ -115,6 +115,17 @@ class SectionGenerations(NamedTuple):
     config: int = 0
 
 
+class KeyUsage(NamedTuple):
+    """What one API key used on one agent over one report interval."""
+
+    key_id: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Requests refused for this key (rate limit, scope, expiry).
+    rejected: int = 0
+
+
 class LoadReport(NamedTuple):
     """One load sample from an agent; fleet.proto defines each field.
 
@@ -136,6 +147,27 @@ class LoadReport(NamedTuple):
     unhealthy_reason: str = ""
     # The generation of each DesiredState section the agent has applied.
     applied: SectionGenerations = SectionGenerations()
+    # What each API key used here since the previous report (v1.2).
+    key_usage: tuple[KeyUsage, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RenewCertificate:
+    """The agent asks for a new certificate on the key it keeps (v1.2)."""
+
+    csr_pem: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecords:
+    """A batch of per-request records from the agent's spool (v1.2)."""
+
+    # Sequence number of the first record; records are numbered from 1.
+    first_seq: int
+    # msgpack array of record maps (agent/request_log.py says the fields).
+    records_msgpack: bytes = field(repr=False)
+    # Records lost before this batch because the spool was full.
+    dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +214,35 @@ class OverflowTargetsSection:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as an agent checks it: its digest and scopes, never the secret."""
+
+    # Public id; the secret is "ef-<key_id>-<random>".
+    key_id: str
+    # SHA-256 of the whole secret string.
+    secret_sha256: bytes = field(repr=False)
+    # "name" or "name@version"; empty: every model.
+    models: tuple[str, ...] = ()
+    # Requests with this key may leave the site (overflow to cloud pools and providers).
+    allow_cloud: bool = False
+    # Highest priority a request may ask for: "high", "normal" or "low".
+    max_priority: str = "normal"
+    # Most tokens one request may ask for; 0: the model's limit.
+    max_tokens_per_request: int = 0
+    # This agent's share of the key's rate limits; 0: unlimited.
+    requests_per_minute: float = 0.0
+    tokens_per_minute: float = 0.0
+    # Unix seconds after which the key is refused; 0: never.
+    expires_at_unix: int = 0
+    # Human label (not secret).
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class KeysSection:
     generation: int
+    # Every API key valid on the agent (v1.2); a key not listed is refused.
+    keys: tuple[ApiKey, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +319,23 @@ class DesiredState:
 
 def _generation(section: Section | None) -> int:
     return 0 if section is None else section.generation
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateIssued:
+    """The answer to RenewCertificate (v1.2)."""
+
+    client_cert_pem: str
+    ca_cert_pem: str
+    # When client_cert_pem expires, Unix seconds.
+    not_after_unix: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsAck:
+    """Request records stored durably up to and including ``through_seq`` (v1.2)."""
+
+    through_seq: int
 
 
 class CommandKind(enum.StrEnum):

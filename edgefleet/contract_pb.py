@@ -8,7 +8,9 @@ before converting with these.
 from __future__ import annotations
 
 from edgefleet.contract import (
+    ApiKey,
     Bye,
+    CertificateIssued,
     Command,
     CommandKind,
     ConfigSection,
@@ -16,6 +18,7 @@ from edgefleet.contract import (
     Hardware,
     Hello,
     KeysSection,
+    KeyUsage,
     LoadedModel,
     LoadReport,
     Location,
@@ -24,6 +27,9 @@ from edgefleet.contract import (
     OverflowKind,
     OverflowTarget,
     OverflowTargetsSection,
+    RecordsAck,
+    RenewCertificate,
+    RequestRecords,
     SectionGenerations,
     Welcome,
 )
@@ -167,6 +173,7 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         draining=report.draining,
         unhealthy_reason=report.unhealthy_reason,
         applied=section_generations_to_pb(report.applied),
+        key_usage=[key_usage_to_pb(u) for u in report.key_usage],
     )
 
 
@@ -183,6 +190,51 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         draining=message.draining,
         unhealthy_reason=message.unhealthy_reason,
         applied=section_generations_from_pb(message.applied),
+        key_usage=tuple(key_usage_from_pb(u) for u in message.key_usage),
+    )
+
+
+def key_usage_to_pb(usage: KeyUsage) -> pb.KeyUsage:
+    return pb.KeyUsage(
+        key_id=usage.key_id,
+        requests=usage.requests,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        rejected=usage.rejected,
+    )
+
+
+def key_usage_from_pb(message: pb.KeyUsage) -> KeyUsage:
+    return KeyUsage(
+        key_id=message.key_id,
+        requests=message.requests,
+        prompt_tokens=message.prompt_tokens,
+        completion_tokens=message.completion_tokens,
+        rejected=message.rejected,
+    )
+
+
+def renew_certificate_to_pb(renew: RenewCertificate) -> pb.RenewCertificate:
+    return pb.RenewCertificate(csr_pem=renew.csr_pem)
+
+
+def renew_certificate_from_pb(message: pb.RenewCertificate) -> RenewCertificate:
+    return RenewCertificate(csr_pem=message.csr_pem)
+
+
+def request_records_to_pb(records: RequestRecords) -> pb.RequestRecords:
+    return pb.RequestRecords(
+        first_seq=records.first_seq,
+        records_msgpack=records.records_msgpack,
+        dropped=records.dropped,
+    )
+
+
+def request_records_from_pb(message: pb.RequestRecords) -> RequestRecords:
+    return RequestRecords(
+        first_seq=message.first_seq,
+        records_msgpack=message.records_msgpack,
+        dropped=message.dropped,
     )
 
 
@@ -210,6 +262,60 @@ def welcome_from_pb(message: pb.Welcome) -> Welcome:
         session_id=message.session_id,
         report_interval_ms=message.report_interval_ms,
         contract_minor=message.contract_minor,
+    )
+
+
+def certificate_issued_to_pb(issued: CertificateIssued) -> pb.CertificateIssued:
+    return pb.CertificateIssued(
+        client_cert_pem=issued.client_cert_pem,
+        ca_cert_pem=issued.ca_cert_pem,
+        not_after_unix=issued.not_after_unix,
+    )
+
+
+def certificate_issued_from_pb(message: pb.CertificateIssued) -> CertificateIssued:
+    return CertificateIssued(
+        client_cert_pem=message.client_cert_pem,
+        ca_cert_pem=message.ca_cert_pem,
+        not_after_unix=message.not_after_unix,
+    )
+
+
+def records_ack_to_pb(ack: RecordsAck) -> pb.RecordsAck:
+    return pb.RecordsAck(through_seq=ack.through_seq)
+
+
+def records_ack_from_pb(message: pb.RecordsAck) -> RecordsAck:
+    return RecordsAck(through_seq=message.through_seq)
+
+
+def api_key_to_pb(key: ApiKey) -> pb.ApiKey:
+    return pb.ApiKey(
+        key_id=key.key_id,
+        secret_sha256=key.secret_sha256,
+        models=list(key.models),
+        allow_cloud=key.allow_cloud,
+        max_priority=key.max_priority,
+        max_tokens_per_request=key.max_tokens_per_request,
+        requests_per_minute=key.requests_per_minute,
+        tokens_per_minute=key.tokens_per_minute,
+        expires_at_unix=key.expires_at_unix,
+        name=key.name,
+    )
+
+
+def api_key_from_pb(message: pb.ApiKey) -> ApiKey:
+    return ApiKey(
+        key_id=message.key_id,
+        secret_sha256=message.secret_sha256,
+        models=tuple(message.models),
+        allow_cloud=message.allow_cloud,
+        max_priority=message.max_priority,
+        max_tokens_per_request=message.max_tokens_per_request,
+        requests_per_minute=message.requests_per_minute,
+        tokens_per_minute=message.tokens_per_minute,
+        expires_at_unix=message.expires_at_unix,
+        name=message.name,
     )
 
 
@@ -248,7 +354,12 @@ def desired_state_to_pb(state: DesiredState) -> pb.DesiredState:
             )
         )
     if state.keys is not None:
-        message.keys.CopyFrom(pb.KeysSection(generation=state.keys.generation))
+        message.keys.CopyFrom(
+            pb.KeysSection(
+                generation=state.keys.generation,
+                keys=[api_key_to_pb(k) for k in state.keys.keys],
+            )
+        )
     if state.config is not None:
         message.config.CopyFrom(
             pb.ConfigSection(generation=state.config.generation, values=dict(state.config.values))
@@ -269,7 +380,10 @@ def desired_state_from_pb(message: pb.DesiredState) -> DesiredState:
             targets=tuple(overflow_target_from_pb(t) for t in message.overflow_targets.targets),
         )
     if message.HasField("keys"):
-        keys = KeysSection(generation=message.keys.generation)
+        keys = KeysSection(
+            generation=message.keys.generation,
+            keys=tuple(api_key_from_pb(k) for k in message.keys.keys),
+        )
     if message.HasField("config"):
         config = ConfigSection(
             generation=message.config.generation, values=dict(message.config.values)

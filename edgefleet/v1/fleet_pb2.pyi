@@ -63,38 +63,68 @@ class OverflowTarget(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[OverflowKind, str]] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EnrollRequest(_message.Message):
-    __slots__ = ("join_token", "requested_name", "site")
+    __slots__ = ("join_token", "requested_name", "site", "csr_pem")
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_NAME_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
     join_token: str
     requested_name: str
     site: str
-    def __init__(self, join_token: _Optional[str] = ..., requested_name: _Optional[str] = ..., site: _Optional[str] = ...) -> None: ...
+    csr_pem: str
+    def __init__(self, join_token: _Optional[str] = ..., requested_name: _Optional[str] = ..., site: _Optional[str] = ..., csr_pem: _Optional[str] = ...) -> None: ...
 
 class EnrollResponse(_message.Message):
-    __slots__ = ("agent_id", "credentials", "ca_cert_pem", "client_cert_pem", "client_key_pem")
+    __slots__ = ("agent_id", "credentials", "ca_cert_pem", "client_cert_pem", "client_key_pem", "site", "location", "http_url", "cert_not_after_unix")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
     CA_CERT_PEM_FIELD_NUMBER: _ClassVar[int]
     CLIENT_CERT_PEM_FIELD_NUMBER: _ClassVar[int]
     CLIENT_KEY_PEM_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    HTTP_URL_FIELD_NUMBER: _ClassVar[int]
+    CERT_NOT_AFTER_UNIX_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     credentials: str
     ca_cert_pem: str
     client_cert_pem: str
     client_key_pem: str
-    def __init__(self, agent_id: _Optional[str] = ..., credentials: _Optional[str] = ..., ca_cert_pem: _Optional[str] = ..., client_cert_pem: _Optional[str] = ..., client_key_pem: _Optional[str] = ...) -> None: ...
+    site: str
+    location: Location
+    http_url: str
+    cert_not_after_unix: int
+    def __init__(self, agent_id: _Optional[str] = ..., credentials: _Optional[str] = ..., ca_cert_pem: _Optional[str] = ..., client_cert_pem: _Optional[str] = ..., client_key_pem: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., http_url: _Optional[str] = ..., cert_not_after_unix: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "load_report", "bye")
+    __slots__ = ("hello", "load_report", "bye", "renew_certificate", "request_records")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     LOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
     BYE_FIELD_NUMBER: _ClassVar[int]
+    RENEW_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RECORDS_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     load_report: LoadReport
     bye: Bye
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ...) -> None: ...
+    renew_certificate: RenewCertificate
+    request_records: RequestRecords
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., load_report: _Optional[_Union[LoadReport, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ..., renew_certificate: _Optional[_Union[RenewCertificate, _Mapping]] = ..., request_records: _Optional[_Union[RequestRecords, _Mapping]] = ...) -> None: ...
+
+class RenewCertificate(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: str
+    def __init__(self, csr_pem: _Optional[str] = ...) -> None: ...
+
+class RequestRecords(_message.Message):
+    __slots__ = ("first_seq", "records_msgpack", "dropped")
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_MSGPACK_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    first_seq: int
+    records_msgpack: bytes
+    dropped: int
+    def __init__(self, first_seq: _Optional[int] = ..., records_msgpack: _Optional[bytes] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("agent_id", "token", "agent_version", "site", "location", "hardware", "http_url", "models", "contract_minor")
@@ -119,7 +149,7 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., token: _Optional[str] = ..., agent_version: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., http_url: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., contract_minor: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied")
+    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +161,7 @@ class LoadReport(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_REASON_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
+    KEY_USAGE_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     waiting_sequences: int
     tokens_per_second: float
@@ -142,7 +173,22 @@ class LoadReport(_message.Message):
     draining: bool
     unhealthy_reason: str
     applied: SectionGenerations
-    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ...) -> None: ...
+    key_usage: _containers.RepeatedCompositeFieldContainer[KeyUsage]
+    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ...) -> None: ...
+
+class KeyUsage(_message.Message):
+    __slots__ = ("key_id", "requests", "prompt_tokens", "completion_tokens", "rejected")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    rejected: int
+    def __init__(self, key_id: _Optional[str] = ..., requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
 
 class Bye(_message.Message):
     __slots__ = ("reason",)
@@ -151,14 +197,34 @@ class Bye(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "desired_state", "command")
+    __slots__ = ("welcome", "desired_state", "command", "certificate_issued", "records_ack")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DESIRED_STATE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_ACK_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     desired_state: DesiredState
     command: Command
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+    certificate_issued: CertificateIssued
+    records_ack: RecordsAck
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., desired_state: _Optional[_Union[DesiredState, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., certificate_issued: _Optional[_Union[CertificateIssued, _Mapping]] = ..., records_ack: _Optional[_Union[RecordsAck, _Mapping]] = ...) -> None: ...
+
+class CertificateIssued(_message.Message):
+    __slots__ = ("client_cert_pem", "ca_cert_pem", "not_after_unix")
+    CLIENT_CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_UNIX_FIELD_NUMBER: _ClassVar[int]
+    client_cert_pem: str
+    ca_cert_pem: str
+    not_after_unix: int
+    def __init__(self, client_cert_pem: _Optional[str] = ..., ca_cert_pem: _Optional[str] = ..., not_after_unix: _Optional[int] = ...) -> None: ...
+
+class RecordsAck(_message.Message):
+    __slots__ = ("through_seq",)
+    THROUGH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    through_seq: int
+    def __init__(self, through_seq: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "report_interval_ms", "contract_minor")
@@ -213,10 +279,36 @@ class OverflowTargetsSection(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[OverflowTarget, _Mapping]]] = ...) -> None: ...
 
 class KeysSection(_message.Message):
-    __slots__ = ("generation",)
+    __slots__ = ("generation", "keys")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     generation: int
-    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+    keys: _containers.RepeatedCompositeFieldContainer[ApiKey]
+    def __init__(self, generation: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[ApiKey, _Mapping]]] = ...) -> None: ...
+
+class ApiKey(_message.Message):
+    __slots__ = ("key_id", "secret_sha256", "models", "allow_cloud", "max_priority", "max_tokens_per_request", "requests_per_minute", "tokens_per_minute", "expires_at_unix", "name")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_SHA256_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_CLOUD_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    secret_sha256: bytes
+    models: _containers.RepeatedScalarFieldContainer[str]
+    allow_cloud: bool
+    max_priority: str
+    max_tokens_per_request: int
+    requests_per_minute: float
+    tokens_per_minute: float
+    expires_at_unix: int
+    name: str
+    def __init__(self, key_id: _Optional[str] = ..., secret_sha256: _Optional[bytes] = ..., models: _Optional[_Iterable[str]] = ..., allow_cloud: _Optional[bool] = ..., max_priority: _Optional[str] = ..., max_tokens_per_request: _Optional[int] = ..., requests_per_minute: _Optional[float] = ..., tokens_per_minute: _Optional[float] = ..., expires_at_unix: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ConfigSection(_message.Message):
     __slots__ = ("generation", "values")

@@ -61,6 +61,12 @@ MIRRORS: dict[type, Any] = {
     contract.ConfigSection: pb.ConfigSection,
     contract.DesiredState: pb.DesiredState,
     contract.Command: pb.Command,
+    contract.ApiKey: pb.ApiKey,
+    contract.KeyUsage: pb.KeyUsage,
+    contract.RenewCertificate: pb.RenewCertificate,
+    contract.CertificateIssued: pb.CertificateIssued,
+    contract.RequestRecords: pb.RequestRecords,
+    contract.RecordsAck: pb.RecordsAck,
 }
 
 
@@ -117,7 +123,23 @@ STATE = DesiredState(
     overflow_targets=OverflowTargetsSection(
         2, (OverflowTarget("gpu", OverflowKind.GPU_POOL, "http://gpu/v1", ("m",)),)
     ),
-    keys=KeysSection(1),
+    keys=KeysSection(
+        1,
+        (
+            contract.ApiKey(
+                "key_1",
+                b"\x01" * 32,
+                ("m", "m@v2"),
+                True,
+                "high",
+                512,
+                60.0,
+                9000.0,
+                1_900_000_000,
+                "app",
+            ),
+        ),
+    ),
     config=ConfigSection(4, {"engine.max_batch_size": "8"}),
 )
 
@@ -134,7 +156,18 @@ STATE = DesiredState(
         ),
         (
             LoadReport(
-                3, 5, 41.5, 0.25, 900, 1 << 30, 10, 2, True, "sick", SectionGenerations(1, 2)
+                3,
+                5,
+                41.5,
+                0.25,
+                900,
+                1 << 30,
+                10,
+                2,
+                True,
+                "sick",
+                SectionGenerations(1, 2),
+                (contract.KeyUsage("key_1", 4, 100, 50, 1),),
             ),
             contract_pb.load_report_to_pb,
             contract_pb.load_report_from_pb,
@@ -153,6 +186,30 @@ STATE = DesiredState(
             pb.DesiredState,
         ),
         (Welcome("s-1", 2000), contract_pb.welcome_to_pb, contract_pb.welcome_from_pb, pb.Welcome),
+        (
+            contract.RenewCertificate("-----BEGIN CERTIFICATE REQUEST-----"),
+            contract_pb.renew_certificate_to_pb,
+            contract_pb.renew_certificate_from_pb,
+            pb.RenewCertificate,
+        ),
+        (
+            contract.CertificateIssued("cert", "ca", 1_900_000_000),
+            contract_pb.certificate_issued_to_pb,
+            contract_pb.certificate_issued_from_pb,
+            pb.CertificateIssued,
+        ),
+        (
+            contract.RequestRecords(7, b"\x91\x80", 3),
+            contract_pb.request_records_to_pb,
+            contract_pb.request_records_from_pb,
+            pb.RequestRecords,
+        ),
+        (
+            contract.RecordsAck(9),
+            contract_pb.records_ack_to_pb,
+            contract_pb.records_ack_from_pb,
+            pb.RecordsAck,
+        ),
         (
             Command(CommandKind.DRAIN, "maintenance"),
             contract_pb.command_to_pb,

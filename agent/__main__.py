@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,14 @@ from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
 from agent.enrollment import build_enroller
 from agent.errors import ConfigError, FatalError, ModelLoadError
+from agent.https import build_server_context, server_cert_files
 from agent.identity import build_identity, default_agent_id
 from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
 from edgefleet import config_loading
 from edgefleet.config_loading import add_arguments
+from edgefleet.tls import CertificateReloader
 
 log = logging.getLogger("agent")
 
@@ -43,12 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(
         parser, AgentConfig, FLAGS, env_prefix=ENV_PREFIX, example="engine.default_max_tokens=128"
     )
+    parser.add_argument(
+        "--insecure-no-tls",
+        action="store_true",
+        help="serve plain HTTP even beyond loopback (server.tls = off): keys and prompts "
+        "travel unencrypted; for a trusted network only",
+    )
     return parser
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Dotted key -> value for the flags given; ValueError for a malformed ``--set``."""
-    return config_loading.overrides_from_args(args, FLAGS)
+    overrides = config_loading.overrides_from_args(args, FLAGS)
+    if getattr(args, "insecure_no_tls", False):
+        overrides["server.tls"] = "off"
+    return overrides
 
 
 def _busy(registry: ModelRegistry) -> int:
@@ -108,8 +120,10 @@ def check_port_free(config: AgentConfig) -> None:
         raise _cannot_listen(host, port, exc) from None
 
 
-async def start_http(config: AgentConfig, app: web.Application) -> web.AppRunner:
-    """Load the models and listen; start-up failures become one-line FatalErrors."""
+async def start_http(
+    config: AgentConfig, app: web.Application, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner:
+    """Load the models and listen (HTTPS with ``ssl_context``); failures become FatalErrors."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     try:
         await runner.setup()  # loads the models
@@ -119,7 +133,7 @@ async def start_http(config: AgentConfig, app: web.Application) -> web.AppRunner
         ) from None
     host, port = config.server.host, config.server.port
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     except OSError as exc:
         await runner.cleanup()
         raise _cannot_listen(host, port, exc) from None
@@ -130,10 +144,19 @@ async def serve(config: AgentConfig) -> None:
     check_coordinator_tls(config)  # before the models load
     check_models_dir(config)
     check_port_free(config)
+    cert_files = server_cert_files(config)  # ConfigError: HTTPS required, no certificate
+    ssl_context = build_server_context(config, cert_files) if cert_files else None
     app = create_app(config)
-    runner = await start_http(config, app)
+    runner = await start_http(config, app, ssl_context)
     port = runner.addresses[0][1]
-    public_url = config.server.public_url or f"http://{config.server.host}:{port}"
+    scheme = "https" if ssl_context else "http"
+    public_url = config.server.public_url or f"{scheme}://{config.server.host}:{port}"
+    reloader: asyncio.Task[None] | None = None
+    if ssl_context is not None and cert_files is not None:
+        reloading = CertificateReloader(ssl_context, cert_files)
+        reloader = asyncio.create_task(
+            reloading.run(config.server.tls_reload_interval_s), name="tls-reloader"
+        )
     agent_id = config.identity.agent_id or default_agent_id(port)
     registry, metrics, state = app[REGISTRY], app[METRICS], app[STATE]
     session: CoordinatorSession | None = None
@@ -174,6 +197,9 @@ async def serve(config: AgentConfig) -> None:
             await advertiser.stop()
         if session is not None:
             await session.stop()
+        if reloader is not None:
+            reloader.cancel()
+            await asyncio.wait([reloader])
         await runner.cleanup()
 
 

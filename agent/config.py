@@ -32,11 +32,37 @@ _LIMITS = GenerationLimits()
 ExecutionProvider = Literal["auto", "cpu", "cuda"]  # auto: CUDA when present, else CPU
 
 
+def _lower(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_lower)]
+
+
 class ServerConfig(Settings):
     host: str = Field(default="127.0.0.1", min_length=1)  # address the HTTP API listens on
     port: int = Field(default=8000, ge=0, le=65535)  # port of the HTTP API (0 picks a free one)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)  # larger request bodies get 413
-    public_url: str = ""  # URL clients use to reach this agent; default http://host:port
+    public_url: str = ""  # URL clients use to reach this agent; default http(s)://host:port
+    # HTTPS for the API. "auto": on when host is beyond loopback (refusing to start without
+    # a certificate), off on loopback; "on": always (needs a certificate); "off": plain HTTP
+    # even beyond loopback (the explicit opt-out, also --insecure-no-tls).
+    tls: Switch = "auto"
+    # PEM certificate (chain) and key; empty: those enrollment saved in coordinator.state_dir
+    # (agent.crt, agent.key), issued by the coordinator's CA for the URL's host.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # How often the certificate files are checked for a renewal (reloaded without restart).
+    tls_reload_interval_s: float = Field(default=5.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> Self:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError(
+                "server.tls_cert_file and server.tls_key_file go together: set both, or "
+                "neither to use the certificate enrollment saved"
+            )
+        return self
 
 
 class ModelsConfig(Settings):
@@ -174,6 +200,7 @@ FLAGS = (
     Flag("--host", "server.host", "HOST"),
     Flag("--port", "server.port", "PORT"),
     Flag("--public-url", "server.public_url", "URL"),
+    Flag("--tls", "server.tls", "auto|on|off"),
     Flag("--models-dir", "models.dir", "DIR"),
     Flag("--serve", "models.serve", "NAME", repeat=True),
     Flag("--threads", "engine.intra_op_threads", "N"),

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from coordinator.errors import CertificateError
+from edgefleet.tls import AGENT_URI_PREFIX, agent_server_name
 
 logger = logging.getLogger(__name__)
 
@@ -103,24 +104,32 @@ class CertificateAuthority:
 
     def issue_server(self, names: Sequence[str]) -> IssuedCertificate:
         """A server certificate valid for every host name or IP address in ``names``."""
-        sans: list[x509.GeneralName] = []
-        for name in dict.fromkeys(n for n in names if n):
-            try:
-                sans.append(x509.IPAddress(ipaddress.ip_address(name)))
-            except ValueError:
-                sans.append(x509.DNSName(name))
-        return self._issue("edgefleet coordinator", sans, ExtendedKeyUsageOID.SERVER_AUTH)
+        sans = _general_names(names)
+        return self._issue("edgefleet coordinator", sans, [ExtendedKeyUsageOID.SERVER_AUTH])
 
-    def issue_client(self, agent_id: str) -> IssuedCertificate:
-        """A client certificate naming ``agent_id`` (common name and a URI SAN)."""
-        uri = x509.UniformResourceIdentifier(f"edgefleet://agent/{agent_id}")
-        return self._issue(agent_id, [uri], ExtendedKeyUsageOID.CLIENT_AUTH, days=CLIENT_VALID_DAYS)
+    def issue_client(
+        self, agent_id: str, *, server_names: Sequence[str] | None = None
+    ) -> IssuedCertificate:
+        """A client certificate naming ``agent_id`` (common name and a URI SAN).
+
+        With ``server_names`` (the host of the agent's URL fixed at enrollment, IP or DNS)
+        the certificate is also a TLS server certificate: for its HTTPS API (SAN = those
+        names) and for peers that dial it by identity (SAN = ``agent_server_name(agent_id)``).
+        """
+        sans: list[x509.GeneralName] = [
+            x509.UniformResourceIdentifier(f"{AGENT_URI_PREFIX}{agent_id}")
+        ]
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server_names is not None:
+            sans += _general_names([*server_names, agent_server_name(agent_id)])
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        return self._issue(agent_id, sans, usages, days=CLIENT_VALID_DAYS)
 
     def _issue(
         self,
         common_name: str,
         sans: list[x509.GeneralName],
-        usage: x509.ObjectIdentifier,
+        usages: Sequence[x509.ObjectIdentifier],
         *,
         days: int = SERVER_VALID_DAYS,
     ) -> IssuedCertificate:
@@ -136,7 +145,7 @@ class CertificateAuthority:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
         )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -150,6 +159,17 @@ class CertificateAuthority:
 
     def _key_pem(self) -> str:
         return _key_pem(self._key)
+
+
+def _general_names(names: Sequence[str]) -> list[x509.GeneralName]:
+    """IP address or DNS name SANs for ``names`` (empty ones and repeats dropped)."""
+    sans: list[x509.GeneralName] = []
+    for name in dict.fromkeys(n.strip("[]") for n in names if n):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            sans.append(x509.DNSName(name))
+    return sans
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:

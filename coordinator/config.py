@@ -82,6 +82,13 @@ class CoordinatorConfig(Settings):
     # "auto": agents must be enrolled whenever TLS is on; "on": always; "off": never checked
     # for agents that never enrolled (enrolled agents are always checked).
     require_enrollment: Switch = "auto"
+    # HTTPS on the HTTP port. "auto": on unless http_host is loopback; "on": always; "off":
+    # plain HTTP (dev only). The certificate is http_tls_cert_file/http_tls_key_file when
+    # given (e.g. from a public CA), else one issued by this coordinator's CA at every start
+    # for http_host, localhost, the machine's name and tls_server_names.
+    http_tls: Switch = "auto"
+    http_tls_cert_file: str = ""
+    http_tls_key_file: str = ""
     # Bearer token for the admin API; empty = admin API only from loopback clients.
     admin_token: str = Field(default="", repr=False)
 
@@ -135,6 +142,11 @@ class CoordinatorConfig(Settings):
                 "down_after_reports must be greater than suspect_after_reports, got "
                 f"{self.down_after_reports} <= {self.suspect_after_reports}"
             )
+        if bool(self.http_tls_cert_file) != bool(self.http_tls_key_file):
+            raise ValueError(
+                "http_tls_cert_file and http_tls_key_file go together: set both, or neither "
+                "for a certificate from the coordinator's CA"
+            )
         weights = (self.route_weight_proximity, self.route_weight_queue, self.route_weight_kv)
         if sum(weights) + self.route_weight_wait <= 0:
             raise ValueError("at least one of the route_weight_* settings must be above 0")
@@ -149,6 +161,12 @@ class CoordinatorConfig(Settings):
         if self.tls == "auto":
             return not is_loopback_host(self.grpc_host)
         return self.tls == "on"
+
+    @property
+    def http_tls_enabled(self) -> bool:
+        if self.http_tls == "auto":
+            return not is_loopback_host(self.http_host)
+        return self.http_tls == "on"
 
     @property
     def enrollment_required(self) -> bool:
@@ -180,6 +198,7 @@ FLAGS = (
     Flag("--log-level", "log_level", "LEVEL"),
     Flag("--data-dir", "data_dir", "DIR"),
     Flag("--tls", "tls", "auto|on|off"),
+    Flag("--http-tls", "http_tls", "auto|on|off"),
     Flag("--enroll-port", "enroll_port", "PORT", default="grpc_port + 1"),
     Flag("--admin-token", "admin_token", "TOKEN"),
 )

@@ -5,14 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
+import ssl
+from pathlib import Path
 
 from aiohttp import web
 
 from coordinator.app import create_app
 from coordinator.app_keys import GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
-from coordinator.config import CoordinatorConfig
-from coordinator.errors import ServerStartError
+from coordinator.ca import CertificateAuthority
+from coordinator.config import CoordinatorConfig, is_loopback_host
+from coordinator.errors import ConfigError, ServerStartError
 from coordinator.gc_pauses import GcPauseRecorder, HeapSettler, settle_heap
+from edgefleet.tls import (
+    CertFiles,
+    CertificateReloader,
+    TlsError,
+    server_context,
+    write_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +41,8 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
     runner = web.AppRunner(app, handle_signals=False)
     try:
         await runner.setup()  # starts the gRPC server too (cleanup_ctx)
-        site = web.TCPSite(runner, config.http_host, config.http_port)
+        ssl_context, reloader = http_tls(config)
+        site = web.TCPSite(runner, config.http_host, config.http_port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:
@@ -41,19 +53,24 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
         settle_heap()
         grpc_server = app[GRPC_SERVER_KEY]
         logger.info(
-            "coordinator ready: grpc=%s http=http://%s:%d enroll=%s tls=%s",
+            "coordinator ready: grpc=%s http=%s://%s:%d enroll=%s tls=%s",
             grpc_server.address,
+            "https" if ssl_context else "http",
             http_host,
             http_port,
             grpc_server.enroll_address,
             "on" if grpc_server.tls else "off",
         )
-        settler = asyncio.create_task(_settle_heap(app), name="heap-settler")
+        tasks = [asyncio.create_task(_settle_heap(app), name="heap-settler")]
+        if reloader is not None:
+            interval = 5.0
+            tasks.append(asyncio.create_task(reloader.run(interval), name="tls-reloader"))
         try:
             await stop.wait()
         finally:
-            settler.cancel()
-            await asyncio.wait([settler])
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
         logger.info("shutting down")
     finally:
         gc_pauses.uninstall()
@@ -61,6 +78,37 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     logger.info("coordinator stopped")
+
+
+def http_tls(config: CoordinatorConfig) -> tuple[ssl.SSLContext | None, CertificateReloader | None]:
+    """The HTTP port's TLS context (None: plain HTTP) and, for operator files, its reloader."""
+    if not config.http_tls_enabled:
+        if not is_loopback_host(config.http_host):
+            logger.warning(
+                "HTTP on %s without TLS (http_tls = off): admin tokens travel in plaintext",
+                config.http_host,
+            )
+        return None, None
+    try:
+        if config.http_tls_cert_file:
+            files = CertFiles(
+                Path(config.http_tls_cert_file).expanduser(),
+                Path(config.http_tls_key_file).expanduser(),
+            )
+            context = server_context(files)
+            return context, CertificateReloader(context, files)
+        ca = CertificateAuthority.load_or_create(config.data_path / "ca")
+        names = [config.http_host, "localhost", "127.0.0.1", "::1", socket.gethostname()]
+        names += [n.strip() for n in config.tls_server_names.split(",") if n.strip()]
+        issued = ca.issue_server(names)
+        where = config.data_path / "tls"
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        files = CertFiles(where / "http.crt", where / "http.key")
+        write_atomically(files.key, issued.key_pem, private=True)
+        write_atomically(files.cert, issued.cert_pem)
+        return server_context(files), None
+    except (OSError, TlsError) as exc:
+        raise ConfigError(f"cannot serve HTTPS on the HTTP port: {exc}") from exc
 
 
 async def _settle_heap(app: web.Application, period_s: float = 5.0) -> None:

@@ -2,7 +2,8 @@
 
 ::
 
-    fleet = FleetClient(model="smollm2-135m", coordinator_url="http://coord:8080")
+    fleet = FleetClient(model="smollm2-135m", coordinator_url="https://coord:8080",
+                        ca_file="fleet-ca.pem")
     client = fleet.openai()          # an openai.OpenAI that fails over between agents
     fleet.base_url()                 # or just the best agent's OpenAI base URL
 
@@ -11,6 +12,12 @@ cannot be reached, the client keeps using the agents it discovered last (in memo
 that file after a restart). A streamed completion that breaks after some tokens resumes on
 another agent serving the same model version; ``stream.response.extensions
 ["edgefleet_segments"]`` says which agent served which part.
+
+Requests (and the API key in them) go only to agents that prove their fleet identity: an
+https URL whose certificate chains to the fleet CA (``ca_file``/``ca_pem``: the
+coordinator's ``<data_dir>/ca/ca.pem``) and names the URL's host. Plain-HTTP agents named
+by a route answer or an mDNS responder are skipped; loopback ones are allowed with
+``allow_insecure_agents=True`` (development).
 """
 
 from __future__ import annotations
@@ -30,6 +37,12 @@ from edgefleet_client._mdns import browse_mdns
 from edgefleet_client._models import Agent
 from edgefleet_client._probe import probe_all
 from edgefleet_client._route import route_lookup
+from edgefleet_client._trust import (
+    agent_ssl_context,
+    coordinator_ssl_context,
+    load_ca_pem,
+    refusal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +67,9 @@ class FleetClient:
         cooldown_s: float = 10.0,
         refresh_s: float = 30.0,
         cache_path: str | Path | None = None,
+        ca_file: str | Path | None = None,
+        ca_pem: str | None = None,
+        allow_insecure_agents: bool = False,
     ) -> None:
         self.model = model
         self.coordinator_url = coordinator_url
@@ -70,6 +86,29 @@ class FleetClient:
         # the last discovery, kept on disk: a client started while the coordinator is away
         # still finds the agents it knew
         self._cache_path = Path(cache_path) if cache_path is not None else None
+        self.ca_pem = load_ca_pem(ca_file, ca_pem)
+        self.allow_insecure_agents = allow_insecure_agents
+        self._coordinator_ssl = coordinator_ssl_context(self.ca_pem)
+
+    def _trusted(self, agents: list[Agent], where: str) -> list[Agent]:
+        """The agents that may get requests; the others are skipped, with the reason logged.
+
+        Raises DiscoveryError when there were agents and none may.
+        """
+        kept: list[Agent] = []
+        refused: list[str] = []
+        for agent in agents:
+            why = refusal(agent, allow_insecure_agents=self.allow_insecure_agents)
+            if why is None:
+                kept.append(agent)
+            else:
+                refused.append(f"{agent.agent_id} at {agent.url}: {why}")
+                logger.warning("skipping agent %s at %s: %s", agent.agent_id, agent.url, why)
+        if refused and not kept:
+            raise DiscoveryError(
+                f"no agent from {where} proves its fleet identity; skipped " + "; ".join(refused)
+            )
+        return kept
 
     # ------------------------------------------------------------ discovery
 
@@ -77,8 +116,14 @@ class FleetClient:
         """Look agents up (coordinator, else mDNS), probe their RTT, rank them; best first."""
         if self.coordinator_url:
             found = route_lookup(
-                self.coordinator_url, self.model, site=self._site, lat=self._lat, lon=self._lon
+                self.coordinator_url,
+                self.model,
+                site=self._site,
+                lat=self._lat,
+                lon=self._lon,
+                ssl_context=self._coordinator_ssl,
             )
+            found = self._trusted(found, self.coordinator_url)
             probed = probe_all(found, timeout_s=self._probe_timeout_s)
             if probed:
                 # Ask again with our own RTTs: the coordinator folds them into proximity.
@@ -90,7 +135,9 @@ class FleetClient:
                     lat=self._lat,
                     lon=self._lon,
                     rtt_ms=rtts,
+                    ssl_context=self._coordinator_ssl,
                 )
+                ranked = self._trusted(ranked, self.coordinator_url)
                 agents = [a for a in ranked if a.agent_id in rtts]
                 agents = [replace(a, rtt_ms=rtts[a.agent_id]) for a in agents] or probed
             else:
@@ -99,6 +146,7 @@ class FleetClient:
             found = browse_mdns(
                 timeout_s=self._mdns_timeout_s, interfaces=self._mdns_interfaces, model=self.model
             )
+            found = self._trusted(found, "mDNS")
             agents = probe_all(found, timeout_s=self._probe_timeout_s)
             agents.sort(key=lambda a: (a.load or 0, a.rtt_ms or 0.0, a.agent_id))
         if not agents:
@@ -129,7 +177,11 @@ class FleetClient:
             data = json.loads(self._cache_path.read_text())
             if data.get("model") != self.model:
                 return []
-            return [Agent(**{**a, "models": tuple(a.get("models", ()))}) for a in data["agents"]]
+            kept = [Agent(**{**a, "models": tuple(a.get("models", ()))}) for a in data["agents"]]
+            return self._trusted(kept, str(self._cache_path))
+        except DiscoveryError as exc:
+            logger.warning("%s", exc)
+            return []
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.warning("cannot read the kept agents in %s: %s", self._cache_path, exc)
             return []
@@ -195,7 +247,8 @@ class FleetClient:
 
         from edgefleet_client._failover import FailoverTransport
 
-        return httpx2.Client(transport=FailoverTransport(self), **kwargs)
+        inner = httpx2.HTTPTransport(verify=agent_ssl_context(self.ca_pem))
+        return httpx2.Client(transport=FailoverTransport(self, inner), **kwargs)
 
     def openai(self, **kwargs: Any) -> Any:
         """An ``openai.OpenAI`` client for this fleet (needs the ``openai`` package).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +25,7 @@ def route_lookup(
     exclude: Iterable[str] = (),
     limit: int = 0,
     timeout_s: float = 5.0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> list[Agent]:
     """The coordinator's ranked agents for ``model`` (best first); raises DiscoveryError."""
     params: list[tuple[str, str]] = [("model", model)]
@@ -40,7 +42,7 @@ def route_lookup(
         params.append(("limit", str(limit)))
     url = coordinator_url.rstrip("/") + "/v1/route?" + urllib.parse.urlencode(params)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=ssl_context) as response:
             body: dict[str, Any] = json.load(response)
     except urllib.error.HTTPError as exc:
         raise DiscoveryError(f"route lookup at {coordinator_url} failed: {exc.code}") from exc

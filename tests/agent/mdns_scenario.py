@@ -28,7 +28,12 @@ async def main(models_dir: str) -> dict[str, object]:
         missing = await asyncio.to_thread(
             browse_mdns, timeout_s=1.0, interfaces=["127.0.0.1"], model="no-such-model"
         )
-        fleet = FleetClient("tiny-llama", mdns_timeout_s=2.0, mdns_interfaces=["127.0.0.1"])
+        fleet = FleetClient(
+            "tiny-llama",
+            mdns_timeout_s=2.0,
+            mdns_interfaces=["127.0.0.1"],
+            allow_insecure_agents=True,
+        )
         base_url = await asyncio.to_thread(fleet.base_url)
         return {
             "agent_url": agent.url,

@@ -66,7 +66,11 @@ async def test_no_failed_request_when_the_chosen_agent_is_killed(tiny_artifacts:
 
             await wait_until(both_routed, timeout_s=20, message="both agents routable")
             fleet = FleetClient(
-                "tiny-llama", coordinator_url=coordinator.http_url, lat=52.5, lon=13.4
+                "tiny-llama",
+                coordinator_url=coordinator.http_url,
+                lat=52.5,
+                lon=13.4,
+                allow_insecure_agents=True,
             )
             by_place = await asyncio.to_thread(
                 route_lookup, coordinator.http_url, "tiny-llama", lat=52.5, lon=13.4

@@ -85,7 +85,9 @@ async def test_stream_broken_mid_way_resumes_on_the_next_agent(
     kept = tmp_path / "agents.json"
     _kept(kept, two_agents)
     _fail_after(two_agents[0], 5)
-    fleet = FleetClient(TINY, coordinator_url=_closed_port_url(), cache_path=kept)
+    fleet = FleetClient(
+        TINY, coordinator_url=_closed_port_url(), cache_path=kept, allow_insecure_agents=True
+    )
     client = fleet.openai(timeout=30)
     body: dict[str, Any] = {
         "model": TINY,
@@ -132,7 +134,9 @@ async def test_non_resumable_error_event_reaches_the_caller(
     kept = tmp_path / "agents.json"
     _kept(kept, two_agents[:1])  # nowhere to resume
     _fail_after(two_agents[0], 3)
-    fleet = FleetClient(TINY, coordinator_url=_closed_port_url(), cache_path=kept)
+    fleet = FleetClient(
+        TINY, coordinator_url=_closed_port_url(), cache_path=kept, allow_insecure_agents=True
+    )
     client = fleet.openai(timeout=30)
 
     def streamed() -> None:
@@ -149,14 +153,16 @@ async def test_non_resumable_error_event_reaches_the_caller(
 def test_kept_agents_serve_when_the_coordinator_is_away(tmp_path: Path) -> None:
     kept = tmp_path / "agents.json"
     away = _closed_port_url()
-    fresh = FleetClient(TINY, coordinator_url=away, cache_path=kept)
+    fresh = FleetClient(TINY, coordinator_url=away, cache_path=kept, allow_insecure_agents=True)
     with pytest.raises(DiscoveryError):
         fresh.candidates()  # nothing discovered yet, nothing kept
     kept.write_text(
-        json.dumps({"model": TINY, "agents": [{"agent_id": "a1", "url": "http://10.0.0.7:8000"}]})
+        json.dumps({"model": TINY, "agents": [{"agent_id": "a1", "url": "https://10.0.0.7:8000"}]})
     )
-    restarted = FleetClient(TINY, coordinator_url=away, cache_path=kept)
-    assert restarted.candidates() == [Agent(agent_id="a1", url="http://10.0.0.7:8000")]
-    other_model = FleetClient("other-model", coordinator_url=away, cache_path=kept)
+    restarted = FleetClient(TINY, coordinator_url=away, cache_path=kept, allow_insecure_agents=True)
+    assert restarted.candidates() == [Agent(agent_id="a1", url="https://10.0.0.7:8000")]
+    other_model = FleetClient(
+        "other-model", coordinator_url=away, cache_path=kept, allow_insecure_agents=True
+    )
     with pytest.raises(DiscoveryError):
         other_model.candidates()

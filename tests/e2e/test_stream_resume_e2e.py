@@ -81,7 +81,12 @@ async def test_streams_cut_by_a_sigkill_finish_on_the_other_agent(real_artifacts
                 return len(body["agents"]) == 2
 
             await wait_until(both_routed, timeout_s=30, message="both agents routable")
-            fleet = FleetClient(LLM, coordinator_url=coordinator.http_url, cooldown_s=120)
+            fleet = FleetClient(
+                LLM,
+                coordinator_url=coordinator.http_url,
+                cooldown_s=120,
+                allow_insecure_agents=True,
+            )
             await asyncio.to_thread(fleet.discover)
             client = fleet.openai(timeout=120)
             outcomes = [Outcome() for _ in range(STREAMS)]

@@ -14,7 +14,7 @@ from coordinator.errors import StoreError
 from coordinator.fleet import Liveness
 from coordinator.fleet_json import hello_from_json, hello_to_json
 from coordinator.fleet_store import AgentLastState, JoinToken, Site, StoredAgent
-from edgefleet.contract import Hello, LoadReport, SectionGenerations
+from edgefleet.contract import Hello, KeyUsage, LoadReport, SectionGenerations
 
 logger = logging.getLogger(__name__)
 
@@ -391,8 +391,10 @@ def _report_from_json(agent_id: str, names: str | None, text: str | None) -> Loa
     try:
         stored = dict(zip(names.split(","), json.loads(text), strict=True))
         fields = {name: stored[name] for name in LoadReport._fields if name in stored}
-        if "applied" in fields:  # a nested tuple, saved as a JSON list
+        if "applied" in fields:  # nested tuples, saved as JSON lists
             fields["applied"] = SectionGenerations(*fields["applied"])
+        if "key_usage" in fields:
+            fields["key_usage"] = tuple(KeyUsage(*usage) for usage in fields["key_usage"])
         return LoadReport(**fields)
     except (TypeError, ValueError) as exc:
         logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)

@@ -28,7 +28,7 @@ from coordinator.fleet_store import AgentLastState, StoredAgent
 from coordinator.registry import LiveFleetRegistry
 from coordinator.sqlite_store import DB_FILE, SCHEMA_VERSION, SQLiteFleetStore
 from devtools.process import REPO_ROOT
-from edgefleet.contract import LoadReport
+from edgefleet.contract import KeyUsage, LoadReport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -258,7 +258,12 @@ def _enrolled(agent_id: str) -> StoredAgent:
 def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Path) -> None:
     store = SQLiteFleetStore.in_directory(tmp_path)
     try:
-        report = LoadReport(waiting_sequences=3, running_sequences=2, tokens_per_second=41.5)
+        report = LoadReport(
+            waiting_sequences=3,
+            running_sequences=2,
+            tokens_per_second=41.5,
+            key_usage=(KeyUsage("key_1", 4, 100, 50, 1),),
+        )
         states = [
             AgentLastState("a", Liveness.LIVE, NOW, report),
             AgentLastState("b", Liveness.DOWN, NOW - timedelta(minutes=3), None),

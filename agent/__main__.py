@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.api.app import METRICS, REGISTRY, STATE, create_app
+from agent.api.app import METRICS, REGISTRY, REQUEST_LOG, STATE, create_app
 from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
 from agent.enrollment import build_enroller
@@ -169,6 +169,10 @@ async def serve(config: AgentConfig) -> None:
             enroller=build_enroller(config, agent_id),
             on_command=state.apply,
             max_backoff_s=config.coordinator.max_backoff_s,
+            request_log=app[REQUEST_LOG].open(
+                Path(config.coordinator.state_dir).expanduser() / "request-log" / agent_id,
+                agent_id,
+            ),
         )
         await session.start()
     advertiser: MdnsAdvertiser | None = None
@@ -201,6 +205,7 @@ async def serve(config: AgentConfig) -> None:
             reloader.cancel()
             await asyncio.wait([reloader])
         await runner.cleanup()
+        app[REQUEST_LOG].close()
 
 
 def main(argv: list[str] | None = None) -> int:

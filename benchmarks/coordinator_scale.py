@@ -230,8 +230,13 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _metric(http_url: str, name: str) -> dict[str, float]:
-    async with aiohttp.ClientSession() as http, http.get(http_url + "/metrics") as response:
+async def _metric(
+    http_url: str, name: str, headers: dict[str, str] | None = None
+) -> dict[str, float]:
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.get(http_url + "/metrics") as response,
+    ):
         text = await response.text()
     found: dict[str, float] = {}
     for line in text.splitlines():
@@ -288,7 +293,9 @@ async def _measure_lookups(
         os.sched_setaffinity(proc.pid, cpus)
     await asyncio.to_thread(warm.wait)
     process = psutil.Process(coordinator.pid)
-    before = await _metric(coordinator.http_url, "edgefleet_coordinator_")
+    before = await _metric(
+        coordinator.http_url, "edgefleet_coordinator_", coordinator.admin_headers
+    )
     since = (process.cpu_times(), time.monotonic())
     waited = _run_queue_wait_s(coordinator.pid)
     result = await asyncio.to_thread(out.get)
@@ -296,7 +303,7 @@ async def _measure_lookups(
     window = time.monotonic() - since[1]
     before["run_queue_wait_s"] = (_run_queue_wait_s(coordinator.pid) - waited) / window
     before["load_average_1m"] = os.getloadavg()[0]
-    after = await _metric(coordinator.http_url, "edgefleet_coordinator_")
+    after = await _metric(coordinator.http_url, "edgefleet_coordinator_", coordinator.admin_headers)
     proc.join()
     return result, before, after, window, cores
 
@@ -368,11 +375,11 @@ async def main(args: argparse.Namespace) -> int:
 
         process = psutil.Process(coordinator.pid)
         key = "edgefleet_coordinator_load_reports_total"
-        reports0 = await _metric(coordinator.http_url, key)
+        reports0 = await _metric(coordinator.http_url, key, coordinator.admin_headers)
         since = (process.cpu_times(), time.monotonic())
         await asyncio.sleep(args.duration)
         cores_reports = _cores(process, since)
-        reports1 = await _metric(coordinator.http_url, key)
+        reports1 = await _metric(coordinator.http_url, key, coordinator.admin_headers)
         reports_per_s = (reports1.get(key, 0) - reports0.get(key, 0)) / args.duration
         print(f"  reports/s {reports_per_s:.0f}, coordinator CPU {cores_reports:.2f} cores")
 

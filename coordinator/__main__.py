@@ -7,8 +7,9 @@ import asyncio
 import logging
 import sys
 
-from coordinator.admin_cli import add_admin_commands, run_admin_command
+from coordinator.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from coordinator.config import (
+    ADMIN_TOKEN_FLAG_REFUSED,
     ENV_PREFIX,
     FLAGS,
     CoordinatorConfig,
@@ -47,7 +48,10 @@ def _admin_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("tokens", "agents"):
+    if any(a == "--admin-token" or a.startswith(("--admin-token=", "admin_token=")) for a in argv):
+        print(f"edgefleet-coordinator: error: {ADMIN_TOKEN_FLAG_REFUSED}", file=sys.stderr)
+        return 2
+    if argv and argv[0] in ADMIN_COMMANDS:
         return run_admin_command(_admin_parser().parse_args(argv))
     parser = build_parser()
     args = parser.parse_args(argv)

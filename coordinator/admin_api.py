@@ -1,36 +1,185 @@
-"""The admin HTTP API: join tokens and draining. Thin handlers over the services.
+"""Who may call which HTTP route, and the admin HTTP API. Thin handlers over the services.
 
-Every admin route lives in one sub-application (``create_admin_app``, mounted at
-``ADMIN_PREFIX``) whose middleware checks the caller before any handler runs: a
-route added there cannot forget the check. Callers must present
-``Authorization: Bearer <admin_token>`` when ``admin_token`` is configured (compared
-in constant time; 401 otherwise); without one, only loopback clients are let in (403).
-Handlers read the coordinator's services through ``request.config_dict``.
+Roles (``coordinator.admin_tokens.Role``): viewer < operator < admin. Every route of the
+coordinator's HTTP server, the admin API's included, names the role it needs in ONE
+table, ``route_roles()``: the public app's routes in ``http_api.ROUTE_ROLES`` and the
+admin routes in ``ADMIN_ROUTES`` below (each an ``AdminRoute`` with its role; to add an
+admin route, add one line there). The ``authorize`` middleware on the main app checks
+the caller before any handler runs, and a route missing from the table is refused
+(fail closed; a test enumerates the router so none is missing).
+
+Callers present ``Authorization: Bearer <token>`` (an admin token, or the bootstrap
+token). A missing or unknown token gets 401 ``invalid_admin_token``, a token whose role
+is too low 403 ``insufficient_role``. Being on loopback grants nothing.
+
+Every admin action (any request that is not GET/HEAD on a guarded route) is appended
+to the audit log with its outcome, and so are refusals (rate-capped, see
+``coordinator.audit``).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
 
-from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, REGISTRY_KEY, TOKENS_KEY
-from coordinator.config import is_loopback_host
+from coordinator.admin_tokens import Caller, Role
+from coordinator.app_keys import (
+    ADMIN_TOKENS_KEY,
+    AUDIT_KEY,
+    CONFIG_KEY,
+    GRPC_SERVER_KEY,
+    RECORDS_KEY,
+    REGISTRY_KEY,
+    ROUTE_ROLES_KEY,
+    TOKENS_KEY,
+)
+from coordinator.audit import MAX_PAGE, to_jsonl
 from coordinator.fleet_store import JoinToken
 from coordinator.http_api import (
+    ROUTE_ROLES,
     Handler,
     InvalidParameter,
     agent_json,
     error_response,
+    exception_response,
     iso_time,
 )
 
 logger = logging.getLogger(__name__)
 
 ADMIN_PREFIX = "/v1/admin"
+CALLER_KEY = web.RequestKey("caller", Caller)
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+@dataclass(frozen=True, slots=True)
+class AdminRoute:
+    """One admin route: method, path relative to ADMIN_PREFIX, handler, needed role."""
+
+    method: str
+    path: str
+    handler: Handler
+    role: Role
+    summary: str
+
+    def route_def(self) -> web.RouteDef:
+        if self.method == "GET":
+            return web.get(self.path, self.handler)  # and HEAD
+        return web.route(self.method, self.path, self.handler)
+
+
+# ------------------------------------------------------------------ authorization
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return None
+    return given.strip()
+
+
+def _route_key(request: web.Request) -> tuple[str, str] | None:
+    """(method, canonical path) of the matched route; None for 404/405 answers."""
+    route = request.match_info.route
+    resource = route.resource
+    if resource is None or request.match_info.http_exception is not None:
+        return None
+    method = "GET" if route.method == "HEAD" else route.method
+    return method, resource.canonical
+
+
+@web.middleware
+async def authorize(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The gate: the caller's role must reach the route's (``route_roles()``)."""
+    key = _route_key(request)
+    if key is None:  # no such route (404) or method (405): the handler says so
+        return await handler(request)
+    roles = request.config_dict[ROUTE_ROLES_KEY]
+    if key not in roles:
+        logger.error("route %s %s declares no role: refused", *key)
+        return _refuse(request, 403, "This route declares no role.", "route_without_role")
+    needed = roles[key]
+    if needed is None:
+        return await handler(request)
+    token = _bearer(request)
+    caller = None if token is None else request.config_dict[ADMIN_TOKENS_KEY].check(token)
+    if caller is None:
+        return _refuse(
+            request,
+            401,
+            f"This route needs Authorization: Bearer <admin token> (role {needed.label} or above).",
+            "invalid_admin_token",
+            type_="authentication_error",
+        )
+    request[CALLER_KEY] = caller
+    if caller.role < needed:
+        return _refuse(
+            request,
+            403,
+            f"This route needs role {needed.label}; the token {caller.name!r} has role "
+            f"{caller.role.label}.",
+            "insufficient_role",
+        )
+    if request.method in READ_METHODS:
+        return await handler(request)
+    try:
+        response: web.StreamResponse = await handler(request)
+    except Exception as exc:  # answered here so that the audit sees the outcome
+        response = exception_response(request, exc)
+    _audit(request, caller, response.status)
+    return response
+
+
+def _target(request: web.Request) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(request.match_info.items()))
+
+
+def _audit(request: web.Request, caller: Caller, status: int) -> None:
+    request.config_dict[AUDIT_KEY].append(
+        action=f"{request.method} {request.match_info.route.resource.canonical}"
+        if request.match_info.route.resource is not None
+        else f"{request.method} {request.path}",
+        outcome="ok" if status < 400 else "failed",
+        status=status,
+        actor_id=caller.token_id,
+        actor_name=caller.name,
+        role=caller.role.label,
+        target=_target(request),
+        peer=request.remote or "",
+    )
+
+
+def _refuse(
+    request: web.Request,
+    status: int,
+    message: str,
+    code: str,
+    *,
+    type_: str = "permission_error",
+) -> web.Response:
+    caller = request.get(CALLER_KEY)
+    logger.warning("refused %s %s from %s: %s", request.method, request.path, request.remote,
+                   code)  # fmt: skip
+    request.config_dict[AUDIT_KEY].append_refusal(
+        action=f"{request.method} {request.path}",
+        outcome="refused",
+        status=status,
+        actor_id="" if caller is None else caller.token_id,
+        actor_name="" if caller is None else caller.name,
+        role="" if caller is None else caller.role.label,
+        peer=request.remote or "",
+        detail=code,
+    )
+    return error_response(status, message, type_=type_, code=code)
+
+
+# ------------------------------------------------------------------ handlers
 
 
 def token_json(token: JoinToken, now: datetime) -> dict[str, Any]:
@@ -47,74 +196,43 @@ def token_json(token: JoinToken, now: datetime) -> dict[str, Any]:
     }
 
 
-def _token_matches(given: str, expected: str) -> bool:
-    """Constant-time comparison; any text (compare_digest refuses non-ASCII str)."""
-    return hmac.compare_digest(
-        given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape")
-    )
-
-
-@web.middleware
-async def require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The admin sub-application's gate: refuse before the handler runs."""
-    refusal = _admin_refusal(request)
-    if refusal is not None:
-        return refusal
-    return await handler(request)
-
-
-def _admin_refusal(request: web.Request) -> web.Response | None:
-    expected = request.config_dict[CONFIG_KEY].admin_token
-    if expected:
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer" and _token_matches(given.strip(), expected):
-            return None
-        logger.warning("refused admin request %s %s from %s", request.method, request.path,
-                       request.remote)  # fmt: skip
-        return error_response(
-            401,
-            "The admin API needs Authorization: Bearer <admin_token>.",
-            type_="authentication_error",
-            code="invalid_admin_token",
-        )
-    if is_loopback_host(request.remote or ""):
-        return None
-    logger.warning("refused admin request %s %s from %s (not loopback, no admin_token set)",
-                   request.method, request.path, request.remote)  # fmt: skip
-    return error_response(
-        403,
-        "The admin API is only open to loopback clients unless admin_token is set.",
-        type_="permission_error",
-        code="admin_loopback_only",
-    )
-
-
-def _int(body: dict[str, Any], name: str, default: int | None) -> int | None:
+def _int(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
     value = body.get(name, default)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
         raise InvalidParameter(name, f"{name} must be an integer, got {value!r}")
+    if abs(value) > 2**53:
+        raise InvalidParameter(name, f"{name} is out of range")
     return int(value)
 
 
-async def create_token(request: web.Request) -> web.Response:
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object body ({} when there is none); 400 otherwise."""
+    if not request.can_read_body:
+        return {}
     try:
-        body = await request.json() if request.can_read_body else {}
+        body = await request.json()
     except ValueError:
         raise InvalidParameter("body", "the request body must be a JSON object") from None
     if not isinstance(body, dict):
         raise InvalidParameter("body", "the request body must be a JSON object")
+    return body
+
+
+async def create_token(request: web.Request) -> web.Response:
+    body = await json_body(request)
     expires_in_s = _int(body, "expires_in_s", 86_400)
     max_uses = _int(body, "max_uses", 1)
-    if expires_in_s is not None and expires_in_s <= 0:
-        raise InvalidParameter("expires_in_s", "expires_in_s must be positive (or null)")
-    if max_uses is None or max_uses < 1:
-        raise InvalidParameter("max_uses", "max_uses must be at least 1")
+    if expires_in_s is not None and not 0 < expires_in_s <= 10 * 365 * 86_400:
+        raise InvalidParameter("expires_in_s", "expires_in_s must be within 1 s and 10 years")
+    if max_uses is None or not 1 <= max_uses <= 1_000_000:
+        raise InvalidParameter("max_uses", "max_uses must be within 1 and 1000000")
     site, note = body.get("site", ""), body.get("note", "")
     if not isinstance(site, str) or not isinstance(note, str):
         raise InvalidParameter("site", "site and note must be strings")
+    if len(site) > 256 or len(note) > 1024:
+        raise InvalidParameter("site", "site (256) or note (1024) is too long")
     created = request.config_dict[TOKENS_KEY].create(
         expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
         max_uses=max_uses,
@@ -157,18 +275,126 @@ async def resume_agent(request: web.Request) -> web.Response:
     return await _set_draining(request, False)
 
 
-# Relative to ADMIN_PREFIX.
-ADMIN_ROUTES = [
-    web.post("/tokens", create_token),
-    web.get("/tokens", list_tokens),
-    web.delete("/tokens/{token_id}", revoke_token),
-    web.post("/agents/{agent_id}/drain", drain_agent),
-    web.post("/agents/{agent_id}/resume", resume_agent),
-]
+async def mint_admin_token(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    role_text, name = body.get("role"), body.get("name")
+    if not isinstance(role_text, str):
+        raise InvalidParameter("role", "role must be viewer, operator or admin")
+    if not isinstance(name, str):
+        raise InvalidParameter("name", "name must be a string")
+    try:
+        role = Role.parse(role_text)
+    except ValueError as exc:
+        raise InvalidParameter("role", str(exc)) from None
+    caller = request[CALLER_KEY]
+    try:
+        created = request.config_dict[ADMIN_TOKENS_KEY].mint(
+            role, name, created_by=f"{caller.name} ({caller.token_id})"
+        )
+    except ValueError as exc:
+        raise InvalidParameter("name", str(exc)) from None
+    return web.json_response(created.record.json() | {"token": created.token}, status=201)
+
+
+async def list_admin_tokens(request: web.Request) -> web.Response:
+    data = [t.json() for t in request.config_dict[ADMIN_TOKENS_KEY].list()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def revoke_admin_token(request: web.Request) -> web.Response:
+    record = request.config_dict[ADMIN_TOKENS_KEY].revoke(request.match_info["token_id"])
+    return web.json_response(record.json())
+
+
+async def whoami(request: web.Request) -> web.Response:
+    caller = request[CALLER_KEY]
+    return web.json_response(
+        {"object": "caller", "token_id": caller.token_id, "name": caller.name,
+         "role": caller.role.label}
+    )  # fmt: skip
+
+
+def _since(request: web.Request) -> datetime | None:
+    raw = request.query.get("since", "")
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidParameter("since", f"since must be an ISO 8601 time, got {raw!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _query_int(request: web.Request, name: str, default: int, high: int) -> int:
+    raw = request.query.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidParameter(name, f"{name} must be an integer, got {raw!r}") from None
+    if not 0 <= value <= high:
+        raise InvalidParameter(name, f"{name} must be within [0, {high}]")
+    return value
+
+
+async def audit_log(request: web.Request) -> web.StreamResponse:
+    fmt = request.query.get("format", "json")
+    if fmt not in ("json", "jsonl"):
+        raise InvalidParameter("format", "format must be json or jsonl")
+    entries = request.config_dict[AUDIT_KEY].entries(
+        since=_since(request),
+        after_seq=_query_int(request, "after_seq", 0, 2**62),
+        limit=_query_int(request, "limit", 1000 if fmt == "json" else MAX_PAGE, MAX_PAGE),
+    )
+    if fmt == "json":
+        return web.json_response({"object": "list", "data": [e.json() for e in entries]})
+    return web.Response(text="".join(to_jsonl(entries)), content_type="application/jsonl")
+
+
+async def request_records(request: web.Request) -> web.Response:
+    records = request.config_dict[RECORDS_KEY].list(
+        agent_id=request.query.get("agent_id") or None,
+        after_seq=_query_int(request, "after_seq", 0, 2**62),
+        limit=_query_int(request, "limit", 1000, 10_000),
+    )
+    return web.json_response({"object": "list", "data": records})
+
+
+# The admin API (paths relative to ADMIN_PREFIX) and the role each route needs.
+# Role rules (README "Admin roles"): reading is viewer; steering agents and rollouts,
+# models and overflow targets is operator; keys, join tokens, agent revocation and
+# admin tokens are admin.
+ADMIN_ROUTES: list[AdminRoute] = [
+    AdminRoute("GET", "/whoami", whoami, Role.VIEWER, "The caller's token name and role"),
+    AdminRoute("POST", "/tokens", create_token, Role.ADMIN, "Create a join token (shown once)"),
+    AdminRoute("GET", "/tokens", list_tokens, Role.VIEWER, "List join tokens (no secrets)"),
+    AdminRoute("DELETE", "/tokens/{token_id}", revoke_token, Role.ADMIN, "Revoke a join token"),
+    AdminRoute("POST", "/agents/{agent_id}/drain", drain_agent, Role.OPERATOR, "Drain an agent"),
+    AdminRoute("POST", "/agents/{agent_id}/resume", resume_agent, Role.OPERATOR,
+               "Resume a drained agent"),
+    AdminRoute("POST", "/admin-tokens", mint_admin_token, Role.ADMIN,
+               "Mint an admin token with a role (shown once)"),
+    AdminRoute("GET", "/admin-tokens", list_admin_tokens, Role.ADMIN, "List admin tokens"),
+    AdminRoute("DELETE", "/admin-tokens/{token_id}", revoke_admin_token, Role.ADMIN,
+               "Revoke an admin token"),
+    AdminRoute("GET", "/audit", audit_log, Role.VIEWER, "The audit log (json or jsonl)"),
+    AdminRoute("GET", "/request-records", request_records, Role.VIEWER,
+               "Per-request records sent by agents"),
+]  # fmt: skip
+
+
+def route_roles() -> dict[tuple[str, str], Role | None]:
+    """(method, full canonical path) -> the role needed (None: public), for every route."""
+    table: dict[tuple[str, str], Role | None] = dict(ROUTE_ROLES)
+    for route in ADMIN_ROUTES:
+        table[(route.method, ADMIN_PREFIX + route.path)] = route.role
+    return table
 
 
 def create_admin_app() -> web.Application:
-    """The admin routes behind ``require_admin``; mount with ``add_subapp(ADMIN_PREFIX, ...)``."""
-    admin = web.Application(middlewares=[require_admin])
-    admin.add_routes(ADMIN_ROUTES)
+    """The admin routes; mount with ``add_subapp(ADMIN_PREFIX, ...)`` on an app that has
+    the ``authorize`` middleware and ``ROUTE_ROLES_KEY``."""
+    admin = web.Application()
+    admin.add_routes([route.route_def() for route in ADMIN_ROUTES])
     return admin

@@ -1,13 +1,21 @@
-"""``python -m coordinator tokens ...`` and ``... agents ...``: operator commands.
+"""``python -m coordinator tokens|agents|admin-tokens|audit ...``: operator commands.
 
 Token commands work on the coordinator's SQLite database directly (default: the
 configured ``data_dir``), or on a running coordinator's admin API with ``--url``.
 Drain and resume need the running coordinator (they push a command to the agent).
+``admin-tokens mint|list|revoke`` and ``audit export`` work on the database (whoever
+can read the data directory already holds every secret), or over ``--url``.
+
+Over ``--url`` the CLI presents an admin token from ``$EDGEFLEET_ADMIN_TOKEN`` or
+``--admin-token-file``, never from a flag (``/proc/PID/cmdline`` is readable by every
+user of the host). What the CLI changes in the database is written to the audit log
+with the peer ``cli`` and the local user's name.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -18,12 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.admin_api import token_json
+from coordinator.admin_db import AdminDatabase
+from coordinator.admin_tokens import AdminTokens, Role
+from coordinator.audit import AuditLog, to_jsonl
 from coordinator.config import load_config
 from coordinator.errors import ConfigError, CoordinatorError
 from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import JoinTokens
 
 ADMIN_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"
+ADMIN_COMMANDS = ("tokens", "agents", "admin-tokens", "audit")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -68,6 +80,23 @@ def add_admin_commands(sub: Any) -> None:
         command.add_argument("agent_id")
         leaves.append(command)
 
+    admin_tokens = sub.add_parser("admin-tokens", help="mint, list or revoke admin tokens")
+    admin_sub = admin_tokens.add_subparsers(dest="action", required=True)
+    mint = admin_sub.add_parser("mint", help="mint an admin token with a role (printed once)")
+    mint.add_argument("--role", required=True, choices=["viewer", "operator", "admin"])
+    mint.add_argument("--name", required=True, help="who or what holds it (shown in the audit)")
+    leaves.append(mint)
+    leaves.append(admin_sub.add_parser("list", help="list admin tokens"))
+    revoke_admin = admin_sub.add_parser("revoke", help="revoke an admin token")
+    revoke_admin.add_argument("token_id")
+    leaves.append(revoke_admin)
+
+    audit = sub.add_parser("audit", help="export the audit log")
+    audit_sub = audit.add_subparsers(dest="action", required=True)
+    export = audit_sub.add_parser("export", help="print the audit log as JSON lines")
+    export.add_argument("--since", help="ISO 8601 time, e.g. 2026-01-02T00:00:00Z")
+    leaves.append(export)
+
     for parser in leaves:
         parser.add_argument("--config", type=Path, metavar="FILE", help="coordinator TOML config")
         parser.add_argument("--data-dir", help="coordinator data directory (token commands)")
@@ -77,8 +106,8 @@ def add_admin_commands(sub: Any) -> None:
             "(tokens: default is the database; agents: default from the config)",
         )
         parser.add_argument(
-            "--admin-token", default=os.environ.get(ADMIN_TOKEN_ENV, ""),
-            help=f"admin API bearer token (default ${ADMIN_TOKEN_ENV})",
+            "--admin-token-file", type=Path, metavar="FILE",
+            help=f"file holding the admin token for --url (default: ${ADMIN_TOKEN_ENV})",
         )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -90,9 +119,22 @@ def run_admin_command(args: argparse.Namespace) -> int:
         print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
         return 2
     try:
+        args.admin_token = _client_token(args)
+        if args.command == "audit" and not args.url:
+            return _export_audit(args, config.data_path)
         if args.command == "agents":
             url = args.url or f"http://{config.http_host}:{config.http_port}"
             result = _http(url, "POST", f"/v1/admin/agents/{args.agent_id}/{args.action}", args)
+        elif args.command == "admin-tokens":
+            result = (
+                _admin_tokens_over_http(args)
+                if args.url
+                else _admin_tokens_in_database(args, config.data_path)
+            )
+        elif args.command == "audit":
+            since = f"&since={args.since}" if args.since else ""
+            return _print_text(_http(args.url, "GET", f"/v1/admin/audit?format=jsonl{since}",
+                                     args, raw=True))  # fmt: skip
         elif args.url:
             result = _tokens_over_http(args)
         else:
@@ -108,6 +150,97 @@ class AdminRequestError(Exception):
     """The admin API answered with an error or could not be reached."""
 
 
+def _client_token(args: argparse.Namespace) -> str:
+    if args.admin_token_file is not None:
+        try:
+            lines = args.admin_token_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AdminRequestError(f"cannot read {args.admin_token_file}: {exc}") from exc
+        return lines[0].strip() if lines else ""
+    return os.environ.get(ADMIN_TOKEN_ENV, "")
+
+
+def _cli_actor() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def _audit_cli(data_dir: Path, action: str, target: str, detail: str = "") -> None:
+    db = AdminDatabase.in_directory(data_dir)
+    try:
+        AuditLog(db).append(action=action, outcome="ok", actor_id="cli", actor_name=_cli_actor(),
+                            role="admin", target=target, peer="cli", detail=detail)  # fmt: skip
+    finally:
+        db.close()
+
+
+def _admin_tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
+    db = AdminDatabase.in_directory(data_dir)
+    try:
+        tokens = AdminTokens(db)
+        if args.action == "mint":
+            created = tokens.mint(Role.parse(args.role), args.name,
+                                  created_by=f"cli ({_cli_actor()})")  # fmt: skip
+            AuditLog(db).append(
+                action="cli admin-tokens mint", outcome="ok", actor_id="cli",
+                actor_name=_cli_actor(), role="admin", peer="cli",
+                target=f"token_id={created.record.token_id}",
+                detail=f"role={args.role} name={created.record.name}",
+            )  # fmt: skip
+            return created.record.json() | {"token": created.token}
+        if args.action == "list":
+            return {"object": "list", "data": [t.json() for t in tokens.list()]}
+        record = tokens.revoke(args.token_id)
+        AuditLog(db).append(action="cli admin-tokens revoke", outcome="ok", actor_id="cli",
+                            actor_name=_cli_actor(), role="admin", peer="cli",
+                            target=f"token_id={args.token_id}")  # fmt: skip
+        return record.json()
+    except ValueError as exc:
+        raise AdminRequestError(str(exc)) from exc
+    finally:
+        db.close()
+
+
+def _admin_tokens_over_http(args: argparse.Namespace) -> Any:
+    if args.action == "mint":
+        body = {"role": args.role, "name": args.name}
+        return _http(args.url, "POST", "/v1/admin/admin-tokens", args, body)
+    if args.action == "list":
+        return _http(args.url, "GET", "/v1/admin/admin-tokens", args)
+    return _http(args.url, "DELETE", f"/v1/admin/admin-tokens/{args.token_id}", args)
+
+
+def _export_audit(args: argparse.Namespace, data_dir: Path) -> int:
+    since = None
+    if args.since:
+        try:
+            since = datetime.fromisoformat(args.since.replace("Z", "+00:00"))
+        except ValueError:
+            print(f"edgefleet-coordinator: error: --since {args.since!r} is not an ISO time",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+    db = AdminDatabase.in_directory(data_dir)
+    try:
+        after = 0
+        while True:
+            page = list(AuditLog(db).entries(since=since, after_seq=after, limit=10_000))
+            sys.stdout.writelines(to_jsonl(iter(page)))
+            if len(page) < 10_000:
+                return 0
+            after = page[-1].seq
+    finally:
+        db.close()
+
+
+def _print_text(text: Any) -> int:
+    sys.stdout.write(str(text))
+    return 0
+
+
 def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
     store = SQLiteFleetStore.in_directory(data_dir)
     try:
@@ -117,10 +250,12 @@ def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
             created = tokens.create(
                 expires_in=args.expires_in, max_uses=args.uses, site=args.site, note=args.note
             )
+            _audit_cli(data_dir, "cli tokens create", f"token_id={created.record.token_id}")
             return token_json(created.record, now) | {"token": created.token}
         if args.action == "list":
             return {"object": "list", "data": [token_json(t, now) for t in tokens.list()]}
         tokens.revoke(args.token_id)
+        _audit_cli(data_dir, "cli tokens revoke", f"token_id={args.token_id}")
         return {"object": "join_token", "token_id": args.token_id, "state": "revoked"}
     except ValueError as exc:
         raise AdminRequestError(str(exc)) from exc
@@ -143,7 +278,8 @@ def _tokens_over_http(args: argparse.Namespace) -> Any:
     return _http(args.url, "DELETE", f"/v1/admin/tokens/{args.token_id}", args)
 
 
-def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any = None) -> Any:
+def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any = None,
+          *, raw: bool = False) -> Any:  # fmt: skip
     headers = {"Accept": "application/json"}
     data = None
     if body is not None:
@@ -156,7 +292,7 @@ def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any 
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return json.load(response)
+            return response.read().decode() if raw else json.load(response)
     except urllib.error.HTTPError as exc:
         try:
             message = json.load(exc)["error"]["message"]
@@ -170,6 +306,19 @@ def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any 
 def _print(args: argparse.Namespace, result: Any) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
+        return
+    if args.command == "admin-tokens":
+        if "token" in result:
+            print(result["token"])
+            print(f"admin token {result['token_id']} ({result['role']}, {result['name']}): "
+                  "shown once; store it now", file=sys.stderr)  # fmt: skip
+        elif result.get("object") == "list":
+            print(f"{'TOKEN ID':<14}{'ROLE':<10}{'STATE':<9}{'CREATED':<26}NAME")
+            for t in result["data"]:
+                print(f"{t['token_id']:<14}{t['role']:<10}{t['state']:<9}"
+                      f"{t['created_at']:<26}{t['name']}")  # fmt: skip
+        else:
+            print(f"admin token {result['token_id']} revoked")
         return
     if args.command == "agents":
         sent = "sent" if result.get("command_sent") else "not sent (agent not connected)"

@@ -5,20 +5,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from coordinator.admin_api import ADMIN_PREFIX, create_admin_app
+from coordinator.admin_api import ADMIN_PREFIX, authorize, create_admin_app, route_roles
+from coordinator.admin_db import AdminDatabase
+from coordinator.admin_tokens import AdminTokens
 from coordinator.app_keys import (
+    ADMIN_TOKENS_KEY,
+    AUDIT_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
     METRICS_KEY,
+    RECORDS_KEY,
     REGISTRY_KEY,
+    ROUTE_ROLES_KEY,
     ROUTER_KEY,
     STORE_KEY,
     TOKENS_KEY,
 )
+from coordinator.audit import AuditLog
 from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig
 from coordinator.enrollment import EnrollmentService
@@ -28,6 +35,7 @@ from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
+from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
 from coordinator.sqlite_store import SQLiteFleetStore
@@ -56,6 +64,10 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         restart_grace_s=config.restart_grace_s,
     )
     tokens = JoinTokens(fleet_store)
+    # Admin tokens, the audit log and request records: tables in the same database file.
+    admin_db = AdminDatabase.in_directory(data)
+    admin_tokens = AdminTokens(admin_db, bootstrap_token=config.bootstrap_admin_token())
+    records = RequestRecordStore(admin_db, max_rows=config.request_records_max_rows)
     metrics = CoordinatorMetrics(registry)
     router = Router.from_config(registry, config, metrics)
     servicer = CoordinatorServicer(
@@ -70,23 +82,38 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         ),
         report_interval_ms=config.report_interval_ms,
         hello_timeout_s=config.hello_timeout_s,
+        records=records,
     )
-    app = web.Application(middlewares=[count_requests, openai_errors])
+    # authorize is inside openai_errors: a crash in a check is still an error body.
+    app = web.Application(middlewares=[count_requests, openai_errors, authorize])
     app[CONFIG_KEY] = config
     app[REGISTRY_KEY] = registry
     app[METRICS_KEY] = metrics
     app[STORE_KEY] = fleet_store
     app[TOKENS_KEY] = tokens
     app[ROUTER_KEY] = router
+    app[ADMIN_TOKENS_KEY] = admin_tokens
+    app[AUDIT_KEY] = AuditLog(admin_db)
+    app[RECORDS_KEY] = records
+    app[ROUTE_ROLES_KEY] = route_roles()
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app.add_routes(ROUTES)
     app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)
+    app.cleanup_ctx.append(_admin_db_closer(admin_db))
     # Between the store and the gRPC server: the last save runs once sessions ended.
     app.cleanup_ctx.append(_last_state_saver)
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
     return app
+
+
+def _admin_db_closer(db: AdminDatabase) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def close(app: web.Application) -> AsyncIterator[None]:
+        yield
+        db.close()
+
+    return close
 
 
 async def _store(app: web.Application) -> AsyncIterator[None]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from coordinator.admin_tokens import AdminTokens, Role
+from coordinator.audit import AuditLog
 from coordinator.config import CoordinatorConfig
 from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import GrpcServer
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
+from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.tokens import JoinTokens
 
@@ -19,3 +22,7 @@ GRPC_SERVER_KEY = web.AppKey("grpc_server", GrpcServer)
 STORE_KEY = web.AppKey("store", FleetStore)
 TOKENS_KEY = web.AppKey("tokens", JoinTokens)
 ROUTER_KEY = web.AppKey("router", Router)
+ADMIN_TOKENS_KEY = web.AppKey("admin_tokens", AdminTokens)
+AUDIT_KEY = web.AppKey("audit", AuditLog)
+RECORDS_KEY = web.AppKey("request_records", RequestRecordStore)
+ROUTE_ROLES_KEY: web.AppKey[dict[tuple[str, str], Role | None]] = web.AppKey("route_roles")

@@ -89,8 +89,16 @@ class CoordinatorConfig(Settings):
     http_tls: Switch = "auto"
     http_tls_cert_file: str = ""
     http_tls_key_file: str = ""
-    # Bearer token for the admin API; empty = admin API only from loopback clients.
+    # The bootstrap admin token (role admin), at least 32 characters: from the environment
+    # (EDGEFLEET_COORDINATOR_ADMIN_TOKEN) or the config file, never a flag (a flag's value
+    # is readable in /proc/PID/cmdline). Empty: only tokens minted with
+    # `python -m coordinator admin-tokens mint` are accepted. Loopback grants nothing.
     admin_token: str = Field(default="", repr=False)
+    # A file holding the bootstrap admin token (first line; keep it 0600). Used when
+    # admin_token is empty.
+    admin_token_file: str = ""
+    # Most per-request records kept (the oldest tenth goes past it).
+    request_records_max_rows: int = Field(default=5_000_000, ge=1000)
 
     # --- liveness
     # Missed load reports before an agent is suspect (routed last) and down (not routed).
@@ -135,6 +143,11 @@ class CoordinatorConfig(Settings):
         parse_site_networks(value)  # ValueError names the bad entry
         return value
 
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_strong(cls, value: str) -> str:
+        return check_admin_token(value, "admin_token")
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.down_after_reports <= self.suspect_after_reports:
@@ -151,6 +164,25 @@ class CoordinatorConfig(Settings):
         if sum(weights) + self.route_weight_wait <= 0:
             raise ValueError("at least one of the route_weight_* settings must be above 0")
         return self
+
+    def bootstrap_admin_token(self) -> str:
+        """``admin_token``, else the first line of ``admin_token_file``; "" for none."""
+        if self.admin_token or not self.admin_token_file:
+            return self.admin_token
+        path = Path(self.admin_token_file).expanduser()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            mode = path.stat().st_mode
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read admin_token_file {path}: {exc}") from exc
+        if mode & 0o077:
+            logging.getLogger(__name__).warning(
+                "admin_token_file %s is readable by other users (chmod 600 it)", path
+            )
+        try:
+            return check_admin_token(lines[0].strip() if lines else "", f"admin_token_file {path}")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def data_path(self) -> Path:
@@ -175,6 +207,24 @@ class CoordinatorConfig(Settings):
         return self.require_enrollment == "on"
 
 
+MIN_ADMIN_TOKEN_LENGTH = 32
+
+
+def check_admin_token(value: str, where: str) -> str:
+    """A bootstrap admin token: empty, or 32+ printable ASCII characters without spaces."""
+    if not value:
+        return value
+    if len(value) < MIN_ADMIN_TOKEN_LENGTH:
+        raise ValueError(
+            f"{where} is {len(value)} characters; an admin token needs at least "
+            f"{MIN_ADMIN_TOKEN_LENGTH} (e.g. `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'`)"
+        )
+    if not all(33 <= ord(c) <= 126 for c in value):
+        raise ValueError(f"{where} must be printable ASCII without spaces")
+    return value
+
+
 def is_loopback_host(host: str) -> bool:
     """True for localhost and loopback IP addresses."""
     if host.strip().lower() == "localhost":
@@ -184,6 +234,12 @@ def is_loopback_host(host: str) -> bool:
     except ValueError:
         return False
 
+
+ADMIN_TOKEN_FLAG_REFUSED = (
+    "the admin token cannot be given as a flag (anyone on the host can read a process's "
+    f"flags in /proc/PID/cmdline): set {ENV_PREFIX}ADMIN_TOKEN in the environment, or "
+    "admin_token_file = PATH (a 0600 file) in the config file"
+)
 
 # Named flags (every key is also reachable with --set KEY=VALUE).
 FLAGS = (
@@ -200,7 +256,6 @@ FLAGS = (
     Flag("--tls", "tls", "auto|on|off"),
     Flag("--http-tls", "http_tls", "auto|on|off"),
     Flag("--enroll-port", "enroll_port", "PORT", default="grpc_port + 1"),
-    Flag("--admin-token", "admin_token", "TOKEN"),
 )
 
 
@@ -210,7 +265,12 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> CoordinatorConfig:
-    """Defaults < ``path`` (or ``$EDGEFLEET_COORDINATOR_CONFIG``) < environment < flags."""
+    """Defaults < ``path`` (or ``$EDGEFLEET_COORDINATOR_CONFIG``) < environment < flags.
+
+    The admin token may not come from a flag (``--set admin_token=...``): refused.
+    """
+    if overrides and overrides.get("admin_token"):
+        raise ConfigError(ADMIN_TOKEN_FLAG_REFUSED)
     return load_settings(
         CoordinatorConfig,
         prefix=ENV_PREFIX,

@@ -29,8 +29,10 @@ from coordinator.errors import (
 )
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
+from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
+from edgefleet import contract_pb
 from edgefleet.contract import CommandKind, DesiredState, Hello, Section
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
@@ -83,7 +85,9 @@ class CoordinatorServicer:
         authenticator: SessionAuthenticator,
         report_interval_ms: int,
         hello_timeout_s: float,
+        records: RequestRecordStore | None = None,
     ) -> None:
+        self._records = records
         self._registry = registry
         self._metrics = metrics
         self._router = router
@@ -266,10 +270,22 @@ class CoordinatorServicer:
             elif kind == "bye":
                 logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)
+            elif kind == "request_records":
+                self._store_records(live, message.request_records)
             elif kind == "hello":
                 raise ProtocolError("Hello may only be sent once, as the first message")
             else:
                 raise ProtocolError("empty AgentMessage (no body set)")
+
+    def _store_records(self, live: _LiveSession, message: pb.RequestRecords) -> None:
+        """Store a batch of request records and acknowledge it (coordinator.request_records)."""
+        if self._records is None:
+            return
+        batch = contract_pb.request_records_from_pb(message)
+        result = self._records.accept(live.agent_id, batch)  # ProtocolError ends the session
+        if result.ack is not None:
+            ack = contract_pb.records_ack_to_pb(result.ack)
+            live.outbox.put_nowait(pb.CoordinatorMessage(records_ack=ack))
 
 
 class GrpcServer:

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from coordinator.admin_tokens import Role
 from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY, ROUTER_KEY
 from coordinator.errors import UnknownAgentError, UnknownTokenRefError
 from coordinator.fleet import AgentRecord, AgentStatus
@@ -49,9 +50,15 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     """Turn HTTP errors and crashes into OpenAI-style JSON error bodies."""
     try:
         return await handler(request)
-    except web.HTTPException as exc:
+    except Exception as exc:
+        return exception_response(request, exc)
+
+
+def exception_response(request: web.Request, exc: Exception) -> web.Response:
+    """The OpenAI-style error answer for what a handler raised (re-raises redirects)."""
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         if exc.status == 404:
             return error_response(
@@ -75,26 +82,25 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
             code=None,
             headers=headers,
         )
-    except UnknownAgentError as exc:
+    if isinstance(exc, UnknownAgentError):
         return error_response(
             404, str(exc), type_="invalid_request_error", code="agent_not_found", param="agent_id"
         )
-    except UnknownTokenRefError as exc:
+    if isinstance(exc, UnknownTokenRefError):
         return error_response(
             404, str(exc), type_="invalid_request_error", code="token_not_found", param="token_id"
         )
-    except InvalidParameter as exc:
+    if isinstance(exc, InvalidParameter):
         return error_response(
             400, str(exc), type_="invalid_request_error", code="invalid_parameter", param=exc.param
         )
-    except Exception:
-        logger.exception("unhandled error serving %s %s", request.method, request.path)
-        return error_response(
-            500,
-            "The coordinator had an error while processing your request.",
-            type_="server_error",
-            code="internal_error",
-        )
+    logger.error("unhandled error serving %s %s", request.method, request.path, exc_info=exc)
+    return error_response(
+        500,
+        "The coordinator had an error while processing your request.",
+        type_="server_error",
+        code="internal_error",
+    )
 
 
 @web.middleware
@@ -186,6 +192,9 @@ async def route(request: web.Request) -> web.Response:
 
 
 def route_json(query: RouteQuery, decision: RouteDecision) -> dict[str, Any]:
+    """The public route answer: what a client needs to pick an agent (where, how near,
+    how long it would wait, its rank), not the load internals behind the score (queue
+    and KV-cache fractions: ``score_parts``), which need a viewer token (/v1/agents)."""
     overflow = decision.overflow
     return {
         "object": "route",
@@ -197,7 +206,6 @@ def route_json(query: RouteQuery, decision: RouteDecision) -> dict[str, Any]:
                 "http_url": a.http_url,
                 "site": a.site,
                 "score": a.score,
-                "score_parts": dict(a.score_parts),
                 "liveness": a.liveness.value,
                 "distance_km": a.distance_km,
                 "predicted_wait_ms": a.predicted_wait_ms,
@@ -239,13 +247,31 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
+async def openapi(request: web.Request) -> web.Response:
+    from coordinator.openapi import openapi_document
+
+    return web.json_response(openapi_document())
+
+
 ROUTES = [
     web.get("/v1/agents", list_agents),
     web.get("/v1/agents/{agent_id}", get_agent),
     web.get("/v1/route", route),
     web.get("/healthz", healthz),
     web.get("/metrics", metrics),
+    web.get("/openapi.json", openapi),
 ]
+# The role each route of the main app needs (None: public); the admin API's routes
+# declare theirs in coordinator.admin_api.ADMIN_ROUTES. Together: admin_api.route_roles().
+ROUTE_ROLES: dict[tuple[str, str], Role | None] = {
+    ("GET", "/v1/agents"): Role.VIEWER,
+    ("GET", "/v1/agents/{agent_id}"): Role.VIEWER,
+    ("GET", "/metrics"): Role.VIEWER,
+    # What a client needs to pick an agent; no load internals (see route_json).
+    ("GET", "/v1/route"): None,
+    ("GET", "/healthz"): None,
+    ("GET", "/openapi.json"): None,
+}
 
 
 def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> dict[str, Any]:

@@ -89,6 +89,61 @@ def _agent_last_state(db: sqlite3.Connection) -> None:
         ) WITHOUT ROWID""")  # fmt: skip
 
 
+@_migration(3)
+def _admin_tokens_audit_request_records(db: sqlite3.Connection) -> None:
+    """Admin tokens (roles), the append-only audit log and the agents' request records."""
+    db.execute("""
+        CREATE TABLE admin_tokens (
+            token_id      TEXT PRIMARY KEY,
+            name          TEXT NOT NULL,
+            role          TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+            secret_sha256 TEXT NOT NULL,
+            created_at    TEXT NOT NULL,
+            created_by    TEXT NOT NULL DEFAULT '',
+            revoked_at    TEXT
+        )""")  # fmt: skip
+    db.execute("""
+        CREATE TABLE audit_log (
+            seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+            at         TEXT NOT NULL,
+            actor_id   TEXT NOT NULL DEFAULT '',
+            actor_name TEXT NOT NULL DEFAULT '',
+            role       TEXT NOT NULL DEFAULT '',
+            action     TEXT NOT NULL,
+            target     TEXT NOT NULL DEFAULT '',
+            peer       TEXT NOT NULL DEFAULT '',
+            outcome    TEXT NOT NULL,
+            status     INTEGER NOT NULL DEFAULT 0,
+            detail     TEXT NOT NULL DEFAULT ''
+        )""")  # fmt: skip
+    # Append-only: no path in the code updates or deletes, and the database refuses to.
+    for verb in ("UPDATE", "DELETE"):
+        db.execute(f"""
+            CREATE TRIGGER audit_log_no_{verb.lower()} BEFORE {verb} ON audit_log
+            BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END""")  # fmt: skip
+    db.execute("""
+        CREATE TABLE request_records (
+            agent_id          TEXT NOT NULL,
+            seq               INTEGER NOT NULL,
+            received_at       REAL NOT NULL,
+            at                REAL NOT NULL DEFAULT 0,
+            key_id            TEXT,
+            model             TEXT NOT NULL DEFAULT '',
+            version           TEXT NOT NULL DEFAULT '',
+            prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+            completion_tokens INTEGER NOT NULL DEFAULT 0,
+            latency_ms        REAL NOT NULL DEFAULT 0,
+            ttft_ms           REAL,
+            served_by         TEXT NOT NULL DEFAULT '',
+            endpoint          TEXT NOT NULL DEFAULT '',
+            status            INTEGER NOT NULL DEFAULT 0,
+            -- > 0: a gap record, this many records were lost at the agent (spool full)
+            dropped           INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (agent_id, seq)
+        )""")  # fmt: skip
+    db.execute("CREATE INDEX request_records_received ON request_records (received_at)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -15,10 +16,14 @@ _COORDINATOR_READY = re.compile(
     r"coordinator ready: grpc=(?P<grpc>\S+):(?P<gport>\d+) http=(?P<http>\S+)"
     r"(?: enroll=(?P<enroll>\S+))?"
 )
+ADMIN_TOKEN_ENV = "EDGEFLEET_COORDINATOR_ADMIN_TOKEN"
 _AGENT_READY = re.compile(r"edgefleet agent (?P<id>\S+) ready: (?P<url>\S+)")
 
 
 class CoordinatorProcess(ServiceProcess):
+    """A coordinator with a fresh bootstrap admin token (``admin_token``, given in its
+    environment, never a flag); ``get_json`` and ``admin_headers`` present it."""
+
     def __init__(
         self,
         *,
@@ -44,6 +49,8 @@ class CoordinatorProcess(ServiceProcess):
             "--data-dir", str(self.data_dir),
             *extra_args,
         ]  # fmt: skip
+        self.admin_token = (env or {}).get(ADMIN_TOKEN_ENV) or secrets.token_urlsafe(32)
+        env = {**(env or {}), ADMIN_TOKEN_ENV: self.admin_token}
         super().__init__(
             "coordinator", args, _COORDINATOR_READY, env=env, startup_timeout_s=startup_timeout_s
         )
@@ -66,8 +73,12 @@ class CoordinatorProcess(ServiceProcess):
             shutil.rmtree(self.data_dir, ignore_errors=True)
         return code
 
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
     async def get_json(self, path: str) -> Any:
-        return await get_json(self.http_url + path)
+        return await get_json(self.http_url + path, headers=self.admin_headers)
 
     async def agents(self) -> list[dict[str, Any]]:
         """The coordinator's fleet view (``GET /v1/agents``)."""

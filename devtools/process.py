@@ -148,8 +148,11 @@ class ServiceProcess:
             await self.terminate()
 
 
-async def get_json(url: str) -> Any:
-    async with aiohttp.ClientSession() as http, http.get(url, raise_for_status=True) as response:
+async def get_json(url: str, *, headers: dict[str, str] | None = None) -> Any:
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.get(url, raise_for_status=True) as response,
+    ):
         return await response.json()
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -45,6 +47,7 @@ from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
+from agent.request_log import RequestLog, RequestLogSlot
 from agent.response_cache import ResponseCache
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,9 @@ COMPLETIONS = web.AppKey("completions", CompletionService)
 EMBEDDINGS = web.AppKey("embeddings", EmbeddingService)
 STARTED = web.AppKey("started", float)
 STATE = web.AppKey("state", AgentState)
+REQUEST_LOG = web.AppKey("request_log", RequestLogSlot)
+# Time to the first token (ms), where the serving code measured it.
+TTFT_MS = web.RequestKey("ttft_ms", float)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -69,6 +75,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     endpoint = route.canonical if route is not None else "unmatched"
     started = time.perf_counter()
     status = 500
+    response: web.StreamResponse | None = None
     try:
         response = await handler(request)
         status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
@@ -96,6 +103,54 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     finally:
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
+        if endpoint in RECORDED_ENDPOINTS and (log_ := request.app[REQUEST_LOG].log) is not None:
+            _record_request(request, log_, endpoint, status, started, response)
+
+
+# Requests that get a per-request record (agent/request_log.py).
+RECORDED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+# Where the API-key middleware leaves the caller's key id (None without keys).
+API_KEY_ID = web.RequestKey("api_key_id", str)
+
+
+def _record_request(
+    request: web.Request,
+    log_: RequestLog,
+    endpoint: str,
+    status: int,
+    started: float,
+    response: web.StreamResponse | None,
+) -> None:
+    """One record, from what the response says (usage, model); never any text."""
+    record: dict[str, Any] = {
+        "key_id": request.get(API_KEY_ID),
+        "endpoint": endpoint,
+        "status": status,
+        "latency_ms": (time.perf_counter() - started) * 1000.0,
+        "ttft_ms": request.get(TTFT_MS),
+        "served_by": log_.served_by,
+        "model": "",
+        "version": "",
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+    }
+    if isinstance(response, web.Response) and isinstance(response.body, bytes):
+        try:
+            body = json.loads(response.body)
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            usage = body.get("usage") or {}
+            record["model"] = str(body.get("model") or "")[:256]
+            record["prompt_tokens"] = int(usage.get("prompt_tokens") or 0)
+            record["completion_tokens"] = int(usage.get("completion_tokens") or 0)
+            model = request.app[REGISTRY].text_models.get(record["model"]) if (
+                REGISTRY in request.app) else None  # fmt: skip
+            record["version"] = getattr(model, "version", "") or ""
+    try:
+        log_.append(record)
+    except OSError as exc:
+        log.error("could not write the request record: %s", exc)
 
 
 def _limit(request: web.Request) -> int:
@@ -263,4 +318,7 @@ def create_app(config: AgentConfig, registry: ModelRegistry | None = None) -> we
     app[STATE] = AgentState()
     app.add_routes(ROUTES)
     app.cleanup_ctx.append(_registry_ctx(registry))
+    # Per-request records: the agent's entry point opens the spool once it knows its id
+    # (``RequestLogSlot.open``); until then, and when standalone, none are kept.
+    app[REQUEST_LOG] = RequestLogSlot(app[METRICS].registry)
     return app

@@ -38,6 +38,7 @@ import grpc
 from agent.control.reconnect import ReconnectBackoff, host_port, wait_to_retry
 from agent.enrollment import Enroller, EnrollmentUnavailableError
 from agent.errors import FatalError
+from agent.request_log import RequestLog
 from edgefleet import contract_pb
 from edgefleet.contract import (
     Bye,
@@ -45,6 +46,8 @@ from edgefleet.contract import (
     DesiredState,
     Hello,
     LoadReport,
+    RecordsAck,
+    RequestRecords,
     SectionGenerations,
 )
 from edgefleet.v1 import fleet_pb2 as pb
@@ -59,6 +62,9 @@ _CHANNEL_OPTIONS = [
 ]
 # How long a graceful stop waits for the coordinator to close the stream.
 _BYE_TIMEOUT_S = 1.0
+
+# Request-record batches sent per report interval at most (500 records each).
+_RECORD_BATCHES_PER_REPORT = 8
 
 IdentityProvider = Callable[[], Hello]
 LoadProvider = Callable[[], LoadReport]
@@ -108,6 +114,7 @@ class CoordinatorSession:
         probe_interval_s: float = 0.25,
         connect_timeout_s: float = 10.0,
         rng: random.Random | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         """``max_backoff_s`` caps the delay between attempts; None: the report interval in
         use (the coordinator's once welcomed). ``probe_interval_s``: how often the port of
@@ -131,6 +138,9 @@ class CoordinatorSession:
         self._probe_interval_s = probe_interval_s
         self._probe = host_port(target)
         self._connect_timeout_s = connect_timeout_s
+        self._request_log = request_log
+        # Request records sent on this session, up to this seq (reset on a new session).
+        self._records_sent_through = 0
 
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -283,6 +293,7 @@ class CoordinatorSession:
         if welcome.report_interval_ms > 0:
             self.report_interval_s = welcome.report_interval_ms / 1000.0
         self.session_id = welcome.session_id
+        self._records_sent_through = 0 if self._request_log is None else self._request_log.acked
         self.sessions_opened += 1
         self.last_error = None
         logger.info(
@@ -317,6 +328,8 @@ class CoordinatorSession:
             kind = message.WhichOneof("body")
             if kind == "desired_state":
                 self._apply(contract_pb.desired_state_from_pb(message.desired_state))
+            elif kind == "records_ack":
+                self._records_acked(contract_pb.records_ack_from_pb(message.records_ack))
             elif kind == "command":
                 command = contract_pb.command_from_pb(message.command)
                 logger.info("coordinator command %s (%s)", command.kind, command.reason or "-")
@@ -349,6 +362,7 @@ class CoordinatorSession:
             report = self._take_load_report()
             if report is not None:
                 await call.write(pb.AgentMessage(load_report=report))
+            await self._send_records(call)
             try:
                 await asyncio.wait_for(self._stopping.wait(), self.report_interval_s)
             except TimeoutError:
@@ -357,6 +371,30 @@ class CoordinatorSession:
             await call.write(pb.AgentMessage(bye=bye))
             await call.done_writing()
             return
+
+    # ------------------------------------------------ per-request records (request_log)
+
+    async def _send_records(self, call: Any) -> None:
+        """Send the spooled request records not sent on this session yet, a few batches per
+        report interval; they leave the spool only when the coordinator acknowledges."""
+        log = self._request_log
+        if log is None:
+            return
+        for _ in range(_RECORD_BATCHES_PER_REPORT):
+            batch = log.batch(self._records_sent_through)
+            if batch is None:
+                return
+            first_seq, packed, count = batch
+            records = RequestRecords(first_seq, packed, dropped=log.dropped_unreported)
+            await call.write(
+                pb.AgentMessage(request_records=contract_pb.request_records_to_pb(records))
+            )
+            log.dropped_unreported = 0
+            self._records_sent_through = first_seq + count - 1
+
+    def _records_acked(self, ack: RecordsAck) -> None:
+        if self._request_log is not None:
+            self._request_log.ack(ack.through_seq)
 
     def _take_load_report(self) -> pb.LoadReport | None:
         try:

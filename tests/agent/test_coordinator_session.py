@@ -304,5 +304,8 @@ async def _is(value: Any, expected: Any) -> bool:
 async def _metrics_text(coordinator: CoordinatorProcess) -> str:
     import aiohttp
 
-    async with aiohttp.ClientSession() as http, http.get(coordinator.http_url + "/metrics") as r:
+    async with (
+        aiohttp.ClientSession(headers=coordinator.admin_headers) as http,
+        http.get(coordinator.http_url + "/metrics") as r,
+    ):
         return await r.text()

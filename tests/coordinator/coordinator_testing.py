@@ -18,6 +18,10 @@ from coordinator.config import CoordinatorConfig
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
+# The bootstrap admin token every test coordinator gets (the fleet view needs a viewer).
+TEST_ADMIN_TOKEN = "test-admin-token-0123456789abcdef0123"
+ADMIN_HEADERS = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
+
 
 @dataclass
 class Coordinator:
@@ -30,7 +34,10 @@ class Coordinator:
         return str(self.app[TOKENS_KEY].create(**kwargs).token)
 
     async def get_json(self, path: str) -> Any:
-        async with aiohttp.ClientSession() as http, http.get(self.http_url + path) as response:
+        async with (
+            aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+            http.get(self.http_url + path) as response,
+        ):
             return await response.json()
 
 
@@ -49,6 +56,7 @@ async def coordinator_factory(tmp_path: Path) -> AsyncIterator[MakeCoordinator]:
             "report_interval_ms": 200,
             "hello_timeout_s": 2.0,
             "data_dir": str(tmp_path / f"coordinator-{len(servers)}"),
+            "admin_token": TEST_ADMIN_TOKEN,
         }
         app = create_app(CoordinatorConfig(**(defaults | settings)))
         server = TestServer(app, host="127.0.0.1", port=0)

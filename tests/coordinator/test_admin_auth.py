@@ -1,11 +1,17 @@
-"""The admin API's gate: every route but the public ones refuses a caller without the token.
+"""Admin roles: every route names its role, every guarded route refuses a caller without
+a good enough token, loopback is no credential, and admin actions are audited.
 
-Routes are enumerated from the app's own router, so a route added later (anywhere)
-is checked too: either it is listed in PUBLIC here, or it must refuse.
+Routes are enumerated from the app's own router, so a route added later (anywhere) is
+checked too: it must be in the role table (``route_roles``) and the OpenAPI document.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,19 +21,21 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from coordinator.admin_api import route_roles
+from coordinator.admin_tokens import Role
 from coordinator.app import create_app
-from coordinator.app_keys import TOKENS_KEY
+from coordinator.app_keys import ADMIN_TOKENS_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
+from coordinator.errors import ConfigError
+from coordinator.openapi import documented_routes, openapi_document
+from coordinator.sqlite_store import DB_FILE
+from devtools.fleet import CoordinatorProcess
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
 
-ADMIN_TOKEN = "s3cret-admin-token"
-# Open to anyone: reading the fleet, route lookups, health and metrics.
-PUBLIC = {
-    (method, path)
-    for path in ("/v1/agents", "/v1/agents/{agent_id}", "/v1/route", "/healthz", "/metrics")
-    for method in ("GET", "HEAD")
-}
+ADMIN_TOKEN = "s3cret-admin-token-of-32-chars-at-least"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PUBLIC = {("GET", "/v1/route"), ("GET", "/healthz"), ("GET", "/openapi.json")}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -41,30 +49,46 @@ def from_address(remote: str) -> Any:
     return middleware
 
 
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 class Running:
     def __init__(self, app: web.Application, server: TestServer) -> None:
         self.app, self.server = app, server
 
+    def routes(self) -> list[tuple[str, str]]:
+        return sorted(
+            {
+                ("GET" if r.method == "HEAD" else r.method, r.resource.canonical)
+                for r in self.app.router.routes()
+                if r.resource is not None
+            }
+        )
+
     def guarded_routes(self) -> list[tuple[str, str]]:
         """(method, path with sample parameters) of every non-public route."""
-        routes = []
-        for route in self.app.router.routes():
-            resource = route.resource
-            assert resource is not None
-            if (route.method, resource.canonical) in PUBLIC:
+        out = []
+        for method, canonical in self.routes():
+            if (method, canonical) in PUBLIC:
                 continue
-            path = resource.canonical.replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
-            assert "{" not in path, f"give {resource.canonical} a sample parameter here"
-            routes.append((route.method, path))
-        return routes
+            path = canonical.replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
+            assert "{" not in path, f"give {canonical} a sample parameter here"
+            out.append((method, path))
+        return out
 
-    async def call(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, Any]:
+    async def call(
+        self, method: str, path: str, headers: dict[str, str], body: Any = None
+    ) -> tuple[int, Any]:
         async with (
             aiohttp.ClientSession() as http,
-            http.request(method, str(self.server.make_url(path)), headers=headers) as response,
+            http.request(
+                method, str(self.server.make_url(path)), headers=headers, json=body
+            ) as response,
         ):
-            body = None if method == "HEAD" else await response.json()
-            return response.status, body
+            if response.content_type == "application/json":
+                return response.status, await response.json()
+            return response.status, await response.text()
 
 
 @pytest.fixture
@@ -89,14 +113,26 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Running
         await server.close()
 
 
-async def test_the_admin_routes_are_the_guarded_ones(
+async def test_every_route_declares_a_role_and_is_documented(
     start: Callable[..., Awaitable[Running]],
 ) -> None:
-    """The enumeration the other tests use is not vacuous: it finds the admin API."""
-    guarded = (await start()).guarded_routes()
-    assert ("POST", "/v1/admin/tokens") in guarded
-    assert ("POST", "/v1/admin/agents/edge-1/drain") in guarded
-    assert all(path.startswith("/v1/admin/") for _, path in guarded)
+    c = await start(admin_token=ADMIN_TOKEN)
+    table = route_roles()
+    document = openapi_document()
+    for method, path in c.routes():
+        assert (method, path) in table, f"{method} {path} declares no role in route_roles()"
+        assert (method, path) in documented_routes(), f"{method} {path} is not in the OpenAPI"
+        operation = document["paths"][path][method.lower()]
+        role = table[(method, path)]
+        assert operation["x-role"] == (None if role is None else role.label)
+    assert {k for k, v in table.items() if v is None} == PUBLIC
+    assert set(table) == set(c.routes())
+    # The enumeration is not vacuous: it finds the admin API and the fleet view.
+    guarded = c.guarded_routes()
+    assert ("POST", "/v1/admin/tokens") in guarded and ("GET", "/v1/agents") in guarded
+    assert ("GET", "/metrics") in guarded
+    status, served = await c.call("GET", "/openapi.json", {})
+    assert status == 200 and served["paths"].keys() == document["paths"].keys()
 
 
 @pytest.mark.parametrize(
@@ -106,9 +142,11 @@ async def test_the_admin_routes_are_the_guarded_ones(
         "Bearer wrong-token",
         f"Basic {ADMIN_TOKEN}",
         f"Bearer {ADMIN_TOKEN}x",
+        f"Bearer {ADMIN_TOKEN[:-1]}",
+        "Bearer x",  # a 1-character token
         "Bearer sécret-ünicode",  # not ASCII: still a plain 401, not a crash
     ],
-    ids=["missing", "wrong", "not-bearer", "longer", "non-ascii"],
+    ids=["missing", "wrong", "not-bearer", "longer", "shorter", "one-char", "non-ascii"],
 )
 async def test_every_guarded_route_refuses_a_missing_or_wrong_token(
     start: Callable[..., Awaitable[Running]], authorization: str | None
@@ -118,38 +156,177 @@ async def test_every_guarded_route_refuses_a_missing_or_wrong_token(
     for method, path in c.guarded_routes():
         status, body = await c.call(method, path, headers)
         assert status == 401, (method, path, body)
-        if body is not None:
+        if isinstance(body, dict):
             assert body["error"]["code"] == "invalid_admin_token"
             assert body["error"]["type"] == "authentication_error"
             assert ADMIN_TOKEN not in str(body)
     assert c.app[TOKENS_KEY].list() == []  # the refused POSTs did nothing
+    # Honest traffic kept being served.
+    assert (await c.call("GET", "/v1/agents", bearer(ADMIN_TOKEN)))[0] == 200
+    assert (await c.call("GET", "/v1/route?model=m", {}))[0] == 200
+
+
+async def test_loopback_is_no_credential(start: Callable[..., Awaitable[Running]]) -> None:
+    """Before: with no admin token set every loopback client was admin (201 here)."""
+    local = await start()  # no bootstrap token, caller on 127.0.0.1
+    for method, path in local.guarded_routes():
+        status, body = await local.call(method, path, {})
+        assert status == 401, (method, path, body)
+    assert local.app[TOKENS_KEY].list() == []
+    # The public routes stay open.
+    for path in ("/healthz", "/v1/route?model=m", "/openapi.json"):
+        assert (await local.call("GET", path, {}))[0] == 200
 
 
 async def test_the_right_token_is_let_through_on_every_guarded_route(
     start: Callable[..., Awaitable[Running]],
 ) -> None:
     c = await start(admin_token=ADMIN_TOKEN, remote="203.0.113.7")
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     for method, path in c.guarded_routes():
-        status, body = await c.call(method, path, headers)
-        # Past the gate: the handler answers (404 for the sample agent / token ids).
+        status, body = await c.call(method, path, bearer(ADMIN_TOKEN))
+        # Past the gate: the handler answers (400 for an empty mint, 404 for sample ids).
         assert status not in (401, 403), (method, path, body)
     assert len(c.app[TOKENS_KEY].list()) == 1
 
 
-async def test_without_an_admin_token_only_loopback_callers_get_in(
-    start: Callable[..., Awaitable[Running]],
-) -> None:
-    remote = await start(remote="203.0.113.7")
-    for method, path in remote.guarded_routes():
-        status, body = await remote.call(method, path, {})
-        assert status == 403, (method, path, body)
-        if body is not None:
-            assert body["error"]["code"] == "admin_loopback_only"
-    # The public routes stay open to that caller.
-    status, _ = await remote.call("GET", "/v1/agents", {})
-    assert status == 200
+async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Running]]) -> None:
+    c = await start(admin_token=ADMIN_TOKEN)
+    tokens = {}
+    for role in ("viewer", "operator", "admin"):
+        status, body = await c.call(
+            "POST", "/v1/admin/admin-tokens", bearer(ADMIN_TOKEN), {"role": role, "name": role}
+        )
+        assert status == 201 and body["role"] == role and body["token"].startswith("efa_")
+        tokens[role] = body["token"]
+    table = route_roles()
+    for role_name, token in tokens.items():
+        role = Role.parse(role_name)
+        for method, path in c.guarded_routes():
+            canonical = next(
+                k for k in table if k[0] == method and
+                k[1].replace("{agent_id}", "edge-1").replace("{token_id}", "t1") == path
+            )  # fmt: skip
+            needed = table[canonical]
+            assert needed is not None
+            status, body = await c.call(method, path, bearer(token), {})
+            if role >= needed:
+                assert status not in (401, 403), (role_name, method, path, body)
+            else:
+                assert status == 403, (role_name, method, path, body)
+                assert body["error"]["code"] == "insufficient_role"
+    status, body = await c.call("GET", "/v1/admin/whoami", bearer(tokens["operator"]))
+    assert body["role"] == "operator" and body["name"] == "operator"
+    # Revoked: refused from then on.
+    viewer_id = tokens["viewer"].split("_")[1].split(".")[0]
+    assert (await c.call("DELETE", f"/v1/admin/admin-tokens/{viewer_id}",
+                         bearer(tokens["admin"])))[0] == 200  # fmt: skip
+    assert (await c.call("GET", "/v1/agents", bearer(tokens["viewer"])))[0] == 401
+    assert (await c.call("GET", "/v1/agents", bearer(tokens["operator"])))[0] == 200
 
-    local = await start()
-    status, body = await local.call("POST", "/v1/admin/tokens", {})
-    assert status == 201 and body["token"]
+
+async def test_audit_records_who_what_where_and_outcome(
+    start: Callable[..., Awaitable[Running]], tmp_path: Path
+) -> None:
+    c = await start(admin_token=ADMIN_TOKEN, remote="198.51.100.9")
+    status, minted = await c.call(
+        "POST", "/v1/admin/admin-tokens", bearer(ADMIN_TOKEN), {"role": "operator", "name": "ops"}
+    )
+    assert status == 201
+    assert (await c.call("POST", "/v1/admin/agents/ghost/drain", bearer(minted["token"])))[0] == 404
+    assert (await c.call("POST", "/v1/admin/tokens", bearer(minted["token"]), {}))[0] == 403
+    assert (await c.call("POST", "/v1/admin/tokens", {}, {}))[0] == 401
+    status, text = await c.call("GET", "/v1/admin/audit?format=jsonl", bearer(minted["token"]))
+    assert status == 200
+    entries = [json.loads(line) for line in text.splitlines()]
+    assert [(e["action"], e["actor_name"], e["outcome"], e["status"]) for e in entries] == [
+        ("POST /v1/admin/admin-tokens", "bootstrap", "ok", 201),
+        ("POST /v1/admin/agents/{agent_id}/drain", "ops", "failed", 404),
+        ("POST /v1/admin/tokens", "ops", "refused", 403),
+        ("POST /v1/admin/tokens", "", "refused", 401),
+    ]
+    assert all(e["peer"] == "198.51.100.9" for e in entries)
+    assert entries[1]["target"] == "agent_id=ghost" and entries[1]["role"] == "operator"
+    assert minted["token"] not in text and ADMIN_TOKEN not in text
+    # Append-only, in the database itself.
+    db = sqlite3.connect(tmp_path / "c0" / DB_FILE)
+    for sql in ("UPDATE audit_log SET outcome = 'ok'", "DELETE FROM audit_log"):
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            db.execute(sql)
+    db.close()
+    # The CLI exports the same JSON lines.
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", "audit", "export", "--data-dir",
+         str(tmp_path / "c0")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert [json.loads(line)["seq"] for line in done.stdout.splitlines()] == [
+        e["seq"] for e in entries
+    ]
+
+
+def test_a_short_bootstrap_token_is_refused() -> None:
+    for short in ("x", "s3cret-admin-token"):
+        with pytest.raises(ValueError, match="at least 32"):
+            CoordinatorConfig(admin_token=short)
+
+
+def test_the_admin_token_flag_is_refused() -> None:
+    for args in (["--admin-token", ADMIN_TOKEN], ["--set", f"admin_token={ADMIN_TOKEN}"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator", *args], cwd=REPO_ROOT,
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 2
+        assert "/proc/PID/cmdline" in done.stderr and "ADMIN_TOKEN" in done.stderr
+    from coordinator.config import load_config
+
+    with pytest.raises(ConfigError, match="cannot be given as a flag"):
+        load_config(environ={}, overrides={"admin_token": ADMIN_TOKEN})
+
+
+def test_admin_token_file(tmp_path: Path) -> None:
+    path = tmp_path / "admin-token"
+    path.write_text(ADMIN_TOKEN + "\n")
+    path.chmod(0o600)
+    assert CoordinatorConfig(admin_token_file=str(path)).bootstrap_admin_token() == ADMIN_TOKEN
+    path.write_text("short\n")
+    with pytest.raises(ConfigError, match="at least 32"):
+        CoordinatorConfig(admin_token_file=str(path)).bootstrap_admin_token()
+
+
+async def test_a_running_coordinator_keeps_its_token_out_of_its_command_line(
+    tmp_path: Path,
+) -> None:
+    """Before: ``--admin-token TOKEN`` put it in /proc/PID/cmdline for every local user."""
+    async with CoordinatorProcess(data_dir=tmp_path / "data") as coordinator:
+        cmdline = Path(f"/proc/{coordinator.pid}/cmdline").read_bytes()
+        assert coordinator.admin_token.encode() not in cmdline
+        assert (await coordinator.get_json("/v1/admin/whoami"))["role"] == "admin"
+        # A token minted by the CLI on the database works at once on the running process.
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator", "admin-tokens", "mint", "--role", "viewer",
+             "--name", "grafana", "--data-dir", str(tmp_path / "data"), "--json"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True,
+            env={**os.environ},
+        )  # fmt: skip
+        viewer = json.loads(done.stdout)["token"]
+        async with aiohttp.ClientSession(headers=bearer(viewer)) as http:
+            async with http.get(coordinator.http_url + "/metrics") as response:
+                assert response.status == 200
+            async with http.post(coordinator.http_url + "/v1/admin/tokens", json={}) as response:
+                assert response.status == 403
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(coordinator.http_url + "/v1/agents") as response,
+        ):
+            assert response.status == 401
+
+
+def test_admin_tokens_table_keeps_only_digests(tmp_path: Path) -> None:
+    config = CoordinatorConfig(data_dir=str(tmp_path), grpc_port=0, http_port=0, enroll_port=0)
+    app = create_app(config)
+    minted = app[ADMIN_TOKENS_KEY].mint(Role.ADMIN, "ci")
+    raw = (tmp_path / DB_FILE).read_bytes() + (tmp_path / (DB_FILE + "-wal")).read_bytes()
+    assert minted.token.split(".")[1].encode() not in raw
+    assert app[ADMIN_TOKENS_KEY].check(minted.token) is not None
+    assert app[ADMIN_TOKENS_KEY].check(minted.token[:-1] + "A") is None

@@ -27,7 +27,8 @@ async def test_serves_metrics_health_and_json_errors() -> None:
         async with http.get(coordinator.http_url + "/healthz") as response:
             assert response.status == 200
             assert (await response.json())["status"] == "ok"
-        async with http.get(coordinator.http_url + "/metrics") as response:
+        metrics_url = coordinator.http_url + "/metrics"
+        async with http.get(metrics_url, headers=coordinator.admin_headers) as response:
             text = await response.text()
         assert "edgefleet_coordinator_connected_agents 0.0" in text
         assert "edgefleet_coordinator_sessions_total 0.0" in text

@@ -13,9 +13,10 @@ import grpc
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN
 
 from coordinator.app import create_app
-from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY
+from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY, ROUTE_ROLES_KEY
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import UnknownAgentError
 from devtools.process import wait_until
@@ -40,25 +41,33 @@ class Running:
     stub: Any
 
     async def get(self, path: str) -> tuple[int, Any, str]:
-        async with aiohttp.ClientSession() as http, http.get(self.http_url + path) as response:
+        async with (
+            aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+            http.get(self.http_url + path) as response,
+        ):
             return response.status, response.headers.get("Content-Type", ""), await response.text()
 
     async def get_json(self, path: str) -> Any:
-        async with aiohttp.ClientSession() as http, http.get(self.http_url + path) as response:
+        async with (
+            aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+            http.get(self.http_url + path) as response,
+        ):
             return await response.json()
 
 
 @pytest.fixture
 async def coordinator(tmp_path: Path) -> AsyncIterator[Running]:
     config = CoordinatorConfig(
-        grpc_port=0, http_port=0, report_interval_ms=200, hello_timeout_s=2, data_dir=str(tmp_path)
-    )
+        grpc_port=0, http_port=0, report_interval_ms=200, hello_timeout_s=2,
+        data_dir=str(tmp_path), admin_token=TEST_ADMIN_TOKEN,
+    )  # fmt: skip
     app = create_app(config)
 
     async def boom(request: web.Request) -> web.Response:
         raise RuntimeError("handler bug")
 
     app.router.add_get("/boom", boom)
+    app[ROUTE_ROLES_KEY][("GET", "/boom")] = None  # public, like /healthz
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     async with grpc.aio.insecure_channel(app[GRPC_SERVER_KEY].address) as channel:
@@ -217,7 +226,7 @@ async def test_http_errors_have_openai_bodies(
     coordinator: Running, method: str, path: str, status: int, code: str
 ) -> None:
     async with (
-        aiohttp.ClientSession() as http,
+        aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
         http.request(method, coordinator.http_url + path) as response,
     ):
         body = await response.json()

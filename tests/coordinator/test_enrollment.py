@@ -131,6 +131,10 @@ async def test_forged_agent_id_or_credentials_are_refused(
 
 async def _metrics(http_url: str) -> str:
     import aiohttp
+    from coordinator_testing import ADMIN_HEADERS
 
-    async with aiohttp.ClientSession() as http, http.get(http_url + "/metrics") as response:
+    async with (
+        aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+        http.get(http_url + "/metrics") as response,
+    ):
         return await response.text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +24,12 @@ from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
-def cli(*args: str) -> Any:
+def cli(*args: str, admin_token: str = "") -> Any:
+    """The operator CLI; ``admin_token`` for --url calls goes in its environment."""
+    env = {**os.environ, "EDGEFLEET_ADMIN_TOKEN": admin_token}
     done = subprocess.run(
         [sys.executable, "-m", "coordinator", *args, "--json"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True, env=env,
     )  # fmt: skip
     return json.loads(done.stdout)
 
@@ -164,8 +167,23 @@ async def test_restart_keeps_registry_tokens_and_drain(
         await wait_until(
             lambda: _connected(first, "edge-persist"), timeout_s=20, message="agent connected"
         )
-        created = cli("tokens", "create", "--url", first.http_url, "--site", "berlin")
-        drained = cli("agents", "drain", "edge-persist", "--url", first.http_url)
+        created = cli(
+            "tokens",
+            "create",
+            "--url",
+            first.http_url,
+            "--site",
+            "berlin",
+            admin_token=first.admin_token,
+        )
+        drained = cli(
+            "agents",
+            "drain",
+            "edge-persist",
+            "--url",
+            first.http_url,
+            admin_token=first.admin_token,
+        )
         assert drained["draining"] is True and drained["command_sent"] is True
         await wait_until(
             lambda: any("coordinator command drain" in line for line in agent.log),
@@ -187,10 +205,24 @@ async def test_restart_keeps_registry_tokens_and_drain(
             await wait_until(
                 lambda: _connected(second, "edge-persist"), timeout_s=20, message="reconnect"
             )
-            cli("agents", "resume", "edge-persist", "--url", second.http_url)
+            cli(
+                "agents",
+                "resume",
+                "edge-persist",
+                "--url",
+                second.http_url,
+                admin_token=second.admin_token,
+            )
             body = await second.get_json("/v1/route?model=tiny-llama")
             assert [a["agent_id"] for a in body["agents"]] == ["edge-persist"]
-            revoked = cli("tokens", "revoke", created["token_id"], "--url", second.http_url)
+            revoked = cli(
+                "tokens",
+                "revoke",
+                created["token_id"],
+                "--url",
+                second.http_url,
+                admin_token=second.admin_token,
+            )
             assert revoked["state"] == "revoked"
         finally:
             await second.terminate()

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import Coordinator, MakeCoordinator, hello
+from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator, hello
 
 from coordinator.app_keys import REGISTRY_KEY
 from coordinator.fleet import AgentRecord, AgentStatus, Liveness
@@ -174,7 +174,7 @@ async def test_route_over_grpc_and_http_with_overflow_placeholder(
             assert (await response.json())["error"]["param"] == "model"
         # One gRPC and two HTTP lookups answered, each counted and timed once (the
         # malformed request never reached the router).
-        async with http.get(c.http_url + "/metrics") as response:
+        async with http.get(c.http_url + "/metrics", headers=ADMIN_HEADERS) as response:
             metrics = await response.text()
     assert "edgefleet_coordinator_route_requests_total 3.0" in metrics
     assert "edgefleet_coordinator_route_seconds_count 3.0" in metrics

@@ -1,0 +1,358 @@
+"""The coordinator's OpenAPI 3.1 document: every HTTP route, the admin API included.
+
+Served at ``GET /openapi.json``. Each route names the role it needs (``x-role``;
+``coordinator.admin_api.route_roles`` is the authority, a test checks they agree) and,
+when guarded, the bearer security scheme. A test enumerates the router and fails for a
+route missing here.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from coordinator.admin_api import ADMIN_PREFIX, ADMIN_ROUTES, route_roles
+
+_NULLABLE_STR = {"type": ["string", "null"]}
+_NULLABLE_NUM = {"type": ["number", "null"]}
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": _NULLABLE_STR,
+                "code": _NULLABLE_STR,
+            },
+        }
+    },
+}
+_OBJ = {"type": "object"}
+
+
+def _list_of(item: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": {"$ref": f"#/components/schemas/{item}"}},
+        },
+    }
+
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": _ERROR,
+    "Agent": {
+        "type": "object",
+        "required": [
+            "object",
+            "agent_id",
+            "site",
+            "http_url",
+            "status",
+            "liveness",
+            "draining",
+            "enrolled",
+            "models",
+            "load",
+            "healthy",
+        ],
+        "properties": {
+            "object": {"const": "agent"},
+            "agent_id": {"type": "string"},
+            "site": {"type": "string"},
+            "location": {"type": ["object", "null"]},
+            "http_url": {"type": "string"},
+            "status": {"type": "string"},
+            "liveness": {"type": "string"},
+            "draining": {"type": "boolean"},
+            "enrolled": {"type": "boolean"},
+            "models": {"type": "array", "items": _OBJ},
+            "load": {"type": ["object", "null"]},
+            "healthy": {"type": "boolean"},
+            "command_sent": {"type": "boolean"},
+        },
+    },
+    "Route": {
+        "type": "object",
+        "required": ["object", "model", "version", "agents", "overflow", "excluded", "reason"],
+        "properties": {
+            "object": {"const": "route"},
+            "model": {"type": "string"},
+            "version": _NULLABLE_STR,
+            "agents": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["agent_id", "http_url", "site", "score", "liveness"],
+                    "properties": {
+                        "agent_id": {"type": "string"},
+                        "http_url": {"type": "string"},
+                        "site": {"type": "string"},
+                        "score": {"type": "number"},
+                        "liveness": {"type": "string"},
+                        "distance_km": _NULLABLE_NUM,
+                        "predicted_wait_ms": _NULLABLE_NUM,
+                    },
+                    "additionalProperties": False,
+                },
+            },
+            "overflow": {"type": ["object", "null"]},
+            "excluded": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "reason": {"type": "string"},
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "connected_agents"],
+        "properties": {
+            "status": {"const": "ok"},
+            "grpc": _NULLABLE_STR,
+            "connected_agents": {"type": "integer"},
+            "tls": {"type": "boolean"},
+            "enroll": _NULLABLE_STR,
+        },
+    },
+    "JoinToken": {
+        "type": "object",
+        "required": ["object", "token_id"],
+        "properties": {
+            "object": {"const": "join_token"},
+            "token_id": {"type": "string"},
+            "token": {"type": "string", "description": "Only when created (shown once)"},
+            "created_at": _NULLABLE_STR,
+            "expires_at": _NULLABLE_STR,
+            "max_uses": {"type": "integer"},
+            "uses": {"type": "integer"},
+            "site": {"type": "string"},
+            "note": {"type": "string"},
+            "state": {"type": "string"},
+        },
+    },
+    "NewJoinToken": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "expires_in_s": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": 10 * 365 * 86_400,
+            },
+            "max_uses": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+            "site": {"type": "string", "maxLength": 256},
+            "note": {"type": "string", "maxLength": 1024},
+        },
+    },
+    "AdminToken": {
+        "type": "object",
+        "required": ["object", "token_id", "name", "role", "state"],
+        "properties": {
+            "object": {"const": "admin_token"},
+            "token_id": {"type": "string"},
+            "name": {"type": "string"},
+            "role": {"enum": ["viewer", "operator", "admin"]},
+            "created_at": {"type": "string"},
+            "created_by": {"type": "string"},
+            "revoked_at": _NULLABLE_STR,
+            "state": {"enum": ["active", "revoked"]},
+            "token": {"type": "string", "description": "Only when minted (shown once)"},
+        },
+    },
+    "NewAdminToken": {
+        "type": "object",
+        "required": ["role", "name"],
+        "properties": {
+            "role": {"enum": ["viewer", "operator", "admin"]},
+            "name": {"type": "string", "minLength": 1, "maxLength": 64},
+        },
+    },
+    "Caller": {
+        "type": "object",
+        "required": ["object", "token_id", "name", "role"],
+        "properties": {
+            "object": {"const": "caller"},
+            "token_id": {"type": "string"},
+            "name": {"type": "string"},
+            "role": {"enum": ["viewer", "operator", "admin"]},
+        },
+    },
+    "AuditEntry": {
+        "type": "object",
+        "required": ["object", "seq", "at", "actor_id", "action", "peer", "outcome", "status"],
+        "properties": {
+            "object": {"const": "audit_entry"},
+            "seq": {"type": "integer"},
+            "at": {"type": "string"},
+            "actor_id": {"type": "string"},
+            "actor_name": {"type": "string"},
+            "role": {"type": "string"},
+            "action": {"type": "string"},
+            "target": {"type": "string"},
+            "peer": {"type": "string"},
+            "outcome": {"enum": ["ok", "failed", "refused"]},
+            "status": {"type": "integer"},
+            "detail": {"type": "string"},
+        },
+    },
+    "RequestRecord": {
+        "type": "object",
+        "required": ["object", "agent_id", "seq"],
+        "properties": {
+            "object": {"const": "request_record"},
+            "agent_id": {"type": "string"},
+            "seq": {"type": "integer"},
+            "key_id": _NULLABLE_STR,
+            "model": {"type": "string"},
+            "version": {"type": "string"},
+            "prompt_tokens": {"type": "integer"},
+            "completion_tokens": {"type": "integer"},
+            "latency_ms": {"type": "number"},
+            "ttft_ms": _NULLABLE_NUM,
+            "served_by": {"type": "string"},
+            "status": {"type": "integer"},
+            "dropped": {"type": "integer"},
+        },
+    },
+}
+for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord"):
+    _SCHEMAS[f"{_name}List"] = _list_of(_name)
+
+
+def _q(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}  # fmt: skip
+
+
+def _p(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True,
+            "schema": {"type": "string", "minLength": 1, "maxLength": 256}}  # fmt: skip
+
+
+def _json(schema: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
+
+
+# (method, full path) -> (summary, parameters, request body schema, status, response)
+# response: a schema name, or a content dict for non-JSON answers.
+_TEXT = {"text/plain": {"schema": {"type": "string"}}}
+_OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
+    ("GET", "/v1/agents"): ([], None, "200", "AgentList"),
+    ("GET", "/v1/agents/{agent_id}"): ([_p("agent_id")], None, "200", "Agent"),
+    ("GET", "/v1/route"): (
+        [
+            {
+                "name": "model",
+                "in": "query",
+                "required": True,
+                "schema": {"type": "string", "minLength": 1},
+            },
+            _q("version", {"type": "string"}),
+            _q("lat", {"type": "number", "minimum": -90, "maximum": 90}),
+            _q("lon", {"type": "number", "minimum": -180, "maximum": 180}),
+            _q("site", {"type": "string"}),
+            _q("max_wait_ms", {"type": "number", "minimum": 0, "maximum": 3_600_000}),
+            _q("limit", {"type": "number", "minimum": 0, "maximum": 1000}),
+            _q("exclude", {"type": "string"}, "comma-separated agent ids"),
+            _q("rtt", {"type": "string"}, "AGENT_ID:MS, comma-separated"),
+            _q("client_ip", {"type": "string"}),
+        ],
+        None,
+        "200",
+        "Route",
+    ),
+    ("GET", "/healthz"): ([], None, "200", "Health"),
+    ("GET", "/metrics"): ([], None, "200", _TEXT),
+    ("GET", "/openapi.json"): ([], None, "200", {"application/json": {"schema": _OBJ}}),
+    ("GET", "/v1/admin/whoami"): ([], None, "200", "Caller"),
+    ("POST", "/v1/admin/tokens"): ([], "NewJoinToken", "201", "JoinToken"),
+    ("GET", "/v1/admin/tokens"): ([], None, "200", "JoinTokenList"),
+    ("DELETE", "/v1/admin/tokens/{token_id}"): ([_p("token_id")], None, "200", "JoinToken"),
+    ("POST", "/v1/admin/agents/{agent_id}/drain"): ([_p("agent_id")], None, "200", "Agent"),
+    ("POST", "/v1/admin/agents/{agent_id}/resume"): ([_p("agent_id")], None, "200", "Agent"),
+    ("POST", "/v1/admin/admin-tokens"): ([], "NewAdminToken", "201", "AdminToken"),
+    ("GET", "/v1/admin/admin-tokens"): ([], None, "200", "AdminTokenList"),
+    ("DELETE", "/v1/admin/admin-tokens/{token_id}"): ([_p("token_id")], None, "200", "AdminToken"),
+    ("GET", "/v1/admin/audit"): (
+        [
+            _q("format", {"enum": ["json", "jsonl"]}),
+            _q("since", {"type": "string", "format": "date-time"}),
+            _q("after_seq", {"type": "integer", "minimum": 0}),
+            _q("limit", {"type": "integer", "minimum": 0, "maximum": 100_000}),
+        ],
+        None,
+        "200",
+        {**_json("AuditEntryList"), "application/jsonl": {"schema": {"type": "string"}}},
+    ),
+    ("GET", "/v1/admin/request-records"): (
+        [
+            _q("agent_id", {"type": "string"}),
+            _q("after_seq", {"type": "integer", "minimum": 0}),
+            _q("limit", {"type": "integer", "minimum": 0, "maximum": 10_000}),
+        ],
+        None,
+        "200",
+        "RequestRecordList",
+    ),
+}
+
+_SUMMARIES = {
+    ("GET", "/v1/agents"): "The fleet: every agent the coordinator knows",
+    ("GET", "/v1/agents/{agent_id}"): "One agent",
+    ("GET", "/v1/route"): "Which agents a client should use for a model (public)",
+    ("GET", "/healthz"): "Health of the coordinator (public)",
+    ("GET", "/metrics"): "Prometheus metrics (text format)",
+    ("GET", "/openapi.json"): "This document (public)",
+} | {(r.method, ADMIN_PREFIX + r.path): r.summary for r in ADMIN_ROUTES}
+
+
+def documented_routes() -> set[tuple[str, str]]:
+    return set(_OPERATIONS)
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    roles = route_roles()
+    paths: dict[str, Any] = {}
+    for (method, path), (params, body, status, response) in _OPERATIONS.items():
+        role = roles.get((method, path))
+        content = _json(response) if isinstance(response, str) else response
+        responses: dict[str, Any] = {
+            status: {"description": "Success", "content": content},
+            "400": {"description": "Invalid parameter", "content": _json("Error")},
+            "404": {"description": "No such agent, token or route", "content": _json("Error")},
+            "405": {"description": "Method not allowed", "content": _json("Error")},
+        }
+        operation: dict[str, Any] = {
+            "summary": _SUMMARIES.get((method, path), ""),
+            "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_')}"
+            .replace("{", "").replace("}", "").replace("-", "_").replace(".", "_"),
+            "parameters": params,
+            "responses": responses,
+            "x-role": None if role is None else role.label,
+        }  # fmt: skip
+        if role is not None:
+            operation["security"] = [{"bearer": []}]
+            responses["401"] = {"description": "No or unknown token", "content": _json("Error")}
+            responses["403"] = {"description": "Role too low", "content": _json("Error")}
+        if body is not None:
+            operation["requestBody"] = {"required": False, "content": _json(body)}
+        paths.setdefault(path, {})[method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "edgefleet coordinator",
+            "version": "1",
+            "description": "Fleet view, route lookup and the admin API. Guarded routes need "
+            "Authorization: Bearer <admin token>; x-role names the least role.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,80 @@
+"""The per-request spool: records survive a restart until acknowledged, a full spool
+drops the oldest and says so, and the coordinator stores a batch once and acks it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from agent.request_log import RequestLog
+from coordinator.admin_db import AdminDatabase
+from coordinator.errors import ProtocolError
+from coordinator.request_records import RequestRecordStore
+from edgefleet.contract import RequestRecords
+
+
+def record(i: int) -> dict[str, object]:
+    return {"model": "tiny", "version": "v1", "prompt_tokens": i, "completion_tokens": 2,
+            "latency_ms": 1.5, "status": 200, "served_by": "edge-1", "key_id": None}  # fmt: skip
+
+
+def test_unacknowledged_records_survive_a_restart_and_go_once_acked(tmp_path: Path) -> None:
+    log = RequestLog(tmp_path)
+    for i in range(5):
+        log.append(record(i))
+    # No close: as after a SIGKILL, only what reached the file counts.
+    again = RequestLog(tmp_path)
+    batch = again.batch(0)
+    assert batch is not None
+    first, packed, count = batch
+    assert (first, count) == (1, 5)
+    assert [r["prompt_tokens"] for r in msgpack.unpackb(packed)] == [0, 1, 2, 3, 4]
+    assert "prompt" not in str(msgpack.unpackb(packed)).replace("prompt_tokens", "")
+    again.ack(3)
+    third = RequestLog(tmp_path)
+    assert third.pending == 2 and third.next_seq == 6
+    assert third.append(record(9)) == 6
+    for each in (log, again, third):
+        each.close()
+
+
+def test_a_full_spool_drops_the_oldest_and_counts_the_loss(tmp_path: Path) -> None:
+    lost: list[int] = []
+    log = RequestLog(tmp_path, max_bytes=8192, on_drop=lost.append)
+    for i in range(400):
+        log.append(record(i))
+    assert log.dropped_total == sum(lost) > 0
+    batch = log.batch(0, max_records=10_000, max_bytes=1 << 20)
+    assert batch is not None
+    records = msgpack.unpackb(batch[1])
+    gaps = [r["gap"] for r in records if "gap" in r]
+    assert sum(gaps) == log.dropped_total
+    assert records[-1]["prompt_tokens"] == 399  # the newest are kept
+    assert (tmp_path / "requests.spool").stat().st_size <= 2 * 8192
+    log.close()
+
+
+def test_the_coordinator_stores_a_batch_once_and_refuses_hostile_ones(tmp_path: Path) -> None:
+    db = AdminDatabase.in_directory(tmp_path)
+    store = RequestRecordStore(db, max_rows=1000)
+    packed = msgpack.packb([record(1), record(2), {"model": 5}, "junk"])
+    first = store.accept("edge-1", RequestRecords(10, packed))
+    assert first.ack is not None and first.ack.through_seq == 13
+    assert (first.stored, first.invalid) == (2, 2)
+    again = store.accept("edge-1", RequestRecords(10, packed))  # ack lost, sent twice
+    assert again.stored == 0 and store.count() == 2
+    assert [r["seq"] for r in store.list(agent_id="edge-1")] == [10, 11]
+    for bad in (
+        RequestRecords(0, packed),
+        RequestRecords(1, b"\xc1"),
+        RequestRecords(1, msgpack.packb({"not": "a list"})),
+        RequestRecords(1, b"\x00" * (2 << 20)),
+        RequestRecords(1, msgpack.packb([record(0)] * 5000)),
+    ):
+        with pytest.raises(ProtocolError):
+            store.accept("edge-1", bad)
+    long = msgpack.packb([{**record(3), "model": "m" * 10_000, "prompt_tokens": 2**50}])
+    assert store.accept("edge-2", RequestRecords(1, long)).invalid == 1
+    db.close()

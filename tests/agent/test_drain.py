@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,12 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 AGENT = "edge-drain"
 
 
-def cli(*args: str) -> Any:
+def cli(*args: str, admin_token: str) -> Any:
+    """The operator CLI; the admin token goes in its environment, never a flag."""
+    env = {**os.environ, "EDGEFLEET_ADMIN_TOKEN": admin_token}
     done = subprocess.run(
         [sys.executable, "-m", "coordinator", *args, "--json"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True, env=env,
     )  # fmt: skip
     return json.loads(done.stdout)
 
@@ -64,7 +67,14 @@ async def test_drain_and_resume_reach_the_agent_and_the_router(tiny_artifacts: P
                     first = await stream.content.readline()
                     assert first.startswith(b"data: ")
 
-                    drained = cli("agents", "drain", AGENT, "--url", coordinator.http_url)
+                    drained = cli(
+                        "agents",
+                        "drain",
+                        AGENT,
+                        "--url",
+                        coordinator.http_url,
+                        admin_token=coordinator.admin_token,
+                    )
                     assert drained["draining"] is True and drained["command_sent"] is True
                     await wait_until(
                         lambda: _equals(health, "draining"), timeout_s=10,
@@ -87,7 +97,14 @@ async def test_drain_and_resume_reach_the_agent_and_the_router(tiny_artifacts: P
                 message="load report says draining",
             )  # fmt: skip
 
-            resumed = cli("agents", "resume", AGENT, "--url", coordinator.http_url)
+            resumed = cli(
+                "agents",
+                "resume",
+                AGENT,
+                "--url",
+                coordinator.http_url,
+                admin_token=coordinator.admin_token,
+            )
             assert resumed["draining"] is False and resumed["command_sent"] is True
             await wait_until(lambda: _equals(health, "ok"), timeout_s=10, message="agent ok")
             # The coordinator routes to it again once its reports stop saying draining.

@@ -1,4 +1,5 @@
-"""The admin HTTP API: join tokens and draining. Thin handlers over the services.
+"""The admin HTTP API: join tokens, draining, and the agent lifecycle (set, revoke,
+remove). Thin handlers over the services.
 
 Every admin route lives in one sub-application (``create_admin_app``, mounted at
 ``ADMIN_PREFIX``) whose middleware checks the caller before any handler runs: a
@@ -17,9 +18,16 @@ from typing import Any
 
 from aiohttp import web
 
-from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, REGISTRY_KEY, TOKENS_KEY
+from coordinator.app_keys import (
+    CONFIG_KEY,
+    GRPC_SERVER_KEY,
+    LIFECYCLE_KEY,
+    REGISTRY_KEY,
+    TOKENS_KEY,
+)
 from coordinator.config import is_loopback_host
-from coordinator.fleet_store import JoinToken
+from coordinator.errors import ProtocolError
+from coordinator.fleet_store import JoinToken, StoredAgent
 from coordinator.http_api import (
     Handler,
     InvalidParameter,
@@ -27,6 +35,9 @@ from coordinator.http_api import (
     error_response,
     iso_time,
 )
+from coordinator.proto_convert import location_checked
+from coordinator.tokens import check_http_url
+from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +55,46 @@ def token_json(token: JoinToken, now: datetime) -> dict[str, Any]:
         "site": token.site,
         "note": token.note,
         "state": token.state(now),
+        "location": _location_json(token.location),
+        "http_url": token.http_url,
     }
+
+
+def _location_json(location: Location | None) -> dict[str, float] | None:
+    return None if location is None else {"lat": location.lat, "lon": location.lon}
+
+
+def stored_agent_json(agent: StoredAgent | None, agent_id: str) -> dict[str, Any]:
+    """What the operator fixed for an agent, and its enrollment state."""
+    if agent is None:
+        return {"object": "agent_record", "agent_id": agent_id, "removed": True}
+    return {
+        "object": "agent_record",
+        "agent_id": agent.agent_id,
+        "enrolled": agent.enrolled,
+        "token_id": agent.token_id,
+        "site": agent.site,
+        "location": _location_json(agent.location),
+        "http_url": agent.http_url,
+        "cert_serial": agent.cert_serial,
+        "cert_not_after": iso_time(agent.cert_not_after),
+        "revoked": agent.revoked,
+        "revoked_at": iso_time(agent.revoked_at),
+        "removed": False,
+    }
+
+
+def location_from(lat: Any, lon: Any) -> Location | None:
+    """A Location from optional lat/lon values; raises InvalidParameter."""
+    if lat is None and lon is None:
+        return None
+    for name, value in (("lat", lat), ("lon", lon)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidParameter(name, f"{name} must be a number (give lat and lon together)")
+    try:
+        return location_checked(float(lat), float(lon), "location")
+    except ProtocolError as exc:
+        raise InvalidParameter("location", str(exc)) from exc
 
 
 def _token_matches(given: str, expected: str) -> bool:
@@ -113,14 +163,21 @@ async def create_token(request: web.Request) -> web.Response:
     if max_uses is None or max_uses < 1:
         raise InvalidParameter("max_uses", "max_uses must be at least 1")
     site, note = body.get("site", ""), body.get("note", "")
-    if not isinstance(site, str) or not isinstance(note, str):
-        raise InvalidParameter("site", "site and note must be strings")
-    created = request.config_dict[TOKENS_KEY].create(
-        expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
-        max_uses=max_uses,
-        site=site,
-        note=note,
-    )
+    http_url = body.get("http_url", "")
+    if not isinstance(site, str) or not isinstance(note, str) or not isinstance(http_url, str):
+        raise InvalidParameter("site", "site, note and http_url must be strings")
+    location = location_from(body.get("lat"), body.get("lon"))
+    try:
+        created = request.config_dict[TOKENS_KEY].create(
+            expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
+            max_uses=max_uses,
+            site=site,
+            note=note,
+            location=location,
+            http_url=http_url,
+        )
+    except ValueError as exc:
+        raise InvalidParameter("http_url", str(exc)) from exc
     data = token_json(created.record, datetime.now(UTC)) | {"token": created.token}
     return web.json_response(data, status=201)
 
@@ -132,9 +189,56 @@ async def list_tokens(request: web.Request) -> web.Response:
 
 
 async def revoke_token(request: web.Request) -> web.Response:
+    """Revoke a join token (no new enrollments); ``?agents=true`` revokes the agents
+    enrolled with it too (their sessions end at once)."""
     token_id = request.match_info["token_id"]
     request.config_dict[TOKENS_KEY].revoke(token_id)
-    return web.json_response({"object": "join_token", "token_id": token_id, "state": "revoked"})
+    data: dict[str, Any] = {"object": "join_token", "token_id": token_id, "state": "revoked"}
+    if request.query.get("agents", "").lower() in ("1", "true", "yes"):
+        data["revoked_agents"] = request.config_dict[LIFECYCLE_KEY].revoke_agents_of_token(token_id)
+    return web.json_response(data)
+
+
+async def set_agent(request: web.Request) -> web.Response:
+    """Fix an agent's site, location (lat + lon) and/or URL: PATCH body, fields optional."""
+    agent_id = request.match_info["agent_id"]
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise InvalidParameter("body", "the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise InvalidParameter("body", "the request body must be a JSON object")
+    site, http_url = body.get("site"), body.get("http_url")
+    if site is not None and not isinstance(site, str):
+        raise InvalidParameter("site", "site must be a string")
+    if http_url is not None:
+        if not isinstance(http_url, str):
+            raise InvalidParameter("http_url", "http_url must be a string")
+        if http_url:
+            try:
+                check_http_url(http_url)
+            except ValueError as exc:
+                raise InvalidParameter("http_url", str(exc)) from exc
+    location = location_from(body.get("lat"), body.get("lon"))
+    result = request.config_dict[LIFECYCLE_KEY].set_fixed(
+        agent_id, site=site, location=location, http_url=http_url
+    )
+    view = stored_agent_json(result.stored, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
+
+
+async def revoke_agent(request: web.Request) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    result = request.config_dict[LIFECYCLE_KEY].revoke(agent_id)
+    view = stored_agent_json(result.stored, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
+
+
+async def remove_agent(request: web.Request) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    result = request.config_dict[LIFECYCLE_KEY].remove(agent_id)
+    view = stored_agent_json(None, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
 
 
 async def _set_draining(request: web.Request, draining: bool) -> web.Response:
@@ -164,6 +268,9 @@ ADMIN_ROUTES = [
     web.delete("/tokens/{token_id}", revoke_token),
     web.post("/agents/{agent_id}/drain", drain_agent),
     web.post("/agents/{agent_id}/resume", resume_agent),
+    web.patch("/agents/{agent_id}", set_agent),
+    web.post("/agents/{agent_id}/revoke", revoke_agent),
+    web.delete("/agents/{agent_id}", remove_agent),
 ]
 
 

@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 from aiohttp import web
 
 from coordinator.admin_api import ADMIN_PREFIX, create_admin_app
+from coordinator.agent_lifecycle import AgentLifecycle
 from coordinator.app_keys import (
     CONFIG_KEY,
     GRPC_SERVER_KEY,
+    LIFECYCLE_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
     ROUTER_KEY,
@@ -27,6 +30,7 @@ from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.proto_convert import LoadLimits
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
@@ -62,14 +66,25 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         registry,
         metrics,
         router=router,
-        enrollment=EnrollmentService(fleet_store, tokens, ca),
+        enrollment=EnrollmentService(
+            fleet_store,
+            tokens,
+            ca,
+            cert_days=config.agent_cert_days,
+            grace=timedelta(days=config.agent_cert_grace_days),
+        ),
         authenticator=SessionAuthenticator(
             fleet_store,
             require_enrollment=config.enrollment_required,
             require_mtls=config.tls_enabled,
+            check_url_host=config.check_agent_url_host,
         ),
         report_interval_ms=config.report_interval_ms,
         hello_timeout_s=config.hello_timeout_s,
+        load_limits=LoadLimits(
+            tokens_per_second=config.max_agent_tokens_per_second,
+            sequences=config.max_agent_sequences,
+        ),
     )
     app = web.Application(middlewares=[count_requests, openai_errors])
     app[CONFIG_KEY] = config
@@ -79,6 +94,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[TOKENS_KEY] = tokens
     app[ROUTER_KEY] = router
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
+    app[LIFECYCLE_KEY] = AgentLifecycle(fleet_store, registry, servicer)
     app.add_routes(ROUTES)
     app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)

@@ -64,7 +64,7 @@ def add_admin_commands(sub: Any) -> None:
     create.add_argument("--lat", type=float, help="fix the enrolled agent's latitude")
     create.add_argument("--lon", type=float, help="fix the enrolled agent's longitude")
     create.add_argument(
-        "--url", dest="http_url", default="", help="fix the enrolled agent's URL (--uses 1)"
+        "--http-url", default="", help="fix the enrolled agent's URL (with --uses 1)"
     )
     leaves.append(tokens_sub.add_parser("list", help="list join tokens"))
     revoke = tokens_sub.add_parser(
@@ -96,7 +96,7 @@ def add_admin_commands(sub: Any) -> None:
             command.add_argument("--site")
             command.add_argument("--lat", type=float)
             command.add_argument("--lon", type=float)
-            command.add_argument("--url", dest="http_url")
+            command.add_argument("--http-url", help="the agent's URL, e.g. https://10.0.0.7:8000")
         leaves.append(command)
 
     for action, text in (

@@ -97,7 +97,8 @@ class SessionAuthenticator:
             if hello.http_url and hello.http_url != stored.http_url:
                 raise FixedIdentityError(
                     f"agent {hello.agent_id!r} says its URL is {hello.http_url!r}, but the "
-                    f"operator fixed {stored.http_url!r} (agents set {hello.agent_id} --url ...)"
+                    f"operator fixed {stored.http_url!r} "
+                    f"(agents set {hello.agent_id} --http-url ...)"
                 )
             hello = replace(hello, http_url=stored.http_url)
         else:
@@ -123,7 +124,7 @@ class SessionAuthenticator:
         raise FixedIdentityError(
             f"agent {hello.agent_id!r} says its URL is {hello.http_url!r}, but it connects "
             f"from {peer.address}: the URL host must be the agent's own address (or the "
-            f"operator fixes the URL: agents set {hello.agent_id} --url ...)"
+            f"operator fixes the URL: agents set {hello.agent_id} --http-url ...)"
         )
 
 

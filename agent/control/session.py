@@ -9,8 +9,10 @@ reconnects (``agent.control.reconnect``: backoff capped at one report interval, 
 after every session, and a port probe that reconnects as soon as the coordinator is
 back); it never raises into the agent, which keeps serving with its last-known state.
 With an ``Enroller`` it enrolls (or loads saved credentials) before each session, sends
-the enrolled agent id and credentials in Hello and, with TLS, connects with the client
-certificate.
+the enrolled agent id and credentials in Hello (and what the operator fixed: site,
+location, URL) and, with TLS, connects with the client certificate. Once two thirds of
+the certificate's lifetime have passed it sends RenewCertificate (a CSR on the key the
+agent keeps) and saves the CertificateIssued answer for its next connection.
 
 The rest of the agent sees only the contract dataclasses (``edgefleet.contract``);
 gRPC stays inside this module and protobuf inside ``edgefleet.contract_pb``.
@@ -147,6 +149,10 @@ class CoordinatorSession:
         self.last_error: str | None = None
         #: Sessions opened (Welcome received) since start.
         self.sessions_opened = 0
+        #: Certificates renewed over the session since start.
+        self.certificates_renewed = 0
+        # A RenewCertificate is waiting for its answer on the current session.
+        self._renewal_pending = False
 
     @property
     def connected(self) -> bool:
@@ -244,6 +250,12 @@ class CoordinatorSession:
         except EnrollmentUnavailableError as exc:
             raise _SessionLost(str(exc)) from exc
         identity = replace(identity, agent_id=enrolled.agent_id, token=enrolled.token)
+        if enrolled.site:
+            identity = replace(identity, site=enrolled.site)
+        if enrolled.location is not None:
+            identity = replace(identity, location=enrolled.location)
+        if enrolled.http_url:
+            identity = replace(identity, http_url=enrolled.http_url)
         return identity, self._enroller.channel_credentials()
 
     async def _run_session(self) -> None:
@@ -294,6 +306,7 @@ class CoordinatorSession:
         )
 
     async def _exchange(self, call: Any) -> None:
+        self._renewal_pending = False
         reader = asyncio.create_task(self._read_loop(call), name="coordinator-session-reader")
         writer = asyncio.create_task(self._report_loop(call), name="coordinator-session-writer")
         try:
@@ -317,6 +330,16 @@ class CoordinatorSession:
             kind = message.WhichOneof("body")
             if kind == "desired_state":
                 self._apply(contract_pb.desired_state_from_pb(message.desired_state))
+            elif kind == "certificate_issued":
+                self._renewal_pending = False
+                if self._enroller is not None:
+                    issued = message.certificate_issued
+                    try:
+                        self._enroller.save_certificate(issued.client_cert_pem, issued.ca_cert_pem)
+                    except FatalError:
+                        logger.exception("could not save the renewed certificate")
+                    else:
+                        self.certificates_renewed += 1
             elif kind == "command":
                 command = contract_pb.command_from_pb(message.command)
                 logger.info("coordinator command %s (%s)", command.kind, command.reason or "-")
@@ -349,6 +372,8 @@ class CoordinatorSession:
             report = self._take_load_report()
             if report is not None:
                 await call.write(pb.AgentMessage(load_report=report))
+            if (renewal := self._renewal_request()) is not None:
+                await call.write(renewal)
             try:
                 await asyncio.wait_for(self._stopping.wait(), self.report_interval_s)
             except TimeoutError:
@@ -357,6 +382,24 @@ class CoordinatorSession:
             await call.write(pb.AgentMessage(bye=bye))
             await call.done_writing()
             return
+
+    def _renewal_request(self) -> pb.AgentMessage | None:
+        """RenewCertificate when the certificate is two thirds through its life (once per
+        session until answered)."""
+        enroller = self._enroller
+        if enroller is None or self._renewal_pending:
+            return None
+        credentials = enroller.credentials
+        if credentials is None or not credentials.needs_renewal():
+            return None
+        try:
+            csr = enroller.renewal_csr()
+        except FatalError:
+            logger.exception("cannot make a certificate renewal request")
+            return None
+        self._renewal_pending = True
+        logger.info("asking the coordinator to renew the client certificate")
+        return pb.AgentMessage(renew_certificate=pb.RenewCertificate(csr_pem=csr))
 
     def _take_load_report(self) -> pb.LoadReport | None:
         try:

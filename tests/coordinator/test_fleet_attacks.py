@@ -240,7 +240,7 @@ async def test_an_unenrolled_url_must_name_the_agents_own_address() -> None:
     own = Hello(agent_id="edge-1", http_url="http://10.1.2.3:8000")
     assert auth.authenticate(own, Peer(address="10.1.2.3"))[0] == own
     for url in ("http://169.254.169.254/latest", "http://10.9.9.9:8000"):
-        with pytest.raises(FixedIdentityError, match="connects from 10.1.2.3"):
+        with pytest.raises(FixedIdentityError, match=r"connects from 10\.1\.2\.3"):
             auth.authenticate(Hello(agent_id="edge-1", http_url=url), Peer(address="10.1.2.3"))
     # On the coordinator's own host (loopback peer) any URL is the operator's business.
     loopback = Hello(agent_id="edge-1", http_url="http://192.168.1.5:8000")

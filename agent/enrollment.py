@@ -191,6 +191,15 @@ class Enroller:
             )
             return credentials
 
+    async def refresh(self) -> AgentCredentials:
+        """Re-enroll with the agent's credential to learn what the operator fixed since
+        (``agents set``: site, location, URL); also renews the certificate."""
+        async with self._lock:
+            credentials = self.load()
+            if credentials is None:
+                raise EnrollmentRefusedError("refresh before enrollment")
+            return await self._reenroll(credentials, why="the operator changed its record")
+
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
         """Session channel credentials: mutual TLS when TLS is on, else None (plaintext)."""
         if not self.tls or self._credentials is None:
@@ -241,11 +250,10 @@ class Enroller:
         write_private(self._key_file, pem)
         return pem
 
-    async def _reenroll(self, credentials: AgentCredentials) -> AgentCredentials:
-        logger.warning(
-            "the client certificate of agent %s expired; re-enrolling with its credential",
-            credentials.agent_id,
-        )
+    async def _reenroll(
+        self, credentials: AgentCredentials, why: str = "its client certificate expired"
+    ) -> AgentCredentials:
+        logger.warning("agent %s re-enrolls with its credential: %s", credentials.agent_id, why)
         renewed = await self._enroll(
             CREDENTIAL_PREFIX + credentials.token,
             credentials.agent_id,

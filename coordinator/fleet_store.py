@@ -161,7 +161,12 @@ class FleetStore(Protocol):
         ...
 
     def remove_agent(self, agent_id: str) -> bool:
-        """Delete the agent's record; False when unknown."""
+        """Delete the agent's record (its id is refused until enrolled again); False when
+        unknown."""
+        ...
+
+    def agent_removed(self, agent_id: str) -> bool:
+        """True for the id of a removed agent not enrolled again since."""
         ...
 
     def agents_of_token(self, token_id: str) -> list[str]: ...

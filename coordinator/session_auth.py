@@ -77,6 +77,10 @@ class SessionAuthenticator:
         stored = self._store.get_agent(hello.agent_id)
         if stored is not None and stored.revoked:
             raise AgentRevokedError(f"agent {hello.agent_id!r} was revoked by an operator")
+        if stored is None and self._store.agent_removed(hello.agent_id):
+            raise AgentRevokedError(
+                f"agent {hello.agent_id!r} was revoked and removed by an operator"
+            )
         if stored is None or not stored.enrolled:
             if self.require_enrollment:
                 raise AuthenticationError(

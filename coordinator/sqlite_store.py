@@ -106,6 +106,12 @@ def _agent_lifecycle(db: sqlite3.Connection) -> None:
             agent_id   TEXT NOT NULL,
             revoked_at TEXT NOT NULL
         ) WITHOUT ROWID""")  # fmt: skip
+    # Ids of removed agents: refused until enrolled again with a new token.
+    db.execute("""
+        CREATE TABLE removed_agents (
+            agent_id   TEXT PRIMARY KEY,
+            removed_at TEXT NOT NULL
+        ) WITHOUT ROWID""")  # fmt: skip
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -245,6 +251,7 @@ class SQLiteFleetStore:
             )
             if used.rowcount != 1:
                 return False
+            db.execute("DELETE FROM removed_agents WHERE agent_id = ?", (agent.agent_id,))
             db.execute(
                 "INSERT INTO agents (agent_id, enrolled_at, token_id, credential_sha256, "
                 "cert_serial, site, lat, lon, http_url, public_key_sha256, cert_not_after) "
@@ -352,7 +359,16 @@ class SQLiteFleetStore:
     def remove_agent(self, agent_id: str) -> bool:
         with self._transaction() as db:
             db.execute("DELETE FROM agent_last_state WHERE agent_id = ?", (agent_id,))
-            return db.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,)).rowcount == 1
+            if db.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,)).rowcount != 1:
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO removed_agents VALUES (?, ?)",
+                (agent_id, _text(datetime.now(UTC))),
+            )
+            return True
+
+    def agent_removed(self, agent_id: str) -> bool:
+        return bool(self._query("SELECT 1 FROM removed_agents WHERE agent_id = ?", agent_id))
 
     def agents_of_token(self, token_id: str) -> list[str]:
         rows = self._query(

@@ -62,6 +62,9 @@ _CHANNEL_OPTIONS = [
 # How long a graceful stop waits for the coordinator to close the stream.
 _BYE_TIMEOUT_S = 1.0
 
+# In the coordinator's refusal of a Hello that contradicts the agent's record.
+FIXED_BY_OPERATOR = "the operator fixed"
+
 IdentityProvider = Callable[[], Hello]
 LoadProvider = Callable[[], LoadReport]
 
@@ -153,6 +156,9 @@ class CoordinatorSession:
         self.certificates_renewed = 0
         # A RenewCertificate is waiting for its answer on the current session.
         self._renewal_pending = False
+        # The coordinator said our Hello contradicts what the operator fixed: re-enroll
+        # with the credential before the next session to learn the fixed values.
+        self._refresh_identity = False
 
     @property
     def connected(self) -> bool:
@@ -244,7 +250,11 @@ class CoordinatorSession:
         if self._enroller is None:
             return identity, None
         try:
-            enrolled = await self._enroller.ensure()
+            if self._refresh_identity:
+                self._refresh_identity = False
+                enrolled = await self._enroller.refresh()
+            else:
+                enrolled = await self._enroller.ensure()
         except FatalError as exc:
             raise _SessionLost(str(exc), rejected=True) from exc
         except EnrollmentUnavailableError as exc:
@@ -267,6 +277,10 @@ class CoordinatorSession:
                 await self._open(call, identity)
                 await self._exchange(call)
             except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.PERMISSION_DENIED and FIXED_BY_OPERATOR in (
+                    exc.details() or ""
+                ):
+                    self._refresh_identity = self._enroller is not None
                 raise _SessionLost(
                     f"{exc.code().name}: {exc.details()}",
                     rejected=exc.code() in _REJECTIONS,

@@ -26,7 +26,7 @@ from agent.enrollment import (
     write_private,
 )
 from coordinator.app import create_app
-from coordinator.app_keys import LIFECYCLE_KEY, STORE_KEY
+from coordinator.app_keys import LIFECYCLE_KEY, REGISTRY_KEY, STORE_KEY
 from coordinator.ca import certificate_serial
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import CertificateError
@@ -327,3 +327,76 @@ def test_state_dir_follows_systemd_state_directory(
     assert state_dir_of(chosen) == tmp_path
     write_private(tmp_path / "x" / "f", "text")
     assert (tmp_path / "x" / "f").stat().st_mode & 0o777 == 0o600
+
+
+async def _admin_http(c: Any, method: str, path: str, body: Any = None) -> Any:
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, f"{c.http_url}/v1/admin{path}", json=body) as response,
+    ):
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def test_agents_set_fixes_the_place_and_url_and_the_agent_follows(
+    make_coordinator: MakeCoordinator, tmp_path: Path
+) -> None:
+    c = await make_coordinator()
+    enroller = Enroller(c.grpc_target, c.new_token(), state_dir=tmp_path, requested_name="edge-1")
+    agent = session(c.grpc_target, enroller)
+    await agent.start()
+    await wait_until(lambda: agent.connected, message="connected")
+    registry = c.app[REGISTRY_KEY]
+    assert registry.get("edge-1").hello.http_url == IDENTITY.http_url
+    opened = agent.sessions_opened
+    fixed = {"site": "hall-2", "lat": 47.0, "lon": 8.0, "http_url": "http://127.0.0.1:8555"}
+    body = await _admin_http(c, "PATCH", "/agents/edge-1", fixed)
+    assert body["session_ended"] is True and body["http_url"] == fixed["http_url"]
+    # Its next Hello (old URL) is refused once; it re-enrolls with its credential to
+    # learn the fixed values and comes back with them.
+    await wait_until(
+        lambda: agent.connected and agent.sessions_opened > opened,
+        timeout_s=15,
+        message="reconnected with the fixed identity",
+    )
+    hello = registry.get("edge-1").hello
+    assert (hello.site, hello.http_url) == ("hall-2", "http://127.0.0.1:8555")
+    assert hello.location is not None and hello.location.lat == 47.0
+    saved = json.loads((tmp_path / STATE_FILE).read_text())
+    assert saved["http_url"] == "http://127.0.0.1:8555"
+    await agent.stop()
+
+
+async def test_revoking_a_token_with_agents_revokes_them_and_remove_deletes_the_record(
+    make_coordinator: MakeCoordinator, tmp_path: Path
+) -> None:
+    c = await make_coordinator()
+    token = c.new_token(max_uses=2)
+    kept = c.new_token()
+    agents = []
+    for name, join in (("a1", token), ("a2", token), ("keep", kept)):
+        enroller = Enroller(c.grpc_target, join, state_dir=tmp_path / name, requested_name=name)
+        agents.append(session(c.grpc_target, enroller))
+        await agents[-1].start()
+    await wait_until(lambda: all(a.connected for a in agents), message="all connected")
+    token_id = token.split("_", 1)[1].split(".")[0]
+    plain = await _admin_http(c, "DELETE", f"/tokens/{kept.split('_', 1)[1].split('.')[0]}")
+    assert "revoked_agents" not in plain  # revoking a token alone leaves its agents
+    body = await _admin_http(c, "DELETE", f"/tokens/{token_id}?agents=true")
+    assert sorted(body["revoked_agents"]) == ["a1", "a2"]
+    await wait_until(
+        lambda: not agents[0].connected and not agents[1].connected, message="sessions ended"
+    )
+    await asyncio.sleep(0.5)  # they retry and are refused
+    assert not agents[0].connected and "revoked" in (agents[0].last_error or "")
+    assert agents[2].connected
+    removed = await _admin_http(c, "DELETE", "/agents/a1")
+    assert removed["removed"] is True
+    assert c.app[STORE_KEY].get_agent("a1") is None
+    # Its id stays refused (even where enrollment is optional), until enrolled again.
+    await asyncio.sleep(0.5)
+    assert not agents[0].connected and "removed" in (agents[0].last_error or "")
+    for a in agents:
+        await a.stop()

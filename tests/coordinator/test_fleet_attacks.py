@@ -253,3 +253,6 @@ class _NoAgents:
 
     def certificate_revoked(self, serial: str) -> bool:
         return False
+
+    def agent_removed(self, agent_id: str) -> bool:
+        return False

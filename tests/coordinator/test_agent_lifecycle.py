@@ -400,3 +400,50 @@ async def test_revoking_a_token_with_agents_revokes_them_and_remove_deletes_the_
     assert not agents[0].connected and "removed" in (agents[0].last_error or "")
     for a in agents:
         await a.stop()
+
+
+async def test_the_cli_sets_revokes_and_removes_agents(
+    make_coordinator: MakeCoordinator, tmp_path: Path
+) -> None:
+    c = await make_coordinator()
+    await Enroller(c.grpc_target, c.new_token(), state_dir=tmp_path, requested_name="e1").ensure()
+
+    async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "coordinator", "agents", *args, "--url", c.http_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    done = await cli("set", "e1", "--site", "hall-9", "--http-url", "http://10.0.0.9:8000")
+    assert done.returncode == 0, done.stderr
+    stored = c.app[STORE_KEY].get_agent("e1")
+    assert stored is not None and (stored.site, stored.http_url) == (
+        "hall-9",
+        "http://10.0.0.9:8000",
+    )
+    assert (await cli("revoke", "e1")).returncode == 0
+    assert c.app[STORE_KEY].get_agent("e1").revoked  # type: ignore[union-attr]
+    assert (await cli("remove", "e1")).returncode == 0
+    assert c.app[STORE_KEY].get_agent("e1") is None
+    missing = await cli("revoke", "e1")
+    assert missing.returncode == 1 and "unknown agent 'e1'" in missing.stderr
+
+
+def test_credentials_saved_by_a_legacy_enrollment_still_load(tmp_path: Path) -> None:
+    """Before v1.2 the coordinator made the key and the agent kept it in enrollment.json."""
+    key = new_key_pem()
+    legacy = {
+        "agent_id": "old-1",
+        "site": "lab",
+        "token": "t",
+        "ca_cert_pem": "",
+        "client_cert_pem": "",
+        "client_key_pem": key,
+    }
+    write_private(tmp_path / STATE_FILE, json.dumps(legacy))
+    loaded = Enroller("127.0.0.1:1", "", state_dir=tmp_path).load()
+    assert loaded is not None and loaded.agent_id == "old-1" and loaded.client_key_pem == key

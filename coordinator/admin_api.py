@@ -1,4 +1,6 @@
-"""Who may call which HTTP route, and the admin HTTP API. Thin handlers over the services.
+"""Who may call which HTTP route, and the admin HTTP API: join tokens, draining, the
+agent lifecycle (set, revoke, remove), admin tokens, the audit log. Thin handlers over the
+services.
 
 Roles (``coordinator.admin_tokens.Role``): viewer < operator < admin. Every route of the
 coordinator's HTTP server, the admin API's included, names the role it needs in ONE
@@ -33,13 +35,15 @@ from coordinator.app_keys import (
     AUDIT_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
+    LIFECYCLE_KEY,
     RECORDS_KEY,
     REGISTRY_KEY,
     ROUTE_ROLES_KEY,
     TOKENS_KEY,
 )
 from coordinator.audit import MAX_PAGE, to_jsonl
-from coordinator.fleet_store import JoinToken
+from coordinator.errors import ProtocolError
+from coordinator.fleet_store import JoinToken, StoredAgent
 from coordinator.http_api import (
     ROUTE_ROLES,
     Handler,
@@ -49,6 +53,9 @@ from coordinator.http_api import (
     exception_response,
     iso_time,
 )
+from coordinator.proto_convert import location_checked
+from coordinator.tokens import check_http_url
+from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +200,46 @@ def token_json(token: JoinToken, now: datetime) -> dict[str, Any]:
         "site": token.site,
         "note": token.note,
         "state": token.state(now),
+        "location": _location_json(token.location),
+        "http_url": token.http_url,
     }
+
+
+def _location_json(location: Location | None) -> dict[str, float] | None:
+    return None if location is None else {"lat": location.lat, "lon": location.lon}
+
+
+def stored_agent_json(agent: StoredAgent | None, agent_id: str) -> dict[str, Any]:
+    """What the operator fixed for an agent, and its enrollment state."""
+    if agent is None:
+        return {"object": "agent_record", "agent_id": agent_id, "removed": True}
+    return {
+        "object": "agent_record",
+        "agent_id": agent.agent_id,
+        "enrolled": agent.enrolled,
+        "token_id": agent.token_id,
+        "site": agent.site,
+        "location": _location_json(agent.location),
+        "http_url": agent.http_url,
+        "cert_serial": agent.cert_serial,
+        "cert_not_after": iso_time(agent.cert_not_after),
+        "revoked": agent.revoked,
+        "revoked_at": iso_time(agent.revoked_at),
+        "removed": False,
+    }
+
+
+def location_from(lat: Any, lon: Any) -> Location | None:
+    """A Location from optional lat/lon values; raises InvalidParameter."""
+    if lat is None and lon is None:
+        return None
+    for name, value in (("lat", lat), ("lon", lon)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidParameter(name, f"{name} must be a number (give lat and lon together)")
+    try:
+        return location_checked(float(lat), float(lon), "location")
+    except ProtocolError as exc:
+        raise InvalidParameter("location", str(exc)) from exc
 
 
 def _int(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
@@ -229,16 +275,23 @@ async def create_token(request: web.Request) -> web.Response:
     if max_uses is None or not 1 <= max_uses <= 1_000_000:
         raise InvalidParameter("max_uses", "max_uses must be within 1 and 1000000")
     site, note = body.get("site", ""), body.get("note", "")
-    if not isinstance(site, str) or not isinstance(note, str):
-        raise InvalidParameter("site", "site and note must be strings")
-    if len(site) > 256 or len(note) > 1024:
-        raise InvalidParameter("site", "site (256) or note (1024) is too long")
-    created = request.config_dict[TOKENS_KEY].create(
-        expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
-        max_uses=max_uses,
-        site=site,
-        note=note,
-    )
+    http_url = body.get("http_url", "")
+    if not isinstance(site, str) or not isinstance(note, str) or not isinstance(http_url, str):
+        raise InvalidParameter("site", "site, note and http_url must be strings")
+    if len(site) > 256 or len(note) > 1024 or len(http_url) > 2048:
+        raise InvalidParameter("site", "site (256), note (1024) or http_url (2048) is too long")
+    location = location_from(body.get("lat"), body.get("lon"))
+    try:
+        created = request.config_dict[TOKENS_KEY].create(
+            expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
+            max_uses=max_uses,
+            site=site,
+            note=note,
+            location=location,
+            http_url=http_url,
+        )
+    except ValueError as exc:
+        raise InvalidParameter("http_url", str(exc)) from exc
     data = token_json(created.record, datetime.now(UTC)) | {"token": created.token}
     return web.json_response(data, status=201)
 
@@ -250,9 +303,56 @@ async def list_tokens(request: web.Request) -> web.Response:
 
 
 async def revoke_token(request: web.Request) -> web.Response:
+    """Revoke a join token (no new enrollments); ``?agents=true`` revokes the agents
+    enrolled with it too (their sessions end at once)."""
     token_id = request.match_info["token_id"]
     request.config_dict[TOKENS_KEY].revoke(token_id)
-    return web.json_response({"object": "join_token", "token_id": token_id, "state": "revoked"})
+    data: dict[str, Any] = {"object": "join_token", "token_id": token_id, "state": "revoked"}
+    if request.query.get("agents", "").lower() in ("1", "true", "yes"):
+        data["revoked_agents"] = request.config_dict[LIFECYCLE_KEY].revoke_agents_of_token(token_id)
+    return web.json_response(data)
+
+
+async def set_agent(request: web.Request) -> web.Response:
+    """Fix an agent's site, location (lat + lon) and/or URL: PATCH body, fields optional."""
+    agent_id = request.match_info["agent_id"]
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise InvalidParameter("body", "the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise InvalidParameter("body", "the request body must be a JSON object")
+    site, http_url = body.get("site"), body.get("http_url")
+    if site is not None and not isinstance(site, str):
+        raise InvalidParameter("site", "site must be a string")
+    if http_url is not None:
+        if not isinstance(http_url, str):
+            raise InvalidParameter("http_url", "http_url must be a string")
+        if http_url:
+            try:
+                check_http_url(http_url)
+            except ValueError as exc:
+                raise InvalidParameter("http_url", str(exc)) from exc
+    location = location_from(body.get("lat"), body.get("lon"))
+    result = request.config_dict[LIFECYCLE_KEY].set_fixed(
+        agent_id, site=site, location=location, http_url=http_url
+    )
+    view = stored_agent_json(result.stored, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
+
+
+async def revoke_agent(request: web.Request) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    result = request.config_dict[LIFECYCLE_KEY].revoke(agent_id)
+    view = stored_agent_json(result.stored, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
+
+
+async def remove_agent(request: web.Request) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    result = request.config_dict[LIFECYCLE_KEY].remove(agent_id)
+    view = stored_agent_json(None, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
 
 
 async def _set_draining(request: web.Request, draining: bool) -> web.Response:
@@ -373,6 +473,12 @@ ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("POST", "/agents/{agent_id}/drain", drain_agent, Role.OPERATOR, "Drain an agent"),
     AdminRoute("POST", "/agents/{agent_id}/resume", resume_agent, Role.OPERATOR,
                "Resume a drained agent"),
+    AdminRoute("PATCH", "/agents/{agent_id}", set_agent, Role.ADMIN,
+               "Fix an agent's site, location or URL (it reconnects with them)"),
+    AdminRoute("POST", "/agents/{agent_id}/revoke", revoke_agent, Role.ADMIN,
+               "Revoke an agent: end its session, refuse its certificate and credential"),
+    AdminRoute("DELETE", "/agents/{agent_id}", remove_agent, Role.ADMIN,
+               "Remove a (revoked) agent's record"),
     AdminRoute("POST", "/admin-tokens", mint_admin_token, Role.ADMIN,
                "Mint an admin token with a role (shown once)"),
     AdminRoute("GET", "/admin-tokens", list_admin_tokens, Role.ADMIN, "List admin tokens"),

@@ -1,10 +1,13 @@
-"""``python -m coordinator tokens|agents|admin-tokens|audit ...``: operator commands.
+"""``python -m coordinator tokens|agents|admin-tokens|audit|backup|restore ...``: operator
+commands.
 
 Token commands work on the coordinator's SQLite database directly (default: the
 configured ``data_dir``), or on a running coordinator's admin API with ``--url``.
-Drain and resume need the running coordinator (they push a command to the agent).
-``admin-tokens mint|list|revoke`` and ``audit export`` work on the database (whoever
-can read the data directory already holds every secret), or over ``--url``.
+Agent commands (drain, resume, set, revoke, remove) need the running coordinator
+(they act on live sessions). ``admin-tokens mint|list|revoke`` and ``audit export`` work
+on the database (whoever can read the data directory already holds every secret), or over
+``--url``. ``backup DIR`` works while the coordinator runs; ``restore DIR`` wants it
+stopped (coordinator.backup says what they hold).
 
 Over ``--url`` the CLI presents an admin token from ``$EDGEFLEET_ADMIN_TOKEN`` or
 ``--admin-token-file``, never from a flag (``/proc/PID/cmdline`` is readable by every
@@ -29,13 +32,16 @@ from coordinator.admin_api import token_json
 from coordinator.admin_db import AdminDatabase
 from coordinator.admin_tokens import AdminTokens, Role
 from coordinator.audit import AuditLog, to_jsonl
+from coordinator.backup import backup, restore
 from coordinator.config import load_config
-from coordinator.errors import ConfigError, CoordinatorError
+from coordinator.errors import ConfigError, CoordinatorError, ProtocolError
+from coordinator.proto_convert import location_checked
 from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import JoinTokens
+from edgefleet.contract import Location
 
 ADMIN_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"
-ADMIN_COMMANDS = ("tokens", "agents", "admin-tokens", "audit")
+ADMIN_COMMANDS = ("tokens", "agents", "admin-tokens", "audit", "backup", "restore")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -68,16 +74,54 @@ def add_admin_commands(sub: Any) -> None:
     create.add_argument("--uses", type=int, default=1, help="enrollments allowed (default 1)")
     create.add_argument("--site", default="", help="bind enrolled agents to this site")
     create.add_argument("--note", default="", help="free text for operators")
+    create.add_argument("--lat", type=float, help="fix the enrolled agent's latitude")
+    create.add_argument("--lon", type=float, help="fix the enrolled agent's longitude")
+    create.add_argument(
+        "--http-url", default="", help="fix the enrolled agent's URL (with --uses 1)"
+    )
     leaves.append(tokens_sub.add_parser("list", help="list join tokens"))
-    revoke = tokens_sub.add_parser("revoke", help="revoke a join token")
+    revoke = tokens_sub.add_parser(
+        "revoke",
+        help="revoke a join token: no new enrollments; with --agents, revoke the agents "
+        "enrolled with it too (their sessions end)",
+    )
     revoke.add_argument("token_id")
+    revoke.add_argument(
+        "--agents", action="store_true", help="also revoke the agents enrolled with it"
+    )
     leaves.append(revoke)
 
-    agents = sub.add_parser("agents", help="drain or resume an agent (needs the coordinator)")
+    agents = sub.add_parser(
+        "agents", help="drain, resume, set, revoke or remove an agent (needs the coordinator)"
+    )
     agents_sub = agents.add_subparsers(dest="action", required=True)
-    for action in ("drain", "resume"):
-        command = agents_sub.add_parser(action, help=f"{action} an agent")
+    helps = {
+        "drain": "drain an agent",
+        "resume": "resume an agent",
+        "revoke": "end the agent's session and refuse its certificate and credential",
+        "remove": "revoke the agent and delete its record",
+        "set": "fix the agent's site, location or URL (it reconnects with them)",
+    }
+    for action, text in helps.items():
+        command = agents_sub.add_parser(action, help=text)
         command.add_argument("agent_id")
+        if action == "set":
+            command.add_argument("--site")
+            command.add_argument("--lat", type=float)
+            command.add_argument("--lon", type=float)
+            command.add_argument("--http-url", help="the agent's URL, e.g. https://10.0.0.7:8000")
+        leaves.append(command)
+
+    for action, text in (
+        ("backup", "write a consistent backup (database, CA, keys) into a new DIR"),
+        ("restore", "restore a backup DIR into an empty data directory (coordinator stopped)"),
+    ):
+        command = sub.add_parser(action, help=text)
+        command.add_argument("directory", type=Path, metavar="DIR")
+        if action == "restore":
+            command.add_argument(
+                "--force", action="store_true", help="replace an existing database and CA"
+            )
         leaves.append(command)
 
     admin_tokens = sub.add_parser("admin-tokens", help="mint, list or revoke admin tokens")
@@ -122,9 +166,13 @@ def run_admin_command(args: argparse.Namespace) -> int:
         args.admin_token = _client_token(args)
         if args.command == "audit" and not args.url:
             return _export_audit(args, config.data_path)
-        if args.command == "agents":
+        if args.command == "backup":
+            result = backup(config.data_path, args.directory)
+        elif args.command == "restore":
+            result = restore(args.directory, config.data_path, force=args.force)
+        elif args.command == "agents":
             url = args.url or f"http://{config.http_host}:{config.http_port}"
-            result = _http(url, "POST", f"/v1/admin/agents/{args.agent_id}/{args.action}", args)
+            result = _agents_over_http(url, args)
         elif args.command == "admin-tokens":
             result = (
                 _admin_tokens_over_http(args)
@@ -241,6 +289,19 @@ def _print_text(text: Any) -> int:
     return 0
 
 
+def _agents_over_http(url: str, args: argparse.Namespace) -> Any:
+    path = f"/v1/admin/agents/{args.agent_id}"
+    if args.action == "remove":
+        return _http(url, "DELETE", path, args)
+    if args.action == "set":
+        body: dict[str, Any] = {}
+        for name in ("site", "lat", "lon", "http_url"):
+            if getattr(args, name) is not None:
+                body[name] = getattr(args, name)
+        return _http(url, "PATCH", path, args, body)
+    return _http(url, "POST", f"{path}/{args.action}", args)
+
+
 def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
     store = SQLiteFleetStore.in_directory(data_dir)
     try:
@@ -248,7 +309,12 @@ def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
         now = datetime.now(UTC)
         if args.action == "create":
             created = tokens.create(
-                expires_in=args.expires_in, max_uses=args.uses, site=args.site, note=args.note
+                expires_in=args.expires_in,
+                max_uses=args.uses,
+                site=args.site,
+                note=args.note,
+                location=_location(args),
+                http_url=args.http_url,
             )
             _audit_cli(data_dir, "cli tokens create", f"token_id={created.record.token_id}")
             return token_json(created.record, now) | {"token": created.token}
@@ -256,7 +322,19 @@ def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
             return {"object": "list", "data": [token_json(t, now) for t in tokens.list()]}
         tokens.revoke(args.token_id)
         _audit_cli(data_dir, "cli tokens revoke", f"token_id={args.token_id}")
-        return {"object": "join_token", "token_id": args.token_id, "state": "revoked"}
+        result: dict[str, Any] = {
+            "object": "join_token",
+            "token_id": args.token_id,
+            "state": "revoked",
+        }
+        if args.agents:
+            # Without the running coordinator: the records are revoked; a live session
+            # continues until the agent reconnects, and is refused then.
+            agents = tokens.agents_of(args.token_id)
+            for agent_id in agents:
+                store.revoke_agent(agent_id, now)
+            result["revoked_agents"] = agents
+        return result
     except ValueError as exc:
         raise AdminRequestError(str(exc)) from exc
     finally:
@@ -266,16 +344,31 @@ def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
 def _tokens_over_http(args: argparse.Namespace) -> Any:
     if args.action == "create":
         expires = None if args.expires_in is None else int(args.expires_in.total_seconds())
-        body = {
+        body: dict[str, Any] = {
             "expires_in_s": expires,
             "max_uses": args.uses,
             "site": args.site,
             "note": args.note,
+            "http_url": args.http_url,
         }
+        if args.lat is not None or args.lon is not None:
+            body |= {"lat": args.lat, "lon": args.lon}
         return _http(args.url, "POST", "/v1/admin/tokens", args, body)
     if args.action == "list":
         return _http(args.url, "GET", "/v1/admin/tokens", args)
-    return _http(args.url, "DELETE", f"/v1/admin/tokens/{args.token_id}", args)
+    query = "?agents=true" if args.agents else ""
+    return _http(args.url, "DELETE", f"/v1/admin/tokens/{args.token_id}{query}", args)
+
+
+def _location(args: argparse.Namespace) -> Location | None:
+    if args.lat is None and args.lon is None:
+        return None
+    if args.lat is None or args.lon is None:
+        raise AdminRequestError("give --lat and --lon together")
+    try:
+        return location_checked(args.lat, args.lon, "--lat/--lon")
+    except ProtocolError as exc:
+        raise AdminRequestError(str(exc)) from exc
 
 
 def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any = None,
@@ -320,7 +413,16 @@ def _print(args: argparse.Namespace, result: Any) -> None:
         else:
             print(f"admin token {result['token_id']} revoked")
         return
-    if args.command == "agents":
+    if args.command == "backup":
+        count, version = len(result["files"]), result["schema_version"]
+        print(f"backup written to {args.directory} ({count} files, schema version {version}); "
+              "it holds the CA key: keep it private")  # fmt: skip
+    elif args.command == "restore":
+        print(f"restored the backup of {result['created_at']} into the data directory")
+    elif args.command == "agents" and args.action in ("revoke", "remove", "set"):
+        ended = "session ended" if result.get("session_ended") else "no live session"
+        print(f"agent {result['agent_id']}: {args.action} done; {ended}")
+    elif args.command == "agents":
         sent = "sent" if result.get("command_sent") else "not sent (agent not connected)"
         print(f"agent {result['agent_id']}: draining={result['draining']}; command {sent}")
     elif result.get("object") == "list":
@@ -339,3 +441,5 @@ def _print(args: argparse.Namespace, result: Any) -> None:
         )
     else:
         print(f"token {result['token_id']} revoked")
+        if "revoked_agents" in result:
+            print(f"revoked agents: {', '.join(result['revoked_agents']) or 'none'}")

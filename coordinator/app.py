@@ -6,17 +6,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
 from aiohttp import web
 
 from coordinator.admin_api import ADMIN_PREFIX, authorize, create_admin_app, route_roles
 from coordinator.admin_db import AdminDatabase
 from coordinator.admin_tokens import AdminTokens
+from coordinator.agent_lifecycle import AgentLifecycle
 from coordinator.app_keys import (
     ADMIN_TOKENS_KEY,
     AUDIT_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
+    LIFECYCLE_KEY,
     METRICS_KEY,
     RECORDS_KEY,
     REGISTRY_KEY,
@@ -34,6 +37,7 @@ from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.proto_convert import LoadLimits
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
 from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
@@ -74,15 +78,26 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         registry,
         metrics,
         router=router,
-        enrollment=EnrollmentService(fleet_store, tokens, ca),
+        enrollment=EnrollmentService(
+            fleet_store,
+            tokens,
+            ca,
+            cert_days=config.agent_cert_days,
+            grace=timedelta(days=config.agent_cert_grace_days),
+        ),
         authenticator=SessionAuthenticator(
             fleet_store,
             require_enrollment=config.enrollment_required,
             require_mtls=config.tls_enabled,
+            check_url_host=config.check_agent_url_host,
         ),
         report_interval_ms=config.report_interval_ms,
         hello_timeout_s=config.hello_timeout_s,
         records=records,
+        load_limits=LoadLimits(
+            tokens_per_second=config.max_agent_tokens_per_second,
+            sequences=config.max_agent_sequences,
+        ),
     )
     # authorize is inside openai_errors: a crash in a check is still an error body.
     app = web.Application(middlewares=[count_requests, openai_errors, authorize])
@@ -97,6 +112,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[RECORDS_KEY] = records
     app[ROUTE_ROLES_KEY] = route_roles()
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
+    app[LIFECYCLE_KEY] = AgentLifecycle(fleet_store, registry, servicer)
     app.add_routes(ROUTES)
     app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from coordinator.admin_tokens import AdminTokens, Role
+from coordinator.agent_lifecycle import AgentLifecycle
 from coordinator.audit import AuditLog
 from coordinator.config import CoordinatorConfig
 from coordinator.fleet_store import FleetStore
@@ -26,3 +27,4 @@ ADMIN_TOKENS_KEY = web.AppKey("admin_tokens", AdminTokens)
 AUDIT_KEY = web.AppKey("audit", AuditLog)
 RECORDS_KEY = web.AppKey("request_records", RequestRecordStore)
 ROUTE_ROLES_KEY: web.AppKey[dict[tuple[str, str], Role | None]] = web.AppKey("route_roles")
+LIFECYCLE_KEY = web.AppKey("lifecycle", AgentLifecycle)

@@ -2,12 +2,26 @@
 
 On first start the coordinator creates an EC P-256 CA under ``<data_dir>/ca/`` and
 keeps it; every start it issues itself a fresh server certificate, and enrollment
-issues each agent a client certificate whose common name is the agent id.
+issues each agent a client certificate whose common name is the agent id (and a URI
+SAN ``edgefleet://agent/<id>``).
+
+Agents of contract v1.2 send a CSR: the coordinator signs the agent's own public key
+(``issue_client(agent_id, csr_pem=...)``) and never sees its private key. Only an agent
+that sends no CSR (older than v1.2, "legacy") gets a key made here.
+
+Lifetimes: the CA 10 years; server certificates 365 days (a fresh one every start);
+agent certificates ``agent_cert_days`` (coordinator config, default 7 days), renewed
+over the session once two thirds of the lifetime have passed.
+
+The CA is two files, ``ca.pem`` and ``ca.key``: with neither, a new CA is made; with
+both, they are loaded; with only one, the coordinator refuses to start (a new CA would
+silently replace the one every enrolled agent trusts).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import ipaddress
 import logging
 import os
@@ -17,10 +31,10 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from coordinator.errors import CertificateError
+from coordinator.errors import CertificateError, CertificateRequestError
 from edgefleet.tls import AGENT_URI_PREFIX, agent_server_name
 
 logger = logging.getLogger(__name__)
@@ -28,7 +42,7 @@ logger = logging.getLogger(__name__)
 CA_COMMON_NAME = "edgefleet coordinator CA"
 CA_VALID_DAYS = 3650
 SERVER_VALID_DAYS = 365
-CLIENT_VALID_DAYS = 365
+CLIENT_VALID_DAYS = 7.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +68,15 @@ class CertificateAuthority:
     def load_or_create(cls, directory: Path) -> CertificateAuthority:
         """Load the CA from ``directory`` (``ca.pem`` + ``ca.key``), creating it on first use."""
         cert_path, key_path = directory / "ca.pem", directory / "ca.key"
+        if cert_path.exists() != key_path.exists():
+            present, missing = (
+                (cert_path, key_path) if cert_path.exists() else (key_path, cert_path)
+            )
+            raise CertificateError(
+                f"the coordinator CA is incomplete: {present} exists but {missing} is missing; "
+                "restore both files (python -m coordinator restore) or remove both to make a "
+                "new CA (every enrolled agent must then enroll again)"
+            )
         try:
             if cert_path.exists() and key_path.exists():
                 cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -108,13 +131,20 @@ class CertificateAuthority:
         return self._issue("edgefleet coordinator", sans, [ExtendedKeyUsageOID.SERVER_AUTH])
 
     def issue_client(
-        self, agent_id: str, *, server_names: Sequence[str] | None = None
+        self,
+        agent_id: str,
+        *,
+        csr_pem: str = "",
+        days: float = CLIENT_VALID_DAYS,
+        server_names: Sequence[str] | None = None,
     ) -> IssuedCertificate:
         """A client certificate naming ``agent_id`` (common name and a URI SAN).
 
-        With ``server_names`` (the host of the agent's URL fixed at enrollment, IP or DNS)
-        the certificate is also a TLS server certificate: for its HTTPS API (SAN = those
-        names) and for peers that dial it by identity (SAN = ``agent_server_name(agent_id)``).
+        With ``csr_pem`` the certificate is for the CSR's public key and ``key_pem`` is
+        empty; without, a key is made here (legacy agents only). With ``server_names``
+        (the host of the agent's URL fixed at enrollment, IP or DNS) the certificate is
+        also a TLS server certificate: for its HTTPS API (SAN = those names) and for peers
+        that dial it by identity (SAN = ``agent_server_name(agent_id)``).
         """
         sans: list[x509.GeneralName] = [
             x509.UniformResourceIdentifier(f"{AGENT_URI_PREFIX}{agent_id}")
@@ -123,7 +153,8 @@ class CertificateAuthority:
         if server_names is not None:
             sans += _general_names([*server_names, agent_server_name(agent_id)])
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        return self._issue(agent_id, sans, usages, days=CLIENT_VALID_DAYS)
+        public_key = public_key_of_csr(csr_pem) if csr_pem else None
+        return self._issue(agent_id, sans, usages, days=days, public_key=public_key)
 
     def _issue(
         self,
@@ -131,16 +162,20 @@ class CertificateAuthority:
         sans: list[x509.GeneralName],
         usages: Sequence[x509.ObjectIdentifier],
         *,
-        days: int = SERVER_VALID_DAYS,
+        days: float = SERVER_VALID_DAYS,
+        public_key: CertificatePublicKey | None = None,
     ) -> IssuedCertificate:
-        key = ec.generate_private_key(ec.SECP256R1())
+        key = None
+        if public_key is None:
+            key = ec.generate_private_key(ec.SECP256R1())
+            public_key = key.public_key()
         now = _now()
         not_after = now + dt.timedelta(days=days)
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
             .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
+            .public_key(public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(not_after)
@@ -152,13 +187,48 @@ class CertificateAuthority:
         cert = builder.sign(self._key, hashes.SHA256())
         return IssuedCertificate(
             cert_pem=cert.public_bytes(serialization.Encoding.PEM).decode("ascii"),
-            key_pem=_key_pem(key),
+            key_pem="" if key is None else _key_pem(key),
             serial=format(cert.serial_number, "x"),
             not_after=not_after,
         )
 
     def _key_pem(self) -> str:
         return _key_pem(self._key)
+
+
+CertificatePublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
+
+
+def public_key_of_csr(csr_pem: str) -> CertificatePublicKey:
+    """The public key of a PEM CSR whose signature checks; raises CertificateRequestError."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise CertificateRequestError(f"the CSR is not a PEM PKCS#10 request: {exc}") from exc
+    if not csr.is_signature_valid:
+        raise CertificateRequestError("the CSR's signature does not check")
+    key = csr.public_key()
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        if not isinstance(key.curve, ec.SECP256R1 | ec.SECP384R1):
+            raise CertificateRequestError(f"CSR key curve {key.curve.name} is not P-256/P-384")
+        return key
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return key
+    raise CertificateRequestError("the CSR's key must be EC P-256/P-384 or Ed25519")
+
+
+def public_key_sha256(key: CertificatePublicKey) -> str:
+    """sha256 (hex) of the key's DER SubjectPublicKeyInfo."""
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+def certificate_serial(cert_pem: str | bytes) -> str:
+    """Hex serial of a PEM certificate (as IssuedCertificate.serial)."""
+    data = cert_pem.encode("ascii") if isinstance(cert_pem, str) else cert_pem
+    return format(x509.load_pem_x509_certificate(data).serial_number, "x")
 
 
 def _general_names(names: Sequence[str]) -> list[x509.GeneralName]:

@@ -46,6 +46,17 @@ def _lower(value: Any) -> Any:
 Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_lower)]
 
 
+def _switch(value: Any) -> Any:
+    """A Switch that also reads booleans: true / false (TOML or text) are on / off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    value = _lower(value)
+    return {"true": "on", "false": "off", "yes": "on", "no": "off"}.get(value, value)
+
+
+BoolSwitch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_switch)]
+
+
 class CoordinatorConfig(Settings):
     """Settings of one coordinator process."""
 
@@ -79,9 +90,22 @@ class CoordinatorConfig(Settings):
     enroll_port: int = Field(default=default_enroll_port(DEFAULT_GRPC_PORT), ge=0, le=65535)
     # Extra host names / IPs for the server certificate, comma-separated.
     tls_server_names: str = ""
-    # "auto": agents must be enrolled whenever TLS is on; "on": always; "off": never checked
-    # for agents that never enrolled (enrolled agents are always checked).
-    require_enrollment: Switch = "auto"
+    # "auto": agents must be enrolled whenever TLS is on or gRPC listens beyond loopback;
+    # "on": always; "off" (or false): agents that never enrolled may connect (enrolled ones
+    # are always checked). tls = "off" beyond loopback refuses to start unless this is
+    # explicitly "off". Even then, a Hello never replaces another live session.
+    require_enrollment: BoolSwitch = "auto"
+    # Lifetime of the client certificates issued to agents (days; renewed over the session
+    # once 2/3 of it has passed). An agent whose certificate expired may still renew with
+    # its enrollment credential for agent_cert_grace_days after the expiry.
+    agent_cert_days: float = Field(default=7.0, gt=0, le=3650)
+    agent_cert_grace_days: float = Field(default=90.0, ge=0, le=3650)
+    # An agent's Hello.http_url host must be its gRPC peer address (or resolve to it)
+    # unless the operator fixed its URL; agents connecting over loopback are exempt.
+    check_agent_url_host: bool = True
+    # Load figures are clamped to these (so a lying agent cannot rank itself first).
+    max_agent_tokens_per_second: float = Field(default=100_000.0, gt=0)
+    max_agent_sequences: int = Field(default=10_000, ge=1)
     # HTTPS on the HTTP port. "auto": on unless http_host is loopback; "on": always; "off":
     # plain HTTP (dev only). The certificate is http_tls_cert_file/http_tls_key_file when
     # given (e.g. from a public CA), else one issued by this coordinator's CA at every start
@@ -160,6 +184,15 @@ class CoordinatorConfig(Settings):
                 "http_tls_cert_file and http_tls_key_file go together: set both, or neither "
                 "for a certificate from the coordinator's CA"
             )
+        if (
+            self.tls == "off"
+            and not is_loopback_host(self.grpc_host)
+            and self.require_enrollment != "off"
+        ):
+            raise ValueError(
+                f'tls = "off" with grpc_host {self.grpc_host} (beyond loopback) needs an explicit '
+                "require_enrollment = false: agents would connect unauthenticated in plaintext"
+            )
         weights = (self.route_weight_proximity, self.route_weight_queue, self.route_weight_kv)
         if sum(weights) + self.route_weight_wait <= 0:
             raise ValueError("at least one of the route_weight_* settings must be above 0")
@@ -203,7 +236,7 @@ class CoordinatorConfig(Settings):
     @property
     def enrollment_required(self) -> bool:
         if self.require_enrollment == "auto":
-            return self.tls_enabled
+            return self.tls_enabled or not is_loopback_host(self.grpc_host)
         return self.require_enrollment == "on"
 
 

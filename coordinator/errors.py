@@ -19,7 +19,11 @@
                ├── TokenRevokedError        revoked by an operator
                ├── SiteMismatchError        bound to another site
                ├── AuthenticationError      credentials missing or wrong, not enrolled, no mTLS
-               └── PermissionDeniedError    a valid identity, but another agent's
+               ├── PermissionDeniedError    a valid identity, but another agent's
+               ├── AgentRevokedError        the agent (or its certificate) was revoked
+               ├── CertificateRequestError  a CSR that cannot be signed
+               ├── SessionTakenError        the agent id has a live session (no replacing it)
+               └── FixedIdentityError       Hello contradicts what the operator fixed (URL)
 
 Errors from libraries (grpc, aiohttp, tomllib) are converted where they are
 caught, with ``raise ... from exc``.
@@ -118,3 +122,27 @@ class UnknownTokenRefError(RecoverableError):
     def __init__(self, token_id: str) -> None:
         super().__init__(f"unknown join token {token_id!r}")
         self.token_id = token_id
+
+
+class AgentRevokedError(PermissionDeniedError):
+    """The agent, or the certificate it presents, was revoked by an operator."""
+
+    reason = "revoked"
+
+
+class CertificateRequestError(EnrollmentError):
+    """A CSR is malformed, badly signed or for an unsupported key type."""
+
+    reason = "bad_csr"
+
+
+class SessionTakenError(EnrollmentError):
+    """An unauthenticated Hello names an agent that has a live session."""
+
+    reason = "session_taken"
+
+
+class FixedIdentityError(PermissionDeniedError):
+    """A Hello says something other than what the operator fixed (e.g. its URL)."""
+
+    reason = "identity_mismatch"

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Protocol
 
 from coordinator.fleet import Liveness
-from edgefleet.contract import Hello, LoadReport
+from edgefleet.contract import Hello, LoadReport, Location
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,9 @@ class JoinToken:
     revoked: bool = False
     # Free text for operators.
     note: str = ""
+    # What the operator fixes for agents enrolled with this token (None / "": not fixed).
+    location: Location | None = None
+    http_url: str = ""
 
     def state(self, now: datetime) -> str:
         """ "active", "expired", "exhausted" or "revoked"."""
@@ -65,6 +69,19 @@ class StoredAgent:
     last_seen: datetime | None = None
     # Set by an operator: finish running work, take no new routes.
     draining: bool = False
+    # Fixed by the operator (token or agent record); None / "": not fixed.
+    location: Location | None = None
+    http_url: str = ""
+    # sha256 (hex) of the agent's public key (DER SubjectPublicKeyInfo); "" for legacy
+    # agents whose key the coordinator made.
+    public_key_sha256: str = ""
+    cert_not_after: datetime | None = None
+    # Set by ``agents revoke``: no session, no renewal, no re-enrollment from then on.
+    revoked_at: datetime | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
 
     @property
     def enrolled(self) -> bool:
@@ -115,6 +132,50 @@ class FleetStore(Protocol):
 
     # ---------------------------------------------------------------- agents
     def get_agent(self, agent_id: str) -> StoredAgent | None: ...
+
+    def find_enrolled_key(self, token_id: str, public_key_sha256: str) -> StoredAgent | None:
+        """The agent enrolled with this token and this public key, if any."""
+        ...
+
+    def reissue(
+        self,
+        agent_id: str,
+        *,
+        credential_sha256: str | None,
+        cert_serial: str,
+        cert_not_after: datetime,
+        public_key_sha256: str | None = None,
+    ) -> bool:
+        """Record a new certificate (and credential, key when given) for an enrolled,
+        unrevoked agent; False when there is none."""
+        ...
+
+    def set_fixed(
+        self, agent_id: str, *, site: str | None, location: Location | None, http_url: str | None
+    ) -> StoredAgent | None:
+        """Fix the agent's site / location / URL (None: leave as is); None when unknown."""
+        ...
+
+    def revoke_agent(self, agent_id: str, now: datetime) -> bool:
+        """Mark revoked, forget its credential, refuse its certificate; False when unknown."""
+        ...
+
+    def remove_agent(self, agent_id: str) -> bool:
+        """Delete the agent's record (its id is refused until enrolled again); False when
+        unknown."""
+        ...
+
+    def agent_removed(self, agent_id: str) -> bool:
+        """True for the id of a removed agent not enrolled again since."""
+        ...
+
+    def agents_of_token(self, token_id: str) -> list[str]: ...
+
+    def certificate_revoked(self, serial: str) -> bool: ...
+
+    def backup_to(self, path: Path) -> None:
+        """Write a consistent copy of the whole store to ``path``."""
+        ...
 
     def list_agents(self) -> list[StoredAgent]: ...
 

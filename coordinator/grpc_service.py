@@ -17,21 +17,24 @@ from typing import Any
 import grpc
 
 from coordinator import proto_convert
-from coordinator.ca import CertificateAuthority
+from coordinator.ca import CertificateAuthority, certificate_serial
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.enrollment import EnrollmentService
 from coordinator.errors import (
+    AgentRevokedError,
+    CertificateRequestError,
     EnrollmentError,
     PermissionDeniedError,
     ProtocolError,
     ServerStartError,
+    SessionTakenError,
     SiteMismatchError,
 )
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
 from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
-from coordinator.session_auth import SessionAuthenticator
+from coordinator.session_auth import Peer, SessionAuthenticator, peer_address
 from edgefleet import contract_pb
 from edgefleet.contract import CommandKind, DesiredState, Hello, Section
 from edgefleet.v1 import fleet_pb2 as pb
@@ -55,12 +58,20 @@ _SERVER_OPTIONS = [
 class _LiveSession:
     agent_id: str
     session_id: str
+    # Authenticated with enrollment credentials (may renew its certificate).
+    enrolled: bool = False
     # Messages to push to the agent; None ends the stream.
     outbox: asyncio.Queue[pb.CoordinatorMessage | None] = field(default_factory=asyncio.Queue)
+    # Set when an operator revoked the agent: the stream ends with PERMISSION_DENIED.
+    revoked: str = ""
 
 
 def _status_for(error: EnrollmentError) -> grpc.StatusCode:
     """Refused identities: UNAUTHENTICATED, unless the caller is known but not allowed."""
+    if isinstance(error, SessionTakenError):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(error, CertificateRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(error, PermissionDeniedError | SiteMismatchError):
         return grpc.StatusCode.PERMISSION_DENIED
     return grpc.StatusCode.UNAUTHENTICATED
@@ -70,6 +81,24 @@ def peer_agent_id(context: Any) -> str | None:
     """Common name of the peer's verified client certificate; None without one."""
     names = context.auth_context().get("x509_common_name")
     return names[0].decode() if names else None
+
+
+def session_peer(context: Any) -> Peer:
+    """The peer's certificate identity (common name, serial) and IP address."""
+    auth = context.auth_context()
+    names = auth.get("x509_common_name")
+    serial = ""
+    pems = auth.get("x509_pem_cert")
+    if pems:
+        try:
+            serial = certificate_serial(pems[0])
+        except ValueError:
+            serial = ""
+    return Peer(
+        agent_id=names[0].decode() if names else None,
+        cert_serial=serial,
+        address=peer_address(context.peer() or ""),
+    )
 
 
 class CoordinatorServicer:
@@ -86,6 +115,7 @@ class CoordinatorServicer:
         report_interval_ms: int,
         hello_timeout_s: float,
         records: RequestRecordStore | None = None,
+        load_limits: proto_convert.LoadLimits = proto_convert.DEFAULT_LOAD_LIMITS,
     ) -> None:
         self._records = records
         self._registry = registry
@@ -95,6 +125,7 @@ class CoordinatorServicer:
         self._authenticator = authenticator
         self._report_interval_ms = report_interval_ms
         self._hello_timeout_s = hello_timeout_s
+        self._load_limits = load_limits
         self._live: dict[str, _LiveSession] = {}
 
     # ------------------------------------------------------------------ RPCs
@@ -102,7 +133,7 @@ class CoordinatorServicer:
     async def Enroll(self, request: pb.EnrollRequest, context: Any) -> pb.EnrollResponse:
         try:
             enrolled = self._enrollment.enroll(
-                request.join_token, request.requested_name, request.site
+                request.join_token, request.requested_name, request.site, request.csr_pem
             )
         except EnrollmentError as exc:
             self._metrics.enrollments.labels(result=exc.reason).inc()
@@ -115,13 +146,20 @@ class CoordinatorServicer:
             await context.abort(_status_for(exc), str(exc))
             raise AssertionError("unreachable: context.abort raises") from exc
         self._metrics.enrollments.labels(result="ok").inc()
-        return pb.EnrollResponse(
+        response = pb.EnrollResponse(
             agent_id=enrolled.agent_id,
             credentials=enrolled.credentials,
             ca_cert_pem=enrolled.ca_cert_pem,
             client_cert_pem=enrolled.client_cert_pem,
             client_key_pem=enrolled.client_key_pem,
+            site=enrolled.site,
+            http_url=enrolled.http_url,
+            cert_not_after_unix=int(enrolled.not_after.timestamp()) if enrolled.not_after else 0,
         )
+        if enrolled.location is not None:
+            response.location.lat = enrolled.location.lat
+            response.location.lon = enrolled.location.lon
+        return response
 
     async def Route(self, request: pb.RouteRequest, context: Any) -> pb.RouteResponse:
         try:
@@ -137,16 +175,17 @@ class CoordinatorServicer:
     ) -> AsyncIterator[pb.CoordinatorMessage]:
         hello = await self._receive_hello(request_iterator, context)
         try:
-            hello, enrolled = self._authenticator.authenticate(hello, peer_agent_id(context))
+            hello, enrolled = self._authenticator.authenticate(hello, session_peer(context))
+            session_id = self._registry.open_session(hello, enrolled=enrolled)
         except EnrollmentError as exc:
             self._metrics.sessions_rejected.labels(reason=exc.reason).inc()
             logger.warning(
                 "refused session for agent %s from %s: %s", hello.agent_id, context.peer(), exc
             )
             await context.abort(_status_for(exc), str(exc))
-        session_id = self._registry.open_session(hello, enrolled=enrolled)
+            raise AssertionError("unreachable: context.abort raises") from exc
         self._metrics.sessions.inc()
-        live = _LiveSession(agent_id=hello.agent_id, session_id=session_id)
+        live = _LiveSession(agent_id=hello.agent_id, session_id=session_id, enrolled=enrolled)
         replaced = self._live.pop(hello.agent_id, None)
         if replaced is not None:
             replaced.outbox.put_nowait(None)
@@ -171,6 +210,9 @@ class CoordinatorServicer:
                 yield proto_convert.command_to_pb(CommandKind.DRAIN, "drained by an operator")
             while (message := await live.outbox.get()) is not None:
                 yield message
+            if live.revoked:
+                self._metrics.sessions_rejected.labels(reason="revoked").inc()
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, live.revoked)
             if reader.done() and not reader.cancelled():
                 failure = reader.exception()
                 if isinstance(failure, ProtocolError):
@@ -215,6 +257,16 @@ class CoordinatorServicer:
         update = DesiredState(version=desired.version).with_section(pushed)
         self.push(agent_id, proto_convert.desired_state_to_pb(update))
         return desired
+
+    def end_session(self, agent_id: str, *, revoked: str = "") -> bool:
+        """End an agent's live session now (with PERMISSION_DENIED and ``revoked`` as the
+        message when given); False when it has none."""
+        live = self._live.get(agent_id)
+        if live is None:
+            return False
+        live.revoked = revoked
+        live.outbox.put_nowait(None)
+        return True
 
     def end_all_sessions(self) -> None:
         """Finish every live session cleanly (agents reconnect on their own)."""
@@ -264,7 +316,7 @@ class CoordinatorServicer:
         async for message in request_iterator:
             kind = message.WhichOneof("body")
             if kind == "load_report":
-                report = proto_convert.load_report_from_pb(message.load_report)
+                report = proto_convert.load_report_from_pb(message.load_report, self._load_limits)
                 self._registry.record_report(live.agent_id, live.session_id, report)
                 self._metrics.load_reports.inc()
             elif kind == "bye":
@@ -272,6 +324,8 @@ class CoordinatorServicer:
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)
             elif kind == "request_records":
                 self._store_records(live, message.request_records)
+            elif kind == "renew_certificate":
+                self._renew(live, message.renew_certificate.csr_pem)
             elif kind == "hello":
                 raise ProtocolError("Hello may only be sent once, as the first message")
             else:
@@ -286,6 +340,30 @@ class CoordinatorServicer:
         if result.ack is not None:
             ack = contract_pb.records_ack_to_pb(result.ack)
             live.outbox.put_nowait(pb.CoordinatorMessage(records_ack=ack))
+
+    def _renew(self, live: _LiveSession, csr_pem: str) -> None:
+        """Answer RenewCertificate with CertificateIssued (enrolled sessions only)."""
+        if not live.enrolled:
+            raise ProtocolError("RenewCertificate from an agent that is not enrolled")
+        try:
+            issued = self._enrollment.renew(live.agent_id, csr_pem)
+        except AgentRevokedError as exc:
+            self.end_session(live.agent_id, revoked=str(exc))
+            return
+        except EnrollmentError as exc:
+            logger.warning("refused certificate renewal of agent %s: %s", live.agent_id, exc)
+            self._metrics.enrollments.labels(result=f"renew_{exc.reason}").inc()
+            return
+        self._metrics.enrollments.labels(result="renewed").inc()
+        live.outbox.put_nowait(
+            pb.CoordinatorMessage(
+                certificate_issued=pb.CertificateIssued(
+                    client_cert_pem=issued.cert_pem,
+                    ca_cert_pem=self._enrollment.ca_cert_pem,
+                    not_after_unix=int(issued.not_after.timestamp()),
+                )
+            )
+        )
 
 
 class GrpcServer:

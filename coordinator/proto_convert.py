@@ -8,7 +8,7 @@ contract types by ``edgefleet.contract_pb``, the one conversion both processes u
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from coordinator.errors import ProtocolError
@@ -71,8 +71,32 @@ def hello_from_pb(message: pb.Hello) -> Hello:
     return replace(contract_pb.hello_from_pb(message), location=location)
 
 
-def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
-    """Validate a LoadReport and convert it; raises ProtocolError naming the bad field."""
+@dataclass(frozen=True, slots=True)
+class LoadLimits:
+    """Plausible ceilings for what an agent says about its load.
+
+    A report above them is clamped, not refused (a real agent may burst), so that an
+    agent claiming 1e300 tokens/s or a billion sequences is ranked like the fastest
+    plausible agent, never above every honest one. Defaults: 100,000 tokens/s (a large
+    GPU box), 10,000 running or waiting sequences, 2**40 KV-cache tokens, 2**50 bytes of
+    free memory (1 PiB); coordinator config: max_agent_tokens_per_second,
+    max_agent_sequences.
+    """
+
+    tokens_per_second: float = 100_000.0
+    sequences: int = 10_000
+    kv_cache_tokens: int = 2**40
+    memory_bytes: int = 2**50
+
+
+DEFAULT_LOAD_LIMITS = LoadLimits()
+
+
+def load_report_from_pb(
+    message: pb.LoadReport, limits: LoadLimits = DEFAULT_LOAD_LIMITS
+) -> LoadReport:
+    """Validate a LoadReport and convert it, clamping its figures to ``limits``; raises
+    ProtocolError naming the bad field."""
     fraction = message.kv_cache_used_fraction
     if not (math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
         raise ProtocolError(f"LoadReport.kv_cache_used_fraction {fraction} is outside [0, 1]")
@@ -82,7 +106,15 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         )
     if len(message.unhealthy_reason) > 1000:
         raise ProtocolError("LoadReport.unhealthy_reason is longer than 1000 characters")
-    return contract_pb.load_report_from_pb(message)
+    report = contract_pb.load_report_from_pb(message)
+    clamped = report._replace(
+        tokens_per_second=min(report.tokens_per_second, limits.tokens_per_second),
+        running_sequences=min(report.running_sequences, limits.sequences),
+        waiting_sequences=min(report.waiting_sequences, limits.sequences),
+        kv_cache_used_tokens=min(report.kv_cache_used_tokens, limits.kv_cache_tokens),
+        free_memory_bytes=min(report.free_memory_bytes, limits.memory_bytes),
+    )
+    return report if clamped == report else clamped
 
 
 def welcome_to_pb(session_id: str, report_interval_ms: int) -> pb.CoordinatorMessage:

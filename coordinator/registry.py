@@ -18,7 +18,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from coordinator.errors import UnknownAgentError
+from coordinator.errors import SessionTakenError, UnknownAgentError
 from coordinator.fleet import AgentRecord, AgentStatus, Liveness
 from coordinator.fleet_index import FleetIndex
 from coordinator.fleet_store import AgentLastState, FleetStore, StoredAgent
@@ -44,8 +44,14 @@ class FleetRegistry(Protocol):
     def open_session(self, hello: Hello, *, enrolled: bool = False) -> str:
         """Record that an agent connected; return the new session id.
 
-        A newer session replaces an older one for the same agent.
+        A newer session of an enrolled (authenticated) agent replaces an older one for
+        the same agent. An unenrolled Hello never replaces a live session (raises
+        SessionTakenError): anyone could send it.
         """
+        ...
+
+    def remove(self, agent_id: str) -> AgentRecord:
+        """Forget an agent (its live record and its index entry); raises UnknownAgentError."""
         ...
 
     def record_report(self, agent_id: str, session_id: str, report: LoadReport) -> None:
@@ -149,6 +155,17 @@ class LiveFleetRegistry:
         session_id = uuid.uuid4().hex
         previous = self._agents.get(hello.agent_id)
         draining = False
+        if (
+            not enrolled
+            and previous is not None
+            and previous.status is AgentStatus.CONNECTED
+            and previous.liveness is not Liveness.DOWN
+        ):
+            raise SessionTakenError(
+                f"agent {hello.agent_id!r} already has a live session ({previous.session_id}); "
+                "an unauthenticated Hello cannot replace it (enroll the agent, or wait until "
+                "its session ends)"
+            )
         if previous is not None:
             draining = previous.draining
             if previous.status is AgentStatus.CONNECTED:
@@ -214,6 +231,17 @@ class LiveFleetRegistry:
         self._connected -= 1
         self._store.save_last_seen(agent_id, record.last_seen)
         return True
+
+    def remove(self, agent_id: str) -> AgentRecord:
+        record = self._agents.pop(agent_id, None)
+        if record is None:
+            raise UnknownAgentError(agent_id)
+        if record.status is AgentStatus.CONNECTED:
+            self._connected -= 1
+        self._index.remove(agent_id)
+        self._saved.pop(agent_id, None)
+        logger.info("agent %s removed from the registry", agent_id)
+        return record
 
     def get(self, agent_id: str) -> AgentRecord:
         try:

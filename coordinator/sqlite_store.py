@@ -14,7 +14,7 @@ from coordinator.errors import StoreError
 from coordinator.fleet import Liveness
 from coordinator.fleet_json import hello_from_json, hello_to_json
 from coordinator.fleet_store import AgentLastState, JoinToken, Site, StoredAgent
-from edgefleet.contract import Hello, KeyUsage, LoadReport, SectionGenerations
+from edgefleet.contract import Hello, KeyUsage, LoadReport, Location, SectionGenerations
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,31 @@ def _admin_tokens_audit_request_records(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX request_records_received ON request_records (received_at)")
 
 
+@_migration(4)
+def _agent_lifecycle(db: sqlite3.Connection) -> None:
+    """What the operator fixes (place, URL), the agent's own key, revocation."""
+    for table in ("join_tokens", "agents"):
+        db.execute(f"ALTER TABLE {table} ADD COLUMN lat REAL")
+        db.execute(f"ALTER TABLE {table} ADD COLUMN lon REAL")
+        db.execute(f"ALTER TABLE {table} ADD COLUMN http_url TEXT NOT NULL DEFAULT ''")
+    # sha256 of the agent's public key (DER SubjectPublicKeyInfo): enrollment is idempotent.
+    db.execute("ALTER TABLE agents ADD COLUMN public_key_sha256 TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE agents ADD COLUMN cert_not_after TEXT")
+    db.execute("ALTER TABLE agents ADD COLUMN revoked_at TEXT")
+    db.execute("""
+        CREATE TABLE revoked_certificates (
+            serial     TEXT PRIMARY KEY,
+            agent_id   TEXT NOT NULL,
+            revoked_at TEXT NOT NULL
+        ) WITHOUT ROWID""")  # fmt: skip
+    # Ids of removed agents: refused until enrolled again with a new token.
+    db.execute("""
+        CREATE TABLE removed_agents (
+            agent_id   TEXT PRIMARY KEY,
+            removed_at TEXT NOT NULL
+        ) WITHOUT ROWID""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -233,7 +258,9 @@ class SQLiteFleetStore:
     def add_token(self, token: JoinToken) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO join_tokens VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO join_tokens (token_id, secret_sha256, created_at, expires_at, "
+                "max_uses, uses, site, revoked, note, lat, lon, http_url) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     token.token_id,
                     token.secret_sha256,
@@ -244,6 +271,9 @@ class SQLiteFleetStore:
                     token.site,
                     int(token.revoked),
                     token.note,
+                    None if token.location is None else token.location.lat,
+                    None if token.location is None else token.location.lon,
+                    token.http_url,
                 ),
             )
 
@@ -276,12 +306,17 @@ class SQLiteFleetStore:
             )
             if used.rowcount != 1:
                 return False
+            db.execute("DELETE FROM removed_agents WHERE agent_id = ?", (agent.agent_id,))
             db.execute(
                 "INSERT INTO agents (agent_id, enrolled_at, token_id, credential_sha256, "
-                "cert_serial, site) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(agent_id) DO UPDATE "
+                "cert_serial, site, lat, lon, http_url, public_key_sha256, cert_not_after) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(agent_id) DO UPDATE "
                 "SET enrolled_at = excluded.enrolled_at, token_id = excluded.token_id, "
                 "credential_sha256 = excluded.credential_sha256, "
-                "cert_serial = excluded.cert_serial, site = excluded.site",
+                "cert_serial = excluded.cert_serial, site = excluded.site, "
+                "lat = excluded.lat, lon = excluded.lon, http_url = excluded.http_url, "
+                "public_key_sha256 = excluded.public_key_sha256, "
+                "cert_not_after = excluded.cert_not_after, revoked_at = NULL",
                 (
                     agent.agent_id,
                     _text(agent.enrolled_at),
@@ -289,6 +324,11 @@ class SQLiteFleetStore:
                     agent.credential_sha256,
                     agent.cert_serial,
                     agent.site,
+                    None if agent.location is None else agent.location.lat,
+                    None if agent.location is None else agent.location.lon,
+                    agent.http_url,
+                    agent.public_key_sha256,
+                    _text(agent.cert_not_after),
                 ),
             )
             if agent.site:
@@ -303,6 +343,107 @@ class SQLiteFleetStore:
 
     def list_agents(self) -> list[StoredAgent]:
         return [_agent(r) for r in self._query("SELECT * FROM agents ORDER BY agent_id")]
+
+    def find_enrolled_key(self, token_id: str, public_key_sha256: str) -> StoredAgent | None:
+        rows = self._query(
+            "SELECT * FROM agents WHERE token_id = ? AND public_key_sha256 = ? "
+            "AND enrolled_at IS NOT NULL",
+            token_id,
+            public_key_sha256,
+        )
+        return _agent(rows[0]) if rows else None
+
+    def reissue(
+        self,
+        agent_id: str,
+        *,
+        credential_sha256: str | None,
+        cert_serial: str,
+        cert_not_after: datetime,
+        public_key_sha256: str | None = None,
+    ) -> bool:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE agents SET cert_serial = ?, cert_not_after = ?, "
+                "credential_sha256 = COALESCE(?, credential_sha256), "
+                "public_key_sha256 = COALESCE(?, public_key_sha256) "
+                "WHERE agent_id = ? AND enrolled_at IS NOT NULL AND revoked_at IS NULL",
+                (cert_serial, _text(cert_not_after), credential_sha256, public_key_sha256,
+                 agent_id),
+            )  # fmt: skip
+            return cursor.rowcount == 1
+
+    def set_fixed(
+        self, agent_id: str, *, site: str | None, location: Location | None, http_url: str | None
+    ) -> StoredAgent | None:
+        with self._transaction() as db:
+            if site is not None:
+                db.execute("UPDATE agents SET site = ? WHERE agent_id = ?", (site, agent_id))
+                if site:
+                    _add_site(db, site, datetime.now(UTC))
+            if location is not None:
+                db.execute(
+                    "UPDATE agents SET lat = ?, lon = ? WHERE agent_id = ?",
+                    (location.lat, location.lon, agent_id),
+                )
+            if http_url is not None:
+                db.execute(
+                    "UPDATE agents SET http_url = ? WHERE agent_id = ?", (http_url, agent_id)
+                )
+        return self.get_agent(agent_id)
+
+    def revoke_agent(self, agent_id: str, now: datetime) -> bool:
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT cert_serial FROM agents WHERE agent_id = ?", (agent_id,)
+            ).fetchone()
+            if row is None:
+                return False
+            db.execute(
+                "UPDATE agents SET revoked_at = COALESCE(revoked_at, ?), credential_sha256 = '' "
+                "WHERE agent_id = ?",
+                (_text(now), agent_id),
+            )
+            if row["cert_serial"]:
+                db.execute(
+                    "INSERT OR IGNORE INTO revoked_certificates VALUES (?, ?, ?)",
+                    (row["cert_serial"], agent_id, _text(now)),
+                )
+            return True
+
+    def remove_agent(self, agent_id: str) -> bool:
+        with self._transaction() as db:
+            db.execute("DELETE FROM agent_last_state WHERE agent_id = ?", (agent_id,))
+            if db.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,)).rowcount != 1:
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO removed_agents VALUES (?, ?)",
+                (agent_id, _text(datetime.now(UTC))),
+            )
+            return True
+
+    def agent_removed(self, agent_id: str) -> bool:
+        return bool(self._query("SELECT 1 FROM removed_agents WHERE agent_id = ?", agent_id))
+
+    def agents_of_token(self, token_id: str) -> list[str]:
+        rows = self._query(
+            "SELECT agent_id FROM agents WHERE token_id = ? ORDER BY agent_id", token_id
+        )
+        return [r["agent_id"] for r in rows]
+
+    def certificate_revoked(self, serial: str) -> bool:
+        return bool(self._query("SELECT 1 FROM revoked_certificates WHERE serial = ?", serial))
+
+    def backup_to(self, path: Path) -> None:
+        """A consistent copy of the database (SQLite's online backup), even while in use."""
+        try:
+            target = sqlite3.connect(path)
+            try:
+                self._db.backup(target)
+            finally:
+                target.close()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot back up the fleet database to {path}: {exc}") from exc
 
     def save_hello(self, hello: Hello, seen: datetime) -> None:
         with self._transaction() as db:
@@ -413,6 +554,8 @@ def _token(row: sqlite3.Row) -> JoinToken:
         site=row["site"],
         revoked=bool(row["revoked"]),
         note=row["note"],
+        location=_location(row),
+        http_url=row["http_url"],
     )
 
 
@@ -427,7 +570,18 @@ def _agent(row: sqlite3.Row) -> StoredAgent:
         hello=None if row["hello_json"] is None else hello_from_json(row["hello_json"]),
         last_seen=_time(row["last_seen"]),
         draining=bool(row["draining"]),
+        location=_location(row),
+        http_url=row["http_url"],
+        public_key_sha256=row["public_key_sha256"],
+        cert_not_after=_time(row["cert_not_after"]),
+        revoked_at=_time(row["revoked_at"]),
     )
+
+
+def _location(row: sqlite3.Row) -> Location | None:
+    if row["lat"] is None or row["lon"] is None:
+        return None
+    return Location(lat=row["lat"], lon=row["lon"])
 
 
 _REPORT_FIELDS = ",".join(LoadReport._fields)

@@ -6,6 +6,7 @@ secret; the whole token is shown once, when it is created.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import hmac
 import logging
@@ -14,6 +15,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from coordinator.errors import (
     TokenExhaustedError,
@@ -24,6 +26,7 @@ from coordinator.errors import (
 )
 from coordinator.fleet_store import FleetStore, JoinToken
 from coordinator.registry import utc_now
+from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +70,19 @@ class JoinTokens:
         max_uses: int = 1,
         site: str = "",
         note: str = "",
+        location: Location | None = None,
+        http_url: str = "",
     ) -> NewToken:
+        """A new token; ``site``, ``location`` and ``http_url`` are fixed for the agents
+        that enroll with it (a URL only makes sense with ``max_uses=1``)."""
         if max_uses < 1:
             raise ValueError(f"max_uses must be at least 1, got {max_uses}")
         if expires_in is not None and expires_in <= timedelta(0):
             raise ValueError("expires_in must be positive")
+        if http_url and max_uses != 1:
+            raise ValueError("a join token that fixes http_url must allow exactly one use")
+        if http_url:
+            check_http_url(http_url)
         now = self._clock()
         token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(24)
         record = JoinToken(
@@ -82,6 +93,8 @@ class JoinTokens:
             max_uses=max_uses,
             site=site,
             note=note,
+            location=location,
+            http_url=http_url,
         )
         self._store.add_token(record)
         logger.info(
@@ -97,17 +110,27 @@ class JoinTokens:
         return self._store.list_tokens()
 
     def revoke(self, token_id: str) -> None:
+        """Stop new enrollments with the token. Agents already enrolled with it stay
+        (``tokens revoke --agents`` revokes them too, through ``agents_of``)."""
         if not self._store.revoke_token(token_id):
             raise UnknownTokenRefError(token_id)
         logger.info("join token %s revoked", token_id)
 
+    def agents_of(self, token_id: str) -> builtins.list[str]:
+        """Ids of the agents enrolled with this token."""
+        return self._store.agents_of_token(token_id)
+
     def check(self, token: str) -> JoinToken:
         """The token's record when it can be used now; raises an EnrollmentError saying why not."""
+        return self.explain(self.verify(token))
+
+    def verify(self, token: str) -> JoinToken:
+        """The token's record when its secret is right, whatever its state."""
         token_id, secret = parse_token(token)
         record = self._store.get_token(token_id)
         if record is None or not hmac.compare_digest(record.secret_sha256, sha256_hex(secret)):
             raise UnknownTokenError(f"join token {token_id} is not known to this coordinator")
-        return self.explain(record)
+        return record
 
     def explain(self, record: JoinToken) -> JoinToken:
         state = record.state(self._clock())
@@ -122,3 +145,11 @@ class JoinTokens:
                 f"{record.max_uses} time(s)"
             )
         return record
+
+
+def check_http_url(url: str) -> str:
+    """``url`` when it is an absolute http(s) URL with a host; raises ValueError."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an absolute http(s) URL")
+    return url

@@ -1,8 +1,10 @@
 """``python -m devtools.demo``: a coordinator and two agents on loopback with the real models.
 
-Starts the processes, waits until both agents have registered, sends a sample chat request
-with the ``openai`` SDK, prints where everything is, and keeps running until Ctrl-C
-(``--check`` exits after the sample request instead).
+Starts the coordinator, mints one join token per agent (its site and place fixed by the
+operator, as in production), starts the agents with their tokens (passed in the
+environment, never on the command line), waits until both have enrolled and registered,
+sends a sample chat request with the ``openai`` SDK, prints where everything is, and keeps
+running until Ctrl-C (``--check`` exits after the sample request instead).
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shutil
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import openai
 
@@ -29,29 +34,39 @@ def say(message: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    # Enrollment required even on loopback: only agents with a join token get in.
     coordinator = CoordinatorProcess(
-        grpc_port=args.grpc_port, http_port=args.http_port, report_interval_ms=2000
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        report_interval_ms=2000,
+        extra_args=["--set", "require_enrollment=on"],
     )
-    agents = [
-        AgentProcess(
-            port=args.agent_port + i,
-            models_dir=args.models_dir,
-            serve=[LLM, EMBEDDER],
-            coordinator=f"127.0.0.1:{args.grpc_port}",
-            agent_id=site,
-            site=site,
-            lat=lat,
-            lon=lon,
-            extra_args=["--threads", str(args.threads)],
-        )
-        for i, (site, lat, lon) in enumerate(SITES)
-    ]
+    state = Path(tempfile.mkdtemp(prefix="edgefleet-demo-agents-"))
+    agents: list[AgentProcess] = []
     started: list[CoordinatorProcess | AgentProcess] = []
     try:
         say(f"starting coordinator (gRPC 127.0.0.1:{args.grpc_port}, HTTP :{args.http_port}) ...")
         await coordinator.start()
         started.append(coordinator)
-        say("starting two agents with the real quantized models ...")
+        for i, (site, lat, lon) in enumerate(SITES):
+            token = coordinator.mint_join_token(site, lat, lon)
+            agents.append(
+                AgentProcess(
+                    port=args.agent_port + i,
+                    models_dir=args.models_dir,
+                    serve=[LLM, EMBEDDER],
+                    coordinator=f"127.0.0.1:{args.grpc_port}",
+                    agent_id=site,
+                    site=site,
+                    lat=lat,
+                    lon=lon,
+                    extra_args=["--threads", str(args.threads)],
+                    join_token=token,
+                    state_dir=state / site,
+                )
+            )
+        say(f"minted {len(agents)} join tokens (site and place fixed by the operator)")
+        say("starting two agents with the real quantized models; they enroll ...")
         await asyncio.gather(*(a.start() for a in agents))
         started.extend(agents)
 
@@ -102,6 +117,7 @@ async def run(args: argparse.Namespace) -> int:
         for proc in reversed(started):
             with contextlib.suppress(Exception):
                 await proc.terminate()
+        shutil.rmtree(state, ignore_errors=True)
         say("stopped.")
 
 

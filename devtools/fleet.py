@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from devtools.process import ServiceProcess, get_json
+from devtools.process import ProcessStartError, ServiceProcess, get_json
 
 _COORDINATOR_READY = re.compile(
     r"coordinator ready: grpc=(?P<grpc>\S+):(?P<gport>\d+) http=(?P<http>\S+)"
@@ -80,6 +82,22 @@ class CoordinatorProcess(ServiceProcess):
     async def get_json(self, path: str) -> Any:
         return await get_json(self.http_url + path, headers=self.admin_headers)
 
+    def mint_join_token(
+        self, site: str = "", lat: float | None = None, lon: float | None = None, uses: int = 1
+    ) -> str:
+        """A join token made with the admin CLI on this coordinator's database (the
+        operator fixes the site and, with lat/lon, the place of the agents using it)."""
+        args = [sys.executable, "-m", "coordinator", "tokens", "create", "--expires-in", "1h",
+                "--data-dir", str(self.data_dir), "--uses", str(uses)]  # fmt: skip
+        if site:
+            args += ["--site", site]
+        if lat is not None and lon is not None:
+            args += ["--lat", str(lat), "--lon", str(lon)]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise ProcessStartError(f"could not mint a join token: {done.stderr.strip()}")
+        return done.stdout.strip()
+
     async def agents(self) -> list[dict[str, Any]]:
         """The coordinator's fleet view (``GET /v1/agents``)."""
         body = await self.get_json("/v1/agents")
@@ -103,7 +121,16 @@ class AgentProcess(ServiceProcess):
         startup_timeout_s: float = 120.0,
         executable: str | Path | None = None,
         cwd: str | Path | None = None,
+        join_token: str = "",
+        state_dir: str | Path | None = None,
     ) -> None:
+        """``join_token`` and ``state_dir`` reach the agent through its environment (a
+        token on the command line would show in /proc/PID/cmdline)."""
+        env = dict(env or {})
+        if join_token:
+            env["EDGEFLEET_AGENT_COORDINATOR__JOIN_TOKEN"] = join_token
+        if state_dir is not None:
+            env["EDGEFLEET_AGENT_COORDINATOR__STATE_DIR"] = str(state_dir)
         args = ["--port", str(port), "--models-dir", models_dir, "--site", site]
         if lat is not None and lon is not None:  # else the agent's place is unknown
             args += ["--lat", str(lat), "--lon", str(lon)]

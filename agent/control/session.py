@@ -9,8 +9,10 @@ reconnects (``agent.control.reconnect``: backoff capped at one report interval, 
 after every session, and a port probe that reconnects as soon as the coordinator is
 back); it never raises into the agent, which keeps serving with its last-known state.
 With an ``Enroller`` it enrolls (or loads saved credentials) before each session, sends
-the enrolled agent id and credentials in Hello and, with TLS, connects with the client
-certificate.
+the enrolled agent id and credentials in Hello (and what the operator fixed: site,
+location, URL) and, with TLS, connects with the client certificate. Once two thirds of
+the certificate's lifetime have passed it sends RenewCertificate (a CSR on the key the
+agent keeps) and saves the CertificateIssued answer for its next connection.
 
 The rest of the agent sees only the contract dataclasses (``edgefleet.contract``);
 gRPC stays inside this module and protobuf inside ``edgefleet.contract_pb``.
@@ -65,6 +67,8 @@ _BYE_TIMEOUT_S = 1.0
 
 # Request-record batches sent per report interval at most (500 records each).
 _RECORD_BATCHES_PER_REPORT = 8
+# In the coordinator's refusal of a Hello that contradicts the agent's record.
+FIXED_BY_OPERATOR = "the operator fixed"
 
 IdentityProvider = Callable[[], Hello]
 LoadProvider = Callable[[], LoadReport]
@@ -157,6 +161,13 @@ class CoordinatorSession:
         self.last_error: str | None = None
         #: Sessions opened (Welcome received) since start.
         self.sessions_opened = 0
+        #: Certificates renewed over the session since start.
+        self.certificates_renewed = 0
+        # A RenewCertificate is waiting for its answer on the current session.
+        self._renewal_pending = False
+        # The coordinator said our Hello contradicts what the operator fixed: re-enroll
+        # with the credential before the next session to learn the fixed values.
+        self._refresh_identity = False
 
     @property
     def connected(self) -> bool:
@@ -248,12 +259,22 @@ class CoordinatorSession:
         if self._enroller is None:
             return identity, None
         try:
-            enrolled = await self._enroller.ensure()
+            if self._refresh_identity:
+                self._refresh_identity = False
+                enrolled = await self._enroller.refresh()
+            else:
+                enrolled = await self._enroller.ensure()
         except FatalError as exc:
             raise _SessionLost(str(exc), rejected=True) from exc
         except EnrollmentUnavailableError as exc:
             raise _SessionLost(str(exc)) from exc
         identity = replace(identity, agent_id=enrolled.agent_id, token=enrolled.token)
+        if enrolled.site:
+            identity = replace(identity, site=enrolled.site)
+        if enrolled.location is not None:
+            identity = replace(identity, location=enrolled.location)
+        if enrolled.http_url:
+            identity = replace(identity, http_url=enrolled.http_url)
         return identity, self._enroller.channel_credentials()
 
     async def _run_session(self) -> None:
@@ -265,6 +286,10 @@ class CoordinatorSession:
                 await self._open(call, identity)
                 await self._exchange(call)
             except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.PERMISSION_DENIED and FIXED_BY_OPERATOR in (
+                    exc.details() or ""
+                ):
+                    self._refresh_identity = self._enroller is not None
                 raise _SessionLost(
                     f"{exc.code().name}: {exc.details()}",
                     rejected=exc.code() in _REJECTIONS,
@@ -305,6 +330,7 @@ class CoordinatorSession:
         )
 
     async def _exchange(self, call: Any) -> None:
+        self._renewal_pending = False
         reader = asyncio.create_task(self._read_loop(call), name="coordinator-session-reader")
         writer = asyncio.create_task(self._report_loop(call), name="coordinator-session-writer")
         try:
@@ -330,6 +356,16 @@ class CoordinatorSession:
                 self._apply(contract_pb.desired_state_from_pb(message.desired_state))
             elif kind == "records_ack":
                 self._records_acked(contract_pb.records_ack_from_pb(message.records_ack))
+            elif kind == "certificate_issued":
+                self._renewal_pending = False
+                if self._enroller is not None:
+                    issued = message.certificate_issued
+                    try:
+                        self._enroller.save_certificate(issued.client_cert_pem, issued.ca_cert_pem)
+                    except FatalError:
+                        logger.exception("could not save the renewed certificate")
+                    else:
+                        self.certificates_renewed += 1
             elif kind == "command":
                 command = contract_pb.command_from_pb(message.command)
                 logger.info("coordinator command %s (%s)", command.kind, command.reason or "-")
@@ -363,6 +399,8 @@ class CoordinatorSession:
             if report is not None:
                 await call.write(pb.AgentMessage(load_report=report))
             await self._send_records(call)
+            if (renewal := self._renewal_request()) is not None:
+                await call.write(renewal)
             try:
                 await asyncio.wait_for(self._stopping.wait(), self.report_interval_s)
             except TimeoutError:
@@ -395,6 +433,24 @@ class CoordinatorSession:
     def _records_acked(self, ack: RecordsAck) -> None:
         if self._request_log is not None:
             self._request_log.ack(ack.through_seq)
+
+    def _renewal_request(self) -> pb.AgentMessage | None:
+        """RenewCertificate when the certificate is two thirds through its life (once per
+        session until answered)."""
+        enroller = self._enroller
+        if enroller is None or self._renewal_pending:
+            return None
+        credentials = enroller.credentials
+        if credentials is None or not credentials.needs_renewal():
+            return None
+        try:
+            csr = enroller.renewal_csr()
+        except FatalError:
+            logger.exception("cannot make a certificate renewal request")
+            return None
+        self._renewal_pending = True
+        logger.info("asking the coordinator to renew the client certificate")
+        return pb.AgentMessage(renew_certificate=pb.RenewCertificate(csr_pem=csr))
 
     def _take_load_report(self) -> pb.LoadReport | None:
         try:

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 from coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN
 
 from coordinator.app import create_app
-from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY, ROUTE_ROLES_KEY
+from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY, ROUTE_ROLES_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import UnknownAgentError
 from devtools.process import wait_until
@@ -163,15 +163,20 @@ async def test_a_second_hello_breaks_the_protocol(coordinator: Running) -> None:
     )
 
 
-async def test_a_new_session_replaces_the_old_one_for_the_same_agent(coordinator: Running) -> None:
+async def test_an_enrolled_agents_new_session_replaces_its_old_one(coordinator: Running) -> None:
+    token = coordinator.app[TOKENS_KEY].create().token
+    enrolled = await coordinator.stub.Enroll(
+        pb.EnrollRequest(join_token=token, requested_name="edge-1")
+    )
     old = coordinator.stub.Session()
-    await old.write(hello())
+    await old.write(hello(token=enrolled.credentials))
     await old.read()
     await old.read()
     new = coordinator.stub.Session()
-    await new.write(hello())
+    await new.write(hello(token=enrolled.credentials))
     new_welcome = await new.read()
-    # The coordinator ends the old stream cleanly; the agent stays connected.
+    # The credential proves it is the same agent (reconnecting): the coordinator ends the
+    # old stream cleanly; the agent stays connected.
     assert await asyncio.wait_for(old.read(), 5) is grpc.aio.EOF
     agent = await coordinator.get_json("/v1/agents/edge-1")
     assert agent["status"] == "connected"
@@ -181,6 +186,31 @@ async def test_a_new_session_replaces_the_old_one_for_the_same_agent(coordinator
         lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0,
         message="cancelled session marks the agent disconnected",
     )
+
+
+async def test_an_unenrolled_hello_never_replaces_a_live_session(coordinator: Running) -> None:
+    old = coordinator.stub.Session()
+    await old.write(hello())
+    welcome = await old.read()
+    await old.read()
+    impostor = coordinator.stub.Session()
+    await impostor.write(hello(http_url="http://127.0.0.1:9999"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await impostor.read()
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "already has a live session" in info.value.details()
+    agent = await coordinator.get_json("/v1/agents/edge-1")
+    assert agent["session_id"] == welcome.welcome.session_id
+    assert agent["http_url"] == "http://127.0.0.1:8001"
+    # Once the real session ends, the id is free again.
+    old.cancel()
+    await wait_until(
+        lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0, message="disconnect"
+    )
+    again = coordinator.stub.Session()
+    await again.write(hello())
+    assert (await again.read()).WhichOneof("body") == "welcome"
+    again.cancel()
 
 
 async def test_route_ranks_connected_agents_serving_the_model(coordinator: Running) -> None:

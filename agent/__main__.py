@@ -18,7 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.api.app import METRICS, REGISTRY, STATE, create_app
+from agent.api.app import KEYS, METRICS, REGISTRY, STATE, create_app
+from agent.auth.cli import run_keys_command
+from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
 from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
 from agent.enrollment import build_enroller
@@ -43,12 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(
         parser, AgentConfig, FLAGS, env_prefix=ENV_PREFIX, example="engine.default_max_tokens=128"
     )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without API keys even beyond loopback (auth.insecure_no_auth)",
+    )
     return parser
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Dotted key -> value for the flags given; ValueError for a malformed ``--set``."""
-    return config_loading.overrides_from_args(args, FLAGS)
+    overrides = config_loading.overrides_from_args(args, FLAGS)
+    if getattr(args, "insecure_no_auth", False):
+        overrides["auth.insecure_no_auth"] = True
+    return overrides
 
 
 def _busy(registry: ModelRegistry) -> int:
@@ -128,6 +138,7 @@ async def start_http(config: AgentConfig, app: web.Application) -> web.AppRunner
 
 async def serve(config: AgentConfig) -> None:
     check_coordinator_tls(config)  # before the models load
+    check_auth_configured(config)
     check_models_dir(config)
     check_port_free(config)
     app = create_app(config)
@@ -135,15 +146,16 @@ async def serve(config: AgentConfig) -> None:
     port = runner.addresses[0][1]
     public_url = config.server.public_url or f"http://{config.server.host}:{port}"
     agent_id = config.identity.agent_id or default_agent_id(port)
-    registry, metrics, state = app[REGISTRY], app[METRICS], app[STATE]
+    registry, metrics, state, keys = app[REGISTRY], app[METRICS], app[STATE], app[KEYS]
     session: CoordinatorSession | None = None
     if config.coordinator.target:
         identity = build_identity(config, registry, agent_id, public_url)
         session = CoordinatorSession(
             config.coordinator.target,
             lambda: identity,
-            LoadSampler(registry, metrics, state),
+            LoadSampler(registry, metrics, state, keys if keys.enabled else None),
             enroller=build_enroller(config, agent_id),
+            on_desired_state=KeysApplier(keys, last_keys_path(config)) if keys.enabled else None,
             on_command=state.apply,
             max_backoff_s=config.coordinator.max_backoff_s,
         )
@@ -178,8 +190,11 @@ async def serve(config: AgentConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "keys":
+        return run_keys_command(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # `keys ...`: python -m agent keys --help
     try:
         config = load_config(args.config, overrides=overrides_from_args(args))
     except (ConfigError, ValueError) as exc:

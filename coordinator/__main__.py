@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-coordinator",
         description="Run the edgefleet coordinator (gRPC control plane + HTTP admin API). "
-        "Operator commands: `tokens create|list|revoke`, `agents drain|resume ID` "
+        "Operator commands: `tokens create|list|revoke`, `keys mint|list|show|revoke`, "
+        "`agents drain|resume ID` "
         "(see `python -m coordinator tokens --help`).",
         epilog="Precedence: defaults < --config file < EDGEFLEET_COORDINATOR_<KEY> "
         "environment variables < flags.",
@@ -47,7 +48,7 @@ def _admin_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("tokens", "agents"):
+    if argv and argv[0] in ("tokens", "keys", "agents"):
         return run_admin_command(_admin_parser().parse_args(argv))
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The admin HTTP API: join tokens and draining. Thin handlers over the services.
+"""The admin HTTP API: join tokens, API keys and draining. Thin handlers over the services.
 
 Every admin route lives in one sub-application (``create_admin_app``, mounted at
 ``ADMIN_PREFIX``) whose middleware checks the caller before any handler runs: a
@@ -17,9 +17,18 @@ from typing import Any
 
 from aiohttp import web
 
-from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, REGISTRY_KEY, TOKENS_KEY
+from coordinator.api_keys import PRIORITIES
+from coordinator.app_keys import (
+    API_KEYS_KEY,
+    CONFIG_KEY,
+    GRPC_SERVER_KEY,
+    KEY_DISTRIBUTOR_KEY,
+    REGISTRY_KEY,
+    TOKENS_KEY,
+)
 from coordinator.config import is_loopback_host
-from coordinator.fleet_store import JoinToken
+from coordinator.errors import UnknownApiKeyError
+from coordinator.fleet_store import ApiKeyRecord, JoinToken
 from coordinator.http_api import (
     Handler,
     InvalidParameter,
@@ -157,8 +166,123 @@ async def resume_agent(request: web.Request) -> web.Response:
     return await _set_draining(request, False)
 
 
+def api_key_json(key: ApiKeyRecord, now: datetime) -> dict[str, Any]:
+    """An API key as the admin API and CLI show it (never the secret nor its digest)."""
+    return {
+        "object": "api_key",
+        "key_id": key.key_id,
+        "name": key.name,
+        "created_at": iso_time(key.created_at),
+        "expires_at": iso_time(key.expires_at),
+        "revoked_at": iso_time(key.revoked_at),
+        "state": key.state(now),
+        "models": list(key.models),
+        "allow_cloud": key.allow_cloud,
+        "max_priority": key.max_priority,
+        "max_tokens_per_request": key.max_tokens_per_request,
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
+        "usage": {
+            "requests": key.requests,
+            "prompt_tokens": key.prompt_tokens,
+            "completion_tokens": key.completion_tokens,
+            "rejected": key.rejected,
+        },
+    }
+
+
+def _number(body: dict[str, Any], name: str) -> float:
+    value = body.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidParameter(name, f"{name} must be a number >= 0 (0: unlimited)")
+    return float(value)
+
+
+def _key_not_found(exc: UnknownApiKeyError) -> web.Response:
+    return error_response(
+        404, str(exc), type_="invalid_request_error", code="api_key_not_found", param="key_id"
+    )
+
+
+async def mint_key(request: web.Request) -> web.Response:
+    """Mint an API key; the secret is in this response only."""
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise InvalidParameter("body", "the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise InvalidParameter("body", "the request body must be a JSON object")
+    name, models = body.get("name", ""), body.get("models", [])
+    if not isinstance(name, str):
+        raise InvalidParameter("name", "name must be a string")
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise InvalidParameter("models", "models must be a list of 'name' or 'name@version'")
+    priority = body.get("max_priority", "normal")
+    if priority not in PRIORITIES:
+        raise InvalidParameter("max_priority", "max_priority must be high, normal or low")
+    allow_cloud = body.get("allow_cloud", False)
+    if not isinstance(allow_cloud, bool):
+        raise InvalidParameter("allow_cloud", "allow_cloud must be true or false")
+    max_tokens = _int(body, "max_tokens_per_request", 0) or 0
+    expires_in_s = _int(body, "expires_in_s", None)
+    if expires_in_s is not None and expires_in_s <= 0:
+        raise InvalidParameter("expires_in_s", "expires_in_s must be positive (or null)")
+    try:
+        minted = request.config_dict[API_KEYS_KEY].mint(
+            name=name,
+            models=models,
+            allow_cloud=allow_cloud,
+            max_priority=priority,
+            max_tokens_per_request=max_tokens,
+            requests_per_minute=_number(body, "requests_per_minute"),
+            tokens_per_minute=_number(body, "tokens_per_minute"),
+            expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
+        )
+    except ValueError as exc:
+        raise InvalidParameter("body", str(exc)) from None
+    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    data = api_key_json(minted.record, datetime.now(UTC))
+    return web.json_response(data | {"secret": minted.secret, "agents_updated": pushed}, status=201)
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    now = datetime.now(UTC)
+    data = [api_key_json(k, now) for k in request.config_dict[API_KEYS_KEY].list_all()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def show_key(request: web.Request) -> web.Response:
+    key_id = request.match_info["key_id"]
+    try:
+        record = request.config_dict[API_KEYS_KEY].get(key_id)
+    except UnknownApiKeyError as exc:
+        return _key_not_found(exc)
+    shares = request.config_dict[KEY_DISTRIBUTOR_KEY].shares_of(key_id)
+    view = api_key_json(record, datetime.now(UTC))
+    view["agent_shares"] = {
+        agent: {"requests_per_minute": rpm, "tokens_per_minute": tpm}
+        for agent, (rpm, tpm) in sorted(shares.items())
+    }
+    return web.json_response(view)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    """Revoke a key; every connected agent gets the new key set at once."""
+    try:
+        record = request.config_dict[API_KEYS_KEY].revoke(request.match_info["key_id"])
+    except UnknownApiKeyError as exc:
+        return _key_not_found(exc)
+    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    data = api_key_json(record, datetime.now(UTC))
+    return web.json_response(data | {"agents_updated": pushed})
+
+
 # Relative to ADMIN_PREFIX.
 ADMIN_ROUTES = [
+    web.post("/keys", mint_key),
+    web.get("/keys", list_keys),
+    web.get("/keys/{key_id}", show_key),
+    web.delete("/keys/{key_id}", revoke_key),
     web.post("/tokens", create_token),
     web.get("/tokens", list_tokens),
     web.delete("/tokens/{token_id}", revoke_token),

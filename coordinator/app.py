@@ -10,9 +10,12 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from coordinator.admin_api import ADMIN_PREFIX, create_admin_app
+from coordinator.api_keys import ApiKeys, KeyDistributor
 from coordinator.app_keys import (
+    API_KEYS_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
+    KEY_DISTRIBUTOR_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
     ROUTER_KEY,
@@ -58,6 +61,12 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     tokens = JoinTokens(fleet_store)
     metrics = CoordinatorMetrics(registry)
     router = Router.from_config(registry, config, metrics)
+    api_keys = ApiKeys(fleet_store)
+    distributor = KeyDistributor(
+        api_keys,
+        set_section=registry.set_section,
+        current_section=lambda agent_id: registry.desired_state(agent_id).keys,
+    )
     servicer = CoordinatorServicer(
         registry,
         metrics,
@@ -70,7 +79,9 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         ),
         report_interval_ms=config.report_interval_ms,
         hello_timeout_s=config.hello_timeout_s,
+        keys=distributor,
     )
+    distributor.bind(servicer.set_keys_section, servicer.connected_agent_ids)
     app = web.Application(middlewares=[count_requests, openai_errors])
     app[CONFIG_KEY] = config
     app[REGISTRY_KEY] = registry
@@ -78,6 +89,8 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[STORE_KEY] = fleet_store
     app[TOKENS_KEY] = tokens
     app[ROUTER_KEY] = router
+    app[API_KEYS_KEY] = api_keys
+    app[KEY_DISTRIBUTOR_KEY] = distributor
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app.add_routes(ROUTES)
     app.add_subapp(ADMIN_PREFIX, create_admin_app())
@@ -86,6 +99,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app.cleanup_ctx.append(_last_state_saver)
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
+    app.cleanup_ctx.append(_key_distribution)
     return app
 
 
@@ -157,3 +171,30 @@ async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def _key_distribution(app: web.Application) -> AsyncIterator[None]:
+    """Every report interval: API key expiries, database changes and rebalanced shares
+    reach the connected agents; per-key usage is saved (and once more at shutdown)."""
+    distributor = app[KEY_DISTRIBUTOR_KEY]
+    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                distributor.tick(period_s)
+            except StoreError as exc:  # retried next period
+                logger.warning("could not refresh API keys: %s", exc)
+
+    task = asyncio.create_task(tick(), name="key-distribution")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:
+            distributor.save_usage()
+        except StoreError as exc:
+            logger.error("could not save API key usage at shutdown: %s", exc)

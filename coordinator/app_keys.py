@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from coordinator.api_keys import ApiKeys, KeyDistributor
 from coordinator.config import CoordinatorConfig
 from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import GrpcServer
@@ -19,3 +20,5 @@ GRPC_SERVER_KEY = web.AppKey("grpc_server", GrpcServer)
 STORE_KEY = web.AppKey("store", FleetStore)
 TOKENS_KEY = web.AppKey("tokens", JoinTokens)
 ROUTER_KEY = web.AppKey("router", Router)
+API_KEYS_KEY = web.AppKey("api_keys", ApiKeys)
+KEY_DISTRIBUTOR_KEY = web.AppKey("key_distributor", KeyDistributor)

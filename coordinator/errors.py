@@ -118,3 +118,11 @@ class UnknownTokenRefError(RecoverableError):
     def __init__(self, token_id: str) -> None:
         super().__init__(f"unknown join token {token_id!r}")
         self.token_id = token_id
+
+
+class UnknownApiKeyError(RecoverableError):
+    """An admin command named an API key id that does not exist."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"unknown API key {key_id!r}")
+        self.key_id = key_id

@@ -92,8 +92,21 @@ class AgentProcess(ServiceProcess):
         startup_timeout_s: float = 120.0,
         executable: str | Path | None = None,
         cwd: str | Path | None = None,
+        insecure_no_auth: bool | None = None,
     ) -> None:
+        """``insecure_no_auth`` None: on when a coordinator is given (which turns API keys
+        on) and ``extra_args`` set no ``auth.`` key, so tests that send no key keep working (not
+        for another checkout's agent, ``executable``/``cwd``, which may predate the flag)."""
         args = ["--port", str(port), "--models-dir", models_dir, "--site", site]
+        if insecure_no_auth is None:
+            insecure_no_auth = (
+                bool(coordinator)
+                and executable is None
+                and cwd is None
+                and not any("auth." in a for a in extra_args)
+            )
+        if insecure_no_auth:
+            args.append("--insecure-no-auth")
         if lat is not None and lon is not None:  # else the agent's place is unknown
             args += ["--lat", str(lat), "--lon", str(lon)]
         for name in serve:

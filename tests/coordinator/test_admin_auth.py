@@ -54,6 +54,7 @@ class Running:
             if (route.method, resource.canonical) in PUBLIC:
                 continue
             path = resource.canonical.replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
+            path = path.replace("{key_id}", "k1")
             assert "{" not in path, f"give {resource.canonical} a sample parameter here"
             routes.append((route.method, path))
         return routes

@@ -216,6 +216,8 @@ def _print_keys(args: argparse.Namespace, result: Any) -> None:
         print(result["secret"])
         print(f"API key {result['key_id']} minted (the secret is shown once; store it now)",
               file=sys.stderr)  # fmt: skip
+    elif args.action == "revoke":
+        print(f"API key {result['key_id']} revoked")
     else:
         print(json.dumps(result, indent=2))
 

@@ -2,7 +2,8 @@
 
 ::
 
-    fleet = FleetClient(model="smollm2-135m", coordinator_url="http://coord:8080")
+    fleet = FleetClient(model="smollm2-135m", coordinator_url="http://coord:8080",
+                        api_key="ef-...")  # or $EDGEFLEET_API_KEY
     client = fleet.openai()          # an openai.OpenAI that fails over between agents
     fleet.base_url()                 # or just the best agent's OpenAI base URL
 
@@ -54,8 +55,12 @@ class FleetClient:
         cooldown_s: float = 10.0,
         refresh_s: float = 30.0,
         cache_path: str | Path | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: the fleet API key sent to agents (``Authorization: Bearer``);
+        default ``$EDGEFLEET_API_KEY``."""
         self.model = model
+        self._api_key = api_key if api_key is not None else os.environ.get("EDGEFLEET_API_KEY", "")
         self.coordinator_url = coordinator_url
         self._site, self._lat, self._lon = site, lat, lon
         self._mdns_timeout_s = mdns_timeout_s
@@ -189,12 +194,22 @@ class FleetClient:
 
     # --------------------------------------------------------------- openai
 
+    @property
+    def api_key(self) -> str:
+        """The API key this client presents to agents ("" for none)."""
+        return self._api_key
+
     def http_client(self, **kwargs: Any) -> Any:
-        """An ``httpx2.Client`` whose transport fails over between agents."""
+        """An ``httpx2.Client`` whose transport fails over between agents (it sends the
+        API key, when there is one, as ``Authorization: Bearer``)."""
         import httpx2
 
         from edgefleet_client._failover import FailoverTransport
 
+        if self._api_key:
+            headers = dict(kwargs.pop("headers", None) or {})
+            headers.setdefault("Authorization", f"Bearer {self._api_key}")
+            kwargs["headers"] = headers
         return httpx2.Client(transport=FailoverTransport(self), **kwargs)
 
     def openai(self, **kwargs: Any) -> Any:
@@ -204,7 +219,7 @@ class FleetClient:
         """
         import openai
 
-        kwargs.setdefault("api_key", "edgefleet")
+        kwargs.setdefault("api_key", self._api_key or "edgefleet")
         kwargs.setdefault("max_retries", 0)
         return openai.OpenAI(
             base_url=PLACEHOLDER_BASE_URL, http_client=self.http_client(), **kwargs

@@ -176,10 +176,16 @@ class KeyDistributor:
         self._wall = wall_clock
         self._active: list[ApiKeyRecord] = keys.active()
         self._known_ids = {k.key_id for k in keys.list_all()}
-        self._demand: dict[tuple[str, str], _Demand] = {}
+        # Per agent, per key id.
+        self._demand: dict[str, dict[str, _Demand]] = {}
+        # Built once per refresh: key templates, and key tuples by their shares.
+        self._template_keys: list[ApiKey] | None = None
+        self._shared: dict[tuple[float, ...], tuple[ApiKey, ...]] = {}
         self._pushed: dict[str, tuple[ApiKey, ...]] = {}
         self._unsaved: dict[str, list[int]] = {}
         self._last_generation = 0
+        self._totals: dict[str, tuple[float, float]] = {}
+        self._agent_count = 0
 
     def bind(self, push: Push, connected: Callable[[], Collection[str]]) -> None:
         """``push(agent_id, section)`` sets and pushes a live agent's section;
@@ -195,42 +201,68 @@ class KeyDistributor:
         self._last_generation = max(self._last_generation + 1, int(self._wall() * 1000))
         return self._last_generation
 
-    def _shares(self, agent_id: str, agents: Collection[str]) -> tuple[ApiKey, ...]:
-        n = max(1, len(agents))
-        out = []
-        for record in self._active:
-            rpm = record.requests_per_minute
-            tpm = record.tokens_per_minute
-            if rpm > 0:
-                rpm = self._share(record.key_id, agent_id, agents, rpm, n, "request_rate")
-            if tpm > 0:
-                tpm = self._share(record.key_id, agent_id, agents, tpm, n, "token_rate")
-            out.append(
-                ApiKey(
-                    key_id=record.key_id,
-                    secret_sha256=bytes.fromhex(record.secret_sha256),
-                    models=record.models,
-                    allow_cloud=record.allow_cloud,
-                    max_priority=record.max_priority,
-                    max_tokens_per_request=record.max_tokens_per_request,
-                    requests_per_minute=rpm,
-                    tokens_per_minute=tpm,
-                    expires_at_unix=(
-                        0 if record.expires_at is None else int(record.expires_at.timestamp())
-                    ),
-                    name=record.name,
-                )
-            )
-        return tuple(out)
+    def _sum_demand(self, agents: Collection[str]) -> None:
+        """Each key's total demand over ``agents`` (once per refresh, not per agent), and
+        the template of each active key (its scopes; shares are filled in per agent)."""
+        totals: dict[str, list[float]] = {}
+        for agent_id, by_key in self._demand.items():
+            if agent_id not in agents:
+                continue
+            for key_id, demand in by_key.items():
+                total = totals.setdefault(key_id, [0.0, 0.0])
+                total[0] += demand.request_rate
+                total[1] += demand.token_rate
+        self._totals = {k: (v[0], v[1]) for k, v in totals.items()}
+        self._agent_count = len(agents)
+        self._shared.clear()
 
-    def _share(
-        self, key_id: str, agent_id: str, agents: Collection[str], budget: float, n: int, kind: str
-    ) -> float:
-        total = sum(getattr(self._demand.get((key_id, a)), kind, 0.0) for a in agents)
-        if total <= 0:
-            return budget / n
-        mine = getattr(self._demand.get((key_id, agent_id)), kind, 0.0)
-        return budget * (FLOOR / n + (1 - FLOOR) * mine / total)
+    def _templates(self) -> list[ApiKey]:
+        """The active keys as agents get them, before shares (rebuilt when keys change)."""
+        if self._template_keys is None:
+            self._template_keys = [
+                ApiKey(
+                    key_id=r.key_id,
+                    secret_sha256=bytes.fromhex(r.secret_sha256),
+                    models=r.models,
+                    allow_cloud=r.allow_cloud,
+                    max_priority=r.max_priority,
+                    max_tokens_per_request=r.max_tokens_per_request,
+                    requests_per_minute=r.requests_per_minute,
+                    tokens_per_minute=r.tokens_per_minute,
+                    expires_at_unix=0 if r.expires_at is None else int(r.expires_at.timestamp()),
+                    name=r.name,
+                )
+                for r in self._active
+            ]
+        return self._template_keys
+
+    def _shares(self, agent_id: str, n: int) -> tuple[ApiKey, ...]:
+        """The agent's keys with its shares; agents with the same shares (e.g. an equal
+        split) get the same tuple, built once per refresh."""
+        n = max(1, n)
+        templates = self._templates()
+        mine = self._demand.get(agent_id, {})
+        values: list[float] = []
+        for key in templates:
+            demand = mine.get(key.key_id)
+            totals = self._totals.get(key.key_id, (0.0, 0.0))
+            rpm, tpm = key.requests_per_minute, key.tokens_per_minute
+            if rpm > 0:
+                rpm = _share(rpm, n, 0.0 if demand is None else demand.request_rate, totals[0])
+            if tpm > 0:
+                tpm = _share(tpm, n, 0.0 if demand is None else demand.token_rate, totals[1])
+            values += (rpm, tpm)
+        signature = (n, *values)
+        found = self._shared.get(signature)
+        if found is None:
+            found = tuple(
+                key
+                if (key.requests_per_minute, key.tokens_per_minute) == (rpm, tpm)
+                else replace(key, requests_per_minute=rpm, tokens_per_minute=tpm)
+                for key, rpm, tpm in zip(templates, values[::2], values[1::2], strict=True)
+            )
+            self._shared[signature] = found
+        return found
 
     def _section(self, keys: tuple[ApiKey, ...]) -> KeysSection:
         return KeysSection(generation=self._generation(), keys=keys)
@@ -247,8 +279,8 @@ class KeyDistributor:
             self._known_ids = {k.key_id for k in self._keys.list_all()}
             if not self._known_ids:
                 return
-        agents = {*self._connected(), agent_id}
-        keys = self._shares(agent_id, agents)
+        # Demand totals from the last refresh: a reconnect storm costs O(keys) per agent.
+        keys = self._shares(agent_id, max(len(self._connected()), 1))
         current = self._current_section(agent_id)
         if current is None or not _close(current.keys, keys):
             self._set_section(agent_id, self._section(keys))
@@ -258,17 +290,17 @@ class KeyDistributor:
 
     def on_disconnect(self, agent_id: str) -> None:
         self._pushed.pop(agent_id, None)
-        for pair in [p for p in self._demand if p[1] == agent_id]:
-            del self._demand[pair]
+        self._demand.pop(agent_id, None)
 
     def record_usage(self, agent_id: str, usage: Iterable[KeyUsage]) -> None:
         """A load report's per-key usage: counted for shares and for the key's totals."""
         for u in usage:
             if u.key_id not in self._known_ids:
                 continue  # an agent cannot grow our tables with made-up key ids
-            demand = self._demand.get((u.key_id, agent_id))
+            by_key = self._demand.setdefault(agent_id, {})
+            demand = by_key.get(u.key_id)
             if demand is None:
-                demand = self._demand[(u.key_id, agent_id)] = _Demand()
+                demand = by_key[u.key_id] = _Demand()
             demand.requests += u.requests + u.rejected
             demand.tokens += u.prompt_tokens + u.completion_tokens
             totals = self._unsaved.setdefault(u.key_id, [0, 0, 0, 0])
@@ -285,12 +317,18 @@ class KeyDistributor:
         self._active = self._keys.active()
         self._known_ids |= {k.key_id for k in self._active}
         changed = force or previous != {k.key_id: k for k in self._active}
+        if changed:
+            self._template_keys = None
         if self._push is None or not self._known_ids:
             return 0  # no key was ever minted here: no agent holds keys of ours
         agents = set(self._connected())
+        self._sum_demand(agents)
+        budgets = any(k.requests_per_minute or k.tokens_per_minute for k in self._active)
+        if not changed and not budgets:
+            return 0  # nothing to share: connecting agents got the set in on_connect
         pushed = 0
         for agent_id in agents:
-            keys = self._shares(agent_id, agents)
+            keys = self._shares(agent_id, len(agents))
             if not changed and _close(self._pushed.get(agent_id), keys):
                 continue
             self._push(agent_id, self._section(keys))
@@ -301,12 +339,15 @@ class KeyDistributor:
     def tick(self, interval_s: float) -> int:
         """Every report interval: smooth the demand, save usage, push what changed."""
         per_minute = 60.0 / max(interval_s, 1e-3)
-        for demand in self._demand.values():
-            demand.request_rate += USAGE_SMOOTHING * (
-                demand.requests * per_minute - demand.request_rate
-            )
-            demand.token_rate += USAGE_SMOOTHING * (demand.tokens * per_minute - demand.token_rate)
-            demand.requests = demand.tokens = 0
+        for by_key in self._demand.values():
+            for demand in by_key.values():
+                demand.request_rate += USAGE_SMOOTHING * (
+                    demand.requests * per_minute - demand.request_rate
+                )
+                demand.token_rate += USAGE_SMOOTHING * (
+                    demand.tokens * per_minute - demand.token_rate
+                )
+                demand.requests = demand.tokens = 0
         self.save_usage()
         return self.refresh()
 
@@ -324,14 +365,29 @@ class KeyDistributor:
         return out
 
 
+def _share(budget: float, n: int, mine: float, total: float) -> float:
+    """The module docstring's formula: an equal split without demand, else a floor plus
+    the rest in proportion to demand."""
+    if total <= 0:
+        return budget / n
+    return budget * (FLOOR / n + (1 - FLOOR) * mine / total)
+
+
+def _scopes(key: ApiKey) -> tuple[object, ...]:
+    return (key.key_id, key.secret_sha256, key.models, key.allow_cloud, key.max_priority,
+            key.max_tokens_per_request, key.expires_at_unix, key.name)  # fmt: skip
+
+
 def _close(old: tuple[ApiKey, ...] | None, new: tuple[ApiKey, ...]) -> bool:
     """Same keys and scopes, every share within RESHARE_TOLERANCE of the one pushed."""
     if old is None or len(old) != len(new):
         return False
+    if old is new:
+        return True
     for a, b in zip(old, new, strict=True):
-        if replace(a, requests_per_minute=0, tokens_per_minute=0) != replace(
-            b, requests_per_minute=0, tokens_per_minute=0
-        ):
+        if a is b:
+            continue
+        if _scopes(a) != _scopes(b):
             return False
         for x, y in ((a.requests_per_minute, b.requests_per_minute),
                      (a.tokens_per_minute, b.tokens_per_minute)):  # fmt: skip

@@ -21,7 +21,7 @@ from coordinator.__main__ import main as coordinator_main
 from coordinator.api_keys import FLOOR
 from coordinator.app_keys import CONFIG_KEY, KEY_DISTRIBUTOR_KEY
 from devtools.process import wait_until
-from edgefleet.contract import Hello, KeyUsage, LoadedModel, LoadReport
+from edgefleet.contract import Hello, KeysSection, KeyUsage, LoadedModel, LoadReport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -198,3 +198,33 @@ async def test_budgets_are_split_then_follow_usage(
     await wait_until(lambda: distributor._unsaved == {}, timeout_s=3)
     _, shown = await admin(coordinator, "GET", f"/v1/admin/keys/{key_id}")
     assert shown["usage"]["requests"] >= 10 and shown["usage"]["prompt_tokens"] >= 500
+
+
+async def test_keys_generation_outlives_a_coordinator_restart(
+    make_coordinator: MakeCoordinator, tmp_path: Path
+) -> None:
+    """An agent that stays up across a coordinator restart holds keys generation G; the new
+    coordinator's first keys section must be newer than G, or a revocation made after the
+    restart would be ignored (generations are clock-based, not counted from 1)."""
+    data = str(tmp_path / "data")
+    first = await make_coordinator(report_interval_ms=1000, data_dir=data)
+    agent = Agent(first, "edge-1", tmp_path / "a1")
+    async with agent:
+        _, key = await admin(first, "POST", "/v1/admin/keys", {"name": "k"})
+        await wait_until(lambda: accepts(agent.table, key["secret"]))
+    held = agent.table.generation
+    second = await make_coordinator(report_interval_ms=1000, data_dir=data)
+    _, revoked = await admin(second, "DELETE", f"/v1/admin/keys/{key['key_id']}")
+    assert revoked["state"] == "revoked"
+    agent.session = CoordinatorSession(
+        second.grpc_target,
+        lambda: Hello(agent_id="edge-1", site="lab", models=(LoadedModel("m", "v1"),)),
+        LoadReport,
+        on_desired_state=KeysApplier(agent.table, tmp_path / "a1" / "api_keys.json"),
+    )
+    agent.session.desired_state = agent.session.desired_state.with_section(
+        KeysSection(held, agent.table._sources["coordinator"])
+    )  # the session of an agent that stayed up holds generation `held`
+    async with agent:
+        await wait_until(lambda: not accepts(agent.table, key["secret"]), timeout_s=5)
+    assert agent.table.generation > held

@@ -19,7 +19,9 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.api.app import METRICS, REGISTRY, REQUEST_LOG, STATE, create_app
+from agent.api.app import KEYS, METRICS, REGISTRY, REQUEST_LOG, STATE, create_app
+from agent.auth.cli import run_keys_command
+from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
 from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
 from agent.enrollment import build_enroller
@@ -52,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve plain HTTP even beyond loopback (server.tls = off): keys and prompts "
         "travel unencrypted; for a trusted network only",
     )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without API keys even beyond loopback (auth.insecure_no_auth)",
+    )
     return parser
 
 
@@ -60,6 +67,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     overrides = config_loading.overrides_from_args(args, FLAGS)
     if getattr(args, "insecure_no_tls", False):
         overrides["server.tls"] = "off"
+    if getattr(args, "insecure_no_auth", False):
+        overrides["auth.insecure_no_auth"] = True
     return overrides
 
 
@@ -142,6 +151,7 @@ async def start_http(
 
 async def serve(config: AgentConfig) -> None:
     check_coordinator_tls(config)  # before the models load
+    check_auth_configured(config)
     check_models_dir(config)
     check_port_free(config)
     cert_files = server_cert_files(config)  # ConfigError: HTTPS required, no certificate
@@ -158,15 +168,16 @@ async def serve(config: AgentConfig) -> None:
             reloading.run(config.server.tls_reload_interval_s), name="tls-reloader"
         )
     agent_id = config.identity.agent_id or default_agent_id(port)
-    registry, metrics, state = app[REGISTRY], app[METRICS], app[STATE]
+    registry, metrics, state, keys = app[REGISTRY], app[METRICS], app[STATE], app[KEYS]
     session: CoordinatorSession | None = None
     if config.coordinator.target:
         identity = build_identity(config, registry, agent_id, public_url)
         session = CoordinatorSession(
             config.coordinator.target,
             lambda: identity,
-            LoadSampler(registry, metrics, state),
+            LoadSampler(registry, metrics, state, keys if keys.enabled else None),
             enroller=build_enroller(config, agent_id),
+            on_desired_state=KeysApplier(keys, last_keys_path(config)) if keys.enabled else None,
             on_command=state.apply,
             max_backoff_s=config.coordinator.max_backoff_s,
             request_log=app[REQUEST_LOG].open(
@@ -209,8 +220,11 @@ async def serve(config: AgentConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "keys":
+        return run_keys_command(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # `keys ...`: python -m agent keys --help
     try:
         config = load_config(args.config, overrides=overrides_from_args(args))
     except (ConfigError, ValueError) as exc:

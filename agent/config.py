@@ -155,6 +155,15 @@ class CoordinatorLinkConfig(Settings):
         return self
 
 
+class AuthConfig(Settings):
+    # JSON file of API key digests and scopes (a standalone agent's keys; agent/auth/key_files.py)
+    keys_file: str = ""
+    # serve without API keys even when reachable beyond loopback (--insecure-no-auth)
+    insecure_no_auth: bool = False
+    # X-Request-Timeout above this is lowered to it
+    max_request_timeout_s: float = Field(default=300.0, gt=0, le=3600)
+
+
 class MdnsConfig(Settings):
     enabled: bool = False  # advertise this agent on the LAN as _edgefleet._tcp (zeroconf)
     interfaces: Names = ()  # IPv4 addresses to advertise on; empty = all
@@ -190,6 +199,7 @@ class AgentConfig(Settings):
     coordinator: CoordinatorLinkConfig = CoordinatorLinkConfig()
     identity: IdentityConfig = IdentityConfig()
     mdns: MdnsConfig = MdnsConfig()
+    auth: AuthConfig = AuthConfig()
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = (
         "INFO"
     )

@@ -8,7 +8,10 @@ AgentError
 │   ├── PayloadTooLargeError     413
 │   ├── ModelNotFoundError       404 model_not_found
 │   └── UnsupportedError         400 a known OpenAI feature this server does not offer
+├── InvalidApiKeyError           401 invalid_api_key: no key, or unknown, revoked or expired
+├── KeyScopeError                403 model_not_allowed: the key's scopes do not cover the request
 ├── OverloadedError              429 recoverable: try again later (``retry_after`` seconds)
+│   └── KeyRateLimitError        429 rate_limit_exceeded: the key's requests/min or tokens/min
 ├── RequestTimeoutError          504 recoverable: the request ran past its timeout
 ├── EngineError                  500 recoverable: one request failed inside the engine
 │   ├── EngineRestartedError     503 the engine's loop failed and restarted: retry the request
@@ -122,3 +125,28 @@ class ConfigError(FatalError):
 
 class ModelLoadError(FatalError):
     pass
+
+
+class InvalidApiKeyError(AgentError):
+    """No API key, or one that is unknown, revoked or expired (401)."""
+
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class KeyScopeError(AgentError):
+    """A valid API key whose scopes do not cover this request (403)."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "model_not_allowed"
+
+
+class KeyRateLimitError(OverloadedError):
+    """An API key over its requests/min or tokens/min budget on this agent (429)."""
+
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message, retry_after=retry_after, reason="key_rate_limit")

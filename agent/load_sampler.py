@@ -2,7 +2,8 @@
 
 Each field is the one fleet.proto defines: the engine's running and waiting sequences
 (each counted once), tokens/s over the last interval, KV cache use, available memory,
-request counters, and whether the agent is draining or unhealthy.
+request counters, whether the agent is draining or unhealthy, and what each API key used
+since the previous report (requests, prompt and completion tokens, rejections).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from prometheus_client import Counter
 
 from agent.agent_state import AgentState
+from agent.auth.keys import KeyTable
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from edgefleet.contract import LoadReport
@@ -33,9 +35,14 @@ class LoadSampler:
     """Turns the agent's metrics into load reports (tokens/s over the last interval)."""
 
     def __init__(
-        self, registry: ModelRegistry, metrics: AgentMetrics, state: AgentState | None = None
+        self,
+        registry: ModelRegistry,
+        metrics: AgentMetrics,
+        state: AgentState | None = None,
+        keys: KeyTable | None = None,
     ) -> None:
         self._registry = registry
+        self._keys = keys
         self._metrics = metrics
         self._state = state
         self._last_time = time.monotonic()
@@ -67,6 +74,7 @@ class LoadSampler:
             requests_failed_total=int(failed),
             draining=state is not None and state.draining,
             unhealthy_reason="" if state is None else state.unhealthy_reason,
+            key_usage=() if self._keys is None else self._keys.take_usage(),
         )
 
 

@@ -1,7 +1,11 @@
-"""Exact-match response cache: finished generations keyed by model version and request.
+"""Exact-match response cache: finished generations keyed by API key, model version and
+request.
 
-Entries are msgpack-encoded and kept in least-recently-used order under a byte budget. A
-hit never touches the engine.
+Entries are per API key: the key id is part of the cache key, so a hit (and its
+``X-Edgefleet-Cache: hit`` header) only ever answers the key that made the entry, and never
+tells one key that another sent the same prompt. Without keys (auth off) the cache is
+shared. Entries are msgpack-encoded and kept in least-recently-used order under a byte
+budget. A hit never touches the engine.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ class CachedGeneration:
     completion_tokens: int
 
 
-def cache_key(model_id: str, version: str, endpoint: str, request: dict[str, Any]) -> bytes:
-    """The same request to the same model version gives the same key (field order aside)."""
+def cache_key(
+    model_id: str, version: str, endpoint: str, request: dict[str, Any], api_key_id: str = ""
+) -> bytes:
+    """The same request to the same model version with the same API key gives the same key
+    (field order aside); ``api_key_id`` "": no key (auth off)."""
     canonical = json.dumps(
-        [model_id, version, endpoint, request], sort_keys=True, separators=(",", ":")
+        [api_key_id, model_id, version, endpoint, request], sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(canonical.encode()).digest()
 

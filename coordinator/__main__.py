@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-coordinator",
         description="Run the edgefleet coordinator (gRPC control plane + HTTP admin API). "
-        "Operator commands: `tokens create|list|revoke`, "
+        "Operator commands: `tokens create|list|revoke`, `keys mint|list|show|revoke`, "
         "`agents drain|resume|set|revoke|remove ID`, `backup DIR`, `restore DIR` "
         "(see `python -m coordinator tokens --help`).",
         epilog="Precedence: defaults < --config file < EDGEFLEET_COORDINATOR_<KEY> "

@@ -1,6 +1,6 @@
-"""Who may call which HTTP route, and the admin HTTP API: join tokens, draining, the
-agent lifecycle (set, revoke, remove), admin tokens, the audit log. Thin handlers over the
-services.
+"""Who may call which HTTP route, and the admin HTTP API: join tokens, API keys, draining,
+the agent lifecycle (set, revoke, remove), admin tokens, the audit log. Thin handlers over
+the services.
 
 Roles (``coordinator.admin_tokens.Role``): viewer < operator < admin. Every route of the
 coordinator's HTTP server, the admin API's included, names the role it needs in ONE
@@ -30,11 +30,14 @@ from typing import Any
 from aiohttp import web
 
 from coordinator.admin_tokens import Caller, Role
+from coordinator.api_keys import PRIORITIES
 from coordinator.app_keys import (
     ADMIN_TOKENS_KEY,
+    API_KEYS_KEY,
     AUDIT_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
+    KEY_DISTRIBUTOR_KEY,
     LIFECYCLE_KEY,
     RECORDS_KEY,
     REGISTRY_KEY,
@@ -42,8 +45,8 @@ from coordinator.app_keys import (
     TOKENS_KEY,
 )
 from coordinator.audit import MAX_PAGE, to_jsonl
-from coordinator.errors import ProtocolError
-from coordinator.fleet_store import JoinToken, StoredAgent
+from coordinator.errors import ProtocolError, UnknownApiKeyError
+from coordinator.fleet_store import ApiKeyRecord, JoinToken, StoredAgent
 from coordinator.http_api import (
     ROUTE_ROLES,
     Handler,
@@ -461,12 +464,129 @@ async def request_records(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": records})
 
 
+def api_key_json(key: ApiKeyRecord, now: datetime) -> dict[str, Any]:
+    """An API key as the admin API and CLI show it (never the secret nor its digest)."""
+    return {
+        "object": "api_key",
+        "key_id": key.key_id,
+        "name": key.name,
+        "created_at": iso_time(key.created_at),
+        "expires_at": iso_time(key.expires_at),
+        "revoked_at": iso_time(key.revoked_at),
+        "state": key.state(now),
+        "models": list(key.models),
+        "allow_cloud": key.allow_cloud,
+        "max_priority": key.max_priority,
+        "max_tokens_per_request": key.max_tokens_per_request,
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
+        "usage": {
+            "requests": key.requests,
+            "prompt_tokens": key.prompt_tokens,
+            "completion_tokens": key.completion_tokens,
+            "rejected": key.rejected,
+        },
+    }
+
+
+def _number(body: dict[str, Any], name: str) -> float:
+    value = body.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidParameter(name, f"{name} must be a number >= 0 (0: unlimited)")
+    return float(value)
+
+
+def _key_not_found(exc: UnknownApiKeyError) -> web.Response:
+    return error_response(
+        404, str(exc), type_="invalid_request_error", code="api_key_not_found", param="key_id"
+    )
+
+
+async def mint_key(request: web.Request) -> web.Response:
+    """Mint an API key; the secret is in this response only."""
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise InvalidParameter("body", "the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise InvalidParameter("body", "the request body must be a JSON object")
+    name, models = body.get("name", ""), body.get("models", [])
+    if not isinstance(name, str):
+        raise InvalidParameter("name", "name must be a string")
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise InvalidParameter("models", "models must be a list of 'name' or 'name@version'")
+    priority = body.get("max_priority", "normal")
+    if priority not in PRIORITIES:
+        raise InvalidParameter("max_priority", "max_priority must be high, normal or low")
+    allow_cloud = body.get("allow_cloud", False)
+    if not isinstance(allow_cloud, bool):
+        raise InvalidParameter("allow_cloud", "allow_cloud must be true or false")
+    max_tokens = _int(body, "max_tokens_per_request", 0) or 0
+    expires_in_s = _int(body, "expires_in_s", None)
+    if expires_in_s is not None and expires_in_s <= 0:
+        raise InvalidParameter("expires_in_s", "expires_in_s must be positive (or null)")
+    try:
+        minted = request.config_dict[API_KEYS_KEY].mint(
+            name=name,
+            models=models,
+            allow_cloud=allow_cloud,
+            max_priority=priority,
+            max_tokens_per_request=max_tokens,
+            requests_per_minute=_number(body, "requests_per_minute"),
+            tokens_per_minute=_number(body, "tokens_per_minute"),
+            expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
+        )
+    except ValueError as exc:
+        raise InvalidParameter("body", str(exc)) from None
+    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    data = api_key_json(minted.record, datetime.now(UTC))
+    return web.json_response(data | {"secret": minted.secret, "agents_updated": pushed}, status=201)
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    now = datetime.now(UTC)
+    data = [api_key_json(k, now) for k in request.config_dict[API_KEYS_KEY].list_all()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def show_key(request: web.Request) -> web.Response:
+    key_id = request.match_info["key_id"]
+    try:
+        record = request.config_dict[API_KEYS_KEY].get(key_id)
+    except UnknownApiKeyError as exc:
+        return _key_not_found(exc)
+    shares = request.config_dict[KEY_DISTRIBUTOR_KEY].shares_of(key_id)
+    view = api_key_json(record, datetime.now(UTC))
+    view["agent_shares"] = {
+        agent: {"requests_per_minute": rpm, "tokens_per_minute": tpm}
+        for agent, (rpm, tpm) in sorted(shares.items())
+    }
+    return web.json_response(view)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    """Revoke a key; every connected agent gets the new key set at once."""
+    try:
+        record = request.config_dict[API_KEYS_KEY].revoke(request.match_info["key_id"])
+    except UnknownApiKeyError as exc:
+        return _key_not_found(exc)
+    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    data = api_key_json(record, datetime.now(UTC))
+    return web.json_response(data | {"agents_updated": pushed})
+
+
 # The admin API (paths relative to ADMIN_PREFIX) and the role each route needs.
 # Role rules (README "Admin roles"): reading is viewer; steering agents and rollouts,
 # models and overflow targets is operator; keys, join tokens, agent revocation and
 # admin tokens are admin.
 ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("GET", "/whoami", whoami, Role.VIEWER, "The caller's token name and role"),
+    AdminRoute("POST", "/keys", mint_key, Role.ADMIN, "Mint an API key (the secret shown once)"),
+    AdminRoute("GET", "/keys", list_keys, Role.VIEWER, "List API keys (no secrets)"),
+    AdminRoute("GET", "/keys/{key_id}", show_key, Role.VIEWER,
+               "One API key, with each agent's share of its rate limits"),
+    AdminRoute("DELETE", "/keys/{key_id}", revoke_key, Role.ADMIN,
+               "Revoke an API key (pushed to every connected agent at once)"),
     AdminRoute("POST", "/tokens", create_token, Role.ADMIN, "Create a join token (shown once)"),
     AdminRoute("GET", "/tokens", list_tokens, Role.VIEWER, "List join tokens (no secrets)"),
     AdminRoute("DELETE", "/tokens/{token_id}", revoke_token, Role.ADMIN, "Revoke a join token"),

@@ -1,7 +1,7 @@
-"""``python -m coordinator tokens|agents|admin-tokens|audit|backup|restore ...``: operator
-commands.
+"""``python -m coordinator tokens|keys|agents|admin-tokens|audit|backup|restore ...``:
+operator commands.
 
-Token commands work on the coordinator's SQLite database directly (default: the
+Token and API key commands work on the coordinator's SQLite database directly (default: the
 configured ``data_dir``), or on a running coordinator's admin API with ``--url``.
 Agent commands (drain, resume, set, revoke, remove) need the running coordinator
 (they act on live sessions). ``admin-tokens mint|list|revoke`` and ``audit export`` work
@@ -28,9 +28,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from coordinator.admin_api import token_json
+from coordinator.admin_api import api_key_json, token_json
 from coordinator.admin_db import AdminDatabase
 from coordinator.admin_tokens import AdminTokens, Role
+from coordinator.api_keys import PRIORITIES, ApiKeys
 from coordinator.audit import AuditLog, to_jsonl
 from coordinator.backup import backup, restore
 from coordinator.config import load_config
@@ -41,7 +42,7 @@ from coordinator.tokens import JoinTokens
 from edgefleet.contract import Location
 
 ADMIN_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"
-ADMIN_COMMANDS = ("tokens", "agents", "admin-tokens", "audit", "backup", "restore")
+ADMIN_COMMANDS = ("tokens", "keys", "agents", "admin-tokens", "audit", "backup", "restore")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -90,6 +91,28 @@ def add_admin_commands(sub: Any) -> None:
         "--agents", action="store_true", help="also revoke the agents enrolled with it"
     )
     leaves.append(revoke)
+
+    keys = sub.add_parser("keys", help="mint, list, show or revoke API keys for client apps")
+    keys_sub = keys.add_subparsers(dest="action", required=True)
+    mint = keys_sub.add_parser("mint", help="mint an API key (the secret is printed once)")
+    leaves.append(mint)
+    mint.add_argument("--name", default="", help="label (not secret)")
+    mint.add_argument("--model", action="append", default=[], dest="models",
+                      help="allowed model, name or name@version (repeat; default all)")  # fmt: skip
+    mint.add_argument("--allow-cloud", action="store_true", help="may overflow beyond the site")
+    mint.add_argument("--max-priority", choices=PRIORITIES, default="normal")
+    mint.add_argument("--max-tokens", type=int, default=0, help="per request (0: no cap)")
+    mint.add_argument("--requests-per-minute", type=float, default=0.0,
+                      help="fleet-wide, split among agents (0: unlimited)")  # fmt: skip
+    mint.add_argument("--tokens-per-minute", type=float, default=0.0,
+                      help="fleet-wide, split among agents (0: unlimited)")  # fmt: skip
+    mint.add_argument("--expires-in", type=parse_duration, default=None,
+                      help="lifetime, e.g. 30d (default never)")  # fmt: skip
+    leaves.append(keys_sub.add_parser("list", help="list API keys"))
+    for action in ("show", "revoke"):
+        command = keys_sub.add_parser(action, help=f"{action} an API key")
+        command.add_argument("key_id")
+        leaves.append(command)
 
     agents = sub.add_parser(
         "agents", help="drain, resume, set, revoke or remove an agent (needs the coordinator)"
@@ -183,6 +206,9 @@ def run_admin_command(args: argparse.Namespace) -> int:
             since = f"&since={args.since}" if args.since else ""
             return _print_text(_http(args.url, "GET", f"/v1/admin/audit?format=jsonl{since}",
                                      args, raw=True))  # fmt: skip
+        elif args.command == "keys":
+            in_db = not args.url
+            result = _keys_in_database(args, config.data_path) if in_db else _keys_over_http(args)
         elif args.url:
             result = _tokens_over_http(args)
         else:
@@ -341,6 +367,74 @@ def _tokens_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
         store.close()
 
 
+def _keys_in_database(args: argparse.Namespace, data_dir: Path) -> Any:
+    """Work on the database; a running coordinator pushes the change to its agents within
+    one report interval (the admin API, ``--url``, pushes at once)."""
+    store = SQLiteFleetStore.in_directory(data_dir)
+    try:
+        keys = ApiKeys(store)
+        now = datetime.now(UTC)
+        if args.action == "mint":
+            minted = keys.mint(
+                name=args.name,
+                models=args.models,
+                allow_cloud=args.allow_cloud,
+                max_priority=args.max_priority,
+                max_tokens_per_request=args.max_tokens,
+                requests_per_minute=args.requests_per_minute,
+                tokens_per_minute=args.tokens_per_minute,
+                expires_in=args.expires_in,
+            )
+            return api_key_json(minted.record, now) | {"secret": minted.secret}
+        if args.action == "list":
+            return {"object": "list", "data": [api_key_json(k, now) for k in keys.list_all()]}
+        if args.action == "show":
+            return api_key_json(keys.get(args.key_id), now)
+        return api_key_json(keys.revoke(args.key_id), now)
+    except ValueError as exc:
+        raise AdminRequestError(str(exc)) from exc
+    finally:
+        store.close()
+
+
+def _keys_over_http(args: argparse.Namespace) -> Any:
+    if args.action == "mint":
+        expires = None if args.expires_in is None else int(args.expires_in.total_seconds())
+        body = {
+            "name": args.name,
+            "models": args.models,
+            "allow_cloud": args.allow_cloud,
+            "max_priority": args.max_priority,
+            "max_tokens_per_request": args.max_tokens,
+            "requests_per_minute": args.requests_per_minute,
+            "tokens_per_minute": args.tokens_per_minute,
+            "expires_in_s": expires,
+        }
+        return _http(args.url, "POST", "/v1/admin/keys", args, body)
+    if args.action == "list":
+        return _http(args.url, "GET", "/v1/admin/keys", args)
+    if args.action == "show":
+        return _http(args.url, "GET", f"/v1/admin/keys/{args.key_id}", args)
+    return _http(args.url, "DELETE", f"/v1/admin/keys/{args.key_id}", args)
+
+
+def _print_keys(args: argparse.Namespace, result: Any) -> None:
+    if result.get("object") == "list":
+        print(f"{'KEY ID':<14}{'STATE':<9}{'PRIORITY':<10}{'RPM':<9}{'TPM':<10}{'EXPIRES':<26}NAME")
+        for k in result["data"]:
+            print(f"{k['key_id']:<14}{k['state']:<9}{k['max_priority']:<10}"
+                  f"{k['requests_per_minute'] or '-':<9}{k['tokens_per_minute'] or '-':<10}"
+                  f"{k['expires_at'] or 'never':<26}{k['name']}")  # fmt: skip
+    elif "secret" in result:
+        print(result["secret"])
+        print(f"API key {result['key_id']} minted (the secret is shown once; store it now)",
+              file=sys.stderr)  # fmt: skip
+    elif args.action == "revoke":
+        print(f"API key {result['key_id']} revoked")
+    else:
+        print(json.dumps(result, indent=2))
+
+
 def _tokens_over_http(args: argparse.Namespace) -> Any:
     if args.action == "create":
         expires = None if args.expires_in is None else int(args.expires_in.total_seconds())
@@ -399,6 +493,9 @@ def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any 
 def _print(args: argparse.Namespace, result: Any) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
+        return
+    if args.command == "keys":
+        _print_keys(args, result)
         return
     if args.command == "admin-tokens":
         if "token" in result:

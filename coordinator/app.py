@@ -14,11 +14,14 @@ from coordinator.admin_api import ADMIN_PREFIX, authorize, create_admin_app, rou
 from coordinator.admin_db import AdminDatabase
 from coordinator.admin_tokens import AdminTokens
 from coordinator.agent_lifecycle import AgentLifecycle
+from coordinator.api_keys import ApiKeys, KeyDistributor
 from coordinator.app_keys import (
     ADMIN_TOKENS_KEY,
+    API_KEYS_KEY,
     AUDIT_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
+    KEY_DISTRIBUTOR_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
     RECORDS_KEY,
@@ -74,6 +77,12 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     records = RequestRecordStore(admin_db, max_rows=config.request_records_max_rows)
     metrics = CoordinatorMetrics(registry)
     router = Router.from_config(registry, config, metrics)
+    api_keys = ApiKeys(fleet_store)
+    distributor = KeyDistributor(
+        api_keys,
+        set_section=registry.set_section,
+        current_section=lambda agent_id: registry.desired_state(agent_id).keys,
+    )
     servicer = CoordinatorServicer(
         registry,
         metrics,
@@ -98,7 +107,9 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
             tokens_per_second=config.max_agent_tokens_per_second,
             sequences=config.max_agent_sequences,
         ),
+        keys=distributor,
     )
+    distributor.bind(servicer.set_keys_section, servicer.connected_agent_ids)
     # authorize is inside openai_errors: a crash in a check is still an error body.
     app = web.Application(middlewares=[count_requests, openai_errors, authorize])
     app[CONFIG_KEY] = config
@@ -111,6 +122,8 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[AUDIT_KEY] = AuditLog(admin_db)
     app[RECORDS_KEY] = records
     app[ROUTE_ROLES_KEY] = route_roles()
+    app[API_KEYS_KEY] = api_keys
+    app[KEY_DISTRIBUTOR_KEY] = distributor
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app[LIFECYCLE_KEY] = AgentLifecycle(fleet_store, registry, servicer)
     app.add_routes(ROUTES)
@@ -121,6 +134,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app.cleanup_ctx.append(_last_state_saver)
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
+    app.cleanup_ctx.append(_key_distribution)
     return app
 
 
@@ -200,3 +214,30 @@ async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def _key_distribution(app: web.Application) -> AsyncIterator[None]:
+    """Every report interval: API key expiries, database changes and rebalanced shares
+    reach the connected agents; per-key usage is saved (and once more at shutdown)."""
+    distributor = app[KEY_DISTRIBUTOR_KEY]
+    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                distributor.tick(period_s)
+            except StoreError as exc:  # retried next period
+                logger.warning("could not refresh API keys: %s", exc)
+
+    task = asyncio.create_task(tick(), name="key-distribution")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:
+            distributor.save_usage()
+        except StoreError as exc:
+            logger.error("could not save API key usage at shutdown: %s", exc)

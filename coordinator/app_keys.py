@@ -6,6 +6,7 @@ from aiohttp import web
 
 from coordinator.admin_tokens import AdminTokens, Role
 from coordinator.agent_lifecycle import AgentLifecycle
+from coordinator.api_keys import ApiKeys, KeyDistributor
 from coordinator.audit import AuditLog
 from coordinator.config import CoordinatorConfig
 from coordinator.fleet_store import FleetStore
@@ -28,3 +29,5 @@ AUDIT_KEY = web.AppKey("audit", AuditLog)
 RECORDS_KEY = web.AppKey("request_records", RequestRecordStore)
 ROUTE_ROLES_KEY: web.AppKey[dict[tuple[str, str], Role | None]] = web.AppKey("route_roles")
 LIFECYCLE_KEY = web.AppKey("lifecycle", AgentLifecycle)
+API_KEYS_KEY = web.AppKey("api_keys", ApiKeys)
+KEY_DISTRIBUTOR_KEY = web.AppKey("key_distributor", KeyDistributor)

@@ -146,3 +146,11 @@ class FixedIdentityError(PermissionDeniedError):
     """A Hello says something other than what the operator fixed (e.g. its URL)."""
 
     reason = "identity_mismatch"
+
+
+class UnknownApiKeyError(RecoverableError):
+    """An admin command named an API key id that does not exist."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"unknown API key {key_id!r}")
+        self.key_id = key_id

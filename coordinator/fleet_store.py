@@ -53,6 +53,39 @@ class JoinToken:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    """An API key for client apps as stored: the sha256 of its secret, never the secret."""
+
+    key_id: str
+    secret_sha256: str = field(repr=False)  # hex
+    created_at: datetime
+    name: str = ""
+    # "name" or "name@version"; empty: every model.
+    models: tuple[str, ...] = ()
+    allow_cloud: bool = False
+    max_priority: str = "normal"  # "high", "normal" or "low"
+    max_tokens_per_request: int = 0  # 0: the model's limit
+    # Fleet-wide budgets, split among agents (coordinator/api_keys.py); 0: unlimited.
+    requests_per_minute: float = 0.0
+    tokens_per_minute: float = 0.0
+    expires_at: datetime | None = None  # None: never
+    revoked_at: datetime | None = None
+    # Usage reported by agents, summed.
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    rejected: int = 0
+
+    def state(self, now: datetime) -> str:
+        """ "active", "expired" or "revoked"."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        return "active"
+
+
+@dataclass(frozen=True, slots=True)
 class StoredAgent:
     """What the coordinator keeps about an agent across restarts."""
 
@@ -128,6 +161,19 @@ class FleetStore(Protocol):
         Returns False (and changes nothing) when the token is not usable at ``now``
         (unknown, revoked, expired or exhausted) or the agent id is taken.
         """
+        ...
+
+    # -------------------------------------------------------------- API keys
+    def add_api_key(self, key: ApiKeyRecord) -> None: ...
+
+    def list_api_keys(self) -> list[ApiKeyRecord]: ...
+
+    def revoke_api_key(self, key_id: str, now: datetime) -> bool:
+        """Mark a key revoked (once); False when there is no such key."""
+        ...
+
+    def add_api_key_usage(self, usage: Sequence[tuple[str, int, int, int, int]]) -> None:
+        """Add (key_id, requests, prompt_tokens, completion_tokens, rejected) to the totals."""
         ...
 
     # ---------------------------------------------------------------- agents

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from coordinator import proto_convert
+from coordinator.api_keys import KeyDistributor
 from coordinator.ca import CertificateAuthority, certificate_serial
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.enrollment import EnrollmentService
@@ -116,7 +117,10 @@ class CoordinatorServicer:
         hello_timeout_s: float,
         records: RequestRecordStore | None = None,
         load_limits: proto_convert.LoadLimits = proto_convert.DEFAULT_LOAD_LIMITS,
+        keys: KeyDistributor | None = None,
     ) -> None:
+        """``keys``: gives each agent its API keys section when it connects and takes the
+        per-key usage of its load reports (no keys are pushed without it)."""
         self._records = records
         self._registry = registry
         self._metrics = metrics
@@ -127,6 +131,7 @@ class CoordinatorServicer:
         self._hello_timeout_s = hello_timeout_s
         self._load_limits = load_limits
         self._live: dict[str, _LiveSession] = {}
+        self._keys = keys
 
     # ------------------------------------------------------------------ RPCs
 
@@ -190,6 +195,8 @@ class CoordinatorServicer:
         if replaced is not None:
             replaced.outbox.put_nowait(None)
         self._live[hello.agent_id] = live
+        if self._keys is not None:
+            self._keys.on_connect(hello.agent_id)  # sent with the full desired state below
         logger.info(
             "agent %s connected (session %s, site %r, %d models, peer %s)",
             hello.agent_id,
@@ -227,6 +234,8 @@ class CoordinatorServicer:
                 reader.exception()  # retrieved (handled above, or moot when cancelled)
             if self._live.get(hello.agent_id) is live:
                 del self._live[hello.agent_id]
+                if self._keys is not None:
+                    self._keys.on_disconnect(hello.agent_id)
             if self._registry.close_session(hello.agent_id, session_id):
                 logger.info("agent %s disconnected (session %s)", hello.agent_id, session_id)
 
@@ -267,6 +276,14 @@ class CoordinatorServicer:
         live.revoked = revoked
         live.outbox.put_nowait(None)
         return True
+
+    def connected_agent_ids(self) -> list[str]:
+        """The agents with a live session on this coordinator."""
+        return list(self._live)
+
+    def set_keys_section(self, agent_id: str, section: Section) -> None:
+        """Set and push an agent's keys section (KeyDistributor's push)."""
+        self.set_section(agent_id, section)
 
     def end_all_sessions(self) -> None:
         """Finish every live session cleanly (agents reconnect on their own)."""
@@ -319,6 +336,8 @@ class CoordinatorServicer:
                 report = proto_convert.load_report_from_pb(message.load_report, self._load_limits)
                 self._registry.record_report(live.agent_id, live.session_id, report)
                 self._metrics.load_reports.inc()
+                if report.key_usage and self._keys is not None:
+                    self._keys.record_usage(live.agent_id, report.key_usage)
             elif kind == "bye":
                 logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)

@@ -151,6 +151,43 @@ _SCHEMAS: dict[str, Any] = {
             "http_url": {"type": "string", "maxLength": 2048},
         },
     },
+    "ApiKey": {
+        "type": "object",
+        "required": ["object", "key_id", "state"],
+        "properties": {
+            "object": {"const": "api_key"},
+            "key_id": {"type": "string"},
+            "secret": {"type": "string", "description": "Only when minted (shown once)"},
+            "name": {"type": "string"},
+            "created_at": _NULLABLE_STR,
+            "expires_at": _NULLABLE_STR,
+            "revoked_at": _NULLABLE_STR,
+            "state": {"type": "string"},
+            "models": {"type": "array", "items": {"type": "string"}},
+            "allow_cloud": {"type": "boolean"},
+            "max_priority": {"enum": ["high", "normal", "low"]},
+            "max_tokens_per_request": {"type": "integer"},
+            "requests_per_minute": {"type": "number"},
+            "tokens_per_minute": {"type": "number"},
+            "usage": {"type": "object"},
+            "agent_shares": {"type": "object"},
+            "agents_updated": {"type": "integer"},
+        },
+    },
+    "NewApiKey": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "maxLength": 256},
+            "models": {"type": "array", "items": {"type": "string"}},
+            "allow_cloud": {"type": "boolean"},
+            "max_priority": {"enum": ["high", "normal", "low"]},
+            "max_tokens_per_request": {"type": "integer", "minimum": 0},
+            "requests_per_minute": {"type": "number", "minimum": 0},
+            "tokens_per_minute": {"type": "number", "minimum": 0},
+            "expires_in_s": {"type": ["integer", "null"], "minimum": 1},
+        },
+    },
     "AgentFixed": {
         "type": "object",
         "additionalProperties": False,
@@ -255,7 +292,7 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
 }
-for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord"):
+for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord", "ApiKey"):
     _SCHEMAS[f"{_name}List"] = _list_of(_name)
 
 
@@ -305,6 +342,10 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ("GET", "/metrics"): ([], None, "200", _TEXT),
     ("GET", "/openapi.json"): ([], None, "200", {"application/json": {"schema": _OBJ}}),
     ("GET", "/v1/admin/whoami"): ([], None, "200", "Caller"),
+    ("POST", "/v1/admin/keys"): ([], "NewApiKey", "201", "ApiKey"),
+    ("GET", "/v1/admin/keys"): ([], None, "200", "ApiKeyList"),
+    ("GET", "/v1/admin/keys/{key_id}"): ([_p("key_id")], None, "200", "ApiKey"),
+    ("DELETE", "/v1/admin/keys/{key_id}"): ([_p("key_id")], None, "200", "ApiKey"),
     ("POST", "/v1/admin/tokens"): ([], "NewJoinToken", "201", "JoinToken"),
     ("GET", "/v1/admin/tokens"): ([], None, "200", "JoinTokenList"),
     ("DELETE", "/v1/admin/tokens/{token_id}"): (

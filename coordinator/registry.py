@@ -104,8 +104,10 @@ class FleetRegistry(Protocol):
     def set_section(self, agent_id: str, section: Section) -> DesiredState:
         """Replace one section of an agent's desired state; return the new state.
 
-        The section's generation is set to the previous one's plus one (``section``'s own
-        is ignored) and the state's version grows. Raises UnknownAgentError.
+        The section's generation is set to the previous one's plus one, or to ``section``'s
+        own when that is larger (the keys section uses clock-based generations that stay
+        newer than an agent's across a coordinator restart); the state's version grows.
+        Raises UnknownAgentError.
         """
         ...
 
@@ -323,7 +325,7 @@ class LiveFleetRegistry:
         held = record.desired
         name = SECTION_FIELDS[type(section)]
         current: Section | None = getattr(held, name)
-        generation = (0 if current is None else current.generation) + 1
+        generation = max((0 if current is None else current.generation) + 1, section.generation)
         desired = held.with_section(replace(section, generation=generation))
         desired = replace(desired, version=held.version + 1)
         self._agents[agent_id] = replace(record, desired=desired)

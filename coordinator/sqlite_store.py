@@ -13,8 +13,8 @@ from pathlib import Path
 from coordinator.errors import StoreError
 from coordinator.fleet import Liveness
 from coordinator.fleet_json import hello_from_json, hello_to_json
-from coordinator.fleet_store import AgentLastState, JoinToken, Site, StoredAgent
-from edgefleet.contract import Hello, KeyUsage, LoadReport, Location, SectionGenerations
+from coordinator.fleet_store import AgentLastState, ApiKeyRecord, JoinToken, Site, StoredAgent
+from edgefleet.contract import Hello, LoadReport, Location, SectionGenerations
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,30 @@ def _agent_lifecycle(db: sqlite3.Connection) -> None:
             agent_id   TEXT PRIMARY KEY,
             removed_at TEXT NOT NULL
         ) WITHOUT ROWID""")  # fmt: skip
+
+
+@_migration(5)
+def _api_keys(db: sqlite3.Connection) -> None:
+    """API keys for client apps (coordinator/api_keys.py): digests, scopes, usage totals."""
+    db.execute("""
+        CREATE TABLE api_keys (
+            key_id                 TEXT PRIMARY KEY,
+            secret_sha256          TEXT NOT NULL,
+            created_at             TEXT NOT NULL,
+            name                   TEXT NOT NULL DEFAULT '',
+            models_json            TEXT NOT NULL DEFAULT '[]',
+            allow_cloud            INTEGER NOT NULL DEFAULT 0,
+            max_priority           TEXT NOT NULL DEFAULT 'normal',
+            max_tokens_per_request INTEGER NOT NULL DEFAULT 0,
+            requests_per_minute    REAL NOT NULL DEFAULT 0,
+            tokens_per_minute      REAL NOT NULL DEFAULT 0,
+            expires_at             TEXT,
+            revoked_at             TEXT,
+            requests               INTEGER NOT NULL DEFAULT 0,
+            prompt_tokens          INTEGER NOT NULL DEFAULT 0,
+            completion_tokens      INTEGER NOT NULL DEFAULT 0,
+            rejected               INTEGER NOT NULL DEFAULT 0
+        )""")  # fmt: skip
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -334,6 +358,51 @@ class SQLiteFleetStore:
             if agent.site:
                 _add_site(db, agent.site, now)
             return True
+
+    # -------------------------------------------------------------- API keys
+
+    def add_api_key(self, key: ApiKeyRecord) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO api_keys (key_id, secret_sha256, created_at, name, models_json, "
+                "allow_cloud, max_priority, max_tokens_per_request, requests_per_minute, "
+                "tokens_per_minute, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key.key_id,
+                    key.secret_sha256,
+                    _text(key.created_at),
+                    key.name,
+                    json.dumps(list(key.models)),
+                    int(key.allow_cloud),
+                    key.max_priority,
+                    key.max_tokens_per_request,
+                    key.requests_per_minute,
+                    key.tokens_per_minute,
+                    _text(key.expires_at),
+                ),
+            )
+
+    def list_api_keys(self) -> list[ApiKeyRecord]:
+        return [_api_key(r) for r in self._query("SELECT * FROM api_keys ORDER BY created_at")]
+
+    def revoke_api_key(self, key_id: str, now: datetime) -> bool:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE key_id = ?",
+                (_text(now), key_id),
+            )
+            return cursor.rowcount == 1
+
+    def add_api_key_usage(self, usage: Sequence[tuple[str, int, int, int, int]]) -> None:
+        if not usage:
+            return
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE api_keys SET requests = requests + ?, prompt_tokens = prompt_tokens + ?, "
+                "completion_tokens = completion_tokens + ?, rejected = rejected + ? "
+                "WHERE key_id = ?",
+                [(r, p, c, x, k) for k, r, p, c, x in usage],
+            )
 
     # ---------------------------------------------------------------- agents
 
@@ -559,6 +628,30 @@ def _token(row: sqlite3.Row) -> JoinToken:
     )
 
 
+def _api_key(row: sqlite3.Row) -> ApiKeyRecord:
+    created = _time(row["created_at"])
+    if created is None:
+        raise StoreError(f"API key {row['key_id']} has no creation time")
+    return ApiKeyRecord(
+        key_id=row["key_id"],
+        secret_sha256=row["secret_sha256"],
+        created_at=created,
+        name=row["name"],
+        models=tuple(json.loads(row["models_json"])),
+        allow_cloud=bool(row["allow_cloud"]),
+        max_priority=row["max_priority"],
+        max_tokens_per_request=row["max_tokens_per_request"],
+        requests_per_minute=row["requests_per_minute"],
+        tokens_per_minute=row["tokens_per_minute"],
+        expires_at=_time(row["expires_at"]),
+        revoked_at=_time(row["revoked_at"]),
+        requests=row["requests"],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
+        rejected=row["rejected"],
+    )
+
+
 def _agent(row: sqlite3.Row) -> StoredAgent:
     return StoredAgent(
         agent_id=row["agent_id"],
@@ -591,7 +684,10 @@ _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 def _report_to_json(report: LoadReport | None) -> str | None:
     """The report's values as a JSON list, in ``_REPORT_FIELDS`` order (the row keeps
     the names, so a version with renamed or added fields loses only those fields)."""
-    return None if report is None else _encode(list(report))
+    if report is None:
+        return None
+    # Per-key usage is per interval (recorded by coordinator/api_keys.py), not state.
+    return _encode(list(report._replace(key_usage=())))
 
 
 def _report_from_json(agent_id: str, names: str | None, text: str | None) -> LoadReport | None:
@@ -602,8 +698,7 @@ def _report_from_json(agent_id: str, names: str | None, text: str | None) -> Loa
         fields = {name: stored[name] for name in LoadReport._fields if name in stored}
         if "applied" in fields:  # nested tuples, saved as JSON lists
             fields["applied"] = SectionGenerations(*fields["applied"])
-        if "key_usage" in fields:
-            fields["key_usage"] = tuple(KeyUsage(*usage) for usage in fields["key_usage"])
+        fields.pop("key_usage", None)  # not state: see _report_to_json
         return LoadReport(**fields)
     except (TypeError, ValueError) as exc:
         logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)

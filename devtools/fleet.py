@@ -123,15 +123,28 @@ class AgentProcess(ServiceProcess):
         cwd: str | Path | None = None,
         join_token: str = "",
         state_dir: str | Path | None = None,
+        insecure_no_auth: bool | None = None,
     ) -> None:
         """``join_token`` and ``state_dir`` reach the agent through its environment (a
-        token on the command line would show in /proc/PID/cmdline)."""
+        token on the command line would show in /proc/PID/cmdline). ``insecure_no_auth``
+        None: on when a coordinator is given (which turns API keys on) and ``extra_args``
+        set no ``auth.`` key, so tests that send no key keep working (not for another
+        checkout's agent, ``executable``/``cwd``, which may predate the flag)."""
         env = dict(env or {})
         if join_token:
             env["EDGEFLEET_AGENT_COORDINATOR__JOIN_TOKEN"] = join_token
         if state_dir is not None:
             env["EDGEFLEET_AGENT_COORDINATOR__STATE_DIR"] = str(state_dir)
         args = ["--port", str(port), "--models-dir", models_dir, "--site", site]
+        if insecure_no_auth is None:
+            insecure_no_auth = (
+                bool(coordinator)
+                and executable is None
+                and cwd is None
+                and not any("auth." in a for a in extra_args)
+            )
+        if insecure_no_auth:
+            args.append("--insecure-no-auth")
         if lat is not None and lon is not None:  # else the agent's place is unknown
             args += ["--lat", str(lat), "--lon", str(lon)]
         for name in serve:

@@ -3,7 +3,7 @@
 ::
 
     fleet = FleetClient(model="smollm2-135m", coordinator_url="https://coord:8080",
-                        ca_file="fleet-ca.pem")
+                        ca_file="fleet-ca.pem", api_key="ef-...")  # or $EDGEFLEET_API_KEY
     client = fleet.openai()          # an openai.OpenAI that fails over between agents
     fleet.base_url()                 # or just the best agent's OpenAI base URL
 
@@ -70,8 +70,12 @@ class FleetClient:
         ca_file: str | Path | None = None,
         ca_pem: str | None = None,
         allow_insecure_agents: bool = False,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: the fleet API key sent to agents (``Authorization: Bearer``);
+        default ``$EDGEFLEET_API_KEY``."""
         self.model = model
+        self._api_key = api_key if api_key is not None else os.environ.get("EDGEFLEET_API_KEY", "")
         self.coordinator_url = coordinator_url
         self._site, self._lat, self._lon = site, lat, lon
         self._mdns_timeout_s = mdns_timeout_s
@@ -241,12 +245,22 @@ class FleetClient:
 
     # --------------------------------------------------------------- openai
 
+    @property
+    def api_key(self) -> str:
+        """The API key this client presents to agents ("" for none)."""
+        return self._api_key
+
     def http_client(self, **kwargs: Any) -> Any:
-        """An ``httpx2.Client`` whose transport fails over between agents."""
+        """An ``httpx2.Client`` whose transport fails over between agents (it sends the
+        API key, when there is one, as ``Authorization: Bearer``)."""
         import httpx2
 
         from edgefleet_client._failover import FailoverTransport
 
+        if self._api_key:
+            headers = dict(kwargs.pop("headers", None) or {})
+            headers.setdefault("Authorization", f"Bearer {self._api_key}")
+            kwargs["headers"] = headers
         inner = httpx2.HTTPTransport(verify=agent_ssl_context(self.ca_pem))
         return httpx2.Client(transport=FailoverTransport(self, inner), **kwargs)
 
@@ -257,7 +271,7 @@ class FleetClient:
         """
         import openai
 
-        kwargs.setdefault("api_key", "edgefleet")
+        kwargs.setdefault("api_key", self._api_key or "edgefleet")
         kwargs.setdefault("max_retries", 0)
         return openai.OpenAI(
             base_url=PLACEHOLDER_BASE_URL, http_client=self.http_client(), **kwargs

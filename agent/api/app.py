@@ -42,6 +42,9 @@ from agent.api.serving_common import (
 )
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
+from agent.auth.keys import KeyTable
+from agent.auth.middleware import grant_of, key_gate
+from agent.auth.startup import key_table_for
 from agent.config import AgentConfig
 from agent.errors import AgentError
 from agent.metrics import AgentMetrics
@@ -63,6 +66,7 @@ STATE = web.AppKey("state", AgentState)
 REQUEST_LOG = web.AppKey("request_log", RequestLogSlot)
 # Time to the first token (ms), where the serving code measured it.
 TTFT_MS = web.RequestKey("ttft_ms", float)
+KEYS = web.AppKey("keys", KeyTable)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -163,7 +167,10 @@ def _headers(prepared: PreparedGeneration) -> dict[str, str]:
 
 def _options(request: web.Request) -> RequestOptions:
     return request_options(
-        request.headers.get("X-Priority"), request.headers.get("X-Request-Timeout")
+        request.headers.get("X-Priority"),
+        request.headers.get("X-Request-Timeout"),
+        grant=grant_of(request),
+        max_timeout_s=request.app[CONFIG].auth.max_request_timeout_s,
     )
 
 
@@ -306,16 +313,32 @@ def _registry_ctx(
     return ctx
 
 
-def create_app(config: AgentConfig, registry: ModelRegistry | None = None) -> web.Application:
+def _version_of(app: web.Application) -> Callable[[str], str | None]:
+    def version_of(model_id: str) -> str | None:
+        registry = app.get(REGISTRY)
+        if registry is None:
+            return None
+        model = registry.text_models.get(model_id) or registry.embedding_models.get(model_id)
+        return None if model is None else model.version
+
+    return version_of
+
+
+def create_app(
+    config: AgentConfig, registry: ModelRegistry | None = None, *, keys: KeyTable | None = None
+) -> web.Application:
     """Build the agent's app. Models load at startup unless a ``registry`` is given (not
-    started: the app starts its engines and closes them at cleanup, as for its own)."""
-    app = web.Application(
-        middlewares=[errors_and_metrics], client_max_size=config.server.max_body_bytes
-    )
+    started: the app starts its engines and closes them at cleanup, as for its own).
+    API keys are checked against ``keys`` (default: what ``config`` says, see
+    ``agent.auth.startup``) by a middleware of their own, inside errors_and_metrics."""
+    keys = key_table_for(config) if keys is None else keys
+    app = web.Application(client_max_size=config.server.max_body_bytes)
+    app.middlewares.extend([errors_and_metrics, key_gate(keys, _version_of(app))])
     app[CONFIG] = config
     app[METRICS] = AgentMetrics()
     app[STARTED] = time.time()
     app[STATE] = AgentState()
+    app[KEYS] = keys
     app.add_routes(ROUTES)
     app.cleanup_ctx.append(_registry_ctx(registry))
     # Per-request records: the agent's entry point opens the spool once it knows its id

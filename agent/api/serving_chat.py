@@ -70,6 +70,7 @@ class ChatService(GenerationService):
             "chat",
             generation_request("chatcmpl", prompt_ids, params, req, options),
             req,
+            options,
         )
 
     async def complete(self, prepared: PreparedGeneration) -> ChatCompletionResponse:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.api.protocol import SamplingFields, Usage
+from agent.auth.keys import KeyGrant
 from agent.engine.interface import (
     PRIORITY_RANK,
     GenerationOutput,
@@ -26,13 +27,22 @@ from agent.response_cache import CachedGeneration, ResponseCache, cache_key
 
 @dataclass(frozen=True)
 class RequestOptions:
-    """Per-request scheduling options from headers (``X-Priority``, ``X-Request-Timeout``)."""
+    """Per-request options: scheduling from headers (``X-Priority``, ``X-Request-Timeout``)
+    and the request's API key (None when keys are off)."""
 
     priority: Priority | None = None  # None: the body's, else "normal"
     timeout_s: float | None = None  # None: the engine's default
+    grant: KeyGrant | None = None  # the key's scopes, rate limits and usage
 
 
-def request_options(priority: str | None, timeout: str | None) -> RequestOptions:
+def request_options(
+    priority: str | None,
+    timeout: str | None,
+    *,
+    grant: KeyGrant | None = None,
+    max_timeout_s: float | None = None,
+) -> RequestOptions:
+    """Validate the headers; a timeout above ``max_timeout_s`` is lowered to it."""
     if priority is not None and priority not in PRIORITY_RANK:
         raise InvalidRequestError(
             f"X-Priority must be high, normal or low, got {priority!r}", param="X-Priority"
@@ -48,7 +58,13 @@ def request_options(priority: str | None, timeout: str | None) -> RequestOptions
                 f"X-Request-Timeout must be seconds in (0, 3600], got {timeout!r}",
                 param="X-Request-Timeout",
             )
-    return RequestOptions(priority=priority, timeout_s=timeout_s)  # type: ignore[arg-type]
+    if timeout_s is not None and max_timeout_s is not None:
+        timeout_s = min(timeout_s, max_timeout_s)
+    return RequestOptions(
+        priority=priority,  # type: ignore[arg-type]
+        timeout_s=timeout_s,
+        grant=grant,
+    )
 
 
 def generation_request(
@@ -58,11 +74,27 @@ def generation_request(
     body: SamplingFields,
     options: RequestOptions,
 ) -> GenerationRequest:
+    """The engine's request; with an API key, its priority is clamped to the key's ceiling
+    and its completion length to the key's cap (asking for more is a 400)."""
+    priority = options.priority or body.priority or "normal"
+    grant = options.grant
+    if grant is not None:
+        priority = grant.clamp_priority(priority)  # type: ignore[assignment]
+        requested = body.max_tokens
+        param = "max_tokens"
+        if requested is None and getattr(body, "max_completion_tokens", None) is not None:
+            requested, param = body.max_completion_tokens, "max_completion_tokens"  # type: ignore[attr-defined]
+        cap = grant.max_tokens(requested, param)
+        if cap is not None and params.max_tokens > cap:
+            continued = len(body.continue_token_ids or ())
+            params = dataclasses.replace(
+                params, max_tokens=cap, min_tokens=min(params.min_tokens, continued + cap)
+            )
     return GenerationRequest(
         new_request_id(prefix),
         prompt_ids,
         params,
-        priority=options.priority or body.priority or "normal",
+        priority=priority,
         timeout_s=options.timeout_s,
         continuation_token_ids=tuple(body.continue_token_ids or ()),
     )
@@ -175,6 +207,8 @@ class PreparedGeneration:
     return_token_ids: bool = False  # choices carry their token ids (the request's extension)
     cache_key: bytes | None = None  # set when the finished result may be cached
     cached: CachedGeneration | None = None  # a cache hit: the engine is not used
+    grant: KeyGrant | None = None  # the request's API key (usage is counted there)
+    charged_tokens: int = 0  # taken from the key's tokens/min bucket up front
 
     @property
     def cache_status(self) -> str:
@@ -211,14 +245,28 @@ class GenerationRunner:
         endpoint: str,
         request: GenerationRequest,
         body: SamplingFields,
+        options: RequestOptions | None = None,
     ) -> PreparedGeneration:
+        """Look the request up in the response cache and charge its key's tokens/min.
+
+        Cache entries are per API key (the key id is part of the cache key), so a hit never
+        tells one key what another asked. A key's tokens/min bucket is charged the prompt
+        plus the most completion tokens up front (429 when it cannot pay); what the
+        request did not use is given back when it ends.
+        """
         params = request.params
+        grant = options.grant if options is not None else None
+        charged = 0
+        if grant is not None:
+            charged = prompt_tokens_of(request) + params.max_tokens
+            grant.charge_tokens(charged)
         wanted = body.cache if body.cache is not None else (
             params.temperature == 0.0 or params.seed is not None
         )  # fmt: skip
         key = cached = None
         if self._cache is not None and wanted:
-            key = cache_key(model.model_id, model.version, endpoint, cache_fields(request))
+            key_id = "" if grant is None else grant.key_id  # entries are per API key
+            key = cache_key(model.model_id, model.version, endpoint, cache_fields(request), key_id)
             cached = self._cache.get(key)
             (self._metrics.cache_hits if cached else self._metrics.cache_misses).inc()
         return PreparedGeneration(
@@ -230,10 +278,27 @@ class GenerationRunner:
             created=int(time.time()),
             cache_key=key,
             cached=cached,
+            grant=grant,
+            charged_tokens=charged,
         )
 
     async def run(self, prepared: PreparedGeneration) -> AsyncIterator[GenerationOutput]:
-        """The generation's outputs, with time to first token and per-token time recorded."""
+        """The generation's outputs, with time to first token and per-token time recorded;
+        its tokens are counted for its API key however it ends."""
+        grant = prepared.grant
+        if grant is None:
+            async for output in self._run(prepared):
+                yield output
+            return
+        prompt = completion = 0
+        try:
+            async for output in self._run(prepared):
+                prompt, completion = output.prompt_tokens, output.completion_tokens
+                yield output
+        finally:
+            grant.settle(prompt, completion, prepared.charged_tokens)
+
+    async def _run(self, prepared: PreparedGeneration) -> AsyncIterator[GenerationOutput]:
         if prepared.cached is not None:
             hit = prepared.cached
             yield GenerationOutput(

@@ -60,6 +60,7 @@ class CompletionService(GenerationService):
             "completions",
             generation_request("cmpl", prompt_ids, params, req, options),
             req,
+            options,
         )
 
     def _response(

@@ -73,6 +73,7 @@ class Running:
             if (method, canonical) in PUBLIC:
                 continue
             path = canonical.replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
+            path = path.replace("{key_id}", "k1")
             assert "{" not in path, f"give {canonical} a sample parameter here"
             out.append((method, path))
         return out

@@ -1,0 +1,119 @@
+"""API keys on disk: ``auth.keys_file`` and the agent's last-known keys section.
+
+One JSON format for both (``version`` 1)::
+
+    {"version": 1, "generation": 0, "keys": [
+      {"key_id": "3f9a0c1d2e4b", "secret_sha256": "<64 hex digits>", "name": "kiosk",
+       "models": ["smollm2-135m-instruct"], "allow_cloud": false, "max_priority": "normal",
+       "max_tokens_per_request": 512, "requests_per_minute": 60, "tokens_per_minute": 20000,
+       "expires_at_unix": 0}]}
+
+Only ``key_id`` and ``secret_sha256`` are required; the other fields default as in
+``edgefleet.contract.ApiKey`` (every model, no cloud, ceiling ``normal``, no limits, never
+expires). The secret itself is never stored. Files are written atomically (a temporary
+file in the same directory, fsync, rename) with mode 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from agent.auth.keys import PRIORITY_RANK
+from agent.errors import ConfigError
+from edgefleet.contract import ApiKey, KeysSection
+
+FORMAT_VERSION = 1
+#: The last keys section from the coordinator, under ``coordinator.state_dir``.
+LAST_KEYS_FILE = "api_keys.json"
+
+
+def key_to_json(key: ApiKey) -> dict[str, Any]:
+    return {
+        "key_id": key.key_id,
+        "secret_sha256": key.secret_sha256.hex(),
+        "name": key.name,
+        "models": list(key.models),
+        "allow_cloud": key.allow_cloud,
+        "max_priority": key.max_priority,
+        "max_tokens_per_request": key.max_tokens_per_request,
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
+        "expires_at_unix": key.expires_at_unix,
+    }
+
+
+def key_from_json(data: Any, where: str) -> ApiKey:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: each key must be a JSON object")
+    try:
+        digest = bytes.fromhex(str(data["secret_sha256"]))
+        key = ApiKey(
+            key_id=str(data["key_id"]),
+            secret_sha256=digest,
+            models=tuple(str(m) for m in data.get("models", ())),
+            allow_cloud=bool(data.get("allow_cloud", False)),
+            max_priority=str(data.get("max_priority", "normal")),
+            max_tokens_per_request=int(data.get("max_tokens_per_request", 0)),
+            requests_per_minute=float(data.get("requests_per_minute", 0.0)),
+            tokens_per_minute=float(data.get("tokens_per_minute", 0.0)),
+            expires_at_unix=int(data.get("expires_at_unix", 0)),
+            name=str(data.get("name", "")),
+        )
+    except KeyError as exc:
+        raise ConfigError(f"{where}: a key lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: a key has a malformed field: {exc}") from None
+    if len(digest) != 32 or not key.key_id:
+        raise ConfigError(f"{where}: key {key.key_id!r}: secret_sha256 must be 64 hex digits")
+    if key.max_priority not in PRIORITY_RANK:
+        raise ConfigError(f"{where}: key {key.key_id}: max_priority must be high, normal or low")
+    return key
+
+
+def section_to_json(section: KeysSection) -> dict[str, Any]:
+    return {
+        "version": FORMAT_VERSION,
+        "generation": section.generation,
+        "keys": [key_to_json(k) for k in section.keys],
+    }
+
+
+def read_keys(path: Path) -> KeysSection:
+    """Read a keys file; ConfigError (one line, naming the file) when it cannot be used."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"keys file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"keys file {path} cannot be read: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+        raise ConfigError(f'keys file {path}: expected {{"version": 1, "keys": [...]}}')
+    keys = tuple(key_from_json(k, f"keys file {path}") for k in data["keys"])
+    generation = data.get("generation", 0)
+    return KeysSection(generation=generation if isinstance(generation, int) else 0, keys=keys)
+
+
+def write_keys(path: Path, section: KeysSection) -> None:
+    """Write atomically with mode 0600 (never a half-written or world-readable file)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    text = json.dumps(section_to_json(section), indent=1)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,325 @@
+"""The valid API keys of this agent, their scopes, rate limits and usage.
+
+A key's secret reads ``ef-<key_id>-<random>`` (256 random bits). The agent holds only
+SHA-256 digests: a check hashes the presented secret, looks the digest up in a dict and
+confirms it with ``hmac.compare_digest`` (a few microseconds; see
+``benchmarks/key_check.py``), with no round trip to the coordinator.
+
+Keys come from two sources, merged: the coordinator's ``keys`` desired-state section (the
+last one received is kept on disk, so a restarted agent checks keys while the coordinator
+is away) and ``auth.keys_file`` (a standalone agent's keys). A key listed by neither is
+refused; so is one past its ``expires_at_unix``.
+
+Rate limits are token buckets per key: ``requests_per_minute`` and ``tokens_per_minute``
+are this agent's share of the key's fleet-wide budget (the coordinator splits and
+rebalances it; see the README). A bucket holds one minute's budget and refills
+continuously, so a key may burst up to a minute's share at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from agent.errors import InvalidApiKeyError, InvalidRequestError, KeyRateLimitError, KeyScopeError
+from edgefleet.contract import ApiKey, KeyUsage
+
+log = logging.getLogger(__name__)
+
+PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
+SECRET_PREFIX = "ef-"
+
+
+def secret_digest(secret: str) -> bytes:
+    """SHA-256 of the whole secret string (what the coordinator stores and pushes)."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1 (a bind address or a peer)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def model_allowed(key: ApiKey, model_id: str, version: str | None) -> bool:
+    """Empty ``models``: every model; else ``name`` or ``name@version`` must match."""
+    if not key.models:
+        return True
+    for allowed in key.models:
+        name, _, pinned = allowed.partition("@")
+        if name == model_id and (not pinned or pinned == version):
+            return True
+    return False
+
+
+class TokenBucket:
+    """``per_minute`` units a minute, refilled continuously, holding up to a minute's worth."""
+
+    __slots__ = ("capacity", "rate_per_s", "tokens", "updated")
+
+    def __init__(self, per_minute: float, now: float) -> None:
+        self.capacity = per_minute
+        self.rate_per_s = per_minute / 60.0
+        self.tokens = per_minute
+        self.updated = now
+
+    def _refill(self, now: float) -> None:
+        elapsed = now - self.updated
+        if elapsed > 0:
+            self.tokens = min(self.capacity, self.tokens + elapsed * self.rate_per_s)
+            self.updated = now
+
+    def take(self, amount: float, now: float) -> float:
+        """Take ``amount``; 0.0 when taken, else the seconds until it could be."""
+        self._refill(now)
+        if amount <= self.tokens:
+            self.tokens -= amount
+            return 0.0
+        if amount > self.capacity:  # never fits: wait for a full bucket
+            return max(1.0, (self.capacity - self.tokens) / self.rate_per_s)
+        return (amount - self.tokens) / self.rate_per_s
+
+    def give_back(self, amount: float) -> None:
+        self.tokens = min(self.capacity, self.tokens + amount)
+
+    def resize(self, per_minute: float, now: float) -> None:
+        """A new share of the key's budget: keep the bucket as full, in proportion."""
+        self._refill(now)
+        fraction = self.tokens / self.capacity if self.capacity > 0 else 1.0
+        self.capacity = per_minute
+        self.rate_per_s = per_minute / 60.0
+        self.tokens = per_minute * fraction
+
+
+@dataclass(slots=True)
+class _Usage:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    rejected: int = 0
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: ApiKey
+    requests: TokenBucket | None
+    tokens: TokenBucket | None
+
+
+def _retry_message(what: str, key: ApiKey, per_minute: float, wait_s: float) -> str:
+    return (
+        f"API key {key.key_id} is over its {what} limit on this agent ({per_minute:g}/min, "
+        f"this agent's share of the key's fleet-wide budget); retry in {wait_s:.1f} s"
+    )
+
+
+@dataclass(eq=False, slots=True)
+class KeyGrant:
+    """One request's valid key: its scopes, and where its usage is counted."""
+
+    key: ApiKey
+    _table: KeyTable = field(repr=False)
+
+    @property
+    def key_id(self) -> str:
+        return self.key.key_id
+
+    def clamp_priority(self, priority: str) -> str:
+        """A priority above the key's ceiling is lowered to the ceiling."""
+        ceiling = self.key.max_priority
+        if PRIORITY_RANK.get(priority, 1) > PRIORITY_RANK.get(ceiling, 1):
+            return ceiling
+        return priority
+
+    def check_model(self, model_id: str, version: str | None) -> None:
+        if not model_allowed(self.key, model_id, version):
+            self._table.count_rejected(self.key.key_id)
+            raise KeyScopeError(
+                f"API key {self.key.key_id} may not use model {model_id!r} "
+                f"(allowed: {', '.join(self.key.models)})",
+                param="model",
+            )
+
+    def max_tokens(self, requested: int | None, param: str) -> int | None:
+        """The key's cap on completion tokens: a request asking for more gets 400; one
+        naming none is capped at it (None: no cap)."""
+        cap = self.key.max_tokens_per_request
+        if cap <= 0:
+            return None
+        if requested is not None and requested > cap:
+            self._table.count_rejected(self.key.key_id)
+            raise InvalidRequestError(
+                f"{param} {requested} is more than API key {self.key.key_id} allows per "
+                f"request ({cap})",
+                param=param,
+            )
+        return cap
+
+    def charge_tokens(self, amount: int) -> None:
+        """Take ``amount`` (prompt + most completion tokens) from the tokens/min bucket."""
+        self._table.charge_tokens(self.key.key_id, amount)
+
+    def settle(self, prompt_tokens: int, completion_tokens: int, charged: int) -> None:
+        """Count what the request used and give back what it was charged beyond that."""
+        self._table.settle(self.key.key_id, prompt_tokens, completion_tokens, charged)
+
+
+class KeyTable:
+    """The keys this agent accepts, from the coordinator and ``auth.keys_file``.
+
+    ``enabled`` False: no key is needed (loopback development, ``auth.insecure_no_auth``).
+    Single-threaded: used from the event loop only.
+    """
+
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.enabled = enabled
+        self._clock = clock
+        self._wall = wall_clock
+        self._sources: dict[str, tuple[ApiKey, ...]] = {}
+        self._by_digest: dict[bytes, _Entry] = {}
+        self._by_id: dict[str, _Entry] = {}
+        self._usage: dict[str, _Usage] = {}
+        #: Generation of the coordinator's keys section in use (0: none).
+        self.generation = 0
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    @property
+    def key_ids(self) -> list[str]:
+        return sorted(self._by_id)
+
+    def set_source(self, source: str, keys: Iterable[ApiKey], generation: int = 0) -> None:
+        """Replace the keys from one source ("coordinator" or "file")."""
+        self._sources[source] = tuple(keys)
+        if source == "coordinator":
+            self.generation = generation
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        now = self._clock()
+        keys: dict[str, ApiKey] = {}
+        # The coordinator's keys win over the file's when both name one key id.
+        for source in sorted(self._sources, key=lambda s: s == "coordinator"):
+            keys.update((key.key_id, key) for key in self._sources[source])
+        old = self._by_id
+        self._by_id = {
+            key_id: _Entry(
+                key,
+                _bucket(old.get(key_id), "requests", key.requests_per_minute, now),
+                _bucket(old.get(key_id), "tokens", key.tokens_per_minute, now),
+            )
+            for key_id, key in keys.items()
+        }
+        self._by_digest = {e.key.secret_sha256: e for e in self._by_id.values()}
+
+    def authenticate(self, authorization: str | None) -> KeyGrant:
+        """The key presented as ``Authorization: Bearer <secret>``; raises
+        InvalidApiKeyError (401) when missing, unknown (or revoked) or expired."""
+        if not authorization:
+            raise InvalidApiKeyError(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
+                "(the OpenAI SDK's api_key)."
+            )
+        scheme, _, secret = authorization.partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise InvalidApiKeyError("Send the API key as 'Authorization: Bearer <key>'.")
+        digest = secret_digest(secret)
+        entry = self._by_digest.get(digest)
+        if entry is None or not hmac.compare_digest(entry.key.secret_sha256, digest):
+            raise InvalidApiKeyError("Incorrect API key provided (unknown or revoked).")
+        key = entry.key
+        if key.expires_at_unix and self._wall() >= key.expires_at_unix:
+            self.count_rejected(key.key_id)
+            raise InvalidApiKeyError(f"API key {key.key_id} has expired.")
+        if entry.requests is not None:
+            wait = entry.requests.take(1, self._clock())
+            if wait:
+                self.count_rejected(key.key_id)
+                raise KeyRateLimitError(
+                    _retry_message("requests/min", key, key.requests_per_minute, wait),
+                    retry_after=wait,
+                )
+        self.count_request(key.key_id)
+        return KeyGrant(key, self)
+
+    # -------------------------------------------------------------- accounting
+
+    def _entry(self, key_id: str) -> _Entry | None:
+        return self._by_id.get(key_id)
+
+    def _counter(self, key_id: str) -> _Usage:
+        usage = self._usage.get(key_id)
+        if usage is None:
+            usage = self._usage[key_id] = _Usage()
+        return usage
+
+    def count_rejected(self, key_id: str) -> None:
+        self._counter(key_id).rejected += 1
+
+    def count_request(self, key_id: str) -> None:
+        self._counter(key_id).requests += 1
+
+    def charge_tokens(self, key_id: str, amount: int) -> None:
+        entry = self._entry(key_id)
+        if entry is None or entry.tokens is None:
+            return
+        wait = entry.tokens.take(amount, self._clock())
+        if wait:
+            self.count_rejected(key_id)
+            raise KeyRateLimitError(
+                _retry_message("tokens/min", entry.key, entry.key.tokens_per_minute, wait)
+                + f" (this request may use up to {amount} tokens)",
+                retry_after=wait,
+            )
+
+    def settle(self, key_id: str, prompt_tokens: int, completion_tokens: int, charged: int) -> None:
+        usage = self._counter(key_id)
+        usage.prompt_tokens += prompt_tokens
+        usage.completion_tokens += completion_tokens
+        unused = charged - prompt_tokens - completion_tokens
+        entry = self._entry(key_id)
+        if unused > 0 and entry is not None and entry.tokens is not None:
+            entry.tokens.give_back(unused)
+
+    def take_usage(self) -> tuple[KeyUsage, ...]:
+        """What each key used since the last call (for the next LoadReport); resets."""
+        taken, self._usage = self._usage, {}
+        return tuple(
+            KeyUsage(k, u.requests, u.prompt_tokens, u.completion_tokens, u.rejected)
+            for k, u in sorted(taken.items())
+        )
+
+
+def _bucket(old: _Entry | None, kind: str, per_minute: float, now: float) -> TokenBucket | None:
+    if per_minute <= 0:
+        return None
+    previous: TokenBucket | None = getattr(old, kind) if old is not None else None
+    if previous is None:
+        return TokenBucket(per_minute, now)
+    if previous.capacity != per_minute:
+        previous.resize(per_minute, now)
+    return previous
+
+
+def new_secret() -> tuple[str, str]:
+    """A new key: (key_id, secret) with 256 random bits, ``ef-<key_id>-<random>``."""
+    key_id = secrets.token_hex(6)
+    return key_id, f"{SECRET_PREFIX}{key_id}-{secrets.token_urlsafe(32)}"

@@ -1,0 +1,230 @@
+"""API keys at the coordinator: minted once, stored as digests, pushed to connected agents
+(revocation within one report interval), budgets split and rebalanced from usage."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
+
+from agent.auth.keys import KeyTable
+from agent.auth.startup import KeysApplier
+from agent.control import CoordinatorSession
+from agent.errors import InvalidApiKeyError
+from coordinator.__main__ import main as coordinator_main
+from coordinator.api_keys import FLOOR
+from coordinator.app_keys import CONFIG_KEY, KEY_DISTRIBUTOR_KEY
+from devtools.process import wait_until
+from edgefleet.contract import Hello, KeysSection, KeyUsage, LoadedModel, LoadReport
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def admin(c: Coordinator, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+        http.request(method, c.http_url + path, json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+def accepts(table: KeyTable, secret: str) -> bool:
+    try:
+        table.authenticate(f"Bearer {secret}")
+    except InvalidApiKeyError:
+        return False
+    return True
+
+
+class Agent:
+    """A real agent session (gRPC) applying the keys section to a KeyTable, as the agent does."""
+
+    def __init__(self, c: Coordinator, agent_id: str, state_dir: Path) -> None:
+        self.table = KeyTable(enabled=True)
+        self.usage: list[KeyUsage] = []
+        hello = Hello(agent_id=agent_id, site="lab", models=(LoadedModel("m", "v1"),))
+        self.session = CoordinatorSession(
+            c.grpc_target,
+            lambda: hello,
+            self._report,
+            on_desired_state=KeysApplier(self.table, state_dir / "api_keys.json"),
+            initial_backoff_s=0.05,
+        )
+
+    def _report(self) -> LoadReport:
+        usage, self.usage = tuple(self.usage), []
+        return LoadReport(key_usage=usage)
+
+    async def __aenter__(self) -> Agent:
+        await self.session.start()
+        await wait_until(lambda: self.session.connected, message="session")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.session.stop()
+
+
+@pytest.fixture
+async def coordinator(make_coordinator: MakeCoordinator) -> AsyncIterator[Coordinator]:
+    yield await make_coordinator(report_interval_ms=1000)
+
+
+async def test_mint_list_show_revoke_and_only_the_digest_is_stored(
+    coordinator: Coordinator,
+) -> None:
+    status, minted = await admin(coordinator, "POST", "/v1/admin/keys", {
+        "name": "kiosk", "models": ["m@v1"], "max_priority": "low",
+        "requests_per_minute": 60, "tokens_per_minute": 6000, "expires_in_s": 3600,
+    })  # fmt: skip
+    assert status == 201, minted
+    secret, key_id = minted["secret"], minted["key_id"]
+    assert secret.startswith(f"ef-{key_id}-")
+    assert len(secret.removeprefix(f"ef-{key_id}-")) == 43  # 256 bits, urlsafe base64
+    assert minted["state"] == "active" and minted["models"] == ["m@v1"]
+    status, listed = await admin(coordinator, "GET", "/v1/admin/keys")
+    assert [k["key_id"] for k in listed["data"]] == [key_id]
+    assert all("secret" not in k and "secret_sha256" not in k for k in listed["data"])
+    data_dir = Path(coordinator.app[CONFIG_KEY].data_dir) if False else None
+    del data_dir
+    status, shown = await admin(coordinator, "GET", f"/v1/admin/keys/{key_id}")
+    assert status == 200 and shown["name"] == "kiosk"
+    status, revoked = await admin(coordinator, "DELETE", f"/v1/admin/keys/{key_id}")
+    assert status == 200 and revoked["state"] == "revoked"
+    status, missing = await admin(coordinator, "DELETE", "/v1/admin/keys/nope")
+    assert status == 404 and missing["error"]["code"] == "api_key_not_found"
+    status, _ = await admin(coordinator, "POST", "/v1/admin/keys", {"max_priority": "urgent"})
+    assert status == 400
+
+
+def test_cli_mints_into_the_database_and_never_stores_the_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = str(tmp_path / "data")
+    assert coordinator_main(["keys", "mint", "--data-dir", data, "--name", "app",
+                             "--max-priority", "high", "--expires-in", "30d"]) == 0  # fmt: skip
+    secret = capsys.readouterr().out.strip()
+    assert secret.startswith("ef-")
+    for path in (tmp_path / "data").iterdir():
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert coordinator_main(["keys", "list", "--data-dir", data, "--json"]) == 0
+    assert '"max_priority": "high"' in capsys.readouterr().out
+    key_id = secret.split("-")[1]
+    assert coordinator_main(["keys", "revoke", key_id, "--data-dir", data]) == 0
+
+
+async def test_revocation_reaches_a_connected_agent_within_one_report_interval(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    interval_s = 1.0
+    async with Agent(coordinator, "edge-1", tmp_path / "a1") as agent:
+        _, honest = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "honest"})
+        _, doomed = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "doomed"})
+        await wait_until(lambda: accepts(agent.table, doomed["secret"]), message="key pushed")
+        started = time.monotonic()
+        await admin(coordinator, "DELETE", f"/v1/admin/keys/{doomed['key_id']}")
+        await wait_until(lambda: not accepts(agent.table, doomed["secret"]), timeout_s=5)
+        by_api = time.monotonic() - started
+        assert accepts(agent.table, honest["secret"])  # the other key keeps working
+
+        # Revoked straight in the database (the CLI without --url): the coordinator's
+        # periodic refresh pushes it.
+        _, by_db = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "db"})
+        await wait_until(lambda: accepts(agent.table, by_db["secret"]))
+        started = time.monotonic()
+        await asyncio.to_thread(
+            coordinator_main,
+            ["keys", "revoke", by_db["key_id"], "--data-dir",
+             str(coordinator.app[CONFIG_KEY].data_dir)],
+        )  # fmt: skip
+        await wait_until(lambda: not accepts(agent.table, by_db["secret"]), timeout_s=5)
+        by_cli = time.monotonic() - started
+        assert accepts(agent.table, honest["secret"])
+    print(f"revocation reached the agent: {by_api * 1000:.0f} ms (admin API), "
+          f"{by_cli * 1000:.0f} ms (CLI, database); reports every {interval_s:g} s")  # fmt: skip
+    assert by_api < interval_s
+    assert by_cli < interval_s + 0.5  # one tick, plus the CLI's own start
+
+
+async def test_expiry_is_pushed_and_checked_locally(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    async with Agent(coordinator, "edge-1", tmp_path / "a1") as agent:
+        _, key = await admin(coordinator, "POST", "/v1/admin/keys", {"expires_in_s": 2})
+        await wait_until(lambda: accepts(agent.table, key["secret"]))
+        await wait_until(lambda: not accepts(agent.table, key["secret"]), timeout_s=5)
+
+
+async def test_budgets_are_split_then_follow_usage(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    distributor = coordinator.app[KEY_DISTRIBUTOR_KEY]
+    async with (
+        Agent(coordinator, "edge-1", tmp_path / "a1") as busy,
+        Agent(coordinator, "edge-2", tmp_path / "a2") as idle,
+    ):
+        _, key = await admin(coordinator, "POST", "/v1/admin/keys",
+                             {"requests_per_minute": 60, "tokens_per_minute": 6000})  # fmt: skip
+        key_id = key["key_id"]
+        await wait_until(lambda: len(distributor.shares_of(key_id)) == 2)
+        assert distributor.shares_of(key_id) == {
+            "edge-1": (30.0, 3000.0),
+            "edge-2": (30.0, 3000.0),
+        }
+
+        async def report_busy() -> None:
+            while True:
+                busy.usage.append(KeyUsage(key_id, requests=10, prompt_tokens=500))
+                await asyncio.sleep(0.5)
+
+        feeder = asyncio.create_task(report_busy())
+        try:
+            await wait_until(lambda: distributor.shares_of(key_id)["edge-1"][0] > 45, timeout_s=15)
+        finally:
+            feeder.cancel()
+        shares = distributor.shares_of(key_id)
+        assert sum(r for r, _ in shares.values()) == pytest.approx(60)
+        assert sum(t for _, t in shares.values()) == pytest.approx(6000)
+        assert shares["edge-2"][0] >= 60 * FLOOR / 2 - 1e-9  # the floor
+        await wait_until(lambda: idle.table._by_id[key_id].key.requests_per_minute < 15)
+        _, shown = await admin(coordinator, "GET", f"/v1/admin/keys/{key_id}")
+        assert shown["agent_shares"]["edge-1"]["requests_per_minute"] > 45
+    await wait_until(lambda: distributor._unsaved == {}, timeout_s=3)
+    _, shown = await admin(coordinator, "GET", f"/v1/admin/keys/{key_id}")
+    assert shown["usage"]["requests"] >= 10 and shown["usage"]["prompt_tokens"] >= 500
+
+
+async def test_keys_generation_outlives_a_coordinator_restart(
+    make_coordinator: MakeCoordinator, tmp_path: Path
+) -> None:
+    """An agent that stays up across a coordinator restart holds keys generation G; the new
+    coordinator's first keys section must be newer than G, or a revocation made after the
+    restart would be ignored (generations are clock-based, not counted from 1)."""
+    data = str(tmp_path / "data")
+    first = await make_coordinator(report_interval_ms=1000, data_dir=data)
+    agent = Agent(first, "edge-1", tmp_path / "a1")
+    async with agent:
+        _, key = await admin(first, "POST", "/v1/admin/keys", {"name": "k"})
+        await wait_until(lambda: accepts(agent.table, key["secret"]))
+    held = agent.table.generation
+    second = await make_coordinator(report_interval_ms=1000, data_dir=data)
+    _, revoked = await admin(second, "DELETE", f"/v1/admin/keys/{key['key_id']}")
+    assert revoked["state"] == "revoked"
+    agent.session = CoordinatorSession(
+        second.grpc_target,
+        lambda: Hello(agent_id="edge-1", site="lab", models=(LoadedModel("m", "v1"),)),
+        LoadReport,
+        on_desired_state=KeysApplier(agent.table, tmp_path / "a1" / "api_keys.json"),
+    )
+    agent.session.desired_state = agent.session.desired_state.with_section(
+        KeysSection(held, agent.table._sources["coordinator"])
+    )  # the session of an agent that stayed up holds generation `held`
+    async with agent:
+        await wait_until(lambda: not accepts(agent.table, key["secret"]), timeout_s=5)
+    assert agent.table.generation > held

@@ -29,6 +29,7 @@ from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
 from edgefleet import config_loading
 from edgefleet.config_loading import add_arguments
+from edgefleet.http_limits import LimitedAppRunner
 
 log = logging.getLogger("agent")
 
@@ -110,7 +111,9 @@ def check_port_free(config: AgentConfig) -> None:
 
 async def start_http(config: AgentConfig, app: web.Application) -> web.AppRunner:
     """Load the models and listen; start-up failures become one-line FatalErrors."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = LimitedAppRunner(
+        app, config.server.limits(), handler_cancellation=True, access_log=None
+    )
     try:
         await runner.setup()  # loads the models
     except OSError as exc:

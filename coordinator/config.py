@@ -27,12 +27,14 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from coordinator.errors import ConfigError
 from coordinator.route_scorer import RoutePolicy
 from edgefleet.config_loading import Flag, Settings, load_settings
+from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import DEFAULT_GRPC_PORT, default_enroll_port
 
 ENV_PREFIX = "EDGEFLEET_COORDINATOR_"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 _POLICY = RoutePolicy()
+_HTTP = HttpLimits()
 
 
 def _upper(value: Any) -> Any:
@@ -65,6 +67,13 @@ class CoordinatorConfig(Settings):
     # before they reconnect; 0 = not at all.
     restart_grace_s: float = Field(default=30.0, ge=0)
     log_level: Annotated[LogLevel, BeforeValidator(_upper)] = "INFO"
+
+    # --- HTTP server limits (edgefleet/http_limits.py): a request's head must arrive within
+    # http_header_timeout_s of connecting or of the previous response, its body within
+    # http_body_timeout_s; connections beyond http_max_connections get 503 and are closed.
+    http_header_timeout_s: float = Field(default=_HTTP.header_timeout_s, gt=0, le=3600)
+    http_body_timeout_s: float = Field(default=_HTTP.body_timeout_s, gt=0, le=3600)
+    http_max_connections: int = Field(default=_HTTP.max_connections, ge=1)
 
     # --- persistence
     # Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded.
@@ -143,6 +152,13 @@ class CoordinatorConfig(Settings):
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
+
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(
+            header_timeout_s=self.http_header_timeout_s,
+            body_timeout_s=self.http_body_timeout_s,
+            max_connections=self.http_max_connections,
+        )
 
     @property
     def tls_enabled(self) -> bool:

@@ -13,6 +13,7 @@ from coordinator.app_keys import GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ServerStartError
 from coordinator.gc_pauses import GcPauseRecorder, HeapSettler, settle_heap
+from edgefleet.http_limits import LimitedAppRunner
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
     app = create_app(config)
     gc_pauses = GcPauseRecorder(app[METRICS_KEY].gc_pause_seconds)
     gc_pauses.install()
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = LimitedAppRunner(app, config.http_limits(), handle_signals=False)
     try:
         await runner.setup()  # starts the gRPC server too (cleanup_ctx)
         site = web.TCPSite(runner, config.http_host, config.http_port)

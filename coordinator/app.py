@@ -27,6 +27,7 @@ from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.peer_rate_limit import PeerRateLimiter
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
@@ -54,6 +55,8 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         suspect_after_reports=config.suspect_after_reports,
         down_after_reports=config.down_after_reports,
         restart_grace_s=config.restart_grace_s,
+        max_agents=config.max_agents,
+        stale_unenrolled_after_s=config.stale_unenrolled_after_s,
     )
     tokens = JoinTokens(fleet_store)
     metrics = CoordinatorMetrics(registry)
@@ -70,6 +73,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         ),
         report_interval_ms=config.report_interval_ms,
         hello_timeout_s=config.hello_timeout_s,
+        enroll_limiter=PeerRateLimiter(config.enroll_rate_per_minute / 60.0, config.enroll_burst),
     )
     app = web.Application(middlewares=[count_requests, openai_errors])
     app[CONFIG_KEY] = config

@@ -75,6 +75,26 @@ class CoordinatorConfig(Settings):
     http_body_timeout_s: float = Field(default=_HTTP.body_timeout_s, gt=0, le=3600)
     http_max_connections: int = Field(default=_HTTP.max_connections, ge=1)
 
+    # --- gRPC server limits
+    # RPCs in progress at once (each connected agent holds one Session): more get
+    # RESOURCE_EXHAUSTED. Must exceed max_agents.
+    grpc_max_concurrent_rpcs: int = Field(default=25_000, ge=1)
+    # Concurrent streams one HTTP/2 connection may open (an agent needs one or two).
+    grpc_max_concurrent_streams: int = Field(default=256, ge=1)
+    # Largest message received or sent, in bytes.
+    grpc_max_message_bytes: int = Field(default=4 << 20, ge=64 << 10)
+    # Enroll calls per peer IP: a token bucket refilled at this rate, holding this many.
+    enroll_rate_per_minute: float = Field(default=30.0, gt=0)
+    enroll_burst: int = Field(default=10, ge=1)
+
+    # --- fleet bounds
+    # Agents on record at most; a Hello from a new agent id beyond it is refused
+    # (RESOURCE_EXHAUSTED), except that an enrolled agent takes the place of the
+    # never-enrolled, disconnected agent seen longest ago.
+    max_agents: int = Field(default=20_000, ge=1)
+    # A never-enrolled agent disconnected this long is removed from the registry and store.
+    stale_unenrolled_after_s: float = Field(default=3600.0, gt=0)
+
     # --- persistence
     # Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded.
     data_dir: str = Field(default="~/.local/share/edgefleet/coordinator", min_length=1)
@@ -143,6 +163,12 @@ class CoordinatorConfig(Settings):
             raise ValueError(
                 "down_after_reports must be greater than suspect_after_reports, got "
                 f"{self.down_after_reports} <= {self.suspect_after_reports}"
+            )
+        if self.grpc_max_concurrent_rpcs <= self.max_agents:
+            raise ValueError(
+                "grpc_max_concurrent_rpcs must be greater than max_agents (each connected "
+                f"agent holds one Session RPC), got {self.grpc_max_concurrent_rpcs} <= "
+                f"{self.max_agents}"
             )
         weights = (self.route_weight_proximity, self.route_weight_queue, self.route_weight_kv)
         if sum(weights) + self.route_weight_wait <= 0:

@@ -12,6 +12,7 @@
           ├── ProtocolError          an agent broke the Session protocol (wrong first message, ...)
           ├── UnknownAgentError      a lookup named an agent the registry does not know
           ├── UnknownTokenRefError   an admin command named a join token that does not exist
+          ├── FleetFullError         a new agent id beyond ``max_agents``
           └── EnrollmentError        a join token or an agent credential was refused
                ├── UnknownTokenError        no such token (or a wrong secret)
                ├── TokenExpiredError        past its expiry
@@ -118,3 +119,7 @@ class UnknownTokenRefError(RecoverableError):
     def __init__(self, token_id: str) -> None:
         super().__init__(f"unknown join token {token_id!r}")
         self.token_id = token_id
+
+
+class FleetFullError(RecoverableError):
+    """A Hello for a new agent id when the registry already holds ``max_agents``."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,12 +23,14 @@ from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.enrollment import EnrollmentService
 from coordinator.errors import (
     EnrollmentError,
+    FleetFullError,
     PermissionDeniedError,
     ProtocolError,
     ServerStartError,
     SiteMismatchError,
 )
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.peer_rate_limit import PeerRateLimiter, peer_ip
 from coordinator.registry import FleetRegistry
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
@@ -44,9 +47,24 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
+    # Keepalive enforcement: a peer pinging more often than the interval above gets a
+    # strike; after this many its connection is closed (GOAWAY "too_many_pings").
+    ("grpc.http2.max_ping_strikes", 2),
+    # A connection with no RPC for this long is closed (agents keep a Session open).
+    ("grpc.max_connection_idle_ms", 300_000),
     # A second coordinator on the same port must fail, not share the port.
     ("grpc.so_reuseport", 0),
 ]
+
+
+def server_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: keepalive, stream and message-size caps."""
+    return [
+        *_SERVER_OPTIONS,
+        ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
+        ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
+        ("grpc.max_send_message_length", config.grpc_max_message_bytes),
+    ]
 
 
 @dataclass(eq=False)
@@ -83,6 +101,7 @@ class CoordinatorServicer:
         authenticator: SessionAuthenticator,
         report_interval_ms: int,
         hello_timeout_s: float,
+        enroll_limiter: PeerRateLimiter | None = None,
     ) -> None:
         self._registry = registry
         self._metrics = metrics
@@ -91,11 +110,22 @@ class CoordinatorServicer:
         self._authenticator = authenticator
         self._report_interval_ms = report_interval_ms
         self._hello_timeout_s = hello_timeout_s
+        self._enroll_limiter = enroll_limiter
         self._live: dict[str, _LiveSession] = {}
 
     # ------------------------------------------------------------------ RPCs
 
     async def Enroll(self, request: pb.EnrollRequest, context: Any) -> pb.EnrollResponse:
+        if self._enroll_limiter is not None:
+            wait_s = self._enroll_limiter.try_acquire(context.peer())
+            if wait_s > 0:
+                self._metrics.enrollments.labels(result="rate_limited").inc()
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many enrollment attempts from {peer_ip(context.peer())} (at most "
+                    f"{self._enroll_limiter.rate_per_s * 60:g} a minute, bursts of "
+                    f"{self._enroll_limiter.burst}); retry in {math.ceil(wait_s)} s",
+                )
         try:
             enrolled = self._enrollment.enroll(
                 request.join_token, request.requested_name, request.site
@@ -140,7 +170,13 @@ class CoordinatorServicer:
                 "refused session for agent %s from %s: %s", hello.agent_id, context.peer(), exc
             )
             await context.abort(_status_for(exc), str(exc))
-        session_id = self._registry.open_session(hello, enrolled=enrolled)
+        try:
+            session_id = self._registry.open_session(hello, enrolled=enrolled)
+        except FleetFullError as exc:
+            self._metrics.sessions_rejected.labels(reason="fleet_full").inc()
+            logger.warning("refused session for agent %s: %s", hello.agent_id, exc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
         self._metrics.sessions.inc()
         live = _LiveSession(agent_id=hello.agent_id, session_id=session_id)
         replaced = self._live.pop(hello.agent_id, None)
@@ -306,7 +342,10 @@ class GrpcServer:
         return f"{self._config.grpc_host}:{self.enroll_port or self.port}"
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        server = grpc.aio.server(
+            options=server_options(self._config),
+            maximum_concurrent_rpcs=self._config.grpc_max_concurrent_rpcs,
+        )
         pb_grpc.add_CoordinatorServicer_to_server(self.servicer, server)
         host = self._config.grpc_host
         if self.tls:

@@ -164,3 +164,31 @@ async def test_hello_flood_keeps_the_database_and_memory_bounded(tmp_path: Path)
         agents = await restarted.agents()
         print(f"after restart: {len(agents)} agents, rss {rss_bytes(restarted.pid) >> 20} MiB")
         assert len(agents) <= 100
+
+
+async def test_rpcs_beyond_the_cap_are_refused_and_held_sessions_go_on(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    coordinator = await make_coordinator(max_agents=5, grpc_max_concurrent_rpcs=8)
+    honest = coordinator.stub.Session()
+    await honest.write(hello("edge-honest"))
+    await honest.read()
+    # a stream flood: sessions opened and never given a Hello hold RPC slots...
+    flood = [coordinator.stub.Session() for _ in range(20)]
+    outcomes = await asyncio.gather(
+        *(asyncio.wait_for(call.read(), 5) for call in flood), return_exceptions=True
+    )
+    refused = [
+        o
+        for o in outcomes
+        if isinstance(o, grpc.aio.AioRpcError) and o.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    ]
+    print(f"stream flood: {len(refused)} of {len(flood)} refused RESOURCE_EXHAUSTED")
+    assert len(refused) >= 12
+    # ...and the honest session keeps being served (its desired state came, it reports)
+    reply = await asyncio.wait_for(honest.read(), 5)
+    assert reply.WhichOneof("body") == "desired_state"
+    await honest.write(pb.AgentMessage(load_report=pb.LoadReport(running_sequences=1)))
+    for call in flood:
+        call.cancel()
+    honest.cancel()

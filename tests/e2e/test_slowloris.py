@@ -18,7 +18,14 @@ pytestmark = pytest.mark.timeout(120)
 TINY = "tiny-llama"
 HEADER_S, BODY_S, MAX_CONN = 2.0, 3.0, 40
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-BODY_HEAD = HEAD + b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+
+
+def body_head(path: str) -> bytes:
+    """A complete request head for ``path`` announcing a 1000-byte JSON body."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    ).encode()
 
 
 async def held_open_s(host: str, port: int, first: bytes, *, give_up_s: float) -> float:
@@ -51,12 +58,16 @@ async def honest_ok(url: str) -> bool:
         return response.status == 200
 
 
-async def replay(url: str, *, header_s: float, body_s: float, max_conn: int) -> None:
+async def replay(
+    url: str, post_path: str, *, header_s: float, body_s: float, max_conn: int
+) -> None:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     give_up = 30.0
     # 20 slow heads and 10 slow bodies, honest requests in between
     slow = [held_open_s(host, int(port), HEAD, give_up_s=give_up) for _ in range(20)]
-    slow += [held_open_s(host, int(port), BODY_HEAD, give_up_s=give_up) for _ in range(10)]
+    slow += [
+        held_open_s(host, int(port), body_head(post_path), give_up_s=give_up) for _ in range(10)
+    ]
     tasks = [asyncio.ensure_future(s) for s in slow]
     honest = 0
     while not all(t.done() for t in tasks):
@@ -91,7 +102,13 @@ async def test_coordinator_cuts_slow_heads_and_bodies_and_caps_connections() -> 
         f"--set=http_max_connections={MAX_CONN}",
     ]
     async with CoordinatorProcess(extra_args=limits) as coordinator:
-        await replay(coordinator.http_url, header_s=HEADER_S, body_s=BODY_S, max_conn=MAX_CONN)
+        await replay(
+            coordinator.http_url,
+            "/v1/admin/tokens",
+            header_s=HEADER_S,
+            body_s=BODY_S,
+            max_conn=MAX_CONN,
+        )
 
 
 async def test_agent_cuts_slow_heads_and_bodies_and_caps_connections(
@@ -104,4 +121,6 @@ async def test_agent_cuts_slow_heads_and_bodies_and_caps_connections(
     ]
     agent = AgentProcess(models_dir=str(tiny_artifacts), serve=[TINY], extra_args=limits)
     async with agent:
-        await replay(agent.url, header_s=HEADER_S, body_s=BODY_S, max_conn=MAX_CONN)
+        await replay(
+            agent.url, "/v1/chat/completions", header_s=HEADER_S, body_s=BODY_S, max_conn=MAX_CONN
+        )

@@ -33,6 +33,7 @@ from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
 from edgefleet import config_loading
 from edgefleet.config_loading import add_arguments
+from edgefleet.http_limits import LimitedAppRunner
 from edgefleet.tls import CertificateReloader
 
 log = logging.getLogger("agent")
@@ -133,7 +134,9 @@ async def start_http(
     config: AgentConfig, app: web.Application, ssl_context: ssl.SSLContext | None = None
 ) -> web.AppRunner:
     """Load the models and listen (HTTPS with ``ssl_context``); failures become FatalErrors."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = LimitedAppRunner(
+        app, config.server.limits(), handler_cancellation=True, access_log=None
+    )
     try:
         await runner.setup()  # loads the models
     except OSError as exc:

@@ -24,11 +24,13 @@ from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.ort_session import SessionConfig
 from agent.errors import ConfigError
 from edgefleet.config_loading import Flag, Names, Settings, load_settings
+from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import enrollment_target
 
 ENV_PREFIX = "EDGEFLEET_AGENT_"
 _BATCHER, _EMBED, _SESSION = BatcherConfig(), EmbeddingBatchConfig(), SessionConfig()
 _LIMITS = GenerationLimits()
+_HTTP = HttpLimits()
 ExecutionProvider = Literal["auto", "cpu", "cuda"]  # auto: CUDA when present, else CPU
 
 
@@ -54,6 +56,11 @@ class ServerConfig(Settings):
     tls_key_file: str = ""
     # How often the certificate files are checked for a renewal (reloaded without restart).
     tls_reload_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    # a request's head must arrive within this of connecting or of the previous response
+    # (idle keep-alive connections close after it too); its body within body_timeout_s
+    header_timeout_s: float = Field(default=_HTTP.header_timeout_s, gt=0, le=3600)
+    body_timeout_s: float = Field(default=_HTTP.body_timeout_s, gt=0, le=3600)
+    max_connections: int = Field(default=_HTTP.max_connections, ge=1)  # beyond: 503, closed
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> Self:
@@ -63,6 +70,13 @@ class ServerConfig(Settings):
                 "neither to use the certificate enrollment saved"
             )
         return self
+
+    def limits(self) -> HttpLimits:
+        return HttpLimits(
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            max_connections=self.max_connections,
+        )
 
 
 class ModelsConfig(Settings):
@@ -112,10 +126,13 @@ class EngineConfig(Settings):
 class EmbeddingsConfig(Settings):
     max_batch_size: int = Field(default=_EMBED.max_batch_size, ge=1)  # inputs per ONNX Runtime call
     max_queue_delay_us: int = Field(default=_EMBED.max_queue_delay_us, ge=0)  # wait for others
+    max_queue: int = Field(default=_EMBED.max_queue, ge=1)  # inputs waiting; beyond: 429
 
     def batch(self) -> EmbeddingBatchConfig:
         return EmbeddingBatchConfig(
-            max_batch_size=self.max_batch_size, max_queue_delay_us=self.max_queue_delay_us
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_us=self.max_queue_delay_us,
+            max_queue=self.max_queue,
         )
 
 

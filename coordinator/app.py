@@ -40,6 +40,7 @@ from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.peer_rate_limit import PeerRateLimiter
 from coordinator.proto_convert import LoadLimits
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
 from coordinator.request_records import RequestRecordStore
@@ -69,6 +70,8 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         suspect_after_reports=config.suspect_after_reports,
         down_after_reports=config.down_after_reports,
         restart_grace_s=config.restart_grace_s,
+        max_agents=config.max_agents,
+        stale_unenrolled_after_s=config.stale_unenrolled_after_s,
     )
     tokens = JoinTokens(fleet_store)
     # Admin tokens, the audit log and request records: tables in the same database file.
@@ -108,6 +111,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
             sequences=config.max_agent_sequences,
         ),
         keys=distributor,
+        enroll_limiter=PeerRateLimiter(config.enroll_rate_per_minute / 60.0, config.enroll_burst),
     )
     distributor.bind(servicer.set_keys_section, servicer.connected_agent_ids)
     # authorize is inside openai_errors: a crash in a check is still an error body.

@@ -27,12 +27,14 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from coordinator.errors import ConfigError
 from coordinator.route_scorer import RoutePolicy
 from edgefleet.config_loading import Flag, Settings, load_settings
+from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import DEFAULT_GRPC_PORT, default_enroll_port
 
 ENV_PREFIX = "EDGEFLEET_COORDINATOR_"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 _POLICY = RoutePolicy()
+_HTTP = HttpLimits()
 
 
 def _upper(value: Any) -> Any:
@@ -76,6 +78,33 @@ class CoordinatorConfig(Settings):
     # before they reconnect; 0 = not at all.
     restart_grace_s: float = Field(default=30.0, ge=0)
     log_level: Annotated[LogLevel, BeforeValidator(_upper)] = "INFO"
+
+    # --- HTTP server limits (edgefleet/http_limits.py): a request's head must arrive within
+    # http_header_timeout_s of connecting or of the previous response, its body within
+    # http_body_timeout_s; connections beyond http_max_connections get 503 and are closed.
+    http_header_timeout_s: float = Field(default=_HTTP.header_timeout_s, gt=0, le=3600)
+    http_body_timeout_s: float = Field(default=_HTTP.body_timeout_s, gt=0, le=3600)
+    http_max_connections: int = Field(default=_HTTP.max_connections, ge=1)
+
+    # --- gRPC server limits
+    # RPCs in progress at once (each connected agent holds one Session): more get
+    # RESOURCE_EXHAUSTED. Must exceed max_agents.
+    grpc_max_concurrent_rpcs: int = Field(default=25_000, ge=1)
+    # Concurrent streams one HTTP/2 connection may open (an agent needs one or two).
+    grpc_max_concurrent_streams: int = Field(default=256, ge=1)
+    # Largest message received or sent, in bytes.
+    grpc_max_message_bytes: int = Field(default=4 << 20, ge=64 << 10)
+    # Enroll calls per peer IP: a token bucket refilled at this rate, holding this many.
+    enroll_rate_per_minute: float = Field(default=30.0, gt=0)
+    enroll_burst: int = Field(default=10, ge=1)
+
+    # --- fleet bounds
+    # Agents on record at most; a Hello from a new agent id beyond it is refused
+    # (RESOURCE_EXHAUSTED), except that an enrolled agent takes the place of the
+    # never-enrolled, disconnected agent seen longest ago.
+    max_agents: int = Field(default=20_000, ge=1)
+    # A never-enrolled agent disconnected this long is removed from the registry and store.
+    stale_unenrolled_after_s: float = Field(default=3600.0, gt=0)
 
     # --- persistence
     # Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded.
@@ -193,6 +222,12 @@ class CoordinatorConfig(Settings):
                 f'tls = "off" with grpc_host {self.grpc_host} (beyond loopback) needs an explicit '
                 "require_enrollment = false: agents would connect unauthenticated in plaintext"
             )
+        if self.grpc_max_concurrent_rpcs <= self.max_agents:
+            raise ValueError(
+                "grpc_max_concurrent_rpcs must be greater than max_agents (each connected "
+                f"agent holds one Session RPC), got {self.grpc_max_concurrent_rpcs} <= "
+                f"{self.max_agents}"
+            )
         weights = (self.route_weight_proximity, self.route_weight_queue, self.route_weight_kv)
         if sum(weights) + self.route_weight_wait <= 0:
             raise ValueError("at least one of the route_weight_* settings must be above 0")
@@ -220,6 +255,13 @@ class CoordinatorConfig(Settings):
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
+
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(
+            header_timeout_s=self.http_header_timeout_s,
+            body_timeout_s=self.http_body_timeout_s,
+            max_connections=self.http_max_connections,
+        )
 
     @property
     def tls_enabled(self) -> bool:

@@ -12,6 +12,7 @@
           ├── ProtocolError          an agent broke the Session protocol (wrong first message, ...)
           ├── UnknownAgentError      a lookup named an agent the registry does not know
           ├── UnknownTokenRefError   an admin command named a join token that does not exist
+          ├── FleetFullError         a new agent id beyond ``max_agents``
           └── EnrollmentError        a join token or an agent credential was refused
                ├── UnknownTokenError        no such token (or a wrong secret)
                ├── TokenExpiredError        past its expiry
@@ -154,3 +155,7 @@ class UnknownApiKeyError(RecoverableError):
     def __init__(self, key_id: str) -> None:
         super().__init__(f"unknown API key {key_id!r}")
         self.key_id = key_id
+
+
+class FleetFullError(RecoverableError):
+    """A Hello for a new agent id when the registry already holds ``max_agents``."""

@@ -232,6 +232,11 @@ class FleetStore(Protocol):
 
     def save_last_seen(self, agent_id: str, seen: datetime) -> None: ...
 
+    def delete_unenrolled_agents(self, agent_ids: Sequence[str]) -> int:
+        """Delete these agents' records (and live states, and sites nothing names any
+        more) where they never enrolled; the number deleted."""
+        ...
+
     def set_draining(self, agent_id: str, draining: bool) -> bool:
         """False when there is no such agent."""
         ...

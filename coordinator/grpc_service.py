@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from coordinator.errors import (
     AgentRevokedError,
     CertificateRequestError,
     EnrollmentError,
+    FleetFullError,
     PermissionDeniedError,
     ProtocolError,
     ServerStartError,
@@ -32,6 +34,7 @@ from coordinator.errors import (
     SiteMismatchError,
 )
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.peer_rate_limit import PeerRateLimiter, peer_ip
 from coordinator.registry import FleetRegistry
 from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
@@ -50,9 +53,24 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
+    # Keepalive enforcement: a peer pinging more often than the interval above gets a
+    # strike; after this many its connection is closed (GOAWAY "too_many_pings").
+    ("grpc.http2.max_ping_strikes", 2),
+    # A connection with no RPC for this long is closed (agents keep a Session open).
+    ("grpc.max_connection_idle_ms", 300_000),
     # A second coordinator on the same port must fail, not share the port.
     ("grpc.so_reuseport", 0),
 ]
+
+
+def server_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: keepalive, stream and message-size caps."""
+    return [
+        *_SERVER_OPTIONS,
+        ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
+        ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
+        ("grpc.max_send_message_length", config.grpc_max_message_bytes),
+    ]
 
 
 @dataclass(eq=False)
@@ -118,6 +136,7 @@ class CoordinatorServicer:
         records: RequestRecordStore | None = None,
         load_limits: proto_convert.LoadLimits = proto_convert.DEFAULT_LOAD_LIMITS,
         keys: KeyDistributor | None = None,
+        enroll_limiter: PeerRateLimiter | None = None,
     ) -> None:
         """``keys``: gives each agent its API keys section when it connects and takes the
         per-key usage of its load reports (no keys are pushed without it)."""
@@ -130,12 +149,23 @@ class CoordinatorServicer:
         self._report_interval_ms = report_interval_ms
         self._hello_timeout_s = hello_timeout_s
         self._load_limits = load_limits
+        self._enroll_limiter = enroll_limiter
         self._live: dict[str, _LiveSession] = {}
         self._keys = keys
 
     # ------------------------------------------------------------------ RPCs
 
     async def Enroll(self, request: pb.EnrollRequest, context: Any) -> pb.EnrollResponse:
+        if self._enroll_limiter is not None:
+            wait_s = self._enroll_limiter.try_acquire(context.peer())
+            if wait_s > 0:
+                self._metrics.enrollments.labels(result="rate_limited").inc()
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many enrollment attempts from {peer_ip(context.peer())} (at most "
+                    f"{self._enroll_limiter.rate_per_s * 60:g} a minute, bursts of "
+                    f"{self._enroll_limiter.burst}); retry in {math.ceil(wait_s)} s",
+                )
         try:
             enrolled = self._enrollment.enroll(
                 request.join_token, request.requested_name, request.site, request.csr_pem
@@ -188,6 +218,11 @@ class CoordinatorServicer:
                 "refused session for agent %s from %s: %s", hello.agent_id, context.peer(), exc
             )
             await context.abort(_status_for(exc), str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        except FleetFullError as exc:
+            self._metrics.sessions_rejected.labels(reason="fleet_full").inc()
+            logger.warning("refused session for agent %s: %s", hello.agent_id, exc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise AssertionError("unreachable: context.abort raises") from exc
         self._metrics.sessions.inc()
         live = _LiveSession(agent_id=hello.agent_id, session_id=session_id, enrolled=enrolled)
@@ -419,7 +454,10 @@ class GrpcServer:
         return f"{self._config.grpc_host}:{self.enroll_port or self.port}"
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        server = grpc.aio.server(
+            options=server_options(self._config),
+            maximum_concurrent_rpcs=self._config.grpc_max_concurrent_rpcs,
+        )
         pb_grpc.add_CoordinatorServicer_to_server(self.servicer, server)
         host = self._config.grpc_host
         if self.tls:

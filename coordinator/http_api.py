@@ -8,6 +8,9 @@ and turn dataclasses into JSON. Errors use the OpenAI body shape::
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -113,11 +116,40 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     return response
 
 
+# /v1/agents pages: this many agents unless ``limit`` says otherwise, and at most this many.
+AGENTS_PAGE_DEFAULT = 500
+AGENTS_PAGE_MAX = 1000
+
+
 async def list_agents(request: web.Request) -> web.Response:
-    now = datetime.now(UTC)
+    """One page of agents in id order: ``limit`` of them after the id ``after``.
+
+    The page is chosen on the event loop (records are immutable, so the page is a
+    consistent snapshot) and turned into JSON on a worker thread, so that a large page
+    does not hold up other requests (/healthz, /v1/route).
+    """
+    query = request.query
+    limit = int(_number(query, "limit", low=1, high=AGENTS_PAGE_MAX) or AGENTS_PAGE_DEFAULT)
+    after = query.get("after", "")
+    records = request.app[REGISTRY_KEY].agents()  # sorted by agent id
+    start = bisect.bisect_right([r.agent_id for r in records], after) if after else 0
+    page = records[start : start + limit]
+    has_more = start + limit < len(records)
     interval_ms = request.app[CONFIG_KEY].report_interval_ms
-    data = [agent_json(r, now, interval_ms) for r in request.app[REGISTRY_KEY].agents()]
-    return web.json_response({"object": "list", "data": data})
+    body = await asyncio.to_thread(_agents_page_json, page, has_more, interval_ms)
+    return web.Response(body=body, content_type="application/json")
+
+
+def _agents_page_json(page: list[AgentRecord], has_more: bool, interval_ms: int) -> bytes:
+    now = datetime.now(UTC)
+    listing = {
+        "object": "list",
+        "data": [agent_json(r, now, interval_ms) for r in page],
+        "first_id": page[0].agent_id if page else None,
+        "last_id": page[-1].agent_id if page else None,
+        "has_more": has_more,
+    }
+    return json.dumps(listing).encode()
 
 
 async def get_agent(request: web.Request) -> web.Response:

@@ -28,6 +28,17 @@ from edgefleet.contract import (
 )
 from edgefleet.v1 import fleet_pb2 as pb
 
+# Bounds on what one Hello may carry: each agent's record (and the fleet database) stays
+# small however many agents say Hello.
+MAX_HELLO_BYTES = 8192  # the whole Hello, serialized (a usual one is under 1 KB)
+MAX_HELLO_MODELS = 64
+MAX_EXECUTION_PROVIDERS = 16
+MAX_SITE_CHARS = 128
+MAX_URL_CHARS = 512
+MAX_VERSION_CHARS = 128  # agent_version and model versions
+MAX_MODEL_FIELD_CHARS = 128  # model name, task, variant
+MAX_PROVIDER_CHARS = 64
+
 
 class UnsupportedContractError(ProtocolError):
     """The agent speaks a minor contract version this coordinator does not accept."""
@@ -53,6 +64,7 @@ def hello_from_pb(message: pb.Hello) -> Hello:
             f"Hello.agent_id {message.agent_id!r} is invalid: 1-128 characters of "
             "letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
         )
+    check_hello_sizes(message)
     if message.http_url:
         parts = urlsplit(message.http_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -69,6 +81,39 @@ def hello_from_pb(message: pb.Hello) -> Hello:
         if not model.name:
             raise ProtocolError(f"Hello.models[{index}].name is empty")
     return replace(contract_pb.hello_from_pb(message), location=location)
+
+
+def _check_length(value: str, limit: int, where: str) -> None:
+    if len(value) > limit:
+        raise ProtocolError(f"{where} is {len(value)} characters; at most {limit} are accepted")
+
+
+def check_hello_sizes(message: pb.Hello) -> None:
+    """Caps on a Hello's strings and lists; raises ProtocolError naming the field."""
+    _check_length(message.site, MAX_SITE_CHARS, "Hello.site")
+    _check_length(message.http_url, MAX_URL_CHARS, "Hello.http_url")
+    _check_length(message.agent_version, MAX_VERSION_CHARS, "Hello.agent_version")
+    if len(message.models) > MAX_HELLO_MODELS:
+        raise ProtocolError(
+            f"Hello.models has {len(message.models)} entries; at most {MAX_HELLO_MODELS}"
+        )
+    for index, model in enumerate(message.models):
+        where = f"Hello.models[{index}]"
+        _check_length(model.name, MAX_MODEL_FIELD_CHARS, f"{where}.name")
+        _check_length(model.version, MAX_VERSION_CHARS, f"{where}.version")
+        _check_length(model.task, MAX_MODEL_FIELD_CHARS, f"{where}.task")
+        _check_length(model.variant, MAX_MODEL_FIELD_CHARS, f"{where}.variant")
+    providers = message.hardware.execution_providers
+    if len(providers) > MAX_EXECUTION_PROVIDERS:
+        raise ProtocolError(
+            f"Hello.hardware.execution_providers has {len(providers)} entries; at most "
+            f"{MAX_EXECUTION_PROVIDERS}"
+        )
+    for index, provider in enumerate(providers):
+        _check_length(provider, MAX_PROVIDER_CHARS, f"Hello.hardware.execution_providers[{index}]")
+    size = message.ByteSize()
+    if size > MAX_HELLO_BYTES:
+        raise ProtocolError(f"Hello is {size} bytes; at most {MAX_HELLO_BYTES} are accepted")
 
 
 @dataclass(frozen=True, slots=True)

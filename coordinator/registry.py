@@ -18,7 +18,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from coordinator.errors import SessionTakenError, UnknownAgentError
+from coordinator.errors import FleetFullError, SessionTakenError, UnknownAgentError
 from coordinator.fleet import AgentRecord, AgentStatus, Liveness
 from coordinator.fleet_index import FleetIndex
 from coordinator.fleet_store import AgentLastState, FleetStore, StoredAgent
@@ -131,10 +131,16 @@ class LiveFleetRegistry:
         suspect_after_reports: int = 2,
         down_after_reports: int = 5,
         restart_grace_s: float = 30.0,
+        max_agents: int = 20_000,
+        stale_unenrolled_after_s: float = 3600.0,
         clock: Clock = utc_now,
     ) -> None:
         self._store = store
         self._clock = clock
+        # Agents on record at most (new ids beyond it are refused), and how long a
+        # never-enrolled agent may stay disconnected before its record is removed.
+        self.max_agents = max_agents
+        self._stale_after = timedelta(seconds=stale_unenrolled_after_s)
         interval = timedelta(milliseconds=report_interval_ms)
         self._suspect_after = interval * suspect_after_reports
         self._down_after = interval * down_after_reports
@@ -156,6 +162,8 @@ class LiveFleetRegistry:
         now = self._clock()
         session_id = uuid.uuid4().hex
         previous = self._agents.get(hello.agent_id)
+        if previous is None:
+            self._make_room(hello.agent_id, enrolled=enrolled)
         draining = False
         if (
             not enrolled
@@ -278,6 +286,7 @@ class LiveFleetRegistry:
 
     def sweep(self) -> list[AgentRecord]:
         now = self._clock()
+        self.remove_stale_unenrolled(now)
         changed: list[AgentRecord] = []
         expired: list[AgentRecord] = []
         for agent_id, record in self._agents.items():
@@ -337,6 +346,65 @@ class LiveFleetRegistry:
             desired.version,
         )
         return desired
+
+    # ------------------------------------------------------------------ bounds
+
+    def _make_room(self, agent_id: str, *, enrolled: bool) -> None:
+        """Room for one more agent, or FleetFullError.
+
+        At the cap, an enrolled newcomer takes the place of the never-enrolled,
+        disconnected agent seen longest ago (so a flood of unauthenticated Hellos cannot
+        lock enrolled agents out); anyone else is refused.
+        """
+        if len(self._agents) < self.max_agents:
+            return
+        if enrolled:
+            idle = [
+                r
+                for r in self._agents.values()
+                if not r.enrolled and r.status is AgentStatus.DISCONNECTED
+            ]
+            if idle:
+                victim = min(idle, key=lambda r: r.last_seen)
+                logger.warning(
+                    "fleet at max_agents (%d): enrolled agent %s replaces never-enrolled "
+                    "agent %s (disconnected since %s)",
+                    self.max_agents,
+                    agent_id,
+                    victim.agent_id,
+                    victim.last_seen.isoformat(timespec="seconds"),
+                )
+                self._remove([victim.agent_id])
+                return
+        raise FleetFullError(
+            f"the coordinator holds its maximum of {self.max_agents} agents (max_agents); "
+            f"agent {agent_id} is new and cannot be added"
+        )
+
+    def remove_stale_unenrolled(self, now: datetime | None = None) -> list[str]:
+        """Forget never-enrolled agents disconnected for ``stale_unenrolled_after_s``."""
+        cutoff = (self._clock() if now is None else now) - self._stale_after
+        stale = [
+            agent_id
+            for agent_id, r in self._agents.items()
+            if not r.enrolled and r.status is AgentStatus.DISCONNECTED and r.last_seen < cutoff
+        ]
+        if stale:
+            self._remove(stale)
+            logger.info(
+                "removed %d never-enrolled agents not seen for %.0f s (e.g. %s)",
+                len(stale),
+                self._stale_after.total_seconds(),
+                ", ".join(stale[:5]),
+            )
+        return stale
+
+    def _remove(self, agent_ids: list[str]) -> None:
+        for agent_id in agent_ids:
+            del self._agents[agent_id]
+            self._saved.pop(agent_id, None)
+            self._index.remove(agent_id)
+        self._store.delete_unenrolled_agents(agent_ids)
 
     # ------------------------------------------------ restart: restore and save
 

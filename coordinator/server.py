@@ -17,6 +17,7 @@ from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import ConfigError, ServerStartError
 from coordinator.gc_pauses import GcPauseRecorder, HeapSettler, settle_heap
+from edgefleet.http_limits import LimitedAppRunner
 from edgefleet.tls import (
     CertFiles,
     CertificateReloader,
@@ -38,7 +39,7 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
     app = create_app(config)
     gc_pauses = GcPauseRecorder(app[METRICS_KEY].gc_pause_seconds)
     gc_pauses.install()
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = LimitedAppRunner(app, config.http_limits(), handle_signals=False)
     try:
         await runner.setup()  # starts the gRPC server too (cleanup_ctx)
         ssl_context, reloader = http_tls(config)

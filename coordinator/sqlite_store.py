@@ -541,6 +541,23 @@ class SQLiteFleetStore:
                 "UPDATE agents SET last_seen = ? WHERE agent_id = ?", (_text(seen), agent_id)
             )
 
+    def delete_unenrolled_agents(self, agent_ids: Sequence[str]) -> int:
+        ids = [(agent_id,) for agent_id in agent_ids]
+        with self._transaction() as db:
+            db.executemany(
+                "DELETE FROM agent_last_state WHERE agent_id IN "
+                "(SELECT agent_id FROM agents WHERE agent_id = ? AND enrolled_at IS NULL)",
+                ids,
+            )
+            before = db.total_changes
+            db.executemany("DELETE FROM agents WHERE agent_id = ? AND enrolled_at IS NULL", ids)
+            deleted = db.total_changes - before
+            db.execute(
+                "DELETE FROM sites WHERE name NOT IN (SELECT site FROM agents) "
+                "AND name NOT IN (SELECT site FROM join_tokens)"
+            )
+        return deleted
+
     def set_draining(self, agent_id: str, draining: bool) -> bool:
         with self._transaction() as db:
             cursor = db.execute(

@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from devtools.process import ProcessStartError, ServiceProcess, get_json
 
@@ -99,9 +100,15 @@ class CoordinatorProcess(ServiceProcess):
         return done.stdout.strip()
 
     async def agents(self) -> list[dict[str, Any]]:
-        """The coordinator's fleet view (``GET /v1/agents``)."""
-        body = await self.get_json("/v1/agents")
-        return list(body["data"])
+        """The coordinator's fleet view (``GET /v1/agents``, every page)."""
+        agents: list[dict[str, Any]] = []
+        path = "/v1/agents?limit=1000"
+        while True:
+            body = await self.get_json(path)
+            agents += body["data"]
+            if not body.get("has_more"):
+                return agents
+            path = f"/v1/agents?limit=1000&after={quote(body['last_id'])}"
 
 
 class AgentProcess(ServiceProcess):

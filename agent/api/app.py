@@ -180,7 +180,7 @@ async def _generate(
     service: ChatService | CompletionService,
 ) -> web.StreamResponse:
     body = await read_json(request, body_model, _limit(request))
-    prepared = service.prepare(body, _options(request))  # type: ignore[arg-type]
+    prepared = await service.prepare(body, _options(request))  # type: ignore[arg-type]
     headers = _headers(prepared)
     if prepared.stream:
         return await stream_sse(

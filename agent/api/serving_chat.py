@@ -18,6 +18,7 @@ from agent.api.serving_common import (
     PreparedGeneration,
     RequestOptions,
     check_token_ids,
+    encode_text,
     generation_request,
     prompt_tokens_of,
     refuse_unsupported,
@@ -29,7 +30,9 @@ from agent.errors import InvalidRequestError, UnsupportedError
 
 
 class ChatService(GenerationService):
-    def prepare(self, req: ChatCompletionRequest, options: RequestOptions) -> PreparedGeneration:
+    async def prepare(
+        self, req: ChatCompletionRequest, options: RequestOptions
+    ) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
         refuse_unsupported(req)
         if req.logprobs or req.top_logprobs:
@@ -52,7 +55,10 @@ class ChatService(GenerationService):
                 )
             role = "system" if m.role == "developer" else m.role
             messages.append(ChatMessage(role=role, content=m.text()))
-        prompt_ids = model.encode(model.apply_chat_template(messages))
+        prompt_ids = await encode_text(
+            lambda: model.encode(model.apply_chat_template(messages)),
+            sum(len(m.content) for m in messages),
+        )
         if req.continue_token_ids:
             check_token_ids(req.continue_token_ids, model.vocab_size, "continue_token_ids")
         max_tokens_param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,18 @@ def generation_request(
         timeout_s=options.timeout_s,
         continuation_token_ids=tuple(body.continue_token_ids or ()),
     )
+
+
+# Text longer than this (characters) is tokenized on a worker thread: a 1 MB prompt takes
+# about a second to tokenize, which would stall every other request on the event loop.
+OFF_LOOP_CHARS = 4096
+
+
+async def encode_text(encode: Callable[[], list[int]], chars: int) -> list[int]:
+    """``encode()``'s token ids, computed off the event loop when the text is long."""
+    if chars <= OFF_LOOP_CHARS:
+        return encode()
+    return await asyncio.to_thread(encode)
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:

@@ -10,6 +10,7 @@ from agent.api.serving_common import (
     PreparedGeneration,
     RequestOptions,
     check_token_ids,
+    encode_text,
     generation_request,
     prompt_tokens_of,
     refuse_unsupported,
@@ -21,7 +22,7 @@ from agent.errors import InvalidRequestError, UnsupportedError
 
 
 class CompletionService(GenerationService):
-    def prepare(self, req: CompletionRequest, options: RequestOptions) -> PreparedGeneration:
+    async def prepare(self, req: CompletionRequest, options: RequestOptions) -> PreparedGeneration:
         model = self._registry.text_model(req.model)
         refuse_unsupported(req)
         if req.echo:
@@ -34,11 +35,13 @@ class CompletionService(GenerationService):
             raise UnsupportedError("logprobs are not supported", param="logprobs")
         prompt = req.prompt
         if isinstance(prompt, str):
-            prompt_ids = model.encode(prompt)
+            text = prompt
+            prompt_ids = await encode_text(lambda: model.encode(text), len(text))
         elif all(isinstance(p, str) for p in prompt):
             if len(prompt) != 1:
                 raise UnsupportedError("only one prompt per request is supported", param="prompt")
-            prompt_ids = model.encode(str(prompt[0]))
+            first = str(prompt[0])
+            prompt_ids = await encode_text(lambda: model.encode(first), len(first))
         else:
             prompt_ids = [int(t) for t in prompt]
             check_token_ids(prompt_ids, model.vocab_size, "prompt")

@@ -1,11 +1,14 @@
 """Dynamic batching of embedding inputs, as Triton's dynamic batcher does it.
 
 Inputs from concurrent requests wait at most ``max_queue_delay_us`` for company, then run
-together in one ONNX Runtime call of at most ``max_batch_size`` inputs.
+together in one ONNX Runtime call of at most ``max_batch_size`` inputs. At most
+``max_queue`` inputs wait: a request that would take the queue past it is refused at once
+(:class:`OverloadedError`, 429 with Retry-After) and none of its inputs are queued.
 
 The owner starts the loop (:meth:`DynamicEmbeddingBatcher.start`) and awaits its end
 (:meth:`DynamicEmbeddingBatcher.close`). A failed ONNX Runtime call fails that call's
-inputs only; any other unexpected error in the loop fails every pending input with
+inputs only (each input of a failed call is then run alone, so one bad input fails its
+own request and no other); any other unexpected error in the loop fails every pending input with
 :class:`EngineRestartedError` and restarts the loop, up to the :class:`RestartPolicy`; past
 it the batcher is dead and every request fails at once with :class:`EngineDeadError`.
 """
@@ -24,7 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.engine.supervisor import OnDead, RestartPolicy, supervise
-from agent.errors import EngineDeadError, EngineError, EngineRestartedError
+from agent.errors import (
+    EngineDeadError,
+    EngineError,
+    EngineRestartedError,
+    InvalidRequestError,
+    OverloadedError,
+)
 
 Vectors = npt.NDArray[np.float32]
 _Pending = tuple[list[int], "asyncio.Future[Vectors]"]
@@ -34,6 +43,7 @@ _Pending = tuple[list[int], "asyncio.Future[Vectors]"]
 class EmbeddingBatchConfig:
     max_batch_size: int = 32  # inputs per ONNX Runtime call
     max_queue_delay_us: int = 2000  # how long the first input waits for others
+    max_queue: int = 4096  # inputs waiting at most; a request beyond it gets 429
 
 
 class DynamicEmbeddingBatcher:
@@ -57,6 +67,7 @@ class DynamicEmbeddingBatcher:
         self._on_dead: OnDead | None = None
         self._dead_reason = ""
         self.restarts = 0  # loop restarts after an unexpected failure, since start
+        self.refused = 0  # requests refused because the queue was full, since start
         self.batch_sizes: list[int] = []  # inputs per call, most recent last (bounded)
 
     @property
@@ -85,6 +96,20 @@ class DynamicEmbeddingBatcher:
         wake = self._wake
         if wake is None:
             raise EngineError("the embedding engine is not running (start() was never called)")
+        if len(inputs) > self.config.max_queue:
+            raise InvalidRequestError(
+                f"{len(inputs)} inputs in one request; this agent queues at most "
+                f"{self.config.max_queue}",
+                param="input",
+            )
+        if len(self._pending) + len(inputs) > self.config.max_queue:
+            self.refused += 1
+            raise OverloadedError(
+                f"the embedding queue is full ({len(self._pending)} inputs waiting, at most "
+                f"{self.config.max_queue}); retry later",
+                retry_after=1.0,
+                reason="embedding_queue_full",
+            )
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in inputs]
         if not self._pending:
@@ -142,6 +167,21 @@ class DynamicEmbeddingBatcher:
             if not future.done():
                 future.set_result(vectors[row])
 
+    async def _run_alone(self, batch: list[_Pending]) -> None:
+        """After a failed call: each input in a call of its own, so only the bad fail."""
+        loop = asyncio.get_running_loop()
+        for ids, future in batch:
+            if future.done():
+                continue
+            try:
+                vectors = await loop.run_in_executor(self._executor, self._run, [ids])
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(vectors[0])
+
     async def _loop(self) -> None:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
@@ -165,9 +205,11 @@ class DynamicEmbeddingBatcher:
                     self._executor, self._run, [ids for ids, _ in batch]
                 )
             except Exception as exc:  # onnxruntime failure: fail this call's inputs only
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                if len(batch) == 1:
+                    if not batch[0][1].done():
+                        batch[0][1].set_exception(exc)
+                else:
+                    await self._run_alone(batch)
                 self._batch = []
                 continue
             self._deliver(batch, vectors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,8 @@ from agent.engine.interface import EmbeddingResult
 from agent.engine.supervisor import OnDead, RestartPolicy
 from agent.engine.text_codec import load_tokenizer
 from agent.errors import AgentError, EngineError, InvalidRequestError
+
+log = logging.getLogger(__name__)
 
 
 class OnnxEmbeddingModel:
@@ -39,6 +42,7 @@ class OnnxEmbeddingModel:
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self._max_input_tokens = max_input_tokens
+        self._vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self._normalize = normalize
         self._pad = pad_token_id
         self._input_names = {i.name for i in session.get_inputs()}
@@ -74,9 +78,17 @@ class OnnxEmbeddingModel:
 
     def _ids_for(self, index: int, item: str | Sequence[int]) -> list[int]:
         if isinstance(item, str):
-            ids = list(self._tokenizer.encode(item, add_special_tokens=True).ids)
+            # encode_batch releases the GIL (encode does not): see embed()
+            ids = list(self._tokenizer.encode_batch([item], add_special_tokens=True)[0].ids)
         else:
             ids = list(item)
+            bad = next((t for t in ids if not 0 <= t < self._vocab_size), None)
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"input[{index}] has token id {bad}, outside this model's vocabulary "
+                    f"(0 to {self._vocab_size - 1})",
+                    param="input",
+                )
         if not ids:
             raise InvalidRequestError(f"input[{index}] is empty", param="input")
         if len(ids) > self._max_input_tokens:
@@ -87,14 +99,23 @@ class OnnxEmbeddingModel:
             )
         return ids
 
+    def _ids_for_all(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        return [self._ids_for(i, item) for i, item in enumerate(inputs)]
+
     async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult:
-        batch = [self._ids_for(i, item) for i, item in enumerate(inputs)]
+        if any(isinstance(item, str) for item in inputs):
+            # tokenizing text takes milliseconds per 100 KB: off the event loop
+            batch = await asyncio.to_thread(self._ids_for_all, inputs)
+        else:
+            batch = self._ids_for_all(inputs)
         try:
             vectors = await self.batcher.embed(batch)
         except AgentError:
             raise
         except Exception as exc:
-            raise EngineError(f"embedding failed: {exc}") from exc
+            # ONNX Runtime's text names graph nodes and shapes: the log gets it, not the client
+            log.error("embedding model %s failed: %s", self._model_id, exc)
+            raise EngineError("the embedding model failed on this input") from exc
         return EmbeddingResult(
             vectors=vectors.tolist(), prompt_tokens=sum(len(ids) for ids in batch)
         )

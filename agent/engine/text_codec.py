@@ -69,7 +69,10 @@ class TextCodec:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=self._add_special_tokens).ids)
+        # encode_batch releases the GIL while it works (encode does not), so encoding on a
+        # worker thread leaves the event loop free
+        batch = self._tokenizer.encode_batch([text], add_special_tokens=self._add_special_tokens)
+        return list(batch[0].ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))

@@ -134,13 +134,13 @@ async def test_after_a_hot_swap_the_old_versions_answers_never_come_back(
     )  # fmt: skip
     before = ChatService(old_registry, GenerationLimits(), runner)
     after = ChatService(new_registry, GenerationLimits(), runner)
-    first = before.prepare(body, RequestOptions())
+    first = await before.prepare(body, RequestOptions())
     assert first.cache_status == "miss"
     answer = await before.complete(first)
-    assert before.prepare(body, RequestOptions()).cache_status == "hit"
-    swapped_first = after.prepare(body, RequestOptions())
+    assert (await before.prepare(body, RequestOptions())).cache_status == "hit"
+    swapped_first = await after.prepare(body, RequestOptions())
     assert swapped_first.cache_status == "miss"
     again = await after.complete(swapped_first)
     assert again.system_fingerprint == swapped.version != answer.system_fingerprint
-    assert after.prepare(body, RequestOptions()).cache_status == "hit"
+    assert (await after.prepare(body, RequestOptions())).cache_status == "hit"
     await old_registry.close()

@@ -42,7 +42,13 @@ async def test_serves_metrics_health_and_json_errors() -> None:
             "param": None,
             "code": "not_found",
         }
-        assert await coordinator.get_json("/v1/agents") == {"object": "list", "data": []}
+        assert await coordinator.get_json("/v1/agents") == {
+            "object": "list",
+            "data": [],
+            "first_id": None,
+            "last_id": None,
+            "has_more": False,
+        }
 
 
 async def test_sigterm_with_a_live_session_exits_promptly_and_cleanly() -> None:

@@ -1,0 +1,80 @@
+"""/v1/agents pages through a 5,000-agent fleet while /healthz stays fast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+from coordinator_testing import MakeCoordinator
+
+from coordinator.app_keys import REGISTRY_KEY
+from edgefleet.contract import Hello, LoadedModel, Location
+
+pytestmark = pytest.mark.timeout(120)
+FLEET = 5000
+
+
+async def test_agents_are_paginated_and_healthz_stays_fast(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    coordinator = await make_coordinator(max_agents=10_000)
+    registry = coordinator.app[REGISTRY_KEY]
+    for i in range(FLEET):
+        registry.open_session(
+            Hello(
+                agent_id=f"edge-{i:05d}",
+                site=f"site-{i % 50}",
+                http_url=f"http://10.0.{i // 250}.{i % 250}:8000",
+                location=Location(lat=45.0 + i % 10, lon=5.0),
+                models=(LoadedModel(name="smollm2-135m", version="v1", task="chat"),),
+            )
+        )
+    url = coordinator.http_url
+    healthz: list[float] = []
+    listed: list[str] = []
+    pages = 0
+
+    def list_all() -> None:
+        """The lister runs on a thread of its own: its JSON parsing is not the server's."""
+        nonlocal pages
+        path = "/v1/agents"
+        while True:
+            with urllib.request.urlopen(url + path) as response:
+                assert response.status == 200
+                body = json.load(response)
+            pages += 1
+            listed.extend(a["agent_id"] for a in body["data"])
+            if not body.get("has_more"):
+                return
+            path = f"/v1/agents?after={body['last_id']}"
+
+    async with aiohttp.ClientSession() as http:
+        started = time.monotonic()
+        lister = asyncio.ensure_future(asyncio.to_thread(list_all))
+        while not lister.done():
+            t = time.monotonic()
+            async with http.get(url + "/healthz") as response:
+                assert response.status == 200
+            healthz.append(time.monotonic() - t)
+            await asyncio.sleep(0.01)
+        await lister
+        took = time.monotonic() - started
+        print(
+            f"listed {len(listed)} agents in {pages} pages, {took:.2f} s; /healthz max "
+            f"{max(healthz) * 1000:.0f} ms over {len(healthz)} probes"
+        )
+        assert listed == sorted(listed) and len(set(listed)) == FLEET
+        assert pages == 10
+        assert max(healthz) < 0.25
+
+        async with http.get(url + "/v1/agents?limit=2&after=edge-00010") as response:
+            page = await response.json()
+        assert [a["agent_id"] for a in page["data"]] == ["edge-00011", "edge-00012"]
+        assert page["has_more"] is True and page["last_id"] == "edge-00012"
+        async with http.get(url + "/v1/agents?limit=5000") as response:
+            assert response.status == 400  # above the page cap
+            assert (await response.json())["error"]["param"] == "limit"

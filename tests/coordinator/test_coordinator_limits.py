@@ -1,0 +1,194 @@
+"""Bounds on what agents and strangers can make the coordinator hold: Hello sizes, the
+number of agents, stale never-enrolled records, Enroll attempts per peer, and the Hello
+flood replayed against a real process (database size and memory bounded, an honest agent
+served throughout)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from coordinator_testing import MakeCoordinator, hello
+from hello_flood import hello_flood, rss_bytes
+
+from coordinator.peer_rate_limit import PeerRateLimiter, peer_ip
+from coordinator.registry import LiveFleetRegistry
+from coordinator.sqlite_store import SQLiteFleetStore
+from devtools.fleet import CoordinatorProcess
+from edgefleet.contract import Hello
+from edgefleet.v1 import fleet_pb2 as pb
+from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _session(stub: pb_grpc.CoordinatorStub, message: pb.AgentMessage) -> object:
+    """Open a session; its first reply (the call stays open)."""
+    call = stub.Session()
+    await call.write(message)
+    await call.read()
+    return call
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"site": "s" * 129}, "Hello.site"),
+        ({"http_url": "http://h/" + "p" * 600}, "Hello.http_url"),
+        ({"agent_version": "v" * 200}, "Hello.agent_version"),
+        ({"models": [pb.LoadedModel(name=f"m{i}") for i in range(65)]}, "Hello.models"),
+        ({"models": [pb.LoadedModel(name="m", version="v" * 129)]}, "Hello.models[0].version"),
+        ({"models": [pb.LoadedModel(name="m", task="t" * 129)]}, "Hello.models[0].task"),
+        (
+            {"hardware": pb.Hardware(execution_providers=["CPUExecutionProvider"] * 17)},
+            "Hello.hardware.execution_providers",
+        ),
+        (
+            {"models": [pb.LoadedModel(name="m" * 120, version="v" * 120) for _ in range(40)]},
+            "bytes",
+        ),
+    ],
+)
+async def test_an_oversized_hello_is_refused_naming_the_field(
+    make_coordinator: MakeCoordinator, fields: dict[str, object], named: str
+) -> None:
+    coordinator = await make_coordinator()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _session(coordinator.stub, hello("edge-big", **fields))
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert named in (refused.value.details() or "")
+    await _session(coordinator.stub, hello("edge-honest"))  # still served
+
+
+async def test_new_agents_beyond_max_agents_are_refused_known_ones_reconnect(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    coordinator = await make_coordinator(max_agents=3, grpc_max_concurrent_rpcs=100)
+    calls = [await _session(coordinator.stub, hello(f"edge-{i}")) for i in range(3)]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _session(coordinator.stub, hello("edge-new"))
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_agents" in (refused.value.details() or "")
+    calls[0].cancel()  # type: ignore[attr-defined]
+    await asyncio.sleep(0.2)
+    await _session(coordinator.stub, hello("edge-0"))  # a known agent comes back
+    answer = await coordinator.stub.Route(pb.RouteRequest(model="m"))
+    assert {a.agent_id for a in answer.agents} == {"edge-0", "edge-1", "edge-2"}
+
+
+def _hello(agent_id: str) -> Hello:
+    return Hello(agent_id=agent_id, site="lab", http_url="http://127.0.0.1:8001")
+
+
+def test_stale_never_enrolled_agents_are_removed_by_the_sweep(tmp_path: Path) -> None:
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    store = SQLiteFleetStore.in_directory(tmp_path)
+    try:
+        registry = LiveFleetRegistry(
+            store, stale_unenrolled_after_s=3600, max_agents=3, clock=lambda: now[0]
+        )
+        for agent_id in ("junk-1", "junk-2", "kept"):
+            registry.close_session(agent_id, registry.open_session(_hello(agent_id)))
+        now[0] += timedelta(minutes=30)
+        registry.open_session(_hello("kept"))  # seen again: not stale
+        # at the cap, an enrolled newcomer takes the place of the idle junk seen longest ago
+        registry.open_session(_hello("enrolled-1"), enrolled=True)
+        assert "junk-1" not in {r.agent_id for r in registry.agents()}
+        now[0] += timedelta(minutes=31)
+        registry.sweep()
+        assert {r.agent_id for r in registry.agents()} == {"kept", "enrolled-1"}
+        assert {a.agent_id for a in store.list_agents()} == {"kept", "enrolled-1"}
+        assert {s.name for s in store.list_sites()} == {"lab"}
+    finally:
+        store.close()
+
+
+def test_peer_rate_limiter_refills_and_keys_by_ip() -> None:
+    now = [0.0]
+    limiter = PeerRateLimiter(1.0, 2, clock=lambda: now[0], max_peers=2)
+    a, b = "ipv4:10.0.0.1:5000", "ipv4:10.0.0.1:6000"  # same IP, two ports
+    assert limiter.try_acquire(a) == 0 and limiter.try_acquire(b) == 0
+    assert limiter.try_acquire(a) == pytest.approx(1.0)
+    assert limiter.try_acquire("ipv6:[::1]:7") == 0  # another peer has its own bucket
+    now[0] += 1.0
+    assert limiter.try_acquire(a) == 0
+    assert peer_ip("ipv6:[fe80::1]:443") == "fe80::1"
+
+
+async def test_enroll_is_rate_limited_per_peer(make_coordinator: MakeCoordinator) -> None:
+    coordinator = await make_coordinator(enroll_rate_per_minute=6, enroll_burst=3)
+    codes = []
+    for _ in range(6):
+        try:
+            await coordinator.stub.Enroll(pb.EnrollRequest(join_token="eft_bad.bad"))
+        except grpc.aio.AioRpcError as exc:
+            codes.append((exc.code(), exc.details() or ""))
+    assert [c for c, _ in codes[:3]] == [grpc.StatusCode.UNAUTHENTICATED] * 3
+    assert [c for c, _ in codes[3:]] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
+    assert "too many enrollment attempts from 127.0.0.1" in codes[3][1]
+    await _session(coordinator.stub, hello("edge-honest"))  # sessions still served
+
+
+async def test_hello_flood_keeps_the_database_and_memory_bounded(tmp_path: Path) -> None:
+    limits = ["--set=max_agents=100", "--set=grpc_max_concurrent_rpcs=1000"]
+    async with CoordinatorProcess(data_dir=tmp_path, extra_args=limits) as coordinator:
+        channel = grpc.aio.insecure_channel(coordinator.grpc_target)
+        stub = pb_grpc.CoordinatorStub(channel)
+        honest = await _session(stub, hello("edge-honest"))
+        rss_before = rss_bytes(coordinator.pid)
+        # 310 sessions with 40 KB Hellos (what grew fleet.db to 43 MB), then 310 within caps
+        oversized = await hello_flood(coordinator.grpc_target, 310, models=100, chars=100)
+        fitting = await hello_flood(coordinator.grpc_target, 310, models=20, chars=20)
+        await asyncio.sleep(1)
+        db = sum(os.path.getsize(p) for p in tmp_path.glob("fleet.db*"))
+        rss = rss_bytes(coordinator.pid)
+        print(
+            f"oversized: {oversized.welcomed} welcomed, {oversized.refused}; fitting: "
+            f"{fitting.welcomed} welcomed, {fitting.refused}; fleet.db* {db} bytes; "
+            f"rss {rss_before >> 20} -> {rss >> 20} MiB"
+        )
+        assert oversized.welcomed == 0
+        assert fitting.welcomed == 99  # the honest agent holds the 100th place
+        assert fitting.refused.get("RESOURCE_EXHAUSTED", 0) >= 150
+        assert db < 6 << 20
+        assert rss - rss_before < 40 << 20
+        answer = await stub.Route(pb.RouteRequest(model="m"))
+        assert "edge-honest" in {a.agent_id for a in answer.agents}
+        honest.cancel()  # type: ignore[attr-defined]
+        await channel.close()
+    async with CoordinatorProcess(data_dir=tmp_path, extra_args=limits) as restarted:
+        agents = await restarted.agents()
+        print(f"after restart: {len(agents)} agents, rss {rss_bytes(restarted.pid) >> 20} MiB")
+        assert len(agents) <= 100
+
+
+async def test_rpcs_beyond_the_cap_are_refused_and_held_sessions_go_on(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    coordinator = await make_coordinator(max_agents=5, grpc_max_concurrent_rpcs=8)
+    honest = coordinator.stub.Session()
+    await honest.write(hello("edge-honest"))
+    await honest.read()
+    # a stream flood: sessions opened and never given a Hello hold RPC slots...
+    flood = [coordinator.stub.Session() for _ in range(20)]
+    outcomes = await asyncio.gather(
+        *(asyncio.wait_for(call.read(), 5) for call in flood), return_exceptions=True
+    )
+    refused = [
+        o
+        for o in outcomes
+        if isinstance(o, grpc.aio.AioRpcError) and o.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    ]
+    print(f"stream flood: {len(refused)} of {len(flood)} refused RESOURCE_EXHAUSTED")
+    assert len(refused) >= 12
+    # ...and the honest session keeps being served (its desired state came, it reports)
+    reply = await asyncio.wait_for(honest.read(), 5)
+    assert reply.WhichOneof("body") == "desired_state"
+    await honest.write(pb.AgentMessage(load_report=pb.LoadReport(running_sequences=1)))
+    for call in flood:
+        call.cancel()
+    honest.cancel()

@@ -205,7 +205,8 @@ async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Runnin
         for method, path in c.guarded_routes():
             canonical = next(
                 k for k in table if k[0] == method and
-                k[1].replace("{agent_id}", "edge-1").replace("{token_id}", "t1") == path
+                k[1].replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
+                .replace("{key_id}", "k1") == path
             )  # fmt: skip
             needed = table[canonical]
             assert needed is not None

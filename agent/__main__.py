@@ -24,9 +24,19 @@ from agent.auth.cli import run_keys_command
 from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
 from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
-from agent.enrollment import build_enroller
+from agent.enrollment import (
+    Enroller,
+    EnrollmentUnavailableError,
+    build_enroller,
+    state_dir_of,
+)
 from agent.errors import ConfigError, FatalError, ModelLoadError
-from agent.https import build_server_context, server_cert_files
+from agent.https import (
+    build_server_context,
+    enrollment_cert_files,
+    is_loopback_host,
+    server_cert_files,
+)
 from agent.identity import build_identity, default_agent_id
 from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
@@ -152,11 +162,41 @@ async def start_http(
     return runner
 
 
+async def enroll_before_serving(config: AgentConfig) -> Enroller | None:
+    """Enroll now when the API must serve HTTPS with enrollment's certificate and there is
+    none yet (beyond loopback, or ``server.tls = on``, without ``server.tls_cert_file``):
+    enrollment writes ``agent.key``, ``agent.crt`` and ``ca.pem`` into the state dir, which
+    the HTTPS server then serves. Returns the Enroller used (the session reuses it), or
+    None when there is nothing to do here (the session enrolls as usual)."""
+    s, c = config.server, config.coordinator
+    if not c.target or s.tls == "off" or s.tls_cert_file:
+        return None
+    if s.tls == "auto" and is_loopback_host(s.host):
+        return None
+    if enrollment_cert_files(state_dir_of(config)).cert.is_file():
+        return None
+    requested = config.identity.agent_id or (default_agent_id(s.port) if s.port else "")
+    enroller = build_enroller(config, requested)
+    if enroller is None:
+        return None  # no join token: server_cert_files says what is missing
+    try:
+        credentials = await enroller.ensure()  # EnrollmentRefusedError is a FatalError
+    except EnrollmentUnavailableError as exc:
+        raise FatalError(
+            f"{exc}; this agent needs its certificate from enrollment before it can serve "
+            "HTTPS (it exits so that its supervisor retries)"
+        ) from None
+    log.info("enrolled as %s before serving HTTPS (certificate in %s)",
+             credentials.agent_id, state_dir_of(config))  # fmt: skip
+    return enroller
+
+
 async def serve(config: AgentConfig) -> None:
     check_coordinator_tls(config)  # before the models load
     check_auth_configured(config)
     check_models_dir(config)
     check_port_free(config)
+    enroller = await enroll_before_serving(config)  # before the certificate is looked up
     cert_files = server_cert_files(config)  # ConfigError: HTTPS required, no certificate
     ssl_context = build_server_context(config, cert_files) if cert_files else None
     app = create_app(config)
@@ -179,7 +219,7 @@ async def serve(config: AgentConfig) -> None:
             config.coordinator.target,
             lambda: identity,
             LoadSampler(registry, metrics, state, keys if keys.enabled else None),
-            enroller=build_enroller(config, agent_id),
+            enroller=enroller or build_enroller(config, agent_id),
             on_desired_state=KeysApplier(keys, last_keys_path(config)) if keys.enabled else None,
             on_command=state.apply,
             max_backoff_s=config.coordinator.max_backoff_s,

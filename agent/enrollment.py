@@ -41,6 +41,7 @@ from cryptography.x509.oid import NameOID
 from agent.config import AgentConfig
 from agent.errors import ConfigError, FatalError
 from edgefleet.contract import Location
+from edgefleet.tls import write_atomically
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -48,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "enrollment.json"
 KEY_FILE = "agent.key"
+# The certificate and the fleet CA, as files for the HTTPS API (agent/https.py).
+CERT_FILE = "agent.crt"
+CA_FILE = "ca.pem"
 # EnrollRequest.join_token prefix for re-enrollment with the agent's own credential.
 CREDENTIAL_PREFIX = "efa_"
 # Renew once this fraction of the certificate's lifetime has passed.
@@ -161,6 +165,11 @@ class Enroller:
                 )
             except (OSError, ValueError, TypeError) as exc:
                 raise FatalError(f"cannot read enrollment state {self._state_file}: {exc}") from exc
+            if not (self._state_dir / CERT_FILE).exists():  # state saved before these files
+                try:
+                    self._write_pems(self._credentials)
+                except OSError as exc:
+                    raise FatalError(f"cannot write {self._state_dir / CERT_FILE}: {exc}") from exc
         return self._credentials
 
     async def ensure(self) -> AgentCredentials:
@@ -314,8 +323,20 @@ class Enroller:
             if not self._key_file.exists():
                 write_private(self._key_file, credentials.client_key_pem)
             write_private(self._state_file, json.dumps(data))
+            self._write_pems(credentials)
         except OSError as exc:
             raise FatalError(f"cannot save enrollment state {self._state_file}: {exc}") from exc
+
+    def _write_pems(self, credentials: AgentCredentials) -> None:
+        """``agent.key`` (0600, first), ``ca.pem`` and ``agent.crt`` in the state dir, each
+        written atomically: what the HTTPS API serves (agent/https.py reads and reloads them)."""
+        if not credentials.client_cert_pem:
+            return
+        if not self._key_file.exists():
+            write_atomically(self._key_file, credentials.client_key_pem, private=True)
+        if credentials.ca_cert_pem:
+            write_atomically(self._state_dir / CA_FILE, credentials.ca_cert_pem)
+        write_atomically(self._state_dir / CERT_FILE, credentials.client_cert_pem)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -9,18 +9,16 @@ rewrite those files; :class:`edgefleet.tls.CertificateReloader` loads them witho
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import ssl
 from pathlib import Path
 
 from agent.config import AgentConfig
+from agent.enrollment import CA_FILE, CERT_FILE, KEY_FILE, state_dir_of
 from agent.errors import ConfigError
-from edgefleet.tls import CertFiles, TlsError, server_context, write_atomically
+from edgefleet.tls import CertFiles, TlsError, server_context
 
 logger = logging.getLogger(__name__)
-
-CERT_FILE, KEY_FILE, CA_FILE = "agent.crt", "agent.key", "ca.pem"
 
 
 def is_loopback_host(host: str) -> bool:
@@ -35,30 +33,11 @@ def is_loopback_host(host: str) -> bool:
 def enrollment_cert_files(state_dir: Path) -> CertFiles:
     """Where enrollment keeps this agent's certificate and key (and the fleet CA, ca.pem).
 
-    The boundary with enrollment: it writes these atomically (key first, 0600) when it
-    enrolls and when it renews; this module only reads them.
+    The boundary with enrollment (agent/enrollment.py): it writes these atomically (key
+    first, 0600) when it enrolls and when it renews; this module only reads them.
     """
     state_dir = state_dir.expanduser()
     return CertFiles(cert=state_dir / CERT_FILE, key=state_dir / KEY_FILE)
-
-
-def export_enrollment_pems(state_dir: Path) -> None:
-    """Bridge for enrollment state kept as ``enrollment.json``: write its PEMs as files.
-
-    Does nothing when the files exist or there is no such state.
-    """
-    state_dir = state_dir.expanduser()
-    files = enrollment_cert_files(state_dir)
-    state = state_dir / "enrollment.json"
-    if files.cert.exists() or not state.exists():
-        return
-    try:
-        data = json.loads(state.read_text(encoding="utf-8"))
-        write_atomically(files.key, data["client_key_pem"], private=True)
-        write_atomically(state_dir / CA_FILE, data["ca_cert_pem"])
-        write_atomically(files.cert, data["client_cert_pem"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"cannot export the agent certificate from {state}: {exc}") from exc
 
 
 def server_cert_files(config: AgentConfig) -> CertFiles | None:
@@ -83,8 +62,7 @@ def server_cert_files(config: AgentConfig) -> CertFiles | None:
     else:
         if s.tls == "auto" and loopback:
             return None
-        state_dir = Path(config.coordinator.state_dir)
-        export_enrollment_pems(state_dir)
+        state_dir = state_dir_of(config)
         files = enrollment_cert_files(state_dir)
         source = f"enrollment (coordinator.state_dir {state_dir})"
     if not (files.cert.is_file() and files.key.is_file()):

@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from coordinator.ca import (
     CLIENT_VALID_DAYS,
@@ -111,7 +112,7 @@ class EnrollmentService:
         site = record.site or site
         agent_id = self._choose_id(requested_name)
         credentials = secrets.token_urlsafe(32)
-        cert = self._issue(agent_id, csr_pem)
+        cert = self._issue(agent_id, csr_pem, record.http_url)
         now = self._clock()
         agent = StoredAgent(
             agent_id=agent_id,
@@ -150,7 +151,7 @@ class EnrollmentService:
         if stored.revoked:
             raise AgentRevokedError(f"agent {agent_id!r} was revoked")
         key_sha = public_key_sha256(public_key_of_csr(csr_pem))
-        cert = self._issue(agent_id, csr_pem)
+        cert = self._issue(agent_id, csr_pem, stored.http_url)
         if not self._store.reissue(
             agent_id,
             credential_sha256=None,
@@ -182,13 +183,21 @@ class EnrollmentService:
 
     # --------------------------------------------------------------- helpers
 
-    def _issue(self, agent_id: str, csr_pem: str) -> IssuedCertificate:
-        return self._ca.issue_client(agent_id, csr_pem=csr_pem, days=self._cert_days)
+    def _issue(self, agent_id: str, csr_pem: str, http_url: str = "") -> IssuedCertificate:
+        """The agent's certificate; with a URL fixed at enrollment, also its HTTPS server
+        certificate, naming that URL's host (and ``agent_server_name(agent_id)``)."""
+        host = urlsplit(http_url).hostname if http_url else None
+        return self._ca.issue_client(
+            agent_id,
+            csr_pem=csr_pem,
+            days=self._cert_days,
+            server_names=[host] if host else None,
+        )
 
     def _enroll_again(self, stored: StoredAgent, csr_pem: str) -> Enrollment:
         """The same token and key enrolled before: same id, new credential, no token use."""
         credentials = secrets.token_urlsafe(32)
-        cert = self._issue(stored.agent_id, csr_pem)
+        cert = self._issue(stored.agent_id, csr_pem, stored.http_url)
         if not self._store.reissue(
             stored.agent_id,
             credential_sha256=sha256_hex(credentials),

@@ -1,10 +1,13 @@
 """``python -m devtools.demo``: a coordinator and two agents on loopback with the real models.
 
-Starts the coordinator, mints one join token per agent (its site and place fixed by the
-operator, as in production), starts the agents with their tokens (passed in the
-environment, never on the command line), waits until both have enrolled and registered,
-sends a sample chat request with the ``openai`` SDK, prints where everything is, and keeps
-running until Ctrl-C (``--check`` exits after the sample request instead).
+Secure by default: the coordinator starts with a fresh bootstrap admin token (in its
+environment, never a flag), mints one join token per agent (its site and place fixed by
+the operator, as in production), starts the agents with their tokens (in the environment
+too) and API keys required, waits until both have enrolled and registered, mints an API key
+through the admin API (pushed to the agents as the keys section), waits until the key works
+on both agents, sends a sample chat request with the ``openai`` SDK and that key, prints
+the key and the admin token (shown once) with how to use them, and keeps running until
+Ctrl-C (``--check`` exits after the sample request instead).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import openai
 
 from devtools.fleet import AgentProcess, CoordinatorProcess
@@ -31,6 +35,30 @@ SITES = [("edge-paris", 48.8566, 2.3522), ("edge-berlin", 52.52, 13.405)]
 
 def say(message: str) -> None:
     print(message, flush=True)
+
+
+async def mint_api_key(coordinator: CoordinatorProcess) -> str:
+    """``POST /v1/admin/keys`` with the admin token; the secret is in this answer only."""
+    async with (
+        aiohttp.ClientSession(headers=coordinator.admin_headers) as http,
+        http.post(
+            coordinator.http_url + "/v1/admin/keys", json={"name": "demo"}, raise_for_status=True
+        ) as response,
+    ):
+        body = await response.json()
+    return str(body["secret"])
+
+
+async def key_works(url: str, api_key: str) -> bool:
+    """True once the agent at ``url`` accepts ``api_key`` (``GET /v1/models`` needs a key)."""
+    try:
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": f"Bearer {api_key}"}) as http,
+            http.get(url + "/v1/models") as response,
+        ):
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -52,10 +80,10 @@ async def run(args: argparse.Namespace) -> int:
             token = coordinator.mint_join_token(site, lat, lon)
             agents.append(
                 AgentProcess(
-                    port=args.agent_port + i,
+                    port=args.agent_port + i if args.agent_port else 0,
                     models_dir=args.models_dir,
                     serve=[LLM, EMBEDDER],
-                    coordinator=f"127.0.0.1:{args.grpc_port}",
+                    coordinator=coordinator.grpc_target,
                     agent_id=site,
                     site=site,
                     lat=lat,
@@ -63,6 +91,7 @@ async def run(args: argparse.Namespace) -> int:
                     extra_args=["--threads", str(args.threads)],
                     join_token=token,
                     state_dir=state / site,
+                    insecure_no_auth=False,  # API keys required (the helper's test default is off)
                 )
             )
         say(f"minted {len(agents)} join tokens (site and place fixed by the operator)")
@@ -77,7 +106,16 @@ async def run(args: argparse.Namespace) -> int:
         await wait_until(all_registered, timeout_s=30, message="agents to register")
         say("both agents registered with the coordinator")
 
-        client = openai.OpenAI(base_url=agents[0].url + "/v1", api_key="not-needed")
+        api_key = await mint_api_key(coordinator)
+        say("minted an API key (POST /v1/admin/keys with the admin token)")
+
+        async def key_everywhere() -> bool:
+            return all(await asyncio.gather(*(key_works(a.url, api_key) for a in agents)))
+
+        await wait_until(key_everywhere, timeout_s=30, message="the API key to reach the agents")
+        say("the key reached both agents")
+
+        client = openai.OpenAI(base_url=agents[0].url + "/v1", api_key=api_key)
         question = "Name the capital of France."
         t0 = time.perf_counter()
         reply = client.chat.completions.create(
@@ -86,19 +124,29 @@ async def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         elapsed = time.perf_counter() - t0
         usage = reply.usage
-        say(f"\nsample request to {agents[0].agent_id}: {question}")
+        say(f"\nsample request to {agents[0].agent_id} (with the API key): {question}")
         say(f"answer ({elapsed:.2f} s, {usage.completion_tokens if usage else '?'} tokens): "
             f"{(reply.choices[0].message.content or '').strip()}\n")  # fmt: skip
-        say("edgefleet is running:")
+        say("edgefleet is running (authentication on):")
         for agent in agents:
             say(f"  agent {agent.agent_id:12s} OpenAI API  {agent.url}/v1   (pid {agent.pid})")
         say(f"  coordinator        fleet view  {coordinator.http_url}/v1/agents   "
             f"(gRPC {coordinator.grpc_target}, pid {coordinator.pid})")  # fmt: skip
+        say("\ncredentials (shown once; copy them now: the key is stored only as a digest):")
+        say(f"  API key      {api_key}")
+        say("               for the agents' OpenAI API: the openai SDK's api_key, or the")
+        say("               header 'Authorization: Bearer <API key>'")
+        say(f"  admin token  {coordinator.admin_token}")
+        say("               for the coordinator: /v1/agents, /metrics (viewer and up) and the")
+        say("               admin API, as 'Authorization: Bearer <admin token>'")
         say("\ntry:")
+        say(f'  OpenAI(base_url="{agents[0].url}/v1", api_key="{api_key}")')
         say(f"  curl -s {agents[0].url}/v1/chat/completions -H 'Content-Type: application/json' \\")
+        say(f"    -H 'Authorization: Bearer {api_key}' \\")
         say(f"    -d '{{\"model\": \"{LLM}\", \"messages\": [{{\"role\": \"user\", "
             f"\"content\": \"Hello!\"}}]}}'")  # fmt: skip
-        say(f"  curl -s {coordinator.http_url}/v1/agents")
+        say(f"  curl -s {coordinator.http_url}/v1/agents "
+            f"-H 'Authorization: Bearer {coordinator.admin_token}'")  # fmt: skip
         if args.check:
             return 0 if "Paris" in (reply.choices[0].message.content or "") else 1
         say("\nCtrl-C stops everything.")
@@ -124,9 +172,11 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__)
     parser.add_argument("--models-dir", default="models/artifacts")
-    parser.add_argument("--grpc-port", type=int, default=50051, help="coordinator gRPC port")
-    parser.add_argument("--http-port", type=int, default=8080, help="coordinator HTTP port")
-    parser.add_argument("--agent-port", type=int, default=8001, help="first agent's port")
+    parser.add_argument("--grpc-port", type=int, default=50051, help="coordinator gRPC (0: any)")
+    parser.add_argument("--http-port", type=int, default=8080, help="coordinator HTTP (0: any)")
+    parser.add_argument(
+        "--agent-port", type=int, default=8001, help="first agent's port (0: any free ports)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per agent")
     parser.add_argument("--check", action="store_true", help="exit after the sample request")
     args = parser.parse_args(argv)

@@ -50,10 +50,12 @@ async def mint_api_key(coordinator: CoordinatorProcess) -> str:
 
 
 async def key_works(url: str, api_key: str) -> bool:
-    """True once the agent at ``url`` accepts ``api_key`` (``GET /v1/models`` needs a key)."""
+    """True once the agent at ``url`` accepts ``api_key`` (``GET /v1/models`` needs a key;
+    an empty ``api_key`` sends no Authorization header)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with (
-            aiohttp.ClientSession(headers={"Authorization": f"Bearer {api_key}"}) as http,
+            aiohttp.ClientSession(headers=headers) as http,
             http.get(url + "/v1/models") as response,
         ):
             return response.status == 200
@@ -148,7 +150,11 @@ async def run(args: argparse.Namespace) -> int:
         say(f"  curl -s {coordinator.http_url}/v1/agents "
             f"-H 'Authorization: Bearer {coordinator.admin_token}'")  # fmt: skip
         if args.check:
-            return 0 if "Paris" in (reply.choices[0].message.content or "") else 1
+            # Authentication is on: without the key the agents answer 401.
+            refused = not any(await asyncio.gather(*(key_works(a.url, "") for a in agents)))
+            if not refused:
+                say("check failed: an agent answered a request without the API key")
+            return 0 if refused and "Paris" in (reply.choices[0].message.content or "") else 1
         say("\nCtrl-C stops everything.")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

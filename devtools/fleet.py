@@ -136,7 +136,8 @@ class AgentProcess(ServiceProcess):
         token on the command line would show in /proc/PID/cmdline). ``insecure_no_auth``
         None: on when a coordinator is given (which turns API keys on) and ``extra_args``
         set no ``auth.`` key, so tests that send no key keep working (not for another
-        checkout's agent, ``executable``/``cwd``, which may predate the flag)."""
+        checkout's agent, ``executable``/``cwd``, which may predate the flag). The demo
+        passes ``insecure_no_auth=False``: its agents require API keys."""
         env = dict(env or {})
         if join_token:
             env["EDGEFLEET_AGENT_COORDINATOR__JOIN_TOKEN"] = join_token

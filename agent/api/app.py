@@ -85,6 +85,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     response: web.StreamResponse | None = None
     usage = request[USAGE] = RequestUsage()
     usage_token = CURRENT_USAGE.set(usage)
+    request[RECORD_FROM] = (endpoint, started)
     try:
         response = await handler(request)
         status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
@@ -113,10 +114,18 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         CURRENT_USAGE.reset(usage_token)
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
-        if endpoint in RECORDED_ENDPOINTS and (log_ := request.app[REQUEST_LOG].log) is not None:
+        if (
+            endpoint in RECORDED_ENDPOINTS
+            and not request.get(RECORDED)
+            and (log_ := request.app[REQUEST_LOG].log) is not None
+        ):
             _record_request(request, log_, endpoint, status, started, response)
 
 
+# The record's endpoint and start (the middleware's), for a stream recorded early.
+RECORD_FROM = web.RequestKey("edgefleet_record_from", tuple)
+# Set once the request's record is written (a finished stream's, before its [DONE]).
+RECORDED = web.RequestKey("edgefleet_recorded", bool)
 # Requests that get a per-request record (agent/request_log.py).
 RECORDED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 
@@ -174,6 +183,27 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+async def _recorded_when_done(
+    request: web.Request, events: AsyncIterator[Any]
+) -> AsyncIterator[Any]:
+    """``events``, and the request's record written once the last one has gone out, before
+    the stream's ``[DONE]``: a client that saw the whole stream knows its record is in the
+    spool (a SIGKILL after that loses none). A stream that fails or is left by its client
+    is recorded by the middleware, with its status."""
+    try:
+        async for event in events:
+            yield event
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()  # a client gone: its sequence ends now, not when collected
+    log_ = request.app[REQUEST_LOG].log
+    if log_ is not None and RECORD_FROM in request and not request.get(CLIENT_GONE):
+        endpoint, started = request[RECORD_FROM]
+        _record_request(request, log_, endpoint, 200, started, None)
+        request[RECORDED] = True
+
+
 def _limit(request: web.Request) -> int:
     return request.app[CONFIG].server.max_body_bytes
 
@@ -200,9 +230,8 @@ async def _generate(
     prepared = await service.prepare(body, _options(request))  # type: ignore[arg-type]
     headers = _headers(prepared)
     if prepared.stream:
-        return await stream_sse(
-            request, service.stream(prepared), headers, with_usage=prepared.include_usage
-        )
+        events = _recorded_when_done(request, service.stream(prepared))
+        return await stream_sse(request, events, headers, with_usage=prepared.include_usage)
     return json_response(await service.complete(prepared), headers=headers)
 
 

@@ -135,6 +135,8 @@ async def test_records_survive_sigkills_once_each_with_usage_and_no_text(
         finally:
             assert await second.kill() != 0
 
+        acked_at_kill = (spool_dir / "requests.acked").read_text().strip()
+        print(f"second SIGKILL: {acked_at_kill} of {len(calls) + len(usages)} records acked")
         # 3. The ack lost with the process: everything is sent again, stored once.
         (spool_dir / "requests.acked").write_text("0")
         third = agent(coordinator.grpc_target)

@@ -226,6 +226,7 @@ async def serve(config: AgentConfig) -> None:
             request_log=app[REQUEST_LOG].open(
                 Path(config.coordinator.state_dir).expanduser() / "request-log" / agent_id,
                 agent_id,
+                max_bytes=config.audit.spool_max_bytes,
             ),
         )
         await session.start()

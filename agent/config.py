@@ -181,6 +181,13 @@ class AuthConfig(Settings):
     max_request_timeout_s: float = Field(default=300.0, gt=0, le=3600)
 
 
+class AuditConfig(Settings):
+    # Per-request records (agent/request_log.py) wait in a spool under
+    # coordinator.state_dir until the coordinator acknowledges them; past this size the
+    # oldest go, counted by a metric and a gap record.
+    spool_max_bytes: int = Field(default=64 << 20, ge=4096)
+
+
 class MdnsConfig(Settings):
     enabled: bool = False  # advertise this agent on the LAN as _edgefleet._tcp (zeroconf)
     interfaces: Names = ()  # IPv4 addresses to advertise on; empty = all
@@ -217,6 +224,7 @@ class AgentConfig(Settings):
     identity: IdentityConfig = IdentityConfig()
     mdns: MdnsConfig = MdnsConfig()
     auth: AuthConfig = AuthConfig()
+    audit: AuditConfig = AuditConfig()
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = (
         "INFO"
     )

@@ -4,13 +4,14 @@ One record per API request, never prompt or completion text. A record is a msgpa
 
     seq                int    numbered from 1 in the order written, no gaps
     at                 float  Unix time the request finished
-    key_id             str?   the API key's id (None without keys)
+    key_id             str?   the API key's id (None without keys, or when refused)
     model, version     str    model@version that served it ("" when none did)
     endpoint           str    route, e.g. /v1/chat/completions
-    prompt_tokens      int
-    completion_tokens  int
+    prompt_tokens      int    as the response's usage says (streamed or not, also when
+    completion_tokens  int    the stream asked for no usage or the client left mid-way)
     latency_ms         float  request start to response end
-    ttft_ms            float? time to the first token (None when not measured)
+    ttft_ms            float? request start to the first generated token (None when
+                              nothing was generated, e.g. embeddings or a refusal)
     served_by          str    this agent's id
     status             int    HTTP status (499: the client went away)
 
@@ -19,11 +20,15 @@ or a gap record ``{seq, at, gap: N}``: N records were lost because the spool was
 The spool is an append-only file of those maps (``requests.spool`` under the agent's
 state directory) plus ``requests.acked``, the last sequence number the coordinator
 acknowledged (``RecordsAck``). Records are removed only once acknowledged, so a restart
-(even SIGKILL: every record is written to the file before the response goes out) loses
-none. When the unacknowledged records pass ``max_bytes`` the oldest go, the loss is
-counted (``dropped_total``, a metric) and a gap record says so. The file is rewritten
-(atomically) without the acknowledged records once they are most of it. Memory: the
-unacknowledged records are also held in memory, so at most about ``max_bytes``.
+(even SIGKILL: a record is one unbuffered write to the file, made before a whole
+response goes out, and for a stream right after its last bytes) loses none, and the
+coordinator stores by (agent, seq), so records sent again after a lost ack count once.
+A torn tail (a write cut short) is cut off on load. The cap is the agent's
+``audit.spool_max_bytes``. When the unacknowledged records pass ``max_bytes`` the
+oldest go, the loss is counted (``dropped_total``, a metric) and a gap record says so.
+The file is rewritten (atomically) without the acknowledged records once they are most
+of it. Memory: the unacknowledged records are also held in memory, so at most about
+``max_bytes``.
 """
 
 from __future__ import annotations
@@ -181,8 +186,10 @@ class RequestLog:
             return
         unpacker = msgpack.Unpacker(raw=False)
         unpacker.feed(data)
+        good = 0  # where the last whole record ends
         try:
             for record in unpacker:
+                good = unpacker.tell()
                 if not isinstance(record, dict) or not isinstance(record.get("seq"), int):
                     continue
                 seq = record["seq"]
@@ -192,7 +199,14 @@ class RequestLog:
                     self._pending.append((seq, packed))
                     self._pending_bytes += len(packed)
         except (ValueError, msgpack.UnpackException):
-            logger.warning("%s ends in a torn record (ignored)", self._path)
+            pass
+        if good < len(data):
+            # A torn or corrupt tail: cut it off, or the records appended after it would
+            # be unreadable on the next load.
+            logger.warning("%s ends in %d unreadable bytes (cut off)", self._path,
+                           len(data) - good)  # fmt: skip
+            with open(self._path, "r+b") as spool:
+                spool.truncate(good)
 
     def _rewrite(self) -> None:
         tmp = self._path.with_suffix(".tmp")

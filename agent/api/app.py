@@ -34,10 +34,12 @@ from agent.api.protocol import (
 )
 from agent.api.serving_chat import ChatService
 from agent.api.serving_common import (
+    CURRENT_USAGE,
     GenerationLimits,
     GenerationRunner,
     PreparedGeneration,
     RequestOptions,
+    RequestUsage,
     request_options,
 )
 from agent.api.serving_completions import CompletionService
@@ -64,8 +66,9 @@ EMBEDDINGS = web.AppKey("embeddings", EmbeddingService)
 STARTED = web.AppKey("started", float)
 STATE = web.AppKey("state", AgentState)
 REQUEST_LOG = web.AppKey("request_log", RequestLogSlot)
-# Time to the first token (ms), where the serving code measured it.
-TTFT_MS = web.RequestKey("ttft_ms", float)
+# What the request generated (model@version, tokens, first-token time), filled in by the
+# serving layer (GenerationRunner) for streamed and whole responses alike.
+USAGE = web.RequestKey("edgefleet_usage", RequestUsage)
 KEYS = web.AppKey("keys", KeyTable)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -80,6 +83,9 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     started = time.perf_counter()
     status = 500
     response: web.StreamResponse | None = None
+    usage = request[USAGE] = RequestUsage()
+    usage_token = CURRENT_USAGE.set(usage)
+    request[RECORD_FROM] = (endpoint, started)
     try:
         response = await handler(request)
         status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
@@ -105,16 +111,23 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
             status=500,
         )
     finally:
+        CURRENT_USAGE.reset(usage_token)
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
-        if endpoint in RECORDED_ENDPOINTS and (log_ := request.app[REQUEST_LOG].log) is not None:
+        if (
+            endpoint in RECORDED_ENDPOINTS
+            and not request.get(RECORDED)
+            and (log_ := request.app[REQUEST_LOG].log) is not None
+        ):
             _record_request(request, log_, endpoint, status, started, response)
 
 
+# The record's endpoint and start (the middleware's), for a stream recorded early.
+RECORD_FROM = web.RequestKey("edgefleet_record_from", tuple)
+# Set once the request's record is written (a finished stream's, before its [DONE]).
+RECORDED = web.RequestKey("edgefleet_recorded", bool)
 # Requests that get a per-request record (agent/request_log.py).
 RECORDED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-# Where the API-key middleware leaves the caller's key id (None without keys).
-API_KEY_ID = web.RequestKey("api_key_id", str)
 
 
 def _record_request(
@@ -125,36 +138,70 @@ def _record_request(
     started: float,
     response: web.StreamResponse | None,
 ) -> None:
-    """One record, from what the response says (usage, model); never any text."""
+    """One record: key id, model@version, token counts, latency, time to first token,
+    served-by and status; never any text.
+
+    Generations (streamed or whole, cache hits included) are counted by the serving layer
+    on the request's ``USAGE``; embeddings, which do not go through it, from their JSON
+    body's ``usage``.
+    """
+    usage = request.get(USAGE) or RequestUsage()
+    grant = grant_of(request)
     record: dict[str, Any] = {
-        "key_id": request.get(API_KEY_ID),
+        "key_id": None if grant is None else grant.key_id,
         "endpoint": endpoint,
         "status": status,
         "latency_ms": (time.perf_counter() - started) * 1000.0,
-        "ttft_ms": request.get(TTFT_MS),
+        "ttft_ms": None if usage.first_token_at is None
+        else max(0.0, (usage.first_token_at - started) * 1000.0),
         "served_by": log_.served_by,
-        "model": "",
-        "version": "",
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-    }
-    if isinstance(response, web.Response) and isinstance(response.body, bytes):
+        "model": usage.model[:256],
+        "version": usage.version[:256],
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+    }  # fmt: skip
+    if not usage.model and isinstance(response, web.Response) and isinstance(response.body, bytes):
         try:
             body = json.loads(response.body)
         except ValueError:
             body = None
-        if isinstance(body, dict):
-            usage = body.get("usage") or {}
-            record["model"] = str(body.get("model") or "")[:256]
-            record["prompt_tokens"] = int(usage.get("prompt_tokens") or 0)
-            record["completion_tokens"] = int(usage.get("completion_tokens") or 0)
-            model = request.app[REGISTRY].text_models.get(record["model"]) if (
-                REGISTRY in request.app) else None  # fmt: skip
-            record["version"] = getattr(model, "version", "") or ""
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            counts = body.get("usage")
+            if not isinstance(counts, dict):
+                counts = {}
+            record["model"] = body["model"][:256]
+            record["prompt_tokens"] = _count(counts.get("prompt_tokens"))
+            record["completion_tokens"] = _count(counts.get("completion_tokens"))
+            record["version"] = (_version_of(request.app)(body["model"]) or "")[:256]
     try:
         log_.append(record)
     except OSError as exc:
         log.error("could not write the request record: %s", exc)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+async def _recorded_when_done(
+    request: web.Request, events: AsyncIterator[Any]
+) -> AsyncIterator[Any]:
+    """``events``, and the request's record written once the last one has gone out, before
+    the stream's ``[DONE]``: a client that saw the whole stream knows its record is in the
+    spool (a SIGKILL after that loses none). A stream that fails or is left by its client
+    is recorded by the middleware, with its status."""
+    try:
+        async for event in events:
+            yield event
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()  # a client gone: its sequence ends now, not when collected
+    log_ = request.app[REQUEST_LOG].log
+    if log_ is not None and RECORD_FROM in request and not request.get(CLIENT_GONE):
+        endpoint, started = request[RECORD_FROM]
+        _record_request(request, log_, endpoint, 200, started, None)
+        request[RECORDED] = True
 
 
 def _limit(request: web.Request) -> int:
@@ -183,9 +230,8 @@ async def _generate(
     prepared = await service.prepare(body, _options(request))  # type: ignore[arg-type]
     headers = _headers(prepared)
     if prepared.stream:
-        return await stream_sse(
-            request, service.stream(prepared), headers, with_usage=prepared.include_usage
-        )
+        events = _recorded_when_done(request, service.stream(prepared))
+        return await stream_sse(request, events, headers, with_usage=prepared.include_usage)
     return json_response(await service.complete(prepared), headers=headers)
 
 

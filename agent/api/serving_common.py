@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import time
 import uuid
@@ -24,6 +25,33 @@ from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedErr
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from agent.response_cache import CachedGeneration, ResponseCache, cache_key
+
+
+@dataclass(slots=True)
+class RequestUsage:
+    """What one API request generated, for its per-request record (agent/request_log.py).
+
+    The record hook (``errors_and_metrics`` in agent/api/app.py) makes one per request,
+    leaves it on the request (``USAGE``, an aiohttp request key) and in the context
+    (:data:`CURRENT_USAGE`), where :class:`GenerationRunner` fills it in as tokens come:
+    streamed or not, cache hit or not, finished or cut off by the client. Counts only,
+    never any text.
+    """
+
+    model: str = ""
+    version: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    #: ``time.perf_counter()`` when the first output arrived (None: none did).
+    first_token_at: float | None = None
+
+
+#: The running request's usage sink (None outside an API request, e.g. in tests that call
+#: the services directly). A context variable, so the runner needs no request in hand;
+#: the sink is a mutable object, so tasks spawned with a copy of the context fill it too.
+CURRENT_USAGE: contextvars.ContextVar[RequestUsage | None] = contextvars.ContextVar(
+    "edgefleet_request_usage", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -299,7 +327,12 @@ class GenerationRunner:
         """The generation's outputs, with time to first token and per-token time recorded;
         its tokens are counted for its API key however it ends."""
         grant = prepared.grant
-        if grant is None:
+        usage = CURRENT_USAGE.get()
+        if usage is not None:
+            usage.model = prepared.model.model_id
+            usage.version = prepared.model.version or ""
+            usage.prompt_tokens = prompt_tokens_of(prepared.request)
+        if grant is None and usage is None:
             async for output in self._run(prepared):
                 yield output
             return
@@ -307,9 +340,15 @@ class GenerationRunner:
         try:
             async for output in self._run(prepared):
                 prompt, completion = output.prompt_tokens, output.completion_tokens
+                if usage is not None:
+                    if usage.first_token_at is None:
+                        usage.first_token_at = time.perf_counter()
+                    # what usage_of reports: the prompt (and continued ids), the tokens
+                    usage.completion_tokens = completion
                 yield output
         finally:
-            grant.settle(prompt, completion, prepared.charged_tokens)
+            if grant is not None:
+                grant.settle(prompt, completion, prepared.charged_tokens)
 
     async def _run(self, prepared: PreparedGeneration) -> AsyncIterator[GenerationOutput]:
         if prepared.cached is not None:

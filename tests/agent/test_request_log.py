@@ -7,8 +7,10 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from prometheus_client import CollectorRegistry
 
-from agent.request_log import RequestLog
+from agent.config import AgentConfig
+from agent.request_log import RequestLog, RequestLogSlot
 from coordinator.admin_db import AdminDatabase
 from coordinator.errors import ProtocolError
 from coordinator.request_records import RequestRecordStore
@@ -78,3 +80,54 @@ def test_the_coordinator_stores_a_batch_once_and_refuses_hostile_ones(tmp_path: 
     long = msgpack.packb([{**record(3), "model": "m" * 10_000, "prompt_tokens": 2**50}])
     assert store.accept("edge-2", RequestRecords(1, long)).invalid == 1
     db.close()
+
+
+def test_a_full_spool_counts_the_loss_in_the_metric_and_sends_a_gap_record(
+    tmp_path: Path,
+) -> None:
+    registry = CollectorRegistry()
+    slot = RequestLogSlot(registry)
+    log = slot.open(tmp_path, "edge-1", max_bytes=AgentConfig().audit.spool_max_bytes)
+    assert log.max_bytes == 64 << 20  # the default
+    slot.close()
+    config = AgentConfig.model_validate({"audit": {"spool_max_bytes": 4096}})
+    log = slot.open(tmp_path / "small", "edge-1", max_bytes=config.audit.spool_max_bytes)
+    for i in range(200):
+        log.append(record(i))
+    dropped = registry.get_sample_value("edgefleet_agent_request_records_dropped_total")
+    assert dropped == log.dropped_total > 0
+    batch = log.batch(0, max_records=10_000, max_bytes=1 << 20)
+    assert batch is not None
+    first, packed, _ = batch
+    records = msgpack.unpackb(packed)
+    assert first > 1  # the oldest went
+    assert any("gap" in r for r in records)  # and a gap record says how many
+    assert sum(r.get("gap", 0) for r in records) == dropped
+    # The coordinator stores the gap; the loss also rides on the batch.
+    db = AdminDatabase.in_directory(tmp_path / "coordinator")
+    store = RequestRecordStore(db)
+    result = store.accept("edge-1", RequestRecords(first, packed, dropped=log.dropped_unreported))
+    assert result.ack is not None and result.stored == len(records)
+    assert sum(r["dropped"] for r in store.list(agent_id="edge-1")) == dropped
+    slot.close()
+    db.close()
+    with pytest.raises(ValueError):
+        AgentConfig.model_validate({"audit": {"spool_max_bytes": 100}})
+
+
+def test_a_torn_tail_is_cut_off_so_later_records_stay_readable(tmp_path: Path) -> None:
+    log = RequestLog(tmp_path)
+    for i in range(3):
+        log.append(record(i))
+    log.close()
+    with open(tmp_path / "requests.spool", "ab") as spool:
+        spool.write(msgpack.packb(record(99))[:7])  # a write cut short
+    again = RequestLog(tmp_path)
+    assert again.pending == 3
+    assert again.append(record(3)) == 4
+    again.close()
+    third = RequestLog(tmp_path)
+    batch = third.batch(0)
+    assert batch is not None
+    assert [r["prompt_tokens"] for r in msgpack.unpackb(batch[1])] == [0, 1, 2, 3]
+    third.close()

@@ -22,8 +22,29 @@ its CPU use (cores) with reports only, then with lookups too. Route latency twic
   so a starved client shows up as lag and not as coordinator latency.
 
 Garbage-collector pauses of the coordinator during the lookup window come from its
-``edgefleet_coordinator_gc_pause_seconds`` histogram.
-Writes benchmarks/results/coordinator_scale.json.
+``edgefleet_coordinator_gc_pause_seconds`` histogram. Every fake agent reads what the
+coordinator pushes and acknowledges the section generations in its reports, as a real
+one does. Session setup time: from opening the Session to its Welcome, per agent, while
+all of them ramp up together. Writes benchmarks/results/coordinator_scale.json.
+
+    .venv/bin/python -m benchmarks.coordinator_scale --secure --agents 5000
+
+``--secure`` is the fleet as issue 9 runs it: the coordinator with ``tls = on`` (mutual
+TLS on the Session port, enrollment required, Enroll on its own server-authenticated
+port). Before its session each simulated agent makes its own EC key and CSR and enrolls
+through the real Enroll RPC (one multi-use join token; Enroll's per-peer rate limit
+raised, since every simulated agent enrolls from 127.0.0.1), then opens a channel of its
+own (one TCP + TLS connection per agent) presenting its own client certificate, and
+says Hello with its credential: the coordinator checks that the certificate's agent id
+is Hello.agent_id, so agents cannot share a connection. Nothing is shared between agents
+but the simulator processes (and, for the one-off Enroll calls, ENROLL_CHANNELS
+server-authenticated channels per process). KEYS API keys are minted through the admin
+API before the agents come; every agent gets all of them in its keys section, and
+reports usage on two of them (skewed), so that the distributor's per-interval rebalance
+of the KEYS_WITH_BUDGETS keys with fleet-wide budgets runs at scale; keys sections
+received per second are counted at the agents. Route lookups stay plain HTTP on
+loopback (the coordinator's ``http_tls = auto``: off on loopback). Writes
+benchmarks/results/coordinator_scale_secure.json.
 """
 
 from __future__ import annotations
@@ -31,11 +52,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import multiprocessing as mp
 import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -90,27 +113,39 @@ class _Stats:
         self.setup_s: list[float] = []
         self.keys_sections = 0
         self.keys_in_last_section = 0
+        self.failed_attempts = 0
         # multiprocessing Value: keys sections received, read by the main process.
         self.pushed = pushed
 
 
 async def _fake_agent(
-    stub: Any,
+    channel_of: Callable[[], Any],
     agent_id: str,
     interval_s: float,
     stop: float,
     stats: _Stats,
     token: str = "",
     key_ids: tuple[str, ...] = (),
+    own_channel: bool = False,
 ) -> int:
-    """One agent: a session like a real one, reconnecting with backoff when it fails."""
+    """One agent: a session like a real one, reconnecting with backoff when it fails.
+
+    ``channel_of`` gives the channel for each attempt; with ``own_channel`` it is a new
+    one per attempt, closed after it, as the real agent does (a failed TLS handshake then
+    leaves no gRPC reconnect backoff behind for the next attempt)."""
     sent = 0
     rng = random.Random(agent_id)
     while time.monotonic() < stop:
+        channel = channel_of()
         try:
+            stub = pb_grpc.CoordinatorStub(channel)
             sent += await _fake_session(stub, agent_id, interval_s, stop, stats, token, key_ids)
         except grpc.aio.AioRpcError:
+            stats.failed_attempts += 1
             await asyncio.sleep(rng.uniform(0.5, 2.0))
+        finally:
+            if own_channel:
+                await channel.close()
     return sent
 
 
@@ -207,6 +242,10 @@ async def _fake_session(
     return sent
 
 
+def _same(channel: Any) -> Any:
+    return channel
+
+
 def _simulator(
     target_addr: str,
     ids: list[str],
@@ -226,8 +265,8 @@ def _simulator(
         stats = _Stats(pushed)
         tasks = []
         for i, agent_id in enumerate(ids):
-            stub = pb_grpc.CoordinatorStub(channels[i % len(channels)])
-            tasks.append(asyncio.create_task(_fake_agent(stub, agent_id, interval_s, stop, stats)))
+            same = functools.partial(_same, channels[i % len(channels)])
+            tasks.append(asyncio.create_task(_fake_agent(same, agent_id, interval_s, stop, stats)))
             if i % 200 == 199:
                 await asyncio.sleep(0.05)  # ramp, do not stampede
         await _report_setup(stats, len(ids), setup, {})
@@ -246,6 +285,7 @@ async def _report_setup(stats: _Stats, n: int, setup: Any, extra: dict[str, Any]
         await asyncio.sleep(0.5)
     await asyncio.sleep(5)  # let the coordinator's first pushes arrive
     setup.put({"setup_s": list(stats.setup_s), "keys_sections": stats.keys_sections,
+               "failed_attempts": stats.failed_attempts,
                "keys_in_last_section": stats.keys_in_last_section, **extra})  # fmt: skip
 
 
@@ -323,28 +363,24 @@ def _secure_simulator(
     async def run() -> int:
         identities, enroll_s = await _enroll_all(enroll_target, ca_pem, join_token, ids)
         stats = _Stats(pushed)
-        channels = []
         tasks = []
         for i, identity in enumerate(identities):
-            channel = grpc.aio.secure_channel(
-                session_target, identity.credentials,
-                options=[("grpc.use_local_subchannel_pool", 1)],
-            )  # fmt: skip
-            channels.append(channel)
-            stub = pb_grpc.CoordinatorStub(channel)
+
+            def channel_of(credentials: Any = identity.credentials) -> Any:
+                return grpc.aio.secure_channel(session_target, credentials, options=[_LOCAL_POOL])
+
             tasks.append(
                 asyncio.create_task(
                     _fake_agent(
-                        stub, identity.agent_id, interval_s, stop, stats, identity.token, key_ids
+                        channel_of, identity.agent_id, interval_s, stop, stats,
+                        identity.token, key_ids, own_channel=True,
                     )
                 )
-            )
+            )  # fmt: skip
             if i % 200 == 199:
                 await asyncio.sleep(0.05)  # ramp, do not stampede
         await _report_setup(stats, len(ids), setup, {"enroll_s": enroll_s, "enrolled": len(ids)})
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        for channel in channels:
-            await channel.close()
         return sum(r for r in results if isinstance(r, int))
 
     out.put(asyncio.run(run()))
@@ -655,6 +691,7 @@ async def main(args: argparse.Namespace) -> int:
             "session_setup_p50_ms": round(_percentile(setup_s, 0.5) * 1000, 1),
             "session_setup_p99_ms": round(_percentile(setup_s, 0.99) * 1000, 1),
             "session_setup_max_ms": round(max(setup_s, default=float("nan")) * 1000, 1),
+            "session_attempts_failed_during_ramp": sum(one["failed_attempts"] for one in setups),
         }
         if args.secure:
             enroll_s = max(one["enroll_s"] for one in setups)

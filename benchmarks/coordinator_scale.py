@@ -106,6 +106,13 @@ class _Identity(NamedTuple):
     credentials: Any  # grpc.ChannelCredentials: its own client certificate and key
 
 
+class _Setup(NamedTuple):
+    """Where simulators put their setup figures, and the main process's "report now"."""
+
+    out: Any  # multiprocessing Queue
+    ask: Any  # multiprocessing Event
+
+
 class _Stats:
     """Per simulator process: session setup times and what the coordinator pushed."""
 
@@ -114,6 +121,7 @@ class _Stats:
         self.keys_sections = 0
         self.keys_in_last_section = 0
         self.failed_attempts = 0
+        self.failures: dict[str, int] = {}
         # multiprocessing Value: keys sections received, read by the main process.
         self.pushed = pushed
 
@@ -140,8 +148,10 @@ async def _fake_agent(
         try:
             stub = pb_grpc.CoordinatorStub(channel)
             sent += await _fake_session(stub, agent_id, interval_s, stop, stats, token, key_ids)
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as exc:
             stats.failed_attempts += 1
+            why = f"{exc.code().name}: {(exc.details() or '')[:60]}"
+            stats.failures[why] = stats.failures.get(why, 0) + 1
             await asyncio.sleep(rng.uniform(0.5, 2.0))
         finally:
             if own_channel:
@@ -242,6 +252,14 @@ async def _fake_session(
     return sent
 
 
+def _merged(counts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in counts:
+        for why, n in one.items():
+            total[why] = total.get(why, 0) + n
+    return dict(sorted(total.items(), key=lambda item: -item[1])[:5])
+
+
 def _same(channel: Any) -> Any:
     return channel
 
@@ -279,13 +297,14 @@ def _simulator(
 
 
 async def _report_setup(stats: _Stats, n: int, setup: Any, extra: dict[str, Any]) -> None:
-    """Once every agent of this process got its first Welcome (or after 10 minutes)."""
-    deadline = time.monotonic() + 600
-    while len(stats.setup_s) < n and time.monotonic() < deadline:
+    """Once every agent of this process got its first Welcome, or the main process gave
+    up waiting (``setup.ask`` set)."""
+    while len(stats.setup_s) < n and not setup.ask.is_set():
         await asyncio.sleep(0.5)
-    await asyncio.sleep(5)  # let the coordinator's first pushes arrive
-    setup.put({"setup_s": list(stats.setup_s), "keys_sections": stats.keys_sections,
-               "failed_attempts": stats.failed_attempts,
+    if not setup.ask.is_set():
+        await asyncio.sleep(5)  # let the coordinator's first pushes arrive
+    setup.out.put({"setup_s": list(stats.setup_s), "keys_sections": stats.keys_sections,
+               "failed_attempts": stats.failed_attempts, "failures": dict(stats.failures),
                "keys_in_last_section": stats.keys_in_last_section, **extra})  # fmt: skip
 
 
@@ -619,7 +638,8 @@ async def main(args: argparse.Namespace) -> int:
             print(f"coordinator on CPU {sorted(coordinator_cpus)}, load on {sorted(load_cpus)}")
         print(f"coordinator up at {coordinator.grpc_target}; registering {args.agents} agents")
         ctx = mp.get_context("spawn")
-        sim_out, setup_out = ctx.Queue(), ctx.Queue()
+        sim_out = ctx.Queue()
+        setup_out = _Setup(ctx.Queue(), ctx.Event())
         ramp_s = max(10.0, args.agents / 400)
         stop = time.monotonic() + 3600  # the simulators are terminated at the end
         ids = [f"sim-{i:05d}" for i in range(args.agents)]
@@ -650,7 +670,7 @@ async def main(args: argparse.Namespace) -> int:
                 )
                 for share, counter in zip(shares, pushed, strict=True)
             ]
-            ramp_s += 240  # enrollment first
+            ramp_s += 60  # enrollment first
         else:
             sims = [
                 ctx.Process(
@@ -684,7 +704,8 @@ async def main(args: argparse.Namespace) -> int:
         count = await connected()
         ramp_wall_s = time.monotonic() - ramp_started
         print(f"connected {count} in {ramp_wall_s:.1f} s")
-        setups = [await asyncio.to_thread(setup_out.get, True, 120) for _ in sims]
+        setup_out.ask.set()
+        setups = [await asyncio.to_thread(setup_out.out.get, True, 60) for _ in sims]
         setup_s = [t for one in setups for t in one["setup_s"]]
         setup_figures = {
             "all_agents_connected_after_s": round(ramp_wall_s, 1),
@@ -692,6 +713,7 @@ async def main(args: argparse.Namespace) -> int:
             "session_setup_p99_ms": round(_percentile(setup_s, 0.99) * 1000, 1),
             "session_setup_max_ms": round(max(setup_s, default=float("nan")) * 1000, 1),
             "session_attempts_failed_during_ramp": sum(one["failed_attempts"] for one in setups),
+            "session_attempts_failed_why": _merged(one["failures"] for one in setups),
         }
         if args.secure:
             enroll_s = max(one["enroll_s"] for one in setups)

@@ -22,8 +22,29 @@ its CPU use (cores) with reports only, then with lookups too. Route latency twic
   so a starved client shows up as lag and not as coordinator latency.
 
 Garbage-collector pauses of the coordinator during the lookup window come from its
-``edgefleet_coordinator_gc_pause_seconds`` histogram.
-Writes benchmarks/results/coordinator_scale.json.
+``edgefleet_coordinator_gc_pause_seconds`` histogram. Every fake agent reads what the
+coordinator pushes and acknowledges the section generations in its reports, as a real
+one does. Session setup time: from opening the Session to its Welcome, per agent, while
+all of them ramp up together. Writes benchmarks/results/coordinator_scale.json.
+
+    .venv/bin/python -m benchmarks.coordinator_scale --secure --agents 5000
+
+``--secure`` is the fleet as issue 9 runs it: the coordinator with ``tls = on`` (mutual
+TLS on the Session port, enrollment required, Enroll on its own server-authenticated
+port). Before its session each simulated agent makes its own EC key and CSR and enrolls
+through the real Enroll RPC (one multi-use join token; Enroll's per-peer rate limit
+raised, since every simulated agent enrolls from 127.0.0.1), then opens a channel of its
+own (one TCP + TLS connection per agent) presenting its own client certificate, and
+says Hello with its credential: the coordinator checks that the certificate's agent id
+is Hello.agent_id, so agents cannot share a connection. Nothing is shared between agents
+but the simulator processes (and, for the one-off Enroll calls, ENROLL_CHANNELS
+server-authenticated channels per process). KEYS API keys are minted through the admin
+API before the agents come; every agent gets all of them in its keys section, and
+reports usage on two of them (skewed), so that the distributor's per-interval rebalance
+of the KEYS_WITH_BUDGETS keys with fleet-wide budgets runs at scale; keys sections
+received per second are counted at the agents. Route lookups stay plain HTTP on
+loopback (the coordinator's ``http_tls = auto``: off on loopback). Writes
+benchmarks/results/coordinator_scale_secure.json.
 """
 
 from __future__ import annotations
@@ -31,17 +52,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import multiprocessing as mp
 import os
 import random
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import aiohttp
 import grpc
 import psutil  # type: ignore[import-untyped, unused-ignore]
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from benchmarks.results_file import target, write_results
 from devtools.fleet import CoordinatorProcess
@@ -51,6 +79,16 @@ from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
 MODELS = ("smollm2-135m", "qwen2.5-0.5b")
 AGENTS_PER_CHANNEL = 250
+# --secure: Enroll calls in flight per simulator, over this many channels.
+ENROLL_IN_FLIGHT = 64
+ENROLL_CHANNELS = 4
+# --secure: API keys minted (every agent gets all of them in its keys section); the
+# first KEYS_WITH_BUDGETS have fleet-wide rate limits, so their shares are rebalanced
+# from reported usage every report interval.
+KEYS = 10
+KEYS_WITH_BUDGETS = 5
+# Each channel its own subchannel (connection): channels are never merged.
+_LOCAL_POOL = ("grpc.use_local_subchannel_pool", 1)
 # Lookups sent before the measured window (connections opening), not counted.
 WARMUP_S = 3.0
 
@@ -60,19 +98,79 @@ def _agent_place(rng: random.Random) -> tuple[float, float]:
     return rng.uniform(36.0, 60.0), rng.uniform(-9.0, 30.0)
 
 
-async def _fake_agent(stub: Any, agent_id: str, interval_s: float, stop: float) -> int:
-    """One agent: a session like a real one, reconnecting with backoff when it fails."""
+class _Identity(NamedTuple):
+    """What a simulated agent got from Enroll (--secure): its id and credentials."""
+
+    agent_id: str
+    token: str
+    credentials: Any  # grpc.ChannelCredentials: its own client certificate and key
+
+
+class _Setup(NamedTuple):
+    """Where simulators put their setup figures, and the main process's "report now"."""
+
+    out: Any  # multiprocessing Queue
+    ask: Any  # multiprocessing Event
+
+
+class _Stats:
+    """Per simulator process: session setup times and what the coordinator pushed."""
+
+    def __init__(self, pushed: Any = None) -> None:
+        self.setup_s: list[float] = []
+        self.keys_sections = 0
+        self.keys_in_last_section = 0
+        self.failed_attempts = 0
+        self.failures: dict[str, int] = {}
+        # multiprocessing Value: keys sections received, read by the main process.
+        self.pushed = pushed
+
+
+async def _fake_agent(
+    channel_of: Callable[[], Any],
+    agent_id: str,
+    interval_s: float,
+    stop: float,
+    stats: _Stats,
+    token: str = "",
+    key_ids: tuple[str, ...] = (),
+    own_channel: bool = False,
+) -> int:
+    """One agent: a session like a real one, reconnecting with backoff when it fails.
+
+    ``channel_of`` gives the channel for each attempt; with ``own_channel`` it is a new
+    one per attempt, closed after it, as the real agent does (a failed TLS handshake then
+    leaves no gRPC reconnect backoff behind for the next attempt)."""
     sent = 0
     rng = random.Random(agent_id)
     while time.monotonic() < stop:
+        channel = channel_of()
         try:
-            sent += await _fake_session(stub, agent_id, interval_s, stop)
-        except grpc.aio.AioRpcError:
+            stub = pb_grpc.CoordinatorStub(channel)
+            sent += await _fake_session(stub, agent_id, interval_s, stop, stats, token, key_ids)
+        except grpc.aio.AioRpcError as exc:
+            stats.failed_attempts += 1
+            why = f"{exc.code().name}: {(exc.details() or '')[:60]}"
+            stats.failures[why] = stats.failures.get(why, 0) + 1
             await asyncio.sleep(rng.uniform(0.5, 2.0))
+        finally:
+            if own_channel:
+                await channel.close()
     return sent
 
 
-async def _fake_session(stub: Any, agent_id: str, interval_s: float, stop: float) -> int:
+async def _fake_session(
+    stub: Any,
+    agent_id: str,
+    interval_s: float,
+    stop: float,
+    stats: _Stats,
+    token: str,
+    key_ids: tuple[str, ...],
+) -> int:
+    """Hello, then a LoadReport every interval. Like a real agent it reads what the
+    coordinator pushes and acknowledges the section generations it applied; with
+    ``key_ids`` it reports per-key usage (a few keys, skewed, so shares move)."""
     rng = random.Random(agent_id)
     lat, lon = _agent_place(rng)
     queue: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
@@ -85,20 +183,51 @@ async def _fake_session(stub: Any, agent_id: str, interval_s: float, stop: float
                 location=pb.Location(lat=lat, lon=lon),
                 models=[pb.LoadedModel(name=m, version="v1") for m in MODELS],
                 contract_minor=CONTRACT_MINOR,
+                token=token,
             )
         )
     )
+    applied = pb.SectionGenerations()
 
     async def outgoing() -> Any:
         while (message := await queue.get()) is not None:
             yield message
 
+    async def incoming() -> None:
+        while (message := await call.read()) is not grpc.aio.EOF:
+            if message.WhichOneof("body") != "desired_state":
+                continue
+            desired = message.desired_state
+            for name in ("models", "overflow_targets", "keys", "config"):
+                if desired.HasField(name):
+                    setattr(applied, name, getattr(desired, name).generation)
+            if desired.HasField("keys"):
+                stats.keys_sections += 1
+                stats.keys_in_last_section = len(desired.keys.keys)
+                if stats.pushed is not None:
+                    stats.pushed.value += 1
+
+    started = time.perf_counter()
     call = stub.Session(outgoing())
     sent = 0
+    reader: asyncio.Task[None] | None = None
+    # Each agent favours a couple of keys: demand differs between agents.
+    mine = rng.sample(key_ids, min(2, len(key_ids))) if key_ids else []
     try:
         await call.read()  # Welcome
+        stats.setup_s.append(time.perf_counter() - started)
+        reader = asyncio.create_task(incoming())
         await asyncio.sleep(rng.uniform(0, interval_s))  # spread reports over the interval
         while time.monotonic() < stop:
+            usage = [
+                pb.KeyUsage(
+                    key_id=key_id,
+                    requests=(n := rng.randrange(1 + 6 * (i == 0))),
+                    prompt_tokens=n * 40,
+                    completion_tokens=n * 60,
+                )
+                for i, key_id in enumerate(mine)
+            ]
             queue.put_nowait(
                 pb.AgentMessage(
                     load_report=pb.LoadReport(
@@ -106,6 +235,8 @@ async def _fake_session(stub: Any, agent_id: str, interval_s: float, stop: float
                         waiting_sequences=rng.randrange(4),
                         tokens_per_second=rng.uniform(5, 60),
                         kv_cache_used_fraction=rng.uniform(0, 0.9),
+                        applied=applied,
+                        key_usage=usage,
                     )
                 )
             )
@@ -114,24 +245,161 @@ async def _fake_session(stub: Any, agent_id: str, interval_s: float, stop: float
     finally:
         queue.put_nowait(None)
         call.cancel()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
     return sent
 
 
-def _simulator(target_addr: str, ids: list[str], interval_s: float, stop: float, out: Any) -> None:
+def _merged(counts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in counts:
+        for why, n in one.items():
+            total[why] = total.get(why, 0) + n
+    return dict(sorted(total.items(), key=lambda item: -item[1])[:5])
+
+
+def _same(channel: Any) -> Any:
+    return channel
+
+
+def _simulator(
+    target_addr: str,
+    ids: list[str],
+    interval_s: float,
+    stop: float,
+    setup: Any,
+    pushed: Any,
+    out: Any,
+) -> None:
+    """Plain sessions: AGENTS_PER_CHANNEL agents share each (plaintext) channel."""
+
     async def run() -> int:
         channels = [
             grpc.aio.insecure_channel(target_addr, options=[("grpc.use_local_subchannel_pool", 1)])
             for _ in range(max(1, len(ids) // AGENTS_PER_CHANNEL))
         ]
+        stats = _Stats(pushed)
         tasks = []
         for i, agent_id in enumerate(ids):
-            stub = pb_grpc.CoordinatorStub(channels[i % len(channels)])
-            tasks.append(asyncio.create_task(_fake_agent(stub, agent_id, interval_s, stop)))
+            same = functools.partial(_same, channels[i % len(channels)])
+            tasks.append(asyncio.create_task(_fake_agent(same, agent_id, interval_s, stop, stats)))
             if i % 200 == 199:
                 await asyncio.sleep(0.05)  # ramp, do not stampede
+        await _report_setup(stats, len(ids), setup, {})
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for channel in channels:
             await channel.close()
+        return sum(r for r in results if isinstance(r, int))
+
+    out.put(asyncio.run(run()))
+
+
+async def _report_setup(stats: _Stats, n: int, setup: Any, extra: dict[str, Any]) -> None:
+    """Once every agent of this process got its first Welcome, or the main process gave
+    up waiting (``setup.ask`` set)."""
+    while len(stats.setup_s) < n and not setup.ask.is_set():
+        await asyncio.sleep(0.5)
+    if not setup.ask.is_set():
+        await asyncio.sleep(5)  # let the coordinator's first pushes arrive
+    setup.out.put({"setup_s": list(stats.setup_s), "keys_sections": stats.keys_sections,
+               "failed_attempts": stats.failed_attempts, "failures": dict(stats.failures),
+               "keys_in_last_section": stats.keys_in_last_section, **extra})  # fmt: skip
+
+
+def _new_key_and_csr(name: str) -> tuple[bytes, str]:
+    """What a real agent makes before Enroll: its own EC key and a CSR for it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .sign(key, hashes.SHA256())
+    )
+    return key_pem, csr.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+async def _enroll_all(
+    enroll_target: str, ca_pem: bytes, join_token: str, ids: list[str]
+) -> tuple[list[_Identity], float]:
+    """Enroll every agent through the real Enroll RPC (server-authenticated TLS), each with
+    a key and CSR of its own; ENROLL_IN_FLIGHT calls at a time over ENROLL_CHANNELS
+    channels (enrollment is a one-off call, not the agent's identity)."""
+    creds = grpc.ssl_channel_credentials(root_certificates=ca_pem)
+    channels = [
+        grpc.aio.secure_channel(
+            enroll_target, creds, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        for _ in range(ENROLL_CHANNELS)
+    ]
+    gate = asyncio.Semaphore(ENROLL_IN_FLIGHT)
+    started = time.perf_counter()
+
+    async def one(i: int, name: str) -> _Identity:
+        key_pem, csr_pem = _new_key_and_csr(name)
+        stub = pb_grpc.CoordinatorStub(channels[i % len(channels)])
+        async with gate:
+            reply = await stub.Enroll(
+                pb.EnrollRequest(join_token=join_token, requested_name=name, csr_pem=csr_pem),
+                timeout=120,
+            )
+        own = grpc.ssl_channel_credentials(
+            root_certificates=ca_pem,
+            private_key=key_pem,
+            certificate_chain=reply.client_cert_pem.encode("ascii"),
+        )
+        return _Identity(reply.agent_id, reply.credentials, own)
+
+    identities = await asyncio.gather(*(one(i, name) for i, name in enumerate(ids)))
+    elapsed = time.perf_counter() - started
+    for channel in channels:
+        await channel.close()
+    return list(identities), elapsed
+
+
+def _secure_simulator(
+    enroll_target: str,
+    session_target: str,
+    ca_pem: bytes,
+    join_token: str,
+    key_ids: tuple[str, ...],
+    ids: list[str],
+    interval_s: float,
+    stop: float,
+    setup: Any,
+    pushed: Any,
+    out: Any,
+) -> None:
+    """Enrolled agents over mutual TLS: one channel (TCP + TLS connection) per agent,
+    presenting that agent's own client certificate, as the coordinator requires (the
+    certificate's agent id must be Hello.agent_id)."""
+
+    async def run() -> int:
+        identities, enroll_s = await _enroll_all(enroll_target, ca_pem, join_token, ids)
+        stats = _Stats(pushed)
+        tasks = []
+        for i, identity in enumerate(identities):
+
+            def channel_of(credentials: Any = identity.credentials) -> Any:
+                return grpc.aio.secure_channel(session_target, credentials, options=[_LOCAL_POOL])
+
+            tasks.append(
+                asyncio.create_task(
+                    _fake_agent(
+                        channel_of, identity.agent_id, interval_s, stop, stats,
+                        identity.token, key_ids, own_channel=True,
+                    )
+                )
+            )  # fmt: skip
+            if i % 200 == 199:
+                await asyncio.sleep(0.05)  # ramp, do not stampede
+        await _report_setup(stats, len(ids), setup, {"enroll_s": enroll_s, "enrolled": len(ids)})
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         return sum(r for r in results if isinstance(r, int))
 
     out.put(asyncio.run(run()))
@@ -332,13 +600,38 @@ def _cores(process: Any, since: tuple[Any, float]) -> float:
     return float((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0)
 
 
+async def _mint_keys(coordinator: CoordinatorProcess) -> list[str]:
+    """KEYS API keys through the admin API (as an operator would); returns their ids."""
+    ids = []
+    async with aiohttp.ClientSession(headers=coordinator.admin_headers) as http:
+        for i in range(KEYS):
+            body: dict[str, Any] = {"name": f"bench-{i}"}
+            if i < KEYS_WITH_BUDGETS:
+                body |= {"requests_per_minute": 600_000, "tokens_per_minute": 60_000_000}
+            async with http.post(coordinator.http_url + "/v1/admin/keys", json=body) as response:
+                response.raise_for_status()
+                ids.append((await response.json())["key_id"])
+    return ids
+
+
 async def main(args: argparse.Namespace) -> int:
     interval_s = args.interval_ms / 1000.0
     all_cpus = sorted(os.sched_getaffinity(0))
     pin = args.pin if args.pin is not None else len(all_cpus) >= 2
     coordinator_cpus = {all_cpus[0]} if pin else None
     load_cpus = set(all_cpus[1:]) if pin else None
-    async with CoordinatorProcess(report_interval_ms=args.interval_ms) as coordinator:
+    extra_args: list[str] = []
+    if args.secure:
+        # Mutual TLS on the Session port (enrollment required), Enroll on its own
+        # server-authenticated port; Enroll's per-peer rate limit raised: every simulated
+        # agent enrolls from the same loopback address.
+        extra_args = ["--tls", "on", "--enroll-port", "0",
+                      "--set", "enroll_rate_per_minute=1000000",
+                      "--set", "enroll_burst=100000"]  # fmt: skip
+    setup_figures: dict[str, Any] = {}
+    async with CoordinatorProcess(
+        report_interval_ms=args.interval_ms, extra_args=extra_args
+    ) as coordinator:
         if pin and coordinator_cpus and load_cpus:
             _pin(coordinator.pid, coordinator_cpus)
             _pin(os.getpid(), load_cpus)
@@ -346,16 +639,55 @@ async def main(args: argparse.Namespace) -> int:
         print(f"coordinator up at {coordinator.grpc_target}; registering {args.agents} agents")
         ctx = mp.get_context("spawn")
         sim_out = ctx.Queue()
+        setup_out = _Setup(ctx.Queue(), ctx.Event())
         ramp_s = max(10.0, args.agents / 400)
         stop = time.monotonic() + 3600  # the simulators are terminated at the end
         ids = [f"sim-{i:05d}" for i in range(args.agents)]
         shares = [ids[w :: args.workers] for w in range(args.workers)]
-        sims = [
-            ctx.Process(
-                target=_simulator, args=(coordinator.grpc_target, share, interval_s, stop, sim_out)
-            )
-            for share in shares
-        ]
+        pushed = [ctx.Value("q", 0, lock=False) for _ in shares]
+        key_ids: list[str] = []
+        if args.secure:
+            join_token = await asyncio.to_thread(coordinator.mint_join_token, uses=args.agents)
+            key_ids = await _mint_keys(coordinator)
+            ca_pem = (Path(coordinator.data_dir) / "ca" / "ca.pem").read_bytes()
+            print(f"minted {len(key_ids)} API keys and a join token for {args.agents} agents")
+            sims = [
+                ctx.Process(
+                    target=_secure_simulator,
+                    args=(
+                        coordinator.enroll_target,
+                        coordinator.grpc_target,
+                        ca_pem,
+                        join_token,
+                        tuple(key_ids),
+                        share,
+                        interval_s,
+                        stop,
+                        setup_out,
+                        counter,
+                        sim_out,
+                    ),
+                )
+                for share, counter in zip(shares, pushed, strict=True)
+            ]
+            ramp_s += 60  # enrollment first
+        else:
+            sims = [
+                ctx.Process(
+                    target=_simulator,
+                    args=(
+                        coordinator.grpc_target,
+                        share,
+                        interval_s,
+                        stop,
+                        setup_out,
+                        counter,
+                        sim_out,
+                    ),
+                )
+                for share, counter in zip(shares, pushed, strict=True)
+            ]
+        ramp_started = time.monotonic()
         for sim in sims:
             sim.start()
             if load_cpus and sim.pid is not None:
@@ -370,24 +702,54 @@ async def main(args: argparse.Namespace) -> int:
             print(f"  connected {count}/{args.agents}", flush=True)
             await asyncio.sleep(2)
         count = await connected()
-        print(f"connected {count}; steady window {args.duration:g} s with reports only")
+        ramp_wall_s = time.monotonic() - ramp_started
+        print(f"connected {count} in {ramp_wall_s:.1f} s")
+        setup_out.ask.set()
+        setups = [await asyncio.to_thread(setup_out.out.get, True, 60) for _ in sims]
+        setup_s = [t for one in setups for t in one["setup_s"]]
+        setup_figures = {
+            "all_agents_connected_after_s": round(ramp_wall_s, 1),
+            "session_setup_p50_ms": round(_percentile(setup_s, 0.5) * 1000, 1),
+            "session_setup_p99_ms": round(_percentile(setup_s, 0.99) * 1000, 1),
+            "session_setup_max_ms": round(max(setup_s, default=float("nan")) * 1000, 1),
+            "session_attempts_failed_during_ramp": sum(one["failed_attempts"] for one in setups),
+            "session_attempts_failed_why": _merged(one["failures"] for one in setups),
+        }
+        if args.secure:
+            enroll_s = max(one["enroll_s"] for one in setups)
+            setup_figures |= {
+                "agents_enrolled": sum(one["enrolled"] for one in setups),
+                "enrollment_s": round(enroll_s, 1),
+                "enrollments_per_s": round(args.agents / enroll_s, 1),
+                "api_keys": len(key_ids),
+                "api_keys_with_budgets": KEYS_WITH_BUDGETS,
+                "keys_in_an_agents_section": max(one["keys_in_last_section"] for one in setups),
+            }
+        print(f"  setup: {setup_figures}")
+        print(f"steady window {args.duration:g} s with reports only")
         await asyncio.sleep(interval_s * 1.5)  # every agent past its first report
 
         process = psutil.Process(coordinator.pid)
         key = "edgefleet_coordinator_load_reports_total"
         reports0 = await _metric(coordinator.http_url, key, coordinator.admin_headers)
+        pushed0 = sum(v.value for v in pushed)
         since = (process.cpu_times(), time.monotonic())
         await asyncio.sleep(args.duration)
         cores_reports = _cores(process, since)
         reports1 = await _metric(coordinator.http_url, key, coordinator.admin_headers)
         reports_per_s = (reports1.get(key, 0) - reports0.get(key, 0)) / args.duration
-        print(f"  reports/s {reports_per_s:.0f}, coordinator CPU {cores_reports:.2f} cores")
+        keys_pushed_per_s = (sum(v.value for v in pushed) - pushed0) / args.duration
+        print(
+            f"  reports/s {reports_per_s:.0f}, coordinator CPU {cores_reports:.2f} cores, "
+            f"keys sections pushed/s {keys_pushed_per_s:.0f}"
+        )
 
         print(f"lookups at {args.lookups_per_s:g}/s for {args.duration:g} s under that load")
         measured = await _measure_lookups(coordinator, args.lookups_per_s, args.duration, load_cpus)
         (latencies, lags, failures, client_cpu_s), h0, h1, window, cores_both = measured
         reports_during = (h1.get(key, 0) - h0.get(key, 0)) / window
         connected_end = await connected()
+        rss_mb = process.memory_info().rss / 2**20
         for sim in sims:
             sim.terminate()
         for sim in sims:
@@ -419,6 +781,12 @@ async def main(args: argparse.Namespace) -> int:
         f"load average {h0['load_average_1m']:.2f}"
     )
     figures: dict[str, Any] = {
+        "mode": "secure" if args.secure else "plain",
+        "session_transport": (
+            "mutual TLS, one connection per agent with its own client certificate"
+            if args.secure
+            else f"plaintext gRPC, {AGENTS_PER_CHANNEL} agents per connection"
+        ),
         "agents_requested": args.agents,
         "agents_connected": count,
         "agents_connected_at_end": connected_end,
@@ -436,6 +804,9 @@ async def main(args: argparse.Namespace) -> int:
         "coordinator_cores_per_1000_reports_s": round(cores_reports / reports_per_s * 1000, 3)
         if reports_per_s
         else None,
+        "coordinator_rss_mb": round(rss_mb, 1),
+        "keys_sections_pushed_per_s": round(keys_pushed_per_s, 1),
+        **setup_figures,
         "lookups_per_s_requested": args.lookups_per_s,
         "lookups_per_s_achieved": round(lookups_per_s, 1),
         "lookup_failures": failures,
@@ -485,7 +856,8 @@ async def main(args: argparse.Namespace) -> int:
         ),
         "route_client_p99_ms": target(figures["route_client_p99_ms"], "< 5", p99 < 5),
     }  # fmt: skip
-    path = write_results("coordinator_scale", figures, targets)
+    name = "coordinator_scale_secure" if args.secure else "coordinator_scale"
+    path = write_results(name, figures, targets)
     print(f"wrote {path}")
     return 0
 
@@ -502,6 +874,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="coordinator alone on CPU 0, load generators on the rest (default: with 2+ CPUs)",
+    )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="mutual TLS on the Session port, every agent enrolled (Enroll RPC, own key and "
+        f"CSR), {KEYS} API keys pushed to every agent; writes coordinator_scale_secure.json",
     )
     parser.add_argument(
         "--simulator-nice", type=int, default=10, help="niceness of the simulators when pinned"

@@ -48,8 +48,8 @@ def hello_from_pb(message: pb.Hello) -> Hello:
     """Validate a Hello and convert it; raises ProtocolError naming the bad field.
 
     Raises UnsupportedContractError when ``contract_minor`` is more than one minor version
-    away from ours. An agent from before contract versions (minor 0) always sent a
-    location, 0°N 0°E when it had none: from such an agent, 0, 0 means unknown.
+    away from ours (agents from before contract versions, minor 0, among them: they sent
+    0°N 0°E for "no place", which no accepted agent does, so 0, 0 is a real place).
     """
     minor = message.contract_minor
     if not contract_minor_accepted(minor):
@@ -75,8 +75,6 @@ def hello_from_pb(message: pb.Hello) -> Hello:
     if message.HasField("location"):
         loc = message.location
         location = location_checked(loc.lat, loc.lon, "Hello.location")
-        if minor == 0 and loc.lat == 0.0 and loc.lon == 0.0:
-            location = None
     for index, model in enumerate(message.models):
         if not model.name:
             raise ProtocolError(f"Hello.models[{index}].name is empty")

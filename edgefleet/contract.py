@@ -20,7 +20,7 @@ from typing import NamedTuple
 #: The contract's major version is the proto package (``edgefleet.v1``).
 CONTRACT_MAJOR = 1
 #: The minor version this code speaks; see the top of fleet.proto for the history.
-CONTRACT_MINOR = 1
+CONTRACT_MINOR = 2
 
 
 def contract_minor_accepted(minor: int, ours: int = CONTRACT_MINOR) -> bool:
@@ -102,7 +102,8 @@ class Hello:
     models: tuple[LoadedModel, ...] = ()
     # Credential from Enroll; never printed.
     token: str = field(default="", repr=False)
-    # The minor contract version the agent speaks (0 for agents from before versions).
+    # The minor contract version the agent speaks (0 for agents from before versions,
+    # which a coordinator at v1.2 or later refuses).
     contract_minor: int = CONTRACT_MINOR
 
 

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from coordinator.app import create_app
 from coordinator.app_keys import GRPC_SERVER_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
+from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -84,5 +85,6 @@ def hello(agent_id: str, **fields: Any) -> pb.AgentMessage:
         "site": "lab",
         "http_url": "http://127.0.0.1:8001",
         "models": [pb.LoadedModel(name="m", version="v1", task="chat")],
+        "contract_minor": CONTRACT_MINOR,
     }
     return pb.AgentMessage(hello=pb.Hello(agent_id=agent_id, **(defaults | fields)))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -24,6 +25,7 @@ def big_hello(agent_id: str, *, models: int, chars: int) -> pb.AgentMessage:
                 pb.LoadedModel(name=f"m{i}-{pad}", version=pad, task=pad, variant=pad)
                 for i in range(models)
             ],
+            contract_minor=CONTRACT_MINOR,
         )
     )
 

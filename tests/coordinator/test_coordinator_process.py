@@ -14,6 +14,7 @@ import pytest
 
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
+from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -56,7 +57,11 @@ async def test_sigterm_with_a_live_session_exits_promptly_and_cleanly() -> None:
     await coordinator.start()
     async with grpc.aio.insecure_channel(coordinator.grpc_target) as channel:
         call = pb_grpc.CoordinatorStub(channel).Session()
-        await call.write(pb.AgentMessage(hello=pb.Hello(agent_id="edge-1", site="lab")))
+        await call.write(
+            pb.AgentMessage(
+                hello=pb.Hello(agent_id="edge-1", site="lab", contract_minor=CONTRACT_MINOR)
+            )
+        )
         assert (await call.read()).WhichOneof("body") == "welcome"
         await wait_until(lambda: _connected(coordinator), message="agent connected before shutdown")
         started = time.monotonic()

@@ -322,20 +322,40 @@ async def test_agents_one_minor_version_apart_are_accepted(
     call.cancel()
 
 
-async def test_an_agent_from_before_versions_at_0n_0e_has_an_unknown_place(
+async def test_an_agent_from_before_contract_versions_is_refused_naming_the_versions(
     coordinator: Running,
 ) -> None:
-    # Agents before contract minor 1 always sent a location, 0, 0 when none was set.
-    old = coordinator.stub.Session()
-    await old.write(hello("old", contract_minor=0, location=pb.Location(lat=0.0, lon=0.0)))
-    await old.read()
-    new = coordinator.stub.Session()
-    await new.write(hello("new", location=pb.Location(lat=0.0, lon=0.0)))
-    await new.read()
-    assert (await coordinator.get_json("/v1/agents/old"))["location"] is None
-    assert (await coordinator.get_json("/v1/agents/new"))["location"] == {"lat": 0.0, "lon": 0.0}
-    old.cancel()
-    new.cancel()
+    # Minor 0: an agent from before contract versions sends no contract_minor at all.
+    call = coordinator.stub.Session()
+    await call.write(pb.AgentMessage(hello=pb.Hello(agent_id="old", site="lab")))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = info.value.details()
+    assert "the agent speaks contract v1.0" in details
+    assert f"this coordinator speaks v1.{CONTRACT_MINOR}" in details
+    assert f"accepts v1.{CONTRACT_MINOR - 1} to v1.{CONTRACT_MINOR + 1}" in details
+    assert "upgrade the agent" in details
+    assert (await coordinator.get("/v1/agents/old"))[0] == 404
+    _, _, metrics = await coordinator.get("/metrics")
+    assert 'edgefleet_coordinator_sessions_rejected_total{reason="contract_version"} 1.0' in metrics
+
+
+async def test_0n_0e_from_an_accepted_agent_is_a_real_place(coordinator: Running) -> None:
+    # Only minor-0 agents sent 0, 0 for "no place"; they are refused now, so from any
+    # agent the coordinator accepts (the oldest one included) 0, 0 is the Gulf of Guinea.
+    calls = []
+    for agent_id, minor in (("oldest", CONTRACT_MINOR - 1), ("current", CONTRACT_MINOR)):
+        call = coordinator.stub.Session()
+        await call.write(
+            hello(agent_id, contract_minor=minor, location=pb.Location(lat=0.0, lon=0.0))
+        )
+        await call.read()
+        calls.append(call)
+        found = await coordinator.get_json(f"/v1/agents/{agent_id}")
+        assert found["location"] == {"lat": 0.0, "lon": 0.0}
+    for call in calls:
+        call.cancel()
 
 
 async def test_a_section_set_for_an_agent_is_pushed_whole_and_its_ack_recorded(

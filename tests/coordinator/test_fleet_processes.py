@@ -17,7 +17,7 @@ from agent.control import CoordinatorSession
 from agent.enrollment import Enroller
 from devtools.fleet import AgentProcess, CoordinatorProcess
 from devtools.process import REPO_ROOT, wait_until
-from edgefleet.contract import Hello, LoadedModel, LoadReport
+from edgefleet.contract import CONTRACT_MINOR, Hello, LoadedModel, LoadReport
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -76,7 +76,11 @@ async def test_tls_enrollment_and_mutual_tls_session(tmp_path: Path) -> None:
         # No client certificate: the enrollment port refuses Session with a clear status.
         async with grpc.aio.secure_channel(coordinator.enroll_target, server_only) as channel:
             call = pb_grpc.CoordinatorStub(channel).Session()
-            await call.write(pb.AgentMessage(hello=pb.Hello(agent_id="edge-x", site="lab")))
+            await call.write(
+                pb.AgentMessage(
+                    hello=pb.Hello(agent_id="edge-x", site="lab", contract_minor=CONTRACT_MINOR)
+                )
+            )
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await call.read()
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -99,7 +103,14 @@ async def test_tls_enrollment_and_mutual_tls_session(tmp_path: Path) -> None:
         ) as channel:
             call = pb_grpc.CoordinatorStub(channel).Session()
             await call.write(
-                pb.AgentMessage(hello=pb.Hello(agent_id="edge-1", token=mine.token, site="lab"))
+                pb.AgentMessage(
+                    hello=pb.Hello(
+                        agent_id="edge-1",
+                        token=mine.token,
+                        site="lab",
+                        contract_minor=CONTRACT_MINOR,
+                    )
+                )
             )
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await call.read()

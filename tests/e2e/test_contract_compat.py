@@ -1,9 +1,12 @@
-"""The agent as it was before contract versions (commit 9bb823e) against today's coordinator.
+"""An agent one contract minor version older (v1.1, commit a91a12f) against today's coordinator.
 
-The old agent runs from its own tree (``git archive``), speaks contract minor 0 (no
-``contract_minor``, the unsectioned DesiredState, ``queue_depth`` beside
-``waiting_sequences``, 0°N 0°E for "no place"), and must still connect, report its load
-and be routed to.
+The old agent runs from its own tree (``git archive``). It speaks contract v1.1: it knows
+nothing of access control (no CSR, no API keys in the keys section, no per-key usage, no
+request records, no certificate renewal). Today's coordinator (v1.2) accepts it on
+loopback, where enrollment is not required: it must still connect, report its load, be
+routed to and serve a request. The coordinator's fleet view needs an admin token now
+(``CoordinatorProcess.admin_headers``); ``/v1/route`` stays public. Agents from before
+contract versions (minor 0) are refused: tests/coordinator/test_coordinator_service.py.
 """
 
 from __future__ import annotations
@@ -17,16 +20,18 @@ import pytest
 
 from devtools.fleet import AgentProcess, CoordinatorProcess
 from devtools.process import REPO_ROOT, wait_until
+from edgefleet.contract import CONTRACT_MINOR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-BEFORE_CONTRACT_VERSIONS = "9bb823e"
+# The last commit whose agent speaks contract v1.1 (before the access-control messages).
+CONTRACT_V1_1 = "a91a12f"
 TINY = "tiny-llama"
 
 
 def old_tree(into: Path) -> Path:
     archive = subprocess.run(
-        ["git", "archive", BEFORE_CONTRACT_VERSIONS],
+        ["git", "archive", CONTRACT_V1_1],
         cwd=REPO_ROOT,
         check=True,
         capture_output=True,
@@ -36,7 +41,14 @@ def old_tree(into: Path) -> Path:
     return into
 
 
-async def test_an_agent_from_before_contract_versions_connects_reports_and_is_routed_to(
+def test_the_old_tree_speaks_the_previous_minor_version(tmp_path: Path) -> None:
+    tree = old_tree(tmp_path)
+    source = (tree / "edgefleet" / "contract.py").read_text()
+    assert f"CONTRACT_MINOR = {CONTRACT_MINOR - 1}\n" in source
+    assert "csr_pem" not in (tree / "protos" / "edgefleet" / "v1" / "fleet.proto").read_text()
+
+
+async def test_a_v1_1_agent_connects_reports_is_routed_to_and_serves(
     tmp_path: Path, tiny_artifacts: Path
 ) -> None:
     tree = old_tree(tmp_path)
@@ -48,12 +60,20 @@ async def test_an_agent_from_before_contract_versions_connects_reports_and_is_ro
             coordinator=coordinator.grpc_target,
             agent_id="old-agent",
             site="lab",
+            lat=52.5,
+            lon=13.4,
             cwd=tree,
         ) as agent,
     ):
+        # Without the admin token the fleet view is refused (loopback is no credential).
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(coordinator.http_url + "/v1/agents") as response,
+        ):
+            assert response.status == 401
 
         async def view() -> dict[str, Any] | None:
-            agents = await coordinator.agents()
+            agents = await coordinator.agents()  # presents coordinator.admin_headers
             return next((a for a in agents if a["agent_id"] == "old-agent"), None)
 
         async def reporting() -> bool:
@@ -63,14 +83,20 @@ async def test_an_agent_from_before_contract_versions_connects_reports_and_is_ro
         await wait_until(reporting, timeout_s=20, message="the old agent's first load report")
         found = await view()
         assert found is not None
-        assert found["status"] == "connected" and found["contract_minor"] == 0
-        assert found["location"] is None  # it sent 0, 0 for "not configured"
+        assert found["status"] == "connected"
+        assert found["contract_minor"] == CONTRACT_MINOR - 1
+        assert not found["enrolled"]  # loopback: enrollment not required
+        assert found["location"] == {"lat": 52.5, "lon": 13.4}
         assert found["http_url"] == agent.url
         assert [m["name"] for m in found["models"]] == [TINY]
         assert found["load"]["waiting_sequences"] == 0 and found["healthy"]
 
-        route = await coordinator.get_json(f"/v1/route?model={TINY}&lat=52.5&lon=13.4")
+        route_url = coordinator.http_url + f"/v1/route?model={TINY}&lat=52.5&lon=13.4"
+        async with aiohttp.ClientSession() as http, http.get(route_url) as response:
+            assert response.status == 200  # no token: /v1/route is public
+            route = await response.json()
         assert [a["agent_id"] for a in route["agents"]] == ["old-agent"]
+        # The old agent checks no API keys (it predates them): the request needs none.
         async with (
             aiohttp.ClientSession() as http,
             http.post(
@@ -80,3 +106,11 @@ async def test_an_agent_from_before_contract_versions_connects_reports_and_is_ro
         ):
             assert response.status == 200
             assert (await response.json())["usage"]["completion_tokens"] >= 1
+        # Its load reports keep arriving after the request (the session stays up).
+        before = found["load"]["requests_total"]
+
+        async def counted() -> bool:
+            again = await view()
+            return again is not None and again["load"]["requests_total"] > before
+
+        await wait_until(counted, timeout_s=10, message="the served request in a load report")

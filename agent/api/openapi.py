@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 
 from agent.api import protocol as p
 from agent.api.http_io import STREAM_ERROR_CODES
+from agent.auth.middleware import OPEN_PATHS
 
 _REF = "#/components/schemas/{model}"
 
@@ -49,8 +50,18 @@ _ERRORS = {
     "400": "Invalid request (the field is named in error.param)",
     "404": "Unknown model or route",
     "413": "Request body over the configured limit",
-    "429": "Overloaded; retry after the Retry-After header",
+    "429": "Overloaded, or the key's rate limit reached; retry after the Retry-After header",
     "500": "Inference failed",
+    "503": "The engine restarted (retry) or stopped (the agent is unhealthy)",
+    "504": "The request ran past its timeout (X-Request-Timeout or the default)",
+}
+
+# What the API-key gate answers on every route it guards (agent/auth/middleware.py), when
+# the agent requires keys (a keys file or a coordinator).
+_KEY_ERRORS = {
+    "401": "No API key, or not a valid one (WWW-Authenticate: Bearer)",
+    "403": "The key may not use this model (model_not_allowed)",
+    "429": "The key's requests or tokens per minute are spent; retry after Retry-After",
 }
 
 
@@ -102,6 +113,19 @@ def openapi_document() -> dict[str, Any]:
                     "description": description,
                     "content": {"application/json": {"schema": _ref(p.ErrorResponse)}},
                 }
+        if path not in OPEN_PATHS:
+            op["security"] = [{"bearer": []}]
+            for status, description in _KEY_ERRORS.items():
+                op["responses"].setdefault(status, {
+                    "description": description,
+                    "content": {"application/json": {"schema": _ref(p.ErrorResponse)}},
+                })  # fmt: skip
+        if path == "/healthz":
+            op["responses"]["503"] = {
+                "description": "The agent cannot serve (a dead engine): the reason is in "
+                "unhealthy_reason",
+                "content": {"application/json": {"schema": _ref(p.Health)}},
+            }
         paths[path] = {method: op}
     return {
         "openapi": "3.1.0",
@@ -111,5 +135,10 @@ def openapi_document() -> dict[str, Any]:
             "description": "OpenAI-compatible inference API of an edgefleet agent.",
         },
         "paths": paths,
-        "components": {"schemas": schemas.get("$defs", {})},
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            # API keys (when the agent requires them: a keys file or a coordinator); the
+            # OpenAI SDK sends its api_key this way
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
     }

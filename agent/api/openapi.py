@@ -81,6 +81,28 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
+def _sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One server-sent event (OpenAPI 3.1: a text/event-stream ``schema`` describes each
+    event): its data is a chunk, the error event that ends a broken stream, or [DONE]."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": {"const": "message"},
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {"anyOf": [_ref(chunk), _ref(p.ErrorResponse)]},
+                    },
+                ]
+            },
+        },
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [p.ErrorResponse, p.ChatCompletionChunk]
@@ -97,9 +119,11 @@ def openapi_document() -> dict[str, Any]:
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
         else:
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
-        if streams:
+        if streams and resp is not None:
             ok["content"]["text/event-stream"] = {
-                "schema": {"type": "string"},
+                "schema": _sse_event(
+                    p.ChatCompletionChunk if resp is p.ChatCompletionResponse else resp
+                ),
                 "description": _SSE_DESCRIPTION,
             }
         op: dict[str, Any] = {"summary": summary, "responses": {"200": ok}}

@@ -7,9 +7,10 @@ and without one (401 must be documented). Every answer must be below 500 and mat
 document: a documented status code, content type and body schema.
 
 Generated requests stay cheap: the agent's default ``max_tokens`` is lowered by a
-test-only setting, and the fuzzed documents cap ``max_tokens``, ``n`` and
-``max_completion_tokens`` (the agent's real limits are unchanged), so no case asks the
-engine for thousands of tokens.
+test-only setting, and the fuzzed copy of the agent's document caps ``max_tokens``, ``n``
+and ``max_completion_tokens`` (the agent's real limits are unchanged), so no case asks the
+engine for thousands of tokens; it also names the served model as the only valid
+``model``, so schema-valid cases reach the engine and invalid ones get the 404.
 """
 
 from __future__ import annotations
@@ -49,30 +50,40 @@ EXAMPLES = 12
 T = TypeVar("T")
 
 
+# Fields the agent accepts only at their neutral value (a 400 otherwise, as its protocol
+# module says): left out of the fuzzed copy, so that schema-valid cases reach the engine.
+NEUTRAL_ONLY = (
+    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs",
+    "tools", "tool_choice", "functions", "response_format", "echo", "best_of", "suffix",
+    "max_completion_tokens",  # chat: max_tokens or this, not both
+)  # fmt: skip
+
+
 def _cheap(document: dict[str, Any]) -> dict[str, Any]:
-    """The agent's document with generation requests capped, for fuzzing only."""
+    """The agent's document narrowed for fuzzing: cheap generation, the served model, the
+    fields it implements."""
     doc = copy.deepcopy(document)
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         props = schemas[name]["properties"]
-        for field in ("max_tokens", "max_completion_tokens"):
-            if field in props:
-                props[field] = {"anyOf": [{"type": "integer", "maximum": MAX_TOKENS},
-                                          {"type": "null"}]}  # fmt: skip
-        props["n"] = {"type": "integer", "minimum": 1, "maximum": 2}
+        for field in NEUTRAL_ONLY:
+            props.pop(field, None)
+        props["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}
+        props["min_tokens"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOKENS}
+        props["n"] = {"const": 1}
+        # valid cases reach the engine; the negative ones name other models (404)
+        props["model"] = {"enum": [TINY]}
+        props["continue_token_ids"] = {
+            "type": "array", "minItems": 1, "maxItems": 8,
+            "items": {"type": "integer", "minimum": 0, "maximum": 255},
+        }  # fmt: skip
+    schemas["CompletionRequest"]["properties"]["prompt"] = {"type": "string", "minLength": 1}
+    schemas["ChatMessageIn"]["properties"]["role"] = {"enum": ["system", "user", "assistant"]}
     return doc
 
 
 AGENT = schemathesis.openapi.from_dict(_cheap(agent_document()))
 COORDINATOR = schemathesis.openapi.from_dict(coordinator_document())
-
-
-@AGENT.hook
-def map_body(context: Any, body: Any) -> Any:
-    # Most cases name the served model, so they reach the engine rather than a 404.
-    if isinstance(body, dict) and "model" in body and hash(repr(body)) % 4:
-        body["model"] = TINY
-    return body
 
 
 class _LoopThread:

@@ -43,6 +43,7 @@ from devtools.fleet import AgentProcess, CoordinatorProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 TINY = "tiny-llama"
+AGENT_ID = "fuzz-agent"
 # generation stays this short whatever a case asks for
 MAX_TOKENS = 4
 EXAMPLES = 12
@@ -82,8 +83,20 @@ def _cheap(document: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _our_agent(document: dict[str, Any]) -> dict[str, Any]:
+    """The coordinator's document with ``agent_id`` naming the fuzz agent, so that valid
+    cases reach its record (drain, resume, patch, revoke, remove); invalid ones get 404."""
+    doc = copy.deepcopy(document)
+    for operations in doc["paths"].values():
+        for operation in operations.values():
+            for param in operation["parameters"]:
+                if param["name"] == "agent_id" and param["in"] == "path":
+                    param["schema"] = {"enum": [AGENT_ID]}
+    return doc
+
+
 AGENT = schemathesis.openapi.from_dict(_cheap(agent_document()))
-COORDINATOR = schemathesis.openapi.from_dict(coordinator_document())
+COORDINATOR = schemathesis.openapi.from_dict(_our_agent(coordinator_document()))
 
 
 class _LoopThread:
@@ -127,6 +140,7 @@ def fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     agent = AgentProcess(
         models_dir=str(tiny_artifacts),
         serve=[TINY],
+        agent_id=AGENT_ID,
         coordinator=coordinator.grpc_target,
         extra_args=[
             f"--set=auth.keys_file={keys_file}",

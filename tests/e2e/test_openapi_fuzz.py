@@ -189,7 +189,7 @@ def test_the_served_documents_are_the_fuzzed_ones(fleet: Fleet) -> None:
 
 @AGENT.parametrize()
 @FUZZ
-def test_agent_with_a_key(case: schemathesis.Case, fleet: Fleet) -> None:
+def test_agent_with_a_key(case: schemathesis.Case[Any], fleet: Fleet) -> None:
     case.call_and_validate(
         base_url=fleet.agent_url, headers=fleet.key_headers, checks=CHECKS, timeout=60
     )
@@ -197,13 +197,13 @@ def test_agent_with_a_key(case: schemathesis.Case, fleet: Fleet) -> None:
 
 @AGENT.parametrize()
 @FUZZ
-def test_agent_without_a_key(case: schemathesis.Case, fleet: Fleet) -> None:
+def test_agent_without_a_key(case: schemathesis.Case[Any], fleet: Fleet) -> None:
     case.call_and_validate(base_url=fleet.agent_url, checks=CHECKS, timeout=60)
 
 
 @COORDINATOR.parametrize()
 @FUZZ
-def test_coordinator_as_admin(case: schemathesis.Case, fleet: Fleet) -> None:
+def test_coordinator_as_admin(case: schemathesis.Case[Any], fleet: Fleet) -> None:
     case.call_and_validate(
         base_url=fleet.coordinator_url, headers=fleet.admin_headers, checks=CHECKS, timeout=60
     )
@@ -211,5 +211,5 @@ def test_coordinator_as_admin(case: schemathesis.Case, fleet: Fleet) -> None:
 
 @COORDINATOR.parametrize()
 @FUZZ
-def test_coordinator_without_a_token(case: schemathesis.Case, fleet: Fleet) -> None:
+def test_coordinator_without_a_token(case: schemathesis.Case[Any], fleet: Fleet) -> None:
     case.call_and_validate(base_url=fleet.coordinator_url, checks=CHECKS, timeout=60)

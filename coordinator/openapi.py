@@ -294,6 +294,13 @@ _SCHEMAS: dict[str, Any] = {
 }
 for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord", "ApiKey"):
     _SCHEMAS[f"{_name}List"] = _list_of(_name)
+# /v1/agents is paginated (coordinator.http_api.list_agents)
+_SCHEMAS["AgentList"]["required"] += ["first_id", "last_id", "has_more"]
+_SCHEMAS["AgentList"]["properties"] |= {
+    "first_id": _NULLABLE_STR,
+    "last_id": _NULLABLE_STR,
+    "has_more": {"type": "boolean"},
+}
 
 
 def _q(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
@@ -314,7 +321,19 @@ def _json(schema: str) -> dict[str, Any]:
 # response: a schema name, or a content dict for non-JSON answers.
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
 _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
-    ("GET", "/v1/agents"): ([], None, "200", "AgentList"),
+    ("GET", "/v1/agents"): (
+        [
+            _q(
+                "limit",
+                {"type": "number", "minimum": 1, "maximum": 1000},
+                "agents per page (default 500)",
+            ),
+            _q("after", {"type": "string"}, "the last agent id of the previous page"),
+        ],
+        None,
+        "200",
+        "AgentList",
+    ),
     ("GET", "/v1/agents/{agent_id}"): ([_p("agent_id")], None, "200", "Agent"),
     ("GET", "/v1/route"): (
         [
@@ -436,6 +455,7 @@ def openapi_document() -> dict[str, Any]:
             responses["403"] = {"description": "Role too low", "content": _json("Error")}
         if body is not None:
             operation["requestBody"] = {"required": False, "content": _json(body)}
+            responses["413"] = {"description": "Body over the limit", "content": _json("Error")}
         paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",

@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 
 from agent.api import protocol as p
 from agent.api.http_io import STREAM_ERROR_CODES
+from agent.auth.middleware import OPEN_PATHS
 
 _REF = "#/components/schemas/{model}"
 
@@ -49,8 +50,18 @@ _ERRORS = {
     "400": "Invalid request (the field is named in error.param)",
     "404": "Unknown model or route",
     "413": "Request body over the configured limit",
-    "429": "Overloaded; retry after the Retry-After header",
+    "429": "Overloaded, or the key's rate limit reached; retry after the Retry-After header",
     "500": "Inference failed",
+    "503": "The engine restarted (retry) or stopped (the agent is unhealthy)",
+    "504": "The request ran past its timeout (X-Request-Timeout or the default)",
+}
+
+# What the API-key gate answers on every route it guards (agent/auth/middleware.py), when
+# the agent requires keys (a keys file or a coordinator).
+_KEY_ERRORS = {
+    "401": "No API key, or not a valid one (WWW-Authenticate: Bearer)",
+    "403": "The key may not use this model (model_not_allowed)",
+    "429": "The key's requests or tokens per minute are spent; retry after Retry-After",
 }
 
 
@@ -70,6 +81,28 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
+def _sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One server-sent event (OpenAPI 3.1: a text/event-stream ``schema`` describes each
+    event): its data is a chunk, the error event that ends a broken stream, or [DONE]."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": {"const": "message"},
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {"anyOf": [_ref(chunk), _ref(p.ErrorResponse)]},
+                    },
+                ]
+            },
+        },
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [p.ErrorResponse, p.ChatCompletionChunk]
@@ -86,9 +119,11 @@ def openapi_document() -> dict[str, Any]:
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
         else:
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
-        if streams:
+        if streams and resp is not None:
             ok["content"]["text/event-stream"] = {
-                "schema": {"type": "string"},
+                "schema": _sse_event(
+                    p.ChatCompletionChunk if resp is p.ChatCompletionResponse else resp
+                ),
                 "description": _SSE_DESCRIPTION,
             }
         op: dict[str, Any] = {"summary": summary, "responses": {"200": ok}}
@@ -102,6 +137,19 @@ def openapi_document() -> dict[str, Any]:
                     "description": description,
                     "content": {"application/json": {"schema": _ref(p.ErrorResponse)}},
                 }
+        if path not in OPEN_PATHS:
+            op["security"] = [{"bearer": []}]
+            for status, description in _KEY_ERRORS.items():
+                op["responses"].setdefault(status, {
+                    "description": description,
+                    "content": {"application/json": {"schema": _ref(p.ErrorResponse)}},
+                })  # fmt: skip
+        if path == "/healthz":
+            op["responses"]["503"] = {
+                "description": "The agent cannot serve (a dead engine): the reason is in "
+                "unhealthy_reason",
+                "content": {"application/json": {"schema": _ref(p.Health)}},
+            }
         paths[path] = {method: op}
     return {
         "openapi": "3.1.0",
@@ -111,5 +159,10 @@ def openapi_document() -> dict[str, Any]:
             "description": "OpenAI-compatible inference API of an edgefleet agent.",
         },
         "paths": paths,
-        "components": {"schemas": schemas.get("$defs", {})},
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            # API keys (when the agent requires them: a keys file or a coordinator); the
+            # OpenAI SDK sends its api_key this way
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
     }

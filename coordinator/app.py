@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -32,6 +31,7 @@ from coordinator.app_keys import (
     TOKENS_KEY,
 )
 from coordinator.audit import AuditLog
+from coordinator.background import periodic_task
 from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig
 from coordinator.enrollment import EnrollmentService
@@ -167,22 +167,17 @@ async def _last_state_saver(app: web.Application) -> AsyncIterator[None]:
     registry = app[REGISTRY_KEY]
     period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 * SAVE_EVERY_REPORTS
 
-    async def save_periodically() -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            try:
-                for _ in registry.save_last_states(SAVE_BATCH):
-                    await asyncio.sleep(0)
-            except StoreError as exc:  # retried next period: what failed is still unsaved
-                logger.warning("could not save the agents' live state: %s", exc)
+    async def save() -> None:
+        try:
+            for _ in registry.save_last_states(SAVE_BATCH):
+                await asyncio.sleep(0)
+        except StoreError as exc:  # retried next period: what failed is still unsaved
+            logger.warning("could not save the agents' live state: %s", exc)
 
-    task = asyncio.create_task(save_periodically(), name="last-state-saver")
     try:
-        yield
+        async with periodic_task("last-state saver", period_s, save):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         try:
             saved = sum(registry.save_last_states(SAVE_BATCH))
         except StoreError as exc:
@@ -206,18 +201,11 @@ async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
     period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 / 4
 
     async def sweep() -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            for record in registry.sweep():
-                metrics.liveness_changes.labels(liveness=record.liveness.value).inc()
+        for record in registry.sweep():
+            metrics.liveness_changes.labels(liveness=record.liveness.value).inc()
 
-    task = asyncio.create_task(sweep(), name="liveness-sweep")
-    try:
+    async with periodic_task("liveness sweep", period_s, sweep):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def _key_distribution(app: web.Application) -> AsyncIterator[None]:
@@ -227,20 +215,15 @@ async def _key_distribution(app: web.Application) -> AsyncIterator[None]:
     period_s = app[CONFIG_KEY].report_interval_ms / 1000.0
 
     async def tick() -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            try:
-                distributor.tick(period_s)
-            except StoreError as exc:  # retried next period
-                logger.warning("could not refresh API keys: %s", exc)
+        try:
+            distributor.tick(period_s)
+        except StoreError as exc:  # retried next period
+            logger.warning("could not refresh API keys: %s", exc)
 
-    task = asyncio.create_task(tick(), name="key-distribution")
     try:
-        yield
+        async with periodic_task("API key distribution", period_s, tick):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         try:
             distributor.save_usage()
         except StoreError as exc:

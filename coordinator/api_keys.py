@@ -24,7 +24,11 @@ average (``USAGE_SMOOTHING`` per report interval) of what the agent reported for
 for the token budget). With no demand anywhere the split is equal (``budget / n``). The
 floor (``FLOOR`` = 25 % of the budget, split evenly) lets an idle agent serve a key's first
 requests at once. A share moves when it differs from the one last pushed by more than
-``RESHARE_TOLERANCE`` (10 %), or when agents come and go. Consequences: a key can briefly
+``RESHARE_TOLERANCE`` (10 %), or when agents come and go; a rebalance alone (no key
+changed) re-sends at most ``RESHARE_MAX_FRACTION`` of the agents per report interval
+(at least ``RESHARE_MIN_AGENTS``), the largest moves first, so a fleet whose usage keeps
+shifting does not turn into a stream of section pushes (5,000 agents with uneven usage
+re-sent about 1,150 sections a second before this cap). Consequences: a key can briefly
 exceed its budget by what the agents' buckets held (each bucket holds one minute of its
 share) when shares move, and a client that moves to an agent with a small share is
 refused sooner, until the next rebalance (within a report interval or two).
@@ -51,6 +55,8 @@ SECRET_PREFIX = "ef-"
 FLOOR = 0.25
 USAGE_SMOOTHING = 0.3
 RESHARE_TOLERANCE = 0.10
+RESHARE_MAX_FRACTION = 0.05
+RESHARE_MIN_AGENTS = 50
 
 Clock = Callable[[], datetime]
 
@@ -313,10 +319,11 @@ class KeyDistributor:
         """Reload the active keys and push each connected agent's section when it changed
         (any key added, removed or changed; a share moved by over RESHARE_TOLERANCE).
         Returns the number of agents pushed to."""
-        previous = {k.key_id: k for k in self._active}
+        previous = {k.key_id: _without_usage(k) for k in self._active}
         self._active = self._keys.active()
         self._known_ids |= {k.key_id for k in self._active}
-        changed = force or previous != {k.key_id: k for k in self._active}
+        # usage totals grow every tick: only a change of the keys or their scopes counts
+        changed = force or previous != {k.key_id: _without_usage(k) for k in self._active}
         if changed:
             self._template_keys = None
         if self._push is None or not self._known_ids:
@@ -326,15 +333,24 @@ class KeyDistributor:
         budgets = any(k.requests_per_minute or k.tokens_per_minute for k in self._active)
         if not changed and not budgets:
             return 0  # nothing to share: connecting agents got the set in on_connect
-        pushed = 0
+        if changed:
+            for agent_id in agents:
+                keys = self._shares(agent_id, len(agents))
+                self._push(agent_id, self._section(keys))
+                self._pushed[agent_id] = keys
+            return len(agents)
+        moved: list[tuple[float, str, tuple[ApiKey, ...]]] = []
         for agent_id in agents:
             keys = self._shares(agent_id, len(agents))
-            if not changed and _close(self._pushed.get(agent_id), keys):
-                continue
+            old = self._pushed.get(agent_id)
+            if not _close(old, keys):
+                moved.append((_largest_move(old, keys), agent_id, keys))
+        limit = max(RESHARE_MIN_AGENTS, int(RESHARE_MAX_FRACTION * len(agents)))
+        moved.sort(key=lambda m: m[0], reverse=True)
+        for _, agent_id, keys in moved[:limit]:
             self._push(agent_id, self._section(keys))
             self._pushed[agent_id] = keys
-            pushed += 1
-        return pushed
+        return min(len(moved), limit)
 
     def tick(self, interval_s: float) -> int:
         """Every report interval: smooth the demand, save usage, push what changed."""
@@ -376,6 +392,27 @@ def _share(budget: float, n: int, mine: float, total: float) -> float:
 def _scopes(key: ApiKey) -> tuple[object, ...]:
     return (key.key_id, key.secret_sha256, key.models, key.allow_cloud, key.max_priority,
             key.max_tokens_per_request, key.expires_at_unix, key.name)  # fmt: skip
+
+
+def _without_usage(record: ApiKeyRecord) -> ApiKeyRecord:
+    """The record without its usage totals (what agents are sent does not include them)."""
+    return replace(record, requests=0, prompt_tokens=0, completion_tokens=0, rejected=0)
+
+
+def _largest_move(old: tuple[ApiKey, ...] | None, new: tuple[ApiKey, ...]) -> float:
+    """How far the largest share moved, relative to the larger of the two (1.0 when the
+    keys themselves differ): which agents a capped rebalance serves first."""
+    if old is None or len(old) != len(new):
+        return 1.0
+    largest = 0.0
+    for a, b in zip(old, new, strict=True):
+        if a.key_id != b.key_id:
+            return 1.0
+        for x, y in ((a.requests_per_minute, b.requests_per_minute),
+                     (a.tokens_per_minute, b.tokens_per_minute)):  # fmt: skip
+            if max(x, y) > 0:
+                largest = max(largest, abs(x - y) / max(x, y))
+    return largest
 
 
 def _close(old: tuple[ApiKey, ...] | None, new: tuple[ApiKey, ...]) -> bool:

@@ -228,3 +228,53 @@ async def test_keys_generation_outlives_a_coordinator_restart(
     async with agent:
         await wait_until(lambda: not accepts(agent.table, key["secret"]), timeout_s=5)
     assert agent.table.generation > held
+
+
+def test_a_rebalance_alone_re_sends_a_bounded_share_of_the_fleet_largest_moves_first(
+    tmp_path: Path,
+) -> None:
+    """With usage that keeps shifting, a tick re-sends at most RESHARE_MAX_FRACTION of the
+    agents (at least RESHARE_MIN_AGENTS), not every agent whose share moved; a key change
+    still reaches every agent at once."""
+    from coordinator.api_keys import RESHARE_MIN_AGENTS, ApiKeys, KeyDistributor
+    from coordinator.sqlite_store import SQLiteFleetStore
+
+    store = SQLiteFleetStore.in_directory(tmp_path)
+    try:
+        keys = ApiKeys(store)
+        minted = keys.mint(name="busy", requests_per_minute=60_000.0)
+        sections: dict[str, KeysSection] = {}
+        pushes: list[str] = []
+
+        def push(agent_id: str, section: KeysSection) -> None:  # type: ignore[misc]
+            sections[agent_id] = section
+            pushes.append(agent_id)
+
+        agents = [f"edge-{i:03d}" for i in range(200)]
+        distributor = KeyDistributor(
+            keys,
+            set_section=push,
+            current_section=sections.get,  # type: ignore[arg-type]
+        )
+        distributor.bind(push, lambda: agents)  # type: ignore[arg-type]
+        for agent in agents:
+            distributor.on_connect(agent)
+        assert len(pushes) == len(agents)  # everyone gets the key
+        key_id = minted.record.key_id
+        for round_ in range(3):
+            pushes.clear()
+            # every agent's demand changes, a few a lot (agent 7 most of all)
+            for i, agent in enumerate(agents):
+                heavy = 500 if i == 7 else (50 if i % 40 == 0 else 1 + (i + round_) % 3)
+                distributor.record_usage(agent, [KeyUsage(key_id, requests=heavy)])
+            distributor.tick(2.0)
+            assert 0 < len(pushes) <= RESHARE_MIN_AGENTS, len(pushes)
+            if round_ == 0:
+                assert "edge-007" in pushes  # the largest move goes first
+        pushes.clear()
+        keys.revoke(key_id)
+        distributor.refresh(force=True)
+        assert sorted(pushes) == agents  # a revocation is never capped
+        assert all(not sections[a].keys for a in agents)
+    finally:
+        store.close()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
-import urllib.request
 
 import aiohttp
 import pytest
@@ -38,24 +38,40 @@ async def test_agents_are_paginated_and_healthz_stays_fast(
     listed: list[str] = []
     pages = 0
 
-    def list_all() -> None:
-        """The lister runs on a thread of its own: its JSON parsing is not the server's."""
+    # The lister is a process of its own: its JSON parsing must not hold this process's
+    # GIL while the coordinator (in this process) answers /healthz.
+    lister_code = (
+        "import json, sys, urllib.request\n"
+        "url, token = sys.argv[1], sys.argv[2]\n"
+        "path, pages, ids = '/v1/agents', 0, []\n"
+        "while True:\n"
+        "    req = urllib.request.Request(url + path, headers={'Authorization': token})\n"
+        "    with urllib.request.urlopen(req) as r:\n"
+        "        assert r.status == 200\n"
+        "        body = json.load(r)\n"
+        "    pages += 1\n"
+        "    ids += [a['agent_id'] for a in body['data']]\n"
+        "    if not body.get('has_more'):\n"
+        "        break\n"
+        "    path = '/v1/agents?after=' + body['last_id']\n"
+        "print(json.dumps({'pages': pages, 'ids': ids}))\n"
+    )
+
+    async def list_all() -> None:
         nonlocal pages
-        path = "/v1/agents"
-        while True:
-            request = urllib.request.Request(url + path, headers=ADMIN_HEADERS)  # viewer+
-            with urllib.request.urlopen(request) as response:
-                assert response.status == 200
-                body = json.load(response)
-            pages += 1
-            listed.extend(a["agent_id"] for a in body["data"])
-            if not body.get("has_more"):
-                return
-            path = f"/v1/agents?after={body['last_id']}"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", lister_code, url, ADMIN_HEADERS["Authorization"],
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await process.communicate()
+        assert process.returncode == 0
+        result = json.loads(out)
+        pages = result["pages"]
+        listed.extend(result["ids"])
 
     async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as http:
         started = time.monotonic()
-        lister = asyncio.ensure_future(asyncio.to_thread(list_all))
+        lister = asyncio.ensure_future(list_all())
         while not lister.done():
             t = time.monotonic()
             async with http.get(url + "/healthz") as response:
@@ -70,8 +86,10 @@ async def test_agents_are_paginated_and_healthz_stays_fast(
         )
         assert listed == sorted(listed) and len(set(listed)) == FLEET
         assert pages == 10
-        # the first probe races the lister thread's start (one process, one GIL): skip it
-        assert max(healthz[1:]) < 0.25
+        # /healthz keeps answering while 5,000 agents are listed: typically within a few
+        # ms, never stalled for long (bounds generous for a loaded 2-core CI box)
+        assert sorted(healthz)[len(healthz) // 2] < 0.05
+        assert max(healthz) < 0.5
 
         async with http.get(url + "/v1/agents?limit=2&after=edge-00010") as response:
             page = await response.json()

@@ -41,6 +41,7 @@ from cryptography.x509.oid import NameOID
 from agent.config import AgentConfig
 from agent.errors import ConfigError, FatalError
 from edgefleet.contract import Location
+from edgefleet.files import write_private
 from edgefleet.tls import write_atomically
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
@@ -337,28 +338,6 @@ class Enroller:
         if credentials.ca_cert_pem:
             write_atomically(self._state_dir / CA_FILE, credentials.ca_cert_pem)
         write_atomically(self._state_dir / CERT_FILE, credentials.client_cert_pem)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a 0600 temporary file, fsync, rename, and
-    an fsync of the directory, so a crash leaves the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def _csr(key_pem: str, name: str) -> str:

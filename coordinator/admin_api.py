@@ -319,12 +319,7 @@ async def revoke_token(request: web.Request) -> web.Response:
 async def set_agent(request: web.Request) -> web.Response:
     """Fix an agent's site, location (lat + lon) and/or URL: PATCH body, fields optional."""
     agent_id = request.match_info["agent_id"]
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        raise InvalidParameter("body", "the request body must be a JSON object") from None
-    if not isinstance(body, dict):
-        raise InvalidParameter("body", "the request body must be a JSON object")
+    body = await json_body(request)
     site, http_url = body.get("site"), body.get("http_url")
     if site is not None and not isinstance(site, str):
         raise InvalidParameter("site", "site must be a string")
@@ -504,12 +499,7 @@ def _key_not_found(exc: UnknownApiKeyError) -> web.Response:
 
 async def mint_key(request: web.Request) -> web.Response:
     """Mint an API key; the secret is in this response only."""
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        raise InvalidParameter("body", "the request body must be a JSON object") from None
-    if not isinstance(body, dict):
-        raise InvalidParameter("body", "the request body must be a JSON object")
+    body = await json_body(request)
     name, models = body.get("name", ""), body.get("models", [])
     if not isinstance(name, str):
         raise InvalidParameter("name", "name must be a string")

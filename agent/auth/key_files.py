@@ -17,14 +17,13 @@ file in the same directory, fsync, rename) with mode 0600.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from agent.auth.keys import PRIORITY_RANK
 from agent.errors import ConfigError
 from edgefleet.contract import ApiKey, KeysSection
+from edgefleet.files import write_private
 
 FORMAT_VERSION = 1
 #: The last keys section from the coordinator, under ``coordinator.state_dir``.
@@ -99,21 +98,4 @@ def read_keys(path: Path) -> KeysSection:
 
 def write_keys(path: Path, section: KeysSection) -> None:
     """Write atomically with mode 0600 (never a half-written or world-readable file)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    text = json.dumps(section_to_json(section), indent=1)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_private(path, json.dumps(section_to_json(section), indent=1))

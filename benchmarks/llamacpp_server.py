@@ -1,22 +1,25 @@
 """llama.cpp's OpenAI-compatible server (llama-cpp-python) as a benchmark peer.
 
-Its own virtual environment lives in ``.benchcache/llamacpp-venv`` and is built once
-(compiling llama.cpp takes about 8 minutes on 2 cores), then reused.
+Its own virtual environment lives in ``~/.cache/edgefleet/llamacpp-venv`` (outside the
+clone, so every clone and CI run on the machine shares it; ``$XDG_CACHE_HOME`` is honoured)
+and is built once (compiling llama.cpp takes about 8 minutes on 2 cores), then reused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from devtools.process import REPO_ROOT, ServiceProcess
+from devtools.process import ServiceProcess
 
 VERSION = "0.3.36"
-VENV = REPO_ROOT / ".benchcache" / "llamacpp-venv"
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgefleet"
+VENV = CACHE_ROOT / "llamacpp-venv"
 PYTHON = VENV / "bin" / "python"
 _READY = re.compile(r"Uvicorn running on http://")
 
@@ -28,6 +31,7 @@ def ensure_built() -> Path:
         return PYTHON
     print(f"building llama-cpp-python {VERSION} into {VENV} (about 8 minutes on 2 cores) ...",
           flush=True)  # fmt: skip
+    VENV.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     started = time.monotonic()
     with subprocess.Popen(

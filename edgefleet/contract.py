@@ -20,7 +20,7 @@ from typing import NamedTuple
 #: The contract's major version is the proto package (``edgefleet.v1``).
 CONTRACT_MAJOR = 1
 #: The minor version this code speaks; see the top of fleet.proto for the history.
-CONTRACT_MINOR = 2
+CONTRACT_MINOR = 3
 
 
 def contract_minor_accepted(minor: int, ours: int = CONTRACT_MINOR) -> bool:
@@ -127,6 +127,68 @@ class KeyUsage(NamedTuple):
     rejected: int = 0
 
 
+class ModelInventoryState(enum.StrEnum):
+    """Where one model version stands on one agent (``ModelInventory.State``)."""
+
+    UNSPECIFIED = "unspecified"
+    DOWNLOADING = "downloading"
+    ON_DISK = "on_disk"
+    LOADING = "loading"
+    CHECKING = "checking"
+    LOADED = "loaded"
+    FAILED = "failed"
+
+
+class SelfCheckResult(NamedTuple):
+    """The accuracy gate recomputed on the box (v1.3)."""
+
+    passed: bool
+    perplexity: float = 0.0
+    # perplexity / the manifest's fp32 reference perplexity.
+    perplexity_ratio: float = 0.0
+    greedy_matched: int = 0
+    greedy_total: int = 0
+    seconds: float = 0.0
+    # Why it failed; empty when it passed.
+    detail: str = ""
+
+
+class ModelInventory(NamedTuple):
+    """One model version on one agent (v1.3)."""
+
+    name: str
+    version: str
+    state: ModelInventoryState = ModelInventoryState.UNSPECIFIED
+    bytes_done: int = 0
+    bytes_total: int = 0
+    last_error: str = ""
+    self_check: SelfCheckResult | None = None
+    bytes_from_peers: int = 0
+    bytes_from_coordinator: int = 0
+
+
+class Histogram(NamedTuple):
+    """Per-bucket counts (not cumulative): ``counts[i]`` is observations in
+    ``(upper_bounds[i-1], upper_bounds[i]]``; the last count is above every bound."""
+
+    upper_bounds: tuple[float, ...] = ()
+    counts: tuple[int, ...] = ()
+    sum: float = 0.0
+
+
+class ModelStats(NamedTuple):
+    """What one model version served on one agent since the previous report (v1.3)."""
+
+    name: str
+    version: str
+    requests: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Time to first token, seconds.
+    ttft_seconds: Histogram = Histogram()
+
+
 class LoadReport(NamedTuple):
     """One load sample from an agent; fleet.proto defines each field.
 
@@ -150,6 +212,10 @@ class LoadReport(NamedTuple):
     applied: SectionGenerations = SectionGenerations()
     # What each API key used here since the previous report (v1.2).
     key_usage: tuple[KeyUsage, ...] = ()
+    # Every model version on this agent (v1.3).
+    inventory: tuple[ModelInventory, ...] = ()
+    # What each model version served since the previous report (v1.3).
+    model_stats: tuple[ModelStats, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,18 +254,28 @@ class Welcome:
     session_id: str
     report_interval_ms: int
     contract_minor: int = CONTRACT_MINOR
+    # The coordinator's model-signing public key, raw 32 bytes (v1.3; empty: none).
+    model_signing_key: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
 class ModelTarget:
-    """A model version an agent should have, and where to fetch it."""
+    """A model version an agent should have loaded and serving, and where to fetch it."""
 
     name: str
     version: str
-    # Content-addressed artifact URL.
+    # Base URL of the coordinator's blob store: a file with sha256 H is at
+    # ``{artifact_url}/sha256/{H}``.
     artifact_url: str
-    # Hex sha256 of the artifact.
+    # Hex sha256 of ``manifest``.
     sha256: str
+    # The signed manifest bytes and their ed25519 signature (v1.3).
+    manifest: bytes = field(default=b"", repr=False)
+    signature: bytes = field(default=b"", repr=False)
+    # Site peers' blob base URLs to ask first (v1.3).
+    peer_urls: tuple[str, ...] = ()
+    # The rollout that set this target; empty for a static assignment (v1.3).
+    rollout_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

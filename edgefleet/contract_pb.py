@@ -17,12 +17,16 @@ from edgefleet.contract import (
     DesiredState,
     Hardware,
     Hello,
+    Histogram,
     KeysSection,
     KeyUsage,
     LoadedModel,
     LoadReport,
     Location,
+    ModelInventory,
+    ModelInventoryState,
     ModelsSection,
+    ModelStats,
     ModelTarget,
     OverflowKind,
     OverflowTarget,
@@ -31,6 +35,7 @@ from edgefleet.contract import (
     RenewCertificate,
     RequestRecords,
     SectionGenerations,
+    SelfCheckResult,
     Welcome,
 )
 from edgefleet.v1 import fleet_pb2 as pb
@@ -174,6 +179,8 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         unhealthy_reason=report.unhealthy_reason,
         applied=section_generations_to_pb(report.applied),
         key_usage=[key_usage_to_pb(u) for u in report.key_usage],
+        inventory=[model_inventory_to_pb(m) for m in report.inventory],
+        model_stats=[model_stats_to_pb(m) for m in report.model_stats],
     )
 
 
@@ -191,6 +198,115 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         unhealthy_reason=message.unhealthy_reason,
         applied=section_generations_from_pb(message.applied),
         key_usage=tuple(key_usage_from_pb(u) for u in message.key_usage),
+        inventory=tuple(model_inventory_from_pb(m) for m in message.inventory),
+        model_stats=tuple(model_stats_from_pb(m) for m in message.model_stats),
+    )
+
+
+_INVENTORY_STATE_TO_PB = {
+    ModelInventoryState.UNSPECIFIED: pb.ModelInventory.STATE_UNSPECIFIED,
+    ModelInventoryState.DOWNLOADING: pb.ModelInventory.STATE_DOWNLOADING,
+    ModelInventoryState.ON_DISK: pb.ModelInventory.STATE_ON_DISK,
+    ModelInventoryState.LOADING: pb.ModelInventory.STATE_LOADING,
+    ModelInventoryState.CHECKING: pb.ModelInventory.STATE_CHECKING,
+    ModelInventoryState.LOADED: pb.ModelInventory.STATE_LOADED,
+    ModelInventoryState.FAILED: pb.ModelInventory.STATE_FAILED,
+}
+_INVENTORY_STATE_FROM_PB = {v: k for k, v in _INVENTORY_STATE_TO_PB.items()}
+
+
+def self_check_result_to_pb(result: SelfCheckResult) -> pb.SelfCheckResult:
+    return pb.SelfCheckResult(
+        passed=result.passed,
+        perplexity=result.perplexity,
+        perplexity_ratio=result.perplexity_ratio,
+        greedy_matched=result.greedy_matched,
+        greedy_total=result.greedy_total,
+        seconds=result.seconds,
+        detail=result.detail,
+    )
+
+
+def self_check_result_from_pb(message: pb.SelfCheckResult) -> SelfCheckResult:
+    return SelfCheckResult(
+        passed=message.passed,
+        perplexity=message.perplexity,
+        perplexity_ratio=message.perplexity_ratio,
+        greedy_matched=message.greedy_matched,
+        greedy_total=message.greedy_total,
+        seconds=message.seconds,
+        detail=message.detail,
+    )
+
+
+def model_inventory_to_pb(item: ModelInventory) -> pb.ModelInventory:
+    message = pb.ModelInventory(
+        name=item.name,
+        version=item.version,
+        state=_INVENTORY_STATE_TO_PB[item.state],
+        bytes_done=item.bytes_done,
+        bytes_total=item.bytes_total,
+        last_error=item.last_error,
+        bytes_from_peers=item.bytes_from_peers,
+        bytes_from_coordinator=item.bytes_from_coordinator,
+    )
+    if item.self_check is not None:
+        message.self_check.CopyFrom(self_check_result_to_pb(item.self_check))
+    return message
+
+
+def model_inventory_from_pb(message: pb.ModelInventory) -> ModelInventory:
+    return ModelInventory(
+        name=message.name,
+        version=message.version,
+        # An unknown (newer) state reads as unspecified rather than failing the report.
+        state=_INVENTORY_STATE_FROM_PB.get(message.state, ModelInventoryState.UNSPECIFIED),
+        bytes_done=message.bytes_done,
+        bytes_total=message.bytes_total,
+        last_error=message.last_error,
+        self_check=(
+            self_check_result_from_pb(message.self_check)
+            if message.HasField("self_check")
+            else None
+        ),
+        bytes_from_peers=message.bytes_from_peers,
+        bytes_from_coordinator=message.bytes_from_coordinator,
+    )
+
+
+def histogram_to_pb(histogram: Histogram) -> pb.Histogram:
+    return pb.Histogram(
+        upper_bounds=list(histogram.upper_bounds), counts=list(histogram.counts), sum=histogram.sum
+    )
+
+
+def histogram_from_pb(message: pb.Histogram) -> Histogram:
+    return Histogram(
+        upper_bounds=tuple(message.upper_bounds), counts=tuple(message.counts), sum=message.sum
+    )
+
+
+def model_stats_to_pb(stats: ModelStats) -> pb.ModelStats:
+    return pb.ModelStats(
+        name=stats.name,
+        version=stats.version,
+        requests=stats.requests,
+        failed=stats.failed,
+        prompt_tokens=stats.prompt_tokens,
+        completion_tokens=stats.completion_tokens,
+        ttft_seconds=histogram_to_pb(stats.ttft_seconds),
+    )
+
+
+def model_stats_from_pb(message: pb.ModelStats) -> ModelStats:
+    return ModelStats(
+        name=message.name,
+        version=message.version,
+        requests=message.requests,
+        failed=message.failed,
+        prompt_tokens=message.prompt_tokens,
+        completion_tokens=message.completion_tokens,
+        ttft_seconds=histogram_from_pb(message.ttft_seconds),
     )
 
 
@@ -254,6 +370,7 @@ def welcome_to_pb(welcome: Welcome) -> pb.Welcome:
         session_id=welcome.session_id,
         report_interval_ms=welcome.report_interval_ms,
         contract_minor=welcome.contract_minor,
+        model_signing_key=welcome.model_signing_key,
     )
 
 
@@ -262,6 +379,7 @@ def welcome_from_pb(message: pb.Welcome) -> Welcome:
         session_id=message.session_id,
         report_interval_ms=message.report_interval_ms,
         contract_minor=message.contract_minor,
+        model_signing_key=message.model_signing_key,
     )
 
 
@@ -325,6 +443,10 @@ def model_target_to_pb(target: ModelTarget) -> pb.ModelTarget:
         version=target.version,
         artifact_url=target.artifact_url,
         sha256=target.sha256,
+        manifest=target.manifest,
+        signature=target.signature,
+        peer_urls=list(target.peer_urls),
+        rollout_id=target.rollout_id,
     )
 
 
@@ -334,6 +456,10 @@ def model_target_from_pb(message: pb.ModelTarget) -> ModelTarget:
         version=message.version,
         artifact_url=message.artifact_url,
         sha256=message.sha256,
+        manifest=message.manifest,
+        signature=message.signature,
+        peer_urls=tuple(message.peer_urls),
+        rollout_id=message.rollout_id,
     )
 
 

@@ -75,7 +75,7 @@ class EnrollRequest(_message.Message):
     def __init__(self, join_token: _Optional[str] = ..., requested_name: _Optional[str] = ..., site: _Optional[str] = ..., csr_pem: _Optional[str] = ...) -> None: ...
 
 class EnrollResponse(_message.Message):
-    __slots__ = ("agent_id", "credentials", "ca_cert_pem", "client_cert_pem", "client_key_pem", "site", "location", "http_url", "cert_not_after_unix")
+    __slots__ = ("agent_id", "credentials", "ca_cert_pem", "client_cert_pem", "client_key_pem", "site", "location", "http_url", "cert_not_after_unix", "model_signing_key")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
     CA_CERT_PEM_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class EnrollResponse(_message.Message):
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     HTTP_URL_FIELD_NUMBER: _ClassVar[int]
     CERT_NOT_AFTER_UNIX_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SIGNING_KEY_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     credentials: str
     ca_cert_pem: str
@@ -94,7 +95,8 @@ class EnrollResponse(_message.Message):
     location: Location
     http_url: str
     cert_not_after_unix: int
-    def __init__(self, agent_id: _Optional[str] = ..., credentials: _Optional[str] = ..., ca_cert_pem: _Optional[str] = ..., client_cert_pem: _Optional[str] = ..., client_key_pem: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., http_url: _Optional[str] = ..., cert_not_after_unix: _Optional[int] = ...) -> None: ...
+    model_signing_key: bytes
+    def __init__(self, agent_id: _Optional[str] = ..., credentials: _Optional[str] = ..., ca_cert_pem: _Optional[str] = ..., client_cert_pem: _Optional[str] = ..., client_key_pem: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., http_url: _Optional[str] = ..., cert_not_after_unix: _Optional[int] = ..., model_signing_key: _Optional[bytes] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "load_report", "bye", "renew_certificate", "request_records")
@@ -149,7 +151,7 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., token: _Optional[str] = ..., agent_version: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., http_url: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., contract_minor: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage")
+    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +164,8 @@ class LoadReport(_message.Message):
     UNHEALTHY_REASON_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     KEY_USAGE_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_STATS_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     waiting_sequences: int
     tokens_per_second: float
@@ -174,7 +178,9 @@ class LoadReport(_message.Message):
     unhealthy_reason: str
     applied: SectionGenerations
     key_usage: _containers.RepeatedCompositeFieldContainer[KeyUsage]
-    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ...) -> None: ...
+    inventory: _containers.RepeatedCompositeFieldContainer[ModelInventory]
+    model_stats: _containers.RepeatedCompositeFieldContainer[ModelStats]
+    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ...) -> None: ...
 
 class KeyUsage(_message.Message):
     __slots__ = ("key_id", "requests", "prompt_tokens", "completion_tokens", "rejected")
@@ -227,26 +233,120 @@ class RecordsAck(_message.Message):
     def __init__(self, through_seq: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "report_interval_ms", "contract_minor")
+    __slots__ = ("session_id", "report_interval_ms", "contract_minor", "model_signing_key")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     CONTRACT_MINOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SIGNING_KEY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     report_interval_ms: int
     contract_minor: int
-    def __init__(self, session_id: _Optional[str] = ..., report_interval_ms: _Optional[int] = ..., contract_minor: _Optional[int] = ...) -> None: ...
+    model_signing_key: bytes
+    def __init__(self, session_id: _Optional[str] = ..., report_interval_ms: _Optional[int] = ..., contract_minor: _Optional[int] = ..., model_signing_key: _Optional[bytes] = ...) -> None: ...
 
 class ModelTarget(_message.Message):
-    __slots__ = ("name", "version", "artifact_url", "sha256")
+    __slots__ = ("name", "version", "artifact_url", "sha256", "manifest", "signature", "peer_urls", "rollout_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_URL_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PEER_URLS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     artifact_url: str
     sha256: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_url: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+    manifest: bytes
+    signature: bytes
+    peer_urls: _containers.RepeatedScalarFieldContainer[str]
+    rollout_id: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_url: _Optional[str] = ..., sha256: _Optional[str] = ..., manifest: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., peer_urls: _Optional[_Iterable[str]] = ..., rollout_id: _Optional[str] = ...) -> None: ...
+
+class ModelInventory(_message.Message):
+    __slots__ = ("name", "version", "state", "bytes_done", "bytes_total", "last_error", "self_check", "bytes_from_peers", "bytes_from_coordinator")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[ModelInventory.State]
+        STATE_DOWNLOADING: _ClassVar[ModelInventory.State]
+        STATE_ON_DISK: _ClassVar[ModelInventory.State]
+        STATE_LOADING: _ClassVar[ModelInventory.State]
+        STATE_CHECKING: _ClassVar[ModelInventory.State]
+        STATE_LOADED: _ClassVar[ModelInventory.State]
+        STATE_FAILED: _ClassVar[ModelInventory.State]
+    STATE_UNSPECIFIED: ModelInventory.State
+    STATE_DOWNLOADING: ModelInventory.State
+    STATE_ON_DISK: ModelInventory.State
+    STATE_LOADING: ModelInventory.State
+    STATE_CHECKING: ModelInventory.State
+    STATE_LOADED: ModelInventory.State
+    STATE_FAILED: ModelInventory.State
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SELF_CHECK_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FROM_PEERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FROM_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    state: ModelInventory.State
+    bytes_done: int
+    bytes_total: int
+    last_error: str
+    self_check: SelfCheckResult
+    bytes_from_peers: int
+    bytes_from_coordinator: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[_Union[ModelInventory.State, str]] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., last_error: _Optional[str] = ..., self_check: _Optional[_Union[SelfCheckResult, _Mapping]] = ..., bytes_from_peers: _Optional[int] = ..., bytes_from_coordinator: _Optional[int] = ...) -> None: ...
+
+class SelfCheckResult(_message.Message):
+    __slots__ = ("passed", "perplexity", "perplexity_ratio", "greedy_matched", "greedy_total", "seconds", "detail")
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    PERPLEXITY_FIELD_NUMBER: _ClassVar[int]
+    PERPLEXITY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_MATCHED_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    passed: bool
+    perplexity: float
+    perplexity_ratio: float
+    greedy_matched: int
+    greedy_total: int
+    seconds: float
+    detail: str
+    def __init__(self, passed: _Optional[bool] = ..., perplexity: _Optional[float] = ..., perplexity_ratio: _Optional[float] = ..., greedy_matched: _Optional[int] = ..., greedy_total: _Optional[int] = ..., seconds: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Histogram(_message.Message):
+    __slots__ = ("upper_bounds", "counts", "sum")
+    UPPER_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    upper_bounds: _containers.RepeatedScalarFieldContainer[float]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    sum: float
+    def __init__(self, upper_bounds: _Optional[_Iterable[float]] = ..., counts: _Optional[_Iterable[int]] = ..., sum: _Optional[float] = ...) -> None: ...
+
+class ModelStats(_message.Message):
+    __slots__ = ("name", "version", "requests", "failed", "prompt_tokens", "completion_tokens", "ttft_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    requests: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_seconds: Histogram
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., requests: _Optional[int] = ..., failed: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_seconds: _Optional[_Union[Histogram, _Mapping]] = ...) -> None: ...
 
 class DesiredState(_message.Message):
     __slots__ = ("version", "models", "overflow_targets", "keys", "config")

@@ -1,10 +1,10 @@
-"""An agent one contract minor version older (v1.1, commit a91a12f) against today's coordinator.
+"""An agent one contract minor version older (v1.2, commit f15fd8a) against today's coordinator.
 
-The old agent runs from its own tree (``git archive``). It speaks contract v1.1: it knows
-nothing of access control (no CSR, no API keys in the keys section, no per-key usage, no
-request records, no certificate renewal). Today's coordinator (v1.2) accepts it on
-loopback, where enrollment is not required: it must still connect, report its load, be
-routed to and serve a request. The coordinator's fleet view needs an admin token now
+The old agent runs from its own tree (``git archive``). It speaks contract v1.2: it knows
+nothing of model sync (no signing key, no signed manifests, no inventory or per-model
+stats in its reports). Today's coordinator (v1.3) accepts it on loopback, where
+enrollment is not required: it must still connect, report its load, be routed to and
+serve a request (run with ``--insecure-no-auth``, as the test helper does on loopback). The coordinator's fleet view needs an admin token now
 (``CoordinatorProcess.admin_headers``); ``/v1/route`` stays public. Agents from before
 contract versions (minor 0) are refused: tests/coordinator/test_coordinator_service.py.
 """
@@ -24,14 +24,14 @@ from edgefleet.contract import CONTRACT_MINOR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-# The last commit whose agent speaks contract v1.1 (before the access-control messages).
-CONTRACT_V1_1 = "a91a12f"
+# The last commit whose agent speaks contract v1.2 (before the model-sync messages).
+CONTRACT_V1_2 = "f15fd8a"
 TINY = "tiny-llama"
 
 
 def old_tree(into: Path) -> Path:
     archive = subprocess.run(
-        ["git", "archive", CONTRACT_V1_1],
+        ["git", "archive", CONTRACT_V1_2],
         cwd=REPO_ROOT,
         check=True,
         capture_output=True,
@@ -45,10 +45,13 @@ def test_the_old_tree_speaks_the_previous_minor_version(tmp_path: Path) -> None:
     tree = old_tree(tmp_path)
     source = (tree / "edgefleet" / "contract.py").read_text()
     assert f"CONTRACT_MINOR = {CONTRACT_MINOR - 1}\n" in source
-    assert "csr_pem" not in (tree / "protos" / "edgefleet" / "v1" / "fleet.proto").read_text()
+    assert (
+        "model_signing_key"
+        not in (tree / "protos" / "edgefleet" / "v1" / "fleet.proto").read_text()
+    )
 
 
-async def test_a_v1_1_agent_connects_reports_is_routed_to_and_serves(
+async def test_a_v1_2_agent_connects_reports_is_routed_to_and_serves(
     tmp_path: Path, tiny_artifacts: Path
 ) -> None:
     tree = old_tree(tmp_path)
@@ -63,6 +66,7 @@ async def test_a_v1_1_agent_connects_reports_is_routed_to_and_serves(
             lat=52.5,
             lon=13.4,
             cwd=tree,
+            insecure_no_auth=True,  # the v1.2 tree knows the flag
         ) as agent,
     ):
         # Without the admin token the fleet view is refused (loopback is no credential).
@@ -96,7 +100,7 @@ async def test_a_v1_1_agent_connects_reports_is_routed_to_and_serves(
             assert response.status == 200  # no token: /v1/route is public
             route = await response.json()
         assert [a["agent_id"] for a in route["agents"]] == ["old-agent"]
-        # The old agent checks no API keys (it predates them): the request needs none.
+        # The old agent runs without auth on loopback: the request needs no key.
         async with (
             aiohttp.ClientSession() as http,
             http.post(

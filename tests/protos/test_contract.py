@@ -67,6 +67,10 @@ MIRRORS: dict[type, Any] = {
     contract.CertificateIssued: pb.CertificateIssued,
     contract.RequestRecords: pb.RequestRecords,
     contract.RecordsAck: pb.RecordsAck,
+    contract.ModelInventory: pb.ModelInventory,
+    contract.SelfCheckResult: pb.SelfCheckResult,
+    contract.Histogram: pb.Histogram,
+    contract.ModelStats: pb.ModelStats,
 }
 
 
@@ -86,6 +90,7 @@ def test_each_contract_type_has_the_name_and_fields_of_its_proto_message(cls: ty
 def test_enums_mirror_the_proto_enums() -> None:
     assert len(OverflowKind) == len(pb.OverflowKind.keys())
     assert len(CommandKind) == len(pb.Command.Kind.keys())
+    assert len(contract.ModelInventoryState) == len(pb.ModelInventory.State.keys())
 
 
 def test_removed_fields_are_reserved_not_sent() -> None:
@@ -119,7 +124,21 @@ HELLO = Hello(
 )
 STATE = DesiredState(
     version=7,
-    models=ModelsSection(3, (ModelTarget("m", "v2", "http://c/a/sha", "ab" * 32),)),
+    models=ModelsSection(
+        3,
+        (
+            ModelTarget(
+                "m",
+                "v2",
+                "https://c:8443/v1/blobs",
+                "ab" * 32,
+                b'{"name": "m"}',
+                b"\x07" * 64,
+                ("https://peer:8000/v1/blobs",),
+                "ro_1",
+            ),
+        ),
+    ),
     overflow_targets=OverflowTargetsSection(
         2, (OverflowTarget("gpu", OverflowKind.GPU_POOL, "http://gpu/v1", ("m",)),)
     ),
@@ -168,6 +187,25 @@ STATE = DesiredState(
                 "sick",
                 SectionGenerations(1, 2),
                 (contract.KeyUsage("key_1", 4, 100, 50, 1),),
+                (
+                    contract.ModelInventory(
+                        "m",
+                        "v2",
+                        contract.ModelInventoryState.CHECKING,
+                        10,
+                        20,
+                        "",
+                        contract.SelfCheckResult(True, 13.1, 1.01, 14, 20, 2.5, ""),
+                        5,
+                        15,
+                    ),
+                    contract.ModelInventory("m", "v1", contract.ModelInventoryState.LOADED),
+                ),
+                (
+                    contract.ModelStats(
+                        "m", "v2", 9, 1, 300, 90, contract.Histogram((0.1, 1.0), (4, 3, 2), 3.5)
+                    ),
+                ),
             ),
             contract_pb.load_report_to_pb,
             contract_pb.load_report_from_pb,
@@ -184,6 +222,12 @@ STATE = DesiredState(
             contract_pb.desired_state_to_pb,
             contract_pb.desired_state_from_pb,
             pb.DesiredState,
+        ),
+        (
+            Welcome("s-1", 2000, model_signing_key=b"\x01" * 32),
+            contract_pb.welcome_to_pb,
+            contract_pb.welcome_from_pb,
+            pb.Welcome,
         ),
         (Welcome("s-1", 2000), contract_pb.welcome_to_pb, contract_pb.welcome_from_pb, pb.Welcome),
         (

@@ -10,6 +10,9 @@ import ssl
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
 
 from coordinator.app import create_app
 from coordinator.app_keys import GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
@@ -28,6 +31,20 @@ from edgefleet.tls import (
 
 logger = logging.getLogger(__name__)
 
+#: Paths asked hundreds of times a second (clients' route lookups, probes, scrapes): an
+#: access-log line each would cost more than answering them. Admin actions are in the
+#: audit log; every other request is still logged.
+QUIET_PATHS = frozenset({"/v1/route", "/healthz", "/metrics"})
+
+
+class CoordinatorAccessLogger(AccessLogger):
+    """aiohttp's access log without the lines for :data:`QUIET_PATHS`."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        if request.path in QUIET_PATHS and response.status < 500:
+            return
+        super().log(request, response, time)
+
 
 async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None) -> None:
     """Serve gRPC and HTTP until ``stop`` is set or the process gets SIGTERM/SIGINT."""
@@ -39,7 +56,12 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
     app = create_app(config)
     gc_pauses = GcPauseRecorder(app[METRICS_KEY].gc_pause_seconds)
     gc_pauses.install()
-    runner = LimitedAppRunner(app, config.http_limits(), handle_signals=False)
+    runner = LimitedAppRunner(
+        app,
+        config.http_limits(),
+        handle_signals=False,
+        access_log_class=CoordinatorAccessLogger,
+    )
     try:
         await runner.setup()  # starts the gRPC server too (cleanup_ctx)
         ssl_context, reloader = http_tls(config)

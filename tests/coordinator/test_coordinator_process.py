@@ -52,6 +52,28 @@ async def test_serves_metrics_health_and_json_errors() -> None:
         }
 
 
+async def test_route_lookups_and_probes_leave_no_access_log_line_but_others_do() -> None:
+    """A line per route lookup would cost more than the lookup (hundreds a second)."""
+    async with CoordinatorProcess() as coordinator, aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.get(coordinator.http_url + "/v1/route?model=m") as response:
+                assert response.status in (200, 404)
+            async with http.get(coordinator.http_url + "/healthz") as response:
+                assert response.status == 200
+        async with http.get(coordinator.http_url + "/v1/agents") as response:
+            assert response.status == 401
+
+        def access_lines() -> list[str]:
+            return [line for line in coordinator.log if '"GET /' in line]
+
+        await wait_until(
+            lambda: any("/v1/agents" in line for line in access_lines()),
+            timeout_s=10,
+            message="the access-log line of GET /v1/agents",
+        )
+        assert not [line for line in access_lines() if "/v1/route" in line or "/healthz" in line]
+
+
 async def test_sigterm_with_a_live_session_exits_promptly_and_cleanly() -> None:
     coordinator = CoordinatorProcess()
     await coordinator.start()

@@ -12,7 +12,7 @@ import logging
 import math
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -38,7 +38,7 @@ from coordinator.peer_rate_limit import PeerRateLimiter, peer_ip
 from coordinator.registry import FleetRegistry
 from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
-from coordinator.session_auth import Peer, SessionAuthenticator, peer_address
+from coordinator.session_auth import Peer, SessionAuthenticator, peer_address, resolve_url_host
 from edgefleet import contract_pb
 from edgefleet.contract import CommandKind, DesiredState, Hello, Section
 from edgefleet.v1 import fleet_pb2 as pb
@@ -209,8 +209,11 @@ class CoordinatorServicer:
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
     ) -> AsyncIterator[pb.CoordinatorMessage]:
         hello = await self._receive_hello(request_iterator, context)
+        peer = session_peer(context)
+        if self._authenticator.check_url_host and hello.http_url:
+            peer = replace(peer, url_addresses=await resolve_url_host(hello.http_url))
         try:
-            hello, enrolled = self._authenticator.authenticate(hello, session_peer(context))
+            hello, enrolled = self._authenticator.authenticate(hello, peer)
             session_id = self._registry.open_session(hello, enrolled=enrolled)
         except EnrollmentError as exc:
             self._metrics.sessions_rejected.labels(reason=exc.reason).inc()

@@ -6,14 +6,19 @@ operator fixed (site, location, URL: on the join token or with ``agents set``) r
 what the Hello says; a Hello whose ``http_url`` differs from a fixed URL is refused.
 When no URL is fixed, the URL's host must be the agent's gRPC peer address (an IP
 literal equal to it, or a name that resolves to it); agents connecting over loopback
-are exempt (they run on the coordinator's own host).
+are exempt (they run on the coordinator's own host). A name is resolved before the
+check by :func:`resolve_url_host`, off the event loop and within
+:data:`RESOLVE_TIMEOUT_S` (a Hello naming a slow DNS name must not stall the
+coordinator); one that does not resolve in time fails the check.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
@@ -27,6 +32,27 @@ from coordinator.fleet_store import FleetStore, StoredAgent
 from coordinator.tokens import sha256_hex
 from edgefleet.contract import Hello
 
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: How long the name in an agent's URL may take to resolve.
+RESOLVE_TIMEOUT_S = 2.0
+
+
+async def resolve_url_host(http_url: str) -> frozenset[IpAddress] | None:
+    """The addresses the host of ``http_url`` resolves to, looked up off the event loop
+    (asyncio's getaddrinfo runs in the default executor); None when the host is an IP
+    literal or absent (nothing to resolve). Empty when it does not resolve in time."""
+    host = (urlsplit(http_url).hostname or "") if http_url else ""
+    if not host or _ip_literal(host) is not None:
+        return None
+    try:
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, None, proto=socket.IPPROTO_TCP),
+            RESOLVE_TIMEOUT_S,
+        )
+    except (OSError, UnicodeError, TimeoutError, ValueError):
+        return frozenset()
+    return frozenset(_info_addresses(infos))
+
 
 @dataclass(frozen=True, slots=True)
 class Peer:
@@ -38,6 +64,9 @@ class Peer:
     cert_serial: str = ""
     # The peer's IP address; "" when unknown.
     address: str = ""
+    # What the name in Hello.http_url resolved to (resolve_url_host); None: not resolved
+    # (an IP literal, or a caller without a loop: then it is resolved here).
+    url_addresses: frozenset[IpAddress] | None = None
 
 
 class SessionAuthenticator:
@@ -123,7 +152,14 @@ class SessionAuthenticator:
         if peer_ip.is_loopback:
             return
         host = urlsplit(hello.http_url).hostname or ""
-        if peer_ip in _addresses(host):
+        literal = _ip_literal(host)
+        if literal is not None:
+            addresses: frozenset[IpAddress] = frozenset({literal})
+        elif peer.url_addresses is not None:
+            addresses = peer.url_addresses
+        else:
+            addresses = _resolve_blocking(host)
+        if peer_ip in addresses:
             return
         raise FixedIdentityError(
             f"agent {hello.agent_id!r} says its URL is {hello.http_url!r}, but it connects "
@@ -132,20 +168,30 @@ class SessionAuthenticator:
         )
 
 
-def _addresses(host: str) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    """The IP addresses ``host`` stands for (itself when it is one; resolved otherwise)."""
+def _ip_literal(host: str) -> IpAddress | None:
     try:
-        return {ipaddress.ip_address(host.strip("[]"))}
+        return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        pass
+        return None
+
+
+def _resolve_blocking(host: str) -> frozenset[IpAddress]:
+    """Synchronous lookup, for callers with no event loop (tools and unit tests)."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
-        return set()
-    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+        return frozenset()
+    return frozenset(_info_addresses(infos))
+
+
+def _info_addresses(infos: Sequence[tuple[object, ...]]) -> set[IpAddress]:
+    found: set[IpAddress] = set()
     for info in infos:
+        sockaddr = info[4]
+        if not isinstance(sockaddr, tuple) or not sockaddr:
+            continue
         try:
-            found.add(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]))
+            found.add(ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]))
         except ValueError:
             continue
     return found

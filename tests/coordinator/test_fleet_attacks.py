@@ -256,3 +256,57 @@ class _NoAgents:
 
     def agent_removed(self, agent_id: str) -> bool:
         return False
+
+
+async def test_a_url_name_is_resolved_off_the_event_loop_and_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Hello naming a DNS name that answers slowly must not stall the coordinator: the
+    lookup runs in the executor, is bounded, and a name that does not resolve in time (or
+    resolves elsewhere) fails the host check."""
+    import ipaddress
+    import socket
+    import time
+
+    from coordinator import session_auth
+    from coordinator.errors import FixedIdentityError
+    from coordinator.session_auth import Peer, SessionAuthenticator, resolve_url_host
+
+    def slow_getaddrinfo(host: str, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        time.sleep(3.0 if host == "slow.example" else 0.0)
+        address = "10.1.2.3" if host == "edge-1.lan" else "10.9.9.9"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_getaddrinfo)
+    monkeypatch.setattr(session_auth, "RESOLVE_TIMEOUT_S", 0.5)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    started = time.monotonic()
+    slow = await resolve_url_host("http://slow.example:8000")
+    elapsed = time.monotonic() - started
+    task.cancel()
+    assert slow == frozenset() and elapsed < 1.5
+    assert ticks >= 20  # the loop kept running during the lookup
+    assert await resolve_url_host("http://10.1.2.3:8000") is None  # a literal: no lookup
+    own = await resolve_url_host("http://edge-1.lan:8000")
+    assert own == frozenset({ipaddress.ip_address("10.1.2.3")})
+
+    auth = SessionAuthenticator(
+        _NoAgents(), require_enrollment=False, require_mtls=False, check_url_host=True
+    )
+    named = Hello(agent_id="edge-1", http_url="http://edge-1.lan:8000")
+    assert auth.authenticate(named, Peer(address="10.1.2.3", url_addresses=own))[0] == named
+    for url, resolved in (("http://slow.example:8000", slow), ("http://other.lan:1", None)):
+        addresses = resolved if resolved is not None else await resolve_url_host(url)
+        with pytest.raises(FixedIdentityError, match=r"connects from 10\.1\.2\.3"):
+            auth.authenticate(
+                Hello(agent_id="edge-1", http_url=url),
+                Peer(address="10.1.2.3", url_addresses=addresses),
+            )

@@ -394,6 +394,15 @@ class CoordinatorServicer:
             return
         batch = contract_pb.request_records_from_pb(message)
         result = self._records.accept(live.agent_id, batch)  # ProtocolError ends the session
+        counter = self._metrics.request_records
+        for outcome, count in (
+            ("stored", result.stored),
+            ("invalid", result.invalid),
+            ("lost_at_agent", result.lost_at_agent),
+            ("pruned", result.pruned),
+        ):
+            if count:
+                counter.labels(outcome=outcome).inc(count)
         if result.ack is not None:
             ack = contract_pb.records_ack_to_pb(result.ack)
             live.outbox.put_nowait(pb.CoordinatorMessage(records_ack=ack))

@@ -88,6 +88,14 @@ class CoordinatorMetrics:
             ["route", "status"],
             registry=self.registry,
         )
+        self.request_records = Counter(
+            f"{PREFIX}_request_records",
+            "Per-request records from agents, by outcome: stored; invalid (refused as "
+            "malformed); lost_at_agent (the agent's spool was full, reported in the batch); "
+            "pruned (the oldest, removed here when the table reached its cap).",
+            ["outcome"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         """The text exposition format for GET /metrics."""

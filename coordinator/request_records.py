@@ -47,6 +47,10 @@ class BatchResult:
     ack: RecordsAck | None
     stored: int
     invalid: int
+    # Records the agent lost before this batch (its spool was full).
+    lost_at_agent: int = 0
+    # Old records removed here to keep the table under max_rows.
+    pruned: int = 0
 
 
 def _string(value: Any) -> str | None:
@@ -166,19 +170,30 @@ class RequestRecordStore:
         if batch.dropped:
             logger.warning("agent %s lost %d request records (its spool was full)", agent_id,
                            batch.dropped)  # fmt: skip
-        if self._rows > self.max_rows:
-            self._prune()
-        return BatchResult(RecordsAck(batch.first_seq + len(records) - 1), stored, invalid)
+        pruned = self._prune() if self._rows > self.max_rows else 0
+        return BatchResult(
+            RecordsAck(batch.first_seq + len(records) - 1),
+            stored,
+            invalid,
+            lost_at_agent=batch.dropped,
+            pruned=pruned,
+        )
 
-    def _prune(self) -> None:
+    def _prune(self) -> int:
+        """Remove the oldest tenth beyond the cap; returns how many rows went."""
         excess = self._rows - self.max_rows + self.max_rows // 10
         with self._db.transaction() as db:
+            before = db.total_changes
             db.execute(
                 "DELETE FROM request_records WHERE rowid IN (SELECT rowid FROM request_records"
                 " ORDER BY received_at LIMIT ?)",
                 (excess,),
             )
+            removed = db.total_changes - before
         self._rows = int(self._db.query("SELECT COUNT(*) FROM request_records")[0][0])
+        logger.warning("request records reached their cap of %d: removed the %d oldest",
+                       self.max_rows, removed)  # fmt: skip
+        return removed
 
     def list(
         self, *, agent_id: str | None = None, after_seq: int = 0, limit: int = 1000

@@ -82,6 +82,19 @@ def test_the_coordinator_stores_a_batch_once_and_refuses_hostile_ones(tmp_path: 
     db.close()
 
 
+def test_records_beyond_the_cap_are_pruned_oldest_first_and_counted(tmp_path: Path) -> None:
+    db = AdminDatabase.in_directory(tmp_path)
+    store = RequestRecordStore(db, max_rows=100)
+    pruned = 0
+    for batch in range(12):
+        packed = msgpack.packb([record(i) for i in range(10)])
+        pruned += store.accept("edge-1", RequestRecords(1 + batch * 10, packed)).pruned
+    assert store.count() <= 100
+    assert pruned == 120 - store.count()  # every removed row is counted, none silently
+    assert min(r["seq"] for r in store.list(agent_id="edge-1")) == 1 + pruned
+    db.close()
+
+
 def test_a_full_spool_counts_the_loss_in_the_metric_and_sends_a_gap_record(
     tmp_path: Path,
 ) -> None:
@@ -108,6 +121,7 @@ def test_a_full_spool_counts_the_loss_in_the_metric_and_sends_a_gap_record(
     store = RequestRecordStore(db)
     result = store.accept("edge-1", RequestRecords(first, packed, dropped=log.dropped_unreported))
     assert result.ack is not None and result.stored == len(records)
+    assert result.lost_at_agent == log.dropped_unreported > 0  # counted in the metric
     assert sum(r["dropped"] for r in store.list(agent_id="edge-1")) == dropped
     slot.close()
     db.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,11 @@ async def test_records_survive_sigkills_once_each_with_usage_and_no_text(
             await wait_until(acked, timeout_s=30, message="every record acknowledged again")
             await asyncio.sleep(1.0)  # three report intervals: nothing more arrives
             stored = await records(coordinator)
+            async with (
+                aiohttp.ClientSession(headers=coordinator.admin_headers) as http,
+                http.get(coordinator.http_url + "/metrics") as response,
+            ):
+                metrics = await response.text()
         finally:
             await third.terminate()
     finally:
@@ -159,6 +165,11 @@ async def test_records_survive_sigkills_once_each_with_usage_and_no_text(
     assert len(stored) == len(calls) + len(usages)
     assert [r["seq"] for r in stored] == list(range(1, len(stored) + 1)), "no loss, no twice"
     assert all(r["dropped"] == 0 for r in stored)
+    # The restarted coordinator counts what it stored (the re-sent duplicates are not
+    # stored twice, so not counted twice), and no loss.
+    counted = re.search(r'request_records_total\{outcome="stored"\} (\d+)', metrics)
+    assert counted is not None and 0 < int(counted.group(1)) <= len(stored)
+    assert 'outcome="lost_at_agent"' not in metrics and 'outcome="pruned"' not in metrics
     assert stored[len(calls) - 1]["status"] == 200  # the try that found the key
     tail = stored[len(calls) :]
     assert [(r["prompt_tokens"], r["completion_tokens"]) for r in tail] == usages

@@ -24,7 +24,7 @@ from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGIS
 from coordinator.errors import UnknownAgentError, UnknownTokenRefError
 from coordinator.fleet import AgentRecord, AgentStatus
 from coordinator.route_scorer import RouteDecision, RouteQuery
-from edgefleet.contract import Location
+from edgefleet.contract import LoadReport, Location
 
 logger = logging.getLogger(__name__)
 
@@ -334,9 +334,7 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
             "execution_providers": list(hello.hardware.execution_providers),
         },
         "models": [asdict(m) for m in hello.models],
-        "load": None
-        if report is None
-        else {**report._asdict(), "applied": report.applied._asdict()},
+        "load": None if report is None else load_json(report),
         "healthy": not record.unhealthy_reason,
         "unhealthy_reason": record.unhealthy_reason or None,
         "contract_minor": hello.contract_minor,
@@ -348,6 +346,20 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
         },
         "bye_reason": record.bye_reason,
     }
+
+
+def load_json(report: LoadReport) -> dict[str, Any]:
+    """A load report as JSON: its figures, what it applied, and the model inventory
+    (per-interval model stats are the rollouts' to aggregate, not shown here)."""
+    view = report._asdict()
+    view["applied"] = report.applied._asdict()
+    view["inventory"] = [
+        {**item._asdict(), "self_check": None if item.self_check is None
+         else item.self_check._asdict()}
+        for item in report.inventory
+    ]  # fmt: skip
+    view.pop("model_stats", None)
+    return view
 
 
 def iso_time(value: datetime | None) -> str | None:

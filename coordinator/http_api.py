@@ -204,9 +204,10 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
     exclude = {e.strip() for e in ",".join(q.getall("exclude", [])).split(",") if e.strip()}
     max_wait = _number(q, "max_wait_ms", low=0, high=3_600_000)
     limit = _number(q, "limit", low=0, high=1000)
+    model, version = split_model_ref(model, q.get("version") or None)
     query = RouteQuery(
         model=model,
-        version=q.get("version") or None,
+        version=version,
         location=None if lat is None or lon is None else Location(lat=lat, lon=lon),
         site=q.get("site", ""),
         max_wait_ms=int(max_wait or 0),
@@ -215,6 +216,18 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
         limit=int(limit or 0),
     )
     return query, q.get("client_ip") or (request.remote or "")
+
+
+def split_model_ref(model: str, version: str | None) -> tuple[str, str | None]:
+    """``name@version`` -> (name, version); a separate version must agree with it."""
+    name, at, pinned = model.partition("@")
+    if not at:
+        return model, version
+    if not name or not pinned:
+        raise InvalidParameter("model", f"model {model[:80]!r} must be name or name@version")
+    if version is not None and version != pinned:
+        raise InvalidParameter("version", f"version {version!r} contradicts model {model!r}")
+    return name, pinned
 
 
 async def route(request: web.Request) -> web.Response:

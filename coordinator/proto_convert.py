@@ -238,9 +238,18 @@ def route_query_from_pb(message: pb.RouteRequest) -> RouteQuery:
     for agent_id, rtt in message.client_rtt_ms.items():
         if not (math.isfinite(rtt) and rtt >= 0):
             raise ProtocolError(f"RouteRequest.client_rtt_ms[{agent_id!r}] {rtt} is not a time")
+    name, at, pinned = message.model.partition("@")
+    version = message.version if message.HasField("version") else None
+    if at:
+        if not name or not pinned or (version is not None and version != pinned):
+            raise ProtocolError(
+                f"RouteRequest.model {message.model[:80]!r} must be name or name@version "
+                "(agreeing with RouteRequest.version)"
+            )
+        version = pinned
     return RouteQuery(
-        model=message.model,
-        version=message.version if message.HasField("version") else None,
+        model=name,
+        version=version,
         location=location,
         site=message.site,
         max_wait_ms=message.max_wait_ms,

@@ -273,7 +273,9 @@ def _int(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
 
 async def json_body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object body ({} when there is none); 400 otherwise."""
-    if not request.can_read_body:
+    # body_exists, not can_read_body: the server's body_deadline middleware has already
+    # read the body (cached for json()), and can_read_body is False once it was read.
+    if not request.body_exists:
         return {}
     try:
         body = await request.json()

@@ -6,77 +6,32 @@ fleet view; rules survive a restart."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
-from model_testing import make_artifact
+from coordinator_testing import ADMIN_HEADERS, MakeCoordinator
+from model_testing import RawAgent, inventory, make_artifact
 
-from coordinator.app_keys import MODEL_ASSIGNMENTS_KEY, MODEL_CATALOG_KEY, REPORT_HOOKS_KEY
+from coordinator.app_keys import (
+    MODEL_ASSIGNMENTS_KEY,
+    MODEL_CATALOG_KEY,
+    REPORT_HOOKS_KEY,
+    STORE_KEY,
+)
 from coordinator.errors import UnknownModelVersionError
 from coordinator.model_assignments import Selector
 from devtools.process import wait_until
-from edgefleet import contract_pb
 from edgefleet.contract import (
     LoadReport,
-    ModelInventory,
     ModelInventoryState,
-    ModelsSection,
-    ModelStats,
 )
 from edgefleet.model_signing import verify_manifest
 from edgefleet.v1 import fleet_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class RawAgent:
-    """An agent's Session over the real gRPC stub: sends Hello and reports, keeps what
-    the coordinator pushes (Welcome, the models section)."""
-
-    def __init__(self, stub: Any, agent_id: str, **fields: Any) -> None:
-        self.agent_id = agent_id
-        self._outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
-        self._outbox.put_nowait(hello(agent_id, **fields))
-        self.welcome: pb.Welcome | None = None
-        self.models: ModelsSection | None = None
-        self.pushes = 0
-        self._call = stub.Session(self._messages())
-        self._reader = asyncio.create_task(self._read())
-
-    async def _messages(self) -> AsyncIterator[pb.AgentMessage]:
-        while (message := await self._outbox.get()) is not None:
-            yield message
-
-    async def _read(self) -> None:
-        async for message in self._call:
-            kind = message.WhichOneof("body")
-            if kind == "welcome":
-                self.welcome = message.welcome
-            elif kind == "desired_state":
-                state = contract_pb.desired_state_from_pb(message.desired_state)
-                if state.models is not None:
-                    self.models = state.models
-                    self.pushes += 1
-
-    def report(self, *inventory: ModelInventory, stats: tuple[ModelStats, ...] = ()) -> None:
-        report = LoadReport(inventory=inventory, model_stats=stats)
-        self._outbox.put_nowait(pb.AgentMessage(load_report=contract_pb.load_report_to_pb(report)))
-
-    def versions(self) -> dict[str, str]:
-        return {} if self.models is None else {t.name: t.version for t in self.models.models}
-
-    async def close(self) -> None:
-        self._outbox.put_nowait(None)
-        self._call.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
-
-
-def inventory(name: str, version: str, state: ModelInventoryState) -> ModelInventory:
-    return ModelInventory(name=name, version=version, state=state)
 
 
 async def test_rules_and_assignments_are_pushed_signed_with_peers(
@@ -224,3 +179,58 @@ async def test_rules_and_assignments_survive_a_restart(
     assert listing["data"][0]["ref"] == v1.ref and listing["rules"][0]["selector"]["sites"] == [
         "north"
     ]
+
+
+async def test_blobs_are_served_with_ranges_to_viewers_and_enrolled_agents_only(
+    make_coordinator: MakeCoordinator, tmp_path: Path
+) -> None:
+    c = await make_coordinator(require_enrollment="on")
+    catalog = c.app[MODEL_CATALOG_KEY]
+    weights = bytes(range(256)) * 40
+    make_artifact(tmp_path / "v1", weights=weights)
+    v1 = catalog.publish_directory(tmp_path / "v1").version
+    sha = next(f["sha256"] for f in v1.files() if f["path"] == "model.onnx")
+    url = f"{c.http_url}/v1/blobs/sha256/{sha}"
+    reply = await c.stub.Enroll(pb.EnrollRequest(join_token=c.new_token(), requested_name="e1"))
+    assert reply.model_signing_key == catalog.public_key
+    agent = {"Authorization": f"Bearer {reply.credentials}", "Edgefleet-Agent": reply.agent_id}
+
+    async def get(headers: dict[str, str], method: str = "GET") -> tuple[int, bytes, Any]:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(method, url, headers=headers) as response,
+        ):
+            return response.status, await response.read(), response.headers
+
+    status, body, headers = await get(agent)
+    assert status == 200 and body == weights and headers["ETag"] == f'"{sha}"'
+    assert (await get(ADMIN_HEADERS))[1] == weights
+    status, body, headers = await get(agent | {"Range": "bytes=1000-1999"})
+    assert status == 206 and body == weights[1000:2000]
+    assert headers["Content-Range"] == f"bytes 1000-1999/{len(weights)}"
+    status, body, _ = await get(agent | {"Range": "bytes=10000-"})
+    assert status == 206 and body == weights[10000:]
+    status, body, _ = await get(agent | {"Range": "bytes=-5"})
+    assert status == 206 and body == weights[-5:]
+    status, _, headers = await get(agent | {"Range": f"bytes={len(weights)}-"})
+    assert status == 416 and headers["Content-Range"] == f"bytes */{len(weights)}"
+    status, body, _ = await get(agent | {"Range": "bytes=0-9", "If-Range": '"other"'})
+    assert status == 200 and body == weights  # the resumed file changed: all of it
+    assert (await get(agent | {"If-None-Match": f'"{sha}"'}))[0] == 304
+    status, body, headers = await get(agent, "HEAD")
+    assert status == 200 and body == b"" and headers["Content-Length"] == str(len(weights))
+    missing = f"{c.http_url}/v1/blobs/sha256/{'0' * 64}"
+    async with aiohttp.ClientSession() as http, http.get(missing, headers=agent) as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "blob_not_found"
+
+    # Refused: nothing, another agent's id, a wrong credential, a revoked agent.
+    for refused in (
+        {},
+        {"Edgefleet-Agent": reply.agent_id},
+        agent | {"Edgefleet-Agent": "someone-else"},
+        agent | {"Authorization": "Bearer wrong"},
+    ):
+        assert (await get(refused))[0] == 401, refused
+    c.app[STORE_KEY].revoke_agent(reply.agent_id, datetime.now(UTC))
+    assert (await get(agent))[0] == 401

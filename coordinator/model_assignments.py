@@ -357,9 +357,10 @@ class ModelAssignments:
 
     def section_for(self, agent_id: str, *, peers: _SitePeers | None = None) -> ModelsSection:
         """The agent's ModelsSection now (generation 0: the registry numbers it)."""
-        peers = _SitePeers(self._registry.agents()) if peers is None else peers
         record = self._record(agent_id)
         site = "" if record is None else record.hello.site
+        if peers is None:  # only this agent's site
+            peers = _SitePeers(self._registry.find(self._registry.index.at_site(site)))
         base = self._blob_base_url()
         targets = []
         for name, wanted in sorted(self.desired_for(agent_id).items()):
@@ -390,7 +391,7 @@ class ModelAssignments:
         """Rebuild the sections of ``agent_ids`` (default: every known agent) and push
         those that changed; returns the agents pushed to."""
         ids = self._known_agents() if agent_ids is None else set(agent_ids)
-        peers = _SitePeers(self._registry.agents())
+        peers = _SitePeers(self._registry.agents()) if len(ids) > 1 else None
         pushed = []
         for agent_id in sorted(ids):
             if self._update(agent_id, peers, push=True):
@@ -401,7 +402,7 @@ class ModelAssignments:
         """An agent's session opened: set its section (sent with the full desired state
         the session starts with, so not pushed separately)."""
         self._holdings.pop(agent_id, None)
-        self._update(agent_id, _SitePeers(self._registry.agents()), push=False)
+        self._update(agent_id, None, push=False)
 
     def on_report(self, agent_id: str, report: LoadReport) -> None:
         """ReportHooks hook: when what the agent holds changed, refresh the peer lists of
@@ -422,7 +423,7 @@ class ModelAssignments:
             return
         site = record.hello.site
         affected = []
-        for other in self._registry.agents():
+        for other in self._registry.find(self._registry.index.at_site(site)):
             if other.agent_id == agent_id or other.hello.site != site:
                 continue
             desired = self.desired_for(other.agent_id)
@@ -431,12 +432,14 @@ class ModelAssignments:
         if affected:
             self.refresh(affected)
 
-    def _update(self, agent_id: str, peers: _SitePeers, *, push: bool) -> bool:
+    def _update(self, agent_id: str, peers: _SitePeers | None, *, push: bool) -> bool:
         try:
             current = self._registry.desired_state(agent_id).models
             self._registry.get(agent_id)
         except UnknownAgentError:
             return False
+        if (current is None or not current.models) and not self.desired_for(agent_id):
+            return False  # nothing wanted, nothing held: the common case at connect
         section = self.section_for(agent_id, peers=peers)
         if current is not None and current.models == section.models:
             return False

@@ -39,5 +39,7 @@ class ReportHooks:
             except Exception as exc:  # one bad hook must not end the agent's session
                 key = (id(hook), f"{type(exc).__name__}: {exc}")
                 if key not in self._logged:
+                    if len(self._logged) >= 1000:  # bounded: error texts may vary
+                        self._logged.clear()
                     self._logged.add(key)
                     logger.error("report hook %r failed: %s", hook, key[1], exc_info=exc)

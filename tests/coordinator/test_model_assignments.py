@@ -23,6 +23,7 @@ from coordinator.app_keys import (
 )
 from coordinator.errors import UnknownModelVersionError
 from coordinator.model_assignments import Selector
+from coordinator.report_hooks import ReportHooks
 from devtools.process import wait_until
 from edgefleet.contract import (
     LoadReport,
@@ -234,3 +235,17 @@ async def test_blobs_are_served_with_ranges_to_viewers_and_enrolled_agents_only(
         assert (await get(refused))[0] == 401, refused
     c.app[STORE_KEY].revoke_agent(reply.agent_id, datetime.now(UTC))
     assert (await get(agent))[0] == 401
+
+
+def test_a_failing_report_hook_does_not_stop_the_others() -> None:
+    hooks = ReportHooks()
+    seen: list[str] = []
+
+    def broken(agent_id: str, report: LoadReport) -> None:
+        raise RuntimeError("collector bug")
+
+    hooks.add(broken)
+    hooks.add(lambda agent_id, report: seen.append(agent_id))
+    hooks("edge-1", LoadReport())
+    hooks("edge-2", LoadReport())
+    assert seen == ["edge-1", "edge-2"] and len(hooks) == 2

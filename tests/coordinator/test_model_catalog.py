@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,23 @@ from coordinator.errors import (
     SigningKeyError,
     UnknownModelVersionError,
 )
+from coordinator.fleet import Liveness
+from coordinator.fleet_store import AgentLastState
 from coordinator.model_catalog import (
     MODELS_DIR,
     SIGNING_KEY_FILE,
     TMP_DIR,
     ModelCatalog,
     write_signed_set,
+)
+from coordinator.sqlite_store import SQLiteFleetStore
+from edgefleet.contract import (
+    Hello,
+    LoadReport,
+    ModelInventory,
+    ModelInventoryState,
+    ModelStats,
+    SelfCheckResult,
 )
 from edgefleet.model_signing import (
     ManifestSignatureError,
@@ -218,3 +230,25 @@ def test_backup_and_restore_keep_the_signing_key_and_blobs(tmp_path: Path) -> No
     restored = again.require(v1.name, v1.version)
     verify_manifest(again.public_key, restored.manifest, restored.signature)
     assert all(again.blobs.has(f["sha256"]) for f in restored.files())
+
+
+def test_the_inventory_in_a_saved_load_report_survives_a_restart(tmp_path: Path) -> None:
+    store = SQLiteFleetStore.in_directory(tmp_path)
+    store.save_hello(Hello(agent_id="edge-1"), datetime.now(UTC))
+    check = SelfCheckResult(passed=False, perplexity=22.7, perplexity_ratio=1.75, detail="ppl")
+    report = LoadReport(
+        inventory=(
+            ModelInventory("chat", "v1", ModelInventoryState.LOADED, 10, 10),
+            ModelInventory("chat", "v2", ModelInventoryState.FAILED, last_error="bad",
+                           self_check=check),
+        ),
+        model_stats=(ModelStats("chat", "v1", requests=3),),
+    )  # fmt: skip
+    state = AgentLastState("edge-1", Liveness.LIVE, datetime.now(UTC), report)
+    store.save_last_states([state], datetime.now(UTC))
+    store.close()
+    (saved,) = SQLiteFleetStore.in_directory(tmp_path).list_last_states()
+    assert saved.report is not None
+    assert saved.report.inventory == report.inventory
+    assert saved.report.inventory[1].state is ModelInventoryState.FAILED
+    assert saved.report.model_stats == ()  # per-interval figures are not state

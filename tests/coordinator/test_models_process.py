@@ -124,6 +124,14 @@ async def test_publish_download_tamper_and_delete_over_the_cli(tmp_path: Path) -
             await agent.close()
             await channel.close()
 
+        # Each change is in the audit log, with who made it.
+        audit = await c.get_json("/v1/admin/audit")
+        actions = [(e["action"], e["status"]) for e in audit["data"]]
+        assert ("POST /v1/admin/models", 201) in actions
+        assert ("PUT /v1/admin/model-blobs/sha256/{sha256}", 400) in actions
+        assert ("DELETE /v1/admin/models/{name}/{version}", 409) in actions
+        assert ("POST /v1/admin/models/{name}/{version}/deploy", 200) in actions
+
         # Without a token the CLI is refused, and says so.
         env = {k: v for k, v in os.environ.items() if k != "EDGEFLEET_ADMIN_TOKEN"}
         anonymous = subprocess.run(

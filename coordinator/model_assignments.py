@@ -352,8 +352,10 @@ class ModelAssignments:
         return found
 
     def in_use_by(self, name: str, version: str) -> set[str]:
-        """Agents that desire the version or have it loaded (delete is refused then)."""
-        return self.agents_desiring(name, version) | self.agents_holding(name, version)
+        """Agents that desire the version or have it loaded, and rules that name it
+        (as "rule <selector>"): delete is refused while any is left."""
+        rules = {f"rule {r.selector.key()}" for r in self.rules(name) if r.version == version}
+        return self.agents_desiring(name, version) | self.agents_holding(name, version) | rules
 
     def section_for(self, agent_id: str, *, peers: _SitePeers | None = None) -> ModelsSection:
         """The agent's ModelsSection now (generation 0: the registry numbers it)."""

@@ -439,15 +439,16 @@ class ModelCatalog:
     def delete(self, name: str, version: str, *, in_use_by: Iterable[str] = ()) -> list[str]:
         """Remove a version and the blobs no other version lists; returns those blobs.
 
-        ``in_use_by``: agents that desire it or have it loaded; any refuses the delete.
+        ``in_use_by``: agents that desire it or have it loaded (and rules that name it);
+        any refuses the delete.
         """
         self.require(name, version)
         users = sorted(set(in_use_by))
         if users:
             raise ModelInUseError(
-                f"{name}@{version} is in use by {len(users)} agent(s) "
+                f"{name}@{version} is in use by {len(users)} agent(s) or rule(s) "
                 f"({', '.join(users[:5])}{', ...' if len(users) > 5 else ''}): it is desired "
-                "or loaded there; move them to another version first"
+                "or loaded there; deploy another version first"
             )
         with self._db.transaction() as db:
             rows = db.execute(

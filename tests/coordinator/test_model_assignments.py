@@ -172,6 +172,9 @@ async def test_rules_and_assignments_survive_a_restart(
         (v1.name, Selector(sites=("north",)), v1.version)
     ]
     assert reloaded.desired_for("edge-9")[v1.name].rollout_id == "r-7"
+    # The rule blocks a delete even with no agent matching it (a later joiner would).
+    users = reloaded.in_use_by(v1.name, v1.version)
+    assert "edge-9" in users and any(u.startswith("rule ") and "north" in u for u in users)
     async with (
         aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
         http.get(f"{again.http_url}/v1/admin/models") as response,

@@ -105,7 +105,8 @@ async def test_publish_download_tamper_and_delete_over_the_cli(tmp_path: Path) -
                         assert response.status == expected, agent_id
 
             refused = cli(c, "delete", f"{name}@v2")
-            assert refused.returncode == 1 and "in use by 1 agent(s) (edge-1)" in refused.stderr
+            assert refused.returncode == 1 and "in use by 2 agent(s) or rule(s)" in refused.stderr
+            assert "edge-1" in refused.stderr
             # The version nobody desires goes; the blobs it shares with v2 stay.
             deleted = cli_json(c, "delete", f"{name}@{version}")
             assert deleted["deleted"] and deleted["blobs_removed"] == 0

@@ -34,6 +34,7 @@ from aiohttp import web
 
 from coordinator.app_keys import (
     CONFIG_KEY,
+    METRICS_KEY,
     MODEL_ASSIGNMENTS_KEY,
     MODEL_CATALOG_KEY,
     REGISTRY_KEY,
@@ -140,12 +141,16 @@ async def get_blob(request: web.Request) -> web.StreamResponse:
             return response
         handle.seek(start)
         left = end - start
+        sent = request.config_dict[METRICS_KEY].blob_bytes_sent.labels(
+            reader="agent" if AGENT_ID_HEADER in request.headers else "admin"
+        )
         while left > 0:
             chunk = await asyncio.to_thread(handle.read, min(_CHUNK, left))
             if not chunk:
                 break  # the file shrank under us: the client sees a short body
             left -= len(chunk)
             await response.write(chunk)
+            sent.inc(len(chunk))
         await response.write_eof()
         return response
 
@@ -272,6 +277,7 @@ async def upload_blob(request: web.Request) -> web.Response:
     except BaseException:
         writer.abort()
         raise
+    request.config_dict[METRICS_KEY].blob_bytes_received.inc(writer.size)
     logger.info("blob %s stored (%d bytes)", sha, writer.size)
     return web.json_response({"object": "blob", "sha256": sha, "size": writer.size,
                               "stored": True}, status=201)  # fmt: skip

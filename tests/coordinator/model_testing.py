@@ -57,7 +57,8 @@ def make_artifact(
             "passed": gate_passed,
         }
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+    written: dict[str, Any] = manifest
+    return written
 
 
 class RawAgent:

@@ -54,7 +54,7 @@ async def test_rules_and_assignments_are_pushed_signed_with_peers(
     agents = [a, b, s]
     try:
         await wait_until(lambda: all(x.welcome is not None for x in agents), message="welcome")
-        assert all(x.welcome.model_signing_key == catalog.public_key for x in agents)
+        assert all(x.welcome and x.welcome.model_signing_key == catalog.public_key for x in agents)
         with pytest.raises(UnknownModelVersionError):
             assignments.set_rule(Selector(), name, "int4-000000000000")
 
@@ -71,7 +71,9 @@ async def test_rules_and_assignments_are_pushed_signed_with_peers(
         # edge-a holds v1: edge-b (same site) is told to ask it first; edge-s is not.
         a.report(inventory(name, v1.version, ModelInventoryState.LOADED))
         await wait_until(lambda: b.models is not None and b.models.models[0].peer_urls != ())
-        assert b.models.models[0].peer_urls == ("http://127.0.0.1:9001/v1/blobs",)
+        assert b.models is not None and b.models.models[0].peer_urls == (
+            "http://127.0.0.1:9001/v1/blobs",
+        )
         assert s.models is not None and s.models.models[0].peer_urls == ()
         await wait_until(lambda: any(agent == "edge-a" for agent, _ in stats_seen))
 
@@ -142,6 +144,8 @@ async def test_routing_follows_loaded_versions_from_inventory(
             await asyncio.sleep(0.05)
         assert await routed("model=chat@v2") == ["edge-1"]
         assert await routed("model=chat@v1") == ["edge-2"]
+        grpc_answer = await c.stub.Route(pb.RouteRequest(model="chat@v2"))
+        assert [a.agent_id for a in grpc_answer.agents] == ["edge-1"]
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"{c.http_url}/v1/route?model=chat@") as bad,
@@ -236,6 +240,15 @@ async def test_blobs_are_served_with_ranges_to_viewers_and_enrolled_agents_only(
         agent | {"Authorization": "Bearer wrong"},
     ):
         assert (await get(refused))[0] == 401, refused
+    async with (
+        aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+        http.get(f"{c.http_url}/metrics") as response,
+    ):
+        exposition = await response.text()
+    metric = 'edgefleet_coordinator_blob_bytes_sent_total{reader="agent"}'
+    sent = next(line for line in exposition.splitlines() if line.startswith(metric))
+    # The whole file twice (the first GET, the stale If-Range), plus the ranges read.
+    assert float(sent.split()[-1]) == 2 * len(weights) + 1000 + (len(weights) - 10000) + 5
     c.app[STORE_KEY].revoke_agent(reply.agent_id, datetime.now(UTC))
     assert (await get(agent))[0] == 401
 

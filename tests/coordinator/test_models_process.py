@@ -104,9 +104,9 @@ async def test_publish_download_tamper_and_delete_over_the_cli(tmp_path: Path) -
                     async with http.get(url, headers=headers) as response:
                         assert response.status == expected, agent_id
 
-            refused = cli(c, "delete", f"{name}@v2")
-            assert refused.returncode == 1 and "in use by 2 agent(s) or rule(s)" in refused.stderr
-            assert "edge-1" in refused.stderr
+            in_use = cli(c, "delete", f"{name}@v2")
+            assert in_use.returncode == 1 and "in use by 2 agent(s) or rule(s)" in in_use.stderr
+            assert "edge-1" in in_use.stderr
             # The version nobody desires goes; the blobs it shares with v2 stay.
             deleted = cli_json(c, "delete", f"{name}@{version}")
             assert deleted["deleted"] and deleted["blobs_removed"] == 0

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="edgefleet-coordinator",
         description="Run the edgefleet coordinator (gRPC control plane + HTTP admin API). "
         "Operator commands: `tokens create|list|revoke`, `keys mint|list|show|revoke`, "
-        "`agents drain|resume|set|revoke|remove ID`, `backup DIR`, `restore DIR` "
+        "`agents drain|resume|set|revoke|remove ID`, `backup DIR`, `restore DIR`, "
+        "`models publish|list|show|deprecate|delete|export|deploy` "
         "(see `python -m coordinator tokens --help`).",
         epilog="Precedence: defaults < --config file < EDGEFLEET_COORDINATOR_<KEY> "
         "environment variables < flags.",

@@ -56,6 +56,19 @@ from coordinator.http_api import (
     exception_response,
     iso_time,
 )
+from coordinator.model_http import (
+    AGENT_ROUTES,
+    BLOB_ROUTE,
+    agent_may_read,
+    delete_model,
+    deploy_model,
+    deprecate_model,
+    list_models,
+    missing_blobs,
+    publish_model,
+    show_model,
+    upload_blob,
+)
 from coordinator.proto_convert import location_checked
 from coordinator.tokens import check_http_url
 from edgefleet.contract import Location
@@ -119,6 +132,8 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
         return await handler(request)
     token = _bearer(request)
     caller = None if token is None else request.config_dict[ADMIN_TOKENS_KEY].check(token)
+    if caller is None and key in AGENT_ROUTES and agent_may_read(request):
+        return await handler(request)  # an agent with its own credential (model_http)
     if caller is None:
         return _refuse(
             request,
@@ -258,7 +273,9 @@ def _int(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
 
 async def json_body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object body ({} when there is none); 400 otherwise."""
-    if not request.can_read_body:
+    # body_exists, not can_read_body: the server's body_deadline middleware has already
+    # read the body (cached for json()), and can_read_body is False once it was read.
+    if not request.body_exists:
         return {}
     try:
         body = await request.json()
@@ -597,12 +614,30 @@ ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("GET", "/audit", audit_log, Role.VIEWER, "The audit log (json or jsonl)"),
     AdminRoute("GET", "/request-records", request_records, Role.VIEWER,
                "Per-request records sent by agents"),
+    AdminRoute("GET", "/models", list_models, Role.VIEWER,
+               "The model catalog: every published version, the rules, the signing key"),
+    AdminRoute("POST", "/models", publish_model, Role.OPERATOR,
+               "Publish a version (its files uploaded first); the manifest is signed"),
+    AdminRoute("POST", "/model-blobs/missing", missing_blobs, Role.OPERATOR,
+               "Which of these sha256 the blob store lacks"),
+    AdminRoute("PUT", "/model-blobs/sha256/{sha256}", upload_blob, Role.OPERATOR,
+               "Upload one file (kept only if its bytes hash to the sha256)"),
+    AdminRoute("GET", "/models/{name}/{version}", show_model, Role.VIEWER,
+               "One version: files, signed manifest, agents desiring and loading it"),
+    AdminRoute("POST", "/models/{name}/{version}/deprecate", deprecate_model, Role.OPERATOR,
+               "Mark a version deprecated (or not)"),
+    AdminRoute("DELETE", "/models/{name}/{version}", delete_model, Role.OPERATOR,
+               "Delete a version (refused while any agent desires or loads it)"),
+    AdminRoute("POST", "/models/{name}/{version}/deploy", deploy_model, Role.OPERATOR,
+               "Every agent the selector matches (empty: all) runs this version"),
 ]  # fmt: skip
 
 
 def route_roles() -> dict[tuple[str, str], Role | None]:
     """(method, full canonical path) -> the role needed (None: public), for every route."""
     table: dict[tuple[str, str], Role | None] = dict(ROUTE_ROLES)
+    # Blobs: viewer tokens, or agents with their own credential (AGENT_ROUTES).
+    table[("GET", BLOB_ROUTE)] = Role.VIEWER
     for route in ADMIN_ROUTES:
         table[(route.method, ADMIN_PREFIX + route.path)] = route.role
     return table

@@ -1,5 +1,5 @@
 """``python -m coordinator tokens|keys|agents|admin-tokens|audit|backup|restore ...``:
-operator commands.
+operator commands (``models ...``: coordinator.models_cli).
 
 Token and API key commands work on the coordinator's SQLite database directly (default: the
 configured ``data_dir``), or on a running coordinator's admin API with ``--url``.
@@ -36,13 +36,21 @@ from coordinator.audit import AuditLog, to_jsonl
 from coordinator.backup import backup, restore
 from coordinator.config import load_config
 from coordinator.errors import ConfigError, CoordinatorError, ProtocolError
+from coordinator.models_cli import (
+    ModelsCommandError,
+    add_models_command,
+    print_result,
+    run_models_command,
+)
 from coordinator.proto_convert import location_checked
 from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import JoinTokens
 from edgefleet.contract import Location
 
 ADMIN_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"
-ADMIN_COMMANDS = ("tokens", "keys", "agents", "admin-tokens", "audit", "backup", "restore")
+ADMIN_COMMANDS = (
+    "tokens", "keys", "agents", "admin-tokens", "audit", "backup", "restore", "models",
+)  # fmt: skip
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -164,6 +172,8 @@ def add_admin_commands(sub: Any) -> None:
     export.add_argument("--since", help="ISO 8601 time, e.g. 2026-01-02T00:00:00Z")
     leaves.append(export)
 
+    leaves.extend(add_models_command(sub))
+
     for parser in leaves:
         parser.add_argument("--config", type=Path, metavar="FILE", help="coordinator TOML config")
         parser.add_argument("--data-dir", help="coordinator data directory (token commands)")
@@ -189,6 +199,9 @@ def run_admin_command(args: argparse.Namespace) -> int:
         args.admin_token = _client_token(args)
         if args.command == "audit" and not args.url:
             return _export_audit(args, config.data_path)
+        if args.command == "models":
+            print_result(args, run_models_command(args, config))
+            return 0
         if args.command == "backup":
             result = backup(config.data_path, args.directory)
         elif args.command == "restore":
@@ -213,7 +226,7 @@ def run_admin_command(args: argparse.Namespace) -> int:
             result = _tokens_over_http(args)
         else:
             result = _tokens_in_database(args, config.data_path)
-    except (CoordinatorError, AdminRequestError) as exc:
+    except (CoordinatorError, AdminRequestError, ModelsCommandError) as exc:
         print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
         return 1
     _print(args, result)

@@ -18,13 +18,17 @@ from coordinator.app_keys import (
     ADMIN_TOKENS_KEY,
     API_KEYS_KEY,
     AUDIT_KEY,
+    BLOB_BASE_URL_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
     KEY_DISTRIBUTOR_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
+    MODEL_ASSIGNMENTS_KEY,
+    MODEL_CATALOG_KEY,
     RECORDS_KEY,
     REGISTRY_KEY,
+    REPORT_HOOKS_KEY,
     ROUTE_ROLES_KEY,
     ROUTER_KEY,
     STORE_KEY,
@@ -40,9 +44,13 @@ from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.model_assignments import BlobBaseUrl, ModelAssignments
+from coordinator.model_catalog import ModelCatalog
+from coordinator.model_http import BLOB_ROUTE, get_blob
 from coordinator.peer_rate_limit import PeerRateLimiter
 from coordinator.proto_convert import LoadLimits
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
+from coordinator.report_hooks import ReportHooks
 from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
@@ -81,6 +89,13 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     metrics = CoordinatorMetrics(registry)
     router = Router.from_config(registry, config, metrics)
     api_keys = ApiKeys(fleet_store)
+    # The model catalog (signing key in data_dir: an unreadable one stops the start) and
+    # which versions each agent should run.
+    catalog = ModelCatalog.in_directory(admin_db, data)
+    blob_base_url = BlobBaseUrl(config)
+    assignments = ModelAssignments(admin_db, catalog, registry, blob_base_url=blob_base_url)
+    report_hooks = ReportHooks()
+    report_hooks.add(assignments.on_report)
     distributor = KeyDistributor(
         api_keys,
         set_section=registry.set_section,
@@ -112,7 +127,11 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         ),
         keys=distributor,
         enroll_limiter=PeerRateLimiter(config.enroll_rate_per_minute / 60.0, config.enroll_burst),
+        models=assignments,
+        report_hooks=report_hooks,
+        model_signing_key=catalog.public_key,
     )
+    assignments.bind(servicer.set_section)
     distributor.bind(servicer.set_keys_section, servicer.connected_agent_ids)
     # authorize is inside openai_errors: a crash in a check is still an error body.
     app = web.Application(middlewares=[count_requests, openai_errors, authorize])
@@ -130,7 +149,12 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[KEY_DISTRIBUTOR_KEY] = distributor
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app[LIFECYCLE_KEY] = AgentLifecycle(fleet_store, registry, servicer)
+    app[MODEL_CATALOG_KEY] = catalog
+    app[MODEL_ASSIGNMENTS_KEY] = assignments
+    app[REPORT_HOOKS_KEY] = report_hooks
+    app[BLOB_BASE_URL_KEY] = blob_base_url
     app.add_routes(ROUTES)
+    app.router.add_get(BLOB_ROUTE, get_blob)
     app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_admin_db_closer(admin_db))

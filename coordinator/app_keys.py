@@ -12,7 +12,10 @@ from coordinator.config import CoordinatorConfig
 from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import GrpcServer
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.model_assignments import BlobBaseUrl, ModelAssignments
+from coordinator.model_catalog import ModelCatalog
 from coordinator.registry import FleetRegistry
+from coordinator.report_hooks import ReportHooks
 from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.tokens import JoinTokens
@@ -31,3 +34,7 @@ ROUTE_ROLES_KEY: web.AppKey[dict[tuple[str, str], Role | None]] = web.AppKey("ro
 LIFECYCLE_KEY = web.AppKey("lifecycle", AgentLifecycle)
 API_KEYS_KEY = web.AppKey("api_keys", ApiKeys)
 KEY_DISTRIBUTOR_KEY = web.AppKey("key_distributor", KeyDistributor)
+MODEL_CATALOG_KEY = web.AppKey("model_catalog", ModelCatalog)
+MODEL_ASSIGNMENTS_KEY = web.AppKey("model_assignments", ModelAssignments)
+REPORT_HOOKS_KEY = web.AppKey("report_hooks", ReportHooks)
+BLOB_BASE_URL_KEY = web.AppKey("blob_base_url", BlobBaseUrl)

@@ -2,7 +2,10 @@
 
 A backup holds the fleet database (copied with SQLite's online backup API, so it is
 consistent even while the coordinator runs and writes), the CA (``ca/ca.pem`` and
-``ca/ca.key``) and every other file under ``data_dir`` (keys other features keep there),
+``ca/ca.key``), the model-signing key (``model-signing.key``: agents pinned its public key
+at enrollment, so a coordinator restored without it could not serve them models), the
+model catalog's blob store (``models/blobs/``; blobs being uploaded, ``models/tmp/``,
+are left out) and every other file under ``data_dir`` (keys other features keep there),
 plus ``manifest.json`` (when, the schema version, each file's sha256). The backup
 directory is created 0700 and private files stay 0600: it holds the CA key.
 
@@ -24,11 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.errors import StoreError
+from coordinator.model_catalog import MODELS_DIR, SIGNING_KEY_FILE, TMP_DIR
 from coordinator.sqlite_store import DB_FILE, schema_version
 
 MANIFEST = "manifest.json"
 # The database and SQLite's side files: copied through the backup API, not as files.
 _DB_FILES = frozenset({DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", f"{DB_FILE}-journal"})
+
+
+# Blobs still being written (coordinator.model_catalog): never complete, never restored.
+_PARTIAL = (MODELS_DIR, TMP_DIR)
 
 
 class BackupError(StoreError):
@@ -57,7 +65,7 @@ def backup(data_dir: Path, target: Path) -> dict[str, Any]:
         os.chmod(target / DB_FILE, 0o600)
         for path in sorted(data_dir.rglob("*")):
             relative = path.relative_to(data_dir)
-            if path.is_dir() or str(relative) in _DB_FILES:
+            if path.is_dir() or str(relative) in _DB_FILES or relative.parts[:2] == _PARTIAL:
                 continue
             destination = target / relative
             destination.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -91,7 +99,10 @@ def restore(source: Path, data_dir: Path, *, force: bool = False) -> dict[str, A
         path = source / name
         if not path.is_file() or _sha256(path) != digest:
             raise BackupError(f"backup file {path} is missing or changed since the backup")
-    existing = [p for p in (data_dir / DB_FILE, data_dir / "ca") if p.exists()]
+    existing = [
+        p for p in (data_dir / DB_FILE, data_dir / "ca", data_dir / SIGNING_KEY_FILE)
+        if p.exists()
+    ]  # fmt: skip
     if existing and not force:
         raise BackupError(
             f"{data_dir} already holds {', '.join(str(p) for p in existing)}; restore into an "

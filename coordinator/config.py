@@ -176,6 +176,12 @@ class CoordinatorConfig(Settings):
     route_candidate_pool: int = Field(default=64, ge=1)
     # "CIDR=site,CIDR=site": which site a client IP belongs to.
     site_networks: str = ""
+    # --- model catalog
+    # The URL agents fetch model blobs from (sent as ModelTarget.artifact_url), e.g.
+    # https://coordinator.example:8080/v1/blobs. Empty: this coordinator's HTTP address
+    # (http_host, or the machine's name when it listens on every interface, and the port).
+    blob_base_url: str = Field(default="", max_length=2048)
+
     # Placeholder overflow answer when no edge agent fits (the overflow issue refines it).
     overflow_name: str = ""
     overflow_url: str = ""

@@ -159,3 +159,62 @@ class UnknownApiKeyError(RecoverableError):
 
 class FleetFullError(RecoverableError):
     """A Hello for a new agent id when the registry already holds ``max_agents``."""
+
+
+class SigningKeyError(FatalError):
+    """The model-signing key in the data directory cannot be read or created."""
+
+
+class ModelCatalogError(RecoverableError):
+    """A catalog request was refused; ``status`` and ``code`` say how the API answers."""
+
+    status = 400
+    code = "invalid_model"
+    param: str | None = None
+
+
+class UnknownModelVersionError(ModelCatalogError):
+    """No such model name@version (or blob) in the catalog."""
+
+    status = 404
+    code = "model_not_found"
+    param = "model"
+
+
+class ModelVersionExistsError(ModelCatalogError):
+    """A version with this name and version is already published (with other bytes)."""
+
+    status = 409
+    code = "model_version_exists"
+    param = "version"
+
+
+class ModelInUseError(ModelCatalogError):
+    """A version cannot be deleted: agents desire it or have it loaded."""
+
+    status = 409
+    code = "model_in_use"
+    param = "model"
+
+
+class BlobIntegrityError(ModelCatalogError):
+    """An uploaded blob's bytes do not hash to the sha256 it was sent under."""
+
+    status = 400
+    code = "blob_sha256_mismatch"
+    param = "sha256"
+
+
+class MissingBlobsError(ModelCatalogError):
+    """A manifest names files the blob store does not hold (upload them first)."""
+
+    status = 409
+    code = "missing_blobs"
+    param = "manifest"
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(
+            f"the blob store lacks {len(missing)} file(s) the manifest lists (upload them "
+            f"first): {', '.join(missing[:5])}"
+        )
+        self.missing = missing

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from edgefleet.contract import DesiredState, Hello, LoadReport
+from edgefleet.contract import DesiredState, Hello, LoadedModel, LoadReport, ModelInventoryState
 
 _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -74,3 +74,32 @@ class AgentRecord:
     @property
     def agent_id(self) -> str:
         return self.hello.agent_id
+
+    @property
+    def served(self) -> tuple[LoadedModel, ...]:
+        """The model versions the agent serves now: those its latest inventory lists as
+        loaded, or (an agent that reports no inventory) those its Hello lists."""
+        return served_models(self.hello, self.last_report)
+
+    def serves(self, name: str, version: str | None = None) -> bool:
+        """It serves ``name`` (at ``version``, when given)."""
+        return any(
+            m.name == name and (version is None or m.version == version) for m in self.served
+        )
+
+
+def served_models(hello: Hello, report: LoadReport | None) -> tuple[LoadedModel, ...]:
+    """See ``AgentRecord.served``."""
+    if report is None or not report.inventory:
+        return hello.models
+    return tuple(
+        LoadedModel(name=i.name, version=i.version)
+        for i in report.inventory
+        if i.state is ModelInventoryState.LOADED
+    )
+
+
+def routing_hello(hello: Hello, report: LoadReport | None) -> Hello:
+    """The Hello the fleet index keys the agent by: its models are what it serves now."""
+    served = served_models(hello, report)
+    return hello if served == hello.models else replace(hello, models=served)

@@ -77,6 +77,10 @@ class FleetIndex:
                     if not cells:
                         del self._cells[model]
 
+    def at_site(self, site: str) -> frozenset[str] | set[str]:
+        """Every agent at ``site`` (do not mutate the result)."""
+        return self._by_site.get(site, frozenset())
+
     def serving(self, model: str) -> frozenset[str] | set[str]:
         """Every agent whose Hello lists ``model`` (do not mutate the result)."""
         return self._by_model.get(model, frozenset())

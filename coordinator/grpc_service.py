@@ -34,8 +34,10 @@ from coordinator.errors import (
     SiteMismatchError,
 )
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.model_assignments import ModelAssignments
 from coordinator.peer_rate_limit import PeerRateLimiter, peer_ip
 from coordinator.registry import FleetRegistry
+from coordinator.report_hooks import ReportHooks
 from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.session_auth import Peer, SessionAuthenticator, peer_address, resolve_url_host
@@ -137,9 +139,15 @@ class CoordinatorServicer:
         load_limits: proto_convert.LoadLimits = proto_convert.DEFAULT_LOAD_LIMITS,
         keys: KeyDistributor | None = None,
         enroll_limiter: PeerRateLimiter | None = None,
+        models: ModelAssignments | None = None,
+        report_hooks: ReportHooks | None = None,
+        model_signing_key: bytes = b"",
     ) -> None:
         """``keys``: gives each agent its API keys section when it connects and takes the
-        per-key usage of its load reports (no keys are pushed without it)."""
+        per-key usage of its load reports (no keys are pushed without it). ``models``:
+        sets each agent's models section when it connects. ``report_hooks``: called with
+        every accepted load report. ``model_signing_key``: the public key sent in
+        EnrollResponse and Welcome."""
         self._records = records
         self._registry = registry
         self._metrics = metrics
@@ -152,6 +160,9 @@ class CoordinatorServicer:
         self._enroll_limiter = enroll_limiter
         self._live: dict[str, _LiveSession] = {}
         self._keys = keys
+        self._models = models
+        self._report_hooks = report_hooks
+        self._model_signing_key = model_signing_key
 
     # ------------------------------------------------------------------ RPCs
 
@@ -190,6 +201,7 @@ class CoordinatorServicer:
             site=enrolled.site,
             http_url=enrolled.http_url,
             cert_not_after_unix=int(enrolled.not_after.timestamp()) if enrolled.not_after else 0,
+            model_signing_key=self._model_signing_key,
         )
         if enrolled.location is not None:
             response.location.lat = enrolled.location.lat
@@ -235,6 +247,8 @@ class CoordinatorServicer:
         self._live[hello.agent_id] = live
         if self._keys is not None:
             self._keys.on_connect(hello.agent_id)  # sent with the full desired state below
+        if self._models is not None:
+            self._models.on_connect(hello.agent_id)  # likewise
         logger.info(
             "agent %s connected (session %s, site %r, %d models, peer %s)",
             hello.agent_id,
@@ -249,7 +263,9 @@ class CoordinatorServicer:
         )
         reader.add_done_callback(lambda _: live.outbox.put_nowait(None))
         try:
-            yield proto_convert.welcome_to_pb(session_id, self._report_interval_ms)
+            yield proto_convert.welcome_to_pb(
+                session_id, self._report_interval_ms, self._model_signing_key
+            )
             yield proto_convert.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
             if self._registry.get(hello.agent_id).draining:
                 yield proto_convert.command_to_pb(CommandKind.DRAIN, "drained by an operator")
@@ -376,6 +392,8 @@ class CoordinatorServicer:
                 self._metrics.load_reports.inc()
                 if report.key_usage and self._keys is not None:
                     self._keys.record_usage(live.agent_id, report.key_usage)
+                if self._report_hooks is not None:
+                    self._report_hooks(live.agent_id, report)
             elif kind == "bye":
                 logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)

@@ -24,7 +24,7 @@ from coordinator.app_keys import CONFIG_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGIS
 from coordinator.errors import UnknownAgentError, UnknownTokenRefError
 from coordinator.fleet import AgentRecord, AgentStatus
 from coordinator.route_scorer import RouteDecision, RouteQuery
-from edgefleet.contract import Location
+from edgefleet.contract import LoadReport, Location
 
 logger = logging.getLogger(__name__)
 
@@ -204,9 +204,10 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
     exclude = {e.strip() for e in ",".join(q.getall("exclude", [])).split(",") if e.strip()}
     max_wait = _number(q, "max_wait_ms", low=0, high=3_600_000)
     limit = _number(q, "limit", low=0, high=1000)
+    model, version = split_model_ref(model, q.get("version") or None)
     query = RouteQuery(
         model=model,
-        version=q.get("version") or None,
+        version=version,
         location=None if lat is None or lon is None else Location(lat=lat, lon=lon),
         site=q.get("site", ""),
         max_wait_ms=int(max_wait or 0),
@@ -215,6 +216,18 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
         limit=int(limit or 0),
     )
     return query, q.get("client_ip") or (request.remote or "")
+
+
+def split_model_ref(model: str, version: str | None) -> tuple[str, str | None]:
+    """``name@version`` -> (name, version); a separate version must agree with it."""
+    name, at, pinned = model.partition("@")
+    if not at:
+        return model, version
+    if not name or not pinned:
+        raise InvalidParameter("model", f"model {model[:80]!r} must be name or name@version")
+    if version is not None and version != pinned:
+        raise InvalidParameter("version", f"version {version!r} contradicts model {model!r}")
+    return name, pinned
 
 
 async def route(request: web.Request) -> web.Response:
@@ -334,9 +347,7 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
             "execution_providers": list(hello.hardware.execution_providers),
         },
         "models": [asdict(m) for m in hello.models],
-        "load": None
-        if report is None
-        else {**report._asdict(), "applied": report.applied._asdict()},
+        "load": None if report is None else load_json(report),
         "healthy": not record.unhealthy_reason,
         "unhealthy_reason": record.unhealthy_reason or None,
         "contract_minor": hello.contract_minor,
@@ -348,6 +359,20 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
         },
         "bye_reason": record.bye_reason,
     }
+
+
+def load_json(report: LoadReport) -> dict[str, Any]:
+    """A load report as JSON: its figures, what it applied, and the model inventory
+    (per-interval model stats are the rollouts' to aggregate, not shown here)."""
+    view = report._asdict()
+    view["applied"] = report.applied._asdict()
+    view["inventory"] = [
+        {**item._asdict(), "self_check": None if item.self_check is None
+         else item.self_check._asdict()}
+        for item in report.inventory
+    ]  # fmt: skip
+    view.pop("model_stats", None)
+    return view
 
 
 def iso_time(value: datetime | None) -> str | None:

@@ -96,6 +96,18 @@ class CoordinatorMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        # Coordinator egress for model sync (what site-local distribution saves).
+        self.blob_bytes_sent = Counter(
+            f"{PREFIX}_blob_bytes_sent",
+            "Model blob bytes sent from the coordinator's blob store, by reader kind.",
+            ["reader"],
+            registry=self.registry,
+        )
+        self.blob_bytes_received = Counter(
+            f"{PREFIX}_blob_bytes_received",
+            "Model blob bytes uploaded and kept (publish).",
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         """The text exposition format for GET /metrics."""

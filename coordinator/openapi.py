@@ -292,7 +292,67 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
 }
-for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord", "ApiKey"):
+_MODEL_VERSION_PROPS = {
+    "object": {"const": "model_version"},
+    "name": {"type": "string"},
+    "version": {"type": "string"},
+    "ref": {"type": "string", "description": "name@version"},
+    "task": {"type": "string"},
+    "sha256": {"type": "string", "description": "of the signed manifest"},
+    "size_bytes": {"type": "integer"},
+    "gate_passed": {"type": "boolean"},
+    "deprecated": {"type": "boolean"},
+    "published_at": {"type": "string", "format": "date-time"},
+}
+_SCHEMAS |= {
+    "ModelVersion": {
+        "type": "object",
+        "required": list(_MODEL_VERSION_PROPS),
+        "properties": _MODEL_VERSION_PROPS | {
+            "files": {"type": "array", "items": _OBJ},
+            "manifest_b64": {"type": "string", "contentEncoding": "base64"},
+            "signature_b64": {"type": "string", "contentEncoding": "base64"},
+            "desired_by": {},
+            "loaded_on": {},
+            "created": {"type": "boolean"},
+            "warnings": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "NewModelVersion": {
+        "type": "object",
+        "required": ["manifest_b64"],
+        "properties": {
+            "manifest_b64": {"type": "string", "contentEncoding": "base64",
+                             "description": "the models build's manifest.json bytes"},
+            "name": {"type": "string", "description": "override the manifest's name"},
+            "version": {"type": "string", "description": "override the manifest's version"},
+        },
+    },
+    "Selector": {
+        "type": "object",
+        "properties": {
+            "sites": {"type": "array", "items": {"type": "string"}},
+            "labels": {"type": "array", "items": {"type": "string"}},
+            "agent_ids": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "ModelRule": {"type": "object", "required": ["object", "name", "version", "selector"],
+                  "properties": {"object": {"const": "model_rule"}}},
+    "Deprecation": {"type": "object", "properties": {"deprecated": {"type": "boolean"}}},
+    "BlobCheckRequest": {"type": "object", "required": ["sha256"],
+                         "properties": {"sha256": {"type": "array",
+                                                   "items": {"type": "string"}}}},
+    "BlobCheck": {"type": "object", "required": ["missing"],
+                  "properties": {"missing": {"type": "array", "items": {"type": "string"}}}},
+    "Blob": {"type": "object", "required": ["sha256", "size", "stored"],
+             "properties": {"sha256": {"type": "string"}, "size": {"type": "integer"},
+                            "stored": {"type": "boolean"}}},
+    "DeletedModelVersion": {"type": "object", "required": ["deleted"],
+                            "properties": {"deleted": {"type": "boolean"},
+                                           "blobs_removed": {"type": "integer"}}},
+}  # fmt: skip
+for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord", "ApiKey",
+              "ModelVersion"):  # fmt: skip
     _SCHEMAS[f"{_name}List"] = _list_of(_name)
 # /v1/agents is paginated (coordinator.http_api.list_agents)
 _SCHEMAS["AgentList"]["required"] += ["first_id", "last_id", "has_more"]
@@ -402,6 +462,73 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
         "200",
         {**_json("AuditEntryList"), "application/jsonl": {"schema": {"type": "string"}}},
     ),
+    ("GET", "/v1/blobs/sha256/{sha256}"): (
+        [
+            _p("sha256"),
+            {
+                "name": "Range",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "one range: bytes=a-b, bytes=a- or bytes=-n (206; 416 outside)",
+            },
+            {
+                "name": "If-None-Match",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": 'the strong ETag "<sha256>" (304)',
+            },
+            {
+                "name": "Edgefleet-Agent",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "an agent id: then the bearer token is that agent's credential",
+            },
+        ],
+        None,
+        "200",
+        {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    ),
+    ("GET", "/v1/admin/models"): (
+        [_q("name", {"type": "string"}, "only this model's versions")],
+        None,
+        "200",
+        "ModelVersionList",
+    ),
+    ("POST", "/v1/admin/models"): ([], "NewModelVersion", "201", "ModelVersion"),
+    ("POST", "/v1/admin/model-blobs/missing"): ([], "BlobCheckRequest", "200", "BlobCheck"),
+    ("PUT", "/v1/admin/model-blobs/sha256/{sha256}"): (
+        [_p("sha256")],
+        None,
+        "201",
+        "Blob",
+    ),
+    ("GET", "/v1/admin/models/{name}/{version}"): (
+        [_p("name"), _p("version")],
+        None,
+        "200",
+        "ModelVersion",
+    ),
+    ("POST", "/v1/admin/models/{name}/{version}/deprecate"): (
+        [_p("name"), _p("version")],
+        "Deprecation",
+        "200",
+        "ModelVersion",
+    ),
+    ("DELETE", "/v1/admin/models/{name}/{version}"): (
+        [_p("name"), _p("version")],
+        None,
+        "200",
+        "DeletedModelVersion",
+    ),
+    ("POST", "/v1/admin/models/{name}/{version}/deploy"): (
+        [_p("name"), _p("version")],
+        "Selector",
+        "200",
+        "ModelRule",
+    ),
     ("GET", "/v1/admin/request-records"): (
         [
             _q("agent_id", {"type": "string"}),
@@ -421,6 +548,8 @@ _SUMMARIES = {
     ("GET", "/healthz"): "Health of the coordinator (public)",
     ("GET", "/metrics"): "Prometheus metrics (text format)",
     ("GET", "/openapi.json"): "This document (public)",
+    ("GET", "/v1/blobs/sha256/{sha256}"): "A model file by sha256 (Range, strong ETag); "
+    "viewer token or an agent's own credential",
 } | {(r.method, ADMIN_PREFIX + r.path): r.summary for r in ADMIN_ROUTES}
 
 

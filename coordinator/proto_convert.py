@@ -114,6 +114,45 @@ def check_hello_sizes(message: pb.Hello) -> None:
         raise ProtocolError(f"Hello is {size} bytes; at most {MAX_HELLO_BYTES} are accepted")
 
 
+# A LoadReport's model inventory and per-version stats (v1.3): entries and sizes at most.
+MAX_INVENTORY = 256
+MAX_INVENTORY_ERROR_CHARS = 2000
+MAX_HISTOGRAM_BUCKETS = 64
+
+
+def check_model_reports(message: pb.LoadReport) -> None:
+    """Caps on a LoadReport's inventory and model stats; raises ProtocolError."""
+    for field_name, entries in (("inventory", message.inventory),
+                                ("model_stats", message.model_stats)):  # fmt: skip
+        if len(entries) > MAX_INVENTORY:
+            raise ProtocolError(
+                f"LoadReport.{field_name} has {len(entries)} entries; at most {MAX_INVENTORY}"
+            )
+        for index, entry in enumerate(entries):
+            where = f"LoadReport.{field_name}[{index}]"
+            if not entry.name:
+                raise ProtocolError(f"{where}.name is empty")
+            _check_length(entry.name, MAX_MODEL_FIELD_CHARS, f"{where}.name")
+            _check_length(entry.version, MAX_VERSION_CHARS, f"{where}.version")
+    for index, item in enumerate(message.inventory):
+        where = f"LoadReport.inventory[{index}]"
+        _check_length(item.last_error, MAX_INVENTORY_ERROR_CHARS, f"{where}.last_error")
+        if item.HasField("self_check"):
+            _check_length(item.self_check.detail, MAX_INVENTORY_ERROR_CHARS,
+                          f"{where}.self_check.detail")  # fmt: skip
+    for index, stats in enumerate(message.model_stats):
+        histogram = stats.ttft_seconds
+        where = f"LoadReport.model_stats[{index}].ttft_seconds"
+        if len(histogram.upper_bounds) > MAX_HISTOGRAM_BUCKETS:
+            raise ProtocolError(f"{where} has more than {MAX_HISTOGRAM_BUCKETS} buckets")
+        if histogram.counts and len(histogram.counts) != len(histogram.upper_bounds) + 1:
+            raise ProtocolError(f"{where}: len(counts) must be len(upper_bounds) + 1")
+        if not all(math.isfinite(b) for b in histogram.upper_bounds) or list(
+            histogram.upper_bounds
+        ) != sorted(histogram.upper_bounds):
+            raise ProtocolError(f"{where}.upper_bounds must be finite and ascending")
+
+
 @dataclass(frozen=True, slots=True)
 class LoadLimits:
     """Plausible ceilings for what an agent says about its load.
@@ -149,6 +188,7 @@ def load_report_from_pb(
         )
     if len(message.unhealthy_reason) > 1000:
         raise ProtocolError("LoadReport.unhealthy_reason is longer than 1000 characters")
+    check_model_reports(message)
     report = contract_pb.load_report_from_pb(message)
     clamped = report._replace(
         tokens_per_second=min(report.tokens_per_second, limits.tokens_per_second),
@@ -160,8 +200,14 @@ def load_report_from_pb(
     return report if clamped == report else clamped
 
 
-def welcome_to_pb(session_id: str, report_interval_ms: int) -> pb.CoordinatorMessage:
-    welcome = Welcome(session_id=session_id, report_interval_ms=report_interval_ms)
+def welcome_to_pb(
+    session_id: str, report_interval_ms: int, model_signing_key: bytes = b""
+) -> pb.CoordinatorMessage:
+    welcome = Welcome(
+        session_id=session_id,
+        report_interval_ms=report_interval_ms,
+        model_signing_key=model_signing_key,
+    )
     return pb.CoordinatorMessage(welcome=contract_pb.welcome_to_pb(welcome))
 
 
@@ -192,9 +238,18 @@ def route_query_from_pb(message: pb.RouteRequest) -> RouteQuery:
     for agent_id, rtt in message.client_rtt_ms.items():
         if not (math.isfinite(rtt) and rtt >= 0):
             raise ProtocolError(f"RouteRequest.client_rtt_ms[{agent_id!r}] {rtt} is not a time")
+    name, at, pinned = message.model.partition("@")
+    version = message.version if message.HasField("version") else None
+    if at:
+        if not name or not pinned or (version is not None and version != pinned):
+            raise ProtocolError(
+                f"RouteRequest.model {message.model[:80]!r} must be name or name@version "
+                "(agreeing with RouteRequest.version)"
+            )
+        version = pinned
     return RouteQuery(
-        model=message.model,
-        version=message.version if message.HasField("version") else None,
+        model=name,
+        version=version,
         location=location,
         site=message.site,
         max_wait_ms=message.max_wait_ms,

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from coordinator.errors import FleetFullError, SessionTakenError, UnknownAgentError
-from coordinator.fleet import AgentRecord, AgentStatus, Liveness
+from coordinator.fleet import AgentRecord, AgentStatus, Liveness, routing_hello, served_models
 from coordinator.fleet_index import FleetIndex
 from coordinator.fleet_store import AgentLastState, FleetStore, StoredAgent
 from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
@@ -200,8 +200,9 @@ class LiveFleetRegistry:
             desired=previous.desired if previous is not None else DesiredState(),
         )
         self._connected += 1
-        if previous is None or previous.hello != hello:
-            self._index.put(hello)
+        kept = None if previous is None else previous.last_report
+        if previous is None or routing_hello(previous.hello, kept) != routing_hello(hello, kept):
+            self._index.put(routing_hello(hello, kept))
         if previous is not None and previous.liveness is not Liveness.LIVE:
             logger.info("agent %s is live again (was %s)", hello.agent_id, previous.liveness)
         self._store.save_hello(hello, now)
@@ -220,6 +221,10 @@ class LiveFleetRegistry:
                 )
             else:
                 logger.info("agent %s is healthy again", agent_id)
+        if report.inventory or (record.last_report is not None and record.last_report.inventory):
+            before = served_models(record.hello, record.last_report)
+            if served_models(record.hello, report) != before:  # re-index what it serves
+                self._index.put(routing_hello(record.hello, report))
         self._agents[agent_id] = replace(
             record, last_report=report, last_seen=self._clock(), liveness=Liveness.LIVE
         )
@@ -441,7 +446,7 @@ class LiveFleetRegistry:
                 draining=stored.draining,
                 enrolled=stored.enrolled,
             )
-            self._index.put(stored.hello)
+            self._index.put(routing_hello(stored.hello, report))
         if self._agents:
             logger.info(
                 "restored %d agents from the store: %d unconfirmed (routed until they "

@@ -222,10 +222,7 @@ class RouteScorer:
             return "excluded_by_client"
         if not record.hello.http_url:
             return "no_http_url"
-        if not any(
-            m.name == query.model and (query.version is None or m.version == query.version)
-            for m in record.hello.models
-        ):
+        if not record.serves(query.model, query.version):
             return "model_not_loaded"
         return None
 

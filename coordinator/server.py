@@ -15,7 +15,7 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
 from coordinator.app import create_app
-from coordinator.app_keys import GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
+from coordinator.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
 from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import ConfigError, ServerStartError
@@ -73,6 +73,9 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
                 f"cannot listen for HTTP on {config.http_host}:{config.http_port}: {exc.strerror}"
             ) from exc
         http_host, http_port = runner.addresses[0][:2]
+        app[BLOB_BASE_URL_KEY].listening(
+            "https" if ssl_context else "http", config.http_host, http_port
+        )
         settle_heap()
         grpc_server = app[GRPC_SERVER_KEY]
         logger.info(

@@ -14,7 +14,15 @@ from coordinator.errors import StoreError
 from coordinator.fleet import Liveness
 from coordinator.fleet_json import hello_from_json, hello_to_json
 from coordinator.fleet_store import AgentLastState, ApiKeyRecord, JoinToken, Site, StoredAgent
-from edgefleet.contract import Hello, LoadReport, Location, SectionGenerations
+from edgefleet.contract import (
+    Hello,
+    LoadReport,
+    Location,
+    ModelInventory,
+    ModelInventoryState,
+    SectionGenerations,
+    SelfCheckResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +199,60 @@ def _api_keys(db: sqlite3.Connection) -> None:
             completion_tokens      INTEGER NOT NULL DEFAULT 0,
             rejected               INTEGER NOT NULL DEFAULT 0
         )""")  # fmt: skip
+
+
+@_migration(6)
+def _model_catalog(db: sqlite3.Connection) -> None:
+    """The model catalog (coordinator/model_catalog.py): published versions with their
+    signed manifests and the files each lists, and which version each agent should run
+    (coordinator/model_assignments.py): selector rules and explicit per-agent choices."""
+    db.execute("""
+        CREATE TABLE model_versions (
+            name         TEXT NOT NULL,
+            version      TEXT NOT NULL,
+            task         TEXT NOT NULL DEFAULT '',
+            -- the signed bytes, exactly as published, and their ed25519 signature
+            manifest     BLOB NOT NULL,
+            signature    BLOB NOT NULL,
+            sha256       TEXT NOT NULL,
+            size_bytes   INTEGER NOT NULL,
+            gate_passed  INTEGER NOT NULL,
+            deprecated   INTEGER NOT NULL DEFAULT 0,
+            published_at TEXT NOT NULL,
+            PRIMARY KEY (name, version)
+        ) WITHOUT ROWID""")  # fmt: skip
+    db.execute("""
+        CREATE TABLE model_files (
+            name    TEXT NOT NULL,
+            version TEXT NOT NULL,
+            path    TEXT NOT NULL,
+            sha256  TEXT NOT NULL,
+            size    INTEGER NOT NULL,
+            PRIMARY KEY (name, version, path),
+            FOREIGN KEY (name, version) REFERENCES model_versions (name, version)
+                ON DELETE CASCADE
+        ) WITHOUT ROWID""")  # fmt: skip
+    db.execute("CREATE INDEX model_files_sha256 ON model_files (sha256)")
+    db.execute("""
+        CREATE TABLE model_rules (
+            seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+            name       TEXT NOT NULL,
+            -- the Selector as canonical JSON; one rule per (name, selector)
+            selector   TEXT NOT NULL,
+            version    TEXT NOT NULL,
+            rollout_id TEXT NOT NULL DEFAULT '',
+            set_at     TEXT NOT NULL,
+            UNIQUE (name, selector)
+        )""")  # fmt: skip
+    db.execute("""
+        CREATE TABLE model_assignments (
+            agent_id   TEXT NOT NULL,
+            name       TEXT NOT NULL,
+            version    TEXT NOT NULL,
+            rollout_id TEXT NOT NULL DEFAULT '',
+            set_at     TEXT NOT NULL,
+            PRIMARY KEY (agent_id, name)
+        ) WITHOUT ROWID""")  # fmt: skip
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -704,7 +766,18 @@ def _report_to_json(report: LoadReport | None) -> str | None:
     if report is None:
         return None
     # Per-key usage is per interval (recorded by coordinator/api_keys.py), not state.
-    return _encode(list(report._replace(key_usage=())))
+    # So are per-version model stats (handed to the report hooks as they arrive).
+    return _encode(list(report._replace(key_usage=(), model_stats=())))
+
+
+def _inventory(item: list[object]) -> ModelInventory:
+    """A ModelInventory saved as a JSON list (its fields in order)."""
+    inventory = ModelInventory(*item)  # type: ignore[arg-type]
+    check = inventory.self_check
+    return inventory._replace(
+        state=ModelInventoryState(inventory.state),
+        self_check=None if check is None else SelfCheckResult(*check),
+    )
 
 
 def _report_from_json(agent_id: str, names: str | None, text: str | None) -> LoadReport | None:
@@ -716,6 +789,9 @@ def _report_from_json(agent_id: str, names: str | None, text: str | None) -> Loa
         if "applied" in fields:  # nested tuples, saved as JSON lists
             fields["applied"] = SectionGenerations(*fields["applied"])
         fields.pop("key_usage", None)  # not state: see _report_to_json
+        fields.pop("model_stats", None)
+        if "inventory" in fields:
+            fields["inventory"] = tuple(_inventory(item) for item in fields["inventory"])
         return LoadReport(**fields)
     except (TypeError, ValueError) as exc:
         logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)

@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from coordinator.app import create_app
-from coordinator.app_keys import GRPC_SERVER_KEY, TOKENS_KEY
+from coordinator.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
 from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb
@@ -63,6 +63,7 @@ async def coordinator_factory(tmp_path: Path) -> AsyncIterator[MakeCoordinator]:
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()
         servers.append(server)
+        app[BLOB_BASE_URL_KEY].listening("http", "127.0.0.1", int(server.port or 0))
         target = app[GRPC_SERVER_KEY].enroll_address
         channel = grpc.aio.insecure_channel(target)
         channels.append(channel)

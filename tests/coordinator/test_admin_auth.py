@@ -36,6 +36,7 @@ pytestmark = pytest.mark.timeout(60)
 ADMIN_TOKEN = "s3cret-admin-token-of-32-chars-at-least"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {("GET", "/v1/route"), ("GET", "/healthz"), ("GET", "/openapi.json")}
+SAMPLE_SHA256 = "0" * 64
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -73,7 +74,8 @@ class Running:
             if (method, canonical) in PUBLIC:
                 continue
             path = canonical.replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
-            path = path.replace("{key_id}", "k1")
+            path = path.replace("{key_id}", "k1").replace("{name}", "m").replace("{version}", "v")
+            path = path.replace("{sha256}", SAMPLE_SHA256)
             assert "{" not in path, f"give {canonical} a sample parameter here"
             out.append((method, path))
         return out
@@ -206,7 +208,8 @@ async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Runnin
             canonical = next(
                 k for k in table if k[0] == method and
                 k[1].replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
-                .replace("{key_id}", "k1") == path
+                .replace("{key_id}", "k1").replace("{name}", "m").replace("{version}", "v")
+                .replace("{sha256}", SAMPLE_SHA256) == path
             )  # fmt: skip
             needed = table[canonical]
             assert needed is not None

@@ -150,6 +150,9 @@ class LoadReport(NamedTuple):
     applied: SectionGenerations = SectionGenerations()
     # What each API key used here since the previous report (v1.2).
     key_usage: tuple[KeyUsage, ...] = ()
+    # Values redacted before requests left the site since agent start, as (entity type,
+    # count) pairs sorted by type; never a value (v1.3).
+    redactions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,6 +174,7 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         unhealthy_reason=report.unhealthy_reason,
         applied=section_generations_to_pb(report.applied),
         key_usage=[key_usage_to_pb(u) for u in report.key_usage],
+        redactions=dict(report.redactions),
     )
 
 
@@ -191,6 +192,7 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         unhealthy_reason=message.unhealthy_reason,
         applied=section_generations_from_pb(message.applied),
         key_usage=tuple(key_usage_from_pb(u) for u in message.key_usage),
+        redactions=tuple(sorted(message.redactions.items())),
     )
 
 

@@ -168,6 +168,7 @@ STATE = DesiredState(
                 "sick",
                 SectionGenerations(1, 2),
                 (contract.KeyUsage("key_1", 4, 100, 50, 1),),
+                (("EMAIL", 3), ("PERSON", 1)),
             ),
             contract_pb.load_report_to_pb,
             contract_pb.load_report_from_pb,

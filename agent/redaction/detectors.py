@@ -114,7 +114,7 @@ _PHONE = re.compile(
     r"(?<![\w+])(?:"
     r"(?:\+|00)\d{1,3}(?:[ .\-/]?\(0\))?(?:[ .\-/]?\(?\d{1,5}\)?){1,6}"  # international
     r"|\(\d{2,5}\)[ .\-/]?\d{2,5}(?:[ .\-]?\d{2,5}){0,3}"  # (030) 1234 5678
-    r"|\d{2,5}(?:[ .\-/]\d{2,5}){1,4}"  # 555-123-4567, 06 12 34 56 78, 0171 1234567
+    r"|\d{2,5}(?:[ .\-/]\d{2,8}){1,4}"  # 555-123-4567, 06 12 34 56 78, 0171 1234567
     r"|0\d{9,11}|[2-9]\d{9}"  # 07700900123, 3420837783
     r")(?![\w-]|[.,]\d)"
 )
@@ -123,6 +123,7 @@ _PHONE_CONTEXT = re.compile(
     r"telefon|handy|téléphone|portable|tél|teléfono|móvil|telefono|cellulare|bel|mob|"
     r"reach|contact)\b)"
 )
+_SSN_SHAPE = re.compile(r"\d{3}-\d{2}-\d{4}")
 _DATE_LIKE = re.compile(
     r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}|\d{1,2}:\d{2}"
 )
@@ -263,7 +264,7 @@ def find_phones(text: str) -> Iterator[Span]:
         international = raw[0] == "+" or raw.startswith("00")
         if not 7 <= digits <= 15:
             continue
-        if _DATE_LIKE.fullmatch(raw) or _version_context(text, start):
+        if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw) or _version_context(text, start):
             continue
         if not international:
             if digits < 9 and not _PHONE_CONTEXT.search(text[max(0, start - 40) : start]):

@@ -408,6 +408,11 @@ _CAP_RUN = re.compile(
 )
 _TITLE_BEFORE = re.compile(rf"(?:\b(?:{_TITLES})\.?)[ ]$")
 _CUE_BEFORE = re.compile(rf"(?i:(?:^|\W)(?:{_CUES}))[ ,:\n]*$")
+# Cues after which any capitalised words are a name, known or not.
+_STRONG_CUE_BEFORE = re.compile(
+    r"(?i:\b(?:my name is|my name's|name:|names? is|dear|je m'appelle|ich heiße|ich heisse|"
+    r"me llamo|mi chiamo|mijn naam is|patient|signed|signed by))[ ,:]*$"
+)
 
 
 @cache
@@ -441,7 +446,7 @@ def find_persons(text: str) -> Iterator[Span]:
                 i += 1
                 continue
             before = text[max(0, offsets[i] - 30) : offsets[i]]
-            titled = bool(_TITLE_BEFORE.search(before))
+            titled = bool(_TITLE_BEFORE.search(before) or _STRONG_CUE_BEFORE.search(before))
             first = w.split("-")[0]
             j = i + 1
             # the name's further words: particles and capitalised words, at most three more

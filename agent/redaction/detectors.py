@@ -91,7 +91,7 @@ def ssn_ok(area: str, group: str, serial: str) -> bool:
 _EMAIL = re.compile(
     r"(?<![\w.+%-])[\w.+%-]{1,64}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+[^\W\d_]{2,24}(?![\w-])"
 )
-_CARD = re.compile(r"(?<![\w.,-])(?:\d[ -]?){12,18}\d(?![\w-]|[.,]\d)")
+_CARD = re.compile(r"(?<![\w.,-])(?:\d[ -]?){11,18}\d(?![\w-]|[.,]\d)")
 _IBAN = re.compile(
     r"(?<![\w])[A-Za-z]{2}\d{2}(?:[ ]?[A-Za-z0-9]){11,30}(?![\w])",
 )
@@ -106,8 +106,9 @@ _IPV6 = re.compile(
     r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|(?:\d{1,3}\.){3}\d{1,3})"
     r"(?:/\d{1,3})?(?![\w:])"
 )
+_VERSION_AFTER = re.compile(r"(?i:\s(?:firmware|release|version|build|update|patch)\b)")
 _VERSION_BEFORE = re.compile(
-    r"(?i:(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|\brev(?:ision)?|==|>=|<=|~=|@)\s?)$"
+    r"(?i:(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|\bfirmware|\bfw|\brev(?:ision)?|==|>=|<=|~=)\s?)$"
 )
 # An international number: +CC then groups; or a national one with separators/parentheses.
 _PHONE = re.compile(
@@ -115,14 +116,16 @@ _PHONE = re.compile(
     r"(?:\+|00)\d{1,3}(?:[ .\-/]?\(0\))?(?:[ .\-/]?\(?\d{1,5}\)?){1,6}"  # international
     r"|\(\d{2,5}\)[ .\-/]?\d{2,5}(?:[ .\-]?\d{2,5}){0,3}"  # (030) 1234 5678
     r"|\d{2,5}(?:[ .\-/]\d{2,8}){1,4}"  # 555-123-4567, 06 12 34 56 78, 0171 1234567
-    r"|0\d{9,11}|[2-9]\d{9}"  # 07700900123, 3420837783
-    r")(?![\w-]|[.,]\d)"
+    r"|\d{9,12}"  # 07700900123, 3420837783, 036245207
+    r")(?:\s?(?:x|ext\.?|extension)\s?\d{1,6})?"  # an extension: 555-0100 x1234
+    r"(?![\w-]|[.,]\d)"
 )
 _PHONE_CONTEXT = re.compile(
     r"(?i:\b(?:phone|tel|telephone|mobile|cell|call|ring|text|whatsapp|fax|number|no\.|nr|"
     r"telefon|handy|téléphone|portable|tél|teléfono|móvil|telefono|cellulare|bel|mob|"
     r"reach|contact)\b)"
 )
+_EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
 _SSN_SHAPE = re.compile(r"\d{3}-\d{2}-\d{4}")
 _DATE_LIKE = re.compile(
     r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}|\d{1,2}:\d{2}"
@@ -152,6 +155,8 @@ _SECRET_ASSIGNED = re.compile(
     r"|(?:\bbearer\s+))"
     r"([^\s\"',;]{6,})"
 )
+_URL_PASSWORD = re.compile(r"://[^:/\s@]{1,64}:([^@\s/]{3,128})@")
+_LOOSE_PASSWORD = re.compile(r"(?i:\b(?:pass|pw|pin|passcode|kennwort|mot de passe)\s+)(\S{8,64})")
 _TOKEN = re.compile(r"(?<![\w\-+/.])[A-Za-z0-9_\-+/]{24,}={0,2}(?![\w\-+/])")
 
 
@@ -187,8 +192,12 @@ def find_cards(text: str) -> Iterator[Span]:
     for m in _CARD.finditer(text):
         raw = m.group()
         digits = raw.replace(" ", "").replace("-", "")
-        if not 13 <= len(digits) <= 19 or digits[0] not in "23456":
+        if not 12 <= len(digits) <= 19 or digits[0] not in "123456":
             continue
+        if (digits[0] == "1" and not digits.startswith("1800")) or (
+            len(digits) == 12 and digits[0] not in "56"
+        ):
+            continue  # JCB's 1800 is the only 1; 12 digits only for Maestro
         if len(set(digits)) < 2 or not luhn_ok(digits):
             continue
         # separators, if any, must split the number into groups of at least 3 digits
@@ -218,6 +227,9 @@ def find_ssns(text: str) -> Iterator[Span]:
     for m in _SSN.finditer(text):
         if ssn_ok(m.group(1), m.group(3), m.group(4)):
             yield Span(m.start(), m.end(), US_SSN)
+    lowered = text.lower()
+    if "ssn" not in lowered and "social" not in lowered and "sozial" not in lowered:
+        return
     for m in _SSN_BARE.finditer(text):
         if ssn_ok(m.group(1), m.group(2), m.group(3)):
             yield Span(m.start(1), m.end(3), US_SSN)
@@ -235,7 +247,7 @@ def find_ips(text: str) -> Iterator[Span]:
                 ipaddress.IPv4Address(addr)
             except ValueError:
                 continue
-            if _version_context(text, m.start()):
+            if _version_context(text, m.start()) or _VERSION_AFTER.match(text, m.end()):
                 continue
             yield Span(m.start(), m.end(), IP_ADDRESS)
     if "::" in text or text.count(":") >= 3:
@@ -260,7 +272,7 @@ def find_phones(text: str) -> Iterator[Span]:
         if raw.endswith(")") and raw.count("(") < raw.count(")"):
             raw = raw[:-1]
             end -= 1
-        digits = sum(c.isdigit() for c in raw)
+        digits = sum(c.isdigit() for c in _EXTENSION.sub("", raw))
         international = raw[0] == "+" or raw.startswith("00")
         if not 7 <= digits <= 15:
             continue
@@ -273,7 +285,14 @@ def find_phones(text: str) -> Iterator[Span]:
                 continue
             # bare groups of digits are too common (amounts, ids): a national number needs
             # a leading 0, parentheses, a North American shape or a phone word before it
-            na = re.fullmatch(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}", raw)
+            core = _EXTENSION.sub("", raw)
+            na = re.fullmatch(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}", core)
+            if core.isdigit() and not (
+                (core[0] == "0" and len(core) >= 9)
+                or re.fullmatch(r"[2-9]\d{9}", core)
+                or _PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+            ):
+                continue  # bare digits: a phone only with a leading 0, 10 digits or a phone word
             if not (
                 raw[0] == "0"
                 or raw[0] == "("
@@ -287,17 +306,47 @@ def find_phones(text: str) -> Iterator[Span]:
         yield Span(start, end, PHONE)
 
 
+# Substrings without which a pattern cannot match: the scan is skipped (str.find is fast).
+_SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
+                  "ghs_", "ghr_", "github_pat_",
+                  "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
+_ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
+
+
 def find_secrets(text: str) -> Iterator[Span]:
-    for m in _SECRET_SHAPES.finditer(text):
-        yield Span(m.start(), m.end(), SECRET)
+    if any(marker in text for marker in _SHAPE_MARKERS):
+        for m in _SECRET_SHAPES.finditer(text):
+            yield Span(m.start(), m.end(), SECRET)
+    lowered = text.lower()
+    if any(marker in lowered for marker in _ASSIGNED_MARKERS):
+        yield from _assigned(text)
+    if "://" in text:
+        for m in _URL_PASSWORD.finditer(text):
+            yield Span(m.start(1), m.end(1), SECRET)
+    for m in _TOKEN.finditer(text):
+        if _looks_secret(m.group()):
+            yield Span(m.start(), m.end(), SECRET)
+
+
+def _looks_password(value: str) -> bool:
+    """Letters and digits, and upper case or a symbol: not a word people write."""
+    has_digit = any(c.isdigit() for c in value)
+    has_alpha = any(c.isalpha() for c in value)
+    has_upper = any(c.isupper() for c in value[1:])
+    has_symbol = any(not c.isalnum() for c in value.rstrip(".,;:!?)"))
+    return has_digit and has_alpha and (has_upper or has_symbol)
+
+
+def _assigned(text: str) -> Iterator[Span]:
     for m in _SECRET_ASSIGNED.finditer(text):
         value = m.group(1).rstrip(".")
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
             continue
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
-    for m in _TOKEN.finditer(text):
-        if _looks_secret(m.group()):
-            yield Span(m.start(), m.end(), SECRET)
+    for m in _LOOSE_PASSWORD.finditer(text):
+        value = m.group(1).rstrip(".,;:!?)")
+        if _looks_password(value):
+            yield Span(m.start(1), m.start(1) + len(value), SECRET)
 
 
 PATTERN_DETECTORS = (

@@ -27,6 +27,7 @@ from functools import cache
 from pathlib import Path
 
 from agent.redaction.detectors import ADDRESS, PERSON, Span
+from agent.redaction.trie import trie_regex
 
 _DATA = Path(__file__).parent / "data" / "gazetteer.json"
 
@@ -364,6 +365,11 @@ _NOT_A_NAME = frozenset(
         "Y",
     ]
 )
+# Greetings and sign-offs in the supported languages (never the first word of a name).
+_GREETINGS = frozenset(
+    "Beste Hallo Bonjour Hola Ciao Liebe Lieber Cher Chère Querido Querida Caro Cara Gentile "  # noqa: SIM905
+    "Salut Hey Gracias Grazie Danke Merci Bedankt Groeten Saludos Saluti Grüße Gruß".split()
+)
 _PARTICLES = frozenset(
     [
         "van",
@@ -394,31 +400,89 @@ _PARTICLES = frozenset(
 _TITLES = (
     r"Mr|Mrs|Ms|Mx|Miss|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Herr|Frau|Mme|Mlle|Madame|"
     r"Monsieur|M|Sr|Sra|Srta|Señor|Señora|Don|Doña|Sig|Sig\.ra|Signor|Signora|Dott|Dott\.ssa|"
-    r"Ing|Mag|Dhr|Mevr|Mevrouw|Meneer|Captain|Capt|Officer|Judge|Rev|Fr|Pastor|Nurse|Coach"
+    r"Ing|Mag|Dhr|Mevr|Mevrouw|Meneer|Captain|Capt|Officer|Judge|Rev|Fr|Pastor|Nurse|Coach|"
+    r"Aunt|Auntie|Uncle|Cousin|Grandma|Grandpa|Granny|Tante|Onkel|Oma|Opa|Tía|Tío|Zia|Zio|Oom"
 )
 _CUES = (
     r"dear|hi|hello|hey|thanks|thank you|cc|ask|tell|call|email|e-mail|ping|contact|phone|"
     r"text|meet|met|with|by|from|name is|name's|named|called|i am|i'm|this is|signed|"
     r"regards,|cheers,|best,|thanks,|sincerely,|patient|customer|client|employee|user|"
-    r"hallo|liebe|lieber|bonjour|cher|chère|hola|querido|querida|ciao|caro|cara|beste"
+    r"hallo|liebe|lieber|bonjour|cher|chère|hola|querido|querida|ciao|caro|cara|beste|"
+    r"c'est|je suis|ich bin|soy|sono|ik ben|thx|ty|intern|colleague|manager|friend|"
+    r"neighbour|neighbor|wife|husband|son|daughter|boss|mom|mum|dad|sister|brother|partner|"
+    r"see|and|or|attention|attn|for|to"
 )
+_UPPER = "A-ZÀ-ÖØ-Þ" + "".join(chr(c) for c in range(0x100, 0x17F) if chr(c).isupper())
 _WORD = r"[^\W\d_][\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
+_CAP_WORD = rf"[{_UPPER}][\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
+# A run of words starting with a capitalised one (names' particles may be lower case).
+_INITIAL = re.compile(rf"[{_UPPER}]\.")
+_NEXT_WORD = rf"(?:[{_UPPER}]\.(?= )|{_WORD})"  # a word, or an initial ("D.")
 _CAP_RUN = re.compile(
-    rf"(?<![\w@./\\-]){_WORD}(?:[ ](?:(?:{'|'.join(sorted(_PARTICLES))})[ ])*{_WORD})*"
+    rf"(?<![\w@./\\-]){_CAP_WORD}(?:[ ](?:{trie_regex(_PARTICLES)}[ ])*{_NEXT_WORD})*"
 )
-_TITLE_BEFORE = re.compile(rf"(?:\b(?:{_TITLES})\.?)[ ]$")
-_CUE_BEFORE = re.compile(rf"(?i:(?:^|\W)(?:{_CUES}))[ ,:\n]*$")
+_TITLE_WORDS = frozenset(t.replace("\\", "").lower() for t in _TITLES.split("|"))
+_CUE_PHRASES = frozenset(c.rstrip(",") for c in _CUES.split("|"))
 # Cues after which any capitalised words are a name, known or not.
-_STRONG_CUE_BEFORE = re.compile(
-    r"(?i:\b(?:my name is|my name's|name:|names? is|dear|je m'appelle|ich heiße|ich heisse|"
-    r"me llamo|mi chiamo|mijn naam is|patient|signed|signed by))[ ,:]*$"
+_STRONG_CUES = frozenset(
+    [
+        "my name is",
+        "my name's",
+        "name",
+        "names is",
+        "name is",
+        "dear",
+        "je m'appelle",
+        "ich heiße",
+        "ich heisse",
+        "me llamo",
+        "mi chiamo",
+        "mijn naam is",
+        "patient",
+        "signed",
+        "signed by",
+    ]
 )
+
+
+def _cue_before(before: str, cues: frozenset[str]) -> bool:
+    words = before.rstrip(" ,:\n").lower().split()[-3:]
+    return any(" ".join(words[k:]).lstrip("(\"'") in cues for k in range(len(words)))
+
+
+_SPEECH_AFTER = re.compile(
+    r"(?:'s)?\s(?:said|says|wrote|writes|told|tells|asked|asks|thinks|thought|mentioned|"
+    r"replied|called|emailed|texted|sent|will|is|was|has|had|and I|agreed|confirmed)\b"
+)
+_PLACE_WORDS = frozenset(
+    "New Old North South East West Saint San Santa Santo St Mount Lake Port Fort Great Little "  # noqa: SIM905
+    "Upper Lower Royal Golden Grand Long".split()
+)
+_SIGN_OFFS = frozenset(
+    ["regards", "kind regards", "best regards", "cheers", "best", "thanks", "thank you",
+     "sincerely", "thx", "best wishes", "love", "grüße", "gruß", "cordialement", "saludos",
+     "saluti", "groeten", "un abrazo", "ciao"]
+)  # fmt: skip
+_STRONG_SPEECH_AFTER = re.compile(
+    r"\s(?:said|says|wrote|writes|told|asked|mentioned|replied|emailed|texted|agreed|"
+    r"confirmed)\b"
+)
+# A name alone on a line (a signature) or before a colon at a line's start (a chat).
+_LINE_END = re.compile(r"[ \t]*[!.]?[ \t]*(?:\n|$)")
+_SPEAKER = re.compile(r":[ \t]")
+
+
+def _title_before(before: str) -> bool:
+    if not before.endswith(" "):
+        return False
+    words = before.split()
+    return bool(words) and words[-1].rstrip(".").lower() in _TITLE_WORDS
 
 
 @cache
 def gazetteer() -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]:
     data = json.loads(_DATA.read_text(encoding="utf-8"))
-    given = frozenset(data["given"]) - _NOT_A_START - _NOT_A_NAME
+    given = frozenset(data["given"]) - _NOT_A_START - _NOT_A_NAME - _GREETINGS
     family = frozenset(data["family"]) - _NOT_A_NAME
     suffixes = frozenset(s.lower() for s in data["street_suffixes"]) | _EXTRA_SUFFIXES
     prefixes = frozenset(s.lower() for s in data["street_prefixes"]) | _EXTRA_PREFIXES
@@ -430,7 +494,7 @@ def _capitalised(word: str) -> bool:
 
 
 def find_persons(text: str) -> Iterator[Span]:
-    given, family, suffixes, _ = gazetteer()
+    given, family, _, _ = gazetteer()
     for m in _CAP_RUN.finditer(text):
         words = m.group().split(" ")
         offsets = []
@@ -442,11 +506,11 @@ def find_persons(text: str) -> Iterator[Span]:
         n = len(words)
         while i < n:
             w = words[i]
-            if not _capitalised(w) or w in _NOT_A_NAME:
+            if not _capitalised(w) or w in _NOT_A_NAME or w in _GREETINGS:
                 i += 1
                 continue
             before = text[max(0, offsets[i] - 30) : offsets[i]]
-            titled = bool(_TITLE_BEFORE.search(before) or _STRONG_CUE_BEFORE.search(before))
+            titled = _title_before(before) or _cue_before(before, _STRONG_CUES)
             first = w.split("-")[0]
             j = i + 1
             # the name's further words: particles and capitalised words, at most three more
@@ -455,26 +519,59 @@ def find_persons(text: str) -> Iterator[Span]:
                 if nxt in _PARTICLES:
                     j += 1
                     continue
-                if not _capitalised(nxt) or nxt in _NOT_A_NAME or nxt.lower() in suffixes:
+                if _INITIAL.fullmatch(nxt):
+                    j += 1
+                    continue
+                if not _capitalised(nxt) or nxt in _NOT_A_NAME:
                     break
                 j += 1
             while j > i + 1 and words[j - 1] in _PARTICLES:
                 j -= 1
             known_first = first in given
+            if (
+                not known_first
+                and first in _NOT_A_START
+                and first not in _PLACE_WORDS
+                and j > i + 1
+                and words[i + 1] in family
+                and words[i + 1] not in _NOT_A_START
+            ):
+                known_first = True  # Mark Haas, Amber Huff: a common word, then a family name
             if titled or (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family)):
                 end = offsets[j - 1] + len(words[j - 1])
                 yield Span(offsets[i], end, PERSON)
                 i = j
                 continue
-            if (known_first or first in family) and _CUE_BEFORE.search(before):
-                yield Span(offsets[i], offsets[i] + len(w), PERSON)
+            one_end = offsets[i] + len(w)
+            if first not in _NOT_A_NAME and (
+                (
+                    known_first
+                    and (
+                        _cue_before(before, _CUE_PHRASES)
+                        or _SPEECH_AFTER.match(text, one_end)
+                        or (
+                            (before == "" or before.endswith("\n"))
+                            and (_LINE_END.match(text, one_end) or _SPEAKER.match(text, one_end))
+                        )
+                    )
+                )
+                or (
+                    first in _NOT_A_START
+                    and first not in _PLACE_WORDS
+                    and (
+                        _STRONG_SPEECH_AFTER.match(text, one_end)
+                        or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                    )
+                )
+            ):
+                yield Span(offsets[i], one_end, PERSON)
             i += 1
 
 
 def _surnameish(words: list[str], family: frozenset[str]) -> bool:
     """The words after a known given name look like a family name (known, or a plain name)."""
     for w in words:
-        if w in _PARTICLES:
+        if w in _PARTICLES or _INITIAL.fullmatch(w):
             continue
         if w.split("-")[0] in family:
             return True
@@ -578,8 +675,10 @@ _EXTRA_PREFIXES = frozenset(
 # German and Dutch streets are one word ending in the street word.
 _COMPOUND_ENDINGS = (
     "straße|strasse|str\\.|weg|gasse|allee|platz|ring|damm|ufer|chaussee|steig|pfad|markt|"
-    "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park"
+    "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park|boulevard"
 )
+_ENDING_WORDS = [e.replace("\\", "") for e in _COMPOUND_ENDINGS.split("|")]
+_DIGIT = re.compile(r"\d")
 _NOT_A_STREET = frozenset(
     [
         "String",
@@ -619,11 +718,11 @@ _NOT_A_STREET = frozenset(
 )
 _NUM = r"\d{1,5}(?:\s?[a-zA-Z](?![\w]))?(?:[-/]\d{1,5}[a-zA-Z]?)?"
 _UNIT = (
-    r"(?:,?\s(?:Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Floor|Fl\.?|Room|Rm\.?|#|Piso|"
+    r"(?:,?\s(?:Piano|Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Floor|Fl\.?|Room|Rm\.?|#|Piso|"
     r"Puerta|Appartamento|Interno|Int\.|Scala|Wohnung|Whg\.?|Etage|Bus|App\.?|Bâtiment|"
     r"Bât\.?|Escalera|Esc\.?)\s?#?\d{1,5}[A-Za-z]?(?:º|ª)?)"
 )
-_CITY = r"[^\W\d_][\w'\u2019-]*(?:[ -][^\W\d_][\w'\u2019-]*){0,3}"
+_CITY = rf"[{_UPPER}][\w'\u2019-]*(?:[ -](?:[{_UPPER}]|d[ie]\b)[\w'\u2019-]*){{0,3}}"
 _POST_TAIL = (
     r"(?:,?\s?(?:"
     # 10115 Berlin; 13031, Arborio (VC)
@@ -641,10 +740,7 @@ _NAME_WORD = r"[^\W\d_][\w'\u2019.-]*"
 def _address_patterns() -> tuple[re.Pattern[str], ...]:
     _, _, suffixes, prefixes = gazetteer()
 
-    def alt(words: frozenset[str]) -> str:
-        return "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
-
-    suf, pre = alt(suffixes), alt(prefixes)
+    suf, pre = trie_regex(suffixes), trie_regex(prefixes)
     number_first = re.compile(
         rf"(?<![\w.,/-]){_NUM},?\s(?:{_NAME_WORD}\s){{0,3}}(?i:{suf})(?![\w])\.?(?:\s(?:N|S|E|W|NE|NW|SE|SW)(?![\w]))?{_UNIT}?{_POST_TAIL}"
     )
@@ -658,25 +754,40 @@ def _address_patterns() -> tuple[re.Pattern[str], ...]:
         rf"(?<![\w.,/-])\d{{1,5}}(?:\s?(?:bis|ter))?,?\s(?i:{pre})(?![\w])\s"
         rf"(?:(?:de|du|des|de la|d')\s?)?{_NAME_WORD}(?:\s{_NAME_WORD}){{0,3}}{_UNIT}?{_POST_TAIL}"
     )
-    compound = re.compile(
-        rf"(?<![\w-])(?:[^\W\d_][\w'\u2019]*-)*[^\W\d_][\w'\u2019]*(?:{_COMPOUND_ENDINGS})\s{_NUM}"
-        rf"(?![\w]){_UNIT}?{_POST_TAIL}",
-        re.IGNORECASE,
-    )
-    return number_first, prefix_numbered, prefix_first, compound
+    return number_first, prefix_numbered, prefix_first
+
+
+# Compound streets are found from their ending ("...straße 12"), then extended back to the
+# start of the word (a scan, not a backtracking pattern) and forward over unit and postcode.
+_COMPOUND_AT = re.compile(
+    rf"{trie_regex([*_ENDING_WORDS, *(e.capitalize() for e in _ENDING_WORDS)])}(?=\s\d)"
+)
+_COMPOUND_TAIL = re.compile(rf"\s{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}")
+
+
+def _compound_streets(text: str) -> Iterator[tuple[int, int]]:
+    last_end = 0
+    for m in _COMPOUND_AT.finditer(text):
+        start = m.start()
+        while start > last_end and (text[start - 1].isalpha() or text[start - 1] in "-'\u2019"):
+            start -= 1
+        if start == m.start() and text[start].islower():
+            continue  # the ending alone ("weg 3"): not a street name
+        word = text[start : m.end()]
+        if not word[0].isupper() or word in _NOT_A_STREET or word.strip("-") != word:
+            continue
+        tail = _COMPOUND_TAIL.match(text, m.end())
+        if tail is None:
+            continue
+        last_end = tail.end()
+        yield start, tail.end()
 
 
 def find_addresses(text: str) -> Iterator[Span]:
-    if not any(c.isdigit() for c in text):
+    if not _DIGIT.search(text):
         return
-    patterns = _address_patterns()
-    for k, pattern in enumerate(patterns):
-        for m in pattern.finditer(text):
-            s = m.group()
-            if k == len(patterns) - 1 and (
-                not s[0].isupper() or s.split(" ")[0].rstrip(",") in _NOT_A_STREET
-            ):
-                continue
-            end = m.end()
-            # the city tail must not swallow a sentence: stop at a lower-case word after a comma
-            yield Span(m.start(), end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)
+    found = [(m.start(), m.end()) for p in _address_patterns() for m in p.finditer(text)]
+    found.extend(_compound_streets(text))
+    for start, end in found:
+        s = text[start:end]
+        yield Span(start, end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)

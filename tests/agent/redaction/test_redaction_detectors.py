@@ -46,6 +46,10 @@ def found(text: str) -> list[tuple[str, str]]:
         ("Authorization: Bearer abc123DEF456ghi789", "abc123DEF456ghi789", "SECRET"),
         ("the key is " + EF, EF, "SECRET"),
         ("secret: q8F3kZ9vL2mX7nB4wR6tY1uP0sD5gH", "q8F3kZ9vL2mX7nB4wR6tY1uP0sD5gH", "SECRET"),
+        ("postgres://app:Tr0ub4dor&3@db:5432/x", "Tr0ub4dor&3", "SECRET"),
+        ("user admin / pass Qz7!mW2#pLx9 please rotate", "Qz7!mW2#pLx9", "SECRET"),
+        ("office (373)504-3201x7185 ext", "(373)504-3201x7185", "PHONE"),
+        ("maestro 630473491706 ok", "630473491706", "CREDIT_CARD"),
     ],
 )  # fmt: skip
 def test_structured_values_are_found(text: str, value: str, type_: str) -> None:
@@ -71,6 +75,8 @@ def test_structured_values_are_found(text: str, value: str, type_: str) -> None:
         "see RFC 7231 section 6.5.1",
         "the function getUserAccountSettingsFromCache is slow",
         "404 Not Found after 30 s",
+        "please pass the salt and the password field",
+        "firmware 3.5.2.1 rolled out",
     ],
 )
 def test_look_alikes_are_left_alone(text: str) -> None:
@@ -88,6 +94,10 @@ def test_look_alikes_are_left_alone(text: str) -> None:
         ("Hi Priya,\nthe build is green.", "Priya"),
         ("Thanks,\nGiulia", "Giulia"),
         ("my name is Olusegun Adeyemi", "Olusegun Adeyemi"),
+        ("Hans D. Henck will call", "Hans D. Henck"),
+        ("ok\nBen: the visa one", "Ben"),
+        ("Grace said the wifi is down", "Grace"),
+        ("Cheers,\nMark", "Mark"),
     ],
 )
 def test_person_names(text: str, value: str) -> None:
@@ -101,6 +111,8 @@ def test_person_names(text: str, value: str) -> None:
         "The New York Times reported it on Monday.",
         "Will you merge the pull request?",
         "Use the Linux Kernel Mailing List.",
+        "We flew to Paris and then to Victoria Station.",
+        "Beste klant, bedankt voor uw bestelling.",
     ],
 )
 def test_capitalised_words_that_are_not_names(text: str) -> None:

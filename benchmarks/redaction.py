@@ -79,7 +79,7 @@ def presidio() -> Detector:
         if isinstance(rec, EmailRecognizer):
             import presidio_analyzer.predefined_recognizers.generic.email_recognizer as mod
 
-            mod.tldextract = types.SimpleNamespace(extract=quiet)  # type: ignore[attr-defined]
+            mod.tldextract = types.SimpleNamespace(extract=quiet)  # type: ignore[attr-defined,assignment]
     wanted = list(PRESIDIO_TYPES)
 
     def detect(text: str) -> list[Span]:
@@ -110,7 +110,7 @@ def score(docs: list[tuple[str, list[Span]]], detect: Detector) -> dict[str, Any
                 row["found"] += 1
             elif len(missed) < 400:
                 missed.append({"type": g[2], "value": text[g[0] : g[1]]})
-            covered = set()
+            covered: set[int] = set()
             for p in pred:
                 covered.update(range(max(p[0], g[0]), min(p[1], g[1])))
             row["covered"] += len(covered)
@@ -233,9 +233,7 @@ def _print_table(figures: dict[str, Any]) -> None:
                     cells.append(f"{'-':>28}")
                     continue
                 rec, prec, ch = r["recall"], r["precision"], r["chars_covered"]
-                cells.append(
-                    f"{_f(rec):>12} {_f(prec):>6} {_f(ch):>6} ({r['spans']:>3})".rjust(28)
-                )
+                cells.append(f"{_f(rec):>12} {_f(prec):>6} {_f(ch):>6} ({r['spans']:>3})".rjust(28))
             print(f"{t:12}" + "".join(cells))
         print("MB/s/core   " + "".join(f"{entry[lab]['mb_per_s_per_core']:>28}" for lab in labels))
 

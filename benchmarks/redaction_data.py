@@ -1,9 +1,9 @@
 """The labeled sets of the redaction benchmark, in ``benchmarks/data/redaction/``.
 
-Both files use one markup: documents separated by a line ``---`` (lines starting ``# `` at a document's
-top are comments), each personal value
-written as ``[[TYPE|value]]`` (TYPE one of the agent's entity types); everything else is
-text that must be left alone. :func:`load` turns a file into (text, spans) documents.
+Both files use one markup: documents separated by a line ``---`` (lines starting ``# ``
+at a document's top are comments), each personal value written as ``[[TYPE|value]]``
+(TYPE one of the agent's entity types); everything else is text that must be left alone.
+:func:`load` turns a file into (text, spans) documents.
 
 - ``generated.txt``: written by ``python -m benchmarks.redaction_data`` (seeded, so the
   same file every time) from Faker's providers in 7 locales and the templates below, with
@@ -192,8 +192,10 @@ class Values:
             check = int(iban[2:4])
             return iban[:2] + f"{(check + rng.randint(1, 50)) % 97 + 2:02d}" + iban[4:]
         if kind == "neg_ssn":
-            return rng.choice(["000", "666", "987"]) + f"-{rng.randint(10, 99)}-" + (
-                f"{rng.randint(1000, 9999)}"
+            return (
+                rng.choice(["000", "666", "987"])
+                + f"-{rng.randint(10, 99)}-"
+                + (f"{rng.randint(1000, 9999)}")
             )
         if kind == "neg_version":
             parts = [str(rng.randint(0, 12)) for _ in range(4)]
@@ -211,7 +213,8 @@ class Values:
         if kind == "neg_ticket":
             return str(rng.randint(1000, 99999))
         if kind == "neg_tracking":
-            return "1Z" + "".join(rng.choice(string.ascii_uppercase + string.digits) for _ in range(16))
+            chars = string.ascii_uppercase + string.digits
+            return "1Z" + "".join(rng.choice(chars) for _ in range(16))
         if kind == "neg_amount":
             return f"{rng.randint(10, 99999):,}.{rng.randint(0, 99):02d}"
         if kind == "neg_last4":

@@ -6,6 +6,7 @@ it holds no per-request state (that is the :class:`Vault`), so it is thread-safe
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import threading
@@ -69,13 +70,18 @@ class RedactionUninspectable(Exception):
 
 def resolve(spans: Iterable[Span]) -> list[Span]:
     """Non-overlapping spans, by type precedence (structured types first) then length."""
+    starts: list[int] = []  # the chosen spans, kept sorted by start (they never overlap)
     chosen: list[Span] = []
     for s in sorted(spans, key=lambda s: (_RANK[s.type], s.start - s.end, s.start)):
         if s.end <= s.start:
             continue
-        if all(s.end <= c.start or s.start >= c.end for c in chosen):
-            chosen.append(s)
-    chosen.sort(key=lambda s: s.start)
+        k = bisect.bisect_right(starts, s.start)
+        if k > 0 and chosen[k - 1].end > s.start:
+            continue  # overlaps the chosen span starting at or before it
+        if k < len(chosen) and chosen[k].start < s.end:
+            continue  # overlaps the next chosen span
+        starts.insert(k, s.start)
+        chosen.insert(k, s)
     return chosen
 
 

@@ -217,3 +217,22 @@ def test_log_records_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
     assert "failed for <PERSON_1>" in joined and "bad card <CREDIT_CARD_1>" in joined
     for value in (EMAIL, IP, "4111", "Jane Doe"):
         assert value not in joined
+
+
+def test_malformed_bodies_are_not_a_crash() -> None:
+    r = Redactor()
+    odd: dict[str, Any] = {
+        "model": 7,
+        "messages": [None, 3, {"content": 5}, {"content": [None, {"text": 9}, "x"]},
+                     {"role": "assistant", "tool_calls": [None, {"function": "f"},
+                      {"function": {"arguments": "{not json " + EMAIL}}]}],
+        "prompt": [1, "a"],
+        "stop": 4,
+        "metadata": ["x"],
+    }  # fmt: skip
+    out = r.redact_request(odd, Vault(), RedactionMode.REDACT_RESTORE)
+    args = out["messages"][4]["tool_calls"][2]["function"]["arguments"]
+    assert args == "{not json <EMAIL_1>"  # not JSON: redacted as text
+    assert out["messages"][:4] == odd["messages"][:4] and out["prompt"] == [1, "a"]
+    with pytest.raises(TypeError):
+        r.redact_request([], Vault(), RedactionMode.BLOCK)  # type: ignore[arg-type]

@@ -783,6 +783,12 @@ def _compound_streets(text: str) -> Iterator[tuple[int, int]]:
         yield start, tail.end()
 
 
+def warm_up() -> None:
+    """Loads the gazetteer and compiles the street patterns (once per process)."""
+    gazetteer()
+    _address_patterns()
+
+
 def find_addresses(text: str) -> Iterator[Span]:
     if not _DIGIT.search(text):
         return

@@ -29,7 +29,7 @@ from agent.redaction.detectors import (
     find_ssns,
 )
 from agent.redaction.modes import RedactionBlocked, RedactionMode, parse_mode
-from agent.redaction.names import find_addresses, find_persons
+from agent.redaction.names import find_addresses, find_persons, warm_up
 from agent.redaction.vault import PLACEHOLDER, Vault
 
 if TYPE_CHECKING:
@@ -96,6 +96,8 @@ class Redactor:
     ) -> None:
         self.types = tuple(t for t in ENTITY_TYPES if t in set(types))
         self._detectors = [_DETECTORS[t] for t in self.types]
+        if PERSON in self.types or ADDRESS in self.types:
+            warm_up()  # the gazetteer and street patterns, once, before the first request
         self.default_mode = parse_mode(default_mode)
         self.models = {k: parse_mode(v) for k, v in (models or {}).items()}
         self._tokenizers: dict[str, TokenCodec] = {}

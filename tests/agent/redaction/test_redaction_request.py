@@ -236,3 +236,20 @@ def test_malformed_bodies_are_not_a_crash() -> None:
     assert out["messages"][:4] == odd["messages"][:4] and out["prompt"] == [1, "a"]
     with pytest.raises(TypeError):
         r.redact_request([], Vault(), RedactionMode.BLOCK)  # type: ignore[arg-type]
+
+
+def test_the_load_sampler_reports_the_redactors_totals() -> None:
+    from agent.load_sampler import LoadSampler
+    from agent.metrics import AgentMetrics
+    from agent.model_registry import ModelRegistry
+
+    metrics = AgentMetrics()
+    r = Redactor(registry=metrics.registry)
+    sampler = LoadSampler(ModelRegistry({}, {}), metrics, redactions=r.totals)
+    assert sampler().redactions == ()
+    vault = Vault()
+    r.redact_request(chat_body(), vault, RedactionMode.REDACT_RESTORE)
+    r.account(vault)
+    report = sampler()
+    assert dict(report.redactions) == vault.counts
+    assert [t for t, _ in report.redactions] == sorted(vault.counts)

@@ -276,14 +276,22 @@ class Redactor:
     def _redact_prompt(self, prompt: object, vault: Vault, model: str) -> object:
         if isinstance(prompt, str):
             return self.redact(prompt, vault)
-        if isinstance(prompt, list) and prompt:
-            if all(isinstance(p, str) for p in prompt):
-                return [self.redact(p, vault) for p in prompt]
-            if all(isinstance(p, int) for p in prompt):
-                return self._redact_ids(prompt, vault, model, "prompt")
-            if all(isinstance(p, list) for p in prompt):
-                return [self._redact_ids(p, vault, model, "prompt") for p in prompt]
-        return prompt
+        if not isinstance(prompt, list) or not prompt:
+            return prompt
+        if all(isinstance(p, int) for p in prompt):
+            return self._redact_ids(prompt, vault, model, "prompt")
+        # strings, lists of ids, or (an invalid body, but never sent unchecked) a mixture
+        out: list[object] = []
+        for p in prompt:
+            if isinstance(p, str):
+                out.append(self.redact(p, vault))
+            elif isinstance(p, list):
+                out.append(self._redact_ids(p, vault, model, "prompt"))
+            elif isinstance(p, int):
+                out.append(self._redact_ids([p], vault, model, "prompt")[0])  # type: ignore[index]
+            else:
+                out.append(p)
+        return out
 
     def _redact_ids(self, ids: object, vault: Vault, model: str, field: str) -> object:
         if not isinstance(ids, list) or not ids:

@@ -226,14 +226,17 @@ def test_malformed_bodies_are_not_a_crash() -> None:
         "messages": [None, 3, {"content": 5}, {"content": [None, {"text": 9}, "x"]},
                      {"role": "assistant", "tool_calls": [None, {"function": "f"},
                       {"function": {"arguments": "{not json " + EMAIL}}]}],
-        "prompt": [1, "a"],
+        "prompt": ["a", f"to {EMAIL}", {"x": 1}],
         "stop": 4,
         "metadata": ["x"],
     }  # fmt: skip
     out = r.redact_request(odd, Vault(), RedactionMode.REDACT_RESTORE)
     args = out["messages"][4]["tool_calls"][2]["function"]["arguments"]
     assert args == "{not json <EMAIL_1>"  # not JSON: redacted as text
-    assert out["messages"][:4] == odd["messages"][:4] and out["prompt"] == [1, "a"]
+    assert out["messages"][:4] == odd["messages"][:4]
+    assert out["prompt"] == ["a", "to <EMAIL_1>", {"x": 1}]
+    with pytest.raises(RedactionUninspectable):  # ids among strings: still never unchecked
+        r.redact_request({"model": "m", "prompt": ["a", 5]}, Vault(), RedactionMode.BLOCK)
     with pytest.raises(TypeError):
         r.redact_request([], Vault(), RedactionMode.BLOCK)  # type: ignore[arg-type]
 

@@ -510,7 +510,6 @@ def find_persons(text: str) -> Iterator[Span]:
                 i += 1
                 continue
             before = text[max(0, offsets[i] - 30) : offsets[i]]
-            titled = _title_before(before) or _cue_before(before, _STRONG_CUES)
             first = w.split("-")[0]
             j = i + 1
             # the name's further words: particles and capitalised words, at most three more
@@ -537,7 +536,11 @@ def find_persons(text: str) -> Iterator[Span]:
                 and words[i + 1] not in _NOT_A_START
             ):
                 known_first = True  # Mark Haas, Amber Huff: a common word, then a family name
-            if titled or (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family)):
+            if (
+                (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family))
+                or _title_before(before)
+                or _cue_before(before, _STRONG_CUES)
+            ):
                 end = offsets[j - 1] + len(words[j - 1])
                 yield Span(offsets[i], end, PERSON)
                 i = j

@@ -45,6 +45,9 @@ def test_placeholders_already_in_the_input_are_not_reused() -> None:
     out = R.redact("literal <EMAIL_1> then real a@b.io", vault)
     assert out == "literal <EMAIL_1> then real <EMAIL_2>"
     assert vault.restore(out) == "literal <EMAIL_1> then real a@b.io"
+    vault = Vault()  # also when the literal one is in an earlier text of the request
+    assert R.redact("see <PHONE_3>", vault) == "see <PHONE_3>"
+    assert R.redact("call +1 415 555 0100", vault) == "call <PHONE_4>"
 
 
 def _stream(vault: Vault, chunks: list[str]) -> tuple[str, list[str]]:

@@ -24,15 +24,19 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a malformed record: let the handler report it as it would
             return True
-        redacted = self.redactor.redact(message, Vault())
-        if redacted != message or record.args:
-            record.msg, record.args = redacted, None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = self.redactor.redact(record.exc_text, Vault())
-        if record.stack_info:
-            record.stack_info = self.redactor.redact(record.stack_info, Vault())
+        try:
+            redacted = self.redactor.redact(message, Vault())
+            if redacted != message or record.args:
+                record.msg, record.args = redacted, None
+            if record.exc_info and not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            if record.exc_text:
+                record.exc_text = self.redactor.redact(record.exc_text, Vault())
+            if record.stack_info:
+                record.stack_info = self.redactor.redact(record.stack_info, Vault())
+        except Exception as exc:  # never let an unchecked value through
+            record.msg = f"(log record withheld: redaction failed with {type(exc).__name__})"
+            record.args = record.exc_info = record.exc_text = record.stack_info = None
         return True
 
 

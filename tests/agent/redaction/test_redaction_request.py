@@ -256,3 +256,15 @@ def test_the_load_sampler_reports_the_redactors_totals() -> None:
     report = sampler()
     assert dict(report.redactions) == vault.counts
     assert [t for t, _ in report.redactions] == sorted(vault.counts)
+
+
+def test_a_failing_redaction_withholds_the_log_record() -> None:
+    class Broken(Redactor):
+        def redact(self, text: str, vault: Vault) -> str:
+            raise RuntimeError(text)
+
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "user %s", (EMAIL,), None)
+    from agent.redaction import RedactingFilter
+
+    assert RedactingFilter(Broken()).filter(record)
+    assert record.getMessage() == "(log record withheld: redaction failed with RuntimeError)"

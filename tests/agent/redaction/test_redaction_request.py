@@ -268,3 +268,16 @@ def test_a_failing_redaction_withholds_the_log_record() -> None:
 
     assert RedactingFilter(Broken()).filter(record)
     assert record.getMessage() == "(log record withheld: redaction failed with RuntimeError)"
+
+
+def test_the_coordinator_takes_redaction_counts_and_refuses_hostile_maps() -> None:
+    from coordinator.errors import ProtocolError
+    from coordinator.proto_convert import load_report_from_pb as coordinator_reads
+
+    good = load_report_to_pb(LoadReport(redactions=(("EMAIL", 2), ("US_SSN", 1))))
+    assert coordinator_reads(good).redactions == (("EMAIL", 2), ("US_SSN", 1))
+    for bad in ({"<script>": 1}, {"x" * 40: 1}, {f"T{i}": 1 for i in range(33)}):
+        message = load_report_to_pb(LoadReport())
+        message.redactions.update(bad)
+        with pytest.raises(ProtocolError, match=r"LoadReport\.redactions"):
+            coordinator_reads(message)

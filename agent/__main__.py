@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.api.app import KEYS, METRICS, REGISTRY, REQUEST_LOG, STATE, create_app
+from agent.api.app import KEYS, METRICS, REDACTOR, REGISTRY, REQUEST_LOG, STATE, create_app
 from agent.auth.cli import run_keys_command
 from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
 from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
@@ -41,6 +41,7 @@ from agent.identity import build_identity, default_agent_id
 from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
+from agent.redaction import Redactor, install_log_filter
 from edgefleet import config_loading
 from edgefleet.config_loading import add_arguments
 from edgefleet.http_limits import LimitedAppRunner
@@ -218,7 +219,13 @@ async def serve(config: AgentConfig) -> None:
         session = CoordinatorSession(
             config.coordinator.target,
             lambda: identity,
-            LoadSampler(registry, metrics, state, keys if keys.enabled else None),
+            LoadSampler(
+                registry,
+                metrics,
+                state,
+                keys if keys.enabled else None,
+                redactions=app[REDACTOR].totals,
+            ),
             enroller=enroller or build_enroller(config, agent_id),
             on_desired_state=KeysApplier(keys, last_keys_path(config)) if keys.enabled else None,
             on_command=state.apply,
@@ -277,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if config.redaction.redact_logs:  # placeholders, not values, in what the agent logs
+        install_log_filter(Redactor.from_config(config.redaction))
     try:
         asyncio.run(serve(config))
     except FatalError as exc:

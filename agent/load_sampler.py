@@ -9,7 +9,7 @@ since the previous report (requests, prompt and completion tokens, rejections).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import Counter
 
@@ -40,8 +40,10 @@ class LoadSampler:
         metrics: AgentMetrics,
         state: AgentState | None = None,
         keys: KeyTable | None = None,
+        redactions: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self._registry = registry
+        self._redactions = redactions
         self._keys = keys
         self._metrics = metrics
         self._state = state
@@ -75,6 +77,9 @@ class LoadSampler:
             draining=state is not None and state.draining,
             unhealthy_reason="" if state is None else state.unhealthy_reason,
             key_usage=() if self._keys is None else self._keys.take_usage(),
+            redactions=()
+            if self._redactions is None
+            else tuple(sorted(self._redactions().items())),
         )
 
 

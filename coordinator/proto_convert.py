@@ -8,6 +8,7 @@ contract types by ``edgefleet.contract_pb``, the one conversion both processes u
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
@@ -174,6 +175,10 @@ class LoadLimits:
 DEFAULT_LOAD_LIMITS = LoadLimits()
 
 
+# An entity type name in LoadReport.redactions (EMAIL, US_SSN, ...; newer agents may add some).
+_REDACTION_TYPE = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+
+
 def load_report_from_pb(
     message: pb.LoadReport, limits: LoadLimits = DEFAULT_LOAD_LIMITS
 ) -> LoadReport:
@@ -189,6 +194,13 @@ def load_report_from_pb(
     if len(message.unhealthy_reason) > 1000:
         raise ProtocolError("LoadReport.unhealthy_reason is longer than 1000 characters")
     check_model_reports(message)
+    if len(message.redactions) > 32 or any(
+        not _REDACTION_TYPE.fullmatch(name) for name in message.redactions
+    ):
+        raise ProtocolError(
+            "LoadReport.redactions holds more than 32 types or a type name that is not 1-32 "
+            "upper-case letters, digits and underscores"
+        )
     report = contract_pb.load_report_from_pb(message)
     clamped = report._replace(
         tokens_per_second=min(report.tokens_per_second, limits.tokens_per_second),

@@ -216,6 +216,9 @@ class LoadReport(NamedTuple):
     inventory: tuple[ModelInventory, ...] = ()
     # What each model version served since the previous report (v1.3).
     model_stats: tuple[ModelStats, ...] = ()
+    # Values redacted before requests left the site since agent start, as (entity type,
+    # count) pairs sorted by type; never a value (v1.3).
+    redactions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

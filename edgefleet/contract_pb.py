@@ -181,6 +181,7 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         key_usage=[key_usage_to_pb(u) for u in report.key_usage],
         inventory=[model_inventory_to_pb(m) for m in report.inventory],
         model_stats=[model_stats_to_pb(m) for m in report.model_stats],
+        redactions=dict(report.redactions),
     )
 
 
@@ -200,6 +201,7 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         key_usage=tuple(key_usage_from_pb(u) for u in message.key_usage),
         inventory=tuple(model_inventory_from_pb(m) for m in message.inventory),
         model_stats=tuple(model_stats_from_pb(m) for m in message.model_stats),
+        redactions=tuple(sorted(message.redactions.items())),
     )
 
 

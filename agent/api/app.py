@@ -52,6 +52,7 @@ from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
+from agent.redaction import Redactor
 from agent.request_log import RequestLog, RequestLogSlot
 from agent.response_cache import ResponseCache
 
@@ -70,6 +71,8 @@ REQUEST_LOG = web.AppKey("request_log", RequestLogSlot)
 # serving layer (GenerationRunner) for streamed and whole responses alike.
 USAGE = web.RequestKey("edgefleet_usage", RequestUsage)
 KEYS = web.AppKey("keys", KeyTable)
+# The agent's one redactor (agent/redaction): what leaves the site is redacted with it.
+REDACTOR = web.AppKey("redactor", Redactor)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -385,6 +388,7 @@ def create_app(
     app[STARTED] = time.time()
     app[STATE] = AgentState()
     app[KEYS] = keys
+    app[REDACTOR] = Redactor.from_config(config.redaction, registry=app[METRICS].registry)
     app.add_routes(ROUTES)
     app.cleanup_ctx.append(_registry_ctx(registry))
     # Per-request records: the agent's entry point opens the spool once it knows its id

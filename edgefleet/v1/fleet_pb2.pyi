@@ -151,7 +151,14 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., token: _Optional[str] = ..., agent_version: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., http_url: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., contract_minor: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats")
+    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats", "redactions")
+    class RedactionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +173,7 @@ class LoadReport(_message.Message):
     KEY_USAGE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     MODEL_STATS_FIELD_NUMBER: _ClassVar[int]
+    REDACTIONS_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     waiting_sequences: int
     tokens_per_second: float
@@ -180,7 +188,8 @@ class LoadReport(_message.Message):
     key_usage: _containers.RepeatedCompositeFieldContainer[KeyUsage]
     inventory: _containers.RepeatedCompositeFieldContainer[ModelInventory]
     model_stats: _containers.RepeatedCompositeFieldContainer[ModelStats]
-    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ...) -> None: ...
+    redactions: _containers.ScalarMap[str, int]
+    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ..., redactions: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class KeyUsage(_message.Message):
     __slots__ = ("key_id", "requests", "prompt_tokens", "completion_tokens", "rejected")

@@ -4,7 +4,8 @@ The old agent runs from its own tree (``git archive``). It speaks contract v1.2:
 nothing of model sync (no signing key, no signed manifests, no inventory or per-model
 stats in its reports). Today's coordinator (v1.3) accepts it on loopback, where
 enrollment is not required: it must still connect, report its load, be routed to and
-serve a request (run with ``--insecure-no-auth``, as the test helper does on loopback). The coordinator's fleet view needs an admin token now
+serve a request (run with ``--insecure-no-auth``, as the test helper does on loopback).
+The coordinator's fleet view needs an admin token now
 (``CoordinatorProcess.admin_headers``); ``/v1/route`` stays public. Agents from before
 contract versions (minor 0) are refused: tests/coordinator/test_coordinator_service.py.
 """

@@ -206,6 +206,7 @@ STATE = DesiredState(
                         "m", "v2", 9, 1, 300, 90, contract.Histogram((0.1, 1.0), (4, 3, 2), 3.5)
                     ),
                 ),
+                (("EMAIL", 3), ("PERSON", 1)),
             ),
             contract_pb.load_report_to_pb,
             contract_pb.load_report_from_pb,

@@ -1,0 +1,369 @@
+"""Pattern detectors for the structured types, each checked the way the type allows.
+
+EMAIL, PHONE (international and common national formats, 7 to 15 digits), CREDIT_CARD
+(13 to 19 digits, a known issuer prefix and the Luhn check), IBAN (the country's length and
+the ISO 13616 mod-97 check), US_SSN (the SSA's rules: no area 000, 666 or 9xx, no group
+00, no serial 0000), IP_ADDRESS (IPv4 and IPv6, parsed by :mod:`ipaddress`; version
+strings such as ``v1.2.3.4`` or ``version 10.0.0.1`` are not addresses) and SECRET (API keys
+with a known shape, private keys, JWTs, bearer tokens, values after ``password=`` and the
+like, and long mixed-case tokens with high entropy).
+
+Every detector yields :class:`Span` objects over the text it was given; overlaps between
+detectors are settled by :func:`agent.redaction.redactor.resolve`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+EMAIL = "EMAIL"
+PHONE = "PHONE"
+CREDIT_CARD = "CREDIT_CARD"
+IBAN = "IBAN"
+US_SSN = "US_SSN"
+IP_ADDRESS = "IP_ADDRESS"
+SECRET = "SECRET"
+PERSON = "PERSON"
+ADDRESS = "ADDRESS"
+
+#: Every entity type, in the order overlaps are settled (earlier wins).
+ENTITY_TYPES = (SECRET, EMAIL, IBAN, CREDIT_CARD, US_SSN, IP_ADDRESS, PHONE, ADDRESS, PERSON)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    start: int
+    end: int
+    type: str
+
+
+# ---------------------------------------------------------------------------- checksums
+
+
+def luhn_ok(digits: str) -> bool:
+    """The Luhn (mod 10) check of a string of digits."""
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+# ISO 13616 lengths per country (the SWIFT IBAN registry).
+IBAN_LENGTHS = {
+    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22,
+    "BI": 27, "BR": 29, "BY": 28, "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DJ": 27,
+    "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24, "FI": 18, "FK": 18, "FO": 18, "FR": 27,
+    "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HR": 21, "HU": 28, "IE": 22,
+    "IL": 23, "IQ": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LC": 32,
+    "LI": 21, "LT": 20, "LU": 20, "LV": 21, "LY": 25, "MC": 27, "MD": 24, "ME": 22, "MK": 19,
+    "MN": 20, "MR": 27, "MT": 31, "MU": 30, "NI": 28, "NL": 18, "NO": 15, "OM": 23, "PK": 24,
+    "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "RU": 33, "SA": 24, "SC": 31,
+    "SD": 18, "SE": 24, "SI": 19, "SK": 24, "SM": 27, "SO": 23, "ST": 25, "SV": 28, "TL": 23,
+    "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20, "YE": 30,
+}  # fmt: skip
+
+
+def iban_ok(compact: str) -> bool:
+    """Country length and the mod-97 check of an IBAN without spaces, upper case."""
+    if IBAN_LENGTHS.get(compact[:2]) != len(compact):
+        return False
+    rearranged = compact[4:] + compact[:4]
+    number = "".join(str(int(ch, 36)) for ch in rearranged)
+    return int(number) % 97 == 1
+
+
+def ssn_ok(area: str, group: str, serial: str) -> bool:
+    return area != "000" and area != "666" and area[0] != "9" and group != "00" and serial != "0000"
+
+
+# ------------------------------------------------------------------------------ patterns
+
+_EMAIL = re.compile(
+    r"(?<![\w.+%-])[\w.+%-]{1,64}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+[^\W\d_]{2,24}(?![\w-])"
+)
+_CARD = re.compile(r"(?<![\w.,-])(?:\d[ -]?){11,18}\d(?![\w-]|[.,]\d)")
+_IBAN = re.compile(
+    r"(?<![\w])[A-Za-z]{2}\d{2}(?:[ ]?[A-Za-z0-9]){11,30}(?![\w])",
+)
+_SSN = re.compile(r"(?<![\w.-])(\d{3})([- ])(\d{2})\2(\d{4})(?![\w-]|[.,]\d)")
+_SSN_BARE = re.compile(
+    r"(?i:\b(?:ssn|social security(?: number| no\.?| #)?|sozialversicherungsnummer)"
+    r"\W{0,4}(?:is\W{0,3}|was\W{0,3}|=\W{0,3})?)"
+    r"(\d{3})(\d{2})(\d{4})(?!\w)"
+)
+_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?:/\d{1,2})?(?![\w]|\.\d)")
+_IPV6 = re.compile(
+    r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|(?:\d{1,3}\.){3}\d{1,3})"
+    r"(?:/\d{1,3})?(?![\w:])"
+)
+_VERSION_AFTER = re.compile(r"(?i:\s(?:firmware|release|version|build|update|patch)\b)")
+_VERSION_BEFORE = re.compile(
+    r"(?i:(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|\bfirmware|\bfw|\brev(?:ision)?|==|>=|<=|~=)\s?)$"
+)
+# An international number: +CC then groups; or a national one with separators/parentheses.
+_PHONE = re.compile(
+    r"(?<![\w+])(?:"
+    r"(?:\+|00)\d{1,3}(?:[ .\-/]?\(0\))?(?:[ .\-/]?\(?\d{1,5}\)?){1,6}"  # international
+    r"|\(\d{2,5}\)[ .\-/]?\d{2,5}(?:[ .\-]?\d{2,5}){0,3}"  # (030) 1234 5678
+    r"|\d{2,5}(?:[ .\-/]\d{2,8}){1,4}"  # 555-123-4567, 06 12 34 56 78, 0171 1234567
+    r"|\d{9,12}"  # 07700900123, 3420837783, 036245207
+    r")(?:\s?(?:x|ext\.?|extension)\s?\d{1,6})?"  # an extension: 555-0100 x1234
+    r"(?![\w-]|[.,]\d)"
+)
+_PHONE_CONTEXT = re.compile(
+    r"(?i:\b(?:phone|tel|telephone|mobile|cell|call|ring|text|whatsapp|fax|number|no\.|nr|"
+    r"telefon|handy|téléphone|portable|tél|teléfono|móvil|telefono|cellulare|bel|mob|"
+    r"reach|contact)\b)"
+)
+_EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
+_SSN_SHAPE = re.compile(r"\d{3}-\d{2}-\d{4}")
+_DATE_LIKE = re.compile(
+    r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}|\d{1,2}:\d{2}"
+)
+
+# Without lookbehinds (they keep re from skipping ahead to a possible first character, 8x
+# slower): what comes before a match is checked in find_secrets instead.
+_SECRET_SHAPES = re.compile(
+    r"(?:"
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
+    r"|sk-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{16,}"
+    r"|(?:rk|pk|sk)_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|ef-[A-Za-z0-9]{4,}-[A-Za-z0-9_\-]{20,}"  # edgefleet API keys
+    r"|gh[pousr]_[A-Za-z0-9]{30,}"
+    r"|github_pat_[A-Za-z0-9_]{40,}"
+    r"|glpat-[A-Za-z0-9_\-]{20,}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![\w])"
+    r"|AIza[0-9A-Za-z_\-]{35}"
+    r"|hf_[A-Za-z0-9]{30,}"
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"
+    r")"
+)
+# key = value / key: value / "key": "value" / Bearer value
+_SECRET_ASSIGNED = re.compile(
+    r"(?i:(?:\b(?:api[_-]?key|apikey|access[_-]?key|secret(?:[_-]?key)?|client[_-]?secret|"
+    r"auth[_-]?token|access[_-]?token|refresh[_-]?token|token|password|passwd|pwd|"
+    r"passphrase|private[_-]?key)\b[\"']?\s*(?:[:=]|\bis\b|\bwas\b)\s*[\"']?)"
+    r"|(?:\bbearer\s+))"
+    r"([^\s\"',;]{6,})"
+)
+_URL_PASSWORD = re.compile(r"://[^:/\s@]{1,64}:([^@\s/]{3,128})@")
+_LOOSE_PASSWORD = re.compile(r"(?i:\b(?:pass|pw|pin|passcode|kennwort|mot de passe)\s+)(\S{8,64})")
+_TOKEN = re.compile(r"(?<![\w\-+/.])[A-Za-z0-9_\-+/]{24,}={0,2}(?![\w\-+/])")
+
+
+def _entropy(s: str) -> float:
+    counts = Counter(s)
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def _looks_secret(token: str) -> bool:
+    """A long token with upper, lower and digits and high entropy (not a word, path or hex)."""
+    if "/" in token and token.count("/") > 2:
+        return False  # a path
+    has_upper = any(c.isupper() for c in token)
+    has_lower = any(c.islower() for c in token)
+    digits = sum(c.isdigit() for c in token)
+    if not (has_upper and has_lower and digits >= 2):
+        return False
+    return _entropy(token) >= 4.0
+
+
+# ------------------------------------------------------------------------------ detectors
+
+
+def find_emails(text: str) -> Iterator[Span]:
+    if "@" not in text:
+        return
+    for m in _EMAIL.finditer(text):
+        yield Span(m.start(), m.end(), EMAIL)
+
+
+def find_cards(text: str) -> Iterator[Span]:
+    for m in _CARD.finditer(text):
+        raw = m.group()
+        digits = raw.replace(" ", "").replace("-", "")
+        if not 12 <= len(digits) <= 19 or digits[0] not in "123456":
+            continue
+        if (digits[0] == "1" and not digits.startswith("1800")) or (
+            len(digits) == 12 and digits[0] not in "56"
+        ):
+            continue  # JCB's 1800 is the only 1; 12 digits only for Maestro
+        if len(set(digits)) < 2 or not luhn_ok(digits):
+            continue
+        # separators, if any, must split the number into groups of at least 3 digits
+        groups = re.split(r"[ -]", raw)
+        if len(groups) > 1 and min(len(g) for g in groups) < 3:
+            continue
+        yield Span(m.start(), m.end(), CREDIT_CARD)
+
+
+def find_ibans(text: str) -> Iterator[Span]:
+    for m in _IBAN.finditer(text):
+        raw = m.group()
+        # a trailing word glued on by the optional spaces: shrink from the right
+        end = len(raw)
+        while end >= 15:
+            compact = raw[:end].replace(" ", "").upper()
+            if iban_ok(compact):
+                yield Span(m.start(), m.start() + end, IBAN)
+                break
+            nxt = raw.rfind(" ", 0, end)
+            if nxt < 0:
+                break
+            end = nxt
+
+
+def find_ssns(text: str) -> Iterator[Span]:
+    for m in _SSN.finditer(text):
+        if ssn_ok(m.group(1), m.group(3), m.group(4)):
+            yield Span(m.start(), m.end(), US_SSN)
+    lowered = text.lower()
+    if "ssn" not in lowered and "social" not in lowered and "sozial" not in lowered:
+        return
+    for m in _SSN_BARE.finditer(text):
+        if ssn_ok(m.group(1), m.group(2), m.group(3)):
+            yield Span(m.start(1), m.end(3), US_SSN)
+
+
+def _version_context(text: str, start: int) -> bool:
+    return bool(_VERSION_BEFORE.search(text[max(0, start - 12) : start]))
+
+
+def find_ips(text: str) -> Iterator[Span]:
+    if "." in text:
+        for m in _IPV4.finditer(text):
+            addr = m.group().split("/")[0]
+            try:
+                ipaddress.IPv4Address(addr)
+            except ValueError:
+                continue
+            if _version_context(text, m.start()) or _VERSION_AFTER.match(text, m.end()):
+                continue
+            yield Span(m.start(), m.end(), IP_ADDRESS)
+    if "::" in text or text.count(":") >= 3:
+        for m in _IPV6.finditer(text):
+            addr = m.group().split("/")[0]
+            if addr.count(":") < 2 or len(addr) < 3:
+                continue
+            try:
+                ipaddress.IPv6Address(addr)
+            except ValueError:
+                continue
+            if addr in ("::",):
+                continue
+            yield Span(m.start(), m.end(), IP_ADDRESS)
+
+
+def find_phones(text: str) -> Iterator[Span]:
+    for m in _PHONE.finditer(text):
+        raw = m.group()
+        start, end = m.start(), m.end()
+        # a closing parenthesis that the pattern took without its opening one
+        if raw.endswith(")") and raw.count("(") < raw.count(")"):
+            raw = raw[:-1]
+            end -= 1
+        digits = sum(c.isdigit() for c in _EXTENSION.sub("", raw))
+        international = raw[0] == "+" or raw.startswith("00")
+        if not 7 <= digits <= 15:
+            continue
+        if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw) or _version_context(text, start):
+            continue
+        if not international:
+            if digits < 9 and not _PHONE_CONTEXT.search(text[max(0, start - 40) : start]):
+                continue
+            if "." in raw and raw.count(".") != 2:
+                continue
+            # bare groups of digits are too common (amounts, ids): a national number needs
+            # a leading 0, parentheses, a North American shape or a phone word before it
+            core = _EXTENSION.sub("", raw)
+            na = re.fullmatch(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}", core)
+            if core.isdigit() and not (
+                (core[0] == "0" and len(core) >= 9)
+                or re.fullmatch(r"[2-9]\d{9}", core)
+                or _PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+            ):
+                continue  # bare digits: a phone only with a leading 0, 10 digits or a phone word
+            if not (
+                raw[0] == "0"
+                or raw[0] == "("
+                or na
+                or re.fullmatch(r"[2-9]\d{9}", raw)
+                or _PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+            ):
+                continue
+        elif digits < 8:
+            continue
+        yield Span(start, end, PHONE)
+
+
+# Substrings without which a pattern cannot match: the scan is skipped (str.find is fast).
+_SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
+                  "ghs_", "ghr_", "github_pat_",
+                  "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
+_ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
+
+
+def find_secrets(text: str) -> Iterator[Span]:
+    if any(marker in text for marker in _SHAPE_MARKERS):
+        for m in _SECRET_SHAPES.finditer(text):
+            start = m.start()
+            if start and (text[start - 1].isalnum() or text[start - 1] == "_"):
+                continue  # inside a longer word
+            if text[start - 1 : start] == "-" and not text.startswith(
+                ("AKIA", "ASIA", "-----"), start
+            ):
+                continue  # "-sk-..." is part of something else; "-AKIA..." and "-----" are not
+            yield Span(start, m.end(), SECRET)
+    lowered = text.lower()
+    if any(marker in lowered for marker in _ASSIGNED_MARKERS):
+        yield from _assigned(text)
+    if "://" in text:
+        for m in _URL_PASSWORD.finditer(text):
+            yield Span(m.start(1), m.end(1), SECRET)
+    for m in _TOKEN.finditer(text):
+        if _looks_secret(m.group()):
+            yield Span(m.start(), m.end(), SECRET)
+
+
+def _looks_password(value: str) -> bool:
+    """Letters and digits, and upper case or a symbol: not a word people write."""
+    has_digit = any(c.isdigit() for c in value)
+    has_alpha = any(c.isalpha() for c in value)
+    has_upper = any(c.isupper() for c in value[1:])
+    has_symbol = any(not c.isalnum() for c in value.rstrip(".,;:!?)"))
+    return has_digit and has_alpha and (has_upper or has_symbol)
+
+
+def _assigned(text: str) -> Iterator[Span]:
+    for m in _SECRET_ASSIGNED.finditer(text):
+        value = m.group(1).rstrip(".")
+        if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
+            continue
+        yield Span(m.start(1), m.start(1) + len(value), SECRET)
+    for m in _LOOSE_PASSWORD.finditer(text):
+        value = m.group(1).rstrip(".,;:!?)")
+        if _looks_password(value):
+            yield Span(m.start(1), m.start(1) + len(value), SECRET)
+
+
+PATTERN_DETECTORS = (
+    find_secrets,
+    find_emails,
+    find_ibans,
+    find_cards,
+    find_ssns,
+    find_ips,
+    find_phones,
+)

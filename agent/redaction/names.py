@@ -1,0 +1,802 @@
+"""Person names and street addresses, offline: a gazetteer and context rules.
+
+The gazetteer (``data/gazetteer.json``, written by :mod:`agent.redaction.build_gazetteer`
+from Faker's locale providers) holds about 16,000 given names, 24,000 family names and the
+street words of the English, German, French, Italian, Spanish, Portuguese and Dutch address
+formats. A PERSON is
+
+- a title (Mr, Dr, Frau, Mme, Sr., ...) and one to three capitalised words after it;
+- a known given name (not one of the common words that are also given names, such as May
+  or Will) and one to three capitalised words or family-name particles (van, de, di, ...);
+- a single known given or family name after a cue that introduces a person ("Dear",
+  "Hi", "my name is", "ask", "cc", "Regards," ...).
+
+An ADDRESS is a house number and a street name ending in a street word ("12 Baker Street",
+"391 Johnson Burg Apt. 636"), a street word and a name then a house number ("Via Roma 3",
+"Calle de Alcalá, 42", "23, rue Victor Hugo"), or a compound street and a number
+("Hauptstraße 12a", "Keizersgracht 123"); then a unit (Apt, Suite, Piso ...) and a postcode
+with its city when they follow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+from agent.redaction.detectors import ADDRESS, PERSON, Span
+from agent.redaction.trie import trie_regex
+
+_DATA = Path(__file__).parent / "data" / "gazetteer.json"
+
+# Capitalised words that are given names in some locale but far more often something else.
+_NOT_A_START = frozenset(
+    [
+        "Can",
+        "My",
+        "May",
+        "June",
+        "April",
+        "August",
+        "Server",
+        "India",
+        "Israel",
+        "Georgia",
+        "Virginia",
+        "Carolina",
+        "Dakota",
+        "Washington",
+        "Lincoln",
+        "Jackson",
+        "Austin",
+        "Phoenix",
+        "Orlando",
+        "Sydney",
+        "Paris",
+        "Florence",
+        "Chelsea",
+        "Devon",
+        "Kent",
+        "Jordan",
+        "Victoria",
+        "Summer",
+        "Autumn",
+        "Dawn",
+        "Hope",
+        "Faith",
+        "Joy",
+        "Grace",
+        "Bill",
+        "Mark",
+        "Guy",
+        "Rob",
+        "Don",
+        "Will",
+        "Van",
+        "Von",
+        "Ivy",
+        "Ruby",
+        "Pearl",
+        "Amber",
+        "Jade",
+        "Rose",
+        "Sunny",
+        "Lane",
+        "Page",
+        "Price",
+        "Young",
+        "Long",
+        "King",
+        "Hall",
+        "Wood",
+        "Stone",
+        "Green",
+        "White",
+        "Black",
+        "Brown",
+        "Gray",
+        "Grey",
+        "Major",
+        "Doctor",
+        "Sir",
+        "Miss",
+        "Mister",
+        "Madame",
+        "Dear",
+        "Hi",
+        "Hello",
+        "Street",
+        "Road",
+        "Avenue",
+        "Park",
+        "Close",
+        "The",
+        "And",
+        "Best",
+        "Thanks",
+        "Christian",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "January",
+        "February",
+        "March",
+        "July",
+        "September",
+        "October",
+        "November",
+        "December",
+        "Easter",
+        "Christmas",
+        "North",
+        "South",
+        "East",
+        "West",
+        "New",
+        "Old",
+        "Saint",
+        "San",
+        "Santa",
+        "Santo",
+        "Love",
+        "Sky",
+        "Star",
+        "Mercedes",
+        "Apple",
+        "Angel",
+        "Golden",
+        "Noble",
+        "Rich",
+        "Major",
+        "Royal",
+        "Case",
+        "Chase",
+        "Cash",
+        "Deal",
+        "Ever",
+        "Gay",
+        "Hunter",
+        "Independence",
+        "Justice",
+        "Liberty",
+        "Patience",
+        "Precious",
+        "Pleasant",
+        "Sterling",
+        "Ocean",
+        "River",
+        "Forest",
+        "Field",
+        "Heaven",
+        "Story",
+        "Storm",
+        "Unique",
+        "Wisdom",
+        "Zion",
+        "Harmony",
+        "Miracle",
+        "Princess",
+        "Prince",
+        "Queen",
+        "Memory",
+        "Marvel",
+        "Honor",
+        "Honour",
+        "Legend",
+        "Royalty",
+        "Trinity",
+        "Genesis",
+        "Journey",
+        "Lucky",
+        "Happy",
+        "Sage",
+        "Echo",
+        "Haven",
+        "Cloud",
+        "Rain",
+        "Snow",
+        "Bear",
+        "Wolf",
+        "Fox",
+        "Hawk",
+        "Eagle",
+        "Sparrow",
+        "Robin",
+        "Jay",
+        "Dove",
+        "Raven",
+        "Crow",
+        "Finch",
+        "Lark",
+        "Swan",
+    ]
+)
+# Words that never continue a name (function words, common sentence starts).
+_NOT_A_NAME = frozenset(
+    [
+        "The",
+        "A",
+        "An",
+        "And",
+        "Or",
+        "But",
+        "If",
+        "Then",
+        "So",
+        "Is",
+        "Are",
+        "Was",
+        "Were",
+        "Be",
+        "Been",
+        "Has",
+        "Have",
+        "Had",
+        "Do",
+        "Does",
+        "Did",
+        "I",
+        "You",
+        "He",
+        "She",
+        "It",
+        "We",
+        "They",
+        "Me",
+        "Him",
+        "Her",
+        "Us",
+        "Them",
+        "My",
+        "Your",
+        "His",
+        "Its",
+        "Our",
+        "Their",
+        "This",
+        "That",
+        "These",
+        "Those",
+        "What",
+        "Which",
+        "Who",
+        "Whom",
+        "Whose",
+        "When",
+        "Where",
+        "Why",
+        "How",
+        "Not",
+        "No",
+        "Yes",
+        "Please",
+        "Thanks",
+        "Thank",
+        "Hi",
+        "Hello",
+        "Dear",
+        "Regards",
+        "Best",
+        "Cheers",
+        "Sincerely",
+        "In",
+        "On",
+        "At",
+        "To",
+        "For",
+        "From",
+        "With",
+        "By",
+        "Of",
+        "As",
+        "About",
+        "Into",
+        "Over",
+        "After",
+        "Before",
+        "Under",
+        "Between",
+        "Through",
+        "During",
+        "Without",
+        "Within",
+        "Also",
+        "Just",
+        "Only",
+        "Here",
+        "There",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+        "Street",
+        "Road",
+        "Avenue",
+        "Inc",
+        "Ltd",
+        "LLC",
+        "GmbH",
+        "AG",
+        "SA",
+        "Corp",
+        "Co",
+        "Team",
+        "Support",
+        "Office",
+        "Department",
+        "Bank",
+        "Hospital",
+        "University",
+        "School",
+        "Der",
+        "Die",
+        "Das",
+        "Und",
+        "Le",
+        "La",
+        "Les",
+        "Et",
+        "Il",
+        "Lo",
+        "El",
+        "Los",
+        "Las",
+        "Y",
+    ]
+)
+# Greetings and sign-offs in the supported languages (never the first word of a name).
+_GREETINGS = frozenset(
+    "Beste Hallo Bonjour Hola Ciao Liebe Lieber Cher Chère Querido Querida Caro Cara Gentile "  # noqa: SIM905
+    "Salut Hey Gracias Grazie Danke Merci Bedankt Groeten Saludos Saluti Grüße Gruß".split()
+)
+_PARTICLES = frozenset(
+    [
+        "van",
+        "von",
+        "de",
+        "der",
+        "den",
+        "da",
+        "di",
+        "del",
+        "della",
+        "dos",
+        "das",
+        "du",
+        "le",
+        "la",
+        "ten",
+        "ter",
+        "y",
+        "bin",
+        "al",
+        "af",
+        "zu",
+        "dei",
+        "degli",
+    ]
+)
+_TITLES = (
+    r"Mr|Mrs|Ms|Mx|Miss|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Herr|Frau|Mme|Mlle|Madame|"
+    r"Monsieur|M|Sr|Sra|Srta|Señor|Señora|Don|Doña|Sig|Sig\.ra|Signor|Signora|Dott|Dott\.ssa|"
+    r"Ing|Mag|Dhr|Mevr|Mevrouw|Meneer|Captain|Capt|Officer|Judge|Rev|Fr|Pastor|Nurse|Coach|"
+    r"Aunt|Auntie|Uncle|Cousin|Grandma|Grandpa|Granny|Tante|Onkel|Oma|Opa|Tía|Tío|Zia|Zio|Oom"
+)
+_CUES = (
+    r"dear|hi|hello|hey|thanks|thank you|cc|ask|tell|call|email|e-mail|ping|contact|phone|"
+    r"text|meet|met|with|by|from|name is|name's|named|called|i am|i'm|this is|signed|"
+    r"regards,|cheers,|best,|thanks,|sincerely,|patient|customer|client|employee|user|"
+    r"hallo|liebe|lieber|bonjour|cher|chère|hola|querido|querida|ciao|caro|cara|beste|"
+    r"c'est|je suis|ich bin|soy|sono|ik ben|thx|ty|intern|colleague|manager|friend|"
+    r"neighbour|neighbor|wife|husband|son|daughter|boss|mom|mum|dad|sister|brother|partner|"
+    r"see|and|or|attention|attn|for|to"
+)
+_UPPER = "A-ZÀ-ÖØ-Þ" + "".join(chr(c) for c in range(0x100, 0x17F) if chr(c).isupper())
+_WORD = r"[^\W\d_][\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
+_CAP_WORD = rf"[{_UPPER}][\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
+# A run of words starting with a capitalised one (names' particles may be lower case).
+_INITIAL = re.compile(rf"[{_UPPER}]\.")
+_NEXT_WORD = rf"(?:[{_UPPER}]\.(?= )|{_WORD})"  # a word, or an initial ("D.")
+_CAP_RUN = re.compile(
+    rf"(?<![\w@./\\-]){_CAP_WORD}(?:[ ](?:{trie_regex(_PARTICLES)}[ ])*{_NEXT_WORD})*"
+)
+_TITLE_WORDS = frozenset(t.replace("\\", "").lower() for t in _TITLES.split("|"))
+_CUE_PHRASES = frozenset(c.rstrip(",") for c in _CUES.split("|"))
+# Cues after which any capitalised words are a name, known or not.
+_STRONG_CUES = frozenset(
+    [
+        "my name is",
+        "my name's",
+        "name",
+        "names is",
+        "name is",
+        "dear",
+        "je m'appelle",
+        "ich heiße",
+        "ich heisse",
+        "me llamo",
+        "mi chiamo",
+        "mijn naam is",
+        "patient",
+        "signed",
+        "signed by",
+    ]
+)
+
+
+def _cue_before(before: str, cues: frozenset[str]) -> bool:
+    words = before.rstrip(" ,:\n").lower().split()[-3:]
+    return any(" ".join(words[k:]).lstrip("(\"'") in cues for k in range(len(words)))
+
+
+_SPEECH_AFTER = re.compile(
+    r"(?:'s)?\s(?:said|says|wrote|writes|told|tells|asked|asks|thinks|thought|mentioned|"
+    r"replied|called|emailed|texted|sent|will|is|was|has|had|and I|agreed|confirmed)\b"
+)
+_PLACE_WORDS = frozenset(
+    "New Old North South East West Saint San Santa Santo St Mount Lake Port Fort Great Little "  # noqa: SIM905
+    "Upper Lower Royal Golden Grand Long".split()
+)
+_SIGN_OFFS = frozenset(
+    ["regards", "kind regards", "best regards", "cheers", "best", "thanks", "thank you",
+     "sincerely", "thx", "best wishes", "love", "grüße", "gruß", "cordialement", "saludos",
+     "saluti", "groeten", "un abrazo", "ciao"]
+)  # fmt: skip
+_STRONG_SPEECH_AFTER = re.compile(
+    r"\s(?:said|says|wrote|writes|told|asked|mentioned|replied|emailed|texted|agreed|"
+    r"confirmed)\b"
+)
+# A name alone on a line (a signature) or before a colon at a line's start (a chat).
+_LINE_END = re.compile(r"[ \t]*[!.]?[ \t]*(?:\n|$)")
+_SPEAKER = re.compile(r":[ \t]")
+
+
+def _title_before(before: str) -> bool:
+    if not before.endswith(" "):
+        return False
+    words = before.split()
+    return bool(words) and words[-1].rstrip(".").lower() in _TITLE_WORDS
+
+
+@cache
+def gazetteer() -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]:
+    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    given = frozenset(data["given"]) - _NOT_A_START - _NOT_A_NAME - _GREETINGS
+    family = frozenset(data["family"]) - _NOT_A_NAME
+    suffixes = frozenset(s.lower() for s in data["street_suffixes"]) | _EXTRA_SUFFIXES
+    prefixes = frozenset(s.lower() for s in data["street_prefixes"]) | _EXTRA_PREFIXES
+    return given, family, suffixes, prefixes
+
+
+def _capitalised(word: str) -> bool:
+    return (word[0].isupper() and not word.isupper()) or (len(word) == 1 and word.isupper())
+
+
+def find_persons(text: str) -> Iterator[Span]:
+    given, family, _, _ = gazetteer()
+    for m in _CAP_RUN.finditer(text):
+        words = m.group().split(" ")
+        offsets = []
+        pos = m.start()
+        for w in words:
+            offsets.append(pos)
+            pos += len(w) + 1
+        i = 0
+        n = len(words)
+        while i < n:
+            w = words[i]
+            if not _capitalised(w) or w in _NOT_A_NAME or w in _GREETINGS:
+                i += 1
+                continue
+            before = text[max(0, offsets[i] - 30) : offsets[i]]
+            first = w.split("-")[0]
+            j = i + 1
+            # the name's further words: particles and capitalised words, at most three more
+            while j < n and j - i <= 3:
+                nxt = words[j]
+                if nxt in _PARTICLES:
+                    j += 1
+                    continue
+                if _INITIAL.fullmatch(nxt):
+                    j += 1
+                    continue
+                if not _capitalised(nxt) or nxt in _NOT_A_NAME:
+                    break
+                j += 1
+            while j > i + 1 and words[j - 1] in _PARTICLES:
+                j -= 1
+            known_first = first in given
+            if (
+                not known_first
+                and first in _NOT_A_START
+                and first not in _PLACE_WORDS
+                and j > i + 1
+                and words[i + 1] in family
+                and words[i + 1] not in _NOT_A_START
+            ):
+                known_first = True  # Mark Haas, Amber Huff: a common word, then a family name
+            if (
+                (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family))
+                or _title_before(before)
+                or _cue_before(before, _STRONG_CUES)
+            ):
+                end = offsets[j - 1] + len(words[j - 1])
+                yield Span(offsets[i], end, PERSON)
+                i = j
+                continue
+            one_end = offsets[i] + len(w)
+            if first not in _NOT_A_NAME and (
+                (
+                    known_first
+                    and (
+                        _cue_before(before, _CUE_PHRASES)
+                        or _SPEECH_AFTER.match(text, one_end)
+                        or (
+                            (before == "" or before.endswith("\n"))
+                            and (_LINE_END.match(text, one_end) or _SPEAKER.match(text, one_end))
+                        )
+                    )
+                )
+                or (
+                    first in _NOT_A_START
+                    and first not in _PLACE_WORDS
+                    and (
+                        _STRONG_SPEECH_AFTER.match(text, one_end)
+                        or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                    )
+                )
+            ):
+                yield Span(offsets[i], one_end, PERSON)
+            i += 1
+
+
+def _surnameish(words: list[str], family: frozenset[str]) -> bool:
+    """The words after a known given name look like a family name (known, or a plain name)."""
+    for w in words:
+        if w in _PARTICLES or _INITIAL.fullmatch(w):
+            continue
+        if w.split("-")[0] in family:
+            return True
+        if not (w[0].isupper() and w[1:].islower() and len(w) >= 2):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- addresses
+
+_EXTRA_SUFFIXES = frozenset(
+    [
+        "street",
+        "st",
+        "st.",
+        "avenue",
+        "ave",
+        "ave.",
+        "road",
+        "rd",
+        "rd.",
+        "boulevard",
+        "blvd",
+        "blvd.",
+        "lane",
+        "ln",
+        "ln.",
+        "drive",
+        "dr",
+        "dr.",
+        "court",
+        "ct",
+        "ct.",
+        "place",
+        "pl",
+        "pl.",
+        "terrace",
+        "way",
+        "square",
+        "sq",
+        "circle",
+        "cir",
+        "highway",
+        "hwy",
+        "parkway",
+        "pkwy",
+        "crescent",
+        "close",
+        "gardens",
+        "grove",
+        "mews",
+        "row",
+        "walk",
+    ]
+)
+_EXTRA_PREFIXES = frozenset(
+    [
+        "rue",
+        "avenue",
+        "av.",
+        "boulevard",
+        "bd",
+        "bd.",
+        "place",
+        "chemin",
+        "allée",
+        "impasse",
+        "quai",
+        "route",
+        "cours",
+        "square",
+        "via",
+        "viale",
+        "piazza",
+        "piazzale",
+        "corso",
+        "vicolo",
+        "largo",
+        "strada",
+        "contrada",
+        "borgo",
+        "calle",
+        "avenida",
+        "av",
+        "paseo",
+        "plaza",
+        "camino",
+        "carrer",
+        "carretera",
+        "ronda",
+        "travesía",
+        "rua",
+        "travessa",
+        "praça",
+        "estrada",
+        "alameda",
+        "largo",
+        "rambla",
+    ]
+)
+# German and Dutch streets are one word ending in the street word.
+_COMPOUND_ENDINGS = (
+    "straße|strasse|str\\.|weg|gasse|allee|platz|ring|damm|ufer|chaussee|steig|pfad|markt|"
+    "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park|boulevard"
+)
+_ENDING_WORDS = [e.replace("\\", "") for e in _COMPOUND_ENDINGS.split("|")]
+_DIGIT = re.compile(r"\d")
+_NOT_A_STREET = frozenset(
+    [
+        "String",
+        "Spring",
+        "Bring",
+        "During",
+        "Offering",
+        "Ring",
+        "Keyring",
+        "Earring",
+        "Sparring",
+        "Morning",
+        "Evening",
+        "Nothing",
+        "Something",
+        "Anything",
+        "Everything",
+        "Thing",
+        "Wing",
+        "King",
+        "Sing",
+        "Swing",
+        "Sting",
+        "Boring",
+        "Spark",
+        "Park",
+        "Keypad",
+        "Notepad",
+        "Trackpad",
+        "Launchpad",
+        "Way",
+        "Hof",
+        "Baan",
+        "Markt",
+        "Weg",
+    ]
+)
+_NUM = r"\d{1,5}(?:\s?[a-zA-Z](?![\w]))?(?:[-/]\d{1,5}[a-zA-Z]?)?"
+_UNIT = (
+    r"(?:,?\s(?:Piano|Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Floor|Fl\.?|Room|Rm\.?|#|Piso|"
+    r"Puerta|Appartamento|Interno|Int\.|Scala|Wohnung|Whg\.?|Etage|Bus|App\.?|Bâtiment|"
+    r"Bât\.?|Escalera|Esc\.?)\s?#?\d{1,5}[A-Za-z]?(?:º|ª)?)"
+)
+_CITY = rf"[{_UPPER}][\w'\u2019-]*(?:[ -](?:[{_UPPER}]|d[ie]\b)[\w'\u2019-]*){{0,3}}"
+_POST_TAIL = (
+    r"(?:,?\s?(?:"
+    # 10115 Berlin; 13031, Arborio (VC)
+    rf"\d{{4,5}}(?:-\d{{3,4}})?,?\s{_CITY}(?:\s\([A-Z]{{2}}\))?"
+    rf"|{_CITY},\s[A-Z]{{2}}\s\d{{5}}(?:-\d{{4}})?"  # Springfield, IL 62704
+    rf"|{_CITY},?\s\d{{4,5}}(?!\d)"  # Albacete, 43568
+    rf"|{_CITY},?\s[A-Z]{{1,2}}\d[A-Z\d]?\s?\d[A-Z]{{2}}"  # London NW1 6XE
+    rf"|\d{{4}}\s?[A-Z]{{2}},?\s{_CITY}"  # 2743 UB Anerveen
+    r"))?"
+)
+_NAME_WORD = r"[^\W\d_][\w'\u2019.-]*"
+
+
+@cache
+def _address_patterns() -> tuple[re.Pattern[str], ...]:
+    _, _, suffixes, prefixes = gazetteer()
+
+    suf, pre = trie_regex(suffixes), trie_regex(prefixes)
+    number_first = re.compile(
+        rf"(?<![\w.,/-]){_NUM},?\s(?:{_NAME_WORD}\s){{0,3}}(?i:{suf})(?![\w])\.?(?:\s(?:N|S|E|W|NE|NW|SE|SW)(?![\w]))?{_UNIT}?{_POST_TAIL}"
+    )
+    prefix_first = re.compile(
+        rf"(?<![\w-])(?:{_NUM},?\s)?(?i:{pre})(?![\w])\s"
+        rf"(?:(?:de|del|de la|des|du|d'|di|della|delle|dei|do|da|dos|das)\s?)?"
+        rf"{_NAME_WORD}(?:\s(?:de|del|la|di|della|y|e|von|van)?\s?{_NAME_WORD}){{0,3}}"
+        rf",?\s(?:n\.?\s?|nº\s?|no\.?\s?)?{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}"
+    )
+    prefix_numbered = re.compile(  # 23, rue Victoire Perrier (the number first, no number after)
+        rf"(?<![\w.,/-])\d{{1,5}}(?:\s?(?:bis|ter))?,?\s(?i:{pre})(?![\w])\s"
+        rf"(?:(?:de|du|des|de la|d')\s?)?{_NAME_WORD}(?:\s{_NAME_WORD}){{0,3}}{_UNIT}?{_POST_TAIL}"
+    )
+    return number_first, prefix_numbered, prefix_first
+
+
+# Compound streets are found from their ending ("...straße 12"), then extended back to the
+# start of the word (a scan, not a backtracking pattern) and forward over unit and postcode.
+_COMPOUND_AT = re.compile(
+    rf"{trie_regex([*_ENDING_WORDS, *(e.capitalize() for e in _ENDING_WORDS)])}(?=\s\d)"
+)
+_COMPOUND_TAIL = re.compile(rf"\s{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}")
+
+
+def _compound_streets(text: str) -> Iterator[tuple[int, int]]:
+    last_end = 0
+    for m in _COMPOUND_AT.finditer(text):
+        start = m.start()
+        while start > last_end and (text[start - 1].isalpha() or text[start - 1] in "-'\u2019"):
+            start -= 1
+        if start == m.start() and text[start].islower():
+            continue  # the ending alone ("weg 3"): not a street name
+        word = text[start : m.end()]
+        if not word[0].isupper() or word in _NOT_A_STREET or word.strip("-") != word:
+            continue
+        tail = _COMPOUND_TAIL.match(text, m.end())
+        if tail is None:
+            continue
+        last_end = tail.end()
+        yield start, tail.end()
+
+
+def warm_up() -> None:
+    """Loads the gazetteer and compiles the street patterns (once per process)."""
+    gazetteer()
+    _address_patterns()
+
+
+def find_addresses(text: str) -> Iterator[Span]:
+    if not _DIGIT.search(text):
+        return
+    found = [(m.start(), m.end()) for p in _address_patterns() for m in p.finditer(text)]
+    found.extend(_compound_streets(text))
+    for start, end in found:
+        s = text[start:end]
+        yield Span(start, end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)

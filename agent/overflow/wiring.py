@@ -1,0 +1,54 @@
+"""Building the overflow service from the agent's config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agent.config import AgentConfig
+from agent.overflow.breaker import BreakerSettings
+from agent.overflow.forwarder import ForwardSettings
+from agent.overflow.service import OverflowService
+from agent.redaction import Redactor
+
+
+def redactor_for(config: AgentConfig, registry: CollectorRegistry | None) -> Redactor:
+    """The agent's redactor: ``Redactor.from_config(config.redaction)`` (the redaction
+    work's section of the agent config); its defaults when the config has none."""
+    section: Any = getattr(config, "redaction", None)
+    if section is None:
+        return Redactor(registry=registry)
+    return Redactor.from_config(section, registry=registry)
+
+
+def overflow_service_for(
+    config: AgentConfig, registry: CollectorRegistry | None, redactor: Redactor | None = None
+) -> OverflowService:
+    o = config.overflow
+    return OverflowService(
+        redactor=redactor if redactor is not None else redactor_for(config, registry),
+        registry=registry,
+        site=config.identity.site,
+        policy_allows_cloud=o.allow_cloud,
+        trust_unauthenticated_hop=o.trust_unauthenticated_hop,
+        forward_reasons=(
+            ("queue_full", "predicted_wait", "queue_timeout", "model_not_loaded")
+            if o.enabled
+            else ()
+        ),
+        settings=ForwardSettings(
+            max_retries=o.max_retries,
+            backoff_s=o.backoff_s,
+            connect_timeout_s=o.connect_timeout_s,
+            first_token_timeout_s=o.first_token_timeout_s,
+            total_timeout_s=o.total_timeout_s,
+        ),
+        breaker=BreakerSettings(
+            failures=o.breaker_failures,
+            error_rate=o.breaker_error_rate,
+            window=o.breaker_window,
+            min_calls=max(2, o.breaker_window // 2),
+            cooldown_s=o.breaker_cooldown_s,
+        ),
+    )

@@ -209,9 +209,8 @@ class OpenAIAdapter:
                     error_type=code,
                 )
             yield chunk
-        raise UpstreamError(
-            f"overflow target {target} ended its stream without [DONE]", retryable=True
-        )
+        # no [DONE] (transformers serve never sends one): complete only if a choice
+        # finished, which the forwarder checks
 
 
 def _prefill(out: dict[str, Any], endpoint: str, continuation: Continuation) -> None:

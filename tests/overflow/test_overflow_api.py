@@ -1,0 +1,413 @@
+"""Overflow through the agent's API: real agents on loopback (tiny model), provider fakes
+that record what they received."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+from conftest import TINY, AgentFactory, service_of, set_targets, url_of
+from overflow_fakes import FakeAnthropic, FakeOpenAI
+
+from agent.auth.keys import KeyTable, secret_digest
+from edgefleet.contract import ApiKey, OverflowApi, OverflowKind, OverflowTarget
+
+BIG = "big-model"  # not loaded on the agents: every request for it is forwarded
+POOL_KEY_ENV = "EDGEFLEET_TEST_POOL_KEY"
+ANT_KEY_ENV = "EDGEFLEET_TEST_ANTHROPIC_KEY"
+CLOUD = {"overflow": {"allow_cloud": True}}
+
+
+@pytest.fixture(autouse=True)
+def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(POOL_KEY_ENV, "pool-secret-0001")
+    monkeypatch.setenv(ANT_KEY_ENV, "ant-secret-0002")
+
+
+def pool(fake: FakeOpenAI, name: str = "pool-a", **extra: Any) -> OverflowTarget:
+    return OverflowTarget(
+        name,
+        OverflowKind.GPU_POOL,
+        url_of(fake),
+        api=OverflowApi.OPENAI,
+        credential_env=POOL_KEY_ENV,
+        prompt_price_per_1k=0.5,
+        completion_price_per_1k=2.0,
+        **extra,
+    )
+
+
+def claude(fake: FakeAnthropic, **extra: Any) -> OverflowTarget:
+    return OverflowTarget(
+        "claude",
+        OverflowKind.HOSTED_PROVIDER,
+        url_of(fake),
+        api=OverflowApi.ANTHROPIC,
+        credential_env=ANT_KEY_ENV,
+        model_names={BIG: "claude-haiku"},
+        **extra,
+    )
+
+
+def chat(content: str, *, model: str = BIG, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+        "max_tokens": 32,
+        **extra,
+    }
+
+
+async def sse(response: Any) -> tuple[str, list[dict[str, Any]], bool]:
+    """(joined content, every data object, ended with [DONE])."""
+    raw = (await response.read()).decode()
+    events, done = [], False
+    for block in raw.split("\n\n"):
+        if not block.startswith("data: "):
+            continue
+        data = block[6:]
+        if data == "[DONE]":
+            done = True
+            continue
+        events.append(json.loads(data))
+    text = "".join(
+        (c["choices"][0].get("delta") or {}).get("content") or ""
+        for c in events
+        if c.get("choices")
+    )
+    return text, events, done
+
+
+async def test_saturation_overflows_to_the_pool_and_the_answer_comes_back(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI
+) -> None:
+    agent = await make_agent(engine={"max_running": 1, "max_queue": 1}, **CLOUD)
+    set_targets(agent, pool(openai_fake))
+    body = chat("count to many", model=TINY, max_tokens=200, temperature=1.0, seed=None)
+
+    async def one(i: int) -> tuple[int, str, dict[str, Any]]:
+        r = await agent.post("/v1/chat/completions", json={**body, "user": str(i)})
+        return r.status, r.headers.get("X-Edgefleet-Served-By", ""), await r.json()
+
+    results = await asyncio.gather(*(one(i) for i in range(8)))
+    assert all(status == 200 for status, _, _ in results), results
+    forwarded = [(by, answer) for _, by, answer in results if by == "pool-a"]
+    assert forwarded, "the queue never filled: no request overflowed"
+    assert len(forwarded) == len(openai_fake.received)
+    for _, answer in forwarded:
+        assert answer["choices"][0]["message"]["content"] == "You said: count to many"
+        assert answer["model"] == TINY
+    local = [by for _, by, _ in results if by != "pool-a"]
+    assert local and all(by for by in local)  # served here, and saying so
+    metrics = await (await agent.get("/metrics")).text()
+    assert 'edgefleet_agent_served_requests_total{kind="gpu_pool",served_by="pool-a"}' in metrics
+
+
+async def test_a_peer_at_the_site_is_preferred_over_the_cloud(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI
+) -> None:
+    peer = await make_agent()
+    agent = await make_agent(**CLOUD)
+    peer_target = OverflowTarget(
+        "peer-b",
+        OverflowKind.PEER,
+        str(peer.make_url("/v1")),
+        api=OverflowApi.EDGEFLEET,
+        model_names={BIG: TINY},
+        site="lab",
+        free_slots=3,
+    )
+    set_targets(agent, pool(openai_fake), peer_target)  # the pool listed first
+    r = await agent.post("/v1/chat/completions", json=chat("hi", stream=True))
+    assert r.status == 200 and r.headers["X-Edgefleet-Served-By"] == "peer-b"
+    text, events, done = await sse(r)
+    assert done and text and events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(e["model"] == BIG for e in events)
+    assert openai_fake.received == []
+    # a peer with no room, or at another site, is passed over
+    set_targets(
+        agent, pool(openai_fake), OverflowTarget(**{**_fields(peer_target), "free_slots": 0})
+    )
+    r = await agent.post("/v1/chat/completions", json=chat("hi"))
+    assert r.headers["X-Edgefleet-Served-By"] == "pool-a" and len(openai_fake.received) == 1
+    set_targets(agent, pool(openai_fake), OverflowTarget(**{**_fields(peer_target), "site": "far"}))
+    r = await agent.post("/v1/chat/completions", json=chat("hi"))
+    assert r.headers["X-Edgefleet-Served-By"] == "pool-a" and len(openai_fake.received) == 2
+
+
+def _fields(target: OverflowTarget) -> dict[str, Any]:
+    return {name: getattr(target, name) for name in target.__dataclass_fields__}
+
+
+async def test_allow_cloud_false_never_leaves(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI
+) -> None:
+    keys = KeyTable(enabled=True)
+    secrets = {"cloud": "ef-cloud-aaaaaaaaaaaaaaaa", "local": "ef-local-bbbbbbbbbbbbbbbb"}
+    keys.set_source(
+        "test",
+        [
+            ApiKey("cloud", secret_digest(secrets["cloud"]), allow_cloud=True),
+            ApiKey("local", secret_digest(secrets["local"]), allow_cloud=False),
+        ],
+    )
+    agent = await make_agent(keys=keys, **CLOUD)
+    set_targets(agent, pool(openai_fake))
+
+    def auth(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {secrets[name]}"}
+
+    # the key says no
+    r = await agent.post("/v1/chat/completions", json=chat("x"), headers=auth("local"))
+    assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+    # the request says no (body extension, header)
+    r = await agent.post(
+        "/v1/chat/completions",
+        json=chat("x", edgefleet={"allow_cloud": False}),
+        headers=auth("cloud"),
+    )
+    assert r.status == 404
+    r = await agent.post(
+        "/v1/chat/completions",
+        json=chat("x", stream=True),
+        headers={**auth("cloud"), "X-Edgefleet-Allow-Cloud": "false"},
+    )
+    assert r.status == 404
+    assert openai_fake.received == []
+    # key, request and policy all allow it: it leaves
+    r = await agent.post("/v1/chat/completions", json=chat("x"), headers=auth("cloud"))
+    assert r.status == 200 and len(openai_fake.received) == 1
+    # the policy says no
+    policy_off = await make_agent(keys=keys)
+    set_targets(policy_off, pool(openai_fake))
+    r = await policy_off.post("/v1/chat/completions", json=chat("x"), headers=auth("cloud"))
+    assert r.status == 404 and len(openai_fake.received) == 1
+    # a malformed allow_cloud is the client's error
+    r = await agent.post(
+        "/v1/chat/completions",
+        json=chat("x", edgefleet={"allow_cloud": "yes"}),
+        headers=auth("cloud"),
+    )
+    assert r.status == 400 and (await r.json())["error"]["param"] == "edgefleet.allow_cloud"
+
+
+async def test_saturated_request_that_may_not_leave_gets_429(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI
+) -> None:
+    agent = await make_agent(engine={"max_running": 1, "max_queue": 1})  # policy: no cloud
+    set_targets(agent, pool(openai_fake))
+    body = chat("count", model=TINY, max_tokens=200)
+    statuses = await asyncio.gather(
+        *(agent.post("/v1/chat/completions", json=body) for _ in range(8))
+    )
+    codes = [r.status for r in statuses]
+    assert 429 in codes and set(codes) <= {200, 429}
+    assert openai_fake.received == []
+
+
+async def test_the_circuit_breaker_opens_and_closes(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, openai_fake2: FakeOpenAI
+) -> None:
+    agent = await make_agent(
+        overflow={
+            "allow_cloud": True,
+            "max_retries": 0,
+            "breaker_failures": 3,
+            "breaker_cooldown_s": 0.5,
+        }
+    )
+    set_targets(agent, pool(openai_fake, "flaky"), pool(openai_fake2, "steady"))
+    openai_fake.plan = [("status", 503)] * 3
+    for _ in range(3):  # each fails over to the steady pool
+        r = await agent.post("/v1/chat/completions", json=chat("x"))
+        assert r.headers["X-Edgefleet-Served-By"] == "steady"
+    assert len(openai_fake.received) == 3
+    flaky = service_of(agent).targets.get("flaky")
+    assert flaky is not None and flaky.breaker.state == "open"
+    r = await agent.post("/v1/chat/completions", json=chat("x"))
+    assert r.headers["X-Edgefleet-Served-By"] == "steady"
+    assert len(openai_fake.received) == 3  # open: not even tried
+    await asyncio.sleep(0.6)  # cooldown: half-open, one trial, which succeeds
+    r = await agent.post("/v1/chat/completions", json=chat("x"))
+    assert r.headers["X-Edgefleet-Served-By"] == "flaky" and flaky.breaker.state == "closed"
+
+
+async def test_a_stream_fails_over_before_its_first_token(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, openai_fake2: FakeOpenAI
+) -> None:
+    agent = await make_agent(overflow={"allow_cloud": True, "max_retries": 0})
+    set_targets(agent, pool(openai_fake, "first"), pool(openai_fake2, "second"))
+    openai_fake.plan = [("break", 0)]  # role chunk out, then the connection drops
+    r = await agent.post("/v1/chat/completions", json=chat("hello there", stream=True))
+    assert r.status == 200 and r.headers["X-Edgefleet-Served-By"] == "second"
+    text, events, done = await sse(r)
+    assert text == "You said: hello there" and done
+    assert not any("error" in e for e in events)
+    roles = [e for e in events if e.get("choices") and e["choices"][0]["delta"].get("role")]
+    assert len(roles) == 1  # the first target's role chunk never reached the client
+    openai_fake.plan = [("status", 500)]
+    r = await agent.post("/v1/chat/completions", json=chat("again", stream=True))
+    assert r.headers["X-Edgefleet-Served-By"] == "second"
+    assert (await sse(r))[0] == "You said: again"
+
+
+async def test_a_mid_stream_failure_continues_on_a_target_that_can(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, anthropic_fake: FakeAnthropic
+) -> None:
+    agent = await make_agent(overflow={"allow_cloud": True, "max_retries": 0})
+    set_targets(agent, pool(openai_fake), claude(anthropic_fake, supports_continuation=True))
+    openai_fake.plan = [("break", 3)]  # "You", " sa", "id:" delivered, then gone
+    r = await agent.post("/v1/chat/completions", json=chat("hello there", stream=True))
+    text, events, done = await sse(r)
+    assert text == "You said: hello there" and done
+    assert not any("error" in e for e in events)
+    sent = anthropic_fake.received[0]["messages"]
+    assert sent[-1] == {"role": "assistant", "content": "You said:"}  # assistant prefill
+
+
+async def test_a_mid_stream_failure_without_continuation_ends_with_the_error_event(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, anthropic_fake: FakeAnthropic
+) -> None:
+    agent = await make_agent(overflow={"allow_cloud": True, "max_retries": 0})
+    set_targets(agent, pool(openai_fake), claude(anthropic_fake))  # claude cannot continue
+    openai_fake.plan = [("break", 3)]
+    r = await agent.post("/v1/chat/completions", json=chat("hello there", stream=True))
+    assert r.status == 200
+    text, events, done = await sse(r)
+    assert text == "You said:" and done  # never a silent clean end
+    error = events[-1]["error"]
+    assert error["code"] == "overflow_failed" and error["type"] == "server_error"
+    assert set(error) == {"message", "type", "param", "code"}
+    assert anthropic_fake.received == []
+    # an upstream error event mid-stream is a failure too
+    openai_fake.plan = [("error_event", 2)]
+    r = await agent.post("/v1/chat/completions", json=chat("hello there", stream=True))
+    _, events, done = await sse(r)
+    assert done and events[-1]["error"]["code"] == "overflow_failed"
+
+
+async def test_upstream_gets_no_personal_value_and_the_client_gets_its_own_back(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI
+) -> None:
+    agent = await make_agent(**CLOUD)
+    set_targets(agent, pool(openai_fake))
+    values = ("jane.doe@example.com", "+44 20 7946 0958", "10.1.2.3")
+    content = f"Mail {values[0]} or call {values[1]}; my box is {values[2]}."
+    r = await agent.post("/v1/chat/completions", json=chat(content))
+    assert (await r.json())["choices"][0]["message"]["content"] == f"You said: {content}"
+    r = await agent.post("/v1/chat/completions", json=chat(content, stream=True))
+    text, _, done = await sse(r)
+    assert text == f"You said: {content}" and done
+    sent = json.dumps(openai_fake.received)
+    for value in values:
+        assert value not in sent
+    assert "<EMAIL_1>" in sent
+    # split placeholders: the fake cut its answer into 3-character pieces, so "<EMAIL_1>"
+    # reached the agent in parts; the client never sees a placeholder or a part of one
+    assert "<" not in text and "EMAIL" not in text
+
+
+async def test_credentials_never_in_logs_errors_or_metrics(
+    make_agent: AgentFactory,
+    openai_fake: FakeOpenAI,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    wrong = "sk-WRONG-do-not-print-4242"
+    monkeypatch.setenv(POOL_KEY_ENV, wrong)  # the fake answers 401 quoting the key back
+    agent = await make_agent(**CLOUD)
+    secret_file = tmp_path / "missing-secret"
+    set_targets(
+        agent,
+        pool(openai_fake, "by-env"),
+        OverflowTarget(
+            "by-file",
+            OverflowKind.GPU_POOL,
+            url_of(openai_fake),
+            credential_file=str(secret_file),
+        ),
+    )
+    r = await agent.post("/v1/chat/completions", json=chat("x"))
+    body = await r.text()
+    assert r.status == 502 and "by-env" in body and "by-file" in body
+    assert len(openai_fake.received) == 0 and openai_fake.headers  # refused at the door
+    r = await agent.post("/v1/chat/completions", json=chat("x", stream=True))
+    assert r.status == 502
+    secret_file.write_text("file-secret-9999\n")
+    openai_fake.api_key = "file-secret-9999"
+    r = await agent.post("/v1/chat/completions", json=chat("x"))
+    assert r.status == 200 and r.headers["X-Edgefleet-Served-By"] == "by-file"
+    metrics = await (await agent.get("/metrics")).text()
+    logs = caplog.text
+    for secret in (wrong, "file-secret-9999", "pool-secret-0001"):
+        assert secret not in body and secret not in metrics and secret not in logs
+    assert str(secret_file) in logs  # where it looked, named
+
+
+async def test_the_anthropic_adapter_round_trips_a_streamed_chat(
+    make_agent: AgentFactory, anthropic_fake: FakeAnthropic
+) -> None:
+    import openai
+
+    agent = await make_agent(**CLOUD)
+    set_targets(agent, claude(anthropic_fake))
+    async with openai.AsyncOpenAI(
+        base_url=str(agent.make_url("/v1")), api_key="unused", max_retries=0
+    ) as client:
+        stream = await client.chat.completions.create(
+            model=BIG,
+            messages=[
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hello there"},
+            ],
+            stream=True,
+            stream_options={"include_usage": True},
+            max_tokens=40,
+            stop=["zzz"],
+        )
+        parts, finish, usage = [], None, None
+        async for chunk in stream:
+            if chunk.choices:
+                parts.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage
+        whole = await client.chat.completions.create(
+            model=BIG, messages=[{"role": "user", "content": "and again"}]
+        )
+    assert "".join(parts) == "You said: hello there" and finish == "stop"
+    assert usage is not None and usage.completion_tokens == 4 and usage.prompt_tokens > 0
+    assert whole.choices[0].message.content == "You said: and again"
+    sent = anthropic_fake.received[0]
+    assert sent["model"] == "claude-haiku" and sent["system"] == "be brief"
+    assert sent["messages"] == [{"role": "user", "content": "hello there"}]
+    assert sent["max_tokens"] == 40 and sent["stop_sequences"] == ["zzz"] and sent["stream"]
+    assert anthropic_fake.headers[0]["x-api-key"] == "ant-secret-0002"
+
+
+async def test_529_overloaded_is_retried_and_the_cost_reaches_record_metrics_and_report(
+    make_agent: AgentFactory, anthropic_fake: FakeAnthropic
+) -> None:
+    agent: TestClient = await make_agent(**CLOUD)
+    set_targets(
+        agent, claude(anthropic_fake, prompt_price_per_1k=3.0, completion_price_per_1k=15.0)
+    )
+    anthropic_fake.plan = [("status", 529), ("status", 429)]
+    r = await agent.post("/v1/chat/completions", json=chat("hello there"))
+    assert r.status == 200 and len(anthropic_fake.received) == 3
+    usage = (await r.json())["usage"]
+    report = service_of(agent).book.take()
+    assert len(report) == 1 and report[0].target == "claude" and report[0].requests == 1
+    expected = (usage["prompt_tokens"] * 3.0 + usage["completion_tokens"] * 15.0) / 1000
+    assert report[0].cost == pytest.approx(expected)
+    assert report[0].completion_tokens == usage["completion_tokens"] == 4
+    metrics = await (await agent.get("/metrics")).text()
+    assert f'edgefleet_agent_overflow_cost_total{{target="claude"}} {expected}' in metrics
+    assert service_of(agent).book.take() == ()  # taken once

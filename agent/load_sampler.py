@@ -3,13 +3,14 @@
 Each field is the one fleet.proto defines: the engine's running and waiting sequences
 (each counted once), tokens/s over the last interval, KV cache use, available memory,
 request counters, whether the agent is draining or unhealthy, and what each API key used
-since the previous report (requests, prompt and completion tokens, rejections).
+since the previous report (requests, prompt and completion tokens, rejections), and what
+each overflow target served for it (summed from the request records, with cost).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import Counter
 
@@ -17,7 +18,7 @@ from agent.agent_state import AgentState
 from agent.auth.keys import KeyTable
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
-from edgefleet.contract import LoadReport
+from edgefleet.contract import LoadReport, OverflowUsage
 
 
 def _free_memory_bytes() -> int:
@@ -40,9 +41,11 @@ class LoadSampler:
         metrics: AgentMetrics,
         state: AgentState | None = None,
         keys: KeyTable | None = None,
+        overflow_usage: Callable[[], tuple[OverflowUsage, ...]] | None = None,
     ) -> None:
         self._registry = registry
         self._keys = keys
+        self._overflow_usage = overflow_usage
         self._metrics = metrics
         self._state = state
         self._last_time = time.monotonic()
@@ -75,6 +78,7 @@ class LoadSampler:
             draining=state is not None and state.draining,
             unhealthy_reason="" if state is None else state.unhealthy_reason,
             key_usage=() if self._keys is None else self._keys.take_usage(),
+            overflow_usage=() if self._overflow_usage is None else self._overflow_usage(),
         )
 
 

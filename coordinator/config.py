@@ -176,7 +176,11 @@ class CoordinatorConfig(Settings):
     route_candidate_pool: int = Field(default=64, ge=1)
     # "CIDR=site,CIDR=site": which site a client IP belongs to.
     site_networks: str = ""
-    # Placeholder overflow answer when no edge agent fits (the overflow issue refines it).
+    # Overflow targets: a JSON file of cloud GPU pools and hosted providers
+    # (coordinator/overflow.py: OverflowTargetsFile; credentials by env var / file NAME);
+    # peers at each site come from the registry. Empty: peers only.
+    overflow_targets_file: str = ""
+    # Static overflow answer of older configs, used when overflow_targets_file is empty.
     overflow_name: str = ""
     overflow_url: str = ""
 

@@ -118,4 +118,12 @@ def record_fields(request: web.Request) -> dict[str, Any] | None:
         return None
     fields = overflow_record(req)
     request.app[OVERFLOW].book.add(fields)
+    grant = grant_of(request)
+    if grant is not None:
+        # the key's usage: what pools and providers used (a peer counts its own part)
+        beyond = [leg for leg in fields["overflow"] if leg["kind"] != "peer"]
+        prompt = sum(leg["prompt_tokens"] for leg in beyond)
+        completion = sum(leg["completion_tokens"] for leg in beyond)
+        if prompt or completion:
+            grant.settle(prompt, completion, 0)
     return fields

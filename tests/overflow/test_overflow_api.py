@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from aiohttp.test_utils import TestClient
 from conftest import TINY, AgentFactory, service_of, set_targets, url_of
 from overflow_fakes import FakeAnthropic, FakeOpenAI
 
+from agent.api.app import REQUEST_LOG
 from agent.auth.keys import KeyTable, secret_digest
 from edgefleet.contract import ApiKey, OverflowApi, OverflowKind, OverflowTarget
 
@@ -179,9 +182,12 @@ async def test_allow_cloud_false_never_leaves(
     )
     assert r.status == 404
     assert openai_fake.received == []
-    # key, request and policy all allow it: it leaves
+    # key, request and policy all allow it: it leaves, and the key's usage counts it
+    keys.take_usage()
     r = await agent.post("/v1/chat/completions", json=chat("x"), headers=auth("cloud"))
     assert r.status == 200 and len(openai_fake.received) == 1
+    usage = {u.key_id: u for u in keys.take_usage()}
+    assert usage["cloud"].completion_tokens == (await r.json())["usage"]["completion_tokens"]
     # the policy says no
     policy_off = await make_agent(keys=keys)
     set_targets(policy_off, pool(openai_fake))
@@ -393,9 +399,10 @@ async def test_the_anthropic_adapter_round_trips_a_streamed_chat(
 
 
 async def test_529_overloaded_is_retried_and_the_cost_reaches_record_metrics_and_report(
-    make_agent: AgentFactory, anthropic_fake: FakeAnthropic
+    make_agent: AgentFactory, anthropic_fake: FakeAnthropic, tmp_path: Path
 ) -> None:
     agent: TestClient = await make_agent(**CLOUD)
+    spool = agent.app[REQUEST_LOG].open(tmp_path, "edge-x")  # type: ignore[index]
     set_targets(
         agent, claude(anthropic_fake, prompt_price_per_1k=3.0, completion_price_per_1k=15.0)
     )
@@ -411,3 +418,10 @@ async def test_529_overloaded_is_retried_and_the_cost_reaches_record_metrics_and
     metrics = await (await agent.get("/metrics")).text()
     assert f'edgefleet_agent_overflow_cost_total{{target="claude"}} {expected}' in metrics
     assert service_of(agent).book.take() == ()  # taken once
+    batch = spool.batch(0)
+    assert batch is not None
+    (record,) = msgpack.unpackb(batch[1])
+    assert record["served_by"] == "claude" and record["cost"] == pytest.approx(expected)
+    assert record["model"] == BIG and record["completion_tokens"] == 4
+    assert [leg["target"] for leg in record["overflow"]] == ["claude"]
+    assert "hello" not in json.dumps(record)  # never any text

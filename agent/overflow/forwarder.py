@@ -56,6 +56,7 @@ from agent.redaction import (
     RedactionBlocked,
     RedactionMode,
     Redactor,
+    StreamRestorer,
     Vault,
     effective_mode,
     requested_mode,
@@ -368,8 +369,13 @@ class Forwarder:
                 continuation = state.continuation() if state.started else None
                 try:
                     adapter, body, headers, vault = self._prepare(target, req, continuation)
+                    # a prefill without its trailing white space (Anthropic refuses it)
+                    # comes back with it: drop it once
+                    trim = 0
+                    if continuation is not None and target.api is OverflowApi.ANTHROPIC:
+                        trim = len(continuation.text) - len(continuation.text.rstrip())
                     async for chunk in self._stream_one(
-                        target, endpoint.url, adapter, body, headers, req, state, vault, leg
+                        target, endpoint.url, adapter, body, headers, req, state, vault, leg, trim
                     ):
                         yield chunk
                 except UpstreamError as exc:
@@ -412,9 +418,14 @@ class Forwarder:
         state: _StreamState,
         vault: Vault | None,
         leg: Leg,
+        trim: int = 0,
     ) -> AsyncIterator[dict[str, Any]]:
         full = url.rstrip("/") + adapter.path(req.endpoint)
-        restorer = vault.stream_restorer() if vault is not None else None
+        if vault is not None and state.restorer is None:
+            state.restorer = vault.stream_restorer()
+        # one restorer for the whole stream: a placeholder cut by a broken stream and
+        # finished by the next target is still restored
+        restorer = state.restorer
         held: list[dict[str, Any]] = []  # chunks before the first token: sent with it
         want_ids = bool(req.body.get("return_token_ids"))
         target.in_flight[url] = target.in_flight.get(url, 0) + 1
@@ -437,6 +448,11 @@ class Forwarder:
                         continue
                     choice = choices[0]
                     text = _choice_text(choice, req.endpoint)
+                    if trim and text:
+                        kept = text.lstrip()
+                        text = text[min(len(text) - len(kept), trim) :]
+                        _set_choice_text(choice, req.endpoint, text)
+                        trim = 0
                     ids = (
                         choice.get("token_ids") if isinstance(choice.get("token_ids"), list) else []
                     )
@@ -485,6 +501,7 @@ class _StreamState:
     token_ids: list[int] | None = field(default_factory=list)
     completion_tokens: int = 0
     last_error: UpstreamError | None = None
+    restorer: StreamRestorer | None = None
 
     def delivered(self, text: str, ids: list[int]) -> None:
         self.text += text

@@ -274,6 +274,29 @@ async def test_a_mid_stream_failure_continues_on_a_target_that_can(
     assert not any("error" in e for e in events)
     sent = anthropic_fake.received[0]["messages"]
     assert sent[-1] == {"role": "assistant", "content": "You said:"}  # assistant prefill
+    # broken right after white space ("You s", "aid: "): Anthropic gets the prefill without
+    # it (it refuses trailing white space) and the client no doubled space
+    openai_fake.piece = 5
+    openai_fake.plan = [("break", 2)]
+    r = await agent.post("/v1/chat/completions", json=chat("hello there", stream=True))
+    text, events, done = await sse(r)
+    assert text == "You said: hello there" and done
+    assert anthropic_fake.received[1]["messages"][-1]["content"] == "You said:"
+
+
+async def test_a_placeholder_cut_by_a_broken_stream_is_restored_after_failover(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, anthropic_fake: FakeAnthropic
+) -> None:
+    agent = await make_agent(overflow={"allow_cloud": True, "max_retries": 0})
+    set_targets(agent, pool(openai_fake), claude(anthropic_fake, supports_continuation=True))
+    # "You said: <EMAIL_1>": pieces of 3 break inside the placeholder ("You", " sa", "id:",
+    # " <E", "MAI" then gone); the provider finishes it ("L_1>")
+    openai_fake.plan = [("break", 5)]
+    r = await agent.post("/v1/chat/completions", json=chat("ann@example.org", stream=True))
+    text, _, done = await sse(r)
+    assert text == "You said: ann@example.org" and done
+    assert anthropic_fake.received[0]["messages"][-1]["content"] == "You said: <EMAI"
+    assert "ann@example.org" not in json.dumps(anthropic_fake.received + openai_fake.received)
 
 
 async def test_a_mid_stream_failure_without_continuation_ends_with_the_error_event(

@@ -109,7 +109,12 @@ class FakeOpenAI(FakeBase):
         if refusal is not None:
             return refusal
         assert body is not None
-        return await self._answer(request, body, self.reply_for(body["messages"]), "chat")
+        text = self.reply_for(body["messages"])
+        # edgefleet's extension (a peer agent): token ids are the characters' code points
+        if body.get("continue_token_ids"):
+            done = "".join(chr(i) for i in body["continue_token_ids"])
+            text = text[len(done) :] if text.startswith(done) else text
+        return await self._answer(request, body, text, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body, refusal = await self._common(request)
@@ -170,8 +175,12 @@ class FakeOpenAI(FakeBase):
         def piece(delta: str | None, finish: str | None = None) -> dict[str, Any]:
             if kind == "chat":
                 d = {} if delta is None else {"content": delta}
-                return {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
-            return {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+                out = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            else:
+                out = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            if body.get("return_token_ids"):
+                out["token_ids"] = [ord(c) for c in delta or ""]
+            return out
 
         if kind == "chat":
             await send(

@@ -448,3 +448,34 @@ async def test_529_overloaded_is_retried_and_the_cost_reaches_record_metrics_and
     assert record["model"] == BIG and record["completion_tokens"] == 4
     assert [leg["target"] for leg in record["overflow"]] == ["claude"]
     assert "hello" not in json.dumps(record)  # never any text
+
+
+async def test_a_stream_broken_on_a_peer_resumes_on_another_by_token_ids(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, openai_fake2: FakeOpenAI
+) -> None:
+    agent = await make_agent(overflow={"max_retries": 0})  # peers only: no cloud
+
+    def peer(name: str, fake: FakeOpenAI, slots: int) -> OverflowTarget:
+        return OverflowTarget(
+            name, OverflowKind.PEER, url_of(fake), api=OverflowApi.EDGEFLEET, site="lab",
+            free_slots=slots,
+        )  # fmt: skip
+
+    set_targets(agent, peer("edge-b", openai_fake, 4), peer("edge-c", openai_fake2, 2))
+    openai_fake.plan = [("break", 3)]  # "You", " sa", "id:" then gone
+    r = await agent.post(
+        "/v1/chat/completions",
+        json=chat("hello there", stream=True),
+        headers={"Authorization": "Bearer pool-secret-0001"},  # the client's, passed on
+    )
+    assert r.headers["X-Edgefleet-Served-By"] == "edge-b"  # who started it
+    text, events, done = await sse(r)
+    assert text == "You said: hello there" and done
+    assert not any("error" in e for e in events)
+    assert all("token_ids" not in e["choices"][0] for e in events if e["choices"])
+    first, resumed = openai_fake.received[0], openai_fake2.received[0]
+    assert first["return_token_ids"] is True and "continue_token_ids" not in first
+    assert resumed["continue_token_ids"] == [ord(c) for c in "You said:"]
+    assert resumed["max_tokens"] == 32 - len("You said:")  # one id per character here
+    assert openai_fake2.headers[0]["X-Edgefleet-Hop"] == "1"
+    assert resumed["messages"] == first["messages"]  # at the site: nothing redacted

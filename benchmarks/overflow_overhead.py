@@ -347,7 +347,9 @@ async def _main(args: argparse.Namespace) -> None:
             served_by = r.headers.get("X-Edgefleet-Served-By")
         assert served_by == "nginx", served_by
         print("LiteLLM ladder:", flush=True)
-        lite_rates = [5.0, 10.0] if args.quick else [10.0, 20.0, 25.0, 30.0, 35.0, 40.0, 50.0, 60.0]
+        lite_rates = (
+            [5.0, 10.0] if args.quick else [5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 50.0]
+        )
         lite_best, lite_runs = ladder(litellm_url, litellm_h, lite_rates, duration, load_core)
         at = lite_best or lite_rates[0]
         print(f"side by side at LiteLLM's sustainable rate {at:g}/s:", flush=True)
@@ -358,10 +360,11 @@ async def _main(args: argparse.Namespace) -> None:
         our_rates = (
             [50.0, 100.0]
             if args.quick
-            else [100.0, 200.0, 400.0, 600.0, 800.0, 1000.0, 1200.0, 1500.0, 2000.0]
+            else [50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1000.0, 1500.0, 2000.0]
         )
         our_best, our_runs = ladder(ours_url, ours_h, our_rates, duration, load_core)
         thousand = None if args.quick else load(ours_url, ours_h, 1000.0, duration, load_core)
+        # the generator's own ceiling: nginx straight, no proxy
         base_1000 = None if args.quick else load(nginx_url, {}, 1000.0, duration, load_core)
     finally:
         for proc in reversed(procs):

@@ -479,3 +479,38 @@ async def test_a_stream_broken_on_a_peer_resumes_on_another_by_token_ids(
     assert resumed["max_tokens"] == 32 - len("You said:")  # one id per character here
     assert openai_fake2.headers[0]["X-Edgefleet-Hop"] == "1"
     assert resumed["messages"] == first["messages"]  # at the site: nothing redacted
+
+
+async def test_block_mode_refuses_with_the_types_found_and_sends_nothing(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI
+) -> None:
+    agent = await make_agent(**CLOUD)
+    set_targets(agent, pool(openai_fake))
+    body = chat("write to bob@example.net", edgefleet={"redaction": "block"})
+    for stream in (False, True):
+        r = await agent.post("/v1/chat/completions", json={**body, "stream": stream})
+        error = (await r.json())["error"]
+        assert r.status == 400 and error["code"] == "redaction_blocked"
+        assert "EMAIL" in error["message"] and "bob@example.net" not in error["message"]
+    assert openai_fake.received == []
+    # nothing personal in it: it goes
+    r = await agent.post("/v1/chat/completions", json=chat("hi", edgefleet={"redaction": "block"}))
+    assert r.status == 200 and len(openai_fake.received) == 1
+
+
+async def test_a_target_past_its_first_token_timeout_fails_over(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, openai_fake2: FakeOpenAI
+) -> None:
+    agent = await make_agent(overflow={"allow_cloud": True, "max_retries": 0})
+    set_targets(
+        agent, pool(openai_fake, "slow", first_token_timeout_ms=300), pool(openai_fake2, "fast")
+    )
+    openai_fake.plan = [("hang", 5.0), ("hang", 5.0)]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    r = await agent.post("/v1/chat/completions", json=chat("quick", stream=True))
+    assert r.headers["X-Edgefleet-Served-By"] == "fast"
+    assert (await sse(r))[0] == "You said: quick"
+    r = await agent.post("/v1/chat/completions", json=chat("quick"))
+    assert r.headers["X-Edgefleet-Served-By"] == "fast"
+    assert loop.time() - started < 4.0  # two 300 ms timeouts, not two 5 s hangs

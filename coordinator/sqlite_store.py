@@ -704,7 +704,7 @@ def _report_to_json(report: LoadReport | None) -> str | None:
     if report is None:
         return None
     # Per-key usage is per interval (recorded by coordinator/api_keys.py), not state.
-    return _encode(list(report._replace(key_usage=())))
+    return _encode(list(report._replace(key_usage=(), overflow_usage=())))
 
 
 def _report_from_json(agent_id: str, names: str | None, text: str | None) -> LoadReport | None:
@@ -716,6 +716,7 @@ def _report_from_json(agent_id: str, names: str | None, text: str | None) -> Loa
         if "applied" in fields:  # nested tuples, saved as JSON lists
             fields["applied"] = SectionGenerations(*fields["applied"])
         fields.pop("key_usage", None)  # not state: see _report_to_json
+        fields.pop("overflow_usage", None)
         return LoadReport(**fields)
     except (TypeError, ValueError) as exc:
         logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)

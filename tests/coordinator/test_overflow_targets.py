@@ -10,6 +10,10 @@ import pytest
 from coordinator_testing import MakeCoordinator
 
 from agent.control import CoordinatorSession
+from agent.overflow.service import OverflowService
+from agent.overflow.wiring import desired_state_appliers
+from agent.redaction import Redactor
+from coordinator.app_keys import METRICS_KEY
 from coordinator.overflow import OverflowConfigError, coarse_slots, load_targets_file
 from devtools.process import wait_until
 from edgefleet.contract import (
@@ -131,6 +135,23 @@ async def test_agents_get_their_site_peers_and_the_cloud_targets(
 
     for agent_id, site in (("edge-1", "lab"), ("edge-2", "lab"), ("edge-3", "far")):
         await start(agent_id, site).start()
+    # edge-4 is wired as the agent wires itself: its overflow service applies the section
+    # and its load reports carry the service's overflow usage
+    service = OverflowService(redactor=Redactor())
+    service.book.add(
+        {"overflow": [{"target": "gpu-pool", "prompt_tokens": 100, "completion_tokens": 50,
+                       "failed": False, "cost": 0.0025}]}
+    )  # fmt: skip
+    hello4 = Hello(agent_id="edge-4", site="far", models=(LoadedModel("m", "v1"),))
+    agent4 = CoordinatorSession(
+        c.grpc_target,
+        lambda: hello4,
+        lambda: LoadReport(overflow_usage=service.book.take()),
+        on_desired_state=desired_state_appliers(None, service),
+        initial_backoff_s=0.05,
+    )
+    sessions.append(agent4)
+    await agent4.start()
     try:
 
         def names(agent_id: str) -> list[str]:
@@ -148,6 +169,25 @@ async def test_agents_get_their_site_peers_and_the_cloud_targets(
         assert peer.url == "http://10.0.0.2:8000/v1" and peer.models == ("m",)
         pushed = json.dumps([repr(t) for t in state.targets])
         assert "GPU_POOL_KEY" in pushed and "/run/secrets/anthropic" in pushed
+        await wait_until(
+            lambda: [t.name for t in service.targets] == ["edge-3", "gpu-pool", "claude"]
+        )
+        metrics = c.app[METRICS_KEY].registry
+        await wait_until(
+            lambda: (
+                metrics.get_sample_value(
+                    "edgefleet_coordinator_overflow_cost_total", {"target": "gpu-pool"}
+                )
+                == pytest.approx(0.0025)
+            )
+        )
+        assert (
+            metrics.get_sample_value(
+                "edgefleet_coordinator_overflow_tokens_total",
+                {"target": "gpu-pool", "type": "prompt"},
+            )
+            == 100
+        )
         route = await c.get_json("/v1/route?model=other")
         assert route["overflow"]["name"] == "gpu-pool"
         # a peer that leaves is no longer offered
@@ -156,3 +196,20 @@ async def test_agents_get_their_site_peers_and_the_cloud_targets(
     finally:
         for session in sessions:
             await session.stop()
+
+
+def test_overflow_usage_in_a_load_report_is_checked() -> None:
+    from coordinator.errors import ProtocolError
+    from coordinator.proto_convert import load_report_from_pb
+    from edgefleet.v1 import fleet_pb2 as pb
+
+    good = pb.LoadReport(overflow_usage=[pb.OverflowUsage(target="p", requests=2, failed=1)])
+    assert load_report_from_pb(good).overflow_usage[0].failed == 1
+    for bad in (
+        pb.OverflowUsage(target="p", requests=1, failed=2),
+        pb.OverflowUsage(target="p", cost=float("nan")),
+        pb.OverflowUsage(target="p", cost=-1.0),
+        pb.OverflowUsage(target="x" * 500),
+    ):
+        with pytest.raises(ProtocolError, match="overflow_usage"):
+            load_report_from_pb(pb.LoadReport(overflow_usage=[bad]))

@@ -58,8 +58,11 @@ class UpstreamError(Exception):
         status: int | None = None,
         client_fault: bool = False,
         error_type: str = "",
+        untranslatable: bool = False,
     ) -> None:
         super().__init__(message)
+        # the request cannot be put in this target's format (another target may take it)
+        self.untranslatable = untranslatable
         self.message = message
         self.retryable = retryable
         self.status = status
@@ -281,9 +284,12 @@ def _text_of(content: Any, where: str) -> str:
                     retryable=False,
                     client_fault=True,
                     status=400,
+                    untranslatable=True,
                 )
         return "".join(parts)
-    raise UpstreamError(f"{where}: unsupported content", retryable=False, client_fault=True)
+    raise UpstreamError(
+        f"{where}: unsupported content", retryable=False, client_fault=True, untranslatable=True
+    )
 
 
 class AnthropicAdapter:
@@ -318,6 +324,7 @@ class AnthropicAdapter:
                         retryable=False,
                         client_fault=True,
                         status=400,
+                        untranslatable=True,
                     )
                 messages.append({"role": role, "content": _text_of(message.get("content"), where)})
             else:
@@ -326,6 +333,7 @@ class AnthropicAdapter:
                     retryable=False,
                     client_fault=True,
                     status=400,
+                    untranslatable=True,
                 )
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         if not isinstance(max_tokens, int):

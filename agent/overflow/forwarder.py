@@ -274,9 +274,11 @@ class Forwarder:
         """The answer of the first target that gives one; ``fallback`` when none could be
         tried, :class:`OverflowFailedError` when all that were tried failed."""
         tried: list[str] = []
+        untranslatable: UpstreamError | None = None
         for target in self.candidates(req):
             leg = self._leg(req, target)
             used: list[str] = []
+            skipped = False
             for attempt in range(self.settings.max_retries + 1):
                 endpoint = target.pick_endpoint(used, self._rng)
                 if endpoint is None or not target.breaker.allow():
@@ -288,6 +290,10 @@ class Forwarder:
                     adapter, body, headers, vault = self._prepare(target, req, None)
                     answer = await self._call(target, endpoint.url, adapter, body, headers, req)
                 except UpstreamError as exc:
+                    if exc.untranslatable:
+                        target.breaker.release()
+                        untranslatable, skipped = exc, True
+                        break  # not this target's format: the next may take it
                     if exc.client_fault:
                         target.breaker.release()
                         raise _client_error(exc) from None
@@ -306,8 +312,13 @@ class Forwarder:
                 leg.ok = True
                 req.served_by = target.name
                 return _answer_for_client(answer, req, vault)
+            if skipped:
+                req.legs.remove(leg)
+                continue
             tried.append(target.name)
         if not tried:
+            if untranslatable is not None:
+                raise _client_error(untranslatable) from None
             raise fallback
         raise OverflowFailedError(
             f"the agent could not take the request ({req.reason}) and every overflow target "
@@ -354,11 +365,13 @@ class Forwarder:
         :meth:`complete`; after it, an error is for the stream error event."""
         state = _StreamState()
         tried: list[str] = []
+        untranslatable: UpstreamError | None = None
         for target in self.candidates(req):
             if state.started and not _can_continue(target, state):
                 continue
             leg = self._leg(req, target)
             used: list[str] = []
+            skipped = False
             for attempt in range(self.settings.max_retries + 1):
                 endpoint = target.pick_endpoint(used, self._rng)
                 if endpoint is None or not target.breaker.allow():
@@ -379,6 +392,10 @@ class Forwarder:
                     ):
                         yield chunk
                 except UpstreamError as exc:
+                    if exc.untranslatable:
+                        target.breaker.release()
+                        untranslatable, skipped = exc, True
+                        break  # not this target's format: the next may take it
                     if exc.client_fault and not state.started:
                         target.breaker.release()
                         raise _client_error(exc) from None
@@ -394,6 +411,9 @@ class Forwarder:
                 target.breaker.success()
                 leg.ok = True
                 return
+            if skipped:
+                req.legs.remove(leg)
+                continue
             tried.append(target.name)
         if state.started:
             raise OverflowFailedError(
@@ -401,6 +421,8 @@ class Forwarder:
                 f"(tried: {', '.join(tried)})"
             )
         if not tried:
+            if untranslatable is not None:
+                raise _client_error(untranslatable) from None
             raise fallback
         raise OverflowFailedError(
             f"the agent could not take the request ({req.reason}) and every overflow target "

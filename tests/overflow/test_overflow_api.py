@@ -514,3 +514,30 @@ async def test_a_target_past_its_first_token_timeout_fails_over(
     r = await agent.post("/v1/chat/completions", json=chat("quick"))
     assert r.headers["X-Edgefleet-Served-By"] == "fast"
     assert loop.time() - started < 4.0  # two 300 ms timeouts, not two 5 s hangs
+
+
+async def test_a_request_one_adapter_cannot_translate_goes_to_the_next_target(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI, anthropic_fake: FakeAnthropic
+) -> None:
+    agent = await make_agent(**CLOUD)
+    openai_provider = OverflowTarget(
+        "openai-compatible", OverflowKind.HOSTED_PROVIDER, url_of(openai_fake),
+        api=OverflowApi.OPENAI, credential_env=POOL_KEY_ENV,
+    )  # fmt: skip
+    set_targets(agent, claude(anthropic_fake), openai_provider)
+    messages = [
+        {"role": "user", "content": "what is 6 x 7?"},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},  # not translated
+        {"role": "user", "content": "so?"},
+    ]
+    body = {"model": BIG, "messages": messages, "max_tokens": 8}
+    r = await agent.post("/v1/chat/completions", json=body)
+    assert r.status == 200 and r.headers["X-Edgefleet-Served-By"] == "openai-compatible"
+    assert anthropic_fake.received == [] and len(openai_fake.received) == 1
+    claude_target = service_of(agent).targets.get("claude")
+    assert claude_target is not None and claude_target.breaker.state == "closed"
+    # no target can: the client's error, naming the field
+    set_targets(agent, claude(anthropic_fake))
+    r = await agent.post("/v1/chat/completions", json={**body, "stream": True})
+    error = (await r.json())["error"]
+    assert r.status == 400 and "messages.1" in error["message"]

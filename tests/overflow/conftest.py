@@ -3,31 +3,18 @@ would), and the provider fakes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from overflow_fakes import FakeAnthropic, FakeOpenAI
+from overflow_testing import TINY, AgentFactory
 
 from agent.api.app import create_app
 from agent.auth.keys import KeyTable
 from agent.config import load_config
-from agent.overflow.hook import OVERFLOW
-from agent.overflow.service import OverflowService
-from edgefleet.contract import OverflowTarget
-
-TINY = "tiny-llama"
-AgentFactory = Callable[..., Awaitable[TestClient]]
-
-
-def service_of(client: TestClient) -> OverflowService:
-    return client.app[OVERFLOW]  # type: ignore[index]
-
-
-def set_targets(client: TestClient, *targets: OverflowTarget) -> None:
-    service_of(client).targets.set(targets)
 
 
 @pytest.fixture
@@ -79,8 +66,3 @@ async def anthropic_fake() -> AsyncIterator[FakeAnthropic]:
     await fake.start()
     yield fake
     await fake.close()
-
-
-def url_of(fake: FakeOpenAI | FakeAnthropic) -> str:
-    assert fake.server is not None
-    return str(fake.server.make_url("/v1"))

@@ -12,14 +12,22 @@ from typing import Any
 import msgpack
 import pytest
 from aiohttp.test_utils import TestClient
-from conftest import TINY, AgentFactory, service_of, set_targets, url_of
 from overflow_fakes import FakeAnthropic, FakeOpenAI
+from overflow_testing import (
+    BIG,
+    TINY,
+    AgentFactory,
+    chat,
+    service_of,
+    set_targets,
+    sse,
+    url_of,
+)
 
 from agent.api.app import REQUEST_LOG
 from agent.auth.keys import KeyTable, secret_digest
 from edgefleet.contract import ApiKey, OverflowApi, OverflowKind, OverflowTarget
 
-BIG = "big-model"  # not loaded on the agents: every request for it is forwarded
 POOL_KEY_ENV = "EDGEFLEET_TEST_POOL_KEY"
 ANT_KEY_ENV = "EDGEFLEET_TEST_ANTHROPIC_KEY"
 CLOUD = {"overflow": {"allow_cloud": True}}
@@ -54,36 +62,6 @@ def claude(fake: FakeAnthropic, **extra: Any) -> OverflowTarget:
         model_names={BIG: "claude-haiku"},
         **extra,
     )
-
-
-def chat(content: str, *, model: str = BIG, stream: bool = False, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "stream": stream,
-        "max_tokens": 32,
-        **extra,
-    }
-
-
-async def sse(response: Any) -> tuple[str, list[dict[str, Any]], bool]:
-    """(joined content, every data object, ended with [DONE])."""
-    raw = (await response.read()).decode()
-    events, done = [], False
-    for block in raw.split("\n\n"):
-        if not block.startswith("data: "):
-            continue
-        data = block[6:]
-        if data == "[DONE]":
-            done = True
-            continue
-        events.append(json.loads(data))
-    text = "".join(
-        (c["choices"][0].get("delta") or {}).get("content") or ""
-        for c in events
-        if c.get("choices")
-    )
-    return text, events, done
 
 
 async def test_saturation_overflows_to_the_pool_and_the_answer_comes_back(

@@ -16,8 +16,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import TINY, AgentFactory, set_targets
-from test_overflow_api import chat, sse
+from overflow_testing import TINY, AgentFactory, chat, set_targets, sse
 
 from benchmarks.llamacpp_server import LlamaCppServer
 from edgefleet.contract import OverflowApi, OverflowEndpoint, OverflowKind, OverflowTarget

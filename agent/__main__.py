@@ -41,6 +41,8 @@ from agent.identity import build_identity, default_agent_id
 from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
+from agent.overflow.hook import OVERFLOW
+from agent.overflow.wiring import desired_state_appliers, peer_client_context
 from agent.redaction import Redactor, install_log_filter
 from edgefleet import config_loading
 from edgefleet.config_loading import add_arguments
@@ -213,6 +215,10 @@ async def serve(config: AgentConfig) -> None:
         )
     agent_id = config.identity.agent_id or default_agent_id(port)
     registry, metrics, state, keys = app[REGISTRY], app[METRICS], app[STATE], app[KEYS]
+    overflow = app[OVERFLOW]
+    overflow.agent_id = agent_id
+    # agent-to-agent mutual TLS for forwards to peers (enrollment's certificate)
+    overflow.forwarder.peer_ssl = peer_client_context(config)
     session: CoordinatorSession | None = None
     if config.coordinator.target:
         identity = build_identity(config, registry, agent_id, public_url)
@@ -225,9 +231,12 @@ async def serve(config: AgentConfig) -> None:
                 state,
                 keys if keys.enabled else None,
                 redactions=app[REDACTOR].totals,
+                overflow_usage=overflow.book.take,
             ),
             enroller=enroller or build_enroller(config, agent_id),
-            on_desired_state=KeysApplier(keys, last_keys_path(config)) if keys.enabled else None,
+            on_desired_state=desired_state_appliers(
+                KeysApplier(keys, last_keys_path(config)) if keys.enabled else None, overflow
+            ),
             on_command=state.apply,
             max_backoff_s=config.coordinator.max_backoff_s,
             request_log=app[REQUEST_LOG].open(

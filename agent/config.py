@@ -190,6 +190,30 @@ class AuditConfig(Settings):
     spool_max_bytes: int = Field(default=64 << 20, ge=4096)
 
 
+class OverflowConfig(Settings):
+    # Forward what the engine refuses (queue full, predicted wait past the deadline, queue
+    # timeout) or a model not loaded here, to the coordinator's overflow targets.
+    enabled: bool = True
+    # Policy: may requests leave the site at all (pools, providers)? Each API key's
+    # allow_cloud and the request's must say so too. Peers at the site are always eligible.
+    allow_cloud: bool = False
+    # Honour the hop marker from clients without a fleet agent certificate (loopback
+    # development without TLS only: anyone could then stop their requests overflowing).
+    trust_unauthenticated_hop: bool = False
+    max_retries: int = Field(default=2, ge=0, le=10)  # per target, retryable errors only
+    backoff_s: float = Field(default=0.1, ge=0, le=30)  # doubles each retry, jittered
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    first_token_timeout_s: float = Field(default=30.0, gt=0, le=600)  # also between events
+    total_timeout_s: float = Field(default=300.0, gt=0, le=3600)
+    # Circuit breaker per target: opens after this many consecutive failures, or past this
+    # failure rate over the last breaker_window calls (at least half of them made); half
+    # opens after breaker_cooldown_s.
+    breaker_failures: int = Field(default=5, ge=1, le=1000)
+    breaker_error_rate: float = Field(default=0.5, gt=0, le=1)
+    breaker_window: int = Field(default=20, ge=2, le=10_000)
+    breaker_cooldown_s: float = Field(default=30.0, gt=0, le=3600)
+
+
 class MdnsConfig(Settings):
     enabled: bool = False  # advertise this agent on the LAN as _edgefleet._tcp (zeroconf)
     interfaces: Names = ()  # IPv4 addresses to advertise on; empty = all
@@ -266,6 +290,7 @@ class AgentConfig(Settings):
     auth: AuthConfig = AuthConfig()
     audit: AuditConfig = AuditConfig()
     redaction: RedactionConfig = RedactionConfig()
+    overflow: OverflowConfig = OverflowConfig()
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = (
         "INFO"
     )

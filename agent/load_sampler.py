@@ -3,7 +3,8 @@
 Each field is the one fleet.proto defines: the engine's running and waiting sequences
 (each counted once), tokens/s over the last interval, KV cache use, available memory,
 request counters, whether the agent is draining or unhealthy, and what each API key used
-since the previous report (requests, prompt and completion tokens, rejections).
+since the previous report (requests, prompt and completion tokens, rejections), and what
+each overflow target served for it (summed from the request records, with cost).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from agent.agent_state import AgentState
 from agent.auth.keys import KeyTable
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
-from edgefleet.contract import LoadReport
+from edgefleet.contract import LoadReport, OverflowUsage
 
 
 def _free_memory_bytes() -> int:
@@ -41,10 +42,12 @@ class LoadSampler:
         state: AgentState | None = None,
         keys: KeyTable | None = None,
         redactions: Callable[[], Mapping[str, int]] | None = None,
+        overflow_usage: Callable[[], tuple[OverflowUsage, ...]] | None = None,
     ) -> None:
         self._registry = registry
         self._redactions = redactions
         self._keys = keys
+        self._overflow_usage = overflow_usage
         self._metrics = metrics
         self._state = state
         self._last_time = time.monotonic()
@@ -80,6 +83,7 @@ class LoadSampler:
             redactions=()
             if self._redactions is None
             else tuple(sorted(self._redactions().items())),
+            overflow_usage=() if self._overflow_usage is None else self._overflow_usage(),
         )
 
 

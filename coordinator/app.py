@@ -47,6 +47,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_assignments import BlobBaseUrl, ModelAssignments
 from coordinator.model_catalog import ModelCatalog
 from coordinator.model_http import BLOB_ROUTE, get_blob
+from coordinator.overflow import OVERFLOW_DISTRIBUTOR_KEY, OverflowDistributor, targets_file_for
 from coordinator.peer_rate_limit import PeerRateLimiter
 from coordinator.proto_convert import LoadLimits
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
@@ -133,6 +134,12 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     )
     assignments.bind(servicer.set_section)
     distributor.bind(servicer.set_keys_section, servicer.connected_agent_ids)
+    overflow = OverflowDistributor(
+        targets_file_for(config),
+        registry.agents,
+        servicer.set_section,
+        saturation_queue_depth=config.route_saturation_queue_depth,
+    )
     # authorize is inside openai_errors: a crash in a check is still an error body.
     app = web.Application(middlewares=[count_requests, openai_errors, authorize])
     app[CONFIG_KEY] = config
@@ -147,6 +154,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[ROUTE_ROLES_KEY] = route_roles()
     app[API_KEYS_KEY] = api_keys
     app[KEY_DISTRIBUTOR_KEY] = distributor
+    app[OVERFLOW_DISTRIBUTOR_KEY] = overflow
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app[LIFECYCLE_KEY] = AgentLifecycle(fleet_store, registry, servicer)
     app[MODEL_CATALOG_KEY] = catalog
@@ -163,6 +171,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
+    app.cleanup_ctx.append(_overflow_distribution)
     return app
 
 
@@ -229,6 +238,19 @@ async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
             metrics.liveness_changes.labels(liveness=record.liveness.value).inc()
 
     async with periodic_task("liveness sweep", period_s, sweep):
+        yield
+
+
+async def _overflow_distribution(app: web.Application) -> AsyncIterator[None]:
+    """Every report interval: each connected agent gets its overflow targets (peers at its
+    site with room, pools, providers) when they changed."""
+    distributor = app[OVERFLOW_DISTRIBUTOR_KEY]
+    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0
+
+    async def tick() -> None:
+        distributor.tick()
+
+    async with periodic_task("overflow targets", period_s, tick):
         yield
 
 

@@ -182,7 +182,11 @@ class CoordinatorConfig(Settings):
     # (http_host, or the machine's name when it listens on every interface, and the port).
     blob_base_url: str = Field(default="", max_length=2048)
 
-    # Placeholder overflow answer when no edge agent fits (the overflow issue refines it).
+    # Overflow targets: a JSON file of cloud GPU pools and hosted providers
+    # (coordinator/overflow.py: OverflowTargetsFile; credentials by env var / file NAME);
+    # peers at each site come from the registry. Empty: peers only.
+    overflow_targets_file: str = ""
+    # Static overflow answer of older configs, used when overflow_targets_file is empty.
     overflow_name: str = ""
     overflow_url: str = ""
 

@@ -42,7 +42,7 @@ from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.session_auth import Peer, SessionAuthenticator, peer_address, resolve_url_host
 from edgefleet import contract_pb
-from edgefleet.contract import CommandKind, DesiredState, Hello, Section
+from edgefleet.contract import CommandKind, DesiredState, Hello, OverflowUsage, Section
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -380,6 +380,16 @@ class CoordinatorServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("unreachable: context.abort raises") from exc
 
+    def _record_overflow(self, usage: tuple[OverflowUsage, ...]) -> None:
+        """An agent's overflow use since its last report, into the fleet's metrics."""
+        m = self._metrics
+        for u in usage:
+            m.overflow_requests.labels(u.target, "ok").inc(u.requests - u.failed)
+            m.overflow_requests.labels(u.target, "failed").inc(u.failed)
+            m.overflow_tokens.labels(u.target, "prompt").inc(u.prompt_tokens)
+            m.overflow_tokens.labels(u.target, "completion").inc(u.completion_tokens)
+            m.overflow_cost.labels(u.target).inc(u.cost)
+
     async def _consume(
         self, request_iterator: AsyncIterator[pb.AgentMessage], live: _LiveSession
     ) -> None:
@@ -394,6 +404,8 @@ class CoordinatorServicer:
                     self._keys.record_usage(live.agent_id, report.key_usage)
                 if self._report_hooks is not None:
                     self._report_hooks(live.agent_id, report)
+                if report.overflow_usage:
+                    self._record_overflow(report.overflow_usage)
             elif kind == "bye":
                 logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)

@@ -47,6 +47,25 @@ class CoordinatorMetrics:
             ["reason"],
             registry=self.registry,
         )
+        # v1.3: overflow use reported by agents (LoadReport.overflow_usage), by target
+        self.overflow_requests = Counter(
+            f"{PREFIX}_overflow_requests",
+            "Requests agents sent to each overflow target, by outcome",
+            ["target", "outcome"],
+            registry=self.registry,
+        )
+        self.overflow_tokens = Counter(
+            f"{PREFIX}_overflow_tokens",
+            "Tokens used at each overflow target, as agents reported them",
+            ["target", "type"],
+            registry=self.registry,
+        )
+        self.overflow_cost = Counter(
+            f"{PREFIX}_overflow_cost",
+            "Cost at each overflow target (its prices per 1k tokens), as agents reported it",
+            ["target"],
+            registry=self.registry,
+        )
         self.load_reports = Counter(
             f"{PREFIX}_load_reports",
             "Load reports received from agents.",

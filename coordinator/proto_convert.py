@@ -39,6 +39,7 @@ MAX_URL_CHARS = 512
 MAX_VERSION_CHARS = 128  # agent_version and model versions
 MAX_MODEL_FIELD_CHARS = 128  # model name, task, variant
 MAX_PROVIDER_CHARS = 64
+MAX_OVERFLOW_USAGE = 256  # overflow targets in one LoadReport (v1.3)
 
 
 class UnsupportedContractError(ProtocolError):
@@ -201,6 +202,18 @@ def load_report_from_pb(
             "LoadReport.redactions holds more than 32 types or a type name that is not 1-32 "
             "upper-case letters, digits and underscores"
         )
+    if len(message.overflow_usage) > MAX_OVERFLOW_USAGE:
+        raise ProtocolError(
+            f"LoadReport.overflow_usage has {len(message.overflow_usage)} entries; at most "
+            f"{MAX_OVERFLOW_USAGE}"
+        )
+    for index, usage in enumerate(message.overflow_usage):
+        where = f"LoadReport.overflow_usage[{index}]"
+        _check_length(usage.target, MAX_MODEL_FIELD_CHARS, f"{where}.target")
+        if usage.failed > usage.requests:
+            raise ProtocolError(f"{where}.failed is more than its requests")
+        if not (math.isfinite(usage.cost) and usage.cost >= 0.0):
+            raise ProtocolError(f"{where}.cost {usage.cost} is not a cost")
     report = contract_pb.load_report_from_pb(message)
     clamped = report._replace(
         tokens_per_second=min(report.tokens_per_second, limits.tokens_per_second),

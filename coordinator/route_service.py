@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from coordinator.config import CoordinatorConfig
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.overflow import OverflowPolicy, StaticOverflowPolicy
+from coordinator.overflow import OverflowPolicy, overflow_policy_for
 from coordinator.registry import FleetRegistry
 from coordinator.route_scorer import (
     RouteDecision,
@@ -68,7 +68,7 @@ class Router:
         return cls(
             registry,
             RouteScorer(policy_from_config(config)),
-            StaticOverflowPolicy(config.overflow_name, config.overflow_url),
+            overflow_policy_for(config),
             metrics,
             site_networks=config.site_networks,
             candidate_pool=config.route_candidate_pool,

@@ -767,7 +767,7 @@ def _report_to_json(report: LoadReport | None) -> str | None:
         return None
     # Per-key usage is per interval (recorded by coordinator/api_keys.py), not state.
     # So are per-version model stats (handed to the report hooks as they arrive).
-    return _encode(list(report._replace(key_usage=(), model_stats=())))
+    return _encode(list(report._replace(key_usage=(), model_stats=(), overflow_usage=())))
 
 
 def _inventory(item: list[object]) -> ModelInventory:
@@ -792,6 +792,9 @@ def _report_from_json(agent_id: str, names: str | None, text: str | None) -> Loa
         fields.pop("model_stats", None)
         if "inventory" in fields:
             fields["inventory"] = tuple(_inventory(item) for item in fields["inventory"])
+        fields.pop("overflow_usage", None)
+        if "redactions" in fields:  # (type, count) pairs, saved as JSON lists
+            fields["redactions"] = tuple((str(t), int(n)) for t, n in fields["redactions"])
         return LoadReport(**fields)
     except (TypeError, ValueError) as exc:
         logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)

@@ -71,6 +71,25 @@ class OverflowKind(enum.StrEnum):
     HOSTED_PROVIDER = "hosted_provider"
 
 
+class OverflowApi(enum.StrEnum):
+    """The wire format an overflow target speaks (v1.3)."""
+
+    UNSPECIFIED = "unspecified"
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    # Another edgefleet agent: OpenAI's format plus the hop marker and continuation.
+    EDGEFLEET = "edgefleet"
+
+
+class OverflowEndpoint(NamedTuple):
+    """One endpoint of a pool (v1.3): picked by weight among those with room."""
+
+    url: str
+    weight: float = 1.0
+    # Requests in flight at most; 0: no cap.
+    capacity: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class OverflowTarget:
     """Where an agent may send work it cannot take itself."""
@@ -81,6 +100,30 @@ class OverflowTarget:
     url: str
     # Models the target serves; empty means any.
     models: tuple[str, ...] = ()
+    # v1.3 from here on.
+    api: OverflowApi = OverflowApi.UNSPECIFIED
+    # A pool's endpoints (empty: just ``url``).
+    endpoints: tuple[OverflowEndpoint, ...] = ()
+    # NAMES of where the credential is on the agent (environment variable, secret file);
+    # never the value.
+    credential_env: str = ""
+    credential_file: str = ""
+    # Prices per 1,000 tokens.
+    prompt_price_per_1k: float = 0.0
+    completion_price_per_1k: float = 0.0
+    # A broken stream may be continued on this target.
+    supports_continuation: bool = False
+    # Constrained requests (response_format json_schema, grammars) may go here.
+    supports_constraints: bool = False
+    # Model name at the target, by the fleet's model name (absent: the same name).
+    model_names: Mapping[str, str] = field(default_factory=dict)
+    # Peers: their site and free sequence slots as the coordinator last saw them.
+    site: str = ""
+    free_slots: int = 0
+    # Timeouts in milliseconds (0: the agent's defaults).
+    connect_timeout_ms: int = 0
+    first_token_timeout_ms: int = 0
+    total_timeout_ms: int = 0
 
 
 # ------------------------------------------------------------------ agent -> coordinator
@@ -125,6 +168,19 @@ class KeyUsage(NamedTuple):
     completion_tokens: int = 0
     # Requests refused for this key (rate limit, scope, expiry).
     rejected: int = 0
+
+
+class OverflowUsage(NamedTuple):
+    """One overflow target's use by one agent over one report interval (v1.3)."""
+
+    target: str
+    requests: int = 0
+    # Of those, the ones the target failed (after retries and failover).
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # From the target's prices, summed from the per-request records.
+    cost: float = 0.0
 
 
 class ModelInventoryState(enum.StrEnum):
@@ -219,6 +275,8 @@ class LoadReport(NamedTuple):
     # Values redacted before requests left the site since agent start, as (entity type,
     # count) pairs sorted by type; never a value (v1.3).
     redactions: tuple[tuple[str, int], ...] = ()
+    # What each overflow target served for this agent since the previous report (v1.3).
+    overflow_usage: tuple[OverflowUsage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,9 +28,12 @@ from edgefleet.contract import (
     ModelsSection,
     ModelStats,
     ModelTarget,
+    OverflowApi,
+    OverflowEndpoint,
     OverflowKind,
     OverflowTarget,
     OverflowTargetsSection,
+    OverflowUsage,
     RecordsAck,
     RenewCertificate,
     RequestRecords,
@@ -47,6 +50,13 @@ _OVERFLOW_KIND_TO_PB = {
     OverflowKind.HOSTED_PROVIDER: pb.OVERFLOW_KIND_HOSTED_PROVIDER,
 }
 _OVERFLOW_KIND_FROM_PB = {v: k for k, v in _OVERFLOW_KIND_TO_PB.items()}
+_OVERFLOW_API_TO_PB = {
+    OverflowApi.UNSPECIFIED: pb.OVERFLOW_API_UNSPECIFIED,
+    OverflowApi.OPENAI: pb.OVERFLOW_API_OPENAI,
+    OverflowApi.ANTHROPIC: pb.OVERFLOW_API_ANTHROPIC,
+    OverflowApi.EDGEFLEET: pb.OVERFLOW_API_EDGEFLEET,
+}
+_OVERFLOW_API_FROM_PB = {v: k for k, v in _OVERFLOW_API_TO_PB.items()}
 _COMMAND_KIND_TO_PB = {
     CommandKind.UNSPECIFIED: pb.Command.KIND_UNSPECIFIED,
     CommandKind.DRAIN: pb.Command.KIND_DRAIN,
@@ -101,6 +111,23 @@ def overflow_target_to_pb(target: OverflowTarget) -> pb.OverflowTarget:
         kind=_OVERFLOW_KIND_TO_PB[target.kind],
         url=target.url,
         models=list(target.models),
+        api=_OVERFLOW_API_TO_PB[target.api],
+        endpoints=[
+            pb.OverflowEndpoint(url=e.url, weight=e.weight, capacity=e.capacity)
+            for e in target.endpoints
+        ],
+        credential_env=target.credential_env,
+        credential_file=target.credential_file,
+        prompt_price_per_1k=target.prompt_price_per_1k,
+        completion_price_per_1k=target.completion_price_per_1k,
+        supports_continuation=target.supports_continuation,
+        supports_constraints=target.supports_constraints,
+        model_names=dict(target.model_names),
+        site=target.site,
+        free_slots=target.free_slots,
+        connect_timeout_ms=target.connect_timeout_ms,
+        first_token_timeout_ms=target.first_token_timeout_ms,
+        total_timeout_ms=target.total_timeout_ms,
     )
 
 
@@ -111,6 +138,42 @@ def overflow_target_from_pb(message: pb.OverflowTarget) -> OverflowTarget:
         kind=_OVERFLOW_KIND_FROM_PB.get(message.kind, OverflowKind.UNSPECIFIED),
         url=message.url,
         models=tuple(message.models),
+        api=_OVERFLOW_API_FROM_PB.get(message.api, OverflowApi.UNSPECIFIED),
+        endpoints=tuple(OverflowEndpoint(e.url, e.weight, e.capacity) for e in message.endpoints),
+        credential_env=message.credential_env,
+        credential_file=message.credential_file,
+        prompt_price_per_1k=message.prompt_price_per_1k,
+        completion_price_per_1k=message.completion_price_per_1k,
+        supports_continuation=message.supports_continuation,
+        supports_constraints=message.supports_constraints,
+        model_names=dict(message.model_names),
+        site=message.site,
+        free_slots=message.free_slots,
+        connect_timeout_ms=message.connect_timeout_ms,
+        first_token_timeout_ms=message.first_token_timeout_ms,
+        total_timeout_ms=message.total_timeout_ms,
+    )
+
+
+def overflow_usage_to_pb(usage: OverflowUsage) -> pb.OverflowUsage:
+    return pb.OverflowUsage(
+        target=usage.target,
+        requests=usage.requests,
+        failed=usage.failed,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cost=usage.cost,
+    )
+
+
+def overflow_usage_from_pb(message: pb.OverflowUsage) -> OverflowUsage:
+    return OverflowUsage(
+        target=message.target,
+        requests=message.requests,
+        failed=message.failed,
+        prompt_tokens=message.prompt_tokens,
+        completion_tokens=message.completion_tokens,
+        cost=message.cost,
     )
 
 
@@ -182,6 +245,7 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         inventory=[model_inventory_to_pb(m) for m in report.inventory],
         model_stats=[model_stats_to_pb(m) for m in report.model_stats],
         redactions=dict(report.redactions),
+        overflow_usage=[overflow_usage_to_pb(u) for u in report.overflow_usage],
     )
 
 
@@ -202,6 +266,7 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         inventory=tuple(model_inventory_from_pb(m) for m in message.inventory),
         model_stats=tuple(model_stats_from_pb(m) for m in message.model_stats),
         redactions=tuple(sorted(message.redactions.items())),
+        overflow_usage=tuple(overflow_usage_from_pb(u) for u in message.overflow_usage),
     )
 
 

@@ -52,6 +52,15 @@ from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
+from agent.overflow.hook import (
+    OVERFLOW,
+    OVERFLOW_REQUEST,
+    SERVED_BY_HEADER,
+    forward,
+    forwardable,
+    record_fields,
+)
+from agent.overflow.wiring import overflow_service_for
 from agent.redaction import Redactor
 from agent.request_log import RequestLog, RequestLogSlot
 from agent.response_cache import ResponseCache
@@ -117,12 +126,15 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         CURRENT_USAGE.reset(usage_token)
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
+        overflow = record_fields(request)  # a forwarded request's legs and cost, once
+        if endpoint in GENERATION_ENDPOINTS and status == 200:
+            _count_served(request, overflow)
         if (
             endpoint in RECORDED_ENDPOINTS
             and not request.get(RECORDED)
             and (log_ := request.app[REQUEST_LOG].log) is not None
         ):
-            _record_request(request, log_, endpoint, status, started, response)
+            _record_request(request, log_, endpoint, status, started, response, overflow)
 
 
 # The record's endpoint and start (the middleware's), for a stream recorded early.
@@ -131,6 +143,21 @@ RECORD_FROM = web.RequestKey("edgefleet_record_from", tuple)
 RECORDED = web.RequestKey("edgefleet_recorded", bool)
 # Requests that get a per-request record (agent/request_log.py).
 RECORDED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _count_served(request: web.Request, overflow: dict[str, Any] | None) -> None:
+    """The served-by metric label: this agent, or the overflow target that answered."""
+    service = request.app[OVERFLOW]
+    if overflow is None:
+        service.book.served.labels(_self_id(request), "local").inc()
+        return
+    kind = next((leg["kind"] for leg in overflow["overflow"] if not leg["failed"]), "unknown")
+    service.book.served.labels(overflow["served_by"] or "none", kind).inc()
+
+
+def _self_id(request: web.Request) -> str:
+    return request.app[OVERFLOW].agent_id or request.app[CONFIG].identity.agent_id or "local"
 
 
 def _record_request(
@@ -140,6 +167,7 @@ def _record_request(
     status: int,
     started: float,
     response: web.StreamResponse | None,
+    overflow: dict[str, Any] | None = None,
 ) -> None:
     """One record: key id, model@version, token counts, latency, time to first token,
     served-by and status; never any text.
@@ -163,7 +191,18 @@ def _record_request(
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
     }  # fmt: skip
-    if not usage.model and isinstance(response, web.Response) and isinstance(response.body, bytes):
+    forwarded = request.get(OVERFLOW_REQUEST)
+    if overflow is not None and forwarded is not None:
+        # served elsewhere: the targets' usage, cost (agent/overflow/service.py) and who
+        record.update(overflow)
+        record["model"] = forwarded.model[:256]
+        record["prompt_tokens"] = sum(leg["prompt_tokens"] for leg in overflow["overflow"])
+        record["completion_tokens"] = sum(leg["completion_tokens"] for leg in overflow["overflow"])
+        if forwarded.first_token_at is not None:
+            record["ttft_ms"] = max(0.0, (forwarded.first_token_at - started) * 1000.0)
+    elif (
+        not usage.model and isinstance(response, web.Response) and isinstance(response.body, bytes)
+    ):
         try:
             body = json.loads(response.body)
         except ValueError:
@@ -228,22 +267,56 @@ async def _generate(
     request: web.Request,
     body_model: type[ChatCompletionRequest] | type[CompletionRequest],
     service: ChatService | CompletionService,
+    endpoint: str,
 ) -> web.StreamResponse:
+    """Served here; or, when the engine refuses (queue full, predicted wait past the
+    deadline) or the model is not loaded here, forwarded (agent/overflow)."""
     body = await read_json(request, body_model, _limit(request))
-    prepared = await service.prepare(body, _options(request))  # type: ignore[arg-type]
+    keys_enabled = request.app[KEYS].enabled
+    try:
+        prepared = await service.prepare(body, _options(request))  # type: ignore[arg-type]
+    except AgentError as exc:
+        if forwardable(request, exc):
+            return await forward(request, endpoint, exc, keys_enabled)
+        raise
     headers = _headers(prepared)
+    headers[SERVED_BY_HEADER] = _self_id(request)
     if prepared.stream:
-        events = _recorded_when_done(request, service.stream(prepared))
+        stream = service.stream(prepared)
+        try:
+            first = await anext(stream)  # admission (queue full, ...) is decided here
+        except AgentError as exc:
+            if forwardable(request, exc):
+                await stream.aclose()  # type: ignore[union-attr]
+                return await forward(request, endpoint, exc, keys_enabled)
+            raise
+        events = _recorded_when_done(request, _prepend(first, stream))
         return await stream_sse(request, events, headers, with_usage=prepared.include_usage)
-    return json_response(await service.complete(prepared), headers=headers)
+    try:
+        return json_response(await service.complete(prepared), headers=headers)
+    except AgentError as exc:
+        if forwardable(request, exc):
+            return await forward(request, endpoint, exc, keys_enabled)
+        raise
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        close = getattr(rest, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, ChatCompletionRequest, request.app[CHAT])
+    return await _generate(request, ChatCompletionRequest, request.app[CHAT], "chat")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, CompletionRequest, request.app[COMPLETIONS])
+    return await _generate(request, CompletionRequest, request.app[COMPLETIONS], "completions")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -357,6 +430,7 @@ def _registry_ctx(
             await reg.start(on_dead=app[STATE].mark_unhealthy)
             yield
         finally:
+            await app[OVERFLOW].close()
             await reg.close()
 
     return ctx
@@ -389,6 +463,9 @@ def create_app(
     app[STATE] = AgentState()
     app[KEYS] = keys
     app[REDACTOR] = Redactor.from_config(config.redaction, registry=app[METRICS].registry)
+    # Overflow to peers, pools and providers (agent/overflow); targets come from the
+    # coordinator's desired state (the session's on_desired_state), or tests.
+    app[OVERFLOW] = overflow_service_for(config, app[METRICS].registry, app[REDACTOR])
     app.add_routes(ROUTES)
     app.cleanup_ctx.append(_registry_ctx(registry))
     # Per-request records: the agent's entry point opens the spool once it knows its id

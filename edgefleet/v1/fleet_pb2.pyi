@@ -15,10 +15,21 @@ class OverflowKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OVERFLOW_KIND_PEER: _ClassVar[OverflowKind]
     OVERFLOW_KIND_GPU_POOL: _ClassVar[OverflowKind]
     OVERFLOW_KIND_HOSTED_PROVIDER: _ClassVar[OverflowKind]
+
+class OverflowApi(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OVERFLOW_API_UNSPECIFIED: _ClassVar[OverflowApi]
+    OVERFLOW_API_OPENAI: _ClassVar[OverflowApi]
+    OVERFLOW_API_ANTHROPIC: _ClassVar[OverflowApi]
+    OVERFLOW_API_EDGEFLEET: _ClassVar[OverflowApi]
 OVERFLOW_KIND_UNSPECIFIED: OverflowKind
 OVERFLOW_KIND_PEER: OverflowKind
 OVERFLOW_KIND_GPU_POOL: OverflowKind
 OVERFLOW_KIND_HOSTED_PROVIDER: OverflowKind
+OVERFLOW_API_UNSPECIFIED: OverflowApi
+OVERFLOW_API_OPENAI: OverflowApi
+OVERFLOW_API_ANTHROPIC: OverflowApi
+OVERFLOW_API_EDGEFLEET: OverflowApi
 
 class Location(_message.Message):
     __slots__ = ("lat", "lon")
@@ -51,16 +62,61 @@ class LoadedModel(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., task: _Optional[str] = ..., variant: _Optional[str] = ...) -> None: ...
 
 class OverflowTarget(_message.Message):
-    __slots__ = ("name", "kind", "url", "models")
+    __slots__ = ("name", "kind", "url", "models", "api", "endpoints", "credential_env", "credential_file", "prompt_price_per_1k", "completion_price_per_1k", "supports_continuation", "supports_constraints", "model_names", "site", "free_slots", "connect_timeout_ms", "first_token_timeout_ms", "total_timeout_ms")
+    class ModelNamesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_ENV_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FILE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_PRICE_PER_1K_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_PRICE_PER_1K_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_CONTINUATION_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    CONNECT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: OverflowKind
     url: str
     models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[OverflowKind, str]] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+    api: OverflowApi
+    endpoints: _containers.RepeatedCompositeFieldContainer[OverflowEndpoint]
+    credential_env: str
+    credential_file: str
+    prompt_price_per_1k: float
+    completion_price_per_1k: float
+    supports_continuation: bool
+    supports_constraints: bool
+    model_names: _containers.ScalarMap[str, str]
+    site: str
+    free_slots: int
+    connect_timeout_ms: int
+    first_token_timeout_ms: int
+    total_timeout_ms: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[OverflowKind, str]] = ..., url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., api: _Optional[_Union[OverflowApi, str]] = ..., endpoints: _Optional[_Iterable[_Union[OverflowEndpoint, _Mapping]]] = ..., credential_env: _Optional[str] = ..., credential_file: _Optional[str] = ..., prompt_price_per_1k: _Optional[float] = ..., completion_price_per_1k: _Optional[float] = ..., supports_continuation: _Optional[bool] = ..., supports_constraints: _Optional[bool] = ..., model_names: _Optional[_Mapping[str, str]] = ..., site: _Optional[str] = ..., free_slots: _Optional[int] = ..., connect_timeout_ms: _Optional[int] = ..., first_token_timeout_ms: _Optional[int] = ..., total_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class OverflowEndpoint(_message.Message):
+    __slots__ = ("url", "weight", "capacity")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    weight: float
+    capacity: int
+    def __init__(self, url: _Optional[str] = ..., weight: _Optional[float] = ..., capacity: _Optional[int] = ...) -> None: ...
 
 class EnrollRequest(_message.Message):
     __slots__ = ("join_token", "requested_name", "site", "csr_pem")
@@ -151,7 +207,7 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., token: _Optional[str] = ..., agent_version: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., http_url: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., contract_minor: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats", "redactions")
+    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats", "overflow_usage", "redactions")
     class RedactionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +229,7 @@ class LoadReport(_message.Message):
     KEY_USAGE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     MODEL_STATS_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_USAGE_FIELD_NUMBER: _ClassVar[int]
     REDACTIONS_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     waiting_sequences: int
@@ -188,8 +245,25 @@ class LoadReport(_message.Message):
     key_usage: _containers.RepeatedCompositeFieldContainer[KeyUsage]
     inventory: _containers.RepeatedCompositeFieldContainer[ModelInventory]
     model_stats: _containers.RepeatedCompositeFieldContainer[ModelStats]
+    overflow_usage: _containers.RepeatedCompositeFieldContainer[OverflowUsage]
     redactions: _containers.ScalarMap[str, int]
-    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ..., redactions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ..., overflow_usage: _Optional[_Iterable[_Union[OverflowUsage, _Mapping]]] = ..., redactions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class OverflowUsage(_message.Message):
+    __slots__ = ("target", "requests", "failed", "prompt_tokens", "completion_tokens", "cost")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    requests: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    def __init__(self, target: _Optional[str] = ..., requests: _Optional[int] = ..., failed: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cost: _Optional[float] = ...) -> None: ...
 
 class KeyUsage(_message.Message):
     __slots__ = ("key_id", "requests", "prompt_tokens", "completion_tokens", "rejected")

@@ -267,6 +267,7 @@ def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Pat
             running_sequences=2,
             tokens_per_second=41.5,
             key_usage=(KeyUsage("key_1", 4, 100, 50, 1),),
+            redactions=(("EMAIL", 2), ("PERSON", 1)),
         )
         states = [
             AgentLastState("a", Liveness.LIVE, NOW, report),

@@ -71,6 +71,8 @@ MIRRORS: dict[type, Any] = {
     contract.SelfCheckResult: pb.SelfCheckResult,
     contract.Histogram: pb.Histogram,
     contract.ModelStats: pb.ModelStats,
+    contract.OverflowEndpoint: pb.OverflowEndpoint,
+    contract.OverflowUsage: pb.OverflowUsage,
 }
 
 
@@ -89,6 +91,7 @@ def test_each_contract_type_has_the_name_and_fields_of_its_proto_message(cls: ty
 
 def test_enums_mirror_the_proto_enums() -> None:
     assert len(OverflowKind) == len(pb.OverflowKind.keys())
+    assert len(contract.OverflowApi) == len(pb.OverflowApi.keys())
     assert len(CommandKind) == len(pb.Command.Kind.keys())
     assert len(contract.ModelInventoryState) == len(pb.ModelInventory.State.keys())
 
@@ -140,7 +143,33 @@ STATE = DesiredState(
         ),
     ),
     overflow_targets=OverflowTargetsSection(
-        2, (OverflowTarget("gpu", OverflowKind.GPU_POOL, "http://gpu/v1", ("m",)),)
+        2,
+        (
+            OverflowTarget("gpu", OverflowKind.GPU_POOL, "http://gpu/v1", ("m",)),
+            OverflowTarget(
+                "claude",
+                OverflowKind.HOSTED_PROVIDER,
+                "https://api.anthropic.example",
+                ("m",),
+                contract.OverflowApi.ANTHROPIC,
+                (
+                    contract.OverflowEndpoint("https://a.example/v1", 2.0, 8),
+                    contract.OverflowEndpoint("https://b.example/v1"),
+                ),
+                "ANTHROPIC_API_KEY",
+                "/run/secrets/anthropic",
+                0.25,
+                1.25,
+                True,
+                True,
+                {"m": "claude-haiku"},
+                "lab",
+                3,
+                500,
+                10_000,
+                60_000,
+            ),
+        ),
     ),
     keys=KeysSection(
         1,
@@ -207,6 +236,7 @@ STATE = DesiredState(
                     ),
                 ),
                 (("EMAIL", 3), ("PERSON", 1)),
+                (contract.OverflowUsage("claude", 4, 1, 400, 200, 0.35),),
             ),
             contract_pb.load_report_to_pb,
             contract_pb.load_report_from_pb,

@@ -1,0 +1,83 @@
+"""Who may overflow, and where.
+
+A request may leave the site (go to a pool or a provider) only when all three allow it:
+the agent's policy (``overflow.allow_cloud``), the API key's ``allow_cloud`` (no key
+needed: nothing to forbid it) and the request's own ``allow_cloud`` (the body's
+``"edgefleet": {"allow_cloud": false}`` or the ``X-Edgefleet-Allow-Cloud: false`` header;
+absent: allowed). Peers at the same site are not "leaving"; they are always eligible.
+
+A forwarded request carries the hop marker (``X-Edgefleet-Hop``). It is honoured (the
+request is never forwarded again) only from an authenticated peer: a connection that
+presented a fleet agent certificate (mutual TLS, ``edgefleet.tls.peer_agent_id``). From
+anyone else it is ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.auth.keys import KeyGrant
+from agent.errors import InvalidRequestError
+from edgefleet.tls import peer_agent_id
+
+ALLOW_CLOUD_HEADER = "X-Edgefleet-Allow-Cloud"
+
+
+def request_allows_cloud(body: dict[str, Any], header: str | None) -> bool:
+    """The request's own say (default: yes). A malformed value is a 400."""
+    allowed = True
+    ext = body.get("edgefleet")
+    if ext is not None:
+        if not isinstance(ext, dict):
+            raise InvalidRequestError("edgefleet must be an object", param="edgefleet")
+        value = ext.get("allow_cloud")
+        if value is not None:
+            if not isinstance(value, bool):
+                raise InvalidRequestError(
+                    "edgefleet.allow_cloud must be true or false", param="edgefleet.allow_cloud"
+                )
+            allowed = value
+    if header is not None:
+        text = header.strip().lower()
+        if text not in ("true", "false", "1", "0"):
+            raise InvalidRequestError(
+                f"{ALLOW_CLOUD_HEADER} must be true or false", param=ALLOW_CLOUD_HEADER
+            )
+        allowed = allowed and text in ("true", "1")
+    return allowed
+
+
+def may_leave_site(
+    policy_allows: bool, grant: KeyGrant | None, keys_enabled: bool, request_allows: bool
+) -> bool:
+    """Policy, key and request: all three must allow it."""
+    if not policy_allows or not request_allows:
+        return False
+    if grant is None:
+        return not keys_enabled
+    return grant.key.allow_cloud
+
+
+def hop_honoured(hop_header: str | None, transport: Any, *, trust_unauthenticated: bool) -> bool:
+    """Is this request a forward from a peer (so it must not be forwarded again)?"""
+    if not hop_header:
+        return False
+    if trust_unauthenticated:
+        return True
+    return peer_agent_id(transport) is not None
+
+
+def requires_constraints(body: dict[str, Any]) -> bool:
+    """CONSTRAINED-REQUEST HOOK (issue 14): does this request need a target that enforces
+    constrained decoding? Such requests only go to targets with ``supports_constraints``.
+
+    Today: a ``response_format`` other than text, or a grammar/guided-decoding field. The
+    constrained-decoding work replaces this with its own test of a request.
+    """
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return True
+    return any(
+        body.get(name) is not None
+        for name in ("grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+    )

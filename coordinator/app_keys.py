@@ -14,6 +14,7 @@ from coordinator.grpc_service import GrpcServer
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import FleetRegistry
 from coordinator.request_records import RequestRecordStore
+from coordinator.rollouts import RolloutEngine
 from coordinator.route_service import Router
 from coordinator.tokens import JoinTokens
 
@@ -31,3 +32,4 @@ ROUTE_ROLES_KEY: web.AppKey[dict[tuple[str, str], Role | None]] = web.AppKey("ro
 LIFECYCLE_KEY = web.AppKey("lifecycle", AgentLifecycle)
 API_KEYS_KEY = web.AppKey("api_keys", ApiKeys)
 KEY_DISTRIBUTOR_KEY = web.AppKey("key_distributor", KeyDistributor)
+ROLLOUTS_KEY = web.AppKey("rollouts", RolloutEngine)

@@ -193,6 +193,25 @@ def _api_keys(db: sqlite3.Connection) -> None:
         )""")  # fmt: skip
 
 
+# Numbered 6 on the rollouts branch; the model catalog's migration is 6 too: the merge
+# makes this one 7 (it only adds its own table).
+@_migration(6)
+def _rollouts(db: sqlite3.Connection) -> None:
+    """Model rollouts (coordinator/rollouts.py): policy, plan, state and gate stats, one
+    JSON body per rollout, rewritten on every change."""
+    db.execute("""
+        CREATE TABLE rollouts (
+            rollout_id TEXT PRIMARY KEY,
+            model      TEXT NOT NULL,
+            version    TEXT NOT NULL,
+            state      TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            body_json  TEXT NOT NULL
+        )""")  # fmt: skip
+    db.execute("CREATE INDEX rollouts_state ON rollouts (state, created_at)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -73,7 +73,7 @@ class Running:
             if (method, canonical) in PUBLIC:
                 continue
             path = canonical.replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
-            path = path.replace("{key_id}", "k1")
+            path = path.replace("{key_id}", "k1").replace("{rollout_id}", "ro-1")
             assert "{" not in path, f"give {canonical} a sample parameter here"
             out.append((method, path))
         return out
@@ -206,7 +206,7 @@ async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Runnin
             canonical = next(
                 k for k in table if k[0] == method and
                 k[1].replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
-                .replace("{key_id}", "k1") == path
+                .replace("{key_id}", "k1").replace("{rollout_id}", "ro-1") == path
             )  # fmt: skip
             needed = table[canonical]
             assert needed is not None

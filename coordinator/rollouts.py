@@ -210,6 +210,8 @@ class RolloutEngine:
             r.rollout_id: r for r in store.list(states=(RolloutState.RUNNING, RolloutState.PAUSED))
         }
         self._dirty: set[str] = set()
+        # The current step's agents as a set, per rollout (the report hook's lookup).
+        self._step_sets: dict[str, tuple[int, frozenset[str]]] = {}
         self.invalid_stats = 0
         self.rollbacks = 0
         for rollout in self._active.values():
@@ -336,9 +338,7 @@ class RolloutEngine:
                 if rollout.model != stats.name:
                     continue
                 if stats.version == rollout.version:
-                    if rollout.step_started_at is not None and (
-                        agent_id in rollout.current_agents()
-                    ):
+                    if rollout.step_started_at is not None and agent_id in self._step_set(rollout):
                         rollout.step_stats.add(stats)
                         self._dirty.add(rollout.rollout_id)
                 elif stats.version == rollout.previous_version:
@@ -422,6 +422,13 @@ class RolloutEngine:
             raise RolloutConflictError(f"rollout {rollout_id} is {done.state.value} already")
         return active
 
+    def _step_set(self, rollout: Rollout) -> frozenset[str]:
+        cached = self._step_sets.get(rollout.rollout_id)
+        if cached is None or cached[0] != rollout.step:
+            cached = (rollout.step, frozenset(rollout.current_agents()))
+            self._step_sets[rollout.rollout_id] = cached
+        return cached[1]
+
     def _matching(self, spec: SelectorSpec) -> list[str]:
         selector = self._selector_factory(
             sites=spec.sites, labels=spec.labels, agent_ids=spec.agent_ids
@@ -493,6 +500,7 @@ class RolloutEngine:
         rollout.note(now, state.value, detail=detail)
         self._save(rollout, now)
         self._active.pop(rollout.rollout_id, None)
+        self._step_sets.pop(rollout.rollout_id, None)
         if self._audit is not None:
             self._audit(f"rollout {state.value}", rollout.rollout_id, detail)
 

@@ -249,3 +249,45 @@ async def test_cli(running: Running) -> None:
     assert code == 0 and "aborted" in out and "kept on the new version" in out, err
     code, out, err = await _cli(running, "start", "m-without-version")
     assert code == 1 and "NAME@VERSION" in err
+
+
+async def test_a_restarted_coordinator_resumes_the_rollout(tmp_path: Path) -> None:
+    """The app is stopped mid-rollout and a new one starts on the same data directory."""
+    data = str(tmp_path / "data")
+    clock = Clock()
+
+    async def start() -> tuple[TestServer, RolloutEngine, StandinAssignments]:
+        config = CoordinatorConfig(grpc_port=0, http_port=0, enroll_port=0, data_dir=data,
+                                   admin_token=ADMIN_TOKEN, report_interval_ms=60_000)  # fmt: skip
+        app = create_app(config)
+        for agent_id in ("edge-1", "edge-2"):
+            app[REGISTRY_KEY].open_session(Hello(agent_id=agent_id, site="s1"))
+        assignments = StandinAssignments(app[REGISTRY_KEY])
+        engine = install_rollouts(app, catalog=StandinCatalog(("m", "1"), ("m", "2")),
+                                  assignments=assignments, selector_factory=Selector,
+                                  add_report_hook=lambda hook: None, clock=clock)  # fmt: skip
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        return server, engine, assignments
+
+    server, engine, _ = await start()
+    policy = {"model": "m", "version": "2", "soak_s": 600, "min_requests": 0}
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http,
+        http.post(str(server.make_url("/v1/admin/rollouts")), json=policy) as response,
+    ):
+        assert response.status == 201
+        rollout_id = (await response.json())["rollout_id"]
+    clock.now += 500
+    await server.close()
+    server, engine, _ = await start()
+    try:
+        resumed = engine.get(rollout_id)
+        assert resumed.state.value == "running" and resumed.step == 0
+        assert resumed.step_started_at == clock.now - 500  # the stored start, not a new one
+        clock.now += 101  # 601 s after the stored start: the canary's soak is over
+        engine.tick()
+        # The canary's agent never reported the new version loaded: still waiting.
+        assert "0/1 moved agents loaded" in engine.get(rollout_id).detail
+    finally:
+        await server.close()

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from coordinator.errors import RecoverableError, UnknownAgentError
+from coordinator.errors import RecoverableError
 from coordinator.fleet import AgentRecord
 from coordinator.registry import FleetRegistry
 from coordinator.rollout_gates import (
@@ -404,7 +404,11 @@ class RolloutEngine:
         end = rollout.paused_at if rollout.paused_at is not None else now
         return evaluate_gate(
             thresholds=rollout.policy.thresholds,
-            inventories={a: self._inventory(a, rollout) for a in rollout.current_agents()},
+            # Agents removed from the fleet since the plan was made are not waited for.
+            inventories={
+                r.agent_id: self._inventory(r, rollout)
+                for r in self._registry.find(rollout.current_agents())
+            },
             stats=rollout.step_stats,
             baseline=rollout.baseline,
             soak_elapsed_s=max(0.0, end - started),
@@ -435,11 +439,8 @@ class RolloutEngine:
         )
         return sorted(r.agent_id for r in self._registry.agents() if selector.matches(r))
 
-    def _inventory(self, agent_id: str, rollout: Rollout) -> ModelInventory | None:
-        try:
-            report = self._registry.get(agent_id).last_report
-        except UnknownAgentError:
-            return None
+    def _inventory(self, record: AgentRecord, rollout: Rollout) -> ModelInventory | None:
+        report = record.last_report
         if report is None:
             return None
         for entry in report.inventory:

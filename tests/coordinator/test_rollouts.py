@@ -467,3 +467,13 @@ def test_impossible_stats_are_refused(stats: ModelStats, fleet: Fleet) -> None:
     fleet.report(rollout.plan[0][0], stats=(stats,))
     assert fleet.engine.get(rollout.rollout_id).step_stats.requests == 0
     assert fleet.engine.invalid_stats == 1
+
+
+def test_an_agent_removed_from_the_fleet_is_not_waited_for(fleet: Fleet) -> None:
+    rollout = fleet.engine.start(policy(canary_count=2, soak_s=0))
+    first, second = rollout.plan[0]
+    fleet.serve(first, 300)
+    assert fleet.engine.tick().passed == ()
+    assert "1/2 moved agents loaded" in fleet.engine.get(rollout.rollout_id).detail
+    fleet.registry.remove(second)
+    assert fleet.engine.tick().passed == (rollout.rollout_id,)

@@ -44,15 +44,17 @@ CLIENT_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"  # what the operator CLI reads
 
 
 async def cli(coordinator: CoordinatorProcess, *args: str) -> Any:
-    """``python -m coordinator ARGS --url ... --json`` as an operator would run it."""
+    """``python -m coordinator ARGS --url ...`` as an operator would run it (``--json``
+    for the rollouts commands, whose answer the tests read)."""
+    extra = ["--json"] if args[0] == "rollouts" else []
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coordinator", *args, "--url", coordinator.http_url, "--json",
+        sys.executable, "-m", "coordinator", *args, "--url", coordinator.http_url, *extra,
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, CLIENT_TOKEN_ENV: coordinator.admin_token},
     )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), 300)
     assert process.returncode == 0, f"coordinator {' '.join(args)}: {err.decode()}"
-    return json.loads(out) if out.strip() else None
+    return json.loads(out) if extra else out.decode()
 
 
 async def publish(

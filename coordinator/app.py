@@ -44,6 +44,7 @@ from coordinator.peer_rate_limit import PeerRateLimiter
 from coordinator.proto_convert import LoadLimits
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
 from coordinator.request_records import RequestRecordStore
+from coordinator.rollout_app import RolloutDeps, install_rollouts
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
 from coordinator.sqlite_store import SQLiteFleetStore
@@ -52,14 +53,20 @@ from coordinator.tokens import JoinTokens
 logger = logging.getLogger(__name__)
 
 
-def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) -> web.Application:
+def create_app(
+    config: CoordinatorConfig,
+    *,
+    store: FleetStore | None = None,
+    rollouts: RolloutDeps | None = None,
+) -> web.Application:
     """Build the coordinator's web.Application.
 
     Opens the store (SQLite in ``config.data_dir`` unless one is given) and loads or
     creates the CA. Starting the app (AppRunner.setup / a test server) also starts the
     gRPC server, the liveness sweep and the periodic save of the agents' live state;
     cleaning it up ends agent sessions, stops the gRPC server, saves the live state a
-    last time and closes the store.
+    last time and closes the store. ``rollouts``: the model rollout engine's collaborators
+    (model catalog, assignment layer); without them its admin routes answer 503.
     """
     data = config.data_path
     fleet_store: FleetStore = SQLiteFleetStore.in_directory(data) if store is None else store
@@ -139,6 +146,8 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
+    if rollouts is not None:
+        install_rollouts(app, rollouts)
     return app
 
 

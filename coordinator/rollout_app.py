@@ -2,8 +2,9 @@
 callback, the tick every report interval, audit entries for what it does on its own, and
 its ``/metrics`` families.
 
-``create_app`` calls :func:`install_rollouts` once the model catalog and the assignment
-layer exist (they are given, the engine creates neither).
+``create_app(config, rollouts=RolloutDeps(...))`` calls :func:`install_rollouts` (the
+collaborators are given, the engine creates none; with the model catalog merged,
+``create_app`` passes its own catalog and assignment layer when none are given).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -62,16 +64,22 @@ class RolloutMetrics(Collector):
         yield invalid
 
 
-def install_rollouts(
-    app: web.Application,
-    *,
-    catalog: CatalogView,
-    assignments: AssignmentsView,
-    selector_factory: SelectorFactory,
-    add_report_hook: Callable[[ReportHook], object],
-    clock: Callable[[], float] = time.time,
-) -> RolloutEngine:
+@dataclass(frozen=True, slots=True)
+class RolloutDeps:
+    """What the rollout engine is given: the model catalog, the assignment layer and its
+    selector type, where to register its report hook, and its clock."""
+
+    catalog: CatalogView
+    assignments: AssignmentsView
+    selector_factory: SelectorFactory
+    add_report_hook: Callable[[ReportHook], object]
+    clock: Callable[[], float] = time.time
+
+
+def install_rollouts(app: web.Application, deps: RolloutDeps) -> RolloutEngine:
     """Create the engine on ``app`` (``app[ROLLOUTS_KEY]``); call before the app starts."""
+    if ROLLOUTS_KEY in app:
+        raise RuntimeError("this app has a rollout engine already")
     config = app[CONFIG_KEY]
     db = AdminDatabase.in_directory(config.data_path)
     audit_log = app[AUDIT_KEY]
@@ -83,15 +91,15 @@ def install_rollouts(
 
     engine = RolloutEngine(
         RolloutStore(db),
-        catalog=catalog,
-        assignments=assignments,
-        selector_factory=selector_factory,
+        catalog=deps.catalog,
+        assignments=deps.assignments,
+        selector_factory=deps.selector_factory,
         registry=app[REGISTRY_KEY],
-        clock=clock,
+        clock=deps.clock,
         audit=audit,
     )
     app[ROLLOUTS_KEY] = engine
-    add_report_hook(engine.on_report)
+    deps.add_report_hook(engine.on_report)
     app[METRICS_KEY].registry.register(RolloutMetrics(engine))
     period_s = config.report_interval_ms / 1000.0
 

@@ -55,7 +55,9 @@ class Assignment:
 
 @dataclass
 class StandinAssignments:
-    registry: FleetRegistry
+    # The fleet registry (None until bound: create_app makes the registry after the
+    # rollout engine's collaborators are given to it).
+    registry: FleetRegistry | None = None
     rules: list[tuple[Selector, Assignment]] = field(default_factory=list)
     explicit: dict[tuple[str, str], Assignment] = field(default_factory=dict)
     changes: list[tuple[str, tuple[str, ...], str, str]] = field(default_factory=list)
@@ -81,7 +83,7 @@ class StandinAssignments:
 
     def desired_for(self, agent_id: str) -> dict[str, Assignment]:
         out: dict[str, Assignment] = {}
-        records = self.registry.find([agent_id])
+        records = self._registry().find([agent_id])
         if records:
             for selector, assignment in self.rules:
                 if selector.matches(records[0]):
@@ -94,6 +96,11 @@ class StandinAssignments:
     def agents_desiring(self, name: str, version: str) -> set[str]:
         return {
             r.agent_id
-            for r in self.registry.agents()
+            for r in self._registry().agents()
             if (a := self.desired_for(r.agent_id).get(name)) is not None and a.version == version
         }
+
+    def _registry(self) -> FleetRegistry:
+        if self.registry is None:
+            raise RuntimeError("bind the stand-in to the app's registry first")
+        return self.registry

@@ -24,9 +24,9 @@ from model_sync_standins import Selector, StandinAssignments, StandinCatalog
 
 from coordinator.admin_tokens import Role
 from coordinator.app import create_app
-from coordinator.app_keys import ADMIN_TOKENS_KEY, AUDIT_KEY, REGISTRY_KEY
+from coordinator.app_keys import ADMIN_TOKENS_KEY, AUDIT_KEY, REGISTRY_KEY, ROLLOUTS_KEY
 from coordinator.config import CoordinatorConfig
-from coordinator.rollout_app import ReportHook, install_rollouts
+from coordinator.rollout_app import ReportHook, RolloutDeps
 from coordinator.rollouts import RolloutEngine
 from edgefleet.contract import (
     Hello,
@@ -99,18 +99,14 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         grpc_port=0, http_port=0, enroll_port=0, data_dir=str(tmp_path / "data"),
         admin_token=ADMIN_TOKEN, report_interval_ms=60_000,
     )  # fmt: skip
-    app = create_app(config)
-    assignments = StandinAssignments(app[REGISTRY_KEY])
-    assignments.set_rule(Selector(), "m", "1")
     clock, hooks = Clock(), list[ReportHook]()
-    engine = install_rollouts(
-        app,
-        catalog=StandinCatalog(("m", "1"), ("m", "2")),
-        assignments=assignments,
-        selector_factory=Selector,
-        add_report_hook=hooks.append,
-        clock=clock,
-    )
+    assignments = StandinAssignments()
+    app = create_app(config, rollouts=RolloutDeps(
+        StandinCatalog(("m", "1"), ("m", "2")), assignments, Selector, hooks.append, clock,
+    ))  # fmt: skip
+    assignments.registry = app[REGISTRY_KEY]
+    assignments.set_rule(Selector(), "m", "1")
+    engine = app[ROLLOUTS_KEY]
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     yield Running(app, server, engine, clock, hooks)
@@ -259,16 +255,17 @@ async def test_a_restarted_coordinator_resumes_the_rollout(tmp_path: Path) -> No
     async def start() -> tuple[TestServer, RolloutEngine, StandinAssignments]:
         config = CoordinatorConfig(grpc_port=0, http_port=0, enroll_port=0, data_dir=data,
                                    admin_token=ADMIN_TOKEN, report_interval_ms=60_000)  # fmt: skip
-        app = create_app(config)
+        assignments = StandinAssignments()
+        app = create_app(config, rollouts=RolloutDeps(
+            StandinCatalog(("m", "1"), ("m", "2")), assignments, Selector,
+            lambda hook: None, clock,
+        ))  # fmt: skip
+        assignments.registry = app[REGISTRY_KEY]
         for agent_id in ("edge-1", "edge-2"):
             app[REGISTRY_KEY].open_session(Hello(agent_id=agent_id, site="s1"))
-        assignments = StandinAssignments(app[REGISTRY_KEY])
-        engine = install_rollouts(app, catalog=StandinCatalog(("m", "1"), ("m", "2")),
-                                  assignments=assignments, selector_factory=Selector,
-                                  add_report_hook=lambda hook: None, clock=clock)  # fmt: skip
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()
-        return server, engine, assignments
+        return server, app[ROLLOUTS_KEY], assignments
 
     server, engine, _ = await start()
     policy = {"model": "m", "version": "2", "soak_s": 600, "min_requests": 0}

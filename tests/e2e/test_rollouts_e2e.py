@@ -57,6 +57,17 @@ async def cli(coordinator: CoordinatorProcess, *args: str) -> Any:
     return json.loads(out) if extra else out.decode()
 
 
+def manifest_version(directory: Path) -> str:
+    return str(json.loads((directory / "manifest.json").read_text())["version"])
+
+
+def other_version(version: str) -> str:
+    """Another catalog version name for the same files: same variant, other 12 hex digits
+    (the agent's manifest parser wants ``<variant>-<12 hex>``)."""
+    variant, _, digest = version.rpartition("-")
+    return f"{variant}-{int(digest, 16) ^ 1:012x}"
+
+
 async def publish(
     coordinator: CoordinatorProcess, directory: Path, name: str, version: str
 ) -> None:
@@ -123,6 +134,8 @@ class Fleet:
         self.tmp = tmp
         self.coordinator = CoordinatorProcess(report_interval_ms=500, data_dir=tmp / "coordinator")
         self.agents: list[AgentProcess] = []
+        # The tests' names for catalog versions -> the versions.
+        self.v: dict[str, str] = {}
 
     async def start_agents(self, count: int, sites: tuple[str, ...]) -> None:
         for i in range(count):
@@ -181,11 +194,13 @@ async def tiny_fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFact
     await fleet.coordinator.start()
     try:
         # Two catalog versions of the tiny model (the same files: nothing new to move).
-        await publish(fleet.coordinator, tiny_artifacts / TINY, TINY, "v1")
-        await publish(fleet.coordinator, tiny_artifacts / TINY, TINY, "v2")
-        await cli(fleet.coordinator, "models", "deploy", f"{TINY}@v1")
+        fleet.v["v1"] = manifest_version(tiny_artifacts / TINY)
+        fleet.v["v2"] = other_version(fleet.v["v1"])
+        await publish(fleet.coordinator, tiny_artifacts / TINY, TINY, fleet.v["v1"])
+        await publish(fleet.coordinator, tiny_artifacts / TINY, TINY, fleet.v["v2"])
+        await cli(fleet.coordinator, "models", "deploy", f"{TINY}@{fleet.v['v1']}")
         await fleet.start_agents(4, sites=("east", "west"))
-        await converged(fleet, TINY, "v1")
+        await converged(fleet, TINY, fleet.v["v1"])
         yield fleet
     finally:
         await fleet.close()
@@ -195,7 +210,7 @@ async def test_canary_then_waves_then_every_agent_on_the_new_version(tiny_fleet:
     coordinator = tiny_fleet.coordinator
     async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
         started = await cli(
-            coordinator, "rollouts", "start", f"{TINY}@v2", "--canary", "1",
+            coordinator, "rollouts", "start", f"{TINY}@{tiny_fleet.v['v2']}", "--canary", "1",
             "--waves", "50,100", "--soak", "2s", "--min-requests", "10",
         )  # fmt: skip
         assert [len(step) for step in started["plan"]] == [1, 1, 2]
@@ -207,7 +222,7 @@ async def test_canary_then_waves_then_every_agent_on_the_new_version(tiny_fleet:
                       "step_moved", "step_passed", "completed"]  # fmt: skip
     # The canary moved first: its replies named v2 before any wave agent's did.
     assert done["history"][1]["agents"] == 1 and canary in done["plan"][0]
-    await converged(tiny_fleet, TINY, "v2")
+    await converged(tiny_fleet, TINY, tiny_fleet.v["v2"])
     for gate in (h["gate"] for h in done["history"] if h["event"] == "step_passed"):
         assert gate["requests"] >= 10 and gate["failed"] == 0 and gate["loaded"] == gate["agents"]
     listed = await cli(coordinator, "rollouts", "list")
@@ -217,7 +232,8 @@ async def test_canary_then_waves_then_every_agent_on_the_new_version(tiny_fleet:
 
 async def test_a_restarted_coordinator_resumes_the_rollout(tiny_fleet: Fleet) -> None:
     async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
-        started = await cli(tiny_fleet.coordinator, "rollouts", "start", f"{TINY}@v1",
+        started = await cli(tiny_fleet.coordinator, "rollouts", "start",
+                            f"{TINY}@{tiny_fleet.v['v1']}",
                             "--canary", "1", "--soak", "20s", "--min-requests", "5")  # fmt: skip
         rollout_id = started["rollout_id"]
         before = await rollout(tiny_fleet.coordinator, rollout_id)
@@ -229,12 +245,12 @@ async def test_a_restarted_coordinator_resumes_the_rollout(tiny_fleet: Fleet) ->
         # The soak counts from the start stored before the restart.
         assert resumed["step_started_at"] == before["step_started_at"]
         done = await wait_for_state(tiny_fleet.coordinator, rollout_id, "completed")
-    assert done["previous_version"] == "v2"
+    assert done["previous_version"] == tiny_fleet.v["v2"]
     passed = [h["at"] for h in done["history"] if h["event"] == "step_passed"]
     assert passed[0] - before["step_started_at"] >= 20
     assert passed[0] - before["step_started_at"] < 20 + 60  # not a full new soak
     assert traffic.failures == []
-    await converged(tiny_fleet, TINY, "v1")
+    await converged(tiny_fleet, TINY, tiny_fleet.v["v1"])
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -244,12 +260,15 @@ async def llm_fleet(real_artifacts: Path, tmp_path_factory: pytest.TempPathFacto
     await fleet.coordinator.start()
     variants = real_artifacts / "_variants"
     try:
-        await publish(fleet.coordinator, real_artifacts / LLM, LLM, "int4")
-        await publish(fleet.coordinator, variants / f"{LLM}-int8", LLM, "int8")
-        await publish(fleet.coordinator, variants / f"{LLM}-fp32", LLM, "fp32")
-        await cli(fleet.coordinator, "models", "deploy", f"{LLM}@int4")
+        # Each variant's manifest names its own version (int4-..., int8-..., fp32-...).
+        for name, directory in (("int4", real_artifacts / LLM),
+                                ("int8", variants / f"{LLM}-int8"),
+                                ("fp32", variants / f"{LLM}-fp32")):  # fmt: skip
+            fleet.v[name] = manifest_version(directory)
+            await publish(fleet.coordinator, directory, LLM, fleet.v[name])
+        await cli(fleet.coordinator, "models", "deploy", f"{LLM}@{fleet.v['int4']}")
         await fleet.start_agents(2, sites=("lab",))
-        await converged(fleet, LLM, "int4")
+        await converged(fleet, LLM, fleet.v["int4"])
         yield fleet
     finally:
         await fleet.close()
@@ -258,7 +277,7 @@ async def llm_fleet(real_artifacts: Path, tmp_path_factory: pytest.TempPathFacto
 async def _rolled_back(fleet: Fleet, version: str, extra: list[str],
                        until: Callable[[Any], Awaitable[bool]] | None = None) -> Any:  # fmt: skip
     async with Traffic(fleet.urls, LLM).running(per_agent=3) as traffic:
-        started = await cli(fleet.coordinator, "rollouts", "start", f"{LLM}@{version}",
+        started = await cli(fleet.coordinator, "rollouts", "start", f"{LLM}@{fleet.v[version]}",
                             "--canary", "1", *extra)  # fmt: skip
         canary_url = next(a.url for a in fleet.agents if a.agent_id == started["plan"][0][0])
         began = time.monotonic()
@@ -267,11 +286,11 @@ async def _rolled_back(fleet: Fleet, version: str, extra: list[str],
         # Clients keep being served after the rollback, by the old version.
         await asyncio.sleep(2)
     assert traffic.failures == [], traffic.failures[:5]
-    assert traffic.last_version(canary_url) == "int4"
+    assert traffic.last_version(canary_url) == fleet.v["int4"]
     assert time.monotonic() - began < 300
     # Never beyond the canary.
     assert [h["event"] for h in done["history"]].count("step_moved") == 1
-    await converged(fleet, LLM, "int4")
+    await converged(fleet, LLM, fleet.v["int4"])
     return done
 
 

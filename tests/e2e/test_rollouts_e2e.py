@@ -41,6 +41,11 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny-llama"
 LLM = "smollm2-135m-instruct"
 CLIENT_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"  # what the operator CLI reads
+# The tiny model's two versions are the same files: these tests are about the flow, and a
+# freshly swapped agent's first requests on a shared 2-core machine are several times
+# slower than the fleet's warm history, so the TTFT gate is loose here (the fp32 test
+# below is the TTFT gate's test).
+TINY_TTFT = "20"
 
 
 async def cli(coordinator: CoordinatorProcess, *args: str) -> Any:
@@ -122,11 +127,18 @@ async def rollout(coordinator: CoordinatorProcess, rollout_id: str) -> Any:
 
 async def wait_for_state(coordinator: CoordinatorProcess, rollout_id: str, state: str,
                          timeout_s: float = 240) -> Any:  # fmt: skip
-    async def reached() -> bool:
-        return bool((await rollout(coordinator, rollout_id))["state"] == state)
-
-    await wait_until(reached, timeout_s=timeout_s, message=f"rollout {rollout_id} {state}")
-    return await rollout(coordinator, rollout_id)
+    """Poll the rollout until it is in ``state``; a timeout says where it stood."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await rollout(coordinator, rollout_id)
+        if found["state"] == state:
+            return found
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"rollout {rollout_id} not {state} after {timeout_s:g} s: {found['state']}, "
+                f"step {found['step']}: {found['detail']}; gate {found.get('gate')}"
+            )
+        await asyncio.sleep(0.2)
 
 
 class Fleet:
@@ -211,7 +223,7 @@ async def test_canary_then_waves_then_every_agent_on_the_new_version(tiny_fleet:
     async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
         started = await cli(
             coordinator, "rollouts", "start", f"{TINY}@{tiny_fleet.v['v2']}", "--canary", "1",
-            "--waves", "50,100", "--soak", "2s", "--min-requests", "10",
+            "--waves", "50,100", "--soak", "2s", "--min-requests", "10", "--max-ttft-ratio", TINY_TTFT,
         )  # fmt: skip
         assert [len(step) for step in started["plan"]] == [1, 1, 2]
         canary = started["plan"][0][0]
@@ -234,7 +246,7 @@ async def test_a_restarted_coordinator_resumes_the_rollout(tiny_fleet: Fleet) ->
     async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
         started = await cli(tiny_fleet.coordinator, "rollouts", "start",
                             f"{TINY}@{tiny_fleet.v['v1']}",
-                            "--canary", "1", "--soak", "20s", "--min-requests", "5")  # fmt: skip
+                            "--canary", "1", "--soak", "20s", "--min-requests", "5", "--max-ttft-ratio", TINY_TTFT)  # fmt: skip
         rollout_id = started["rollout_id"]
         before = await rollout(tiny_fleet.coordinator, rollout_id)
         assert before["state"] == "running" and before["step"] == 0

@@ -223,7 +223,8 @@ async def test_canary_then_waves_then_every_agent_on_the_new_version(tiny_fleet:
     async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
         started = await cli(
             coordinator, "rollouts", "start", f"{TINY}@{tiny_fleet.v['v2']}", "--canary", "1",
-            "--waves", "50,100", "--soak", "2s", "--min-requests", "10", "--max-ttft-ratio", TINY_TTFT,
+            "--waves", "50,100", "--soak", "2s", "--min-requests", "10",
+            "--max-ttft-ratio", TINY_TTFT,
         )  # fmt: skip
         assert [len(step) for step in started["plan"]] == [1, 1, 2]
         canary = started["plan"][0][0]
@@ -246,7 +247,8 @@ async def test_a_restarted_coordinator_resumes_the_rollout(tiny_fleet: Fleet) ->
     async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
         started = await cli(tiny_fleet.coordinator, "rollouts", "start",
                             f"{TINY}@{tiny_fleet.v['v1']}",
-                            "--canary", "1", "--soak", "20s", "--min-requests", "5", "--max-ttft-ratio", TINY_TTFT)  # fmt: skip
+                            "--canary", "1", "--soak", "20s", "--min-requests", "5",
+                            "--max-ttft-ratio", TINY_TTFT)  # fmt: skip
         rollout_id = started["rollout_id"]
         before = await rollout(tiny_fleet.coordinator, rollout_id)
         assert before["state"] == "running" and before["step"] == 0

@@ -17,6 +17,7 @@ from coordinator.config import (
     log_level_number,
 )
 from coordinator.errors import ConfigError, CoordinatorError
+from coordinator.rollout_cli import main as rollouts_main
 from coordinator.server import serve
 from edgefleet.config_loading import add_arguments, overrides_from_args
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Operator commands: `tokens create|list|revoke`, `keys mint|list|show|revoke`, "
         "`agents drain|resume|set|revoke|remove ID`, `backup DIR`, `restore DIR`, "
         "`models publish|list|show|deprecate|delete|export|deploy` "
+        "`rollouts start|list|show|pause|resume|abort` "
         "(see `python -m coordinator tokens --help`).",
         epilog="Precedence: defaults < --config file < EDGEFLEET_COORDINATOR_<KEY> "
         "environment variables < flags.",
@@ -53,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(a == "--admin-token" or a.startswith(("--admin-token=", "admin_token=")) for a in argv):
         print(f"edgefleet-coordinator: error: {ADMIN_TOKEN_FLAG_REFUSED}", file=sys.stderr)
         return 2
+    if argv and argv[0] == "rollouts":
+        return rollouts_main(argv[1:])
     if argv and argv[0] in ADMIN_COMMANDS:
         return run_admin_command(_admin_parser().parse_args(argv))
     parser = build_parser()

@@ -41,6 +41,7 @@ from coordinator.app_keys import (
     LIFECYCLE_KEY,
     RECORDS_KEY,
     REGISTRY_KEY,
+    ROLLOUTS_KEY,
     ROUTE_ROLES_KEY,
     TOKENS_KEY,
 )
@@ -70,6 +71,8 @@ from coordinator.model_http import (
     upload_blob,
 )
 from coordinator.proto_convert import location_checked
+from coordinator.rollout_store import PolicyError, Rollout, RolloutPolicy, RolloutState
+from coordinator.rollouts import RolloutEngine, RolloutError
 from coordinator.tokens import check_http_url
 from edgefleet.contract import Location
 
@@ -586,6 +589,125 @@ async def revoke_key(request: web.Request) -> web.Response:
 # Role rules (README "Admin roles"): reading is viewer; steering agents and rollouts,
 # models and overflow targets is operator; keys, join tokens, agent revocation and
 # admin tokens are admin.
+
+
+# ------------------------------------------------------------------ model rollouts
+
+
+class RolloutsUnavailable(Exception):
+    """This coordinator runs without the rollout engine (no model catalog installed)."""
+
+
+def _rollouts(request: web.Request) -> RolloutEngine:
+    engine = request.config_dict.get(ROLLOUTS_KEY)
+    if engine is None:
+        raise RolloutsUnavailable
+    return engine
+
+
+def _rollout_error(exc: RolloutsUnavailable | PolicyError | RolloutError) -> web.Response:
+    if isinstance(exc, RolloutsUnavailable):
+        return error_response(503, "Model rollouts are not enabled on this coordinator.",
+                              type_="server_error", code="rollouts_unavailable")  # fmt: skip
+    if isinstance(exc, PolicyError):
+        return error_response(400, str(exc), type_="invalid_request_error",
+                              code="invalid_parameter", param=exc.param)  # fmt: skip
+    return error_response(exc.status, str(exc), type_="invalid_request_error", code=exc.code,
+                          param="rollout_id" if exc.status == 404 else None)  # fmt: skip
+
+
+_SUMMARY_FIELDS = (
+    "object", "rollout_id", "model", "version", "previous_version", "state", "step", "steps",
+    "step_name", "moved", "agents", "created_at", "updated_at", "finished_at", "created_by",
+    "detail",
+)  # fmt: skip
+
+
+def rollout_summary(rollout: Rollout) -> dict[str, Any]:
+    full = rollout.json()
+    return {k: full[k] for k in _SUMMARY_FIELDS}
+
+
+async def start_rollout(request: web.Request) -> web.Response:
+    """Start a rollout: the body is a rollout policy (coordinator.rollout_store)."""
+    body = await json_body(request)
+    caller = request[CALLER_KEY]
+    try:
+        rollout = _rollouts(request).start(
+            RolloutPolicy.from_json(body), created_by=f"{caller.name} ({caller.token_id})"
+        )
+    except (RolloutsUnavailable, PolicyError, RolloutError) as exc:
+        return _rollout_error(exc)
+    return web.json_response(rollout.json(), status=201)
+
+
+async def list_rollouts(request: web.Request) -> web.Response:
+    raw = [s for s in request.query.get("state", "").split(",") if s]
+    try:
+        states = tuple(RolloutState(s) for s in raw)
+    except ValueError:
+        allowed = ", ".join(s.value for s in RolloutState)
+        raise InvalidParameter("state", f"state must be among {allowed}") from None
+    limit = _query_int(request, "limit", 100, 1000)
+    try:
+        found = _rollouts(request).rollouts(states, limit)
+    except RolloutsUnavailable as exc:
+        return _rollout_error(exc)
+    return web.json_response({"object": "list", "data": [rollout_summary(r) for r in found]})
+
+
+async def show_rollout(request: web.Request) -> web.Response:
+    """One rollout in full, with its current step's gate as it stands now."""
+    try:
+        engine = _rollouts(request)
+        rollout = engine.get(request.match_info["rollout_id"])
+    except (RolloutsUnavailable, RolloutError) as exc:
+        return _rollout_error(exc)
+    view = rollout.json()
+    view["gate"] = engine.gate(rollout).json() if rollout.state.active else None
+    return web.json_response(view)
+
+
+async def _rollout_action(request: web.Request, action: str) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    try:
+        engine = _rollouts(request)
+        if action == "pause":
+            rollout = engine.pause(rollout_id)
+        elif action == "resume":
+            rollout = engine.resume(rollout_id)
+        else:
+            body = await json_body(request)
+            rollback, reason = body.get("rollback", True), body.get("reason", "")
+            if not isinstance(rollback, bool):
+                raise InvalidParameter("rollback", "rollback must be true or false")
+            if not isinstance(reason, str) or len(reason) > 1024:
+                raise InvalidParameter("reason", "reason must be a string of <= 1024 characters")
+            caller = request[CALLER_KEY]
+            reason = f"aborted by {caller.name}" + (f": {reason}" if reason else "")
+            rollout = engine.abort(rollout_id, rollback=rollback, reason=reason)
+    except (RolloutsUnavailable, RolloutError) as exc:
+        return _rollout_error(exc)
+    return web.json_response(rollout_summary(rollout))
+
+
+async def pause_rollout(request: web.Request) -> web.Response:
+    """Pause: no further step moves and the soak clock stops; moved agents stay."""
+    return await _rollout_action(request, "pause")
+
+
+async def resume_rollout(request: web.Request) -> web.Response:
+    return await _rollout_action(request, "resume")
+
+
+async def abort_rollout(request: web.Request) -> web.Response:
+    """Abort; moved agents go back to their previous version unless ``rollback`` is false."""
+    return await _rollout_action(request, "abort")
+
+
+# ------------------------------------------------------------------ the route table
+
+
 ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("GET", "/whoami", whoami, Role.VIEWER, "The caller's token name and role"),
     AdminRoute("POST", "/keys", mint_key, Role.ADMIN, "Mint an API key (the secret shown once)"),
@@ -630,6 +752,17 @@ ADMIN_ROUTES: list[AdminRoute] = [
                "Delete a version (refused while any agent desires or loads it)"),
     AdminRoute("POST", "/models/{name}/{version}/deploy", deploy_model, Role.OPERATOR,
                "Every agent the selector matches (empty: all) runs this version"),
+    AdminRoute("POST", "/rollouts", start_rollout, Role.OPERATOR,
+               "Start a model rollout (canary, waves, soak, gates)"),
+    AdminRoute("GET", "/rollouts", list_rollouts, Role.VIEWER, "List model rollouts"),
+    AdminRoute("GET", "/rollouts/{rollout_id}", show_rollout, Role.VIEWER,
+               "One rollout: plan, state, step stats and its gate now"),
+    AdminRoute("POST", "/rollouts/{rollout_id}/pause", pause_rollout, Role.OPERATOR,
+               "Pause a rollout (no step moves; the soak clock stops)"),
+    AdminRoute("POST", "/rollouts/{rollout_id}/resume", resume_rollout, Role.OPERATOR,
+               "Resume a paused rollout"),
+    AdminRoute("POST", "/rollouts/{rollout_id}/abort", abort_rollout, Role.OPERATOR,
+               "Abort a rollout (moved agents go back unless rollback is false)"),
 ]  # fmt: skip
 
 

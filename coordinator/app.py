@@ -44,7 +44,7 @@ from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.model_assignments import BlobBaseUrl, ModelAssignments
+from coordinator.model_assignments import BlobBaseUrl, ModelAssignments, Selector
 from coordinator.model_catalog import ModelCatalog
 from coordinator.model_http import BLOB_ROUTE, get_blob
 from coordinator.overflow import OVERFLOW_DISTRIBUTOR_KEY, OverflowDistributor, targets_file_for
@@ -53,6 +53,7 @@ from coordinator.proto_convert import LoadLimits
 from coordinator.registry import FleetRegistry, LiveFleetRegistry
 from coordinator.report_hooks import ReportHooks
 from coordinator.request_records import RequestRecordStore
+from coordinator.rollout_app import RolloutDeps, install_rollouts
 from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
 from coordinator.sqlite_store import SQLiteFleetStore
@@ -61,14 +62,20 @@ from coordinator.tokens import JoinTokens
 logger = logging.getLogger(__name__)
 
 
-def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) -> web.Application:
+def create_app(
+    config: CoordinatorConfig,
+    *,
+    store: FleetStore | None = None,
+    rollouts: RolloutDeps | None = None,
+) -> web.Application:
     """Build the coordinator's web.Application.
 
     Opens the store (SQLite in ``config.data_dir`` unless one is given) and loads or
     creates the CA. Starting the app (AppRunner.setup / a test server) also starts the
     gRPC server, the liveness sweep and the periodic save of the agents' live state;
     cleaning it up ends agent sessions, stops the gRPC server, saves the live state a
-    last time and closes the store.
+    last time and closes the store. ``rollouts``: the model rollout engine's collaborators
+    (tests pass stand-ins); by default this app's catalog and assignment layer.
     """
     data = config.data_path
     fleet_store: FleetStore = SQLiteFleetStore.in_directory(data) if store is None else store
@@ -172,6 +179,9 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
     app.cleanup_ctx.append(_overflow_distribution)
+    if rollouts is None:
+        rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
+    install_rollouts(app, rollouts)
     return app
 
 

@@ -17,6 +17,7 @@ from coordinator.model_catalog import ModelCatalog
 from coordinator.registry import FleetRegistry
 from coordinator.report_hooks import ReportHooks
 from coordinator.request_records import RequestRecordStore
+from coordinator.rollouts import RolloutEngine
 from coordinator.route_service import Router
 from coordinator.tokens import JoinTokens
 
@@ -38,3 +39,4 @@ MODEL_CATALOG_KEY = web.AppKey("model_catalog", ModelCatalog)
 MODEL_ASSIGNMENTS_KEY = web.AppKey("model_assignments", ModelAssignments)
 REPORT_HOOKS_KEY = web.AppKey("report_hooks", ReportHooks)
 BLOB_BASE_URL_KEY = web.AppKey("blob_base_url", BlobBaseUrl)
+ROLLOUTS_KEY = web.AppKey("rollouts", RolloutEngine)

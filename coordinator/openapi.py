@@ -351,8 +351,83 @@ _SCHEMAS |= {
                             "properties": {"deleted": {"type": "boolean"},
                                            "blobs_removed": {"type": "integer"}}},
 }  # fmt: skip
+_ROLLOUT_POLICY_PROPERTIES: dict[str, Any] = {
+    "model": {"type": "string", "minLength": 1, "maxLength": 128},
+    "version": {"type": "string", "minLength": 1, "maxLength": 128},
+    "from_version": {"type": "string", "maxLength": 128},
+    "selector": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            k: {"type": "array", "items": {"type": "string"}, "maxItems": 1000}
+            for k in ("sites", "labels", "agent_ids")
+        },
+    },
+    "canary_count": {"type": "integer", "minimum": 1},
+    "canary_percent": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+    "waves": {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 20},
+    "soak_s": {"type": "number", "minimum": 0},
+    "min_requests": {"type": "integer", "minimum": 0},
+    "max_error_rate": {"type": "number", "minimum": 0, "maximum": 1},
+    "max_ttft_p99_ratio": {"type": "number", "minimum": 1},
+    "min_baseline_requests": {"type": "integer", "minimum": 1},
+    "require_self_check": {"type": "boolean"},
+    "step_timeout_s": {"type": "number", "minimum": 0},
+}
+_ROLLOUT_SUMMARY_PROPERTIES: dict[str, Any] = {
+    "object": {"const": "rollout"},
+    "rollout_id": {"type": "string"},
+    "model": {"type": "string"},
+    "version": {"type": "string"},
+    "previous_version": {"type": "string"},
+    "state": {"enum": ["running", "paused", "completed", "rolled_back", "aborted"]},
+    "step": {"type": "integer"},
+    "steps": {"type": "integer"},
+    "step_name": {"type": "string"},
+    "moved": {"type": "integer"},
+    "agents": {"type": "integer"},
+    "created_at": {"type": "number"},
+    "updated_at": {"type": "number"},
+    "finished_at": _NULLABLE_NUM,
+    "created_by": {"type": "string"},
+    "detail": {"type": "string"},
+}
+_SCHEMAS |= {
+    "RolloutPolicy": {
+        "type": "object",
+        "required": ["model", "version"],
+        "additionalProperties": False,
+        "properties": _ROLLOUT_POLICY_PROPERTIES,
+    },
+    "RolloutAbort": {
+        "type": "object",
+        "properties": {"rollback": {"type": "boolean"}, "reason": {"type": "string"}},
+    },
+    "RolloutSummary": {
+        "type": "object",
+        "required": list(_ROLLOUT_SUMMARY_PROPERTIES),
+        "properties": _ROLLOUT_SUMMARY_PROPERTIES,
+    },
+    "Rollout": {
+        "type": "object",
+        "required": [*_ROLLOUT_SUMMARY_PROPERTIES, "policy", "plan", "step_stats", "history"],
+        "properties": _ROLLOUT_SUMMARY_PROPERTIES
+        | {
+            "policy": _OBJ,
+            "plan": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+            "prior": _OBJ,
+            "step_started_at": _NULLABLE_NUM,
+            "paused_at": _NULLABLE_NUM,
+            "step_stats": _OBJ,
+            "baseline": _OBJ,
+            "last_gate": {"type": ["object", "null"]},
+            "gate": {"type": ["object", "null"]},
+            "history": {"type": "array", "items": _OBJ},
+        },
+    },
+}
 for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord", "ApiKey",
-              "ModelVersion"):  # fmt: skip
+              "ModelVersion", "RolloutSummary"):  # fmt: skip
     _SCHEMAS[f"{_name}List"] = _list_of(_name)
 # /v1/agents is paginated (coordinator.http_api.list_agents)
 _SCHEMAS["AgentList"]["required"] += ["first_id", "last_id", "has_more"]
@@ -539,6 +614,49 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
         "200",
         "RequestRecordList",
     ),
+    ("POST", "/v1/admin/rollouts"): ([], "RolloutPolicy", "201", "Rollout"),
+    ("GET", "/v1/admin/rollouts"): (
+        [
+            _q("state", {"type": "string"}, "comma-separated states (default: all)"),
+            _q("limit", {"type": "integer", "minimum": 0, "maximum": 1000}),
+        ],
+        None,
+        "200",
+        "RolloutSummaryList",
+    ),
+    ("GET", "/v1/admin/rollouts/{rollout_id}"): ([_p("rollout_id")], None, "200", "Rollout"),
+    ("POST", "/v1/admin/rollouts/{rollout_id}/pause"): (
+        [_p("rollout_id")],
+        None,
+        "200",
+        "RolloutSummary",
+    ),
+    ("POST", "/v1/admin/rollouts/{rollout_id}/resume"): (
+        [_p("rollout_id")],
+        None,
+        "200",
+        "RolloutSummary",
+    ),
+    ("POST", "/v1/admin/rollouts/{rollout_id}/abort"): (
+        [_p("rollout_id")],
+        "RolloutAbort",
+        "200",
+        "RolloutSummary",
+    ),
+}
+
+# Answers beyond the common ones (400, 404, 405, 401/403, 413), by route.
+_EXTRA_RESPONSES: dict[tuple[str, str], dict[str, str]] = {
+    (method, path): {
+        "409": "The rollout or the model is in another state (one rollout per model)",
+        "503": "Model rollouts are not enabled on this coordinator",
+    }
+    for method, path in _OPERATIONS
+    if path.startswith("/v1/admin/rollouts") and method == "POST"
+} | {
+    (method, path): {"503": "Model rollouts are not enabled on this coordinator"}
+    for method, path in _OPERATIONS
+    if path.startswith("/v1/admin/rollouts") and method == "GET"
 }
 
 _SUMMARIES = {
@@ -585,6 +703,8 @@ def openapi_document() -> dict[str, Any]:
         if body is not None:
             operation["requestBody"] = {"required": False, "content": _json(body)}
             responses["413"] = {"description": "Body over the limit", "content": _json("Error")}
+        for code, description in _EXTRA_RESPONSES.get((method, path), {}).items():
+            responses[code] = {"description": description, "content": _json("Error")}
         paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",

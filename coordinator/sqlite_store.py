@@ -255,6 +255,23 @@ def _model_catalog(db: sqlite3.Connection) -> None:
         ) WITHOUT ROWID""")  # fmt: skip
 
 
+@_migration(7)
+def _rollouts(db: sqlite3.Connection) -> None:
+    """Model rollouts (coordinator/rollouts.py): policy, plan, state and gate stats, one
+    JSON body per rollout, rewritten on every change."""
+    db.execute("""
+        CREATE TABLE rollouts (
+            rollout_id TEXT PRIMARY KEY,
+            model      TEXT NOT NULL,
+            version    TEXT NOT NULL,
+            state      TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            body_json  TEXT NOT NULL
+        )""")  # fmt: skip
+    db.execute("CREATE INDEX rollouts_state ON rollouts (state, created_at)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

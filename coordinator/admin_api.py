@@ -11,8 +11,10 @@ the caller before any handler runs, and a route missing from the table is refuse
 (fail closed; a test enumerates the router so none is missing).
 
 Callers present ``Authorization: Bearer <token>`` (an admin token, or the bootstrap
-token). A missing or unknown token gets 401 ``invalid_admin_token``, a token whose role
-is too low 403 ``insufficient_role``. Being on loopback grants nothing.
+token), or the dashboard's session cookie (coordinator.dashboard: state-changing requests
+with it must carry the coordinator's own Origin). A missing or unknown token gets 401
+``invalid_admin_token``, a token whose role is too low 403 ``insufficient_role``. Being
+on loopback grants nothing.
 
 Every admin action (any request that is not GET/HEAD on a guarded route) is appended
 to the audit log with its outcome, and so are refusals (rate-capped, see
@@ -45,6 +47,14 @@ from coordinator.app_keys import (
     TOKENS_KEY,
 )
 from coordinator.audit import MAX_PAGE, to_jsonl
+from coordinator.dashboard import (
+    DASHBOARD_ROUTE_ROLES,
+    EVENTS_KEY,
+    fleet_events,
+    fleet_series,
+    same_origin,
+    session_caller,
+)
 from coordinator.errors import ProtocolError, UnknownApiKeyError
 from coordinator.fleet_store import ApiKeyRecord, JoinToken, StoredAgent
 from coordinator.http_api import (
@@ -118,7 +128,19 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
     if needed is None:
         return await handler(request)
     token = _bearer(request)
-    caller = None if token is None else request.config_dict[ADMIN_TOKENS_KEY].check(token)
+    if token is not None:
+        caller = request.config_dict[ADMIN_TOKENS_KEY].check(token)
+    else:  # the dashboard's session cookie; state changes only from its own origin
+        caller = session_caller(request)
+        if caller is not None and request.method not in READ_METHODS and not same_origin(request):
+            request[CALLER_KEY] = caller
+            return _refuse(
+                request,
+                403,
+                "A request signed in by the dashboard's session cookie must come from the "
+                "dashboard's own origin (Origin header).",
+                "cross_origin",
+            )
     if caller is None:
         return _refuse(
             request,
@@ -258,7 +280,9 @@ def _int(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
 
 async def json_body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object body ({} when there is none); 400 otherwise."""
-    if not request.can_read_body:
+    # body_exists, not can_read_body: the server's body_deadline middleware has already
+    # read the body (cached for json()), and can_read_body is False once it was read.
+    if not request.body_exists:
         return {}
     try:
         body = await request.json()
@@ -361,6 +385,7 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
         agent_id, kind, f"{kind} requested by an operator"
     )
     interval_ms = request.config_dict[CONFIG_KEY].report_interval_ms
+    request.config_dict[EVENTS_KEY].on_change(agent_id)
     view = agent_json(record, datetime.now(UTC), interval_ms)
     return web.json_response(view | {"command_sent": sent})
 
@@ -597,12 +622,16 @@ ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("GET", "/audit", audit_log, Role.VIEWER, "The audit log (json or jsonl)"),
     AdminRoute("GET", "/request-records", request_records, Role.VIEWER,
                "Per-request records sent by agents"),
+    AdminRoute("GET", "/fleet/series", fleet_series, Role.VIEWER,
+               "The fleet's last hour at 10 s resolution (merged TTFT histograms)"),
+    AdminRoute("GET", "/fleet/events", fleet_events, Role.VIEWER,
+               "Live fleet events (server-sent events: changed agents, series points)"),
 ]  # fmt: skip
 
 
 def route_roles() -> dict[tuple[str, str], Role | None]:
     """(method, full canonical path) -> the role needed (None: public), for every route."""
-    table: dict[tuple[str, str], Role | None] = dict(ROUTE_ROLES)
+    table: dict[tuple[str, str], Role | None] = dict(ROUTE_ROLES) | DASHBOARD_ROUTE_ROLES
     for route in ADMIN_ROUTES:
         table[(route.method, ADMIN_PREFIX + route.path)] = route.role
     return table

@@ -34,8 +34,18 @@ from coordinator.audit import AuditLog
 from coordinator.background import periodic_task
 from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig
+from coordinator.dashboard import (
+    DASHBOARD_ROUTES,
+    EVENTS_KEY,
+    SESSIONS_KEY,
+    DashboardSessions,
+    FleetEvents,
+    events_flusher,
+)
 from coordinator.enrollment import EnrollmentService
 from coordinator.errors import StoreError
+from coordinator.fleet import AgentRecord
+from coordinator.fleet_series import FleetSeries
 from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
@@ -48,6 +58,7 @@ from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
 from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import JoinTokens
+from edgefleet.contract import LoadReport
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +90,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     admin_tokens = AdminTokens(admin_db, bootstrap_token=config.bootstrap_admin_token())
     records = RequestRecordStore(admin_db, max_rows=config.request_records_max_rows)
     metrics = CoordinatorMetrics(registry)
+    events = FleetEvents(FleetSeries(), _finder(registry), config.report_interval_ms)
     router = Router.from_config(registry, config, metrics)
     api_keys = ApiKeys(fleet_store)
     distributor = KeyDistributor(
@@ -112,6 +124,7 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
         ),
         keys=distributor,
         enroll_limiter=PeerRateLimiter(config.enroll_rate_per_minute / 60.0, config.enroll_burst),
+        on_report=_report_listener(metrics, events),
     )
     distributor.bind(servicer.set_keys_section, servicer.connected_agent_ids)
     # authorize is inside openai_errors: a crash in a check is still an error body.
@@ -130,7 +143,10 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app[KEY_DISTRIBUTOR_KEY] = distributor
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
     app[LIFECYCLE_KEY] = AgentLifecycle(fleet_store, registry, servicer)
+    app[EVENTS_KEY] = events
+    app[SESSIONS_KEY] = DashboardSessions(admin_tokens.check, ttl_s=config.dashboard_session_ttl_s)
     app.add_routes(ROUTES)
+    app.add_routes(DASHBOARD_ROUTES)
     app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_admin_db_closer(admin_db))
@@ -139,7 +155,26 @@ def create_app(config: CoordinatorConfig, *, store: FleetStore | None = None) ->
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
+    app.cleanup_ctx.append(events_flusher)
     return app
+
+
+def _report_listener(
+    metrics: CoordinatorMetrics, events: FleetEvents
+) -> Callable[[str, LoadReport], None]:
+    def on_report(agent_id: str, report: LoadReport) -> None:
+        metrics.record_report(report)
+        events.on_report(agent_id, report)
+
+    return on_report
+
+
+def _finder(registry: FleetRegistry) -> Callable[[str], AgentRecord | None]:
+    def find(agent_id: str) -> AgentRecord | None:
+        found = registry.find((agent_id,))
+        return found[0] if found else None
+
+    return find
 
 
 def _admin_db_closer(db: AdminDatabase) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -203,6 +238,7 @@ async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
     async def sweep() -> None:
         for record in registry.sweep():
             metrics.liveness_changes.labels(liveness=record.liveness.value).inc()
+            app[EVENTS_KEY].on_change(record.agent_id)
 
     async with periodic_task("liveness sweep", period_s, sweep):
         yield

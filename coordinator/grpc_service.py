@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,7 +40,7 @@ from coordinator.request_records import RequestRecordStore
 from coordinator.route_service import Router
 from coordinator.session_auth import Peer, SessionAuthenticator, peer_address, resolve_url_host
 from edgefleet import contract_pb
-from edgefleet.contract import CommandKind, DesiredState, Hello, Section
+from edgefleet.contract import CommandKind, DesiredState, Hello, LoadReport, Section
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -137,6 +137,7 @@ class CoordinatorServicer:
         load_limits: proto_convert.LoadLimits = proto_convert.DEFAULT_LOAD_LIMITS,
         keys: KeyDistributor | None = None,
         enroll_limiter: PeerRateLimiter | None = None,
+        on_report: Callable[[str, LoadReport], None] | None = None,
     ) -> None:
         """``keys``: gives each agent its API keys section when it connects and takes the
         per-key usage of its load reports (no keys are pushed without it)."""
@@ -152,6 +153,7 @@ class CoordinatorServicer:
         self._enroll_limiter = enroll_limiter
         self._live: dict[str, _LiveSession] = {}
         self._keys = keys
+        self._on_report = on_report
 
     # ------------------------------------------------------------------ RPCs
 
@@ -376,6 +378,8 @@ class CoordinatorServicer:
                 self._metrics.load_reports.inc()
                 if report.key_usage and self._keys is not None:
                     self._keys.record_usage(live.agent_id, report.key_usage)
+                if self._on_report is not None:  # the dashboard's series and live rows
+                    self._on_report(live.agent_id, report)
             elif kind == "bye":
                 logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)

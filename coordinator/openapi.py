@@ -244,6 +244,30 @@ _SCHEMAS: dict[str, Any] = {
             "name": {"type": "string", "minLength": 1, "maxLength": 64},
         },
     },
+    "FleetSeries": {
+        "type": "object",
+        "description": "The fleet's last hour at 10 s resolution; TTFT percentiles from "
+        "merged histogram buckets.",
+        "properties": {
+            "step_s": {"type": "integer"},
+            "points": {"type": "array", "items": {"type": "object"}},
+            "current": {"type": "object"},
+        },
+    },
+    "DashboardSignIn": {
+        "type": "object",
+        "required": ["token"],
+        "properties": {"token": {"type": "string", "description": "an admin token"}},
+    },
+    "DashboardSession": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "role": {"type": "string"},
+            "expires_in_s": {"type": "integer"},
+            "signed_out": {"type": "boolean"},
+        },
+    },
     "Caller": {
         "type": "object",
         "required": ["object", "token_id", "name", "role"],
@@ -320,6 +344,11 @@ def _json(schema: str) -> dict[str, Any]:
 # (method, full path) -> (summary, parameters, request body schema, status, response)
 # response: a schema name, or a content dict for non-JSON answers.
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
+_EVENTS = {"text/event-stream": {"schema": {"type": "string"}}}
+_STATIC = {
+    "text/javascript": {"schema": {"type": "string"}},
+    "text/css": {"schema": {"type": "string"}},
+}
 _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ("GET", "/v1/agents"): (
         [
@@ -412,9 +441,22 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
         "200",
         "RequestRecordList",
     ),
+    ("GET", "/v1/admin/fleet/series"): ([], None, "200", "FleetSeries"),
+    ("GET", "/v1/admin/fleet/events"): ([], None, "200", _EVENTS),
+    ("GET", "/dashboard"): ([], None, "302", {"text/html": {"schema": {"type": "string"}}}),
+    ("GET", "/dashboard/"): ([], None, "200", {"text/html": {"schema": {"type": "string"}}}),
+    ("GET", "/dashboard/{name}"): ([_p("name")], None, "200", _STATIC),
+    ("POST", "/v1/dashboard/session"): ([], "DashboardSignIn", "201", "DashboardSession"),
+    ("DELETE", "/v1/dashboard/session"): ([], None, "200", "DashboardSession"),
 }
 
 _SUMMARIES = {
+    ("GET", "/dashboard"): "Redirect to the dashboard (public)",
+    ("GET", "/dashboard/"): "The operator dashboard's page (public; its data needs a session)",
+    ("GET", "/dashboard/{name}"): "The dashboard's static files: script and style (public)",
+    ("POST", "/v1/dashboard/session"): "Sign in to the dashboard with an admin token: "
+    "answers an HttpOnly, SameSite=Strict session cookie (public)",
+    ("DELETE", "/v1/dashboard/session"): "Sign out of the dashboard (public)",
     ("GET", "/v1/agents"): "The fleet: every agent the coordinator knows",
     ("GET", "/v1/agents/{agent_id}"): "One agent",
     ("GET", "/v1/route"): "Which agents a client should use for a model (public)",

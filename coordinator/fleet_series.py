@@ -65,11 +65,9 @@ class _Bucket:
 
     def add_histogram(self, histogram: Histogram) -> None:
         bounds, counts = histogram.upper_bounds, histogram.counts
-        for i, count in enumerate(counts):
-            if count <= 0:
-                continue
+        for i, count in enumerate(counts):  # every bound, even empty: the union of bounds
             bound = bounds[i] if i < len(bounds) else math.inf
-            self.ttft[bound] = self.ttft.get(bound, 0) + count
+            self.ttft[bound] = self.ttft.get(bound, 0) + max(0, count)
         self.ttft_sum += histogram.sum
 
     def point(self) -> dict[str, Any]:

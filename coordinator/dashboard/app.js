@@ -22,6 +22,7 @@ const state = {
   current: null,
   events: null,
   latencies: [],          // report receive -> row painted, ms (read by tests)
+  serverDelays: [],       // report receive -> event sent by the coordinator, ms
   detailId: null,
 };
 window.edgefleet = state;
@@ -93,15 +94,23 @@ function modelsText(a) {
   return (a.models || []).map((m) => (m.version ? `${m.name}@${m.version}` : m.name)).join(", ");
 }
 
+function matches(a, text) {
+  if (state.filterStatus && agentStatus(a) !== state.filterStatus) return false;
+  return !text || a.agent_id.toLowerCase().includes(text) || (a.site || "").toLowerCase().includes(text)
+    || modelsText(a).toLowerCase().includes(text);
+}
+
+function countShown() {
+  const text = state.filterText.toLowerCase();
+  let n = 0;
+  for (const a of state.agents.values()) if (matches(a, text)) n += 1;
+  return n;
+}
+
 function filtered() {
   const text = state.filterText.toLowerCase();
   const out = [];
-  for (const a of state.agents.values()) {
-    if (state.filterStatus && agentStatus(a) !== state.filterStatus) continue;
-    if (text && !(a.agent_id.toLowerCase().includes(text) || (a.site || "").toLowerCase().includes(text)
-        || modelsText(a).toLowerCase().includes(text))) continue;
-    out.push(a);
-  }
+  for (const a of state.agents.values()) if (matches(a, text)) out.push(a);
   const key = state.sortKey, dir = state.sortDir;
   out.sort((x, y) => {
     const p = sortValue(x, key), q = sortValue(y, key);
@@ -263,14 +272,17 @@ function applyAgentRows(message) {
     if (state.detailId === a.agent_id) renderDetail(a);
   }
   if (reorder && currentView() === "fleet") renderTable();
-  else $("agent-count").textContent = `${filtered().length} of ${state.agents.size} agents`;
+  else $("agent-count").textContent = `${countShown()} of ${state.agents.size} agents`;
   renderTotals();
   if (painted.length) {
     // After the next paint: the rows are on screen.
     requestAnimationFrame(() => setTimeout(() => {
       const now = performance.timeOrigin + performance.now();
-      for (const received of painted) state.latencies.push(now - received);
-      if (state.latencies.length > 100000) state.latencies.splice(0, 50000);
+      for (const received of painted) {
+        state.latencies.push(now - received);
+        state.serverDelays.push(message.sent_ms - received);
+      }
+      if (state.latencies.length > 100000) { state.latencies.splice(0, 50000); state.serverDelays.splice(0, 50000); }
       performance.mark("edgefleet-live-update");
     }, 0));
   }

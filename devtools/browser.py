@@ -4,9 +4,11 @@ offline), and axe-core from npm, installed once under ~/.cache/edgefleet for aud
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +49,19 @@ async def sign_in(page: Any, base_url: str, token: str) -> None:
 
 async def first_render_ms(page: Any) -> float:
     """Navigation start to the dashboard's ``edgefleet-first-render`` mark (painted)."""
-    await page.wait_for_function(
-        "performance.getEntriesByName('edgefleet-first-render').length > 0", timeout=30_000
-    )
-    value = await page.evaluate(
-        "performance.getEntriesByName('edgefleet-first-render')[0].startTime"
-    )
-    return float(value)
+    entries = "performance.getEntriesByName('edgefleet-first-render')"
+    await poll(page, f"{entries}.length > 0")
+    return float(await page.evaluate(f"{entries}[0].startTime"))
+
+
+async def poll(page: Any, expression: str, timeout_s: float = 30.0) -> Any:
+    """Evaluate ``expression`` until it is truthy (page.wait_for_function evaluates
+    strings with eval, which the dashboard's CSP refuses, as it should)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await page.evaluate(expression)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {expression}")
+        await asyncio.sleep(0.05)

@@ -250,6 +250,18 @@ async function loadAgents() {
   state.agents = all;
 }
 
+// Totals and the count walk every agent: at most once per frame, not once per event.
+let summaryPending = false;
+function scheduleSummary() {
+  if (summaryPending) return;
+  summaryPending = true;
+  requestAnimationFrame(() => {
+    summaryPending = false;
+    $("agent-count").textContent = `${countShown()} of ${state.agents.size} agents`;
+    renderTotals();
+  });
+}
+
 function applyAgentRows(message) {
   const painted = [];
   let reorder = false;
@@ -272,8 +284,7 @@ function applyAgentRows(message) {
     if (state.detailId === a.agent_id) renderDetail(a);
   }
   if (reorder && currentView() === "fleet") renderTable();
-  else $("agent-count").textContent = `${countShown()} of ${state.agents.size} agents`;
-  renderTotals();
+  else scheduleSummary();
   if (painted.length) {
     // After the next paint: the rows are on screen.
     requestAnimationFrame(() => setTimeout(() => {

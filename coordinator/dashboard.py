@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("dashboard")
 COOKIE = "edgefleet_session"
 SESSION_PATH = "/v1/dashboard/session"
-DASHBOARD_PATH = "/dashboard/"
 # Rows of changed agents are pushed this often (a live update within ~100 ms).
 FLUSH_S = 0.025
 HEARTBEAT_S = 15.0
@@ -271,10 +270,6 @@ def _headers(extra: dict[str, str] | None = None) -> dict[str, str]:
     return SECURITY_HEADERS | (extra or {})
 
 
-async def dashboard_redirect(request: web.Request) -> web.Response:
-    raise web.HTTPFound(DASHBOARD_PATH, headers=_headers())
-
-
 async def dashboard_file(request: web.Request) -> web.StreamResponse:
     """A static file of the dashboard (index.html for the folder itself)."""
     name = request.match_info.get("name", "") or "index.html"
@@ -362,16 +357,22 @@ async def fleet_series(request: web.Request) -> web.Response:
 
 async def fleet_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: ``agents`` (rows of changed agents, each with the report's
-    receive time) and ``point`` (each closed 10 s bucket of the fleet series)."""
+    receive time) and ``point`` (each closed 10 s bucket of the fleet series). A client
+    that does not send ``Accept: text/event-stream`` gets the ``ready`` event only."""
     events = request.config_dict[EVENTS_KEY]
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                  "X-Accel-Buffering": "no"}
     )  # fmt: skip
     await response.prepare(request)
+    await response.write(b"retry: 2000\nevent: ready\ndata: {}\n\n")
+    if "text/event-stream" not in request.headers.get("Accept", ""):
+        # Not an event-stream client (EventSource always says it is): the first event
+        # only, so that a plain HTTP client is not held open forever.
+        await response.write_eof()
+        return response
     queue = events.subscribe()
     try:
-        await response.write(b"retry: 2000\nevent: ready\ndata: {}\n\n")
         while True:
             message = await queue.get()
             if message is None:
@@ -386,14 +387,12 @@ async def fleet_events(request: web.Request) -> web.StreamResponse:
 
 # Public routes of the dashboard (the authorize middleware passes them: role None).
 DASHBOARD_ROUTES = [
-    web.get("/dashboard", dashboard_redirect),
     web.get("/dashboard/", dashboard_file),
     web.get("/dashboard/{name}", dashboard_file),
     web.post(SESSION_PATH, sign_in),
     web.delete(SESSION_PATH, sign_out),
 ]
 DASHBOARD_ROUTE_ROLES: dict[tuple[str, str], Role | None] = {
-    ("GET", "/dashboard"): None,
     ("GET", "/dashboard/"): None,
     ("GET", "/dashboard/{name}"): None,
     ("POST", SESSION_PATH): None,

@@ -346,6 +346,7 @@ def _json(schema: str) -> dict[str, Any]:
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
 _EVENTS = {"text/event-stream": {"schema": {"type": "string"}}}
 _STATIC = {
+    "text/html": {"schema": {"type": "string"}},
     "text/javascript": {"schema": {"type": "string"}},
     "text/css": {"schema": {"type": "string"}},
 }
@@ -443,7 +444,6 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ),
     ("GET", "/v1/admin/fleet/series"): ([], None, "200", "FleetSeries"),
     ("GET", "/v1/admin/fleet/events"): ([], None, "200", _EVENTS),
-    ("GET", "/dashboard"): ([], None, "302", {"text/html": {"schema": {"type": "string"}}}),
     ("GET", "/dashboard/"): ([], None, "200", {"text/html": {"schema": {"type": "string"}}}),
     ("GET", "/dashboard/{name}"): ([_p("name")], None, "200", _STATIC),
     ("POST", "/v1/dashboard/session"): ([], "DashboardSignIn", "201", "DashboardSession"),
@@ -451,7 +451,6 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
 }
 
 _SUMMARIES = {
-    ("GET", "/dashboard"): "Redirect to the dashboard (public)",
     ("GET", "/dashboard/"): "The operator dashboard's page (public; its data needs a session)",
     ("GET", "/dashboard/{name}"): "The dashboard's static files: script and style (public)",
     ("POST", "/v1/dashboard/session"): "Sign in to the dashboard with an admin token: "
@@ -464,6 +463,18 @@ _SUMMARIES = {
     ("GET", "/metrics"): "Prometheus metrics (text format)",
     ("GET", "/openapi.json"): "This document (public)",
 } | {(r.method, ADMIN_PREFIX + r.path): r.summary for r in ADMIN_ROUTES}
+
+
+# Answers of public routes beyond the common ones (sign-in: a wrong token, another origin,
+# too many attempts).
+_EXTRA_RESPONSES: dict[tuple[str, str], dict[str, str]] = {
+    ("POST", "/v1/dashboard/session"): {
+        "401": "Not a valid admin token",
+        "403": "Sent from another origin",
+        "429": "Too many sign-in attempts",
+    },
+    ("DELETE", "/v1/dashboard/session"): {"403": "Sent from another origin"},
+}
 
 
 def documented_routes() -> set[tuple[str, str]]:
@@ -495,6 +506,8 @@ def openapi_document() -> dict[str, Any]:
             operation["security"] = [{"bearer": []}]
             responses["401"] = {"description": "No or unknown token", "content": _json("Error")}
             responses["403"] = {"description": "Role too low", "content": _json("Error")}
+        for code, description in _EXTRA_RESPONSES.get((method, path), {}).items():
+            responses[code] = {"description": description, "content": _json("Error")}
         if body is not None:
             operation["requestBody"] = {"required": False, "content": _json(body)}
             responses["413"] = {"description": "Body over the limit", "content": _json("Error")}

@@ -71,6 +71,9 @@ _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
           ".svg": "image/svg+xml", ".json": "application/json"}  # fmt: skip
 
 
+_FILES = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file() and p.suffix in _TYPES}
+
+
 # ------------------------------------------------------------------ sessions
 
 
@@ -273,9 +276,9 @@ def _headers(extra: dict[str, str] | None = None) -> dict[str, str]:
 async def dashboard_file(request: web.Request) -> web.StreamResponse:
     """A static file of the dashboard (index.html for the folder itself)."""
     name = request.match_info.get("name", "") or "index.html"
-    path = STATIC_DIR / name
-    # Only plain files directly in the folder, by an exact, known name.
-    if "/" in name or name.startswith(".") or not path.is_file() or path.suffix not in _TYPES:
+    # Only the files of the folder, by their exact names (nothing built from the request).
+    path = _FILES.get(name)
+    if path is None:
         return error_response(
             404, f"Invalid URL (GET {request.path})", type_="invalid_request_error",
             code="not_found",

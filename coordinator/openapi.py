@@ -344,7 +344,20 @@ def _json(schema: str) -> dict[str, Any]:
 # (method, full path) -> (summary, parameters, request body schema, status, response)
 # response: a schema name, or a content dict for non-JSON answers.
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
-_EVENTS = {"text/event-stream": {"schema": {"type": "string"}}}
+# One server-sent event (the stream is a sequence of them): data is JSON text.
+_EVENTS = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "event": {"enum": ["ready", "agents", "point"]},
+                "data": {"type": "string"},
+                "retry": {"type": "integer"},
+                "id": {"type": "string"},
+            },
+        }
+    }
+}
 _STATIC = {
     "text/html": {"schema": {"type": "string"}},
     "text/javascript": {"schema": {"type": "string"}},

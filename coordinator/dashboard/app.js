@@ -672,6 +672,10 @@ async function route() {
 
 async function start() {
   let me;
+  // The fleet and the series are asked for at once with whoami (one round trip, not two);
+  // signed out, they are refused like it and nothing is shown.
+  const data = Promise.all([loadAgents(), loadSeries()]);
+  data.catch(() => {});
   try { me = await api("GET", "/v1/admin/whoami"); }
   catch (error) {
     state.role = null;
@@ -687,7 +691,7 @@ async function start() {
   $("nav").hidden = false;
   $("sign-out").hidden = false;
   setStatus("Loading the fleet.");
-  await Promise.all([loadAgents(), loadSeries()]);
+  await data;
   renderMap();
   renderTotals();
   await route();

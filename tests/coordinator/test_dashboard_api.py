@@ -274,6 +274,7 @@ async def test_static_files_carry_a_self_only_csp_and_nothing_else_is_served(
         "/dashboard/.hidden",
         "/dashboard/nope.js",
         "/dashboard/%2e%2e%2fconfig.py",
+        "/dashboard/" + "0" * 300,  # longer than a file name may be
     ):
         status, _body, _ = await c.call("GET", path)
         assert status == 404, path

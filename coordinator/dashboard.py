@@ -381,7 +381,7 @@ async def fleet_events(request: web.Request) -> web.StreamResponse:
             if message is None:
                 break
             await response.write(message)
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:  # the page went away
         pass
     finally:
         events.unsubscribe(queue)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import aiohttp
 import pytest
@@ -296,3 +296,64 @@ async def test_metrics_count_agents_by_status_and_site(
         assert f'edgefleet_coordinator_agents{{site="",status="{state}"}} 0.0' in text
     assert "edgefleet_coordinator_load_reports_total" in text
     assert "edgefleet_coordinator_route_seconds_bucket" in text
+
+
+class _Usage(NamedTuple):  # the overflow work's OverflowUsage (contract field 18)
+    target: str
+    requests: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+
+class _ReportWithOverflow(NamedTuple):  # a LoadReport once it carries overflow_usage
+    model_stats: tuple[ModelStats, ...] = ()
+    key_usage: tuple[KeyUsage, ...] = ()
+    overflow_usage: tuple[_Usage, ...] = ()
+
+
+def test_overflow_use_and_cost_by_target_once_reports_carry_them() -> None:
+    from coordinator.metrics import CoordinatorMetrics
+    from coordinator.registry import FleetRegistry
+
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    report = cast(
+        LoadReport,
+        _ReportWithOverflow(
+            overflow_usage=(
+                _Usage("openai", requests=20, cost=0.5),
+                _Usage("peer-lyon", requests=10),
+            )
+        ),
+    )
+    series.record(report)
+    series.record(report)
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert point["overflow_per_s"] == {"openai": 4.0, "peer-lyon": 2.0}
+    assert point["overflow_cost"] == {"openai": 1.0, "peer-lyon": 0.0}
+    metrics = CoordinatorMetrics(cast(FleetRegistry, _NoAgents()))
+    metrics.record_report(report)
+    text = metrics.exposition().decode()
+    assert 'edgefleet_coordinator_overflow_requests_total{target="openai"} 20.0' in text
+    assert 'edgefleet_coordinator_overflow_cost_total{target="openai"} 0.5' in text
+    many = cast(
+        LoadReport,
+        _ReportWithOverflow(overflow_usage=tuple(_Usage(f"t{i}", requests=1) for i in range(150))),
+    )
+    metrics.record_report(many)  # agents name targets: the label set stays bounded
+    text = metrics.exposition().decode()
+    assert 'target="other"' in text and 'target="t120"' not in text
+
+
+class _NoAgents:
+    def agents(self) -> list[Any]:
+        return []
+
+    def connected_count(self) -> int:
+        return 0
+
+    def known_count(self) -> int:
+        return 0

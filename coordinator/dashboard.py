@@ -174,7 +174,7 @@ class FleetEvents:
 
     def on_report(self, agent_id: str, report: LoadReport) -> None:
         """Called for every accepted load report (on the event loop)."""
-        self.series.record(report)
+        self.series.record(report, agent_id)
         if self._subscribers:
             self._dirty.setdefault(agent_id, time.time() * 1000.0)
 

@@ -26,6 +26,7 @@ from edgefleet.contract import Histogram, LoadReport
 
 STEP_S = 10
 HOUR_POINTS = 360
+MAX_TRACKED = 200_000
 
 
 def histogram_quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
@@ -100,6 +101,7 @@ class FleetSeries:
         self._points: deque[dict[str, Any]] = deque(maxlen=HOUR_POINTS)
         self._current = _Bucket(self._bucket_start(clock()))
         self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        self._totals: dict[str, tuple[int, int]] = {}  # agent -> requests, failed totals
 
     @staticmethod
     def _bucket_start(now: float) -> int:
@@ -123,11 +125,25 @@ class FleetSeries:
             for callback in list(self._subscribers):
                 callback(point)
 
-    def record(self, report: LoadReport) -> None:
-        """Fold one accepted report into the current bucket (cheap: per model entry)."""
+    def record(self, report: LoadReport, agent_id: str = "") -> None:
+        """Fold one accepted report into the current bucket (cheap: per model entry).
+
+        Requests come from ``model_stats`` (per-interval deltas); an agent that sends none
+        (before contract v1.3's stats) is counted by the growth of its ``requests_total``
+        between two of its reports (``agent_id`` given), so requests/s are never missing."""
         self.roll()
         bucket = self._current
         bucket.reports += 1
+        if agent_id:
+            previous = self._totals.get(agent_id)
+            if len(self._totals) >= MAX_TRACKED and previous is None:
+                self._totals.clear()  # agents come and go: bounded, restarts the deltas
+            self._totals[agent_id] = (report.requests_total, report.requests_failed_total)
+            # A total lower than before: the agent restarted (a new baseline, no count).
+            if (not report.model_stats and previous is not None
+                    and report.requests_total >= previous[0]):  # fmt: skip
+                bucket.requests += report.requests_total - previous[0]
+                bucket.failed += max(0, report.requests_failed_total - previous[1])
         for stats in report.model_stats:
             bucket.requests += stats.requests
             bucket.failed += stats.failed

@@ -357,3 +357,17 @@ class _NoAgents:
 
     def known_count(self) -> int:
         return 0
+
+
+def test_agents_without_model_stats_count_by_their_request_totals() -> None:
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    series.record(LoadReport(requests_total=10, requests_failed_total=1), "a")
+    series.record(LoadReport(requests_total=25, requests_failed_total=3), "a")
+    series.record(LoadReport(requests_total=5), "b")  # first report: a baseline only
+    series.record(LoadReport(requests_total=2), "b")  # restarted: no negative count
+    series.record(LoadReport(requests_total=7), "b")
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert point["requests_per_s"] == pytest.approx((15 + 5) / STEP_S)
+    assert point["failed_per_s"] == pytest.approx(2 / STEP_S)

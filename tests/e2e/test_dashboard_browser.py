@@ -168,6 +168,8 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
         timeout_s=10,
     )
     assert (await _rows(page))["edge-paris"][8].endswith(" s")
+    # The fleet series moves too: the 10 s point with those requests arrives over SSE.
+    await poll(page, "window.edgefleet.points.some(p => p.requests_per_s > 0)", timeout_s=30)
     # SIGKILL: suspect, then down, within the liveness window, on the same page.
     await fleet.agents["edge-tokyo"].kill()
     seen: list[str] = []

@@ -11,8 +11,10 @@ the caller before any handler runs, and a route missing from the table is refuse
 (fail closed; a test enumerates the router so none is missing).
 
 Callers present ``Authorization: Bearer <token>`` (an admin token, or the bootstrap
-token). A missing or unknown token gets 401 ``invalid_admin_token``, a token whose role
-is too low 403 ``insufficient_role``. Being on loopback grants nothing.
+token), or the dashboard's session cookie (coordinator.dashboard: state-changing requests
+with it must carry the coordinator's own Origin). A missing or unknown token gets 401
+``invalid_admin_token``, a token whose role is too low 403 ``insufficient_role``. Being
+on loopback grants nothing.
 
 Every admin action (any request that is not GET/HEAD on a guarded route) is appended
 to the audit log with its outcome, and so are refusals (rate-capped, see
@@ -46,6 +48,14 @@ from coordinator.app_keys import (
     TOKENS_KEY,
 )
 from coordinator.audit import MAX_PAGE, to_jsonl
+from coordinator.dashboard import (
+    DASHBOARD_ROUTE_ROLES,
+    EVENTS_KEY,
+    fleet_events,
+    fleet_series,
+    same_origin,
+    session_caller,
+)
 from coordinator.errors import ProtocolError, UnknownApiKeyError
 from coordinator.fleet_store import ApiKeyRecord, JoinToken, StoredAgent
 from coordinator.http_api import (
@@ -134,7 +144,19 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
     if needed is None:
         return await handler(request)
     token = _bearer(request)
-    caller = None if token is None else request.config_dict[ADMIN_TOKENS_KEY].check(token)
+    if token is not None:
+        caller = request.config_dict[ADMIN_TOKENS_KEY].check(token)
+    else:  # the dashboard's session cookie; state changes only from its own origin
+        caller = session_caller(request)
+        if caller is not None and request.method not in READ_METHODS and not same_origin(request):
+            request[CALLER_KEY] = caller
+            return _refuse(
+                request,
+                403,
+                "A request signed in by the dashboard's session cookie must come from the "
+                "dashboard's own origin (Origin header).",
+                "cross_origin",
+            )
     if caller is None and key in AGENT_ROUTES and agent_may_read(request):
         return await handler(request)  # an agent with its own credential (model_http)
     if caller is None:
@@ -381,6 +403,7 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
         agent_id, kind, f"{kind} requested by an operator"
     )
     interval_ms = request.config_dict[CONFIG_KEY].report_interval_ms
+    request.config_dict[EVENTS_KEY].on_change(agent_id)
     view = agent_json(record, datetime.now(UTC), interval_ms)
     return web.json_response(view | {"command_sent": sent})
 
@@ -763,12 +786,16 @@ ADMIN_ROUTES: list[AdminRoute] = [
                "Resume a paused rollout"),
     AdminRoute("POST", "/rollouts/{rollout_id}/abort", abort_rollout, Role.OPERATOR,
                "Abort a rollout (moved agents go back unless rollback is false)"),
+    AdminRoute("GET", "/fleet/series", fleet_series, Role.VIEWER,
+               "The fleet's last hour at 10 s resolution (merged TTFT histograms)"),
+    AdminRoute("GET", "/fleet/events", fleet_events, Role.VIEWER,
+               "Live fleet events (server-sent events: changed agents, series points)"),
 ]  # fmt: skip
 
 
 def route_roles() -> dict[tuple[str, str], Role | None]:
     """(method, full canonical path) -> the role needed (None: public), for every route."""
-    table: dict[tuple[str, str], Role | None] = dict(ROUTE_ROLES)
+    table: dict[tuple[str, str], Role | None] = dict(ROUTE_ROLES) | DASHBOARD_ROUTE_ROLES
     # Blobs: viewer tokens, or agents with their own credential (AGENT_ROUTES).
     table[("GET", BLOB_ROUTE)] = Role.VIEWER
     for route in ADMIN_ROUTES:

@@ -38,8 +38,18 @@ from coordinator.audit import AuditLog
 from coordinator.background import periodic_task
 from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig
+from coordinator.dashboard import (
+    DASHBOARD_ROUTES,
+    EVENTS_KEY,
+    SESSIONS_KEY,
+    DashboardSessions,
+    FleetEvents,
+    events_flusher,
+)
 from coordinator.enrollment import EnrollmentService
 from coordinator.errors import StoreError
+from coordinator.fleet import AgentRecord
+from coordinator.fleet_series import FleetSeries
 from coordinator.fleet_store import FleetStore
 from coordinator.grpc_service import CoordinatorServicer, GrpcServer
 from coordinator.http_api import ROUTES, count_requests, openai_errors
@@ -58,6 +68,7 @@ from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
 from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import JoinTokens
+from edgefleet.contract import LoadReport
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +106,7 @@ def create_app(
     admin_tokens = AdminTokens(admin_db, bootstrap_token=config.bootstrap_admin_token())
     records = RequestRecordStore(admin_db, max_rows=config.request_records_max_rows)
     metrics = CoordinatorMetrics(registry)
+    events = FleetEvents(FleetSeries(), _finder(registry), config.report_interval_ms)
     router = Router.from_config(registry, config, metrics)
     api_keys = ApiKeys(fleet_store)
     # The model catalog (signing key in data_dir: an unreadable one stops the start) and
@@ -104,6 +116,7 @@ def create_app(
     assignments = ModelAssignments(admin_db, catalog, registry, blob_base_url=blob_base_url)
     report_hooks = ReportHooks()
     report_hooks.add(assignments.on_report)
+    report_hooks.add(_report_listener(events))  # the dashboard's series and rows
     distributor = KeyDistributor(
         api_keys,
         set_section=registry.set_section,
@@ -170,6 +183,9 @@ def create_app(
     app[BLOB_BASE_URL_KEY] = blob_base_url
     app.add_routes(ROUTES)
     app.router.add_get(BLOB_ROUTE, get_blob)
+    app[EVENTS_KEY] = events
+    app[SESSIONS_KEY] = DashboardSessions(admin_tokens.check, ttl_s=config.dashboard_session_ttl_s)
+    app.add_routes(DASHBOARD_ROUTES)
     app.add_subapp(ADMIN_PREFIX, create_admin_app())
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_admin_db_closer(admin_db))
@@ -182,7 +198,23 @@ def create_app(
     if rollouts is None:
         rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
     install_rollouts(app, rollouts)
+    app.cleanup_ctx.append(events_flusher)
     return app
+
+
+def _report_listener(events: FleetEvents) -> Callable[[str, LoadReport], None]:
+    def on_report(agent_id: str, report: LoadReport) -> None:
+        events.on_report(agent_id, report)
+
+    return on_report
+
+
+def _finder(registry: FleetRegistry) -> Callable[[str], AgentRecord | None]:
+    def find(agent_id: str) -> AgentRecord | None:
+        found = registry.find((agent_id,))
+        return found[0] if found else None
+
+    return find
 
 
 def _admin_db_closer(db: AdminDatabase) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -246,6 +278,7 @@ async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
     async def sweep() -> None:
         for record in registry.sweep():
             metrics.liveness_changes.labels(liveness=record.liveness.value).inc()
+            app[EVENTS_KEY].on_change(record.agent_id)
 
     async with periodic_task("liveness sweep", period_s, sweep):
         yield

@@ -139,6 +139,8 @@ class CoordinatorConfig(Settings):
     # plain HTTP (dev only). The certificate is http_tls_cert_file/http_tls_key_file when
     # given (e.g. from a public CA), else one issued by this coordinator's CA at every start
     # for http_host, localhost, the machine's name and tls_server_names.
+    # Dashboard sign-in sessions (server-side, in memory) last this long.
+    dashboard_session_ttl_s: int = Field(default=8 * 3600, ge=60, le=7 * 86_400)
     http_tls: Switch = "auto"
     http_tls_cert_file: str = ""
     http_tls_key_file: str = ""

@@ -382,13 +382,7 @@ class CoordinatorServicer:
 
     def _record_overflow(self, usage: tuple[OverflowUsage, ...]) -> None:
         """An agent's overflow use since its last report, into the fleet's metrics."""
-        m = self._metrics
-        for u in usage:
-            m.overflow_requests.labels(u.target, "ok").inc(u.requests - u.failed)
-            m.overflow_requests.labels(u.target, "failed").inc(u.failed)
-            m.overflow_tokens.labels(u.target, "prompt").inc(u.prompt_tokens)
-            m.overflow_tokens.labels(u.target, "completion").inc(u.completion_tokens)
-            m.overflow_cost.labels(u.target).inc(u.cost)
+        self._metrics.record_overflow(usage)
 
     async def _consume(
         self, request_iterator: AsyncIterator[pb.AgentMessage], live: _LiveSession

@@ -6,9 +6,16 @@ apps) can live in one process.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from coordinator.fleet import AgentRecord, Liveness
 from coordinator.registry import FleetRegistry
+from edgefleet.contract import OverflowUsage
 
 PREFIX = "edgefleet_coordinator"
 # Fine below 5 ms (the lookup target) so a p99 is resolved to a quarter millisecond.
@@ -16,7 +23,41 @@ ROUTE_BUCKETS = (
     0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.00125, 0.0015, 0.00175,
     0.002, 0.0025, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
 )  # fmt: skip
+MAX_TARGET_LABELS = 100
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def display_status(record: AgentRecord) -> str:
+    """The dashboard's status of an agent: draining, live, suspect or down (an agent
+    not confirmed since a restart counts as suspect: routed after every live one)."""
+    if record.liveness is Liveness.DOWN:
+        return "down"
+    if record.draining or (record.last_report is not None and record.last_report.draining):
+        return "draining"
+    if record.liveness is Liveness.LIVE:
+        return "live"
+    return "suspect"
+
+
+class _AgentsByStatus(Collector):
+    """edgefleet_coordinator_agents{status,site}: computed at scrape time."""
+
+    def __init__(self, fleet: FleetRegistry) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_agents",
+            "Known agents by dashboard status (live, suspect, down, draining) and site.",
+            labels=["status", "site"],
+        )
+        tally = Tally((display_status(r), r.hello.site) for r in self._fleet.agents())
+        for status in ("live", "suspect", "down", "draining"):  # every status, even at 0
+            if not any(s == status for s, _ in tally):
+                family.add_metric([status, ""], 0.0)
+        for (status, site), count in sorted(tally.items()):
+            family.add_metric([status, site], float(count))
+        yield family
 
 
 class CoordinatorMetrics:
@@ -127,6 +168,28 @@ class CoordinatorMetrics:
             "Model blob bytes uploaded and kept (publish).",
             registry=self.registry,
         )
+
+        self.registry.register(_AgentsByStatus(fleet))
+        self._targets: set[str] = set()
+
+    def record_overflow(self, usage: Iterable[OverflowUsage]) -> None:
+        """An agent's overflow use since its last report (LoadReport.overflow_usage)."""
+        for u in usage:
+            target = self.target_label(u.target or "unknown")
+            self.overflow_requests.labels(target, "ok").inc(u.requests - u.failed)
+            self.overflow_requests.labels(target, "failed").inc(u.failed)
+            self.overflow_tokens.labels(target, "prompt").inc(u.prompt_tokens)
+            self.overflow_tokens.labels(target, "completion").inc(u.completion_tokens)
+            self.overflow_cost.labels(target).inc(u.cost)
+
+    def target_label(self, target: str) -> str:
+        """Agents name the target: at most MAX_TARGET_LABELS distinct labels, then "other"."""
+        if target in self._targets:
+            return target
+        if len(self._targets) >= MAX_TARGET_LABELS or len(target) > 128:
+            return "other"
+        self._targets.add(target)
+        return target
 
     def exposition(self) -> bytes:
         """The text exposition format for GET /metrics."""

@@ -244,6 +244,30 @@ _SCHEMAS: dict[str, Any] = {
             "name": {"type": "string", "minLength": 1, "maxLength": 64},
         },
     },
+    "FleetSeries": {
+        "type": "object",
+        "description": "The fleet's last hour at 10 s resolution; TTFT percentiles from "
+        "merged histogram buckets.",
+        "properties": {
+            "step_s": {"type": "integer"},
+            "points": {"type": "array", "items": {"type": "object"}},
+            "current": {"type": "object"},
+        },
+    },
+    "DashboardSignIn": {
+        "type": "object",
+        "required": ["token"],
+        "properties": {"token": {"type": "string", "description": "an admin token"}},
+    },
+    "DashboardSession": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "role": {"type": "string"},
+            "expires_in_s": {"type": "integer"},
+            "signed_out": {"type": "boolean"},
+        },
+    },
     "Caller": {
         "type": "object",
         "required": ["object", "token_id", "name", "role"],
@@ -455,6 +479,25 @@ def _json(schema: str) -> dict[str, Any]:
 # (method, full path) -> (summary, parameters, request body schema, status, response)
 # response: a schema name, or a content dict for non-JSON answers.
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
+# One server-sent event (the stream is a sequence of them): data is JSON text.
+_EVENTS = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "event": {"enum": ["ready", "agents", "point"]},
+                "data": {"type": "string"},
+                "retry": {"type": "integer"},
+                "id": {"type": "string"},
+            },
+        }
+    }
+}
+_STATIC = {
+    "text/html": {"schema": {"type": "string"}},
+    "text/javascript": {"schema": {"type": "string"}},
+    "text/css": {"schema": {"type": "string"}},
+}
 _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ("GET", "/v1/agents"): (
         [
@@ -643,23 +686,21 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
         "200",
         "RolloutSummary",
     ),
+    ("GET", "/v1/admin/fleet/series"): ([], None, "200", "FleetSeries"),
+    ("GET", "/v1/admin/fleet/events"): ([], None, "200", _EVENTS),
+    ("GET", "/dashboard/"): ([], None, "200", {"text/html": {"schema": {"type": "string"}}}),
+    ("GET", "/dashboard/{name}"): ([_p("name")], None, "200", _STATIC),
+    ("POST", "/v1/dashboard/session"): ([], "DashboardSignIn", "201", "DashboardSession"),
+    ("DELETE", "/v1/dashboard/session"): ([], None, "200", "DashboardSession"),
 }
 
-# Answers beyond the common ones (400, 404, 405, 401/403, 413), by route.
-_EXTRA_RESPONSES: dict[tuple[str, str], dict[str, str]] = {
-    (method, path): {
-        "409": "The rollout or the model is in another state (one rollout per model)",
-        "503": "Model rollouts are not enabled on this coordinator",
-    }
-    for method, path in _OPERATIONS
-    if path.startswith("/v1/admin/rollouts") and method == "POST"
-} | {
-    (method, path): {"503": "Model rollouts are not enabled on this coordinator"}
-    for method, path in _OPERATIONS
-    if path.startswith("/v1/admin/rollouts") and method == "GET"
-}
 
 _SUMMARIES = {
+    ("GET", "/dashboard/"): "The operator dashboard's page (public; its data needs a session)",
+    ("GET", "/dashboard/{name}"): "The dashboard's static files: script and style (public)",
+    ("POST", "/v1/dashboard/session"): "Sign in to the dashboard with an admin token: "
+    "answers an HttpOnly, SameSite=Strict session cookie (public)",
+    ("DELETE", "/v1/dashboard/session"): "Sign out of the dashboard (public)",
     ("GET", "/v1/agents"): "The fleet: every agent the coordinator knows",
     ("GET", "/v1/agents/{agent_id}"): "One agent",
     ("GET", "/v1/route"): "Which agents a client should use for a model (public)",
@@ -669,6 +710,24 @@ _SUMMARIES = {
     ("GET", "/v1/blobs/sha256/{sha256}"): "A model file by sha256 (Range, strong ETag); "
     "viewer token or an agent's own credential",
 } | {(r.method, ADMIN_PREFIX + r.path): r.summary for r in ADMIN_ROUTES}
+
+
+# Answers beyond the common ones (400, 404, 405, 401/403, 413), by route: rollouts in
+# another state; the dashboard's sign-in (a wrong token, another origin, too many tries).
+_EXTRA_RESPONSES: dict[tuple[str, str], dict[str, str]] = {
+    (method, path): {
+        "409": "The rollout or the model is in another state (one rollout per model)",
+    }
+    for method, path in _OPERATIONS
+    if path.startswith("/v1/admin/rollouts") and method == "POST"
+} | {
+    ("POST", "/v1/dashboard/session"): {
+        "401": "Not a valid admin token",
+        "403": "Sent from another origin",
+        "429": "Too many sign-in attempts",
+    },
+    ("DELETE", "/v1/dashboard/session"): {"403": "Sent from another origin"},
+}
 
 
 def documented_routes() -> set[tuple[str, str]]:

@@ -149,6 +149,8 @@ async def run(args: argparse.Namespace) -> int:
             f"\"content\": \"Hello!\"}}]}}'")  # fmt: skip
         say(f"  curl -s {coordinator.http_url}/v1/agents "
             f"-H 'Authorization: Bearer {coordinator.admin_token}'")  # fmt: skip
+        say(f"\ndashboard: {coordinator.http_url}/dashboard/ (both agents on the map)")
+        say("  sign in with the admin token above (the page keeps only a session cookie)")
         if args.check:
             # Authentication is on: without the key the agents answer 401.
             refused = not any(await asyncio.gather(*(key_works(a.url, "") for a in agents)))

@@ -35,7 +35,11 @@ pytestmark = pytest.mark.timeout(60)
 
 ADMIN_TOKEN = "s3cret-admin-token-of-32-chars-at-least"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PUBLIC = {("GET", "/v1/route"), ("GET", "/healthz"), ("GET", "/openapi.json")}
+PUBLIC = {("GET", "/v1/route"), ("GET", "/healthz"), ("GET", "/openapi.json")} | {
+    # The dashboard's page and files, and its sign-in/out (coordinator.dashboard).
+    ("GET", "/dashboard/"), ("GET", "/dashboard/{name}"),
+    ("POST", "/v1/dashboard/session"), ("DELETE", "/v1/dashboard/session"),
+}  # fmt: skip
 SAMPLE_SHA256 = "0" * 64
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -96,6 +100,8 @@ class Running:
         ):
             if response.content_type == "application/json":
                 return response.status, await response.json()
+            if response.content_type == "text/event-stream":  # a live stream: its first event
+                return response.status, await response.content.readline()
             return response.status, await response.text()
 
 

@@ -81,6 +81,19 @@ async def test_demo_runs_with_authentication_on(real_artifacts: Path) -> None:
         assert await _status(fleet) == 401
         assert await _status(fleet, key[1]) == 401
         assert await _status(fleet, admin[1]) == 200
+        # the dashboard: its address is printed; signed in with the admin token (a session
+        # cookie), the page's fleet call shows both agents with their place for the map
+        dashboard = re.search(r"dashboard: (http\S+/dashboard/)", banner)
+        assert dashboard and dashboard[1] == fleet_view[1] + "/dashboard/", banner
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            async with http.post(fleet_view[1] + "/v1/dashboard/session",
+                                 json={"token": admin[1]}) as response:  # fmt: skip
+                assert response.status == 201
+            async with http.get(dashboard[1]) as response:
+                assert response.status == 200
+            async with http.get(fleet) as response:
+                listed = (await response.json())["data"]
+        assert len(listed) == 2 and all(a["location"] is not None for a in listed), listed
     finally:
         if demo.returncode is None:
             demo.send_signal(signal.SIGINT)

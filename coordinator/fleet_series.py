@@ -1,0 +1,177 @@
+"""The fleet's last hour at 10 s resolution, built from the agents' load reports.
+
+Each accepted LoadReport is folded into the current 10 s bucket (``record``): requests,
+failures, prompt/completion tokens and the TTFT histogram of every ``model_stats`` entry
+(per-interval deltas, contract v1.3), rejections from ``key_usage``, overflow use by
+target and redactions by type where the report carries them (contract fields added by the
+overflow/redaction work: read when present, never invented). Fleet TTFT percentiles are
+computed from the MERGED per-bucket counts of every agent's histogram (the same bounds
+are summed bucket by bucket; a different bound set is merged onto the union of bounds,
+each count kept at its own upper bound), never from averaged percentiles.
+
+A closed bucket becomes a ``point`` (JSON-ready dict); ``points()`` is the hour behind
+now, and subscribers (the dashboard's SSE stream) are called with each new point.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgefleet.contract import Histogram, LoadReport
+
+STEP_S = 10
+HOUR_POINTS = 360
+MAX_TRACKED = 200_000
+
+
+def histogram_quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
+    """The q-quantile of per-bucket counts (last count: above every bound), interpolated
+    linearly inside the bucket as Prometheus does; None without observations. A quantile
+    landing in the overflow bucket answers the highest bound."""
+    total = sum(counts)
+    if total <= 0 or not bounds:
+        return None
+    rank = q * total
+    seen = 0
+    for i, count in enumerate(counts):
+        if count and seen + count >= rank:
+            if i >= len(bounds):
+                return bounds[-1]
+            low = 0.0 if i == 0 else bounds[i - 1]
+            high = bounds[i]
+            return low + (high - low) * ((rank - seen) / count)
+        seen += count
+    return bounds[-1]
+
+
+@dataclass(slots=True)
+class _Bucket:
+    start: int  # unix seconds, a multiple of STEP_S
+    reports: int = 0
+    requests: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    rejected: int = 0
+    ttft: dict[float, int] = field(default_factory=dict)  # upper bound (inf: above) -> count
+    ttft_sum: float = 0.0
+    overflow_requests: dict[str, int] = field(default_factory=dict)
+    overflow_cost: dict[str, float] = field(default_factory=dict)
+    redactions: dict[str, int] = field(default_factory=dict)
+
+    def add_histogram(self, histogram: Histogram) -> None:
+        bounds, counts = histogram.upper_bounds, histogram.counts
+        for i, count in enumerate(counts):  # every bound, even empty: the union of bounds
+            bound = bounds[i] if i < len(bounds) else math.inf
+            self.ttft[bound] = self.ttft.get(bound, 0) + max(0, count)
+        self.ttft_sum += histogram.sum
+
+    def point(self) -> dict[str, Any]:
+        finite = sorted(b for b in self.ttft if b != math.inf)
+        counts = [self.ttft[b] for b in finite] + [self.ttft.get(math.inf, 0)]
+        observations = sum(counts)
+        return {
+            "t": self.start,
+            "reports": self.reports,
+            "requests_per_s": self.requests / STEP_S,
+            "failed_per_s": self.failed / STEP_S,
+            "tokens_per_s": self.completion_tokens / STEP_S,
+            "prompt_tokens_per_s": self.prompt_tokens / STEP_S,
+            "rejections_per_s": self.rejected / STEP_S,
+            "ttft_observations": observations,
+            "ttft_p50_s": histogram_quantile(finite, counts, 0.5),
+            "ttft_p99_s": histogram_quantile(finite, counts, 0.99),
+            "ttft_mean_s": self.ttft_sum / observations if observations else None,
+            "overflow_per_s": {k: v / STEP_S for k, v in sorted(self.overflow_requests.items())},
+            "overflow_cost": dict(sorted(self.overflow_cost.items())),
+            "redactions": dict(sorted(self.redactions.items())),
+        }
+
+
+class FleetSeries:
+    """The last hour of fleet totals at STEP_S resolution (see the module doc)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._points: deque[dict[str, Any]] = deque(maxlen=HOUR_POINTS)
+        self._current = _Bucket(self._bucket_start(clock()))
+        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        self._totals: dict[str, tuple[int, int]] = {}  # agent -> requests, failed totals
+
+    @staticmethod
+    def _bucket_start(now: float) -> int:
+        return int(now // STEP_S) * STEP_S
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Call ``callback(point)`` for each closed bucket; returns the unsubscriber."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def roll(self) -> None:
+        """Close the current bucket if its 10 s are over (empty buckets in between are
+        closed as zero points, so the series has no holes)."""
+        start = self._bucket_start(self._clock())
+        while self._current.start < start:
+            point = self._current.point()
+            self._points.append(point)
+            self._current = _Bucket(self._current.start + STEP_S)
+            if start - self._current.start > HOUR_POINTS * STEP_S:  # asleep over an hour
+                self._current = _Bucket(start - HOUR_POINTS * STEP_S)
+            for callback in list(self._subscribers):
+                callback(point)
+
+    def record(self, report: LoadReport, agent_id: str = "") -> None:
+        """Fold one accepted report into the current bucket (cheap: per model entry).
+
+        Requests come from ``model_stats`` (per-interval deltas); an agent that sends none
+        (before contract v1.3's stats) is counted by the growth of its ``requests_total``
+        between two of its reports (``agent_id`` given), so requests/s are never missing."""
+        self.roll()
+        bucket = self._current
+        bucket.reports += 1
+        if agent_id:
+            previous = self._totals.get(agent_id)
+            if len(self._totals) >= MAX_TRACKED and previous is None:
+                self._totals.clear()  # agents come and go: bounded, restarts the deltas
+            self._totals[agent_id] = (report.requests_total, report.requests_failed_total)
+            # A total lower than before: the agent restarted (a new baseline, no count).
+            if (not report.model_stats and previous is not None
+                    and report.requests_total >= previous[0]):  # fmt: skip
+                bucket.requests += report.requests_total - previous[0]
+                bucket.failed += max(0, report.requests_failed_total - previous[1])
+        for stats in report.model_stats:
+            bucket.requests += stats.requests
+            bucket.failed += stats.failed
+            bucket.prompt_tokens += stats.prompt_tokens
+            bucket.completion_tokens += stats.completion_tokens
+            bucket.add_histogram(stats.ttft_seconds)
+        for usage in report.key_usage:
+            bucket.rejected += usage.rejected
+        # Fields of later contract work (overflow usage, redaction counts): used as soon as
+        # the report type carries them.
+        for overflow in getattr(report, "overflow_usage", ()):
+            target = str(getattr(overflow, "target", "") or "unknown")
+            bucket.overflow_requests[target] = bucket.overflow_requests.get(target, 0) + int(
+                getattr(overflow, "requests", 0)
+            )
+            cost = float(getattr(overflow, "cost", 0.0))
+            bucket.overflow_cost[target] = bucket.overflow_cost.get(target, 0.0) + cost
+        for redaction in getattr(report, "redactions", ()):
+            kind = str(getattr(redaction, "type", "") or getattr(redaction, "kind", "") or "?")
+            bucket.redactions[kind] = bucket.redactions.get(kind, 0) + int(
+                getattr(redaction, "count", 0)
+            )
+
+    def points(self) -> list[dict[str, Any]]:
+        """The closed buckets of the last hour, oldest first."""
+        self.roll()
+        return list(self._points)
+
+    def current(self) -> dict[str, Any]:
+        """The bucket still filling (for totals shown before it closes)."""
+        return self._current.point()

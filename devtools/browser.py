@@ -1,0 +1,67 @@
+"""A real browser for the dashboard's tests and benchmark: Playwright driving Debian's
+Chromium (``apt-get install chromium``; Playwright's own browser download cannot work
+offline), and axe-core from npm, installed once under ~/.cache/edgefleet for audits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+CACHE = Path(os.environ.get("EDGEFLEET_CACHE", Path.home() / ".cache" / "edgefleet"))
+AXE_DIR = CACHE / "npm-axe"
+AXE_VERSION = "4.14.1"
+
+
+def chromium_path() -> str:
+    """Debian's Chromium; a clear error when it is not installed."""
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise RuntimeError("Chromium is not installed: apt-get install -y chromium")
+
+
+def axe_script() -> Path:
+    """axe.min.js from npm's axe-core, installed under the cache on first use."""
+    path = AXE_DIR / "node_modules" / "axe-core" / "axe.min.js"
+    if not path.is_file():
+        AXE_DIR.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", f"axe-core@{AXE_VERSION}"],
+            cwd=AXE_DIR, check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+    return path
+
+
+async def sign_in(page: Any, base_url: str, token: str) -> None:
+    """Open the dashboard and sign in with ``token`` through its form."""
+    await page.goto(f"{base_url}/dashboard/")
+    await page.wait_for_selector("#view-signin:not([hidden])")
+    await page.fill("#signin-token", token)
+    await page.click("#signin-form button[type=submit]")
+    await page.wait_for_selector("#view-fleet:not([hidden])")
+
+
+async def first_render_ms(page: Any) -> float:
+    """Navigation start to the dashboard's ``edgefleet-first-render`` mark (painted)."""
+    entries = "performance.getEntriesByName('edgefleet-first-render')"
+    await poll(page, f"{entries}.length > 0")
+    return float(await page.evaluate(f"{entries}[0].startTime"))
+
+
+async def poll(page: Any, expression: str, timeout_s: float = 30.0) -> Any:
+    """Evaluate ``expression`` until it is truthy (page.wait_for_function evaluates
+    strings with eval, which the dashboard's CSP refuses, as it should)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await page.evaluate(expression)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {expression}")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,375 @@
+"""The dashboard's server side: the fleet series (percentiles from merged histogram
+buckets), cookie sessions (HttpOnly, SameSite=Strict, expiry, revocation, Origin check),
+static files under a CSP limited to the coordinator, and the new /metrics families."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, NamedTuple, cast
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from coordinator.app import create_app
+from coordinator.config import CoordinatorConfig
+from coordinator.dashboard import COOKIE, CSP, DashboardSessions
+from coordinator.fleet_series import HOUR_POINTS, STEP_S, FleetSeries, histogram_quantile
+from edgefleet.contract import Histogram, KeyUsage, LoadReport, ModelStats
+
+pytestmark = pytest.mark.timeout(60)
+
+ADMIN_TOKEN = "dashboard-admin-token-of-32-chars-at-least"
+BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def _histogram(values: list[float]) -> Histogram:
+    counts = [0] * (len(BOUNDS) + 1)
+    for v in values:
+        counts[next((i for i, b in enumerate(BOUNDS) if v <= b), len(BOUNDS))] += 1
+    return Histogram(BOUNDS, tuple(counts), sum(values))
+
+
+def _report(
+    values: list[float], *, requests: int = 0, tokens: int = 0, rejected: int = 0
+) -> LoadReport:
+    stats = ModelStats(
+        "m",
+        "v1",
+        requests=requests or len(values),
+        completion_tokens=tokens,
+        ttft_seconds=_histogram(values),
+    )
+    usage = (KeyUsage("k1", rejected=rejected),) if rejected else ()
+    return LoadReport(model_stats=(stats,), key_usage=usage)
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_percentiles_come_from_merged_buckets_not_averaged_percentiles() -> None:
+    """One fast agent with many requests and one slow agent with few: the fleet p50 is the
+    fast agent's, and the p99 the slow agent's, as the merged buckets say; the mean of the
+    two agents' p50s would be far off."""
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    fast = [0.015] * 980
+    slow = [1.5] * 20
+    series.record(_report(fast, tokens=5000))
+    series.record(_report(slow, tokens=50, rejected=3))
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert point["requests_per_s"] == pytest.approx(1000 / STEP_S)
+    assert point["tokens_per_s"] == pytest.approx(5050 / STEP_S)  # completion tokens
+    assert point["rejections_per_s"] == pytest.approx(3 / STEP_S)
+    assert point["ttft_observations"] == 1000
+    assert 0.01 <= point["ttft_p50_s"] <= 0.02  # the fast bucket
+    assert 1.0 <= point["ttft_p99_s"] <= 2.0  # the slow bucket holds the top 1 %
+    averaged_p50 = (0.015 + 1.5) / 2
+    assert abs(point["ttft_p50_s"] - averaged_p50) > 0.5
+
+
+def test_quantile_matches_the_exact_value_within_its_bucket() -> None:
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-2.5, 0.8) for _ in range(5000)]
+    histogram = _histogram(values)
+    exact = sorted(values)
+    for q in (0.5, 0.9, 0.99):
+        got = histogram_quantile(list(BOUNDS), list(histogram.counts), q)
+        want = exact[int(q * len(exact)) - 1]
+        assert got is not None
+        bucket = next(i for i, b in enumerate(BOUNDS) if want <= b)
+        low = 0.0 if bucket == 0 else BOUNDS[bucket - 1]
+        assert low <= got <= BOUNDS[bucket], (q, got, want)
+    assert histogram_quantile(list(BOUNDS), [0] * 9, 0.5) is None
+
+
+def test_different_bucket_bounds_merge_onto_their_union() -> None:
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    series.record(
+        LoadReport(
+            model_stats=(
+                ModelStats("a", "1", 10, ttft_seconds=Histogram((0.1, 1.0), (10, 0, 0), 0.5)),
+            )
+        )
+    )
+    series.record(
+        LoadReport(
+            model_stats=(
+                ModelStats("b", "1", 10, ttft_seconds=Histogram((0.05, 0.5), (0, 0, 10), 30.0)),
+            )
+        )
+    )
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert point["ttft_observations"] == 20
+    assert point["ttft_p50_s"] is not None and point["ttft_p50_s"] <= 0.1
+    assert point["ttft_p99_s"] == 1.0  # above every bound: the highest bound
+
+
+def test_the_series_keeps_one_hour_without_holes_and_tells_subscribers() -> None:
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    seen: list[dict[str, Any]] = []
+    unsubscribe = series.subscribe(seen.append)
+    series.record(_report([0.1]))
+    clock.now += 5 * STEP_S
+    series.record(_report([0.1]))
+    assert len(series.points()) == 5  # one with data, four empty: no holes
+    assert [p["requests_per_s"] for p in series.points()] == [0.1, 0, 0, 0, 0]
+    assert len(seen) == 5
+    unsubscribe()
+    clock.now += 2 * HOUR_POINTS * STEP_S  # asleep for two hours
+    points = series.points()
+    assert len(points) == HOUR_POINTS
+    assert all(p["requests_per_s"] == 0 for p in points)
+    assert points[-1]["t"] == int(clock.now // STEP_S) * STEP_S - STEP_S
+    assert len(seen) == 5
+
+
+def test_sessions_expire_and_end_with_their_token() -> None:
+    clock = Clock()
+    valid = {"good"}
+    from coordinator.admin_tokens import Caller, Role
+
+    sessions = DashboardSessions(
+        lambda t: Caller("id", "op", Role.OPERATOR) if t in valid else None, ttl_s=60, clock=clock
+    )
+    assert sessions.open("bad") is None
+    opened = sessions.open("good")
+    assert opened is not None
+    session_id, caller = opened
+    assert len(session_id) >= 40 and caller.role is Role.OPERATOR
+    assert sessions.caller(session_id) == caller
+    clock.now += 61
+    assert sessions.caller(session_id) is None  # expired
+    session_id, _ = sessions.open("good") or ("", None)
+    valid.clear()  # the admin token was revoked
+    assert sessions.caller(session_id) is None
+    assert len(sessions) == 0
+
+
+class Client:
+    def __init__(self, server: TestServer) -> None:
+        self.server = server
+        self.base = str(server.make_url("")).rstrip("/")
+        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+    async def call(
+        self, method: str, path: str, *, json: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any, Any]:
+        async with self.http.request(
+            method, self.base + path, json=json, headers=headers or {}, allow_redirects=False
+        ) as r:
+            body: Any = await r.json() if r.content_type == "application/json" else await r.text()
+            return r.status, body, r
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[Callable[[], Awaitable[Client]]]:
+    made: list[tuple[TestServer, Client]] = []
+
+    async def make() -> Client:
+        config = CoordinatorConfig(
+            grpc_port=0,
+            http_port=0,
+            enroll_port=0,
+            data_dir=str(tmp_path / "c"),
+            admin_token=ADMIN_TOKEN,
+        )
+        server = TestServer(create_app(config), host="127.0.0.1", port=0)
+        await server.start_server()
+        c = Client(server)
+        made.append((server, c))
+        return c
+
+    yield make
+    for server, c in made:
+        await c.http.close()
+        await server.close()
+
+
+async def test_sign_in_sets_an_httponly_strict_cookie_and_the_token_is_not_echoed(
+    client: Callable[[], Awaitable[Client]],
+) -> None:
+    c = await client()
+    status, body, _ = await c.call("GET", "/v1/admin/whoami")
+    assert status == 401
+    status, body, _ = await c.call("POST", "/v1/dashboard/session", json={"token": "nope"})
+    assert status == 401 and body["error"]["code"] == "invalid_admin_token"
+    status, body, response = await c.call(
+        "POST", "/v1/dashboard/session", json={"token": ADMIN_TOKEN}
+    )
+    assert status == 201 and body["role"] == "admin"
+    assert ADMIN_TOKEN not in str(body)
+    cookie = response.headers["Set-Cookie"]
+    assert cookie.startswith(f"{COOKIE}=") and ADMIN_TOKEN not in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    # The cookie stands for the token on reads...
+    status, body, _ = await c.call("GET", "/v1/admin/whoami")
+    assert status == 200 and body["role"] == "admin"
+    status, series, _ = await c.call("GET", "/v1/admin/fleet/series")
+    assert status == 200 and series["step_s"] == 10 and "current" in series
+    # A plain client of the event stream gets its first event and the end, not a hang.
+    status, text, response = await c.call("GET", "/v1/admin/fleet/events")
+    assert status == 200 and response.content_type == "text/event-stream"
+    assert text.startswith("retry: 2000\nevent: ready\n")
+    # ...and on state changes only from the coordinator's own origin.
+    status, body, _ = await c.call(
+        "POST", "/v1/admin/tokens", json={"site": "x"}, headers={"Origin": "https://evil.example"}
+    )
+    assert status == 403 and body["error"]["code"] == "cross_origin"
+    status, body, _ = await c.call("POST", "/v1/admin/tokens", json={"site": "x"})
+    assert status == 403 and body["error"]["code"] == "cross_origin"  # no Origin at all
+    status, body, _ = await c.call(
+        "POST", "/v1/admin/tokens", json={"site": "lab"}, headers={"Origin": c.base}
+    )
+    assert status == 201 and body["site"] == "lab" and body["token"]
+    _, audit, _ = await c.call("GET", "/v1/admin/audit")
+    actions = [(e["action"], e["outcome"]) for e in audit["data"]]
+    assert ("POST /v1/dashboard/session", "ok") in actions
+    assert ("POST /v1/admin/tokens", "ok") in actions
+    # Sign-in from another origin is refused; sign-out ends the session.
+    status, _, _ = await c.call(
+        "POST",
+        "/v1/dashboard/session",
+        json={"token": ADMIN_TOKEN},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert status == 403
+    status, body, _ = await c.call("DELETE", "/v1/dashboard/session", headers={"Origin": c.base})
+    assert status == 200 and body["signed_out"] is True
+    assert (await c.call("GET", "/v1/admin/whoami"))[0] == 401
+
+
+async def test_static_files_carry_a_self_only_csp_and_nothing_else_is_served(
+    client: Callable[[], Awaitable[Client]],
+) -> None:
+    c = await client()
+    status, text, response = await c.call("GET", "/dashboard")
+    assert status == 404  # one address: /dashboard/
+    for path, kind in (
+        ("/dashboard/", "text/html"),
+        ("/dashboard/app.js", "text/javascript"),
+        ("/dashboard/style.css", "text/css"),
+    ):
+        status, text, response = await c.call("GET", path)
+        assert status == 200 and response.content_type == kind
+        assert response.headers["Content-Security-Policy"] == CSP
+        assert "default-src 'self'" in CSP and "script-src 'self'" in CSP
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        # Nothing from elsewhere (the SVG namespace name is a name, not a fetch).
+        assert "https://" not in text
+        assert text.replace("http://www.w3.org/2000/svg", "").count("http://") == 0
+    for path in (
+        "/dashboard/..%2Fapp.py",
+        "/dashboard/.hidden",
+        "/dashboard/nope.js",
+        "/dashboard/%2e%2e%2fconfig.py",
+        "/dashboard/" + "0" * 300,  # longer than a file name may be
+    ):
+        status, _body, _ = await c.call("GET", path)
+        assert status == 404, path
+    _, html, _ = await c.call("GET", "/dashboard/")
+    assert '<script src="/dashboard/app.js"' in html and "innerHTML" not in html
+    _, script, _ = await c.call("GET", "/dashboard/app.js")
+    assert "innerHTML" not in script and "localStorage" not in script
+
+
+async def test_metrics_count_agents_by_status_and_site(
+    client: Callable[[], Awaitable[Client]],
+) -> None:
+    c = await client()
+    status, text, _ = await c.call(
+        "GET", "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert status == 200
+    for state in ("live", "suspect", "down", "draining"):
+        assert f'edgefleet_coordinator_agents{{site="",status="{state}"}} 0.0' in text
+    assert "edgefleet_coordinator_load_reports_total" in text
+    assert "edgefleet_coordinator_route_seconds_bucket" in text
+
+
+class _Usage(NamedTuple):  # the overflow work's OverflowUsage (contract field 18)
+    target: str
+    requests: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+
+class _ReportWithOverflow(NamedTuple):  # a LoadReport once it carries overflow_usage
+    model_stats: tuple[ModelStats, ...] = ()
+    key_usage: tuple[KeyUsage, ...] = ()
+    overflow_usage: tuple[_Usage, ...] = ()
+
+
+def test_overflow_use_and_cost_by_target_once_reports_carry_them() -> None:
+    from coordinator.metrics import CoordinatorMetrics
+    from coordinator.registry import FleetRegistry
+
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    report = cast(
+        LoadReport,
+        _ReportWithOverflow(
+            overflow_usage=(
+                _Usage("openai", requests=20, cost=0.5),
+                _Usage("peer-lyon", requests=10),
+            )
+        ),
+    )
+    series.record(report)
+    series.record(report)
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert point["overflow_per_s"] == {"openai": 4.0, "peer-lyon": 2.0}
+    assert point["overflow_cost"] == {"openai": 1.0, "peer-lyon": 0.0}
+    metrics = CoordinatorMetrics(cast(FleetRegistry, _NoAgents()))
+    metrics.record_overflow(report.overflow_usage)
+    text = metrics.exposition().decode()
+    assert (
+        'edgefleet_coordinator_overflow_requests_total{outcome="ok",target="openai"} 20.0' in text
+    )
+    assert 'edgefleet_coordinator_overflow_cost_total{target="openai"} 0.5' in text
+    many = cast(
+        LoadReport,
+        _ReportWithOverflow(overflow_usage=tuple(_Usage(f"t{i}", requests=1) for i in range(150))),
+    )
+    metrics.record_overflow(many.overflow_usage)  # agents name targets: the label set stays bounded
+    text = metrics.exposition().decode()
+    assert 'target="other"' in text and 'target="t120"' not in text
+
+
+class _NoAgents:
+    def agents(self) -> list[Any]:
+        return []
+
+    def connected_count(self) -> int:
+        return 0
+
+    def known_count(self) -> int:
+        return 0
+
+
+def test_agents_without_model_stats_count_by_their_request_totals() -> None:
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    series.record(LoadReport(requests_total=10, requests_failed_total=1), "a")
+    series.record(LoadReport(requests_total=25, requests_failed_total=3), "a")
+    series.record(LoadReport(requests_total=5), "b")  # first report: a baseline only
+    series.record(LoadReport(requests_total=2), "b")  # restarted: no negative count
+    series.record(LoadReport(requests_total=7), "b")
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert point["requests_per_s"] == pytest.approx((15 + 5) / STEP_S)
+    assert point["failed_per_s"] == pytest.approx(2 / STEP_S)

@@ -3,13 +3,14 @@
 Each field is the one fleet.proto defines: the engine's running and waiting sequences
 (each counted once), tokens/s over the last interval, KV cache use, available memory,
 request counters, whether the agent is draining or unhealthy, and what each API key used
-since the previous report (requests, prompt and completion tokens, rejections).
+since the previous report (requests, prompt and completion tokens, rejections); with
+model sync, the model inventory and what each model version served (TTFT histogram).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import Counter
 
@@ -17,7 +18,8 @@ from agent.agent_state import AgentState
 from agent.auth.keys import KeyTable
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
-from edgefleet.contract import LoadReport
+from agent.sync.stats import ModelStatsCollector
+from edgefleet.contract import LoadReport, ModelInventory
 
 
 def _free_memory_bytes() -> int:
@@ -40,11 +42,16 @@ class LoadSampler:
         metrics: AgentMetrics,
         state: AgentState | None = None,
         keys: KeyTable | None = None,
+        *,
+        inventory: Callable[[], tuple[ModelInventory, ...]] | None = None,
+        model_stats: ModelStatsCollector | None = None,
     ) -> None:
         self._registry = registry
         self._keys = keys
         self._metrics = metrics
         self._state = state
+        self._inventory = inventory
+        self._model_stats = model_stats
         self._last_time = time.monotonic()
         self._last_tokens = self._tokens()
 
@@ -75,6 +82,8 @@ class LoadSampler:
             draining=state is not None and state.draining,
             unhealthy_reason="" if state is None else state.unhealthy_reason,
             key_usage=() if self._keys is None else self._keys.take_usage(),
+            inventory=() if self._inventory is None else self._inventory(),
+            model_stats=() if self._model_stats is None else self._model_stats.take(),
         )
 
 

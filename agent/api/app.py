@@ -54,6 +54,11 @@ from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
 from agent.request_log import RequestLog, RequestLogSlot
 from agent.response_cache import ResponseCache
+from agent.sync.blob_server import blob_handler
+from agent.sync.manager import ModelSync
+from agent.sync.setup import build_model_sync, models_source, sync_wanted
+from agent.sync.stats import ModelStatsCollector
+from agent.sync.store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,9 @@ REQUEST_LOG = web.AppKey("request_log", RequestLogSlot)
 # serving layer (GenerationRunner) for streamed and whole responses alike.
 USAGE = web.RequestKey("edgefleet_usage", RequestUsage)
 KEYS = web.AppKey("keys", KeyTable)
+# Model sync (absent when this agent runs without it: no coordinator, no store).
+SYNC = web.AppKey("model_sync", ModelSync)
+MODEL_STATS = web.AppKey("model_stats", ModelStatsCollector)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -112,6 +120,17 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         )
     finally:
         CURRENT_USAGE.reset(usage_token)
+        if usage.model and endpoint in RECORDED_ENDPOINTS:
+            request.app[MODEL_STATS].record(
+                usage.model,
+                usage.version,
+                failed=status >= 500,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                ttft_s=None
+                if usage.first_token_at is None
+                else max(0.0, usage.first_token_at - started),
+            )
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
         if (
@@ -169,10 +188,11 @@ def _record_request(
             counts = body.get("usage")
             if not isinstance(counts, dict):
                 counts = {}
-            record["model"] = body["model"][:256]
+            name, _, version = body["model"].partition("@")  # replies name name@version
+            record["model"] = name[:256]
             record["prompt_tokens"] = _count(counts.get("prompt_tokens"))
             record["completion_tokens"] = _count(counts.get("completion_tokens"))
-            record["version"] = (_version_of(request.app)(body["model"]) or "")[:256]
+            record["version"] = (version or _version_of(request.app)(name) or "")[:256]
     try:
         log_.append(record)
     except OSError as exc:
@@ -319,6 +339,8 @@ ROUTES = [
     web.get("/metrics", metrics_page),
     web.get("/openapi.json", openapi),
 ]
+# The model store's blobs for site peers (added per app: it serves that app's store).
+BLOBS_PATH = "/v1/blobs/sha256/{hex}"
 
 
 def _registry_ctx(
@@ -327,6 +349,10 @@ def _registry_ctx(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         config = app[CONFIG]
         reg = registry
+        metrics = app[METRICS]
+        sync: ModelSync | None = None
+        if reg is None and models_source(config) == "store":
+            reg = ModelRegistry({}, {})
         if reg is None:
             engine = config.engine
             reg = load_registry(
@@ -338,8 +364,15 @@ def _registry_ctx(
                 embedding_batch_config=config.embeddings.batch(),
                 verify=config.models.verify_checksums,
             )
+        if sync_wanted(config):
+            sync = build_model_sync(config, reg, [metrics])
+            if not reg.text_models and not reg.embedding_models:
+                loaded = await sync.cold_start()
+                log.info("model store %s: serving %s", sync.store.root, ", ".join(loaded) or
+                         "nothing yet (waiting for the coordinator's models)")  # fmt: skip
+        if sync is not None:
+            app[SYNC] = sync
         limits = GenerationLimits(default_max_tokens=config.engine.default_max_tokens)
-        metrics = app[METRICS]
         for model in reg.text_models.values():
             model.add_listener(metrics)
         app[REGISTRY] = reg
@@ -352,8 +385,12 @@ def _registry_ctx(
         # fails past its restart policy marks the agent unhealthy (/healthz 503, reports)
         try:
             await reg.start(on_dead=app[STATE].mark_unhealthy)
+            if sync is not None:
+                sync.set_on_dead(app[STATE].mark_unhealthy)
             yield
         finally:
+            if sync is not None:
+                await sync.close()
             await reg.close()
 
     return ctx
@@ -385,7 +422,16 @@ def create_app(
     app[STARTED] = time.time()
     app[STATE] = AgentState()
     app[KEYS] = keys
-    app.add_routes(ROUTES)
+    app[MODEL_STATS] = ModelStatsCollector()
+    routes = [r for r in ROUTES if r.path != BLOBS_PATH]
+    if config.models.serve_blobs:
+
+        def store() -> ModelStore | None:
+            sync = app.get(SYNC)
+            return None if sync is None else sync.store
+
+        routes.append(web.get(BLOBS_PATH, blob_handler(store)))
+    app.add_routes(routes)
     app.cleanup_ctx.append(_registry_ctx(registry))
     # Per-request records: the agent's entry point opens the spool once it knows its id
     # (``RequestLogSlot.open``); until then, and when standalone, none are kept.

@@ -195,6 +195,8 @@ class ModelSync:
                         continue
                 task.cancel()
             previous = running[1] if running is not None else None
+            # a fresh entry now: the section is not applied until this attempt ends
+            self._entries[(target.name, target.version)] = _Entry(target.name, target.version)
             new = asyncio.create_task(
                 self._install(target, previous), name=f"model-sync-{target.name}"
             )
@@ -237,7 +239,8 @@ class ModelSync:
         if previous is not None:
             await asyncio.wait([previous])
         key = (target.name, target.version)
-        entry = self._entries[key] = _Entry(target.name, target.version)
+        entry = self._entries.get(key) or _Entry(target.name, target.version)
+        self._entries[key] = entry
         try:
             manifest = self._checked_manifest(target)
             if self._current_version(target.name) == target.version:

@@ -103,6 +103,8 @@ class ModelsConfig(Settings):
     allow_unsigned: bool = False
     self_check: bool = True  # run the on-box accuracy check before a new version serves
     self_check_threads: int = Field(default=1, ge=1, le=256)
+    # Factual prompts the self-check asks (of the gate's 20; the perplexity text is whole).
+    self_check_prompts: int = Field(default=8, ge=1, le=20)
     # A new version loads beside the old one only when free memory is at least this
     # times its files' bytes (else the load is refused and reported).
     load_memory_factor: float = Field(default=1.5, gt=0, le=1_000_000)

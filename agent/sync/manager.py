@@ -79,6 +79,7 @@ def free_memory_bytes() -> int:
 class SyncOptions:
     self_check: bool = True  # run the on-box accuracy check before swapping in
     self_check_threads: int = 1
+    self_check_prompts: int = 8  # of the gate's 20 factual prompts
     load_memory_factor: float = 1.5  # free memory needed: this x the version's bytes
     drain_timeout_s: float = 600.0  # old version closed after this even if still busy
     own_blob_url: str = ""  # this agent's blob base URL (never fetched from)
@@ -373,7 +374,11 @@ class ModelSync:
                     entry.state = State.CHECKING
                     self._progress(entry)
                     result = await asyncio.to_thread(
-                        run_self_check, view, manifest, self.options.self_check_threads
+                        run_self_check,
+                        view,
+                        manifest,
+                        self.options.self_check_threads,
+                        self.options.self_check_prompts,
                     )
                     entry.self_check = result
                     log.info("self-check of %s@%s: %s in %.1f s (perplexity %.3f, x%.3f of fp32,"

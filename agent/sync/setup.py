@@ -92,6 +92,7 @@ def build_model_sync(
     options = SyncOptions(
         self_check=m.self_check,
         self_check_threads=m.self_check_threads,
+        self_check_prompts=m.self_check_prompts,
         load_memory_factor=m.load_memory_factor,
         drain_timeout_s=m.drain_timeout_s,
         verify_on_cold_start=m.verify_checksums,

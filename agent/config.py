@@ -94,6 +94,9 @@ class ModelsConfig(Settings):
     download_concurrency: int = Field(default=4, ge=1, le=64)  # blobs fetched at once
     download_bytes_per_s: int = Field(default=0, ge=0)  # bandwidth cap, all downloads; 0: none
     download_timeout_s: float = Field(default=60.0, gt=0, le=3600)  # a stalled read gives up
+    # A site peer that lacks a blob is asked again for this long before the coordinator
+    # (not by the site's first agent, which fetches it from the coordinator for the others).
+    peer_wait_s: float = Field(default=15.0, ge=0, le=3600)
     # Model-signing public keys (base64 of the raw ed25519 key) trusted besides the one
     # pinned at enrollment; and a file holding one (a signed set's signing-key.pub).
     trusted_keys: Names = ()

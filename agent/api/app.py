@@ -430,7 +430,11 @@ def create_app(
             sync = app.get(SYNC)
             return None if sync is None else sync.store
 
-        routes.append(web.get(BLOBS_PATH, blob_handler(store)))
+        def fetching(hex_: str) -> bool:
+            sync = app.get(SYNC)
+            return sync is not None and hex_ in sync.fetcher.downloading
+
+        routes.append(web.get(BLOBS_PATH, blob_handler(store, fetching)))
     app.add_routes(routes)
     app.cleanup_ctx.append(_registry_ctx(registry))
     # Per-request records: the agent's entry point opens the spool once it knows its id

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from agent.api.http_io import error_body
 from agent.errors import ModelNotFoundError, RequestError
+from agent.sync.fetch import FETCHING_HEADER
 from agent.sync.store import ModelStore
 from edgefleet.model_signing import SHA256_PATTERN
 
@@ -51,7 +52,11 @@ def _range(header: str, size: int) -> tuple[int, int] | None:
 
 def blob_handler(
     store: Callable[[], ModelStore | None],
+    fetching: Callable[[str], bool] = lambda _: False,
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``fetching(hex)``: whether this agent is downloading that blob now (a peer asking
+    gets 503 with ``X-Edgefleet-Fetching: 1`` and waits instead of going elsewhere)."""
+
     async def serve_blob(request: web.Request) -> web.StreamResponse:
         hex_ = request.match_info["hex"]
         current = store()
@@ -61,6 +66,10 @@ def blob_handler(
         try:
             size = path.stat().st_size
         except FileNotFoundError:
+            if fetching(hex_):
+                body = error_body("this agent is fetching the blob; ask again", "server_error")
+                headers = {FETCHING_HEADER: "1", "Retry-After": "1"}
+                return web.json_response(body, status=503, headers=headers)
             raise ModelNotFoundError(f"no blob {hex_} here") from None
         etag = f'"{hex_}"'
         headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": "immutable"}

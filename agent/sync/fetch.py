@@ -31,6 +31,18 @@ from agent.sync.store import ModelStore
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 16
+#: On a peer's 503: it is fetching the blob itself (ask again soon).
+FETCHING_HEADER = "X-Edgefleet-Fetching"
+
+
+class BlobNotHereError(ModelSyncError):
+    """The source does not hold the blob (404)."""
+
+
+class PeerFetchingError(ModelSyncError):
+    """The peer is fetching the blob itself (503 with FETCHING_HEADER)."""
+
+
 SourceKind = Literal["peer", "coordinator"]
 #: ``progress(bytes, kind)`` after each chunk written.
 Progress = Callable[[int, SourceKind], None]
@@ -80,6 +92,7 @@ class BlobFetcher:
         headers: Callable[[BlobSource], dict[str, str]] | None = None,
         ssl: object = None,
         timeout_s: float = 60.0,
+        peer_wait_s: float = 15.0,
     ) -> None:
         self.store = store
         self._slots = asyncio.Semaphore(concurrency)
@@ -90,6 +103,12 @@ class BlobFetcher:
         self.ssl = ssl
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        #: How long a follower asks peers that lack a blob before the coordinator, and how
+        #: often (a peer still fetching it is waited for as long as it keeps fetching).
+        self.peer_wait_s = peer_wait_s
+        self.peer_poll_s = 0.25
+        #: Blobs whose bytes are arriving now (peers asking for them get 503 + header).
+        self.downloading: set[str] = set()
         # A blob being fetched once, however many versions ask for it.
         self._inflight: dict[str, asyncio.Future[None]] = {}
 
@@ -104,10 +123,17 @@ class BlobFetcher:
         return self._session
 
     async def fetch(
-        self, sha256: str, size: int, sources: Sequence[BlobSource], progress: Progress
+        self,
+        sha256: str,
+        size: int,
+        sources: Sequence[BlobSource],
+        progress: Progress,
+        *,
+        wait_for_peers: bool = False,
     ) -> None:
         """Fetch one blob (no-op when stored). Raises ModelSyncError when no source gave
-        the right bytes (the last reason in the message)."""
+        the right bytes (every source's reason in the message). ``wait_for_peers``: peers
+        that do not have the blob yet are asked again (see :meth:`_fetch`)."""
         if self.store.has_blob(sha256, size):
             return
         running = self._inflight.get(sha256)
@@ -118,8 +144,11 @@ class BlobFetcher:
         self._inflight[sha256] = future
         try:
             async with self._slots:
-                await self._fetch(sha256, size, sources, progress)
+                await self._fetch(sha256, size, sources, progress, wait_for_peers)
             future.set_result(None)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: waiters re-raise it themselves
@@ -128,25 +157,67 @@ class BlobFetcher:
             del self._inflight[sha256]
 
     async def _fetch(
-        self, sha256: str, size: int, sources: Sequence[BlobSource], progress: Progress
+        self,
+        sha256: str,
+        size: int,
+        sources: Sequence[BlobSource],
+        progress: Progress,
+        wait_for_peers: bool,
     ) -> None:
+        """Peers first, then the coordinator. A peer that is fetching the blob itself (503)
+        is asked again every ``peer_poll_s`` for as long as it keeps fetching; one that
+        does not have it (404) is asked again for ``peer_wait_s`` when ``wait_for_peers``
+        (this agent is not its site's first: the first fetches from the coordinator, the
+        others from it). A peer that fails otherwise or sends wrong bytes is dropped."""
         if not sources:
             raise ModelSyncError(f"blob {sha256[:12]}: no source to fetch it from")
+        peers = [s for s in sources if s.kind == "peer"]
+        others = [s for s in sources if s.kind != "peer"]
         reasons: list[str] = []
-        for source in sources:
+        dropped: set[str] = set()
+        deadline = time.monotonic() + (self.peer_wait_s if wait_for_peers else 0.0)
+        while True:
+            again = False
+            for source in peers:
+                if source.base_url in dropped:
+                    continue
+                try:
+                    await self._fetch_from(source, sha256, size, progress)
+                    return
+                except PeerFetchingError:
+                    again = True
+                    deadline = max(deadline, time.monotonic() + self.peer_wait_s)
+                except BlobNotHereError:
+                    again = again or wait_for_peers
+                except Exception as exc:
+                    if not self._failed(source, sha256, exc, reasons):
+                        raise
+                    dropped.add(source.base_url)
+            if not again or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(self.peer_poll_s)
+        for source in others:
             try:
                 await self._fetch_from(source, sha256, size, progress)
                 return
-            except BlobIntegrityError as exc:
-                log.warning("blob %s from %s %s: %s; skipping that source",
-                            sha256[:12], source.kind, source.base_url, exc)  # fmt: skip
-                self.store.partial(sha256).unlink(missing_ok=True)
-                reasons.append(f"{source.kind} {source.base_url}: {exc}")
-            except (aiohttp.ClientError, TimeoutError, OSError, ModelSyncError) as exc:
-                log.info("blob %s from %s %s failed: %s", sha256[:12], source.kind,
-                         source.base_url, exc or type(exc).__name__)  # fmt: skip
-                reasons.append(f"{source.kind} {source.base_url}: {exc or type(exc).__name__}")
+            except Exception as exc:
+                if not self._failed(source, sha256, exc, reasons):
+                    raise
         raise ModelSyncError(f"blob {sha256[:12]} could not be fetched: {'; '.join(reasons)}")
+
+    def _failed(self, source: BlobSource, sha256: str, exc: Exception, reasons: list[str]) -> bool:
+        """Log and keep the reason of a source's failure; False for an unexpected error."""
+        if isinstance(exc, BlobIntegrityError):
+            log.warning("blob %s from %s %s: %s; skipping that source",
+                        sha256[:12], source.kind, source.base_url, exc)  # fmt: skip
+            self.store.partial(sha256).unlink(missing_ok=True)
+        elif isinstance(exc, aiohttp.ClientError | TimeoutError | OSError | ModelSyncError):
+            log.info("blob %s from %s %s failed: %s", sha256[:12], source.kind,
+                     source.base_url, exc or type(exc).__name__)  # fmt: skip
+        else:
+            return False
+        reasons.append(f"{source.kind} {source.base_url}: {exc or type(exc).__name__}")
+        return True
 
     async def _fetch_from(
         self, source: BlobSource, sha256: str, size: int, progress: Progress
@@ -171,6 +242,10 @@ class BlobFetcher:
         if self.ssl is not None and source.base_url.startswith("https:"):
             kwargs["ssl"] = self.ssl
         async with self._client().get(source.url(sha256), **kwargs) as response:  # type: ignore[arg-type]
+            if response.status == 404:
+                raise BlobNotHereError("HTTP 404: not there")
+            if response.status == 503 and response.headers.get(FETCHING_HEADER):
+                raise PeerFetchingError("the peer is fetching it")
             if response.status == 416:
                 part.unlink(missing_ok=True)
                 raise ModelSyncError("the source refused our range (416); starting over")
@@ -181,17 +256,21 @@ class BlobFetcher:
                 raise ModelSyncError(f"HTTP {response.status}")
             mode = "ab" if have else "wb"
             written = have
-            with open(part, mode) as fh:
-                async for chunk in response.content.iter_chunked(_CHUNK):
-                    written += len(chunk)
-                    if written > size:
-                        raise BlobIntegrityError(f"more than the {size} bytes the manifest says")
-                    await self.limiter.take(len(chunk))
-                    fh.write(chunk)
-                    digest.update(chunk)
-                    progress(len(chunk), source.kind)
-                fh.flush()
-                os.fsync(fh.fileno())
+            self.downloading.add(sha256)
+            try:
+                with open(part, mode) as fh:
+                    async for chunk in response.content.iter_chunked(_CHUNK):
+                        written += len(chunk)
+                        if written > size:
+                            raise BlobIntegrityError(f"more than the {size} bytes listed")
+                        await self.limiter.take(len(chunk))
+                        fh.write(chunk)
+                        digest.update(chunk)
+                        progress(len(chunk), source.kind)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            finally:
+                self.downloading.discard(sha256)
         if written != size:
             raise ModelSyncError(f"the transfer ended at {written} of {size} bytes")
         if digest.hexdigest() != sha256:

@@ -339,8 +339,16 @@ class ModelSync:
                 last_report[0] = now
                 self._progress(entry)
 
+        # the site's first agent (lowest blob URL) fetches from the coordinator; the others
+        # wait for their peers to have the blob, so one copy per site crosses the WAN
+        own = self.options.own_blob_url.rstrip("/")
+        peer_urls = [s.base_url.rstrip("/") for s in sources if s.kind == "peer"]
+        follower = bool(own and peer_urls and min(peer_urls) < own)
         results = await asyncio.gather(
-            *(self.fetcher.fetch(sha, size, sources, progress) for sha, size in missing),
+            *(
+                self.fetcher.fetch(sha, size, sources, progress, wait_for_peers=follower)
+                for sha, size in missing
+            ),
             return_exceptions=True,
         )
         for result in results:

@@ -70,6 +70,7 @@ def build_model_sync(
         concurrency=m.download_concurrency,
         bandwidth_bytes_per_s=m.download_bytes_per_s,
         timeout_s=m.download_timeout_s,
+        peer_wait_s=m.peer_wait_s,
         ssl=fleet_ssl_context(config) if config.coordinator.target else None,
     )
 

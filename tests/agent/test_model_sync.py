@@ -409,3 +409,27 @@ async def test_sigkill_mid_download_resumes_without_refetching(
     resumed = [r for h, r in origin.requests if h == big and r is not None]
     assert resumed == [f"bytes={kept}-"]
     assert origin.bytes_sent - sent_before == v1.total_bytes - kept
+
+
+async def test_agents_at_one_site_fetch_one_copy_from_the_coordinator(
+    tiny_artifacts: Path, signer: ManifestSigner, origin: BlobOrigin, make_agent: AgentFactory
+) -> None:
+    """Three agents get the version at once, each naming the others as peers (as the
+    coordinator does for agents holding or fetching it): the first fetches from the
+    coordinator, the others wait for and take its blobs."""
+    v1 = signed_version(tiny_artifacts / TINY, signer, version=V1)
+    origin.add(v1)
+    origin.chunk_delay_s = 0.01  # a WAN link: slower than the site's LAN
+    agents = [await make_agent() for _ in range(3)]
+    urls = [str(a.make_url("/v1/blobs")) for a in agents]
+    for agent, url in zip(agents, urls, strict=True):
+        sync_of(agent).options.own_blob_url = url
+    await asyncio.gather(
+        *(
+            converge(agent, v1.section(1, origin.url, peers=tuple(u for u in urls if u != url)))
+            for agent, url in zip(agents, urls, strict=True)
+        )
+    )
+    assert origin.bytes_sent == v1.total_bytes, "more than one copy crossed the WAN"
+    from_peers = [sync_of(a).entry(TINY, V1).bytes_from_peers for a in agents]  # type: ignore[union-attr]
+    assert sorted(from_peers) == [0, v1.total_bytes, v1.total_bytes]

@@ -31,6 +31,7 @@ from agent.api.protocol import (
     Health,
     ModelCard,
     ModelList,
+    ModelSyncStatus,
 )
 from agent.api.serving_chat import ChatService
 from agent.api.serving_common import (
@@ -59,6 +60,7 @@ from agent.sync.manager import ModelSync
 from agent.sync.setup import build_model_sync, models_source, sync_wanted
 from agent.sync.stats import ModelStatsCollector
 from agent.sync.store import ModelStore
+from edgefleet.contract import ModelInventoryState
 
 log = logging.getLogger(__name__)
 
@@ -308,9 +310,27 @@ async def healthz(request: web.Request) -> web.StreamResponse:
             waiting=load.waiting,
             kv_cache_used_tokens=load.kv_used_tokens,
             unhealthy_reason=state.unhealthy_reason,
+            model_sync=_sync_status(request.app),
         ),
         status=503 if status == "unhealthy" else 200,
     )
+
+
+def _sync_status(app: web.Application) -> list[ModelSyncStatus]:
+    sync = app.get(SYNC)
+    if sync is None:
+        return []
+    return [
+        ModelSyncStatus(
+            model=f"{i.name}@{i.version}",
+            state=i.state.value,  # type: ignore[arg-type]
+            bytes_done=i.bytes_done,
+            bytes_total=i.bytes_total,
+            last_error=i.last_error,
+        )
+        for i in sync.inventory()
+        if i.state not in (ModelInventoryState.LOADED, ModelInventoryState.ON_DISK)
+    ]
 
 
 async def metrics_page(request: web.Request) -> web.StreamResponse:

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import IO, Any, Literal
 
 import aiohttp
 
@@ -30,7 +30,8 @@ from agent.sync.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 1 << 16
+_CHUNK = 1 << 20
+_BUFFER = 4 << 20  # bytes handed to the hashing/writing thread at a time
 #: On a peer's 503: it is fetching the blob itself (ask again soon).
 FETCHING_HEADER = "X-Edgefleet-Fetching"
 
@@ -259,16 +260,27 @@ class BlobFetcher:
             self.downloading.add(sha256)
             try:
                 with open(part, mode) as fh:
+                    # hashing and writing run in a thread (hashlib and file writes release
+                    # the GIL), one buffer behind the network reads, in order
+                    pending: asyncio.Future[None] | None = None
+                    buffer = bytearray()
                     async for chunk in response.content.iter_chunked(_CHUNK):
                         written += len(chunk)
                         if written > size:
                             raise BlobIntegrityError(f"more than the {size} bytes listed")
                         await self.limiter.take(len(chunk))
-                        fh.write(chunk)
-                        digest.update(chunk)
+                        buffer += chunk
                         progress(len(chunk), source.kind)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                        if len(buffer) >= _BUFFER:
+                            if pending is not None:
+                                await pending
+                            data, buffer = bytes(buffer), bytearray()
+                            pending = asyncio.ensure_future(
+                                asyncio.to_thread(_sink, fh, digest, data)
+                            )
+                    if pending is not None:
+                        await pending
+                    await asyncio.to_thread(_sink, fh, digest, bytes(buffer), finish=True)
             finally:
                 self.downloading.discard(sha256)
         if written != size:
@@ -276,3 +288,12 @@ class BlobFetcher:
         if digest.hexdigest() != sha256:
             raise BlobIntegrityError("the bytes do not match their sha256")
         self.store.commit_partial(sha256)
+
+
+def _sink(fh: IO[Any], digest: Any, data: bytes, *, finish: bool = False) -> None:
+    """Write and hash ``data``; with ``finish``, flush and fsync the file."""
+    fh.write(data)
+    digest.update(data)
+    if finish:
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -84,6 +84,9 @@ class SyncOptions:
     drain_timeout_s: float = 600.0  # old version closed after this even if still busy
     own_blob_url: str = ""  # this agent's blob base URL (never fetched from)
     verify_on_cold_start: bool = True
+    # False: a distribution-only node (a site cache, the benchmark's sync-only clients):
+    # versions are fetched, verified and served to peers, never loaded; ON_DISK is done.
+    load: bool = True
 
 
 @dataclass
@@ -212,7 +215,8 @@ class ModelSync:
             if self._current_version(target.name) == target.version:
                 continue
             entry = self._entries.get((target.name, target.version))
-            if entry is None or entry.state not in (State.LOADED, State.FAILED):
+            done = State.LOADED if self.options.load else State.ON_DISK
+            if entry is None or entry.state not in (done, State.FAILED):
                 return
         self.applied_generation = max(self.applied_generation, section.generation)
 
@@ -252,7 +256,8 @@ class ModelSync:
             self.store.mark_installed(target.name, target.version)
             entry.state = State.ON_DISK
             self._progress(entry)
-            await self._activate(entry, manifest, target.manifest)
+            if self.options.load:
+                await self._activate(entry, manifest, target.manifest)
         except asyncio.CancelledError:
             if entry.state not in (State.LOADED, State.FAILED):
                 entry.state = State.FAILED

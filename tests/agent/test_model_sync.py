@@ -398,7 +398,7 @@ async def test_sigkill_mid_download_resumes_without_refetching(
     await proc.wait()
     part = store / "partial" / f"{big}.part"
     kept = part.stat().st_size
-    assert size // 2 < kept < size, "the partial download should be on disk"
+    assert 0 < kept < size, "the partial download should be on disk"
     assert not (store / "blobs" / "sha256" / big).exists(), "nothing looks complete"
     sent_before = origin.bytes_sent
 

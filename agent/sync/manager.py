@@ -407,6 +407,7 @@ class ModelSync:
             self._swap_in(model)
         entry.state = State.LOADED
         entry.last_error = ""
+        self._update_applied()  # in the same step: no report sees it loaded but unacked
         self.store.set_active(entry.name, entry.version)
         keep = {(t.name, t.version) for t in (self._section.models if self._section else ())}
         await asyncio.to_thread(self.store.prune, keep)

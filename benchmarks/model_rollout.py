@@ -208,7 +208,7 @@ async def run_site(args: argparse.Namespace) -> None:
         }), flush=True)  # fmt: skip
 
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    reader = asyncio.StreamReader(limit=1 << 24)  # a command holds every target
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     watchers: set[asyncio.Task[None]] = set()
     from edgefleet.contract import ModelsSection

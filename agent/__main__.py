@@ -19,7 +19,17 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.api.app import KEYS, METRICS, REDACTOR, REGISTRY, REQUEST_LOG, STATE, create_app
+from agent.api.app import (
+    KEYS,
+    METRICS,
+    MODEL_STATS,
+    REDACTOR,
+    REGISTRY,
+    REQUEST_LOG,
+    STATE,
+    SYNC,
+    create_app,
+)
 from agent.auth.cli import run_keys_command
 from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
 from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
@@ -44,8 +54,12 @@ from agent.model_registry import ModelRegistry
 from agent.overflow.hook import OVERFLOW
 from agent.overflow.wiring import desired_state_appliers, peer_client_context
 from agent.redaction import Redactor, install_log_filter
+from agent.sync.fetch import BlobSource
+from agent.sync.manager import ModelSync
+from agent.sync.setup import models_source
 from edgefleet import config_loading
 from edgefleet.config_loading import add_arguments
+from edgefleet.contract import DesiredState
 from edgefleet.http_limits import LimitedAppRunner
 from edgefleet.tls import CertificateReloader
 
@@ -194,10 +208,56 @@ async def enroll_before_serving(config: AgentConfig) -> Enroller | None:
     return enroller
 
 
+class DesiredStateApplier:
+    """The session's ``on_desired_state``: API keys to the key table, models to model sync
+    (a ModelsSection only when its generation changed)."""
+
+    def __init__(self, keys: KeysApplier | None, sync: ModelSync | None) -> None:
+        self._keys = keys
+        self._sync = sync
+        self._models_generation = -1
+
+    def __call__(self, desired: DesiredState) -> None:
+        if self._keys is not None:
+            self._keys(desired)
+        section = desired.models
+        sync = self._sync
+        if (
+            sync is not None
+            and section is not None
+            and section.generation != self._models_generation
+        ):
+            self._models_generation = section.generation
+            sync.apply(section)
+
+
+def prepare_sync(
+    sync: ModelSync, public_url: str, enroller: Enroller | None, agent_id: str
+) -> None:
+    """This agent's own blob URL (never a source for itself), and how it identifies itself
+    to the coordinator's blob server: ``Edgefleet-Agent: <id>`` always, and the session
+    credential as a bearer token once enrolled (coordinator/model_http.py checks both; an
+    agent that never enrolled is served only while its session is live, on coordinators
+    that do not require enrollment)."""
+    sync.options.own_blob_url = f"{public_url.rstrip('/')}/v1/blobs"
+
+    def headers(source: BlobSource) -> dict[str, str]:
+        if source.kind != "coordinator":
+            return {}
+        credentials = None if enroller is None else enroller.credentials
+        found = {"Edgefleet-Agent": credentials.agent_id if credentials else agent_id}
+        if credentials is not None and credentials.token:
+            found["Authorization"] = f"Bearer {credentials.token}"
+        return found
+
+    sync.fetcher.headers = headers
+
+
 async def serve(config: AgentConfig) -> None:
     check_coordinator_tls(config)  # before the models load
     check_auth_configured(config)
-    check_models_dir(config)
+    if models_source(config) == "dir":
+        check_models_dir(config)
     check_port_free(config)
     enroller = await enroll_before_serving(config)  # before the certificate is looked up
     cert_files = server_cert_files(config)  # ConfigError: HTTPS required, no certificate
@@ -220,11 +280,15 @@ async def serve(config: AgentConfig) -> None:
     # agent-to-agent mutual TLS for forwards to peers (enrollment's certificate)
     overflow.forwarder.peer_ssl = peer_client_context(config)
     session: CoordinatorSession | None = None
+    sync = app.get(SYNC)
     if config.coordinator.target:
-        identity = build_identity(config, registry, agent_id, public_url)
+        session_enroller = enroller or build_enroller(config, agent_id)
+        if sync is not None:
+            prepare_sync(sync, public_url, session_enroller, agent_id)
+        keys_applier = KeysApplier(keys, last_keys_path(config)) if keys.enabled else None
         session = CoordinatorSession(
             config.coordinator.target,
-            lambda: identity,
+            lambda: build_identity(config, registry, agent_id, public_url),  # models change
             LoadSampler(
                 registry,
                 metrics,
@@ -232,11 +296,15 @@ async def serve(config: AgentConfig) -> None:
                 keys if keys.enabled else None,
                 redactions=app[REDACTOR].totals,
                 overflow_usage=overflow.book.take,
+                inventory=None if sync is None else sync.inventory,
+                model_stats=app[MODEL_STATS],
             ),
-            enroller=enroller or build_enroller(config, agent_id),
+            enroller=session_enroller,
             on_desired_state=desired_state_appliers(
-                KeysApplier(keys, last_keys_path(config)) if keys.enabled else None, overflow
+                DesiredStateApplier(keys_applier, sync), overflow
             ),
+            on_signing_key=None if sync is None else sync.trust.welcome_key,
+            models_applied=None if sync is None else (lambda: sync.applied_generation),
             on_command=state.apply,
             max_backoff_s=config.coordinator.max_backoff_s,
             request_log=app[REQUEST_LOG].open(

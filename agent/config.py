@@ -85,6 +85,36 @@ class ModelsConfig(Settings):
     dir: str = Field(default="models/artifacts", min_length=1)  # artifact directories live here
     serve: Names = ()  # artifact names to serve; empty serves all found
     verify_checksums: bool = True  # check sha256 of every file before loading
+    # Where served models come from. "dir": the artifact directories in models.dir (the
+    # --models-dir flow); "store": the model store, filled by model sync from the
+    # coordinator (and read at a cold start); "auto": store when a coordinator is set and
+    # models.dir was not, else dir. Model sync applies the coordinator's targets either way.
+    source: Literal["auto", "dir", "store"] = "auto"
+    store_dir: str = ""  # the model store; empty: <coordinator.state_dir>/models
+    keep_versions: int = Field(default=2, ge=1, le=100)  # last K versions kept per model
+    max_store_bytes: int = Field(default=0, ge=0)  # disk budget of the store; 0: none
+    download_concurrency: int = Field(default=4, ge=1, le=64)  # blobs fetched at once
+    download_bytes_per_s: int = Field(default=0, ge=0)  # bandwidth cap, all downloads; 0: none
+    download_timeout_s: float = Field(default=60.0, gt=0, le=3600)  # a stalled read gives up
+    # A site peer that lacks a blob is asked again for this long before the coordinator
+    # (not by the site's first agent, which fetches it from the coordinator for the others).
+    peer_wait_s: float = Field(default=15.0, ge=0, le=3600)
+    # Model-signing public keys (base64 of the raw ed25519 key) trusted besides the one
+    # pinned at enrollment; and a file holding one (a signed set's signing-key.pub).
+    trusted_keys: Names = ()
+    trusted_keys_file: str = ""
+    # Load manifests without a signature (standalone agents, tests, benchmarks): never
+    # needed with a coordinator, which signs every version.
+    allow_unsigned: bool = False
+    self_check: bool = True  # run the on-box accuracy check before a new version serves
+    self_check_threads: int = Field(default=1, ge=1, le=256)
+    # Factual prompts the self-check asks (of the gate's 20; the perplexity text is whole).
+    self_check_prompts: int = Field(default=8, ge=1, le=20)
+    # A new version loads beside the old one only when free memory is at least this
+    # times its files' bytes (else the load is refused and reported).
+    load_memory_factor: float = Field(default=1.5, gt=0, le=1_000_000)
+    drain_timeout_s: float = Field(default=600.0, gt=0)  # old version closed after this at most
+    serve_blobs: bool = True  # serve the store's blobs to site peers (/v1/blobs/sha256/...)
 
 
 class EngineConfig(Settings):

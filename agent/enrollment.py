@@ -40,6 +40,7 @@ from cryptography.x509.oid import NameOID
 
 from agent.config import AgentConfig
 from agent.errors import ConfigError, FatalError
+from agent.sync.trust import pin_signing_key
 from edgefleet.contract import Location
 from edgefleet.files import write_private
 from edgefleet.tls import write_atomically
@@ -300,6 +301,11 @@ class Enroller:
             raise EnrollmentUnavailableError(
                 f"cannot enroll with {self.target}: {exc.code().name}: {exc.details()}"
             ) from exc
+        if reply.model_signing_key:  # v1.3: the key every model manifest must verify with
+            try:
+                pin_signing_key(self._state_dir, reply.model_signing_key)
+            except OSError as exc:
+                raise FatalError(f"cannot save the model-signing key: {exc}") from exc
         return AgentCredentials(
             agent_id=reply.agent_id,
             site=reply.site or self._site,

@@ -13,6 +13,13 @@ AgentError
 ├── OverloadedError              429 recoverable: try again later (``retry_after`` seconds)
 │   └── KeyRateLimitError        429 rate_limit_exceeded: the key's requests/min or tokens/min
 ├── RequestTimeoutError          504 recoverable: the request ran past its timeout
+├── ModelSyncError               recoverable: a model version could not be fetched, verified,
+│   │                            loaded or checked (reported in the inventory; the old
+│   │                            version keeps serving)
+│   ├── BlobIntegrityError       a fetched file's bytes do not match its sha256
+│   ├── ManifestTrustError       a manifest unsigned, wrongly signed or not what was named
+│   ├── InsufficientMemoryError  not enough free memory to load a version beside the old one
+│   └── SelfCheckFailedError     the on-box accuracy check failed
 ├── EngineError                  500 recoverable: one request failed inside the engine
 │   ├── EngineRestartedError     503 the engine's loop failed and restarted: retry the request
 │   └── EngineDeadError          503 the engine failed too often and stopped: not recoverable
@@ -113,6 +120,28 @@ class EngineDeadError(EngineError):
 
     status = 503
     code = "engine_unavailable"
+
+
+class ModelSyncError(AgentError):
+    """A model version could not be fetched, verified, loaded or checked. Recoverable: the
+    version is reported failed and the one serving keeps serving."""
+
+
+class BlobIntegrityError(ModelSyncError):
+    """A fetched file's bytes do not hash to what its manifest says."""
+
+
+class ManifestTrustError(ModelSyncError):
+    """A manifest that is unsigned (without ``models.allow_unsigned``), not signed by the
+    pinned key, or not the name, version or sha256 the coordinator named."""
+
+
+class InsufficientMemoryError(ModelSyncError):
+    """Loading the new version beside the old one would not fit in free memory."""
+
+
+class SelfCheckFailedError(ModelSyncError):
+    """The on-box accuracy check failed against the manifest's recorded figures."""
 
 
 class FatalError(AgentError):

@@ -3,8 +3,10 @@
 Each field is the one fleet.proto defines: the engine's running and waiting sequences
 (each counted once), tokens/s over the last interval, KV cache use, available memory,
 request counters, whether the agent is draining or unhealthy, and what each API key used
-since the previous report (requests, prompt and completion tokens, rejections), and what
-each overflow target served for it (summed from the request records, with cost).
+since the previous report (requests, prompt and completion tokens, rejections), what
+each overflow target served for it (summed from the request records, with cost), the
+redactions by type; with model sync, the model inventory and what each model version
+served (TTFT histogram).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from agent.agent_state import AgentState
 from agent.auth.keys import KeyTable
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
-from edgefleet.contract import LoadReport, OverflowUsage
+from agent.sync.stats import ModelStatsCollector
+from edgefleet.contract import LoadReport, ModelInventory, OverflowUsage
 
 
 def _free_memory_bytes() -> int:
@@ -43,6 +46,9 @@ class LoadSampler:
         keys: KeyTable | None = None,
         redactions: Callable[[], Mapping[str, int]] | None = None,
         overflow_usage: Callable[[], tuple[OverflowUsage, ...]] | None = None,
+        *,
+        inventory: Callable[[], tuple[ModelInventory, ...]] | None = None,
+        model_stats: ModelStatsCollector | None = None,
     ) -> None:
         self._registry = registry
         self._redactions = redactions
@@ -50,6 +56,8 @@ class LoadSampler:
         self._overflow_usage = overflow_usage
         self._metrics = metrics
         self._state = state
+        self._inventory = inventory
+        self._model_stats = model_stats
         self._last_time = time.monotonic()
         self._last_tokens = self._tokens()
 
@@ -84,6 +92,8 @@ class LoadSampler:
             if self._redactions is None
             else tuple(sorted(self._redactions().items())),
             overflow_usage=() if self._overflow_usage is None else self._overflow_usage(),
+            inventory=() if self._inventory is None else self._inventory(),
+            model_stats=() if self._model_stats is None else self._model_stats.take(),
         )
 
 

@@ -1,4 +1,10 @@
-"""The models one agent serves, looked up by the id clients send."""
+"""The models one agent serves, looked up by the id clients send (``name`` or
+``name@version``).
+
+Hot swap: :meth:`ModelRegistry.swap` puts a new version of a model in place; requests
+looked up after it get the new one, those already running finish on the old one, which
+the caller closes once :meth:`drained` says it is idle.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,30 @@ class ModelRegistry:
     def ids(self) -> list[str]:
         return sorted([*self.text_models, *self.embedding_models])
 
+    @staticmethod
+    def split(model_id: str) -> tuple[str, str | None]:
+        """``name@version`` -> (name, version); a bare name -> (name, None)."""
+        name, at, version = model_id.partition("@")
+        return name, (version if at else None)
+
+    def _pinned(self, model: TextModel | EmbeddingModel, name: str, version: str) -> None:
+        if model.version != version:
+            raise ModelNotFoundError(
+                f"The model '{name}' is served here in version {model.version}, not {version}",
+                param="model",
+            )
+
+    def swap_text(self, model: TextModel) -> TextModel | None:
+        """Serve ``model`` (started) for its name from now on; returns the old one."""
+        old = self.text_models.get(model.model_id)
+        self.text_models = {**self.text_models, model.model_id: model}
+        return old
+
+    def swap_embedding(self, model: EmbeddingModel) -> EmbeddingModel | None:
+        old = self.embedding_models.get(model.model_id)
+        self.embedding_models = {**self.embedding_models, model.model_id: model}
+        return old
+
     def _not_found(self, model_id: str) -> ModelNotFoundError:
         served = ", ".join(self.ids) or "none"
         return ModelNotFoundError(
@@ -29,8 +59,11 @@ class ModelRegistry:
         )
 
     def text_model(self, model_id: str) -> TextModel:
+        model_id, version = self.split(model_id)
         model = self.text_models.get(model_id)
         if model is not None:
+            if version is not None:
+                self._pinned(model, model_id, version)
             return model
         if model_id in self.embedding_models:
             raise InvalidRequestError(
@@ -39,8 +72,11 @@ class ModelRegistry:
         raise self._not_found(model_id)
 
     def embedding_model(self, model_id: str) -> EmbeddingModel:
+        model_id, version = self.split(model_id)
         model = self.embedding_models.get(model_id)
         if model is not None:
+            if version is not None:
+                self._pinned(model, model_id, version)
             return model
         if model_id in self.text_models:
             raise InvalidRequestError(
@@ -79,3 +115,8 @@ class ModelRegistry:
             await text.close()
         for emb in self.embedding_models.values():
             await emb.close()
+
+
+def served_name(model: TextModel | EmbeddingModel) -> str:
+    """What replies name as their ``model``: ``name@version``."""
+    return f"{model.model_id}@{model.version}" if model.version else model.model_id

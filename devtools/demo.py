@@ -1,5 +1,12 @@
 """``python -m devtools.demo``: a coordinator and two agents on loopback with the real models.
 
+The models travel the real way: the coordinator publishes the shipped artifacts to its
+catalog (``python -m coordinator models publish DIR``, signed with its key) and deploys
+them fleet-wide (``models deploy NAME VERSION``); the agents start with empty model
+stores, get the versions in their desired state, fetch the blobs (the second agent from
+its site peer when the coordinator names one), verify hashes and signatures, load, run
+the self-check, and only then serve. The demo prints their progress as they sync.
+
 Secure by default: the coordinator starts with a fresh bootstrap admin token (in its
 environment, never a flag), mints one join token per agent (its site and place fixed by
 the operator, as in production), starts the agents with their tokens (in the environment
@@ -15,16 +22,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
 
+from coordinator.admin_cli import ADMIN_TOKEN_ENV
 from devtools.fleet import AgentProcess, CoordinatorProcess
 from devtools.process import ProcessStartError, wait_until
 
@@ -63,6 +74,73 @@ async def key_works(url: str, api_key: str) -> bool:
         return False
 
 
+async def coordinator_cli(coordinator: CoordinatorProcess, *argv: str) -> str:
+    """``python -m coordinator ARGV --url URL`` with the admin token in the environment."""
+    env = {**os.environ, ADMIN_TOKEN_ENV: coordinator.admin_token}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "coordinator", *argv, "--url", coordinator.http_url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    text = out.decode(errors="replace")
+    if proc.returncode != 0:
+        raise ProcessStartError(f"coordinator {' '.join(argv[:2])} failed: {text.strip()}")
+    return text
+
+
+def artifact_version(models_dir: str, name: str) -> str:
+    manifest = json.loads((Path(models_dir) / name / "manifest.json").read_text())
+    return str(manifest["version"])
+
+
+async def publish_and_deploy(coordinator: CoordinatorProcess, models_dir: str) -> None:
+    for name in (LLM, EMBEDDER):
+        version = artifact_version(models_dir, name)
+        await coordinator_cli(coordinator, "models", "publish", str(Path(models_dir) / name))
+        say(f"published {name}@{version} to the coordinator's catalog (signed)")
+        await coordinator_cli(coordinator, "models", "deploy", name, version)
+        say(f"deployed {name}@{version} to the whole fleet")
+
+
+async def sync_progress(agent: AgentProcess) -> tuple[list[str], list[dict[str, Any]]]:
+    """The agent's loaded models and its model sync lines (``/healthz``, no key needed)."""
+    try:
+        async with aiohttp.ClientSession() as http, http.get(agent.url + "/healthz") as r:
+            body = await r.json()
+    except (aiohttp.ClientError, ValueError):
+        return [], []
+    return list(body.get("models", [])), list(body.get("model_sync", []))
+
+
+async def wait_synced(agents: list[AgentProcess], timeout_s: float) -> None:
+    """Until every agent serves both models, printing their progress."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        done = 0
+        for agent in agents:
+            models, syncing = await sync_progress(agent)
+            if {LLM, EMBEDDER} <= set(models):
+                line = "serving " + ", ".join(sorted(models))
+                done += 1
+            else:
+                parts = []
+                for item in syncing:
+                    total = item["bytes_total"] or 1
+                    part = f"{item['model']} {item['state']} {100 * item['bytes_done'] // total}%"
+                    if item.get("last_error"):
+                        part += f" ({item['last_error']})"
+                    parts.append(part)
+                line = "; ".join(parts) or "waiting for its desired models"
+            if last.get(agent.agent_id) != line:
+                last[agent.agent_id] = line
+                say(f"  {agent.agent_id:12s} {line}")
+        if done == len(agents):
+            return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"the agents did not sync their models within {timeout_s:.0f} s")
+
+
 async def run(args: argparse.Namespace) -> int:
     # Enrollment required even on loopback: only agents with a join token get in.
     coordinator = CoordinatorProcess(
@@ -78,19 +156,20 @@ async def run(args: argparse.Namespace) -> int:
         say(f"starting coordinator (gRPC 127.0.0.1:{args.grpc_port}, HTTP :{args.http_port}) ...")
         await coordinator.start()
         started.append(coordinator)
+        await publish_and_deploy(coordinator, args.models_dir)
         for i, (site, lat, lon) in enumerate(SITES):
             token = coordinator.mint_join_token(site, lat, lon)
             agents.append(
                 AgentProcess(
                     port=args.agent_port + i if args.agent_port else 0,
-                    models_dir=args.models_dir,
-                    serve=[LLM, EMBEDDER],
+                    models_dir=args.models_dir,  # not read: models.source = store
                     coordinator=coordinator.grpc_target,
                     agent_id=site,
                     site=site,
                     lat=lat,
                     lon=lon,
-                    extra_args=["--threads", str(args.threads)],
+                    # an empty model store under the state dir, filled by model sync
+                    extra_args=["--threads", str(args.threads), "--set", "models.source=store"],
                     join_token=token,
                     state_dir=state / site,
                     insecure_no_auth=False,  # API keys required (the helper's test default is off)
@@ -106,7 +185,8 @@ async def run(args: argparse.Namespace) -> int:
             return sum(1 for a in listed if a.get("status") == "connected") >= len(agents)
 
         await wait_until(all_registered, timeout_s=30, message="agents to register")
-        say("both agents registered with the coordinator")
+        say("both agents registered with the coordinator; they sync their models:")
+        await wait_synced(agents, args.sync_timeout)
 
         api_key = await mint_api_key(coordinator)
         say("minted an API key (POST /v1/admin/keys with the admin token)")
@@ -187,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per agent")
     parser.add_argument("--check", action="store_true", help="exit after the sample request")
+    parser.add_argument(
+        "--sync-timeout", type=float, default=900, help="seconds for the agents to sync models"
+    )
     args = parser.parse_args(argv)
     return asyncio.run(run(args))
 

@@ -31,6 +31,7 @@ from agent.api.protocol import (
     Health,
     ModelCard,
     ModelList,
+    ModelSyncStatus,
 )
 from agent.api.serving_chat import ChatService
 from agent.api.serving_common import (
@@ -64,6 +65,12 @@ from agent.overflow.wiring import overflow_service_for
 from agent.redaction import Redactor
 from agent.request_log import RequestLog, RequestLogSlot
 from agent.response_cache import ResponseCache
+from agent.sync.blob_server import blob_handler
+from agent.sync.manager import ModelSync
+from agent.sync.setup import build_model_sync, models_source, sync_wanted
+from agent.sync.stats import ModelStatsCollector
+from agent.sync.store import ModelStore
+from edgefleet.contract import ModelInventoryState
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +89,9 @@ USAGE = web.RequestKey("edgefleet_usage", RequestUsage)
 KEYS = web.AppKey("keys", KeyTable)
 # The agent's one redactor (agent/redaction): what leaves the site is redacted with it.
 REDACTOR = web.AppKey("redactor", Redactor)
+# Model sync (absent when this agent runs without it: no coordinator, no store).
+SYNC = web.AppKey("model_sync", ModelSync)
+MODEL_STATS = web.AppKey("model_stats", ModelStatsCollector)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -124,6 +134,17 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         )
     finally:
         CURRENT_USAGE.reset(usage_token)
+        if usage.model and endpoint in RECORDED_ENDPOINTS:
+            request.app[MODEL_STATS].record(
+                usage.model,
+                usage.version,
+                failed=status >= 500,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                ttft_s=None
+                if usage.first_token_at is None
+                else max(0.0, usage.first_token_at - started),
+            )
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
         overflow = record_fields(request)  # a forwarded request's legs and cost, once
@@ -211,10 +232,11 @@ def _record_request(
             counts = body.get("usage")
             if not isinstance(counts, dict):
                 counts = {}
-            record["model"] = body["model"][:256]
+            name, _, version = body["model"].partition("@")  # replies name name@version
+            record["model"] = name[:256]
             record["prompt_tokens"] = _count(counts.get("prompt_tokens"))
             record["completion_tokens"] = _count(counts.get("completion_tokens"))
-            record["version"] = (_version_of(request.app)(body["model"]) or "")[:256]
+            record["version"] = (version or _version_of(request.app)(name) or "")[:256]
     try:
         log_.append(record)
     except OSError as exc:
@@ -364,9 +386,27 @@ async def healthz(request: web.Request) -> web.StreamResponse:
             waiting=load.waiting,
             kv_cache_used_tokens=load.kv_used_tokens,
             unhealthy_reason=state.unhealthy_reason,
+            model_sync=_sync_status(request.app),
         ),
         status=503 if status == "unhealthy" else 200,
     )
+
+
+def _sync_status(app: web.Application) -> list[ModelSyncStatus]:
+    sync = app.get(SYNC)
+    if sync is None:
+        return []
+    return [
+        ModelSyncStatus(
+            model=f"{i.name}@{i.version}",
+            state=i.state.value,  # type: ignore[arg-type]
+            bytes_done=i.bytes_done,
+            bytes_total=i.bytes_total,
+            last_error=i.last_error,
+        )
+        for i in sync.inventory()
+        if i.state not in (ModelInventoryState.LOADED, ModelInventoryState.ON_DISK)
+    ]
 
 
 async def metrics_page(request: web.Request) -> web.StreamResponse:
@@ -395,6 +435,8 @@ ROUTES = [
     web.get("/metrics", metrics_page),
     web.get("/openapi.json", openapi),
 ]
+# The model store's blobs for site peers (added per app: it serves that app's store).
+BLOBS_PATH = "/v1/blobs/sha256/{hex}"
 
 
 def _registry_ctx(
@@ -403,6 +445,10 @@ def _registry_ctx(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         config = app[CONFIG]
         reg = registry
+        metrics = app[METRICS]
+        sync: ModelSync | None = None
+        if reg is None and models_source(config) == "store":
+            reg = ModelRegistry({}, {})
         if reg is None:
             engine = config.engine
             reg = load_registry(
@@ -414,8 +460,15 @@ def _registry_ctx(
                 embedding_batch_config=config.embeddings.batch(),
                 verify=config.models.verify_checksums,
             )
+        if sync_wanted(config):
+            sync = build_model_sync(config, reg, [metrics])
+            if not reg.text_models and not reg.embedding_models:
+                loaded = await sync.cold_start()
+                log.info("model store %s: serving %s", sync.store.root, ", ".join(loaded) or
+                         "nothing yet (waiting for the coordinator's models)")  # fmt: skip
+        if sync is not None:
+            app[SYNC] = sync
         limits = GenerationLimits(default_max_tokens=config.engine.default_max_tokens)
-        metrics = app[METRICS]
         for model in reg.text_models.values():
             model.add_listener(metrics)
         app[REGISTRY] = reg
@@ -428,9 +481,13 @@ def _registry_ctx(
         # fails past its restart policy marks the agent unhealthy (/healthz 503, reports)
         try:
             await reg.start(on_dead=app[STATE].mark_unhealthy)
+            if sync is not None:
+                sync.set_on_dead(app[STATE].mark_unhealthy)
             yield
         finally:
             await app[OVERFLOW].close()
+            if sync is not None:
+                await sync.close()
             await reg.close()
 
     return ctx
@@ -466,7 +523,20 @@ def create_app(
     # Overflow to peers, pools and providers (agent/overflow); targets come from the
     # coordinator's desired state (the session's on_desired_state), or tests.
     app[OVERFLOW] = overflow_service_for(config, app[METRICS].registry, app[REDACTOR])
-    app.add_routes(ROUTES)
+    app[MODEL_STATS] = ModelStatsCollector()
+    routes = [r for r in ROUTES if r.path != BLOBS_PATH]
+    if config.models.serve_blobs:
+
+        def store() -> ModelStore | None:
+            sync = app.get(SYNC)
+            return None if sync is None else sync.store
+
+        def fetching(hex_: str) -> bool:
+            sync = app.get(SYNC)
+            return sync is not None and hex_ in sync.fetcher.downloading
+
+        routes.append(web.get(BLOBS_PATH, blob_handler(store, fetching)))
+    app.add_routes(routes)
     app.cleanup_ctx.append(_registry_ctx(registry))
     # Per-request records: the agent's entry point opens the spool once it knows its id
     # (``RequestLogSlot.open``); until then, and when standalone, none are kept.

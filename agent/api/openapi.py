@@ -15,6 +15,7 @@ from agent.auth.middleware import OPEN_PATHS
 _REF = "#/components/schemas/{model}"
 
 # path, method, summary, request model, success model, streams
+BLOB_PATH = "/v1/blobs/sha256/{hex}"
 _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None, bool]] = [
     (
         "/v1/chat/completions",
@@ -44,6 +45,14 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
     ("/healthz", "get", "Liveness and current load", None, p.Health, False),
     ("/metrics", "get", "Prometheus metrics (text format)", None, None, False),
     ("/openapi.json", "get", "This document", None, None, False),
+    (
+        BLOB_PATH,
+        "get",
+        "A blob of this agent's model store, for site peers (Range, strong ETag)",
+        None,
+        None,
+        False,
+    ),
 ]
 
 _ERRORS = {
@@ -117,6 +126,8 @@ def openapi_document() -> dict[str, Any]:
             ok["content"] = {"application/json": {"schema": _ref(resp)}}
         elif path == "/metrics":
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+        elif path == BLOB_PATH:
+            ok["content"] = {"application/octet-stream": {"schema": {"type": "string"}}}
         else:
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
         if streams and resp is not None:
@@ -137,7 +148,20 @@ def openapi_document() -> dict[str, Any]:
                     "description": description,
                     "content": {"application/json": {"schema": _ref(p.ErrorResponse)}},
                 }
-        if path not in OPEN_PATHS:
+        if path == BLOB_PATH:
+            op["parameters"] = [{
+                "name": "hex", "in": "path", "required": True,
+                "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            }]  # fmt: skip
+            octets = {"application/octet-stream": {"schema": {"type": "string"}}}
+            error = {"application/json": {"schema": _ref(p.ErrorResponse)}}
+            op["responses"].update({
+                "206": {"description": "The requested byte range", "content": octets},
+                "304": {"description": "Not modified (If-None-Match)"},
+                "404": {"description": "No such blob here", "content": error},
+                "416": {"description": "Range not satisfiable", "content": error},
+            })  # fmt: skip
+        elif path not in OPEN_PATHS:
             op["security"] = [{"bearer": []}]
             for status, description in _KEY_ERRORS.items():
                 op["responses"].setdefault(status, {

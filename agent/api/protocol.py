@@ -277,6 +277,16 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class ModelSyncStatus(BaseModel):
+    """One model version in this agent's model sync (not loaded ones: see ``models``)."""
+
+    model: str  # name@version
+    state: Literal["downloading", "on_disk", "loading", "checking", "loaded", "failed"]
+    bytes_done: int
+    bytes_total: int
+    last_error: str = ""
+
+
 class Health(BaseModel):
     status: Literal["ok", "draining", "unhealthy"]  # draining: wants no new routes; unhealthy: 503
     models: list[str]
@@ -284,3 +294,5 @@ class Health(BaseModel):
     waiting: int  # sequences queued
     kv_cache_used_tokens: int
     unhealthy_reason: str = ""  # why the agent cannot serve (a dead engine); empty otherwise
+    # model versions being fetched, loaded or checked, or that failed (model sync)
+    model_sync: list[ModelSyncStatus] = []

@@ -27,6 +27,7 @@ from agent.api.serving_common import (
 )
 from agent.engine.interface import ChatMessage, FinishReason, GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
+from agent.model_registry import served_name
 
 
 class ChatService(GenerationService):
@@ -85,7 +86,7 @@ class ChatService(GenerationService):
         return ChatCompletionResponse(
             id=prepared.request.request_id,
             created=prepared.created,
-            model=prepared.model.model_id,
+            model=served_name(prepared.model),
             system_fingerprint=prepared.model.version,
             choices=[
                 ChatChoice(
@@ -108,7 +109,7 @@ class ChatService(GenerationService):
             return ChatCompletionChunk(
                 id=prepared.request.request_id,
                 created=prepared.created,
-                model=prepared.model.model_id,
+                model=served_name(prepared.model),
                 system_fingerprint=prepared.model.version,
                 choices=[choice],
             )
@@ -139,7 +140,7 @@ class ChatService(GenerationService):
             yield ChatCompletionChunk(
                 id=prepared.request.request_id,
                 created=prepared.created,
-                model=prepared.model.model_id,
+                model=served_name(prepared.model),
                 system_fingerprint=prepared.model.version,
                 choices=[],
                 usage=usage_of(last, prompt_tokens_of(prepared.request)),

@@ -19,6 +19,7 @@ from agent.api.serving_common import (
 )
 from agent.engine.interface import GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
+from agent.model_registry import served_name
 
 
 class CompletionService(GenerationService):
@@ -76,7 +77,7 @@ class CompletionService(GenerationService):
         return CompletionResponse(
             id=prepared.request.request_id,
             created=prepared.created,
-            model=prepared.model.model_id,
+            model=served_name(prepared.model),
             system_fingerprint=prepared.model.version,
             choices=choices,
             usage=usage_of(last, prompt_tokens_of(prepared.request)) if with_usage else None,

@@ -8,7 +8,7 @@ import numpy as np
 
 from agent.api.protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from agent.errors import UnsupportedError
-from agent.model_registry import ModelRegistry
+from agent.model_registry import ModelRegistry, served_name
 
 
 class EmbeddingService:
@@ -42,7 +42,7 @@ class EmbeddingService:
             data.append(EmbeddingData(index=i, embedding=embedding))
         return EmbeddingResponse(
             data=data,
-            model=model.model_id,
+            model=served_name(model),
             usage=EmbeddingUsage(
                 prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens
             ),

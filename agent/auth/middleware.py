@@ -27,6 +27,8 @@ VersionOf = Callable[[str], str | None]
 
 #: Paths open without a key.
 OPEN_PATHS = frozenset({"/healthz", "/openapi.json"})
+#: Blobs of the model store, served to site peers (agent/sync/blob_server.py says why open).
+OPEN_PREFIXES = ("/v1/blobs/",)
 
 # aiohttp >= 3.14 warns on str request keys
 GRANT: Any = (
@@ -47,14 +49,19 @@ def key_gate(table: KeyTable, version_of: VersionOf) -> Any:
 
     @web.middleware
     async def require_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not table.enabled or request.path in OPEN_PATHS:
+        if (
+            not table.enabled
+            or request.path in OPEN_PATHS
+            or request.path.startswith(OPEN_PREFIXES)
+        ):
             return await handler(request)
         try:
             grant = table.authenticate(request.headers.get("Authorization"))
             if grant.key.models and request.method == "POST":
                 model = await _body_model(request)
-                if model is not None:
-                    grant.check_model(model, version_of(model))
+                if model is not None:  # "name@version" pins the version the key must allow
+                    name, at, pinned = model.partition("@")
+                    grant.check_model(name, pinned if at else version_of(name))
         except AgentError as exc:
             response = error_response(exc)
             if isinstance(exc, InvalidApiKeyError):

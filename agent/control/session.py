@@ -21,7 +21,9 @@ Desired state: each section received with a newer generation than the one held
 replaces it (``DesiredState.merged``); ``on_desired_state`` is called with the whole
 last-known state, and when it returns the changed sections' generations are
 acknowledged in every following LoadReport (``LoadReport.applied``). A section whose
-callback raised is not acknowledged. Today the agent applies a section by keeping it
+callback raised is not acknowledged. With ``models_applied`` (model sync), the models
+section's acknowledged generation is what it returns: a ModelsSection is applied once its
+versions are loaded or failed, not when it arrives. Today the agent applies a section by keeping it
 as last-known state; later features (model sync, overflow, keys) act on it in the
 callback.
 """
@@ -119,6 +121,8 @@ class CoordinatorSession:
         connect_timeout_s: float = 10.0,
         rng: random.Random | None = None,
         request_log: RequestLog | None = None,
+        on_signing_key: Callable[[bytes], None] | None = None,
+        models_applied: Callable[[], int] | None = None,
     ) -> None:
         """``max_backoff_s`` caps the delay between attempts; None: the report interval in
         use (the coordinator's once welcomed). ``probe_interval_s``: how often the port of
@@ -143,6 +147,10 @@ class CoordinatorSession:
         self._probe = host_port(target)
         self._connect_timeout_s = connect_timeout_s
         self._request_log = request_log
+        # v1.3: Welcome's model-signing key (pinned when none is); and, with model sync,
+        # the ModelsSection generation to acknowledge (once its versions loaded or failed).
+        self._on_signing_key = on_signing_key
+        self._models_applied = models_applied
         # Request records sent on this session, up to this seq (reset on a new session).
         self._records_sent_through = 0
 
@@ -318,6 +326,8 @@ class CoordinatorSession:
         if welcome.report_interval_ms > 0:
             self.report_interval_s = welcome.report_interval_ms / 1000.0
         self.session_id = welcome.session_id
+        if welcome.model_signing_key:
+            _notify(self._on_signing_key, welcome.model_signing_key)
         self._records_sent_through = 0 if self._request_log is None else self._request_log.acked
         self.sessions_opened += 1
         self.last_error = None
@@ -458,7 +468,10 @@ class CoordinatorSession:
         except Exception:
             logger.exception("load provider failed; skipping this report")
             return None
-        return contract_pb.load_report_to_pb(report._replace(applied=self.applied))
+        applied = self.applied
+        if self._models_applied is not None:
+            applied = applied._replace(models=self._models_applied())
+        return contract_pb.load_report_to_pb(report._replace(applied=applied))
 
 
 def _notify(callback: Callable[[Any], None] | None, value: object) -> None:

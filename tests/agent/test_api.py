@@ -39,7 +39,10 @@ async def test_chat_completion_shape_and_exact_usage(client: TestClient) -> None
     assert resp.status == 200
     body = await resp.json()
     assert body["object"] == "chat.completion"
-    assert body["model"] == TINY
+    assert (
+        body["model"].partition("@")[0] == TINY
+        and body["model"] == f"{TINY}@{body['system_fingerprint']}"
+    )
     assert body["id"].startswith("chatcmpl-")
     choice = body["choices"][0]
     assert choice["message"]["role"] == "assistant"

@@ -2,7 +2,7 @@
 
 The models travel the real way: the coordinator publishes the shipped artifacts to its
 catalog (``python -m coordinator models publish DIR``, signed with its key) and deploys
-them fleet-wide (``models deploy NAME VERSION``); the agents start with empty model
+them fleet-wide (``models deploy NAME@VERSION``); the agents start with empty model
 stores, get the versions in their desired state, fetch the blobs (the second agent from
 its site peer when the coordinator names one), verify hashes and signatures, load, run
 the self-check, and only then serve. The demo prints their progress as they sync.
@@ -98,7 +98,7 @@ async def publish_and_deploy(coordinator: CoordinatorProcess, models_dir: str) -
         version = artifact_version(models_dir, name)
         await coordinator_cli(coordinator, "models", "publish", str(Path(models_dir) / name))
         say(f"published {name}@{version} to the coordinator's catalog (signed)")
-        await coordinator_cli(coordinator, "models", "deploy", name, version)
+        await coordinator_cli(coordinator, "models", "deploy", f"{name}@{version}")
         say(f"deployed {name}@{version} to the whole fleet")
 
 

@@ -52,7 +52,10 @@ QUANT_METHODS: Final = (
     "matmul-nbits",
 )
 _SHA256_RE: Final = re.compile(r"^[0-9a-f]{64}$")
-_VERSION_RE: Final = re.compile(r"^(fp32|int8|int4)-[0-9a-f]{12}$")
+# The build names a version '<variant>-<12 hex of the graph>'; an operator may publish it
+# to the catalog under another name (`coordinator models publish --version v2`), which the
+# coordinator signs: any name safe as one path component is accepted here.
+_VERSION_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHUNK: Final = 1 << 20
 
 
@@ -367,8 +370,11 @@ def manifest_from_dict(data: object) -> ModelManifest:
     task = r.choice("task", TASKS)
     variant = r.choice("variant", VARIANTS)
     version = r.str_("version")
-    if not _VERSION_RE.match(version) or not version.startswith(variant + "-"):
-        raise ManifestError(f"manifest.version: expected '{variant}-<12 hex>', got {version!r}")
+    if not _VERSION_RE.match(version):
+        raise ManifestError(
+            f"manifest.version: expected 1-128 of A-Z a-z 0-9 . _ - (the build writes "
+            f"'{variant}-<12 hex>'), got {version[:80]!r}"
+        )
     built_at = r.str_("built_at")
     try:
         datetime.fromisoformat(built_at)

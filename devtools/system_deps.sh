@@ -1,0 +1,25 @@
+#!/bin/sh
+# System packages the tests and benchmarks need (Debian 12), installed when missing:
+# `.ci/run` calls this before `make test`, so a fresh machine gets them. Only what is
+# missing is installed (apt is not touched on a machine that has everything).
+#
+#   buildah mmdebstrap    edge images: root filesystem and OCI image build (edge_images/)
+#   podman runc           running the images as deployed (read-only root, state volume);
+#                         runc because crun refuses this kernel's hybrid cgroup layout
+#   python3 python3-venv  Debian's Python 3.11, which the offline bundle installs onto
+#   iproute2 util-linux   `ip` and `unshare` (network namespaces with only loopback)
+#   uidmap                podman's user namespaces
+# Add a package here (with its reason) when a test needs one.
+set -eu
+PACKAGES="buildah mmdebstrap podman runc python3 python3-venv iproute2 util-linux uidmap"
+missing=""
+for p in $PACKAGES; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "system_deps: installing$missing"
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing

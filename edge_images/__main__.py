@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
                    "starts empty and syncs)")  # fmt: skip
     b.add_argument("--serve", action="append", help="artifact names (default: the shipped two)")
     b.add_argument("--no-export", action="store_true", help="build only, no archives")
+    k = sub.add_parser(
+        "check-cuda", help="build the CUDA image (cached), then check its CUDA provider"
+    )
+    k.add_argument("--models", type=_models, default=DEFAULT_MODELS)
     c = sub.add_parser("bundle", help="the offline bundle tarball")
     c.add_argument("--models", type=_models, default=DEFAULT_MODELS)
     c.add_argument("--serve", action="append")
@@ -43,6 +47,15 @@ def main(argv: list[str] | None = None) -> int:
                 "docker_archive": str(built.docker_archive) if not args.no_export else None,
                 "labels": built.labels, "built_s": built.steps_s,
             }, indent=2))  # fmt: skip
+        elif args.command == "check-cuda":
+            from edge_images.images import check_cuda
+
+            built = build_image("agent-cuda", models=args.models, serve=serve)
+            checked = check_cuda(built.ref)
+            print(json.dumps({"image": built.ref, "size_bytes": built.size_bytes,
+                              "oci_archive_bytes": built.oci_archive.stat().st_size,
+                              **checked}, indent=2))  # fmt: skip
+            return 0 if checked["ok"] else 1
         else:
             from edge_images.bundle import build_bundle
 

@@ -12,7 +12,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_images.cache import Timer, cache_root, digest_files, key_of
+from edge_images.cache import Timer, cache_lock, cache_root, digest_files, key_of
 from edge_images.images import DEFAULT_MODELS, DEFAULT_SERVE, HERE, _models_input, copy_tree_linked
 from edge_images.wheelhouse import build_wheelhouse
 
@@ -35,6 +35,11 @@ def build_bundle(
 ) -> Bundle:
     """Build (or reuse) the bundle. Uncompressed: the ONNX weights, most of its size, do not
     compress, and an uncompressed tar extracts at disk speed on a small box."""
+    with cache_lock():
+        return _build_bundle(models, serve)
+
+
+def _build_bundle(models: Path | None, serve: tuple[str, ...]) -> Bundle:
     house = build_wheelhouse()
     model_dirs = _models_input(models, serve)
     files = [HERE / src for src in BUNDLE_FILES.values()]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,16 @@ class Timer:
     @property
     def s(self) -> float:
         return round(time.perf_counter() - self.t0, 2)
+
+
+@contextlib.contextmanager
+def cache_lock(name: str = "build") -> Iterator[None]:
+    """An exclusive lock on the cache (builds, and tests that run fixed container names),
+    so two clones or CI runs on one machine take turns instead of racing."""
+    path = cache_root() / f"{name}.lock"
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

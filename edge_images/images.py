@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_images.cache import Timer, cache_root, digest_files, key_of, run
+from edge_images.cache import Timer, cache_lock, cache_root, digest_files, key_of, run
 from edge_images.errors import ImageBuildError
 from edge_images.rootfs import RootFs, build_rootfs
 from edge_images.wheelhouse import REPO, Wheelhouse, build_wheelhouse
@@ -78,7 +78,7 @@ def image_exists(ref: str) -> bool:
 
 def git_revision() -> str:
     done = subprocess.run(
-        ["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"],
         capture_output=True,
         text=True,
         check=False,
@@ -123,11 +123,14 @@ def _ort_package(target: str) -> dict[str, str] | None:
     return None
 
 
-def cuda_ort_version() -> str:
-    """onnxruntime-gpu at the same version as the CPU image's onnxruntime."""
-    import importlib.metadata as md
+# onnxruntime-gpu for the CUDA image: the newest release the package index has (1.32.0,
+# the CPU image's version, is not published for onnxruntime-gpu there). Its extras
+# [cuda,cudnn] bring NVIDIA's CUDA 12 runtime and cuDNN 9 as wheels (several GB).
+CUDA_ORT_VERSION = os.environ.get("EDGEFLEET_CUDA_ORT_VERSION", "1.31.1")
 
-    return md.version("onnxruntime")
+
+def cuda_ort_version() -> str:
+    return CUDA_ORT_VERSION
 
 
 def build_base(rootfs: RootFs, house: Wheelhouse, steps: dict[str, float]) -> str:
@@ -185,6 +188,13 @@ def build_image(
     export: bool = True,
 ) -> ImageBuild:
     """Build (or reuse) the image for ``target`` and export its archives."""
+    with cache_lock():
+        return _build_image(target, models, serve, export)
+
+
+def _build_image(
+    target: str, models: Path | None, serve: tuple[str, ...], export: bool
+) -> ImageBuild:
     if target not in TARGETS:
         raise ImageBuildError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
     steps: dict[str, float] = {}
@@ -203,8 +213,10 @@ def build_image(
     key = key_of(
         "image", target, base, house.key,
         digest_files(model_dirs, root=models) if models else "no-models",
-        digest_files([config, HERE / "healthcheck.py"], root=HERE), revision, "v1",
+        digest_files([config, HERE / "healthcheck.py"], root=HERE), "v1",
     )  # fmt: skip
+    # The git revision is a label, not part of the key: an image whose every input is
+    # unchanged is reused, and its label names the revision that first built that content.
     ref = f"localhost/edgefleet-{target}:{key}"
     labels = {
         "org.opencontainers.image.title": f"edgefleet-{target}",
@@ -288,6 +300,16 @@ def _assemble(
     }
     if target == "coordinator":
         env["EDGEFLEET_HEALTHCHECK_PORT"] = "8080"
+    if target == "agent-cuda":
+        # NVIDIA's wheels put CUDA and cuDNN under site-packages/nvidia/*/lib; the CUDA
+        # provider finds them (and `ldd` resolves them) through LD_LIBRARY_PATH. The driver
+        # (libcuda.so.1) comes from the host (NVIDIA container toolkit / CDI).
+        libs = buildah(
+            "image: nvidia library dirs", "run", ctr, "--", "/bin/sh", "-c",
+            f"ls -d {VENV}/lib/python3*/site-packages/nvidia/*/lib",
+        ).split()  # fmt: skip
+        env["LD_LIBRARY_PATH"] = ":".join(libs)
+        env["EDGEFLEET_AGENT_ENGINE__EXECUTION_PROVIDER"] = "cuda"
     cfg: list[str] = [
         "--user", f"{UID}:{UID}",
         "--workingdir", STATE,
@@ -309,6 +331,29 @@ def _assemble(
     for k, v in labels.items():
         cfg += ["--label", f"{k}={v}"]
     buildah("image: config", "config", *cfg, ctr)
+
+
+def check_cuda(ref: str) -> dict[str, object]:
+    """Inside the CUDA image (no GPU needed): the providers ONNX Runtime lists, and what
+    ``ldd`` leaves unresolved in the CUDA provider's library (the driver's libcuda.so.1 is
+    expected there: the host supplies it)."""
+    ctr = buildah("cuda check: from", "from", "--pull-never", ref)
+    try:
+        providers = buildah(
+            "cuda check: providers", "run", ctr, "--",
+            f"{VENV}/bin/python", "-c",
+            "import onnxruntime as o; print(','.join(o.get_available_providers()))",
+        ).split(",")  # fmt: skip
+        ldd = buildah(
+            "cuda check: ldd", "run", ctr, "--", "/bin/sh", "-c",
+            f"ldd {VENV}/lib/python3*/site-packages/onnxruntime/capi/"
+            "libonnxruntime_providers_cuda.so",
+        )  # fmt: skip
+    finally:
+        subprocess.run(["buildah", *storage_args(), "rm", ctr], capture_output=True, check=False)
+    missing = sorted({ln.split()[0] for ln in ldd.splitlines() if "not found" in ln})
+    ok = "CUDAExecutionProvider" in providers and set(missing) <= {"libcuda.so.1"}
+    return {"providers": providers, "ldd_not_found": missing, "ok": ok, "ldd": ldd}
 
 
 def image_size(ref: str) -> int:
@@ -392,6 +437,11 @@ def build_containerfile(
 ) -> tuple[str, float | None]:
     """``buildah bud`` of edge_images/Containerfile from the same inputs as
     :func:`build_image` (cached under their key); returns (reference, seconds or None)."""
+    with cache_lock():
+        return _build_containerfile(models, serve)
+
+
+def _build_containerfile(models: Path | None, serve: tuple[str, ...]) -> tuple[str, float | None]:
     context = cache_root() / f"context-{os.getpid()}"
     shutil.rmtree(context, ignore_errors=True)
     try:
@@ -407,7 +457,7 @@ def build_containerfile(
         if image_exists(ref):
             return ref, None
         timer = Timer()
-        args = ["bud", "--quiet", "--isolation", "chroot", "--network", "none",
+        args = ["bud", "--quiet", "--isolation", "chroot",
                 "--format", "docker", "--layers=false", "-f", str(context / "Containerfile"),
                 "-t", ref]  # fmt: skip
         for k, v in build_args.items():

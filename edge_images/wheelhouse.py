@@ -117,9 +117,12 @@ def build_wheelhouse(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         (tmp / "lock.txt").write_text("\n".join(lock) + "\n")
+        # With a replacement (the CUDA image's onnxruntime-gpu[cuda,cudnn]) its own
+        # dependencies (NVIDIA's wheels) are resolved too, the rest held to the lock.
+        deps = [] if replace else ["--no-deps"]
         run(
             "wheelhouse (pip download)",
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+            [sys.executable, "-m", "pip", "download", "--quiet", *deps,
              "--only-binary=:all:", "-d", str(tmp), "-r", str(tmp / "lock.txt")],
             timeout_s=3600,
         )  # fmt: skip

@@ -252,6 +252,10 @@ def _build_image(
                 buildah(f"export {transport}", "push", "--quiet", ref, f"{transport}:{name}")
                 tmp.rename(path)
                 steps[f"export_{transport}"] = timer.s
+    # A reused image keeps the labels it was built with (its revision is the one that first
+    # built this content): report those.
+    built_labels = dict(inspect_config(ref).get("Labels") or {})  # type: ignore[call-overload]
+    labels = {k: str(built_labels.get(k, v)) for k, v in labels.items()}
     return ImageBuild(target, ref, key, oci, docker, image_size(ref), steps, labels)
 
 
@@ -451,7 +455,7 @@ def _build_containerfile(models: Path | None, serve: tuple[str, ...]) -> tuple[s
             digest_files([context / "Containerfile", context / "agent.image.toml",
                           context / "healthcheck.py", context / "models",
                           context / "wheelhouse"], root=context),
-            build_rootfs().key, build_args, "v1",
+            build_rootfs().key, {k: v for k, v in build_args.items() if k != "REVISION"}, "v1",
         )  # fmt: skip
         ref = f"localhost/edgefleet-agent-cpu-containerfile:{key}"
         if image_exists(ref):

@@ -40,7 +40,8 @@ def test_archives_are_loadable_layouts(agent_image: ImageBuild) -> None:
         assert index["manifests"][0]["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     with tarfile.open(agent_image.docker_archive) as docker:
         manifest = json.load(docker.extractfile("manifest.json"))  # type: ignore[arg-type]
-        assert manifest[0]["RepoTags"] == [f"edgefleet-agent-cpu:{agent_image.key}"]
+        tags = manifest[0]["RepoTags"]
+        assert tags and all(t.endswith(f"/edgefleet-agent-cpu:{agent_image.key}") for t in tags)
         config = json.load(docker.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
         assert config["config"]["Healthcheck"]["Test"][0] == "CMD"
         assert config["config"]["User"] == f"{UID}:{UID}"

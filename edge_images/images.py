@@ -156,6 +156,7 @@ def build_base(rootfs: RootFs, house: Wheelhouse, steps: dict[str, float]) -> st
             f"install -d -m 0700 -o {UID} -g {UID} {STATE}",
         )  # fmt: skip
         buildah("base: commit", "commit", "--quiet", "--rm", ctr, ref)
+        remove_stale("localhost/edgefleet-base", keep=ref)  # fails while images use it
     except ImageBuildError:
         subprocess.run(["buildah", *storage_args(), "rm", ctr], capture_output=True, check=False)
         raise
@@ -213,7 +214,8 @@ def _build_image(
     key = key_of(
         "image", target, base, house.key,
         digest_files(model_dirs, root=models) if models else "no-models",
-        digest_files([config, HERE / "healthcheck.py"], root=HERE), "v1",
+        digest_files([config, HERE / "healthcheck.py"], root=HERE),
+        "recipe-2",  # bump when _assemble changes what it writes
     )  # fmt: skip
     # The git revision is a label, not part of the key: an image whose every input is
     # unchanged is reused, and its label names the revision that first built that content.
@@ -238,11 +240,15 @@ def _build_image(
             )
             raise
         steps["image"] = timer.s
+        remove_stale(f"localhost/edgefleet-{target}", keep=ref)
     out = cache_root() / "archives"
     out.mkdir(exist_ok=True)
     oci = out / f"edgefleet-{target}-{key}.oci.tar"
     docker = out / f"edgefleet-{target}-{key}.docker.tar"
     if export:
+        for stale in out.glob(f"edgefleet-{target}-*.tar"):
+            if key not in stale.name:
+                stale.unlink(missing_ok=True)
         for path, transport in ((oci, "oci-archive"), (docker, "docker-archive")):
             if not path.exists():
                 timer = Timer()
@@ -329,7 +335,7 @@ def _assemble(
     ]  # fmt: skip
     ports = ["8080", "50051", "50052"] if target == "coordinator" else ["8000"]
     for p in ports:
-        cfg += ["--port", p]
+        cfg += ["--port", f"{p}/tcp"]  # as Docker's EXPOSE 8000 records it
     for k, v in env.items():
         cfg += ["--env", f"{k}={v}"]
     for k, v in labels.items():
@@ -391,7 +397,7 @@ def unmount(ctr: str) -> None:
 
 
 def remove_stale(ref_prefix: str, keep: str) -> None:
-    """Remove older tags of ``ref_prefix`` (keep the cache from growing without end)."""
+    """Remove older tags of ``ref_prefix`` (keeps the cache from growing without end)."""
     out = buildah("images", "images", "--json")
     for row in json.loads(out or "[]"):
         for name in row.get("names") or []:
@@ -467,6 +473,7 @@ def _build_containerfile(models: Path | None, serve: tuple[str, ...]) -> tuple[s
         for k, v in build_args.items():
             args += ["--build-arg", f"{k}={v}"]
         buildah("containerfile: buildah bud", *args, str(context))
+        remove_stale("localhost/edgefleet-agent-cpu-containerfile", keep=ref)
         return ref, timer.s
     finally:
         shutil.rmtree(context, ignore_errors=True)

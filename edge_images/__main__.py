@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         "check-cuda", help="build the CUDA image (cached), then check its CUDA provider"
     )
     k.add_argument("--models", type=_models, default=DEFAULT_MODELS)
+    k.add_argument("--serve", action="append")
     c = sub.add_parser("bundle", help="the offline bundle tarball")
     c.add_argument("--models", type=_models, default=DEFAULT_MODELS)
     c.add_argument("--serve", action="append")

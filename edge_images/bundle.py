@@ -35,7 +35,7 @@ def build_bundle(
 ) -> Bundle:
     """Build (or reuse) the bundle. Uncompressed: the ONNX weights, most of its size, do not
     compress, and an uncompressed tar extracts at disk speed on a small box."""
-    with cache_lock():
+    with cache_lock("build-bundle"):
         return _build_bundle(models, serve)
 
 

@@ -189,7 +189,7 @@ def build_image(
     export: bool = True,
 ) -> ImageBuild:
     """Build (or reuse) the image for ``target`` and export its archives."""
-    with cache_lock():
+    with cache_lock(f"build-{target}"):
         return _build_image(target, models, serve, export)
 
 
@@ -447,7 +447,7 @@ def build_containerfile(
 ) -> tuple[str, float | None]:
     """``buildah bud`` of edge_images/Containerfile from the same inputs as
     :func:`build_image` (cached under their key); returns (reference, seconds or None)."""
-    with cache_lock():
+    with cache_lock("build-containerfile"):
         return _build_containerfile(models, serve)
 
 

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_images.cache import Timer, cache_root, key_of, publish, run
+from edge_images.cache import Timer, cache_lock, cache_root, key_of, publish, run
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,11 @@ def rootfs_key(packages: tuple[str, ...] = PACKAGES) -> str:
 
 def build_rootfs(packages: tuple[str, ...] = PACKAGES) -> RootFs:
     """The cached tarball for ``packages``, made with mmdebstrap on first use."""
+    with cache_lock("rootfs"):
+        return _build_rootfs(packages)
+
+
+def _build_rootfs(packages: tuple[str, ...]) -> RootFs:
     key = rootfs_key(packages)
     final = cache_root() / f"rootfs-{SUITE}-{key}.tar"
     if final.exists():

@@ -16,7 +16,15 @@ from pathlib import Path
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-from edge_images.cache import Timer, cache_root, digest_files, key_of, publish, run
+from edge_images.cache import (
+    Timer,
+    cache_lock,
+    cache_root,
+    digest_files,
+    key_of,
+    publish,
+    run,
+)
 from edge_images.errors import ImageBuildError
 
 log = logging.getLogger(__name__)
@@ -107,6 +115,11 @@ def build_wheelhouse(
     """Download the lock's wheels (cached under the lock's key), then add edgefleet's wheel
     (cached under the source digest). ``pip download`` reads this machine's configured
     indexes; what it fetched is then all an install needs."""
+    with cache_lock("wheelhouse"):
+        return _build_wheelhouse(extras, replace)
+
+
+def _build_wheelhouse(extras: tuple[str, ...], replace: dict[str, str] | None) -> Wheelhouse:
     lock = runtime_lock(extras, replace)
     key = key_of("wheelhouse", lock, sys.version_info[:2], "manylinux_x86_64", "v1")
     third = cache_root() / f"wheels-{key}"

@@ -133,10 +133,15 @@ def cuda_ort_version() -> str:
     return CUDA_ORT_VERSION
 
 
+def base_ref(rootfs: RootFs, house: Wheelhouse) -> str:
+    """The base stage's reference: its key is its inputs (package list and lock)."""
+    return f"localhost/edgefleet-base:{key_of('base', rootfs.key, house.lock, UID, VENV, 'v1')}"
+
+
 def build_base(rootfs: RootFs, house: Wheelhouse, steps: dict[str, float]) -> str:
     """The base stage (see the module docstring); returns its image reference."""
-    key = key_of("base", rootfs.key, house.lock, UID, VENV, "v1")
-    ref = f"localhost/edgefleet-base:{key}"
+    ref = base_ref(rootfs, house)
+    key = ref.rsplit(":", 1)[1]
     if image_exists(ref):
         return ref
     timer = Timer()
@@ -156,7 +161,6 @@ def build_base(rootfs: RootFs, house: Wheelhouse, steps: dict[str, float]) -> st
             f"install -d -m 0700 -o {UID} -g {UID} {STATE}",
         )  # fmt: skip
         buildah("base: commit", "commit", "--quiet", "--rm", ctr, ref)
-        remove_stale("localhost/edgefleet-base", keep=ref)  # fails while images use it
     except ImageBuildError:
         subprocess.run(["buildah", *storage_args(), "rm", ctr], capture_output=True, check=False)
         raise
@@ -210,7 +214,7 @@ def _build_image(
     model_dirs = _models_input(models, serve)
     config, config_at, entrypoint, config_env = _config_for(target)
     revision = git_revision()
-    base = build_base(rootfs, house, steps)
+    base = base_ref(rootfs, house)
     key = key_of(
         "image", target, base, house.key,
         digest_files(model_dirs, root=models) if models else "no-models",
@@ -228,6 +232,8 @@ def _build_image(
         "io.edgefleet.models": ",".join(d.name for d in model_dirs) or "none",
     }
     if not image_exists(ref):
+        # the base only when the image itself must be built (a kept image needs no base)
+        base = build_base(rootfs, house, steps)
         timer = Timer()
         ctr = buildah("image: from base", "from", "--name", f"ef-{key}-{os.getpid()}", base)
         try:

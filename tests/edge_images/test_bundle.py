@@ -25,7 +25,7 @@ tar -xf "$BUNDLE"
 "$PWD/opt/venv/bin/python" -c 'import sys; print("venv-python=%d.%d" % sys.version_info[:2])'
 "$PWD/opt/venv/bin/python" -m pip download --no-deps --quiet -d dl onnxruntime >/dev/null 2>&1 \
   && echo "index=reachable" || echo "index=unreachable"
-export EDGEFLEET_COORDINATOR_ADMIN_TOKEN=$(head -c 24 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')
+export EDGEFLEET_COORDINATOR_ADMIN_TOKEN=$(head -c 48 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')
 "$DEV_PYTHON" -m coordinator --data-dir "$PWD/coord" --tls on --http-tls off \
   --grpc-port 50051 --http-port 8080 2> coordinator.log &
 COORD=$!

@@ -4,13 +4,15 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv models demo test lint bench clean-models help
+.PHONY: venv models demo test lint bench clean-models help image-cpu image-cuda image-coordinator bundle bench-image
 
 help:
 	@echo "make demo   - set up, build the models (cached), start coordinator + 2 agents"
 	@echo "make test   - set up, build the models (cached), run the whole test suite"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - single-stream decode benchmark of the shipped model (JSON out)"
+	@echo "make image-cpu | image-coordinator | image-cuda | bundle - edge images (buildah) and the offline bundle"
+	@echo "make bench-image - image sizes and cold start to first token (JSON out)"
 
 venv: $(STAMP)
 
@@ -35,10 +37,35 @@ test: models
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy agent coordinator models devtools benchmarks edgefleet edgefleet_client
+	$(BIN)/mypy agent coordinator models devtools benchmarks edgefleet edgefleet_client edge_images
 
 bench: models
 	$(BIN)/python -m benchmarks.single_stream
 
 clean-models:
 	rm -rf models/artifacts
+
+# Edge images (edge_images/; README "Edge images and site deployment"): built with
+# mmdebstrap + buildah, no registry or Docker engine; cached under ~/.cache/edgefleet/images.
+# devtools/system_deps.sh installs buildah, mmdebstrap and podman when missing.
+image-cpu: models
+	devtools/system_deps.sh
+	$(BIN)/python -m edge_images build agent-cpu
+
+image-coordinator: venv
+	devtools/system_deps.sh
+	$(BIN)/python -m edge_images build coordinator
+
+# onnxruntime-gpu and NVIDIA's CUDA/cuDNN wheels (several GB): not part of `make test`.
+# Builds, then checks inside the image that ONNX Runtime lists CUDAExecutionProvider and
+# that `ldd` resolves the CUDA provider's libraries (no GPU needed).
+image-cuda: models
+	devtools/system_deps.sh
+	$(BIN)/python -m edge_images check-cuda
+
+bundle: models
+	$(BIN)/python -m edge_images bundle
+
+bench-image: models
+	devtools/system_deps.sh
+	$(BIN)/python -m benchmarks.edge_image

@@ -1,0 +1,78 @@
+"""``python -m edge_images build agent-cpu|agent-cuda|coordinator`` and ``... bundle``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from edge_images.errors import ImageBuildError
+from edge_images.images import DEFAULT_MODELS, DEFAULT_SERVE, TARGETS, build_image
+
+
+def _models(value: str) -> Path | None:
+    return None if value == "none" else Path(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edge_images", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build an image (cached) and export its archives")
+    b.add_argument("target", choices=TARGETS)
+    b.add_argument("--models", type=_models, default=DEFAULT_MODELS,
+                   help="model set to bake in (artifact directories), or 'none' (the image "
+                   "starts empty and syncs)")  # fmt: skip
+    b.add_argument("--serve", action="append", help="artifact names (default: the shipped two)")
+    b.add_argument("--no-export", action="store_true", help="build only, no archives")
+    k = sub.add_parser(
+        "check-cuda", help="build the CUDA image (cached), then check its CUDA provider"
+    )
+    k.add_argument("--models", type=_models, default=DEFAULT_MODELS)
+    k.add_argument("--serve", action="append")
+    c = sub.add_parser("bundle", help="the offline bundle tarball")
+    c.add_argument("--models", type=_models, default=DEFAULT_MODELS)
+    c.add_argument("--serve", action="append")
+    c.add_argument("--out", type=Path, default=None, help="copy the bundle here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    serve = tuple(args.serve or DEFAULT_SERVE)
+    try:
+        if args.command == "build":
+            built = build_image(args.target, models=args.models, serve=serve,
+                                export=not args.no_export)  # fmt: skip
+            print(json.dumps({
+                "image": built.ref, "size_bytes": built.size_bytes,
+                "oci_archive": str(built.oci_archive) if not args.no_export else None,
+                "docker_archive": str(built.docker_archive) if not args.no_export else None,
+                "labels": built.labels, "built_s": built.steps_s,
+            }, indent=2))  # fmt: skip
+        elif args.command == "check-cuda":
+            from edge_images.images import check_cuda
+
+            built = build_image("agent-cuda", models=args.models, serve=serve)
+            checked = check_cuda(built.ref)
+            print(json.dumps({"image": built.ref, "size_bytes": built.size_bytes,
+                              "oci_archive_bytes": built.oci_archive.stat().st_size,
+                              **checked}, indent=2))  # fmt: skip
+            return 0 if checked["ok"] else 1
+        else:
+            from edge_images.bundle import build_bundle
+
+            bundle = build_bundle(models=args.models, serve=serve)
+            out = bundle.path
+            if args.out:
+                import shutil
+
+                shutil.copy2(bundle.path, args.out)
+                out = args.out
+            print(json.dumps({"bundle": str(out), "size_bytes": bundle.size_bytes}, indent=2))
+    except ImageBuildError as exc:
+        print(f"edge_images: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

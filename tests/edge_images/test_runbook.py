@@ -1,0 +1,100 @@
+"""The README's site runbook, extracted verbatim and run in order: the coordinator and the
+agent images started as deployed (podman, read-only root, one state volume, their own user
+and entrypoint) in a network namespace with only loopback; the agent enrolls over mutual
+TLS, appears in the fleet view and serves a chat request with an API key and the real
+model. Then, on the running agent: its user, its read-only root, its writable state volume,
+its health probe, and a SIGTERM during a streamed request that it finishes before exiting 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from edge_images.images import STATE, UID, ImageBuild
+from edge_images.netns import run_in_netns
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+MARK = "@@runbook-block-done@@"
+
+
+def runbook_blocks() -> list[str]:
+    """The ```bash blocks between the README's runbook markers, as written."""
+    text = README.read_text()
+    start, end = text.index("<!-- runbook:start -->"), text.index("<!-- runbook:end -->")
+    blocks = re.findall(r"```bash\n(.*?)```", text[start:end], flags=re.S)
+    assert len(blocks) >= 4, "the runbook lost its steps"
+    return blocks
+
+
+# After the runbook (harness, not runbook): what the image guarantees, then a graceful stop.
+CHECKS = f"""
+echo "uid=$(podman exec edgefleet-agent awk '/^Uid:/ {{print $2}}' /proc/1/status)"
+if podman exec edgefleet-agent sh -c 'echo x > /opt/edgefleet/probe' 2>/dev/null; then
+  echo "root=writable"; else echo "root=read-only"; fi
+podman exec edgefleet-agent sh -c 'echo x > {STATE}/probe && rm {STATE}/probe' \\
+  && echo "state=writable"
+podman exec edgefleet-agent ls {STATE}/agent | tr '\\n' ' ' | sed 's/^/state-files=/'; echo
+podman healthcheck run edgefleet-agent && echo "health=ok"
+curl -sN --cacert ca.pem https://localhost:8000/v1/chat/completions \\
+  -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \\
+  -d '{{"model": "smollm2-135m-instruct", "max_tokens": 48, "stream": true, "temperature": 0,
+       "messages": [{{"role": "user", "content": "Tell me about Paris."}}]}}' > stream.out &
+CURL=$!
+for _ in $(seq 200); do grep -q '^data: ' stream.out && break; sleep 0.05; done
+podman kill --signal TERM edgefleet-agent > /dev/null
+wait $CURL
+echo "exit=$(podman wait edgefleet-agent)"
+"""
+CLEANUP = (
+    "podman rm -f -t 5 edgefleet-agent edgefleet-coordinator >/dev/null 2>&1 || true; "
+    "podman volume rm -f edgefleet-state edgefleet-coordinator >/dev/null 2>&1 || true"
+)
+
+
+def test_runbook_enrolls_and_serves_then_drains_on_sigterm(
+    agent_image: ImageBuild,
+    coordinator_image: ImageBuild,
+    podman: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    blocks = runbook_blocks()
+    script = (
+        f"{CLEANUP}\ntrap '{CLEANUP}' EXIT\n"
+        + "".join(f"{b}\necho {MARK}\n" for b in blocks)
+        + CHECKS
+    )
+    env = {**podman, "AGENT_IMAGE": agent_image.ref, "COORDINATOR_IMAGE": coordinator_image.ref}
+    out = run_in_netns(script, cwd=tmp_path, env=env, timeout_s=540)
+    parts = out.split(MARK)
+    assert len(parts) == len(blocks) + 1
+    # step 3: the fleet view lists the agent, enrolled (its session is mutual TLS), at the
+    # site and place the operator fixed on the token
+    fleet = json.loads(parts[3].strip())
+    (agent,) = fleet["data"]
+    assert agent["agent_id"] == "store-042-a"
+    assert agent["status"] == "connected" and agent["enrolled"] is True
+    assert agent["site"] == "store-042"
+    assert agent["location"] == {"lat": 48.8566, "lon": 2.3522}
+    assert agent["http_url"] == "https://localhost:8000"
+    assert {m["name"] for m in agent["models"]} == {"smollm2-135m-instruct", "all-minilm-l6-v2"}
+    # step 4: the chat request, with the key, answered by the real model
+    reply = json.loads(parts[4].strip())
+    assert reply["object"] == "chat.completion"
+    assert reply["usage"]["completion_tokens"] > 0
+    assert reply["choices"][0]["message"]["content"].strip()
+    facts = dict(
+        line.split("=", 1) for line in parts[5].splitlines() if re.match(r"^[a-z-]+=", line)
+    )
+    assert facts["uid"] == str(UID)  # the entrypoint runs as the image's user
+    assert facts["root"] == "read-only"
+    assert facts["state"] == "writable"
+    assert {"agent.key", "agent.crt", "enrollment.json"} <= set(facts["state-files"].split())
+    assert facts["health"] == "ok"
+    # SIGTERM mid-stream: the stream was finished, then the agent exited 0
+    stream = (tmp_path / "stream.out").read_text()
+    assert stream.rstrip().endswith("data: [DONE]"), stream[-500:]
+    chunks = [ln for ln in stream.splitlines() if ln.startswith("data: {")]
+    assert len(chunks) > 3
+    assert facts["exit"] == "0"

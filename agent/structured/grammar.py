@@ -44,9 +44,49 @@ CACHE_ENTRIES = 128  # compiled grammars kept per model (least recently used dro
 _COMPACT = {"whitespace_flexible": False}
 
 
+def closed_objects(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` on every object schema that lists
+    ``properties`` and says nothing about other properties.
+
+    A small model given an open object keeps inventing properties until max_tokens; every
+    output of the closed schema still validates against the original (the extra properties
+    were optional), so generating from it keeps the guarantee. Members of ``allOf`` (and
+    nodes that use it) are left as they are: closing them would forbid each other's
+    properties.
+    """
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "allOf" or key == "const" or key == "enum" or key == "default":
+            out[key] = value
+        elif key in ("properties", "$defs", "definitions", "patternProperties"):
+            out[key] = (
+                {name: closed_objects(sub) for name, sub in value.items()}
+                if isinstance(value, dict)
+                else value
+            )
+        elif key in ("items", "anyOf", "oneOf", "additionalProperties", "prefixItems", "not"):
+            out[key] = closed_objects(value)
+        else:
+            out[key] = value
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and "patternProperties" not in out
+        and "allOf" not in out
+        and "unevaluatedProperties" not in out
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
 def _compact_schema(schema: dict[str, Any]) -> str:
-    """The schema for ``%json``, with compact JSON (no free whitespace) forced."""
-    return json.dumps({**schema, "x-guidance": _COMPACT})
+    """The schema for ``%json``: objects closed (:func:`closed_objects`), compact JSON (no
+    free whitespace) forced."""
+    return json.dumps({**closed_objects(schema), "x-guidance": _COMPACT})
 
 
 def _lark_literal(text: str) -> str:

@@ -156,11 +156,12 @@ class GrammarMatcher:
         return bits.astype(bool)
 
     def apply(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """``logits`` with every token the grammar refuses at minus infinity (a copy)."""
+        """``logits`` with every token the grammar refuses at minus infinity (a copy; logits
+        past the tokenizer's vocabulary, if the model has any, are refused too)."""
         allowed = self.allowed()
         masked = np.full_like(logits, -np.inf)
         n = min(self._vocab, logits.shape[-1])
-        masked[:n] = np.where(allowed[:n], logits[:n], -np.inf)
+        np.copyto(masked[:n], logits[:n], where=allowed[:n])
         return masked
 
     def advance(self, token: int) -> bool:
@@ -250,6 +251,9 @@ class GrammarCompiler:
             raise InvalidSchemaError(
                 f"the {param} schema cannot be compiled: {matcher.get_error()}", param=param
             )
+        # the first mask builds the lexer states the start needs: pay for it here, on the
+        # compile thread, rather than in the first decode step of every new grammar
+        GrammarMatcher(matcher.deep_copy(), self._vocab_size).allowed()
         spent = time.perf_counter() - started
         if spent > COMPILE_TIMEOUT_S:
             raise InvalidSchemaError(

@@ -4,7 +4,9 @@
 AgentError
 ├── RequestError                 recoverable: the caller sent something we refuse
 │   ├── InvalidRequestError      400 invalid_request_error (names the field in ``param``)
-│   │   └── ContextLengthError   400 context_length_exceeded (states the limits)
+│   │   ├── ContextLengthError   400 context_length_exceeded (states the limits)
+│   │   └── InvalidSchemaError   400 invalid_schema: a response_format or tool schema that
+│   │                            cannot be compiled (bad, too large, too slow to compile)
 │   ├── PayloadTooLargeError     413
 │   ├── ModelNotFoundError       404 model_not_found
 │   └── UnsupportedError         400 a known OpenAI feature this server does not offer
@@ -23,6 +25,8 @@ AgentError
 ├── EngineError                  500 recoverable: one request failed inside the engine
 │   ├── EngineRestartedError     503 the engine's loop failed and restarted: retry the request
 │   └── EngineDeadError          503 the engine failed too often and stopped: not recoverable
+├── InvalidOutputError           502 a constrained output (e.g. from an overflow target) that
+│                                does not parse or validate against the request's schema
 └── FatalError                   not recoverable: the process cannot serve (bad config, model files)
     ├── ConfigError
     └── ModelLoadError
@@ -63,6 +67,13 @@ class ContextLengthError(InvalidRequestError):
     """Prompt plus requested completion does not fit the model's context window."""
 
     code = "context_length_exceeded"
+
+
+class InvalidSchemaError(InvalidRequestError):
+    """A response_format or tool schema the grammar engine cannot compile, one over the size
+    limit, or one whose compilation takes too long; ``param`` names the field."""
+
+    code = "invalid_schema"
 
 
 class PayloadTooLargeError(RequestError):
@@ -142,6 +153,15 @@ class InsufficientMemoryError(ModelSyncError):
 
 class SelfCheckFailedError(ModelSyncError):
     """The on-box accuracy check failed against the manifest's recorded figures."""
+
+
+class InvalidOutputError(AgentError):
+    """A constrained request's output does not parse or validate against its schema (an
+    overflow target that ignored the constraint); never returned to the client as is."""
+
+    status = 502
+    error_type = "server_error"
+    code = "invalid_constrained_output"
 
 
 class FatalError(AgentError):

@@ -88,6 +88,7 @@ def load_text_model(
         context_length=min(manifest.context_length, max_context_tokens),
         codec=codec,
         engine=engine,
+        eos_token_ids=special.eos_token_ids,
     )
 
 

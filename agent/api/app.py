@@ -45,6 +45,7 @@ from agent.api.serving_common import (
 )
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
+from agent.api.serving_structured import EMBEDDING_MODEL_CAPABILITIES, TEXT_MODEL_CAPABILITIES
 from agent.auth.keys import KeyTable
 from agent.auth.middleware import grant_of, key_gate
 from agent.auth.startup import key_table_for
@@ -356,6 +357,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
             version=m.version,
             task="text-generation",
             context_length=m.context_length,
+            capabilities=TEXT_MODEL_CAPABILITIES,
         )
         for m in registry.text_models.values()
     ] + [
@@ -365,6 +367,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
             version=e.version,
             task="feature-extraction",
             context_length=e.max_input_tokens,
+            capabilities=EMBEDDING_MODEL_CAPABILITIES,
         )
         for e in registry.embedding_models.values()
     ]

@@ -33,6 +33,8 @@ STREAM_ERROR_CODES: dict[str, str] = {
     "request_timeout": "the request ran past its timeout (X-Request-Timeout or the default)",
     "overloaded": "the agent shed the request (e.g. it is shutting down or overloaded)",
     "invalid_request": "the engine refused the request after the stream had started",
+    "invalid_constrained_output": "a constrained request's output (from an overflow target) "
+    "did not parse or validate against its response_format or tools",
     "internal_error": "an unexpected error in the agent (details only in its log)",
 }
 

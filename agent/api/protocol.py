@@ -44,11 +44,28 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCallIn(BaseModel):
+    model_config = _REQUEST
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCallIn(BaseModel):
+    """A call the assistant made on an earlier turn (sent back with the conversation)."""
+
+    model_config = _REQUEST
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     model_config = _REQUEST
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=64)] | None = None  # assistant
+    tool_call_id: str | None = None  # role "tool": the call this message answers
 
     def text(self) -> str:
         if self.content is None:
@@ -58,9 +75,17 @@ class ChatMessageIn(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(BaseModel):
-    model_config = _REQUEST
-    type: str
+ResponseFormatField = Annotated[
+    dict[str, Any] | None,
+    Field(
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+        '"json_schema": {"name", "schema", "strict"}} as OpenAI defines them. The output is '
+        "constrained while it is generated (compact JSON, properties in the schema's order): "
+        "it always parses and, for a schema, validates, unless max_tokens cuts it "
+        '(finish_reason "length"). A schema the grammar engine cannot compile, one over '
+        "64 KiB serialized, or one taking over 2 s to compile is a 400 (invalid_schema).",
+    ),
+]
 
 
 class SamplingFields(BaseModel):
@@ -114,10 +139,23 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Functions the model may call (type function, at most 64). They are "
+        "described to the model in a system block; a call is constrained to one of them "
+        "with arguments that validate against its parameters.",
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None,
+        description='"none", "auto" (the default with tools: the grammar admits either a '
+        'text answer or one call, and the model\'s first token chooses), "required" or '
+        '{"type": "function", "function": {"name": ...}}.',
+    )
+    parallel_tool_calls: bool | None = Field(
+        default=None, description="Accepted; at most one call is produced per turn."
+    )
     functions: list[dict[str, Any]] | None = None
-    response_format: ResponseFormat | None = None
+    response_format: ResponseFormatField = None
 
 
 class CompletionRequest(SamplingFields):
@@ -128,6 +166,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = None
+    response_format: ResponseFormatField = None  # extension (as in vLLM): constrained text
 
 
 class EmbeddingRequest(BaseModel):
@@ -153,9 +192,31 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+ChatFinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text that validates against the function's parameters
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None  # present only when the model called a tool
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_tool_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class _TokenIdsOnRequest(BaseModel):
@@ -172,7 +233,7 @@ class _TokenIdsOnRequest(BaseModel):
 class ChatChoice(_TokenIdsOnRequest):
     index: int
     message: ChatMessageOut
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: ChatFinishReason | None
     logprobs: None = None
     token_ids: TokenIds = None  # extension: with return_token_ids, the ids delivered
 
@@ -187,9 +248,33 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None  # in a call's first piece only
+    arguments: str = ""  # the next piece of the arguments' JSON text
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed piece of a call, as OpenAI streams them: the first piece carries the id,
+    type and name with empty arguments; the next ones carry only arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -200,7 +285,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(_TokenIdsOnRequest):
     index: int
     delta: ChatDelta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: ChatFinishReason | None = None
     logprobs: None = None
     token_ids: TokenIds = None  # extension: with return_token_ids, the ids delivered
 
@@ -251,6 +336,15 @@ class EmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
+class ModelCapabilities(BaseModel):
+    """Extension on each model card: which structured-output features the model takes."""
+
+    response_format: list[Literal["text", "json_object", "json_schema"]]  # types accepted
+    tools: bool  # tools and tool_choice (none, auto, required, a named function)
+    parallel_tool_calls: bool  # several calls in one turn (never: at most one per turn)
+    streaming_tool_calls: bool  # delta.tool_calls pieces in a stream
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -259,6 +353,8 @@ class ModelCard(BaseModel):
     version: str  # extension: the artifact version served
     task: Literal["text-generation", "feature-extraction"]  # extension
     context_length: int  # extension: tokens of prompt plus completion
+    # extension: what the model supports of OpenAI's optional request fields
+    capabilities: ModelCapabilities
 
 
 class ModelList(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 from agent.api.protocol import (
@@ -11,7 +12,6 @@ from agent.api.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
-    ChatMessageOut,
 )
 from agent.api.serving_common import (
     GenerationService,
@@ -25,9 +25,18 @@ from agent.api.serving_common import (
     sampling_params,
     usage_of,
 )
-from agent.engine.interface import ChatMessage, FinishReason, GenerationOutput
+from agent.api.serving_structured import (
+    ChatDeltaShaper,
+    chat_message_out,
+    chat_messages,
+    check_constrained_fields,
+    compile_constraint,
+    constrained_request,
+)
+from agent.engine.interface import GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
 from agent.model_registry import served_name
+from agent.structured.spec import parse_constraint
 
 
 class ChatService(GenerationService):
@@ -38,30 +47,25 @@ class ChatService(GenerationService):
         refuse_unsupported(req)
         if req.logprobs or req.top_logprobs:
             raise UnsupportedError("logprobs are not supported", param="logprobs")
-        if req.tools or req.functions or req.tool_choice not in (None, "none"):
-            raise UnsupportedError("tool calling is not supported", param="tools")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise UnsupportedError(
-                "only response_format type 'text' is supported", param="response_format"
-            )
+        spec = parse_constraint(
+            response_format=req.response_format,
+            tools=req.tools,
+            tool_choice=req.tool_choice,
+            functions=req.functions,
+        )
+        check_constrained_fields(req, spec)
         if req.max_tokens is not None and req.max_completion_tokens is not None:
             raise InvalidRequestError(
                 "give max_tokens or max_completion_tokens, not both", param="max_tokens"
             )
-        messages = []
-        for i, m in enumerate(req.messages):
-            if m.role == "tool":
-                raise UnsupportedError(
-                    "tool messages are not supported", param=f"messages.{i}.role"
-                )
-            role = "system" if m.role == "developer" else m.role
-            messages.append(ChatMessage(role=role, content=m.text()))
+        messages = chat_messages(req.messages, spec)
         prompt_ids = await encode_text(
             lambda: model.encode(model.apply_chat_template(messages)),
             sum(len(m.content) for m in messages),
         )
         if req.continue_token_ids:
             check_token_ids(req.continue_token_ids, model.vocab_size, "continue_token_ids")
+        compiled = await compile_constraint(model, spec, req.continue_token_ids)
         max_tokens_param = "max_tokens" if req.max_tokens is not None else "max_completion_tokens"
         params = sampling_params(
             req,
@@ -72,17 +76,24 @@ class ChatService(GenerationService):
             context_length=model.context_length,
             limits=self._limits,
         )
-        return self._runner.prepare(
-            model,
-            "chat",
-            generation_request("chatcmpl", prompt_ids, params, req, options),
-            req,
-            options,
+        request = generation_request("chatcmpl", prompt_ids, params, req, options)
+        prepared = self._runner.prepare(
+            model, "chat", constrained_request(request, compiled), req, options
         )
+        continued = ""
+        if spec is not None and spec.calls_tools and req.continue_token_ids:
+            continued = model.decode(req.continue_token_ids)  # a call is read whole
+        return dataclasses.replace(prepared, constraint=spec, continued_text=continued)
 
     async def complete(self, prepared: PreparedGeneration) -> ChatCompletionResponse:
         text, ids, last = await self._collect(prepared)
         prompt_tokens = prompt_tokens_of(prepared.request)
+        message, finish = chat_message_out(
+            prepared.constraint,
+            text,
+            (last.finish_reason if last else None) or "length",
+            continued=prepared.continued_text,
+        )
         return ChatCompletionResponse(
             id=prepared.request.request_id,
             created=prepared.created,
@@ -91,8 +102,8 @@ class ChatService(GenerationService):
             choices=[
                 ChatChoice(
                     index=0,
-                    message=ChatMessageOut(content=text),
-                    finish_reason=last.finish_reason if last else "length",
+                    message=message,
+                    finish_reason=finish,  # type: ignore[arg-type]
                     token_ids=ids if prepared.return_token_ids else None,
                 )
             ],
@@ -102,10 +113,17 @@ class ChatService(GenerationService):
     async def stream(self, prepared: PreparedGeneration) -> AsyncIterator[ChatCompletionChunk]:
         with_ids = prepared.return_token_ids
 
+        shaper = ChatDeltaShaper(prepared.constraint, continued=prepared.continued_text)
+
         def chunk(
-            delta: ChatDelta, finish: FinishReason | None = None, ids: list[int] | None = None
+            delta: ChatDelta, finish: str | None = None, ids: list[int] | None = None
         ) -> ChatCompletionChunk:
-            choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish, token_ids=ids)
+            choice = ChatChunkChoice(
+                index=0,
+                delta=delta,
+                finish_reason=finish,  # type: ignore[arg-type]
+                token_ids=ids,
+            )
             return ChatCompletionChunk(
                 id=prepared.request.request_id,
                 created=prepared.created,
@@ -117,9 +135,10 @@ class ChatService(GenerationService):
         def content(output: GenerationOutput) -> ChatCompletionChunk | None:
             # with token ids, a token whose text is held back (a possible stop string, a
             # character not complete yet) still gets its chunk: the client counts its id
+            delta = shaper.feed(output.text)
             if with_ids and output.token_ids:
-                return chunk(ChatDelta(content=output.text), ids=list(output.token_ids))
-            return chunk(ChatDelta(content=output.text)) if output.text else None
+                return chunk(delta or ChatDelta(content=""), ids=list(output.token_ids))
+            return chunk(delta) if delta is not None else None
 
         outputs = self._runner.run(prepared)
         # the first output before the role chunk: admission errors (queue full, ...) then
@@ -133,9 +152,10 @@ class ChatService(GenerationService):
                 last = output
                 if (event := content(output)) is not None:
                     yield event
-        yield chunk(
-            ChatDelta(), last.finish_reason if last else "length", ids=[] if with_ids else None
-        )
+        held, finish = shaper.finish(last.finish_reason if last else "length")
+        if held is not None:
+            yield chunk(held, ids=[] if with_ids else None)
+        yield chunk(ChatDelta(), finish, ids=[] if with_ids else None)
         if prepared.include_usage:
             yield ChatCompletionChunk(
                 id=prepared.request.request_id,

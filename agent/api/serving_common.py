@@ -25,6 +25,7 @@ from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedErr
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from agent.response_cache import CachedGeneration, ResponseCache, cache_key
+from agent.structured.spec import ConstraintSpec
 
 
 @dataclass(slots=True)
@@ -231,6 +232,8 @@ def cache_fields(request: GenerationRequest) -> dict[str, Any]:
         "prompt": list(request.prompt_token_ids),
         "continuation": list(request.continuation_token_ids),
         "params": dataclasses.asdict(request.params),
+        # response_format, tools and tool_choice (tools are in the prompt too)
+        "constraint": request.constraint.key if request.constraint is not None else None,
     }
 
 
@@ -250,6 +253,16 @@ class PreparedGeneration:
     cached: CachedGeneration | None = None  # a cache hit: the engine is not used
     grant: KeyGrant | None = None  # the request's API key (usage is counted there)
     charged_tokens: int = 0  # taken from the key's tokens/min bucket up front
+    # response_format / tools / tool_choice, parsed (None: free text). The overflow path
+    # sends a constrained request only to targets that support constraints and checks what
+    # comes back with agent.structured.validate_constrained_output(constraint, text)
+    constraint: ConstraintSpec | None = None
+    continued_text: str = ""  # a resumed tool-calling stream: the text already delivered
+
+    @property
+    def constrained(self) -> bool:
+        """The output must follow a response_format or tool-call grammar."""
+        return self.constraint is not None
 
     @property
     def cache_status(self) -> str:

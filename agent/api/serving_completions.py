@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 from agent.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse
@@ -17,9 +18,15 @@ from agent.api.serving_common import (
     sampling_params,
     usage_of,
 )
+from agent.api.serving_structured import (
+    check_constrained_fields,
+    compile_constraint,
+    constrained_request,
+)
 from agent.engine.interface import GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
 from agent.model_registry import served_name
+from agent.structured.spec import parse_response_format
 
 
 class CompletionService(GenerationService):
@@ -34,6 +41,8 @@ class CompletionService(GenerationService):
             raise UnsupportedError("only best_of=1 is supported", param="best_of")
         if req.logprobs:
             raise UnsupportedError("logprobs are not supported", param="logprobs")
+        spec = parse_response_format(req.response_format)
+        check_constrained_fields(req, spec)
         prompt = req.prompt
         if isinstance(prompt, str):
             text = prompt
@@ -50,6 +59,7 @@ class CompletionService(GenerationService):
             raise InvalidRequestError("prompt is empty", param="prompt")
         if req.continue_token_ids:
             check_token_ids(req.continue_token_ids, model.vocab_size, "continue_token_ids")
+        compiled = await compile_constraint(model, spec, req.continue_token_ids)
         params = sampling_params(
             req,
             max_tokens=req.max_tokens,
@@ -59,13 +69,11 @@ class CompletionService(GenerationService):
             context_length=model.context_length,
             limits=self._limits,
         )
-        return self._runner.prepare(
-            model,
-            "completions",
-            generation_request("cmpl", prompt_ids, params, req, options),
-            req,
-            options,
+        request = generation_request("cmpl", prompt_ids, params, req, options)
+        prepared = self._runner.prepare(
+            model, "completions", constrained_request(request, compiled), req, options
         )
+        return dataclasses.replace(prepared, constraint=spec)
 
     def _response(
         self,

@@ -93,6 +93,9 @@ class _Sequence:
         self.prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
         self.sampler = TokenSampler(request.params, eos_token_ids)
         self.replay = list(request.continuation_token_ids)  # fed one per step, not sampled
+        # constrained decoding: this sequence's own grammar state, masks its row's logits
+        self.constraint = request.constraint.new_matcher() if request.constraint else None
+        self.constraint_error = ""  # set when the constraint refused a token
         self.detok: IncrementalDetokenizer = codec.detokenizer()
         self.stops = StopMatcher(request.params.stop)
         self.outputs: asyncio.Queue[GenerationOutput | AgentError] = asyncio.Queue()
@@ -113,10 +116,17 @@ class _Sequence:
 
     def choose(self, logits: npt.NDArray[np.float32]) -> int:
         """The next token: the next continuation token while replaying, else a sample."""
+        constraint = self.constraint
         if self.sampler.position < len(self.replay):
             self.sampler.skip()
-            return self.replay[self.sampler.position - 1]
-        return self.sampler.sample(logits)
+            token = self.replay[self.sampler.position - 1]
+        else:
+            if constraint is not None:
+                logits = constraint.apply(logits)
+            token = self.sampler.sample(logits)
+        if constraint is not None and not constraint.advance(token):
+            self.constraint_error = constraint.error or "the grammar refused a token"
+        return token
 
     def __lt__(self, other: _Sequence) -> bool:
         return self.rank < other.rank
@@ -513,6 +523,10 @@ class ContinuousBatcher:
         """Hand one sampled token to the sequence's consumer; True when it is finished."""
         params = seq.request.params
         seq.last_token = token
+        if seq.constraint_error:
+            log.error("constrained decoding failed: %s", seq.constraint_error)
+            self._finish(seq, EngineError("constrained decoding failed in the grammar engine"))
+            return True
         if seq.replayed < len(seq.replay):  # already delivered: restore the text state only
             seq.replayed += 1
             seq.stops.feed(seq.detok.add(token))
@@ -525,6 +539,10 @@ class ContinuousBatcher:
         else:
             text = seq.stops.feed(seq.detok.add(token))
             if seq.stops.stopped:
+                finish = "stop"
+            elif seq.constraint is not None and seq.constraint.finished:
+                # the output is complete: end without sampling an end-of-turn token
+                text += seq.stops.feed(seq.detok.flush()) + seq.stops.flush()
                 finish = "stop"
             elif seq.generated >= params.max_tokens:
                 text += seq.stops.feed(seq.detok.flush()) + seq.stops.flush()

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from agent.structured.grammar import CompiledGrammar
+    from agent.structured.spec import ConstraintSpec
 
 FinishReason = Literal["stop", "length"]
 
@@ -29,6 +36,35 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
 
+class TokenConstraint(Protocol):
+    """One sequence's output constraint (a grammar state); used on the batcher's thread."""
+
+    def apply(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The logits with every token the constraint refuses next at minus infinity."""
+        ...
+
+    def advance(self, token: int) -> bool:
+        """Consume a chosen (or replayed) token; False when the constraint refuses it."""
+        ...
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more is admitted: the output is complete."""
+        ...
+
+    @property
+    def error(self) -> str: ...
+
+
+class OutputConstraint(Protocol):
+    """A compiled constraint (agent.structured's CompiledGrammar): one matcher per sequence."""
+
+    @property
+    def key(self) -> str: ...
+
+    def new_matcher(self) -> TokenConstraint: ...
+
+
 Priority = Literal["high", "normal", "low"]
 PRIORITY_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}  # admitted in this order
 
@@ -45,12 +81,17 @@ class GenerationRequest:
     # output for them, and generates from there; params.max_tokens counts the tokens after
     # them, params.min_tokens and seeded draws count positions from the completion's start
     continuation_token_ids: Sequence[int] = field(default=(), repr=False)
+    # constrained decoding (response_format, tools): each step's logits are masked to what
+    # the constraint admits, continuation tokens advance it too, and the sequence ends
+    # ("stop") as soon as it admits nothing more
+    constraint: OutputConstraint | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:  # hide the payload from logs
         return (
             f"GenerationRequest(request_id={self.request_id!r}, "
             f"prompt_tokens={len(self.prompt_token_ids)}, "
             f"continuation_tokens={len(self.continuation_token_ids)}, params={self.params!r}, "
+            f"constrained={self.constraint is not None}, "
             f"priority={self.priority!r}, timeout_s={self.timeout_s!r})"
         )
 
@@ -101,9 +142,16 @@ class TextModel(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]: ...
+
+    async def compile_constraint(self, spec: ConstraintSpec) -> CompiledGrammar:
+        """The spec's grammar for this model's vocabulary (compiled off the event loop and
+        cached); InvalidSchemaError (400) when it cannot be compiled."""
+        ...
 
     def load(self) -> EngineLoad: ...
 

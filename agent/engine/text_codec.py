@@ -68,6 +68,10 @@ class TextCodec:
     def vocab_size(self) -> int:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
+    def tokenizer_json(self) -> str:
+        """The tokenizer as ``tokenizers`` JSON (what the grammar engine reads)."""
+        return str(self._tokenizer.to_str())
+
     def encode(self, text: str) -> list[int]:
         # encode_batch releases the GIL while it works (encode does not), so encoding on a
         # worker thread leaves the event loop free

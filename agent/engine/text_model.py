@@ -14,6 +14,8 @@ from agent.engine.interface import (
 )
 from agent.engine.supervisor import OnDead
 from agent.engine.text_codec import TextCodec
+from agent.structured.grammar import CompiledGrammar, GrammarCompiler
+from agent.structured.spec import ConstraintSpec
 
 
 class OnnxTextModel:
@@ -25,12 +27,16 @@ class OnnxTextModel:
         context_length: int,
         codec: TextCodec,
         engine: ContinuousBatcher,
+        eos_token_ids: Sequence[int] = (),
     ) -> None:
         self._model_id = model_id
         self._version = version
         self._context_length = context_length
         self._codec = codec
         self._engine = engine
+        self._grammars = GrammarCompiler(
+            codec.tokenizer_json(), list(eos_token_ids), codec.vocab_size
+        )
 
     @property
     def model_id(self) -> str:
@@ -55,12 +61,18 @@ class OnnxTextModel:
     def add_listener(self, listener: BatcherListener) -> None:
         self._engine.listeners.append(listener)
 
+    async def compile_constraint(self, spec: ConstraintSpec) -> CompiledGrammar:
+        return await self._grammars.compile(spec)
+
     def load(self) -> EngineLoad:
         e = self._engine
         return EngineLoad(e.running, e.waiting, e.kv_used_tokens, e.kv_used_fraction)
 
     def encode(self, text: str) -> list[int]:
         return self._codec.encode(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._codec.decode(token_ids)
 
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
         return self._codec.apply_chat_template(messages)
@@ -77,3 +89,4 @@ class OnnxTextModel:
 
     async def close(self) -> None:
         await self._engine.close()
+        self._grammars.close()

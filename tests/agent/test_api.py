@@ -136,7 +136,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
     ),
     ("stop not a string", CHAT, chat(stop=7), 400, "stop"),
     ("too many stops", CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
-    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("tool not a function", CHAT, chat(tools=[{"type": "retrieval"}]), 400, "tools.0.type"),
+    ("functions (deprecated)", CHAT, chat(functions=[{"name": "f"}]), 400, "functions"),
     (
         "body too large",
         CHAT,

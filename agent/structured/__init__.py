@@ -1,0 +1,21 @@
+"""Structured outputs: constraint specs from requests, grammars, per-sequence matchers."""
+
+from agent.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher
+from agent.structured.spec import (
+    ConstraintSpec,
+    ToolSpec,
+    parse_constraint,
+    parse_response_format,
+    validate_constrained_output,
+)
+
+__all__ = [
+    "CompiledGrammar",
+    "ConstraintSpec",
+    "GrammarCompiler",
+    "GrammarMatcher",
+    "ToolSpec",
+    "parse_constraint",
+    "parse_response_format",
+    "validate_constrained_output",
+]

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from agent.errors import AgentError, InvalidRequestError
+from agent.errors import AgentError, InvalidOutputError, InvalidRequestError
 from agent.overflow.adapters import (
     ADAPTERS,
     Adapter,
@@ -49,7 +49,7 @@ from agent.overflow.adapters import (
     sse_events,
     status_error,
 )
-from agent.overflow.policy import requires_constraints
+from agent.overflow.policy import constraint_of, requires_constraints
 from agent.overflow.targets import CredentialError, Target, TargetSet, leaves_site, read_credential
 from agent.redaction import (
     InvalidRedactionMode,
@@ -61,6 +61,8 @@ from agent.redaction import (
     effective_mode,
     requested_mode,
 )
+from agent.structured.spec import ConstraintSpec, validate_constrained_output
+from agent.structured.tool_calls import call_text
 from edgefleet.contract import OverflowApi, OverflowKind
 from edgefleet.tls import agent_server_name
 
@@ -275,6 +277,8 @@ class Forwarder:
         tried, :class:`OverflowFailedError` when all that were tried failed."""
         tried: list[str] = []
         untranslatable: UpstreamError | None = None
+        constraint = constraint_of(req.body)
+        invalid_output = ""
         for target in self.candidates(req):
             leg = self._leg(req, target)
             used: list[str] = []
@@ -305,13 +309,24 @@ class Forwarder:
                 except AgentError:
                     target.breaker.release()
                     raise
+                answer = _answer_for_client(answer, req, vault)  # restored
+                problem = _constraint_problem(answer, constraint, req.endpoint)
+                if problem:  # the target ignored the constraint: not returned, next target
+                    target.breaker.failure()
+                    log.warning(
+                        "overflow target %s answered outside the request's constraint: %s",
+                        target.name,
+                        problem,
+                    )
+                    invalid_output = problem
+                    break
                 target.breaker.success()
                 usage = _obj(answer.get("usage"))
                 leg.prompt_tokens = _int(usage.get("prompt_tokens"))
                 leg.completion_tokens = _int(usage.get("completion_tokens"))
                 leg.ok = True
                 req.served_by = target.name
-                return _answer_for_client(answer, req, vault)
+                return answer
             if skipped:
                 req.legs.remove(leg)
                 continue
@@ -320,6 +335,11 @@ class Forwarder:
             if untranslatable is not None:
                 raise _client_error(untranslatable) from None
             raise fallback
+        if invalid_output:
+            raise InvalidOutputError(
+                f"the overflow target's answer does not satisfy the request's constraint "
+                f"({invalid_output}); it was not returned"
+            )
         raise OverflowFailedError(
             f"the agent could not take the request ({req.reason}) and every overflow target "
             f"tried failed: {', '.join(tried)}"
@@ -366,6 +386,8 @@ class Forwarder:
         state = _StreamState()
         tried: list[str] = []
         untranslatable: UpstreamError | None = None
+        constraint = constraint_of(req.body)
+        delivered: list[str] = []  # what the client got, restored
         for target in self.candidates(req):
             if state.started and not _can_continue(target, state):
                 continue
@@ -390,6 +412,7 @@ class Forwarder:
                     async for chunk in self._stream_one(
                         target, endpoint.url, adapter, body, headers, req, state, vault, leg, trim
                     ):
+                        delivered.append(_chunk_text(chunk))
                         yield chunk
                 except UpstreamError as exc:
                     if exc.untranslatable:
@@ -408,6 +431,10 @@ class Forwarder:
                 except BaseException:
                     target.breaker.release()  # the client left, or a refusal of ours
                     raise
+                if constraint is not None and constraint.kind in ("json_object", "json_schema"):
+                    # Validated before the stream ends: an answer outside the constraint
+                    # ends with the stream error event, never a clean end.
+                    validate_constrained_output(constraint, "".join(delivered))
                 target.breaker.success()
                 leg.ok = True
                 return
@@ -562,6 +589,50 @@ def _set_choice_text(choice: dict[str, Any], endpoint: str, text: str) -> None:
         choice.setdefault("delta", {})["content"] = text
     else:
         choice["text"] = text
+
+
+def _constraint_problem(
+    answer: dict[str, Any], constraint: ConstraintSpec | None, endpoint: str
+) -> str:
+    """Why ``answer`` does not satisfy ``constraint`` ("" when it does, or there is none):
+    the first choice's text, or its tool call written as the model writes one."""
+    if constraint is None:
+        return ""
+    choices = answer.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else {}
+    choice = choice if isinstance(choice, dict) else {}
+    if endpoint == "completions":
+        text = choice.get("text")
+    else:
+        message = _obj(choice.get("message"))
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            function = _obj(_obj(calls[0]).get("function"))
+            name, arguments = function.get("name"), function.get("arguments")
+            if not isinstance(name, str) or not isinstance(arguments, str):
+                return "a tool call without a name or arguments"
+            text = call_text(name, arguments)
+        else:
+            text = message.get("content")
+    if not isinstance(text, str):
+        return "no text in the answer"
+    try:
+        validate_constrained_output(constraint, text)
+    except InvalidOutputError as exc:
+        return str(exc)
+    return ""
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    first = choices[0]
+    text = first.get("text")
+    if isinstance(text, str):
+        return text
+    content = _obj(first.get("delta")).get("content")
+    return content if isinstance(content, str) else ""
 
 
 def _answer_for_client(

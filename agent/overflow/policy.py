@@ -17,8 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from agent.auth.keys import KeyGrant
-from agent.errors import InvalidRequestError
+from agent.errors import AgentError, InvalidRequestError
+from agent.structured.spec import ConstraintSpec, parse_constraint
 from edgefleet.tls import peer_agent_id
+
+# What a body the local path would refuse counts as: constrained to a JSON object (it only
+# ever reaches targets that enforce constraints, and its output must parse).
+UNPARSEABLE = ConstraintSpec(kind="json_object", schema={"type": "object"})
 
 ALLOW_CLOUD_HEADER = "X-Edgefleet-Allow-Cloud"
 
@@ -67,15 +72,26 @@ def hop_honoured(hop_header: str | None, transport: Any, *, trust_unauthenticate
     return peer_agent_id(transport) is not None
 
 
-def requires_constraints(body: dict[str, Any]) -> bool:
-    """CONSTRAINED-REQUEST HOOK (issue 14): does this request need a target that enforces
-    constrained decoding? Such requests only go to targets with ``supports_constraints``.
+def constraint_of(body: dict[str, Any]) -> ConstraintSpec | None:
+    """The request's output constraint (agent/structured: response_format, tools and
+    tool_choice), or None for free text. A body the local path would refuse is treated as
+    constrained (it never reaches a target that ignores constraints)."""
+    try:
+        return parse_constraint(
+            response_format=body.get("response_format"),
+            tools=body.get("tools"),
+            tool_choice=body.get("tool_choice"),
+            functions=body.get("functions"),
+        )
+    except (AgentError, TypeError, AttributeError, ValueError):
+        return UNPARSEABLE
 
-    Today: a ``response_format`` other than text, or a grammar/guided-decoding field. The
-    constrained-decoding work replaces this with its own test of a request.
-    """
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+
+def requires_constraints(body: dict[str, Any]) -> bool:
+    """Does this request need a target that enforces constrained decoding? Such requests
+    only go to targets with ``supports_constraints``: a JSON response_format, tools (with
+    any tool_choice but "none"), or another engine's grammar / guided-decoding field."""
+    if constraint_of(body) is not None:
         return True
     return any(
         body.get(name) is not None

@@ -519,3 +519,32 @@ async def test_a_request_one_adapter_cannot_translate_goes_to_the_next_target(
     r = await agent.post("/v1/chat/completions", json={**body, "stream": True})
     error = (await r.json())["error"]
     assert r.status == 400 and "messages.1" in error["message"]
+
+
+async def test_a_constrained_request_goes_only_where_constraints_hold_and_is_validated(
+    make_agent: AgentFactory, openai_fake: FakeOpenAI
+) -> None:
+    """A json_schema request skips targets that do not enforce constraints; a target that
+    claims to but answers outside the schema is not returned to the client (issue 14)."""
+    agent = await make_agent(**CLOUD)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = chat(
+        "give me a number",
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    )
+    set_targets(agent, pool(openai_fake))  # no supports_constraints: never tried
+    r = await agent.post("/v1/chat/completions", json=body)
+    assert r.status == 404 and openai_fake.received == []  # the model is not loaded here
+    set_targets(agent, pool(openai_fake, supports_constraints=True))
+    r = await agent.post("/v1/chat/completions", json=body)
+    error = (await r.json())["error"]
+    assert r.status == 502 and error["code"] == "invalid_constrained_output", error
+    assert len(openai_fake.received) == 1  # it was asked, and its "You said: ..." refused
+    assert "You said" not in error["message"]
+    r = await agent.post("/v1/chat/completions", json={**body, "stream": True})
+    text, events, done = await sse(r)
+    assert text.startswith("You said")  # streamed before the end of the answer...
+    assert events[-1]["error"]["code"] == "invalid_constrained_output" and done  # ...not clean
+    # free text from the same target is returned as it is
+    r = await agent.post("/v1/chat/completions", json=chat("hello"))
+    assert r.status == 200 and r.headers["X-Edgefleet-Served-By"] == "pool-a"

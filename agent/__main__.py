@@ -16,6 +16,7 @@ import ssl
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -231,6 +232,14 @@ class DesiredStateApplier:
             sync.apply(section)
 
 
+def infrastructure_hosts(config: AgentConfig) -> list[str]:
+    """Hosts the operator configured (this agent's, its coordinator's): kept in logs."""
+    hosts = [config.server.host, urlsplit(config.server.public_url).hostname or ""]
+    target = config.coordinator.target
+    hosts.append(target.rsplit(":", 1)[0].strip("[]") if target else "")
+    return [h for h in hosts if h]
+
+
 def prepare_sync(
     sync: ModelSync, public_url: str, enroller: Enroller | None, agent_id: str
 ) -> None:
@@ -362,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if config.redaction.redact_logs:  # placeholders, not values, in what the agent logs
-        install_log_filter(Redactor.from_config(config.redaction))
+        install_log_filter(
+            Redactor.from_config(config.redaction), keep=infrastructure_hosts(config)
+        )
     try:
         asyncio.run(serve(config))
     except FatalError as exc:

@@ -219,6 +219,30 @@ def test_log_records_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
         assert value not in joined
 
 
+def test_log_records_keep_the_agents_own_infrastructure_addresses() -> None:
+    """``cannot listen on <IP_ADDRESS_1>`` would hide what the operator must fix: loopback,
+    unspecified and configured hosts stay; a client's address is still redacted."""
+    logger = logging.getLogger("test.redaction.infra")
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Keep()
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        install_log_filter(Redactor(), logger, keep=["10.1.2.3", ""])
+        logger.error("cannot listen on %s:%d or %s or %s", "127.0.0.1", 8000, "0.0.0.0", "::1")
+        logger.warning("coordinator 10.1.2.3:50051 unreachable; client %s refused", IP)
+    finally:
+        logger.removeHandler(handler)
+    assert lines[0].endswith("cannot listen on 127.0.0.1:8000 or 0.0.0.0 or ::1")
+    assert "coordinator 10.1.2.3:50051 unreachable" in lines[1] and IP not in lines[1]
+    assert "<IP_ADDRESS_1>" in lines[1]
+
+
 def test_malformed_bodies_are_not_a_crash() -> None:
     r = Redactor()
     odd: dict[str, Any] = {

@@ -3,7 +3,9 @@
 Blobs: ``GET``/``HEAD /v1/blobs/sha256/{sha256}`` serve a file of the blob store with a
 strong ETag (``"<sha256>"``), ``If-None-Match`` (304), ``If-Range`` and one byte range
 (``Range: bytes=a-b``, ``a-``, ``-n``: 206 with ``Content-Range``; 416 when it lies
-outside the file). Who may read them: a viewer (or higher) admin token, or an agent:
+outside the file; a header that is not one byte range is ignored: the whole file). The
+protocol is :mod:`edgefleet.blob_http`, shared with the agents' peer blob servers. Who
+may read them: a viewer (or higher) admin token, or an agent:
 
     Authorization: Bearer <the agent's enrollment credential (Hello.token)>
     Edgefleet-Agent: <its agent id>
@@ -26,8 +28,6 @@ import base64
 import binascii
 import hmac
 import logging
-import os
-import re
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +45,7 @@ from coordinator.fleet import AgentStatus, valid_agent_id
 from coordinator.http_api import InvalidParameter, error_response
 from coordinator.model_assignments import BLOB_PATH, Selector
 from coordinator.tokens import sha256_hex
+from edgefleet.blob_http import RangeNotSatisfiable, send_blob
 from edgefleet.model_signing import SHA256_PATTERN, encode_public_key
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ AGENT_ID_HEADER = "Edgefleet-Agent"
 BLOB_ROUTE = BLOB_PATH + "/sha256/{sha256}"
 #: Routes an agent may read with its own credential instead of an admin token.
 AGENT_ROUTES = frozenset({("GET", BLOB_ROUTE)})
-_CHUNK = 1 << 20
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_BLOB_HEADERS = {"Cache-Control": "public, immutable"}
+_UPLOAD_CHUNK = 1 << 20
 # An upload whose body stalls this long is dropped (s).
 UPLOAD_IDLE_S = 60.0
 
@@ -101,85 +102,20 @@ def _not_found(sha: str) -> web.Response:
 
 
 async def get_blob(request: web.Request) -> web.StreamResponse:
+    """The blob protocol is :mod:`edgefleet.blob_http`; here: the path, the 404 and 416
+    bodies in the admin API's error format, and the egress metric."""
     sha = _sha256_param(request)
     path = request.config_dict[MODEL_CATALOG_KEY].blobs.path(sha)
+    sent = request.config_dict[METRICS_KEY].blob_bytes_sent.labels(
+        reader="agent" if AGENT_ID_HEADER in request.headers else "admin"
+    )
     try:
-        handle = path.open("rb")
+        return await send_blob(request, path, sha, extra_headers=_BLOB_HEADERS, on_bytes=sent.inc)
     except FileNotFoundError:
         return _not_found(sha)
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
-        etag = f'"{sha}"'
-        headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": "public, immutable"}
-        if _etag_listed(request.headers.get("If-None-Match", ""), etag):
-            return web.Response(status=304, headers=headers)
-        start, end = 0, size  # [start, end)
-        status = 200
-        wanted = request.headers.get("Range")
-        if_range = request.headers.get("If-Range")
-        if (
-            wanted is not None
-            and "," not in wanted  # several ranges: answered with the whole file
-            and (if_range is None or if_range.strip() == etag)
-        ):
-            parsed = _byte_range(wanted, size)
-            if parsed is None:
-                headers["Content-Range"] = f"bytes */{size}"
-                return error_response(
-                    416, f"Range {wanted[:80]!r} is not satisfiable for {size} bytes",
-                    type_="invalid_request_error", code="range_not_satisfiable",
-                    headers=headers,
-                )  # fmt: skip
-            start, end = parsed
-            status = 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        response = web.StreamResponse(status=status, headers=headers)
-        response.content_type = "application/octet-stream"
-        response.content_length = end - start
-        await response.prepare(request)
-        if request.method == "HEAD":
-            return response
-        handle.seek(start)
-        left = end - start
-        sent = request.config_dict[METRICS_KEY].blob_bytes_sent.labels(
-            reader="agent" if AGENT_ID_HEADER in request.headers else "admin"
-        )
-        while left > 0:
-            chunk = await asyncio.to_thread(handle.read, min(_CHUNK, left))
-            if not chunk:
-                break  # the file shrank under us: the client sees a short body
-            left -= len(chunk)
-            await response.write(chunk)
-            sent.inc(len(chunk))
-        await response.write_eof()
-        return response
-
-
-def _etag_listed(header: str, etag: str) -> bool:
-    if not header:
-        return False
-    tags = [t.strip() for t in header.split(",")]
-    return "*" in tags or etag in tags or f"W/{etag}" in tags
-
-
-def _byte_range(header: str, size: int) -> tuple[int, int] | None:
-    """[start, end) for one ``bytes=`` range; None when unsatisfiable or malformed."""
-    match = _RANGE.fullmatch(header.strip())
-    if match is None:
-        return None
-    first, last = match.groups()
-    if not first and not last:
-        return None
-    if not first:  # the last n bytes
-        n = int(last)
-        if n == 0 or size == 0:
-            return None
-        return max(0, size - n), size
-    start = int(first)
-    end = size if not last else min(int(last) + 1, size)
-    if start >= size or (last and int(last) < start):
-        return None
-    return start, end
+    except RangeNotSatisfiable as exc:
+        return error_response(416, exc.message, type_="invalid_request_error",
+                              code="range_not_satisfiable", headers=exc.headers)  # fmt: skip
 
 
 # ------------------------------------------------------------------ admin: reading
@@ -261,7 +197,7 @@ async def upload_blob(request: web.Request) -> web.Response:
         else:
             while True:
                 async with asyncio.timeout(UPLOAD_IDLE_S):
-                    chunk = await request.content.read(_CHUNK)
+                    chunk = await request.content.read(_UPLOAD_CHUNK)
                 if not chunk:
                     break
                 writer.write(chunk)

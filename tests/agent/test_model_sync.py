@@ -266,6 +266,9 @@ async def test_site_peer_agent_serves_its_store_with_range_and_etag(
     assert cached.status == 304
     beyond = await first.get(f"/v1/blobs/sha256/{small}", headers={"Range": f"bytes={size}-"})
     assert beyond.status == 416 and beyond.headers["Content-Range"] == f"bytes */{size}"
+    error = (await beyond.json())["error"]  # the agent's OpenAI error format
+    assert (error["type"], error["code"]) == ("invalid_request_error", "range_not_satisfiable")
+    assert set(error) == {"message", "type", "param", "code"}
     assert (await first.get(f"/v1/blobs/sha256/{'0' * 64}")).status == 404
     assert (await first.get("/v1/blobs/sha256/..%2Fmanifests")).status == 404
     # a second agent at the site takes every byte from the peer, none from the origin

@@ -6,6 +6,7 @@ fleet view; rules survive a restart."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -223,8 +224,12 @@ async def test_blobs_are_served_with_ranges_to_viewers_and_enrolled_agents_only(
     assert status == 206 and body == weights[10000:]
     status, body, _ = await get(agent | {"Range": "bytes=-5"})
     assert status == 206 and body == weights[-5:]
-    status, _, headers = await get(agent | {"Range": f"bytes={len(weights)}-"})
+    status, body, headers = await get(agent | {"Range": f"bytes={len(weights)}-"})
     assert status == 416 and headers["Content-Range"] == f"bytes */{len(weights)}"
+    error = json.loads(body)["error"]  # the admin API's error format
+    assert (error["type"], error["code"]) == ("invalid_request_error", "range_not_satisfiable")
+    status, body, _ = await get(agent | {"Range": "bytes=0-9,20-29"})
+    assert status == 200 and body == weights  # not one byte range: ignored, all of it
     status, body, _ = await get(agent | {"Range": "bytes=0-9", "If-Range": '"other"'})
     assert status == 200 and body == weights  # the resumed file changed: all of it
     assert (await get(agent | {"If-None-Match": f'"{sha}"'}))[0] == 304
@@ -250,8 +255,9 @@ async def test_blobs_are_served_with_ranges_to_viewers_and_enrolled_agents_only(
         exposition = await response.text()
     metric = 'edgefleet_coordinator_blob_bytes_sent_total{reader="agent"}'
     sent = next(line for line in exposition.splitlines() if line.startswith(metric))
-    # The whole file twice (the first GET, the stale If-Range), plus the ranges read.
-    assert float(sent.split()[-1]) == 2 * len(weights) + 1000 + (len(weights) - 10000) + 5
+    # The whole file three times (the first GET, the ignored multi-range, the stale
+    # If-Range), plus the ranges read.
+    assert float(sent.split()[-1]) == 3 * len(weights) + 1000 + (len(weights) - 10000) + 5
     c.app[STORE_KEY].revoke_agent(reply.agent_id, datetime.now(UTC))
     assert (await get(agent))[0] == 401
 

@@ -87,9 +87,12 @@ async def test_agents_are_paginated_and_healthz_stays_fast(
         assert listed == sorted(listed) and len(set(listed)) == FLEET
         assert pages == 10
         # /healthz keeps answering while 5,000 agents are listed: typically within a few
-        # ms, never stalled for long (bounds generous for a loaded 2-core CI box)
-        assert sorted(healthz)[len(healthz) // 2] < 0.05
-        assert max(healthz) < 0.5
+        # ms, never stalled for long (before the fix: 4 s). Bounds generous for a loaded
+        # 2-core box, where the whole test process can be descheduled for a while.
+        ordered = sorted(healthz)
+        assert ordered[len(ordered) // 2] < 0.05
+        assert ordered[int(len(ordered) * 0.9)] < 0.25
+        assert ordered[-1] < 2.0
 
         async with http.get(url + "/v1/agents?limit=2&after=edge-00010") as response:
             page = await response.json()

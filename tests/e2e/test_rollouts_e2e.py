@@ -307,8 +307,18 @@ async def _rolled_back(fleet: Fleet, version: str, extra: list[str],
         began = time.monotonic()
         done = await wait_for_state(fleet.coordinator, started["rollout_id"], "rolled_back",
                                     timeout_s=300)  # fmt: skip
-        # Clients keep being served after the rollback, by the old version.
+        # Clients keep being served after the rollback: by the bad version until the old
+        # one is loaded again beside it (its self-check passed on that box before: it is
+        # not rerun), then by the old version.
+        back = time.monotonic()
+
+        async def canary_back() -> bool:
+            return traffic.last_version(canary_url) == fleet.v["int4"]
+
+        await wait_until(canary_back, timeout_s=60, message="the canary serves int4 again")
+        swapped_back_s = time.monotonic() - back
         await asyncio.sleep(2)
+    print(f"{version}: rolled back; the canary served int4 again {swapped_back_s:.1f} s later")
     assert traffic.failures == [], traffic.failures[:5]
     assert traffic.last_version(canary_url) == fleet.v["int4"]
     assert time.monotonic() - began < 300

@@ -115,13 +115,15 @@ def evaluate_llm(
     chat_template: str,
     eos_ids: tuple[int, ...],
     data: LlmGateData,
+    context_length: int | None = None,
 ) -> LlmEval:
-    """Perplexity and factual answers of one graph."""
+    """Perplexity and factual answers of one graph. With ``context_length`` the
+    perplexity text is scored in windows that fit it (one pass when it fits whole)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     ids = tokenizer.encode(data.text, add_special_tokens=False).ids
-    nll, count = decoder.negative_log_likelihood(ids)
+    nll, count = decoder.negative_log_likelihood(ids, context_length)
     perplexity = math.exp(nll / count)
     answers: list[str] = []
     correct: list[bool] = []

@@ -124,12 +124,30 @@ class OrtDecoder:
             stopped_at_eos=stopped,
         )
 
-    def negative_log_likelihood(self, ids: list[int]) -> tuple[float, int]:
-        """Sum of -log p(token | prefix) over ids[1:], computed in one prefill pass."""
-        logits, _ = self.forward(ids, self.empty_past(), 0)
-        logits64 = logits[:-1].astype(np.float64)
-        peak = logits64.max(axis=-1, keepdims=True)
-        log_norm = np.log(np.exp(logits64 - peak).sum(axis=-1)) + peak[:, 0]
-        targets = np.asarray(ids[1:], dtype=np.int64)
-        picked = logits64[np.arange(len(targets)), targets]
-        return float((log_norm - picked).sum()), len(targets)
+    def negative_log_likelihood(
+        self, ids: list[int], window: int | None = None
+    ) -> tuple[float, int]:
+        """Sum of -log p(token | prefix) over ids[1:] and its count (len(ids) - 1).
+
+        One prefill pass when ``ids`` fit in ``window`` tokens (None: no limit), so the
+        figure equals the build's; a longer text is cut into windows of ``window`` tokens,
+        each starting at the previous one's last token, so every token of ids[1:] is
+        scored once (its prefix restarting at its window's start).
+        """
+        if window is not None and window < 2:
+            raise ValueError(f"a perplexity window needs at least 2 tokens, not {window}")
+        size = len(ids) if window is None else window
+        total, count = 0.0, 0
+        for start in range(0, max(1, len(ids) - 1), size - 1):
+            chunk = ids[start : start + size]
+            if len(chunk) < 2:
+                break
+            logits, _ = self.forward(chunk, self.empty_past(), 0)
+            logits64 = logits[:-1].astype(np.float64)
+            peak = logits64.max(axis=-1, keepdims=True)
+            log_norm = np.log(np.exp(logits64 - peak).sum(axis=-1)) + peak[:, 0]
+            targets = np.asarray(chunk[1:], dtype=np.int64)
+            picked = logits64[np.arange(len(targets)), targets]
+            total += float((log_norm - picked).sum())
+            count += len(targets)
+        return total, count

@@ -10,7 +10,8 @@ for the same name replaces a task still downloading):
    the coordinator, each file's sha256 checked before it enters the store;
 3. the version loads beside the one serving, when free memory allows
    (``models.load_memory_factor`` x its bytes, else a reported refusal); the on-box
-   self-check runs (``agent.sync.self_check``);
+   self-check runs (``agent.sync.self_check``; once per version and process: a version
+   swapped back in, as in a rollback, is not checked again);
 4. it is swapped in: new requests go to it, the old version's running requests finish,
    then it is closed. ``active.json`` names it for a cold start.
 
@@ -142,6 +143,11 @@ class ModelSync:
         self._drains: set[asyncio.Task[None]] = set()
         self._load_lock = asyncio.Lock()
         self._section: ModelsSection | None = None
+        #: Self-checks passed in this process, by (name, version, manifest sha256): a
+        #: version swapped back in (a rollback) loads without checking the same files on
+        #: the same runtime again, so the bad version it replaces serves seconds, not the
+        #: minutes a check takes on a busy box.
+        self._passed_checks: dict[tuple[str, str, str], SelfCheckResult] = {}
         #: The ModelsSection generation whose every target is loaded or failed.
         self.applied_generation = 0
         self.swaps = 0
@@ -383,7 +389,14 @@ class ModelSync:
             model = await asyncio.to_thread(self._load_model, view, manifest)
             try:
                 await model.start(self._dead_callback(entry.name))
-                if self.options.self_check:
+                checked = (entry.name, entry.version, hashlib.sha256(raw).hexdigest())
+                passed_before = self._passed_checks.get(checked)
+                if self.options.self_check and passed_before is not None:
+                    entry.self_check = passed_before
+                    log.info("self-check of %s@%s passed on this box before (%.1f s): "
+                             "not run again", entry.name, entry.version,
+                             passed_before.seconds)  # fmt: skip
+                elif self.options.self_check:
                     entry.state = State.CHECKING
                     self._progress(entry)
                     result = await asyncio.to_thread(
@@ -394,6 +407,8 @@ class ModelSync:
                         self.options.self_check_prompts,
                     )
                     entry.self_check = result
+                    if result.passed:
+                        self._passed_checks[checked] = result
                     log.info("self-check of %s@%s: %s in %.1f s (perplexity %.3f, x%.3f of fp32,"
                              " %d/%d answers)", entry.name, entry.version,
                              "passed" if result.passed else "FAILED", result.seconds,

@@ -2,9 +2,11 @@
 
 For a text-generation version whose manifest recorded gate figures, the check runs the
 gate's own fixed data (``models/data``) through ONNX Runtime on this box: perplexity on
-its whole ~800-token text (one prefill pass, so it compares exactly with what the
-manifest recorded) and greedy answers to the first ``prompts`` of its 20 factual prompts
-(``models.self_check_prompts``; each costs up to 24 decode steps). It passes when all hold:
+its whole ~800-token text (one prefill pass when the text fits the model's context, so
+it compares exactly with what the manifest recorded; windows of the context length when
+it does not, as for the 512-token tiny test model) and greedy answers to the first
+``prompts`` of its 20 factual prompts (``models.self_check_prompts``; each costs up to 24
+decode steps). It passes when all hold:
 
 - perplexity <= 1.15x the manifest's fp32 reference perplexity (the gate's bound);
 - perplexity within 2% of the perplexity the manifest recorded for this artifact
@@ -60,6 +62,7 @@ def run_self_check(
         manifest.chat_template or "{{ messages[0]['content'] }}",
         manifest.special_tokens.eos_token_ids,
         data,
+        context_length=manifest.context_length,
     )
     del decoder
     seconds = time.perf_counter() - started

@@ -444,3 +444,40 @@ async def test_agents_at_one_site_fetch_one_copy_from_the_coordinator(
     assert origin.bytes_sent == v1.total_bytes, "more than one copy crossed the WAN"
     from_peers = [sync_of(a).entry(TINY, V1).bytes_from_peers for a in agents]  # type: ignore[union-attr]
     assert sorted(from_peers) == [0, v1.total_bytes, v1.total_bytes]
+
+
+async def test_a_version_swapped_back_in_is_not_self_checked_again(
+    tiny_artifacts: Path,
+    signer: ManifestSigner,
+    origin: BlobOrigin,
+    make_agent: AgentFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rollback swaps the previous version back in at load speed: its self-check passed
+    on this box in this process, on the same files (same manifest sha256)."""
+    from agent.sync import self_check
+
+    checked: list[str] = []
+    real = self_check.run_self_check
+
+    def counting(directory: Path, manifest: Any, threads: int, prompts: int) -> Any:
+        checked.append(manifest.version)
+        return real(directory, manifest, threads, prompts)
+
+    monkeypatch.setattr("agent.sync.manager.run_self_check", counting)
+    v1 = signed_version(tiny_artifacts / TINY, signer, version=V1)
+    v2 = signed_version(tiny_artifacts / TINY, signer, version=V2)
+    origin.add(v1)
+    origin.add(v2)
+    agent = await make_agent(self_check=True, self_check_prompts=1)
+    await converge(agent, v1.section(1, origin.url))
+    first = sync_of(agent).entry(TINY, V1)
+    assert first is not None and first.self_check is not None and first.self_check.passed
+    await converge(agent, v2.section(2, origin.url))
+    await converge(agent, v1.section(3, origin.url))  # back, as a rollback sends it
+    assert checked == [V1, V2]
+    status, body = await chat(agent, TINY)
+    assert status == 200 and body["model"] == f"{TINY}@{V1}"
+    back = sync_of(agent).entry(TINY, V1)
+    assert back is not None and back.state is State.LOADED
+    assert back.self_check == first.self_check  # the result it passed with, reported

@@ -62,7 +62,7 @@ def blob_handler(
         current = store()
         if current is None or not SHA256_PATTERN.fullmatch(hex_):
             raise ModelNotFoundError(f"no blob {hex_[:80]!r} here")
-        path = current.blob(hex_)
+        path = current.stored_blob(hex_)
         try:
             size = path.stat().st_size
         except FileNotFoundError:

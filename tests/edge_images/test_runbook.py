@@ -19,6 +19,11 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 MARK = "@@runbook-block-done@@"
 
 
+def baked_version(image: ImageBuild, name: str) -> str:
+    refs = dict(r.split("@") for r in image.labels["io.edgefleet.models"].split(","))
+    return refs[name]
+
+
 def runbook_blocks() -> list[str]:
     """The ```bash blocks between the README's runbook markers, as written."""
     text = README.read_text()
@@ -36,6 +41,8 @@ if podman exec edgefleet-agent sh -c 'echo x > /opt/edgefleet/probe' 2>/dev/null
 podman exec edgefleet-agent sh -c 'echo x > {STATE}/probe && rm {STATE}/probe' \\
   && echo "state=writable"
 podman exec edgefleet-agent ls {STATE}/agent | tr '\\n' ' ' | sed 's/^/state-files=/'; echo
+echo "store-blobs=$(podman exec edgefleet-agent ls {STATE}/agent/models/blobs/sha256 | wc -l)"
+echo "store-active=$(podman exec edgefleet-agent cat {STATE}/agent/models/active.json)"
 podman healthcheck run edgefleet-agent && echo "health=ok"
 curl -sN --cacert ca.pem https://localhost:8000/v1/chat/completions \\
   -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \\
@@ -82,6 +89,10 @@ def test_runbook_enrolls_and_serves_then_drains_on_sigterm(
     # step 4: the chat request, with the key, answered by the real model
     reply = json.loads(parts[4].strip())
     assert reply["object"] == "chat.completion"
+    assert (
+        reply["model"]
+        == f"smollm2-135m-instruct@{baked_version(agent_image, 'smollm2-135m-instruct')}"
+    )
     assert reply["usage"]["completion_tokens"] > 0
     assert reply["choices"][0]["message"]["content"].strip()
     facts = dict(
@@ -90,7 +101,14 @@ def test_runbook_enrolls_and_serves_then_drains_on_sigterm(
     assert facts["uid"] == str(UID)  # the entrypoint runs as the image's user
     assert facts["root"] == "read-only"
     assert facts["state"] == "writable"
-    assert {"agent.key", "agent.crt", "enrollment.json"} <= set(facts["state-files"].split())
+    assert {"agent.key", "agent.crt", "enrollment.json", "models"} <= set(
+        facts["state-files"].split()
+    )
+    # the model store on the state volume serves the image's signed set in place: each
+    # version adopted (and verified: signature, every sha256) with no file copied
+    baked = dict(r.split("@") for r in agent_image.labels["io.edgefleet.models"].split(","))
+    assert json.loads(facts["store-active"]) == baked
+    assert facts["store-blobs"] == "0"
     assert facts["health"] == "ok"
     # SIGTERM mid-stream: the stream was finished, then the agent exited 0
     stream = (tmp_path / "stream.out").read_text()

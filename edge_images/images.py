@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -228,9 +229,11 @@ def _build_image(
     )  # fmt: skip
     # The git revision is a label, not part of the key: an image whose every input is
     # unchanged is reused, and its label names the revision that first built that content.
-    ref = f"localhost/edgefleet-{target}:{key}"
+    # an agent image without a model set is another image (both are kept in the cache)
+    name = f"edgefleet-{target}" + ("-empty" if target != "coordinator" and not model_set else "")
+    ref = f"localhost/{name}:{key}"
     labels = {
-        "org.opencontainers.image.title": f"edgefleet-{target}",
+        "org.opencontainers.image.title": name,
         "org.opencontainers.image.version": project_version(),
         "org.opencontainers.image.revision": revision,
         "io.edgefleet.onnxruntime.version": _ort_version(house),
@@ -251,22 +254,22 @@ def _build_image(
             )
             raise
         steps["image"] = timer.s
-        remove_stale(f"localhost/edgefleet-{target}", keep=ref)
+        remove_stale(f"localhost/{name}", keep=ref)
     out = cache_root() / "archives"
     out.mkdir(exist_ok=True)
-    oci = out / f"edgefleet-{target}-{key}.oci.tar"
-    docker = out / f"edgefleet-{target}-{key}.docker.tar"
+    oci = out / f"{name}-{key}.oci.tar"
+    docker = out / f"{name}-{key}.docker.tar"
     if export:
-        for stale in out.glob(f"edgefleet-{target}-*.tar"):
-            if key not in stale.name:
+        for stale in out.glob(f"{name}-*.tar"):
+            if key not in stale.name and re.fullmatch(rf"{name}-[0-9a-f]+\.\w+\.tar", stale.name):
                 stale.unlink(missing_ok=True)
         for path, transport in ((oci, "oci-archive"), (docker, "docker-archive")):
             if not path.exists():
                 timer = Timer()
                 tmp = path.with_name(path.name + ".partial")
                 tmp.unlink(missing_ok=True)
-                name = f"{tmp}:edgefleet-{target}:{key}"
-                buildah(f"export {transport}", "push", "--quiet", ref, f"{transport}:{name}")
+                dest = f"{tmp}:{name}:{key}"
+                buildah(f"export {transport}", "push", "--quiet", ref, f"{transport}:{dest}")
                 tmp.rename(path)
                 steps[f"export_{transport}"] = timer.s
     # A reused image keeps the labels it was built with (its revision is the one that first

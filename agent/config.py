@@ -91,6 +91,10 @@ class ModelsConfig(Settings):
     # models.dir was not, else dir. Model sync applies the coordinator's targets either way.
     source: Literal["auto", "dir", "store"] = "auto"
     store_dir: str = ""  # the model store; empty: <coordinator.state_dir>/models
+    # A read-only signed model set (`coordinator models export`; an image's or a bundle's
+    # baked models) the store starts from: each version adopted once, its files read in
+    # place (never copied), verified like any stored version. Empty: none.
+    seed_dir: str = ""
     keep_versions: int = Field(default=2, ge=1, le=100)  # last K versions kept per model
     max_store_bytes: int = Field(default=0, ge=0)  # disk budget of the store; 0: none
     download_concurrency: int = Field(default=4, ge=1, le=64)  # blobs fetched at once

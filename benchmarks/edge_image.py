@@ -2,9 +2,11 @@
 image's cold start, from container start to the first token of a streamed chat request.
 
 The container runs as deployed (podman, read-only root, a fresh state volume, the image's
-user and entrypoint, the model set baked in) with the agent standalone on a free loopback
-port, so everything the agent does at start is counted: config, model manifests and sha256
-checksums of every model file, ONNX Runtime sessions for both models, the HTTP server.
+user and entrypoint, the signed model set baked in) with the agent standalone on a free
+loopback port, so everything the agent does at start is counted: config, the model store
+on the state volume adopting the baked set (its read-only seed), each manifest's ed25519
+signature checked against the trusted key (``models.trusted_keys_file``), the sha256 of
+every model file, ONNX Runtime sessions for both models, the HTTP server.
 ``podman create`` (with vfs storage it copies the image: not part of a start) is timed
 apart. Each start is a new container (the page cache is warm after the first). Results:
 ``benchmarks/results/edge_image.json``.
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             "oci_archive_bytes": agent.oci_archive.stat().st_size,
             "docker_archive_bytes": agent.docker_archive.stat().st_size,
             "labels": agent.labels,
+            # verified at every start: signatures and every file's sha256
+            "signed_model_set": agent.labels["io.edgefleet.models"].split(","),
             "build_s_this_run": round(agent_build_s, 1),
             "build_steps_s": agent.steps_s,  # empty: everything came from the cache
         },

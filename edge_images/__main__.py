@@ -22,8 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="build an image (cached) and export its archives")
     b.add_argument("target", choices=TARGETS)
     b.add_argument("--models", type=_models, default=DEFAULT_MODELS,
-                   help="model set to bake in (artifact directories), or 'none' (the image "
-                   "starts empty and syncs)")  # fmt: skip
+                   help="model set to bake in: a signed set (`coordinator models export`), "
+                   "artifact directories (signed at build time), or 'none' (the image starts "
+                   "empty and syncs)")  # fmt: skip
     b.add_argument("--serve", action="append", help="artifact names (default: the shipped two)")
     b.add_argument("--no-export", action="store_true", help="build only, no archives")
     k = sub.add_parser(
@@ -35,13 +36,20 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--models", type=_models, default=DEFAULT_MODELS)
     c.add_argument("--serve", action="append")
     c.add_argument("--out", type=Path, default=None, help="copy the bundle here")
+    for command in (b, k, c):
+        command.add_argument(
+            "--signing-key", type=Path, default=None, metavar="PEM",
+            help="ed25519 key (PEM, made if absent) that signs artifact directories; "
+            "default: one kept in the build cache",
+        )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     serve = tuple(args.serve or DEFAULT_SERVE)
     try:
         if args.command == "build":
             built = build_image(args.target, models=args.models, serve=serve,
-                                export=not args.no_export)  # fmt: skip
+                                export=not args.no_export,
+                                signing_key=args.signing_key)  # fmt: skip
             print(json.dumps({
                 "image": built.ref, "size_bytes": built.size_bytes,
                 "oci_archive": str(built.oci_archive) if not args.no_export else None,
@@ -51,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "check-cuda":
             from edge_images.images import check_cuda
 
-            built = build_image("agent-cuda", models=args.models, serve=serve)
+            built = build_image(
+                "agent-cuda", models=args.models, serve=serve, signing_key=args.signing_key
+            )
             checked = check_cuda(built.ref)
             print(json.dumps({"image": built.ref, "size_bytes": built.size_bytes,
                               "oci_archive_bytes": built.oci_archive.stat().st_size,
@@ -60,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from edge_images.bundle import build_bundle
 
-            bundle = build_bundle(models=args.models, serve=serve)
+            bundle = build_bundle(models=args.models, serve=serve, signing_key=args.signing_key)
             out = bundle.path
             if args.out:
                 import shutil

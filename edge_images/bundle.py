@@ -1,6 +1,7 @@
 """The offline bundle: one tarball for x86-64 Linux with CPython 3.11 (Debian 12's
-python3): the wheelhouse, the model set (optional), the config, the systemd unit and
-``install.sh``, which installs into a fresh virtual environment with ``pip --no-index``."""
+python3): the wheelhouse, the signed model set (optional; :mod:`edge_images.model_set`),
+the config, the systemd unit and ``install.sh``, which installs into a fresh virtual
+environment with ``pip --no-index``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from edge_images.cache import Timer, cache_lock, cache_root, digest_files, key_of
 from edge_images.images import DEFAULT_MODELS, DEFAULT_SERVE, HERE, _models_input, copy_tree_linked
+from edge_images.model_set import set_digest
 from edge_images.wheelhouse import build_wheelhouse
 
 BUNDLE_FILES = {  # name in the bundle: source in edge_images/
@@ -31,22 +33,25 @@ class Bundle:
 
 
 def build_bundle(
-    *, models: Path | None = DEFAULT_MODELS, serve: tuple[str, ...] = DEFAULT_SERVE
+    *,
+    models: Path | None = DEFAULT_MODELS,
+    serve: tuple[str, ...] = DEFAULT_SERVE,
+    signing_key: Path | None = None,
 ) -> Bundle:
     """Build (or reuse) the bundle. Uncompressed: the ONNX weights, most of its size, do not
     compress, and an uncompressed tar extracts at disk speed on a small box."""
     with cache_lock("build-bundle"):
-        return _build_bundle(models, serve)
+        return _build_bundle(models, serve, signing_key)
 
 
-def _build_bundle(models: Path | None, serve: tuple[str, ...]) -> Bundle:
+def _build_bundle(models: Path | None, serve: tuple[str, ...], signing_key: Path | None) -> Bundle:
     house = build_wheelhouse()
-    model_dirs = _models_input(models, serve)
+    model_set = _models_input(models, serve, signing_key)
     files = [HERE / src for src in BUNDLE_FILES.values()]
     key = key_of(
         "bundle", house.key,
-        digest_files(model_dirs, root=models) if models else "no-models",
-        digest_files(files, root=HERE), "v1",
+        set_digest(model_set) if model_set else "no-models",
+        digest_files(files, root=HERE), "v2",
     )  # fmt: skip
     final = cache_root() / f"edgefleet-bundle-{key}.tar"
     if final.exists():
@@ -58,10 +63,8 @@ def _build_bundle(models: Path | None, serve: tuple[str, ...]) -> Bundle:
     try:
         top.mkdir(parents=True)
         copy_tree_linked(house.path, top / "wheelhouse")
-        if model_dirs:
-            (top / "models").mkdir()
-            for d in model_dirs:
-                copy_tree_linked(d, top / "models" / d.name)
+        if model_set is not None:
+            copy_tree_linked(model_set, top / "models")
         for name, src in BUNDLE_FILES.items():
             shutil.copy2(HERE / src, top / name)
         (top / "PYTHON_ABI").write_text(f"cp{sys.version_info.major}{sys.version_info.minor}\n")

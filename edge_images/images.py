@@ -7,8 +7,9 @@ Two stages, each cached in buildah's storage under a tag that is the key of its 
   (uid 10001) and a virtual environment with the third-party wheels of the lock
   (the slow step: it changes only when the package list or the lock does);
 - ``edgefleet-<target>:<key>``: the base plus edgefleet's wheel, the config file, the
-  health probe and, for the agent, the model set (the ``models`` build input), with the
-  user, entrypoint, state volume, healthcheck and labels set. Committed in Docker format
+  health probe and, for the agent, the signed model set (the ``models`` build input, see
+  :mod:`edge_images.model_set`) at ``/opt/edgefleet/models``, with the user, entrypoint,
+  state volume, healthcheck and labels set. Committed in Docker format
   (the OCI image format has no HEALTHCHECK field), exported as both an OCI archive and a
   Docker archive.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from edge_images.cache import Timer, cache_lock, cache_root, digest_files, key_of, run
 from edge_images.errors import ImageBuildError
+from edge_images.model_set import model_refs, set_digest, signed_model_set
 from edge_images.rootfs import RootFs, build_rootfs
 from edge_images.wheelhouse import REPO, Wheelhouse, build_wheelhouse
 
@@ -39,9 +42,10 @@ USER = "edgefleet"
 STATE = "/var/lib/edgefleet"
 VENV = "/opt/edgefleet/venv"
 MODELS_IN_IMAGE = "/opt/edgefleet/models"
-# The model set baked into the agent image: THE one build input for models. Today the
-# built artifacts (models/artifacts layout, the agent's --models-dir); once model sync
-# lands, point it at the directory `python -m coordinator models export` writes.
+# The model set baked into the agent image: THE one build input for models. Either the
+# built artifacts (models/artifacts; the build signs them through a throwaway catalog) or
+# a signed set `python -m coordinator models export --out DIR` wrote (baked as it is).
+# The agent's store reads it as its read-only seed (agent.image.toml).
 DEFAULT_MODELS = REPO / "models" / "artifacts"
 DEFAULT_SERVE = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 TARGETS = ("agent-cpu", "agent-cuda", "coordinator")
@@ -104,17 +108,13 @@ class ImageBuild:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def _models_input(models: Path | None, serve: tuple[str, ...]) -> list[Path]:
+def _models_input(
+    models: Path | None, serve: tuple[str, ...], signing_key: Path | None = None
+) -> Path | None:
+    """The signed model set to bake (None: the image starts empty and syncs)."""
     if models is None:
-        return []
-    dirs = [models / name for name in serve]
-    missing = [str(d) for d in dirs if not (d / "manifest.json").is_file()]
-    if missing:
-        raise ImageBuildError(
-            f"model set: no manifest.json in {', '.join(missing)} (run `make models`, or "
-            "pass --models DIR holding the artifact directories, or --models none)"
-        )
-    return dirs
+        return None
+    return signed_model_set(models, serve, signing_key=signing_key)
 
 
 def _ort_package(target: str) -> dict[str, str] | None:
@@ -168,7 +168,7 @@ def build_base(rootfs: RootFs, house: Wheelhouse, steps: dict[str, float]) -> st
     return ref
 
 
-def _config_for(target: str) -> tuple[Path, str, list[str], str]:
+def _config_for(target: str, has_models: bool = True) -> tuple[Path, str, list[str], str]:
     """(config file, its path in the image, entrypoint, config env var)."""
     if target == "coordinator":
         return (
@@ -178,7 +178,7 @@ def _config_for(target: str) -> tuple[Path, str, list[str], str]:
             "EDGEFLEET_COORDINATOR_CONFIG",
         )
     return (
-        HERE / "agent.image.toml",
+        HERE / ("agent.image.toml" if has_models else "agent.image-empty.toml"),
         "/etc/edgefleet/agent.toml",
         [f"{VENV}/bin/edgefleet-agent"],
         "EDGEFLEET_AGENT_CONFIG",
@@ -191,14 +191,20 @@ def build_image(
     models: Path | None = DEFAULT_MODELS,
     serve: tuple[str, ...] = DEFAULT_SERVE,
     export: bool = True,
+    signing_key: Path | None = None,
 ) -> ImageBuild:
-    """Build (or reuse) the image for ``target`` and export its archives."""
+    """Build (or reuse) the image for ``target`` and export its archives. ``signing_key``:
+    the ed25519 PEM that signs artifact directories (see :mod:`edge_images.model_set`)."""
     with cache_lock(f"build-{target}"):
-        return _build_image(target, models, serve, export)
+        return _build_image(target, models, serve, export, signing_key)
 
 
 def _build_image(
-    target: str, models: Path | None, serve: tuple[str, ...], export: bool
+    target: str,
+    models: Path | None,
+    serve: tuple[str, ...],
+    export: bool,
+    signing_key: Path | None = None,
 ) -> ImageBuild:
     if target not in TARGETS:
         raise ImageBuildError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
@@ -211,25 +217,27 @@ def _build_image(
     house = build_wheelhouse(replace=_ort_package(target))
     if house.built_s is not None:
         steps["wheelhouse"] = house.built_s
-    model_dirs = _models_input(models, serve)
-    config, config_at, entrypoint, config_env = _config_for(target)
+    model_set = _models_input(models, serve, signing_key)
+    config, config_at, entrypoint, config_env = _config_for(target, model_set is not None)
     revision = git_revision()
     base = base_ref(rootfs, house)
     key = key_of(
         "image", target, base, house.key,
-        digest_files(model_dirs, root=models) if models else "no-models",
+        set_digest(model_set) if model_set else "no-models",
         digest_files([config, HERE / "healthcheck.py"], root=HERE),
-        "recipe-2",  # bump when _assemble changes what it writes
+        "recipe-3",  # bump when _assemble changes what it writes
     )  # fmt: skip
     # The git revision is a label, not part of the key: an image whose every input is
     # unchanged is reused, and its label names the revision that first built that content.
-    ref = f"localhost/edgefleet-{target}:{key}"
+    # an agent image without a model set is another image (both are kept in the cache)
+    name = f"edgefleet-{target}" + ("-empty" if target != "coordinator" and not model_set else "")
+    ref = f"localhost/{name}:{key}"
     labels = {
-        "org.opencontainers.image.title": f"edgefleet-{target}",
+        "org.opencontainers.image.title": name,
         "org.opencontainers.image.version": project_version(),
         "org.opencontainers.image.revision": revision,
         "io.edgefleet.onnxruntime.version": _ort_version(house),
-        "io.edgefleet.models": ",".join(d.name for d in model_dirs) or "none",
+        "io.edgefleet.models": ",".join(model_refs(model_set)) if model_set else "none",
     }
     if not image_exists(ref):
         # the base only when the image itself must be built (a kept image needs no base)
@@ -237,7 +245,7 @@ def _build_image(
         timer = Timer()
         ctr = buildah("image: from base", "from", "--name", f"ef-{key}-{os.getpid()}", base)
         try:
-            _assemble(ctr, target, house, model_dirs, config, config_at, entrypoint, config_env,
+            _assemble(ctr, target, house, model_set, config, config_at, entrypoint, config_env,
                       labels)  # fmt: skip
             buildah("image: commit", "commit", "--quiet", "--rm", "--format", "docker", ctr, ref)
         except ImageBuildError:
@@ -246,22 +254,22 @@ def _build_image(
             )
             raise
         steps["image"] = timer.s
-        remove_stale(f"localhost/edgefleet-{target}", keep=ref)
+        remove_stale(f"localhost/{name}", keep=ref)
     out = cache_root() / "archives"
     out.mkdir(exist_ok=True)
-    oci = out / f"edgefleet-{target}-{key}.oci.tar"
-    docker = out / f"edgefleet-{target}-{key}.docker.tar"
+    oci = out / f"{name}-{key}.oci.tar"
+    docker = out / f"{name}-{key}.docker.tar"
     if export:
-        for stale in out.glob(f"edgefleet-{target}-*.tar"):
-            if key not in stale.name:
+        for stale in out.glob(f"{name}-*.tar"):
+            if key not in stale.name and re.fullmatch(rf"{name}-[0-9a-f]+\.\w+\.tar", stale.name):
                 stale.unlink(missing_ok=True)
         for path, transport in ((oci, "oci-archive"), (docker, "docker-archive")):
             if not path.exists():
                 timer = Timer()
                 tmp = path.with_name(path.name + ".partial")
                 tmp.unlink(missing_ok=True)
-                name = f"{tmp}:edgefleet-{target}:{key}"
-                buildah(f"export {transport}", "push", "--quiet", ref, f"{transport}:{name}")
+                dest = f"{tmp}:{name}:{key}"
+                buildah(f"export {transport}", "push", "--quiet", ref, f"{transport}:{dest}")
                 tmp.rename(path)
                 steps[f"export_{transport}"] = timer.s
     # A reused image keeps the labels it was built with (its revision is the one that first
@@ -283,7 +291,7 @@ def _assemble(
     ctr: str,
     target: str,
     house: Wheelhouse,
-    model_dirs: list[Path],
+    model_set: Path | None,
     config: Path,
     config_at: str,
     entrypoint: list[str],
@@ -305,8 +313,10 @@ def _assemble(
         "image: copy probe", "copy", "--chmod", "0755", ctr,
         str(HERE / "healthcheck.py"), "/opt/edgefleet/bin/healthcheck",
     )  # fmt: skip
-    for d in model_dirs:
-        buildah(f"image: copy model {d.name}", "copy", ctr, str(d), f"{MODELS_IN_IMAGE}/{d.name}")
+    if model_set is not None:  # root's files, readable (not writable) by the agent's user
+        buildah("image: copy signed model set", "copy", ctr, str(model_set), MODELS_IN_IMAGE)
+        buildah("image: model set permissions", "run", "--network", "none", ctr, "--",
+                "chmod", "-R", "u=rwX,go=rX", MODELS_IN_IMAGE)  # fmt: skip
     env = {
         config_env: config_at,
         "PATH": f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -425,26 +435,33 @@ def copy_tree_linked(src: Path, dst: Path) -> None:
 
 
 def make_context(
-    dest: Path, *, models: Path | None = DEFAULT_MODELS, serve: tuple[str, ...] = DEFAULT_SERVE
+    dest: Path,
+    *,
+    models: Path | None = DEFAULT_MODELS,
+    serve: tuple[str, ...] = DEFAULT_SERVE,
+    signing_key: Path | None = None,
 ) -> dict[str, str]:
     """The Containerfile's build context in ``dest`` (hard links into the cache where the
     file system allows); returns the build arguments for its labels."""
     rootfs = build_rootfs()
     house = build_wheelhouse()
-    model_dirs = _models_input(models, serve)
+    model_set = _models_input(models, serve, signing_key)
     dest.mkdir(parents=True, exist_ok=True)
     copy_tree_linked(rootfs.tarball, dest / "rootfs.tar")
     copy_tree_linked(house.path, dest / "wheelhouse")
-    (dest / "models").mkdir(exist_ok=True)
-    for d in model_dirs:
-        copy_tree_linked(d, dest / "models" / d.name)
-    for name in ("agent.image.toml", "healthcheck.py", "Containerfile"):
+    if model_set is not None:
+        copy_tree_linked(model_set, dest / "models")
+    else:
+        (dest / "models").mkdir(exist_ok=True)
+    config, _, _, _ = _config_for("agent-cpu", model_set is not None)
+    shutil.copy2(config, dest / "agent.image.toml")
+    for name in ("healthcheck.py", "Containerfile"):
         shutil.copy2(HERE / name, dest / name)
     return {
         "VERSION": project_version(),
         "REVISION": git_revision(),
         "ORT_VERSION": _ort_version(house),
-        "MODELS": ",".join(d.name for d in model_dirs) or "none",
+        "MODELS": ",".join(model_refs(model_set)) if model_set else "none",
     }
 
 

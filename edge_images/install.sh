@@ -41,10 +41,15 @@ have=$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 "$prefix/venv/bin/edgefleet-agent" --help >/dev/null
 mkdir -p "$models_dir" "$config_dir"
 if [ -d "$here/models" ]; then
+  # the signed model set: the agent's read-only seed (its store is in the state directory)
   cp -R "$here/models/." "$models_dir/"
+  chmod -R u=rwX,go=rX "$models_dir"
+  seed='s/ *# @seed$//'
+else
+  seed='/# @seed$/d'  # no model set: the agent syncs its models from the coordinator
 fi
 if [ ! -e "$config_dir/agent.toml" ]; then
-  sed "s#@MODELS_DIR@#$models_dir#" "$here/agent.toml" > "$config_dir/agent.toml"
+  sed -e "s#@MODELS_DIR@#$models_dir#g" -e "$seed" "$here/agent.toml" > "$config_dir/agent.toml"
   chmod 0644 "$config_dir/agent.toml"
 fi
 if [ "$system" = 1 ]; then

@@ -41,7 +41,7 @@ def blob_handler(
         current = store()
         if current is None or not SHA256_PATTERN.fullmatch(hex_):
             raise ModelNotFoundError(f"no blob {hex_[:80]!r} here")
-        path = current.blob(hex_)
+        path = current.stored_blob(hex_)
         try:
             return await send_blob(request, path, hex_, extra_headers=_BLOB_HEADERS)
         except FileNotFoundError:

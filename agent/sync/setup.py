@@ -23,7 +23,7 @@ def models_source(config: AgentConfig) -> str:
     m = config.models
     if m.source != "auto":
         return m.source
-    if config.coordinator.target and "dir" not in m.model_fields_set:
+    if (config.coordinator.target or m.seed_dir) and "dir" not in m.model_fields_set:
         return "store"
     return "dir"
 
@@ -31,7 +31,12 @@ def models_source(config: AgentConfig) -> str:
 def sync_wanted(config: AgentConfig) -> bool:
     """Model sync runs with a coordinator, with a store source or an explicit store dir."""
     m = config.models
-    return bool(config.coordinator.target) or models_source(config) == "store" or bool(m.store_dir)
+    return (
+        bool(config.coordinator.target)
+        or models_source(config) == "store"
+        or bool(m.store_dir)
+        or bool(m.seed_dir)
+    )
 
 
 def store_dir(config: AgentConfig) -> Path:
@@ -57,8 +62,12 @@ def build_model_sync(
 ) -> ModelSync:
     m, engine = config.models, config.engine
     store = ModelStore(
-        store_dir(config), keep_versions=m.keep_versions, max_bytes=m.max_store_bytes
+        store_dir(config),
+        keep_versions=m.keep_versions,
+        max_bytes=m.max_store_bytes,
+        seed=Path(m.seed_dir).expanduser() if m.seed_dir else None,
     )
+    store.adopt_seed()
     trust = TrustedKeys(
         state_dir_of(config) if config.coordinator.target else None,
         m.trusted_keys,

@@ -10,12 +10,22 @@
                                                      files + manifest.json: what loads
     ROOT/partial/<hex>.part                          downloads in progress (resumed)
     ROOT/active.json                                 name -> version serving (cold start)
+    ROOT/seeded.json                                 seed versions adopted (each only once)
 
 A blob enters ``blobs/`` only by an atomic rename after its sha256 was checked, so
 anything there is complete; a crash mid-download leaves only a ``.part`` file, which the
 next fetch resumes. Versions are kept newest first: the last ``keep_versions`` of each
 model within ``max_bytes`` (the serving and desired versions are never removed); blobs no
 kept version lists are deleted.
+
+A store may have a read-only **seed**: a signed model set (``coordinator models export``
+layout) baked into an image or shipped in an offline bundle. The store adopts each of the
+seed's versions once (its manifest and signature are copied in, its blobs are not: they
+are read from the seed where the store has none, and views link to them there), and
+makes it active for a model that has none. Adopted versions are then ordinary versions:
+verified (signature and every file's sha256) at a cold start, kept or pruned like any
+other (pruning never touches the seed, which may be read-only). A blob the store fetches
+later lives in the store; blobs the seed already holds are never downloaded again.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ log = logging.getLogger(__name__)
 
 INSTALLED_FILE = "installed"
 ACTIVE_FILE = "active.json"
+SEEDED_FILE = "seeded.json"
 
 
 def parse_manifest(data: bytes) -> ModelManifest:
@@ -94,10 +105,13 @@ class StoredVersion:
 class ModelStore:
     """The store rooted at ``root`` (created on first use)."""
 
-    def __init__(self, root: Path, *, keep_versions: int = 2, max_bytes: int = 0) -> None:
+    def __init__(
+        self, root: Path, *, keep_versions: int = 2, max_bytes: int = 0, seed: Path | None = None
+    ) -> None:
         if keep_versions < 1:
             raise ValueError("keep_versions must be at least 1")
         self.root = root
+        self.seed = seed  # a read-only signed model set (see the module docstring)
         self.keep_versions = keep_versions
         self.max_bytes = max_bytes  # 0: no budget
         for sub in ("blobs/sha256", "manifests", "views", "partial"):
@@ -108,9 +122,18 @@ class ModelStore:
     def blob(self, sha256: str) -> Path:
         return blob_path(self.root, sha256)
 
+    def stored_blob(self, sha256: str) -> Path:
+        """Where the blob's bytes are: the store's own, else the seed's (when it has it)."""
+        own = self.blob(sha256)
+        if self.seed is not None and not own.exists():
+            seeded = blob_path(self.seed, sha256)
+            if seeded.exists():
+                return seeded
+        return own
+
     def has_blob(self, sha256: str, size: int | None = None) -> bool:
         try:
-            st = self.blob(sha256).stat()
+            st = self.stored_blob(sha256).stat()
         except FileNotFoundError:
             return False
         return size is None or st.st_size == size
@@ -207,7 +230,7 @@ class ModelStore:
         for entry in manifest.files:
             target = where / entry.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            source = self.blob(entry.sha256)
+            source = self.stored_blob(entry.sha256)
             if not source.exists():
                 raise ModelSyncError(f"{name}@{version}: file {entry.path} is not in the store")
             try:
@@ -216,6 +239,61 @@ class ModelStore:
                 os.symlink(source, target)
         (where / MANIFEST_FILE).write_bytes(manifest_bytes)
         return where
+
+    # ------------------------------------------------------------------- seed
+
+    def adopt_seed(self) -> list[str]:
+        """Adopt the seed's versions not adopted before (see the module docstring); returns
+        them as ``name@version``. ModelSyncError when the seed is not a signed model set."""
+        if self.seed is None:
+            return []
+        base = self.seed / "manifests"
+        if not base.is_dir():
+            raise ModelSyncError(
+                f"models.seed_dir {self.seed} is not a signed model set (no manifests/ in it; "
+                "write one with `python -m coordinator models export --out DIR`)"
+            )
+        try:
+            done = set(json.loads((self.root / SEEDED_FILE).read_text("utf-8")))
+        except (FileNotFoundError, ValueError, TypeError):
+            done = set()
+        adopted: list[str] = []
+        active = self.active()
+        for ndir in sorted(base.iterdir()):
+            for vdir in sorted(ndir.iterdir()) if ndir.is_dir() else []:
+                try:
+                    name = check_name("model name", ndir.name)
+                    version = check_name("version", vdir.name)
+                    manifest = (vdir / MANIFEST_FILE).read_bytes()
+                except (ValueError, OSError):
+                    continue
+                ref = f"{name}@{version}"
+                if ref in done:
+                    continue
+                done.add(ref)
+                if self.get(name, version) is not None:
+                    continue  # the store has it already (synced before, or adopted and kept)
+                try:
+                    signature = (vdir / SIGNATURE_FILE).read_bytes()
+                except FileNotFoundError:
+                    signature = b""
+                self.put_manifest(name, version, manifest, signature)
+                try:
+                    complete = not self.missing(parse_manifest(manifest))
+                except ManifestTrustError as exc:
+                    log.error("model seed: %s: %s", ref, exc)
+                    complete = False
+                if not complete:
+                    log.error("model seed: %s lacks files; not installed", ref)
+                    continue
+                self.mark_installed(name, version)
+                if name not in active:
+                    self.set_active(name, version)
+                    active[name] = version
+                adopted.append(ref)
+                log.info("model seed: adopted %s from %s", ref, self.seed)
+        write_private(self.root / SEEDED_FILE, json.dumps(sorted(done)))
+        return adopted
 
     # ----------------------------------------------------------------- active
 

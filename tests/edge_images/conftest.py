@@ -31,6 +31,12 @@ def agent_image(real_artifacts: Path) -> ImageBuild:
 
 
 @pytest.fixture(scope="session")
+def empty_agent_image() -> ImageBuild:
+    """The CPU agent image built with ``--models none`` (it syncs its models)."""
+    return build_image("agent-cpu", models=None, export=False)
+
+
+@pytest.fixture(scope="session")
 def coordinator_image() -> ImageBuild:
     return build_image("coordinator", export=False)
 

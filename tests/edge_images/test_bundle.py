@@ -2,18 +2,21 @@
 namespace with only loopback (no package index reachable), ``install.sh`` makes a fresh
 virtual environment with Debian 12's python3 and ``pip --no-index``; the installed agent
 then enrolls with a coordinator over mutual TLS and serves a chat request with an API key
-and the real model from the bundle's model set."""
+and the real model from the bundle's signed model set (the store's read-only seed, every
+signature and sha256 checked at start)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from edge_images.bundle import build_bundle
+from edge_images.model_set import check_signed_set, model_refs
 from edge_images.netns import run_in_netns
 
 DEBIAN_PYTHON = "/usr/bin/python3"
@@ -87,7 +90,18 @@ def test_bundle_installs_offline_enrolls_and_serves(real_artifacts: Path, tmp_pa
     assert reply["usage"]["completion_tokens"] > 0
     assert "Paris" in reply["choices"][0]["message"]["content"]
     assert facts["agent-exit"] == "0"
-    # the installed tree holds the bundle's models and a config pointing at them
-    assert (tmp_path / "models" / "smollm2-135m-instruct" / "manifest.json").is_file()
-    assert f'dir = "{tmp_path / "models"}"' in (tmp_path / "etc" / "agent.toml").read_text()
+    # the installed tree holds the bundle's signed model set, and the config makes it the
+    # store's seed with its key trusted; the agent served it in place (nothing copied)
+    models = tmp_path / "models"
+    assert check_signed_set(models) == model_refs(models)
+    [llm] = [r for r in model_refs(models) if r.startswith("smollm2-135m-instruct@")]
+    assert reply["model"] == llm
+    config = tomllib.loads((tmp_path / "etc" / "agent.toml").read_text())["models"]
+    assert config["seed_dir"] == str(models)
+    assert config["trusted_keys_file"] == str(models / "signing-key.pub")
+    store = tmp_path / "state" / "models"
+    assert json.loads((store / "active.json").read_text()) == dict(
+        r.split("@") for r in model_refs(models)
+    )
+    assert list((store / "blobs" / "sha256").iterdir()) == []
     shutil.rmtree(tmp_path / "opt", ignore_errors=True)

@@ -1,13 +1,26 @@
 """The CPU agent image as built: its config (user, entrypoint, state volume, healthcheck,
-labels), its size, and its exported archives (OCI layout and Docker's)."""
+labels), its size, its signed model set, and its exported archives (OCI layout and
+Docker's)."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import json
 import tarfile
+import tomllib
 
-from edge_images.images import STATE, UID, VENV, ImageBuild, git_revision, inspect_config
+from edge_images.images import (
+    MODELS_IN_IMAGE,
+    STATE,
+    UID,
+    VENV,
+    ImageBuild,
+    git_revision,
+    inspect_config,
+    mount_image,
+    unmount,
+)
+from edge_images.model_set import check_signed_set
 
 
 def test_agent_image_config(agent_image: ImageBuild) -> None:
@@ -22,7 +35,9 @@ def test_agent_image_config(agent_image: ImageBuild) -> None:
     labels = config["Labels"]
     assert labels["org.opencontainers.image.version"] == md.version("edgefleet")  # type: ignore[index]
     assert labels["io.edgefleet.onnxruntime.version"] == md.version("onnxruntime")  # type: ignore[index]
-    assert labels["io.edgefleet.models"] == "smollm2-135m-instruct,all-minilm-l6-v2"  # type: ignore[index]
+    # the signed set's versions (name@version), as `coordinator models export` wrote them
+    baked = labels["io.edgefleet.models"].split(",")  # type: ignore[index]
+    assert sorted(r.split("@")[0] for r in baked) == ["all-minilm-l6-v2", "smollm2-135m-instruct"]
     revision = labels["org.opencontainers.image.revision"]  # type: ignore[index]
     assert len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
     # the label names a revision of this repository (the one that first built this content)
@@ -45,3 +60,22 @@ def test_archives_are_loadable_layouts(agent_image: ImageBuild) -> None:
         config = json.load(docker.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
         assert config["config"]["Healthcheck"]["Test"][0] == "CMD"
         assert config["config"]["User"] == f"{UID}:{UID}"
+
+
+def test_agent_image_carries_a_signed_model_set(agent_image: ImageBuild) -> None:
+    """The baked set verifies (every manifest with its key, every blob with its sha256), is
+    the config's seed and trusted key, and is read-only to the agent's user."""
+    ctr, root = mount_image(agent_image.ref)
+    try:
+        baked = root / MODELS_IN_IMAGE.lstrip("/")
+        refs = check_signed_set(baked)
+        assert refs == agent_image.labels["io.edgefleet.models"].split(",")
+        config = tomllib.loads((root / "etc/edgefleet/agent.toml").read_text())["models"]
+        assert config["source"] == "store" and config["seed_dir"] == MODELS_IN_IMAGE
+        assert config["trusted_keys_file"] == f"{MODELS_IN_IMAGE}/signing-key.pub"
+        for path in [baked, *baked.rglob("*")]:
+            st = path.stat()
+            assert st.st_uid == 0 and not st.st_mode & 0o022, path  # root's, not writable
+            assert st.st_mode & 0o004, path  # readable by the agent's user
+    finally:
+        unmount(ctr)

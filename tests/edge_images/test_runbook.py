@@ -2,7 +2,9 @@
 agent images started as deployed (podman, read-only root, one state volume, their own user
 and entrypoint) in a network namespace with only loopback; the agent enrolls over mutual
 TLS, appears in the fleet view and serves a chat request with an API key and the real
-model. Then, on the running agent: its user, its read-only root, its writable state volume,
+model from the signed set baked into the image; a second site's agent, from the image
+built with ``--models none``, syncs the version the coordinator publishes and deploys. Then,
+on the first running agent: its user, its read-only root, its writable state volume,
 its health probe, and a SIGTERM during a streamed request that it finishes before exiting 0.
 """
 
@@ -17,6 +19,11 @@ from edge_images.netns import run_in_netns
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARK = "@@runbook-block-done@@"
+
+
+def baked_version(image: ImageBuild, name: str) -> str:
+    refs = dict(r.split("@") for r in image.labels["io.edgefleet.models"].split(","))
+    return refs[name]
 
 
 def runbook_blocks() -> list[str]:
@@ -36,6 +43,8 @@ if podman exec edgefleet-agent sh -c 'echo x > /opt/edgefleet/probe' 2>/dev/null
 podman exec edgefleet-agent sh -c 'echo x > {STATE}/probe && rm {STATE}/probe' \\
   && echo "state=writable"
 podman exec edgefleet-agent ls {STATE}/agent | tr '\\n' ' ' | sed 's/^/state-files=/'; echo
+echo "store-blobs=$(podman exec edgefleet-agent ls {STATE}/agent/models/blobs/sha256 | wc -l)"
+echo "store-active=$(podman exec edgefleet-agent cat {STATE}/agent/models/active.json)"
 podman healthcheck run edgefleet-agent && echo "health=ok"
 curl -sN --cacert ca.pem https://localhost:8000/v1/chat/completions \\
   -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \\
@@ -47,26 +56,35 @@ podman kill --signal TERM edgefleet-agent > /dev/null
 wait $CURL
 echo "exit=$(podman wait edgefleet-agent)"
 """
+# the containers' last lines on stderr (in the failure's message when a step fails)
+LOGS = "; ".join(
+    f'podman logs --tail 15 {c} 2>&1 | sed "s/^/{c}: /" >&2'
+    for c in ("edgefleet-coordinator", "edgefleet-agent", "edgefleet-agent-sync")
+)
 CLEANUP = (
-    "podman rm -f -t 5 edgefleet-agent edgefleet-coordinator >/dev/null 2>&1 || true; "
-    "podman volume rm -f edgefleet-state edgefleet-coordinator >/dev/null 2>&1 || true"
+    "podman rm -f -t 5 edgefleet-agent edgefleet-agent-sync edgefleet-coordinator "
+    ">/dev/null 2>&1 || true; podman volume rm -f edgefleet-state edgefleet-state-sync "
+    "edgefleet-coordinator >/dev/null 2>&1 || true"
 )
 
 
 def test_runbook_enrolls_and_serves_then_drains_on_sigterm(
     agent_image: ImageBuild,
+    empty_agent_image: ImageBuild,
     coordinator_image: ImageBuild,
+    real_artifacts: Path,
     podman: dict[str, str],
     tmp_path: Path,
 ) -> None:
     blocks = runbook_blocks()
     script = (
-        f"{CLEANUP}\ntrap '{CLEANUP}' EXIT\n"
+        f"{CLEANUP}\ntrap '{LOGS}; {CLEANUP}' EXIT\n"
         + "".join(f"{b}\necho {MARK}\n" for b in blocks)
         + CHECKS
     )
-    env = {**podman, "AGENT_IMAGE": agent_image.ref, "COORDINATOR_IMAGE": coordinator_image.ref}
-    out = run_in_netns(script, cwd=tmp_path, env=env, timeout_s=540)
+    env = {**podman, "AGENT_IMAGE": agent_image.ref, "COORDINATOR_IMAGE": coordinator_image.ref,
+           "EMPTY_AGENT_IMAGE": empty_agent_image.ref, "MODELS": str(real_artifacts)}  # fmt: skip
+    out = run_in_netns(script, cwd=tmp_path, env=env, timeout_s=840)
     parts = out.split(MARK)
     assert len(parts) == len(blocks) + 1
     # step 3: the fleet view lists the agent, enrolled (its session is mutual TLS), at the
@@ -82,15 +100,33 @@ def test_runbook_enrolls_and_serves_then_drains_on_sigterm(
     # step 4: the chat request, with the key, answered by the real model
     reply = json.loads(parts[4].strip())
     assert reply["object"] == "chat.completion"
+    assert (
+        reply["model"]
+        == f"smollm2-135m-instruct@{baked_version(agent_image, 'smollm2-135m-instruct')}"
+    )
     assert reply["usage"]["completion_tokens"] > 0
     assert reply["choices"][0]["message"]["content"].strip()
+    # step 5: the empty image synced the published version (signed by the coordinator)
+    # into its store and serves it
+    synced = json.loads(parts[5].strip().splitlines()[-1])
+    assert synced["model"] == "smollm2-135m-instruct@site-1"
+    assert "Paris" in synced["choices"][0]["message"]["content"]
     facts = dict(
-        line.split("=", 1) for line in parts[5].splitlines() if re.match(r"^[a-z-]+=", line)
+        line.split("=", 1)
+        for line in parts[len(blocks)].splitlines()
+        if re.match(r"^[a-z-]+=", line)
     )
     assert facts["uid"] == str(UID)  # the entrypoint runs as the image's user
     assert facts["root"] == "read-only"
     assert facts["state"] == "writable"
-    assert {"agent.key", "agent.crt", "enrollment.json"} <= set(facts["state-files"].split())
+    assert {"agent.key", "agent.crt", "enrollment.json", "models"} <= set(
+        facts["state-files"].split()
+    )
+    # the model store on the state volume serves the image's signed set in place: each
+    # version adopted (and verified: signature, every sha256) with no file copied
+    baked = dict(r.split("@") for r in agent_image.labels["io.edgefleet.models"].split(","))
+    assert json.loads(facts["store-active"]) == baked
+    assert facts["store-blobs"] == "0"
     assert facts["health"] == "ok"
     # SIGTERM mid-stream: the stream was finished, then the agent exited 0
     stream = (tmp_path / "stream.out").read_text()

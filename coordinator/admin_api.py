@@ -556,8 +556,10 @@ async def mint_key(request: web.Request) -> web.Response:
         raise InvalidParameter("allow_cloud", "allow_cloud must be true or false")
     max_tokens = _int(body, "max_tokens_per_request", 0) or 0
     expires_in_s = _int(body, "expires_in_s", None)
-    if expires_in_s is not None and expires_in_s <= 0:
-        raise InvalidParameter("expires_in_s", "expires_in_s must be positive (or null)")
+    if expires_in_s is not None and not 0 < expires_in_s <= 10 * 365 * 86_400:
+        raise InvalidParameter(
+            "expires_in_s", "expires_in_s must be within 1 s and 10 years (or null: never)"
+        )
     try:
         minted = request.config_dict[API_KEYS_KEY].mint(
             name=name,

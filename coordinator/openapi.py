@@ -185,7 +185,7 @@ _SCHEMAS: dict[str, Any] = {
             "max_tokens_per_request": {"type": "integer", "minimum": 0},
             "requests_per_minute": {"type": "number", "minimum": 0},
             "tokens_per_minute": {"type": "number", "minimum": 0},
-            "expires_in_s": {"type": ["integer", "null"], "minimum": 1},
+            "expires_in_s": {"type": ["integer", "null"], "minimum": 1, "maximum": 315_360_000},
         },
     },
     "AgentFixed": {

@@ -89,7 +89,11 @@ function sortValue(a, key) {
 function modelsText(a) {
   const inventory = a.load && a.load.inventory;
   if (inventory && inventory.length) {
-    return inventory.map((m) => `${m[0]}@${m[1]}`).join(", ");
+    // /v1/agents gives each inventory entry as an object (name, version, state, ...)
+    return inventory
+      .filter((m) => (m.state ?? "loaded") === "loaded")
+      .map((m) => `${m.name ?? m[0]}@${m.version ?? m[1]}`)
+      .join(", ");
   }
   return (a.models || []).map((m) => (m.version ? `${m.name}@${m.version}` : m.name)).join(", ");
 }

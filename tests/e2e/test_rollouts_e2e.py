@@ -86,14 +86,17 @@ class Traffic:
 
     urls: list[str]
     model: str
+    # Long enough replies keep the agents decoding, so a new request waits for a decode
+    # step: a version that decodes slower shows it in TTFT too.
+    max_tokens: int = 4
     served: dict[str, list[str]] = field(default_factory=dict)  # agent url -> reply models
     failures: list[str] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def _loop(self, http: aiohttp.ClientSession, url: str) -> None:
         while True:
-            body = {"model": self.model, "prompt": "The capital of France is", "max_tokens": 4,
-                    "temperature": 0, "stream": True}  # fmt: skip
+            body = {"model": self.model, "prompt": "The capital of France is",
+                    "max_tokens": self.max_tokens, "temperature": 0, "stream": True}  # fmt: skip
             try:
                 async with http.post(url + "/v1/completions", json=body) as response:
                     text = await response.text()
@@ -303,7 +306,7 @@ async def llm_fleet(real_artifacts: Path, tmp_path_factory: pytest.TempPathFacto
 
 async def _rolled_back(fleet: Fleet, version: str, extra: list[str],
                        until: Callable[[Any], Awaitable[bool]] | None = None) -> Any:  # fmt: skip
-    async with Traffic(fleet.urls, LLM).running(per_agent=3) as traffic:
+    async with Traffic(fleet.urls, LLM, max_tokens=24).running(per_agent=3) as traffic:
         started = await cli(fleet.coordinator, "rollouts", "start", f"{LLM}@{fleet.v[version]}",
                             "--canary", "1", *extra)  # fmt: skip
         canary_url = next(a.url for a in fleet.agents if a.agent_id == started["plan"][0][0])
@@ -341,8 +344,12 @@ async def test_the_slow_fp32_version_fails_the_ttft_gate_and_is_rolled_back(
     llm_fleet: Fleet,
 ) -> None:
     done = await _rolled_back(
-        llm_fleet, "fp32", ["--soak", "60s", "--min-requests", "30", "--max-ttft-ratio", "1.5"]
+        llm_fleet, "fp32", ["--soak", "60s", "--min-requests", "30", "--max-ttft-ratio", "1.25"]
     )
     assert "TTFT p99" in done["detail"]
     gate = done["last_gate"]
-    assert gate["failed"] == 0 and gate["ttft_ratio"] > 1.5
+    # fp32 decodes several times slower; with traffic in flight a new request waits for a
+    # decode step, so TTFT rises too (by less than decode: prefill of a short prompt is
+    # as fast in fp32; a run passed at 1.5 on a quiet box and the gate passed at 1.5 once
+    # on a loaded one, hence 1.25)
+    assert gate["failed"] == 0 and gate["ttft_ratio"] > 1.25

@@ -191,8 +191,9 @@ def test_missing_field_is_rejected(field: str) -> None:
         ("name", ""),
         ("task", "chat"),
         ("variant", "int2"),
-        ("version", "int8-0123456789ab"),  # does not start with the variant
-        ("version", "int4-xyz"),
+        ("version", "../int4-0123456789ab"),  # a path, not a name
+        ("version", ""),
+        ("version", "v" * 129),
         ("build_key", "not-hex"),
         ("build_key", "A" * 64),
         ("built_at", "yesterday"),

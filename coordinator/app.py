@@ -68,7 +68,6 @@ from coordinator.route_service import Router
 from coordinator.session_auth import SessionAuthenticator
 from coordinator.sqlite_store import SQLiteFleetStore
 from coordinator.tokens import JoinTokens
-from edgefleet.contract import LoadReport
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +115,7 @@ def create_app(
     assignments = ModelAssignments(admin_db, catalog, registry, blob_base_url=blob_base_url)
     report_hooks = ReportHooks()
     report_hooks.add(assignments.on_report)
-    report_hooks.add(_report_listener(events))  # the dashboard's series and rows
+    report_hooks.add(events.on_report)  # the dashboard's series and rows
     distributor = KeyDistributor(
         api_keys,
         set_section=registry.set_section,
@@ -200,13 +199,6 @@ def create_app(
     install_rollouts(app, rollouts)
     app.cleanup_ctx.append(events_flusher)
     return app
-
-
-def _report_listener(events: FleetEvents) -> Callable[[str, LoadReport], None]:
-    def on_report(agent_id: str, report: LoadReport) -> None:
-        events.on_report(agent_id, report)
-
-    return on_report
 
 
 def _finder(registry: FleetRegistry) -> Callable[[str], AgentRecord | None]:

@@ -20,18 +20,12 @@ from edgefleet.tls import TlsError, agent_client_context
 log = logging.getLogger(__name__)
 
 
-def redactor_for(config: AgentConfig, registry: CollectorRegistry | None) -> Redactor:
-    """A redactor from the agent config's ``redaction`` section (the app builds one and
-    passes it in; this is for callers without an app)."""
-    return Redactor.from_config(config.redaction, registry=registry)
-
-
 def overflow_service_for(
-    config: AgentConfig, registry: CollectorRegistry | None, redactor: Redactor | None = None
+    config: AgentConfig, registry: CollectorRegistry | None, redactor: Redactor
 ) -> OverflowService:
     o = config.overflow
     return OverflowService(
-        redactor=redactor if redactor is not None else redactor_for(config, registry),
+        redactor=redactor,
         registry=registry,
         site=config.identity.site,
         policy_allows_cloud=o.allow_cloud,

@@ -29,6 +29,7 @@ the site: they get the body as it is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import ssl
@@ -127,6 +128,11 @@ class OverflowRequest:
     _vault: Vault | None = None
     _mode: RedactionMode | None = None
 
+    @functools.cached_property
+    def constraint(self) -> ConstraintSpec | None:
+        """The body's output constraint, parsed once per request (agent/structured)."""
+        return constraint_of(self.body)
+
     @property
     def include_usage(self) -> bool:
         options = self.body.get("stream_options")
@@ -170,7 +176,7 @@ class Forwarder:
     # ------------------------------------------------------------------ selection
 
     def candidates(self, req: OverflowRequest) -> list[Target]:
-        constrained = requires_constraints(req.body)
+        constrained = requires_constraints(req.body, req.constraint)
         me = self._self_id()
         chosen = []
         for target in self.targets:
@@ -277,7 +283,7 @@ class Forwarder:
         tried, :class:`OverflowFailedError` when all that were tried failed."""
         tried: list[str] = []
         untranslatable: UpstreamError | None = None
-        constraint = constraint_of(req.body)
+        constraint = req.constraint
         invalid_output = ""
         for target in self.candidates(req):
             leg = self._leg(req, target)
@@ -386,7 +392,7 @@ class Forwarder:
         state = _StreamState()
         tried: list[str] = []
         untranslatable: UpstreamError | None = None
-        constraint = constraint_of(req.body)
+        constraint = req.constraint
         delivered: list[str] = []  # what the client got, restored
         for target in self.candidates(req):
             if state.started and not _can_continue(target, state):

@@ -87,11 +87,16 @@ def constraint_of(body: dict[str, Any]) -> ConstraintSpec | None:
         return UNPARSEABLE
 
 
-def requires_constraints(body: dict[str, Any]) -> bool:
+def requires_constraints(
+    body: dict[str, Any], constraint: ConstraintSpec | bool | None = False
+) -> bool:
     """Does this request need a target that enforces constrained decoding? Such requests
     only go to targets with ``supports_constraints``: a JSON response_format, tools (with
-    any tool_choice but "none"), or another engine's grammar / guided-decoding field."""
-    if constraint_of(body) is not None:
+    any tool_choice but "none"), or another engine's grammar / guided-decoding field.
+    ``constraint``: the body's :func:`constraint_of`, when the caller has it already."""
+    if constraint is False:
+        constraint = constraint_of(body)
+    if constraint is not None:
         return True
     return any(
         body.get(name) is not None

@@ -261,6 +261,20 @@ class Forwarder:
             kwargs["server_hostname"] = agent_server_name(target.name)
         return kwargs
 
+    async def _attempts(self, target: Target) -> AsyncIterator[tuple[int, str]]:
+        """(attempt number, endpoint URL) for each try at ``target``: a different endpoint
+        of a pool each time while one is left, none while its breaker is open, with
+        backoff before every retry."""
+        used: list[str] = []
+        for attempt in range(self.settings.max_retries + 1):
+            endpoint = target.pick_endpoint(used, self._rng)
+            if endpoint is None or not target.breaker.allow():
+                return
+            if attempt:
+                await self._backoff(attempt)
+            used.append(endpoint.url)
+            yield attempt, endpoint.url
+
     async def _backoff(self, attempt: int) -> None:
         delay = self.settings.backoff_s * (2 ** (attempt - 1)) * (0.5 + self._rng())
         await asyncio.sleep(delay)
@@ -287,18 +301,11 @@ class Forwarder:
         invalid_output = ""
         for target in self.candidates(req):
             leg = self._leg(req, target)
-            used: list[str] = []
             skipped = False
-            for attempt in range(self.settings.max_retries + 1):
-                endpoint = target.pick_endpoint(used, self._rng)
-                if endpoint is None or not target.breaker.allow():
-                    break
-                if attempt:
-                    await self._backoff(attempt)
-                used.append(endpoint.url)
+            async for attempt, url in self._attempts(target):
                 try:
                     adapter, body, headers, vault = self._prepare(target, req, None)
-                    answer = await self._call(target, endpoint.url, adapter, body, headers, req)
+                    answer = await self._call(target, url, adapter, body, headers, req)
                 except UpstreamError as exc:
                     if exc.untranslatable:
                         target.breaker.release()
@@ -398,15 +405,8 @@ class Forwarder:
             if state.started and not _can_continue(target, state):
                 continue
             leg = self._leg(req, target)
-            used: list[str] = []
             skipped = False
-            for attempt in range(self.settings.max_retries + 1):
-                endpoint = target.pick_endpoint(used, self._rng)
-                if endpoint is None or not target.breaker.allow():
-                    break
-                if attempt:
-                    await self._backoff(attempt)
-                used.append(endpoint.url)
+            async for attempt, url in self._attempts(target):
                 continuation = state.continuation() if state.started else None
                 try:
                     adapter, body, headers, vault = self._prepare(target, req, continuation)
@@ -416,7 +416,7 @@ class Forwarder:
                     if continuation is not None and target.api is OverflowApi.ANTHROPIC:
                         trim = len(continuation.text) - len(continuation.text.rstrip())
                     async for chunk in self._stream_one(
-                        target, endpoint.url, adapter, body, headers, req, state, vault, leg, trim
+                        target, url, adapter, body, headers, req, state, vault, leg, trim
                     ):
                         delivered.append(_chunk_text(chunk))
                         yield chunk

@@ -9,7 +9,13 @@ A step passes only when, on the agents it moved (``evaluate_gate``):
 - their error rate (``failed / requests``) is at most ``max_error_rate``;
 - the TTFT p99 of the new version, from the MERGED per-bucket histograms of every moved
   agent's ``ModelStats``, is at most ``max_ttft_p99_ratio`` times the previous version's
-  p99 (from its merged histograms over the same fleet); percentiles are never averaged;
+  p99; percentiles are never averaged. The previous version's p99 comes from the agents
+  the rollout has NOT moved, over the same step (a control group under the same load and
+  at the same time, as canary analysis does), when they served at least
+  ``min_baseline_requests``; otherwise (the last wave moves everyone) from the previous
+  version's history: the hour before the rollout plus what unmoved agents served during
+  it. Requests the old version served on a moved agent while it swapped (loading the new
+  version, running its self-check) count toward neither: they measure the swap;
 - the soak time has passed (wall clock since the step's stored start, paused time
   excluded).
 
@@ -203,6 +209,9 @@ class GateResult:
     ttft_p99_s: float | None
     baseline_ttft_p99_s: float | None
     ttft_ratio: float | None
+    # Where baseline_ttft_p99_s came from: "control" (unmoved agents, this step),
+    # "history" (the previous version's window) or None (no comparison made).
+    baseline_source: str | None
     loaded: int
     agents: int
     soak_elapsed_s: float
@@ -218,6 +227,7 @@ class GateResult:
             "ttft_p99_s": self.ttft_p99_s,
             "baseline_ttft_p99_s": self.baseline_ttft_p99_s,
             "ttft_ratio": self.ttft_ratio,
+            "baseline_source": self.baseline_source,
             "loaded": self.loaded,
             "agents": self.agents,
             "soak_elapsed_s": round(self.soak_elapsed_s, 3),
@@ -256,9 +266,11 @@ def evaluate_gate(
     baseline: MergedHistogram,
     soak_elapsed_s: float,
     soak_s: float,
+    control: MergedHistogram | None = None,
 ) -> GateResult:
     """The step's verdict. ``inventories``: each moved agent's inventory entry for the new
-    version (None: it has not reported one yet)."""
+    version (None: it has not reported one yet). ``control``: the previous version's TTFT
+    on unmoved agents since the step started; ``baseline``: its history."""
     failures: list[str] = []
     waiting: list[str] = []
     loaded = 0
@@ -274,9 +286,11 @@ def evaluate_gate(
         waiting.append(f"{loaded}/{len(inventories)} moved agents loaded and self-checked")
     error_rate = stats.failed / stats.requests if stats.requests else None
     p99 = stats.ttft.quantile(0.99)
-    base_p99 = None
-    if baseline.total >= thresholds.min_baseline_requests:
-        base_p99 = baseline.quantile(0.99)
+    base_p99, source = None, None
+    if control is not None and control.total >= thresholds.min_baseline_requests:
+        base_p99, source = control.quantile(0.99), "control"
+    elif baseline.total >= thresholds.min_baseline_requests:
+        base_p99, source = baseline.quantile(0.99), "history"
     ratio = None
     if p99 is not None and base_p99 is not None:
         ratio = p99 / base_p99 if base_p99 > 0 else (1.0 if p99 <= 0 else math.inf)
@@ -287,7 +301,7 @@ def evaluate_gate(
         if ratio is not None and ratio > thresholds.max_ttft_p99_ratio:
             failures.append(
                 f"TTFT p99 {p99:.4f} s is {ratio:.2f}x the previous version's "
-                f"{base_p99:.4f} s (limit {thresholds.max_ttft_p99_ratio}x)"
+                f"{base_p99:.4f} s ({_SOURCES[source]}; limit {thresholds.max_ttft_p99_ratio}x)"
             )
     else:
         waiting.append(f"{stats.requests}/{thresholds.min_requests} requests on the new version")
@@ -303,11 +317,19 @@ def evaluate_gate(
         ttft_p99_s=p99,
         baseline_ttft_p99_s=base_p99,
         ttft_ratio=ratio,
+        baseline_source=source if base_p99 is not None else None,
         loaded=loaded,
         agents=len(inventories),
         soak_elapsed_s=soak_elapsed_s,
         soak_s=soak_s,
     )
+
+
+_SOURCES = {
+    "control": "on the agents not moved, same step",
+    "history": "its recent history",
+    None: "",
+}
 
 
 def merged(histograms: Iterable[Histogram | MergedHistogram]) -> MergedHistogram:

@@ -253,8 +253,12 @@ class Rollout:
     # Why it stopped (a failed gate, an abort), or what it waits for.
     detail: str = ""
     step_stats: StepStats = field(default_factory=StepStats)
-    # The previous version's TTFT, merged over the fleet (before and during the rollout).
+    # The previous version's TTFT, merged over the fleet (the hour before the rollout,
+    # and on agents not moved during it).
     baseline: MergedHistogram = field(default_factory=MergedHistogram)
+    # The previous version's TTFT on the agents not moved, since the current step started
+    # (the gate's control group; reset when a step moves).
+    control: MergedHistogram = field(default_factory=MergedHistogram)
     last_gate: dict[str, Any] | None = None
     # Events: step moves, passes, the end; each {"at", "event", ...}.
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -305,6 +309,7 @@ class Rollout:
             "agents": sum(len(s) for s in self.plan),
             "step_stats": self.step_stats.json(),
             "baseline": self.baseline.json(),
+            "control": self.control.json(),
             "last_gate": self.last_gate,
             "history": self.history,
         }
@@ -328,6 +333,7 @@ class Rollout:
             detail=data["detail"],
             step_stats=StepStats.from_json(data["step_stats"]),
             baseline=MergedHistogram.from_json(data["baseline"]),
+            control=MergedHistogram.from_json(data.get("control")),
             last_gate=data["last_gate"],
             history=list(data["history"]),
         )

@@ -212,6 +212,8 @@ class RolloutEngine:
         self._dirty: set[str] = set()
         # The current step's agents as a set, per rollout (the report hook's lookup).
         self._step_sets: dict[str, tuple[int, frozenset[str]]] = {}
+        # Every agent moved so far as a set, per rollout (keyed by steps moved).
+        self._moved_sets: dict[str, tuple[int, frozenset[str]]] = {}
         self.invalid_stats = 0
         self.rollbacks = 0
         for rollout in self._active.values():
@@ -342,7 +344,11 @@ class RolloutEngine:
                         rollout.step_stats.add(stats)
                         self._dirty.add(rollout.rollout_id)
                 elif stats.version == rollout.previous_version:
+                    if agent_id in self._moved_set(rollout):
+                        continue  # served while it swapped: measures the swap, not the version
                     rollout.baseline.add(stats.ttft_seconds)
+                    if rollout.step_started_at is not None:
+                        rollout.control.add(stats.ttft_seconds)
                     self._dirty.add(rollout.rollout_id)
 
     # -------------------------------------------------------------- the clock
@@ -411,6 +417,7 @@ class RolloutEngine:
             },
             stats=rollout.step_stats,
             baseline=rollout.baseline,
+            control=rollout.control,
             soak_elapsed_s=max(0.0, end - started),
             soak_s=rollout.policy.soak_s,
         )
@@ -433,6 +440,14 @@ class RolloutEngine:
             self._step_sets[rollout.rollout_id] = cached
         return cached[1]
 
+    def _moved_set(self, rollout: Rollout) -> frozenset[str]:
+        upto = rollout.step + (1 if rollout.step_started_at is not None else 0)
+        cached = self._moved_sets.get(rollout.rollout_id)
+        if cached is None or cached[0] != upto:
+            cached = (upto, frozenset(rollout.moved_agents()))
+            self._moved_sets[rollout.rollout_id] = cached
+        return cached[1]
+
     def _matching(self, spec: SelectorSpec) -> list[str]:
         selector = self._selector_factory(
             sites=spec.sites, labels=spec.labels, agent_ids=spec.agent_ids
@@ -453,6 +468,7 @@ class RolloutEngine:
         self._assignments.assign(agents, rollout.model, rollout.version, rollout.rollout_id)
         rollout.step_started_at = now
         rollout.step_stats = StepStats()
+        rollout.control = MergedHistogram()
         rollout.detail = f"step {rollout.step} moved {len(agents)} agents"
         rollout.note(now, "step_moved", step=rollout.step, agents=len(agents))
         self._save(rollout, now)
@@ -502,6 +518,7 @@ class RolloutEngine:
         self._save(rollout, now)
         self._active.pop(rollout.rollout_id, None)
         self._step_sets.pop(rollout.rollout_id, None)
+        self._moved_sets.pop(rollout.rollout_id, None)
         if self._audit is not None:
             self._audit(f"rollout {state.value}", rollout.rollout_id, detail)
 

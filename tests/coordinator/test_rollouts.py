@@ -261,6 +261,49 @@ def test_no_baseline_means_no_ttft_comparison_but_the_rest_still_holds(fleet: Fl
     assert gate["baseline_ttft_p99_s"] is None and gate["ttft_ratio"] is None
 
 
+def test_the_gate_compares_with_unmoved_agents_over_the_same_step(fleet: Fleet) -> None:
+    """The whole fleet slows down during the step (a load surge): the new version is as
+    fast as the old one on the agents not moved, so the step passes, although it is 4x
+    the previous version's history."""
+    fleet.baseline(requests=10_000, seconds=0.15)
+    rollout = fleet.engine.start(policy(canary_count=1, waves=[100], soak_s=0,
+                                        max_ttft_p99_ratio=1.5))  # fmt: skip
+    canary = rollout.plan[0][0]
+    others = [a for a in sorted(fleet.sessions) if a != canary]
+    fleet.serve(others[0], 60, seconds=0.6, version=OLD)
+    fleet.serve(canary, 300, seconds=0.7)
+    assert fleet.engine.tick().passed == (rollout.rollout_id,)
+    gate = fleet.engine.get(rollout.rollout_id).history[-2]["gate"]
+    assert gate["baseline_source"] == "control" and gate["ttft_ratio"] <= 1.5
+    assert 0.4 < gate["baseline_ttft_p99_s"] <= 0.8
+    # The next step starts a new control group: nothing yet, so the history is the
+    # baseline (the surge's 60 requests are under 1% of it) and 0.7 s fails against it.
+    moved = fleet.engine.get(rollout.rollout_id).plan[1]
+    for agent_id in moved:
+        fleet.serve(agent_id, 30, seconds=0.7)
+    assert fleet.engine.tick().rolled_back == (rollout.rollout_id,)
+    done = fleet.engine.get(rollout.rollout_id)
+    assert done.last_gate is not None and done.last_gate["baseline_source"] == "history"
+    assert "its recent history" in done.detail
+
+
+def test_the_old_version_on_a_swapping_agent_is_not_a_baseline(fleet: Fleet) -> None:
+    """A moved agent keeps serving the old version while it loads and self-checks the new
+    one; those slow requests measure the swap and would hide a regression."""
+    fleet.baseline(requests=1000, seconds=0.15)
+    rollout = fleet.engine.start(policy(canary_count=1, max_ttft_p99_ratio=1.5))
+    canary = rollout.plan[0][0]
+    fleet.serve(canary, 500, seconds=3.0, version=OLD)  # the swap's slow requests
+    running = fleet.engine.get(rollout.rollout_id)
+    assert running.baseline.total == 1000 and running.control.total == 0
+    fleet.serve(canary, 300, seconds=0.7)
+    fleet.clock.advance(5)
+    assert fleet.engine.tick().rolled_back == (rollout.rollout_id,)
+    gate = fleet.engine.get(rollout.rollout_id).last_gate
+    assert gate is not None and gate["baseline_source"] == "history"
+    assert gate["ttft_ratio"] > 1.5
+
+
 def test_too_few_requests_is_not_passed(fleet: Fleet) -> None:
     rollout = fleet.engine.start(policy(canary_count=1))
     canary = rollout.plan[0][0]

@@ -15,7 +15,10 @@ the agent's 503 "fetching" answer, its error body format):
   is ignored and the whole blob sent, as RFC 9110 14.2 allows;
 - ``If-Range`` with anything but the blob's strong ETag (another tag, a weak tag, a
   date) -> the range is ignored and the whole blob sent;
-- the body streamed in 1 MiB chunks read off the event loop; ``HEAD`` gets the headers.
+- the body sent with ``sendfile(2)`` (the kernel copies file to socket: the server spends
+  almost no CPU on a blob, which matters on a 2-core edge box serving its site's peers),
+  in pieces so that progress is counted; where the transport cannot (TLS), asyncio's
+  own read-and-send fallback; ``HEAD`` gets the headers.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from pathlib import Path
 from aiohttp import web
 
 CHUNK = 1 << 20
+# Bytes per sendfile call (progress is counted after each).
+SENDFILE_PIECE = 8 << 20
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 # More digits than this is a number beyond any file (and int() of thousands of digits
 # would raise); such a number counts as _HUGE.
@@ -140,15 +145,18 @@ async def send_blob(
         await response.prepare(request)
         if request.method == "HEAD":
             return response
-        handle.seek(start)
-        left = end - start
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("the client went away")
+        loop = asyncio.get_running_loop()
+        offset, left = start, end - start
         while left > 0:
-            chunk = await asyncio.to_thread(handle.read, min(CHUNK, left))
-            if not chunk:
+            sent = await loop.sendfile(transport, handle, offset, min(SENDFILE_PIECE, left))
+            if not sent:
                 break  # the file shrank under us: the client sees a short body
-            left -= len(chunk)
-            await response.write(chunk)
+            offset += sent
+            left -= sent
             if on_bytes is not None:
-                on_bytes(len(chunk))
+                on_bytes(sent)
         await response.write_eof()
         return response

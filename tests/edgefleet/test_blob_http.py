@@ -8,17 +8,19 @@ a missing file, and a blob of several chunks.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from edgefleet.blob_http import (
-    CHUNK,
+    SENDFILE_PIECE,
     RangeNotSatisfiable,
     byte_range,
     etag_listed,
@@ -126,6 +128,15 @@ class Served:
     def url(self) -> str:
         return f"/v1/blobs/sha256/{self.sha}"
 
+    async def total_counted(self, expected: int) -> int:
+        """What ``on_bytes`` counted, once it reaches ``expected`` (the server counts a
+        piece after the kernel has taken it, so the client can have read it first)."""
+        for _ in range(200):
+            if sum(self.counted) >= expected:
+                break
+            await asyncio.sleep(0.01)
+        return sum(self.counted)
+
 
 async def _serve(tmp_path: Path, data: bytes) -> AsyncIterator[Served]:
     blobs = tmp_path / "blobs"
@@ -172,7 +183,7 @@ async def test_whole_blob(small: Served) -> None:
     assert response.headers["Content-Length"] == str(SIZE)
     assert response.content_type == "application/octet-stream"
     assert "Content-Range" not in response.headers
-    assert sum(small.counted) == SIZE
+    assert await small.total_counted(SIZE) == SIZE
 
 
 @pytest.mark.parametrize(
@@ -185,7 +196,7 @@ async def test_ranges(small: Served, header: str, first: int, last: int) -> None
     assert await response.read() == small.data[first : last + 1]
     assert response.headers["Content-Range"] == f"bytes {first}-{last}/{SIZE}"
     assert response.headers["Content-Length"] == str(last + 1 - first)
-    assert sum(small.counted) == last + 1 - first
+    assert await small.total_counted(last + 1 - first) == last + 1 - first
 
 
 async def test_unsatisfiable(small: Served) -> None:
@@ -242,14 +253,58 @@ async def test_missing_blob(small: Served) -> None:
     assert response.status == 404
 
 
-async def test_a_blob_of_several_chunks(tmp_path: Path) -> None:
-    data = os.urandom(2 * CHUNK + 12345)
+async def test_a_blob_of_several_pieces(tmp_path: Path) -> None:
+    """Sent by sendfile in pieces, each counted once the kernel took it."""
+    piece = SENDFILE_PIECE
+    data = os.urandom(2 * piece + 12345)
     async for served in _serve(tmp_path, data):
         response = await served.client.get(served.url)
         assert response.status == 200 and await response.read() == data
-        assert len(served.counted) == 3 and sum(served.counted) == len(data)
-        first = CHUNK - 5
-        headers = {"Range": f"bytes={first}-{first + CHUNK + 9}"}
+        assert await served.total_counted(len(data)) == len(data)
+        assert served.counted == [piece, piece, 12345]
+        first = piece - 5
+        headers = {"Range": f"bytes={first}-{first + piece + 9}"}
         response = await served.client.get(served.url, headers=headers)
         assert response.status == 206
-        assert await response.read() == data[first : first + CHUNK + 10]
+        assert await response.read() == data[first : first + piece + 10]
+
+
+async def test_a_blob_over_tls(tmp_path: Path) -> None:
+    """Over TLS (peers and the coordinator serve blobs over mutual TLS) the kernel cannot
+    sendfile: asyncio's read-and-send fallback sends the same bytes, ranges included."""
+    from coordinator.ca import CertificateAuthority
+    from edgefleet.tls import CertFiles, fleet_client_context, server_context, write_atomically
+
+    ca = CertificateAuthority.load_or_create(tmp_path / "ca")
+    issued = ca.issue_client("edge-a", server_names=["127.0.0.1"])
+    files = CertFiles(tmp_path / "a.crt", tmp_path / "a.key")
+    write_atomically(files.key, issued.key_pem, private=True)
+    write_atomically(files.cert, issued.cert_pem)
+    data = os.urandom(SENDFILE_PIECE + 4321)
+    sha = hashlib.sha256(data).hexdigest()
+    (tmp_path / sha).write_bytes(data)
+    counted: list[int] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await send_blob(request, tmp_path / sha, sha, on_bytes=counted.append)
+
+    app = web.Application()
+    app.router.add_get("/b", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(files)).start()
+    url = f"https://127.0.0.1:{runner.addresses[0][1]}/b"
+    try:
+        async with aiohttp.ClientSession() as http:
+            context = fleet_client_context(ca.cert_pem)
+            async with http.get(url, ssl=context) as response:
+                assert response.status == 200 and await response.read() == data
+            async with http.get(url, ssl=context, headers={"Range": "bytes=-100"}) as response:
+                assert response.status == 206 and await response.read() == data[-100:]
+        for _ in range(200):
+            if sum(counted) >= len(data) + 100:
+                break
+            await asyncio.sleep(0.01)
+        assert sum(counted) == len(data) + 100
+    finally:
+        await runner.cleanup()

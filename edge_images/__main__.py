@@ -76,11 +76,13 @@ def main(argv: list[str] | None = None) -> int:
 
             built = build_image("agent-cpu", models=args.models, serve=serve,
                                 signing_key=args.signing_key, arch=args.arch)  # fmt: skip
-            checked = check_arch_image(built, args.arch, chat=not args.no_chat)
+            # the build's figures first: a failed check does not lose them
             print(json.dumps({"image": built.ref, "arch": args.arch,
                               "size_bytes": built.size_bytes,
                               "oci_archive_bytes": built.oci_archive.stat().st_size,
-                              "built_s": built.steps_s, **checked}, indent=2))  # fmt: skip
+                              "built_s": built.steps_s}, indent=2), flush=True)  # fmt: skip
+            checked = check_arch_image(built, args.arch, chat=not args.no_chat)
+            print(json.dumps(checked, indent=2))
             return 0 if checked["ok"] else 1
         elif args.command == "check-cuda":
             from edge_images.images import check_cuda

@@ -1,7 +1,14 @@
 """Checks of a built image's architecture, run on the build machine (under qemu-user
 emulation for a foreign one): what its config and both archives say, what ``uname -m`` and
 ONNX Runtime say inside it, and one chat completion from the agent started as the image
-starts it (``python -m edge_images check-arch``; ``make image-cpu-arm64``)."""
+starts it (``python -m edge_images check-arch``; ``make image-cpu-arm64``).
+
+Under emulation the containers get an aarch64 ``/proc/cpuinfo`` (:func:`emulated_cpuinfo`,
+bind-mounted; podman's runc allows that file, as LXCFS uses it): Debian 12's qemu-user
+(7.2) passes the host's x86 ``/proc/cpuinfo`` through, and ONNX Runtime's CPU detection
+(cpuinfo, at ``import onnxruntime``) finds no ARM core in it and crashes (SIGSEGV) before
+Python sees an error. A real arm64 machine has its own; the image does not change.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +23,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from edge_images.arch import arch_of
-from edge_images.cache import cache_lock
+from edge_images.arch import arch_of, is_native
+from edge_images.cache import cache_lock, cache_root
 from edge_images.errors import ImageBuildError
-from edge_images.images import VENV, buildah, storage_args
+from edge_images.images import VENV, buildah
 from edge_images.podman import podman_env
 
 LLM = "smollm2-135m-instruct"
@@ -61,28 +68,65 @@ def archive_architecture(path: Path) -> str:
     return f"{config.get('os')}/{config.get('architecture')}"
 
 
-def inside(ref: str) -> dict[str, Any]:
-    """``uname -m`` and ONNX Runtime's providers, run inside the image (emulated when the
-    image is foreign), each timed."""
-    ctr = buildah("check: from", "from", "--pull-never", ref)
-    try:
+def _present_cpus() -> list[int]:
+    """The host's CPU numbers (``/sys/devices/system/cpu/present``, which the container
+    sees too: cpuinfo counts the cores there and in ``/proc/cpuinfo``)."""
+    text = Path("/sys/devices/system/cpu/present").read_text().strip()
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    return cpus
+
+
+def emulated_cpuinfo(arch: str) -> Path | None:
+    """For a foreign arm64: an aarch64 ``/proc/cpuinfo`` (Neoverse-N1 cores, one per host
+    CPU) to bind-mount into the container (see the module docstring); None when native."""
+    if is_native(arch):
+        return None
+    if arch_of(arch).machine != "aarch64":
+        raise ImageBuildError(f"no emulated /proc/cpuinfo for {arch}")
+    blocks = [
+        f"processor\t: {n}\nBogoMIPS\t: 50.00\n"
+        "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid "
+        "asimdrdm lrcpc dcpop asimddp ssbs\n"
+        "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\n"
+        "CPU part\t: 0xd0c\nCPU revision\t: 1\n"
+        for n in _present_cpus()
+    ]
+    path = cache_root() / f"emulated-cpuinfo-{arch}"
+    text = "\n".join(blocks)
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
+def _cpuinfo_mount(arch: str) -> list[str]:
+    path = emulated_cpuinfo(arch)
+    return [] if path is None else ["-v", f"{path}:/proc/cpuinfo:ro"]
+
+
+def inside(ref: str, arch: str) -> dict[str, Any]:
+    """``uname -m`` and ONNX Runtime's version and providers, run inside the image (podman,
+    no network; emulated when the image is foreign), timed (container creation included)."""
+    env = {**os.environ, **podman_env()}
+    probe = ("import os, onnxruntime as o; print(os.uname().machine); print(o.__version__); "
+             "print(','.join(o.get_available_providers()))")  # fmt: skip
+    with cache_lock("containers"):
         t0 = time.perf_counter()
-        machine = buildah("check: uname", "run", "--network", "none", ctr, "--", "uname", "-m")
-        t1 = time.perf_counter()
-        out = buildah(
-            "check: onnxruntime", "run", "--network", "none", ctr, "--", f"{VENV}/bin/python",
-            "-c", "import onnxruntime as o; print(o.__version__); "
-            "print(','.join(o.get_available_providers()))",
-        ).splitlines()  # fmt: skip
-        t2 = time.perf_counter()
-    finally:
-        subprocess.run(["buildah", *storage_args(), "rm", ctr], capture_output=True, check=False)
+        out = _podman(env, "run", "--rm", "--network", "none", "--read-only",
+                      *_cpuinfo_mount(arch), "--entrypoint", f"{VENV}/bin/python", ref,
+                      "-c", probe).splitlines()  # fmt: skip
+        run_s = time.perf_counter() - t0
+    if len(out) < 3:
+        raise ImageBuildError(f"check: unexpected output from the image: {out}")
     return {
-        "uname_m": machine,
-        "onnxruntime": out[0],
+        "uname_m": out[-3],
+        "onnxruntime": out[-2],
         "providers": out[-1].split(","),
-        "uname_s": round(t1 - t0, 2),
-        "import_onnxruntime_s": round(t2 - t1, 2),
+        "podman_run_s": round(run_s, 2),
     }
 
 
@@ -128,7 +172,9 @@ def _first_token(base: str, deadline_s: float) -> tuple[float, str]:
     raise ImageBuildError(f"no first token from {base} within {deadline_s:.0f} s ({last})")
 
 
-def chat_from_image(ref: str, *, deadline_s: float = 900, max_tokens: int = 16) -> dict[str, Any]:
+def chat_from_image(
+    ref: str, arch: str, *, deadline_s: float = 900, max_tokens: int = 16
+) -> dict[str, Any]:
     """Start the agent from ``ref`` as deployed (podman, read-only root, a fresh state
     volume, the image's user and entrypoint and baked signed model set) on a free loopback
     port; time container start to the first token of a streamed chat, then ask one
@@ -141,7 +187,7 @@ def chat_from_image(ref: str, *, deadline_s: float = 900, max_tokens: int = 16) 
         t0 = time.perf_counter()
         _podman(
             env, "create", "--name", name, "--read-only", "--network", "host",
-            "-v", f"{volume}:/var/lib/edgefleet",
+            "-v", f"{volume}:/var/lib/edgefleet", *_cpuinfo_mount(arch),
             "-e", "EDGEFLEET_AGENT_SERVER__HOST=127.0.0.1",
             "-e", f"EDGEFLEET_AGENT_SERVER__PORT={port}", ref,
         )  # fmt: skip
@@ -185,7 +231,7 @@ def check_arch_image(built: Any, arch: str, *, chat: bool = True) -> dict[str, A
         "oci_archive": archive_architecture(built.oci_archive),
         "docker_archive": archive_architecture(built.docker_archive),
     }
-    seen = inside(built.ref)
+    seen = inside(built.ref, arch)
     result: dict[str, Any] = {"config": config, "archives": archives, "inside": seen}
     ok = (
         all(v == f"linux/{want.debian}" for v in [*config.values(), *archives.values()])
@@ -193,7 +239,7 @@ def check_arch_image(built: Any, arch: str, *, chat: bool = True) -> dict[str, A
         and "CPUExecutionProvider" in seen["providers"]
     )
     if chat:
-        result["chat"] = chat_from_image(built.ref)
+        result["chat"] = chat_from_image(built.ref, arch)
         ok = ok and bool(result["chat"]["chat_completion"])
     result["ok"] = ok
     return result

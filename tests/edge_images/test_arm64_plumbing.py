@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,12 @@ from packaging.markers import Marker
 from edge_images import arch as arch_mod
 from edge_images.__main__ import main
 from edge_images.arch import ARCHES, check_emulation, pip_platform_args
-from edge_images.archcheck import archive_architecture, config_architecture
+from edge_images.archcheck import (
+    _cpuinfo_mount,
+    archive_architecture,
+    config_architecture,
+    emulated_cpuinfo,
+)
 from edge_images.cache import key_of
 from edge_images.errors import ImageBuildError
 from edge_images.images import (
@@ -162,3 +168,27 @@ def test_buildah_platform_args_make_an_arm64_image_and_archive(tmp_path: Path) -
     finally:
         subprocess.run(["buildah", *storage_args(), "rm", ctr], capture_output=True, check=False)
         subprocess.run(["buildah", *storage_args(), "rmi", ref], capture_output=True, check=False)
+
+
+def test_emulated_cpuinfo_lists_an_arm_core_per_host_cpu() -> None:
+    """Under qemu-user the containers get an aarch64 /proc/cpuinfo (ONNX Runtime's CPU
+    detection crashes on the host's x86 one); natively nothing is mounted."""
+    present = Path("/sys/devices/system/cpu/present").read_text().strip()
+    path = emulated_cpuinfo("arm64")
+    assert path is not None
+    blocks = path.read_text().split("\n\n")
+    assert [b.splitlines()[0] for b in blocks] == [f"processor\t: {n}" for n in range(len(blocks))]
+    ranges = [part.partition("-") for part in present.split(",")]
+    assert len(blocks) == sum(int(hi or lo) - int(lo) + 1 for lo, _, hi in ranges)
+    assert all("CPU implementer\t: 0x41" in b and "asimd" in b for b in blocks)
+    assert _cpuinfo_mount("arm64") == ["-v", f"{path}:/proc/cpuinfo:ro"]
+    assert emulated_cpuinfo("amd64") is None and _cpuinfo_mount("amd64") == []
+
+
+def test_archive_architecture_refuses_what_is_not_an_image(tmp_path: Path) -> None:
+    bogus = tmp_path / "x.tar"
+    with tarfile.open(bogus, "w") as tar:
+        (tmp_path / "f").write_text("x")
+        tar.add(tmp_path / "f", arcname="f")
+    with pytest.raises(ImageBuildError, match="neither an OCI nor a Docker archive"):
+        archive_architecture(bogus)

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv models demo test lint bench clean-models help image-cpu image-cuda image-coordinator bundle bench-image
+.PHONY: venv models demo test lint bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
 
 help:
 	@echo "make demo   - set up, build the models (cached), start coordinator + 2 agents"
@@ -12,6 +12,7 @@ help:
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - single-stream decode benchmark of the shipped model (JSON out)"
 	@echo "make image-cpu | image-coordinator | image-cuda | bundle - edge images (buildah) and the offline bundle"
+	@echo "make image-cpu-arm64 - the arm64 CPU agent image, built and checked under qemu-user emulation"
 	@echo "make bench-image - image sizes and cold start to first token (JSON out)"
 
 venv: $(STAMP)
@@ -55,6 +56,15 @@ image-cpu: models
 image-coordinator: venv
 	devtools/system_deps.sh
 	$(BIN)/python -m edge_images build coordinator
+
+# The arm64 CPU agent image, built on x86-64 under Debian's qemu-user emulation (slow: not
+# part of `make test`; README has its figures). system_deps.sh's arm64 argument installs
+# qemu-user-static and binfmt-support. Builds, then checks the image's architecture
+# (config, both archives, uname -m inside), that ONNX Runtime lists CPUExecutionProvider
+# and that the agent, started as the image starts it, answers a chat completion.
+image-cpu-arm64: models
+	devtools/system_deps.sh arm64
+	$(BIN)/python -m edge_images check-arch --arch arm64
 
 # onnxruntime-gpu and NVIDIA's CUDA/cuDNN wheels (several GB): not part of `make test`.
 # Builds, then checks inside the image that ONNX Runtime lists CUDAExecutionProvider and

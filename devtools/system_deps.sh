@@ -17,8 +17,18 @@
 #   nginx-light           the fixed upstream of benchmarks/overflow_overhead.py
 #   curl                  the README runbook's commands (tests/edge_images/test_runbook.py)
 # Add a package here (with its reason) when a test needs one.
+#
+# `system_deps.sh arm64` (make image-cpu-arm64) adds what building the arm64 image on x86-64
+# needs, never installed by CI (which does not build arm64):
+#   qemu-user-static binfmt-support   qemu-aarch64 registered with binfmt_misc, so
+#                                     mmdebstrap and buildah run arm64 programs emulated
 set -eu
 PACKAGES="chromium prometheus buildah mmdebstrap podman runc python3 python3-venv iproute2 util-linux uidmap nginx-light curl"
+case "${1:-}" in
+  "") ;;
+  arm64) PACKAGES="$PACKAGES qemu-user-static binfmt-support" ;;
+  *) echo "system_deps: unknown argument '$1' (none, or arm64)" >&2; exit 2 ;;
+esac
 missing=""
 for p in $PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
@@ -29,9 +39,19 @@ command -v npm >/dev/null 2>&1 || missing="$missing npm"
 # nginx from another package (nginx, nginx-full) serves the benchmark as well.
 case "$missing" in *nginx-light*) command -v nginx >/dev/null 2>&1 \
   && missing=$(echo "$missing" | sed 's/ nginx-light//') ;; esac
-[ -z "$missing" ] && exit 0
-echo "system_deps: installing$missing"
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+if [ -n "$missing" ]; then
+  echo "system_deps: installing$missing"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+fi
+if [ "${1:-}" = arm64 ]; then
+  # binfmt-support's postinst registers qemu-aarch64 when binfmt_misc is mounted; a
+  # container or VM may not mount it, and a reboot may leave it unregistered.
+  [ -e /proc/sys/fs/binfmt_misc/status ] \
+    || $SUDO mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || $SUDO update-binfmts --enable qemu-aarch64
+  grep -q enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 \
+    || { echo "system_deps: qemu-aarch64 is not enabled in binfmt_misc" >&2; exit 1; }
+fi

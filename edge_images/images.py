@@ -28,6 +28,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_images.arch import DEFAULT_ARCH, arch_of, check_emulation, key_parts, name_suffix
 from edge_images.cache import Timer, cache_lock, cache_root, digest_files, key_of, run
 from edge_images.errors import ImageBuildError
 from edge_images.model_set import model_refs, set_digest, signed_model_set
@@ -133,19 +134,30 @@ def cuda_ort_version() -> str:
     return CUDA_ORT_VERSION
 
 
-def base_ref(rootfs: RootFs, house: Wheelhouse) -> str:
-    """The base stage's reference: its key is its inputs (package list and lock)."""
-    return f"localhost/edgefleet-base:{key_of('base', rootfs.key, house.lock, UID, VENV, 'v1')}"
+def base_ref(rootfs: RootFs, house: Wheelhouse, arch: str = DEFAULT_ARCH) -> str:
+    """The base stage's reference: its key is its inputs (package list, lock, arch)."""
+    key = key_of("base", rootfs.key, house.lock, UID, VENV, "v1", *key_parts(arch))
+    return f"localhost/edgefleet-base{name_suffix(arch)}:{key}"
 
 
-def build_base(rootfs: RootFs, house: Wheelhouse, steps: dict[str, float]) -> str:
-    """The base stage (see the module docstring); returns its image reference."""
-    ref = base_ref(rootfs, house)
+def platform_args(arch: str = DEFAULT_ARCH) -> list[str]:
+    """``buildah from`` / ``buildah config`` flags that make the image's config say
+    ``arch`` (the OCI config's architecture and os fields)."""
+    return ["--arch", arch_of(arch).debian, "--os", "linux"]
+
+
+def build_base(
+    rootfs: RootFs, house: Wheelhouse, steps: dict[str, float], arch: str = DEFAULT_ARCH
+) -> str:
+    """The base stage (see the module docstring); returns its image reference. On a
+    foreign ``arch`` its RUN step (venv, pip install, useradd) runs under qemu-user."""
+    ref = base_ref(rootfs, house, arch)
     key = ref.rsplit(":", 1)[1]
     if image_exists(ref):
         return ref
     timer = Timer()
-    ctr = buildah("base: from scratch", "from", "--name", f"efbase-{key}-{os.getpid()}", "scratch")
+    ctr = buildah("base: from scratch", "from", *platform_args(arch),
+                  "--name", f"efbase-{key}-{os.getpid()}", "scratch")  # fmt: skip
     try:
         buildah("base: add rootfs", "add", ctr, str(rootfs.tarball), "/")
         buildah("base: copy wheelhouse", "copy", ctr, str(house.path), "/tmp/wheelhouse")
@@ -160,6 +172,7 @@ def build_base(rootfs: RootFs, house: Wheelhouse, steps: dict[str, float]) -> st
             f"--shell /usr/sbin/nologin {USER}; "
             f"install -d -m 0700 -o {UID} -g {UID} {STATE}",
         )  # fmt: skip
+        buildah("base: platform", "config", *platform_args(arch), ctr)
         buildah("base: commit", "commit", "--quiet", "--rm", ctr, ref)
     except ImageBuildError:
         subprocess.run(["buildah", *storage_args(), "rm", ctr], capture_output=True, check=False)
@@ -192,11 +205,34 @@ def build_image(
     serve: tuple[str, ...] = DEFAULT_SERVE,
     export: bool = True,
     signing_key: Path | None = None,
+    arch: str = DEFAULT_ARCH,
 ) -> ImageBuild:
-    """Build (or reuse) the image for ``target`` and export its archives. ``signing_key``:
-    the ed25519 PEM that signs artifact directories (see :mod:`edge_images.model_set`)."""
-    with cache_lock(f"build-{target}"):
-        return _build_image(target, models, serve, export, signing_key)
+    """Build (or reuse) the image for ``target`` on ``arch`` and export its archives.
+    ``signing_key``: the ed25519 PEM that signs artifact directories (see
+    :mod:`edge_images.model_set`). A foreign ``arch`` (arm64 here) is built under qemu-user
+    emulation (see :mod:`edge_images.arch`)."""
+    check_target(target, arch)
+    with cache_lock(f"build-{target}{name_suffix(arch)}"):
+        return _build_image(target, models, serve, export, signing_key, arch)
+
+
+# What each architecture builds: the CUDA image is x86-64 only (onnxruntime-gpu's CUDA 12
+# wheels, NVIDIA's container toolkit on the usual GPU servers).
+ARCH_TARGETS: dict[str, tuple[str, ...]] = {
+    "amd64": TARGETS,
+    "arm64": ("agent-cpu", "coordinator"),
+}
+
+
+def check_target(target: str, arch: str = DEFAULT_ARCH) -> None:
+    """A clear error for an unknown target, an unknown arch or a pair not built."""
+    if target not in TARGETS:
+        raise ImageBuildError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
+    arch_of(arch)
+    if target not in ARCH_TARGETS[arch]:
+        raise ImageBuildError(
+            f"{target} is not built for {arch}: {arch} builds {', '.join(ARCH_TARGETS[arch])}"
+        )
 
 
 def _build_image(
@@ -205,32 +241,35 @@ def _build_image(
     serve: tuple[str, ...],
     export: bool,
     signing_key: Path | None = None,
+    arch: str = DEFAULT_ARCH,
 ) -> ImageBuild:
-    if target not in TARGETS:
-        raise ImageBuildError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
+    check_target(target, arch)
+    check_emulation(arch)
     steps: dict[str, float] = {}
     if target == "coordinator":
         models = None
-    rootfs = build_rootfs()
+    rootfs = build_rootfs(arch=arch)
     if rootfs.built_s is not None:
         steps["rootfs"] = rootfs.built_s
-    house = build_wheelhouse(replace=_ort_package(target))
+    house = build_wheelhouse(replace=_ort_package(target), arch=arch)
     if house.built_s is not None:
         steps["wheelhouse"] = house.built_s
     model_set = _models_input(models, serve, signing_key)
     config, config_at, entrypoint, config_env = _config_for(target, model_set is not None)
     revision = git_revision()
-    base = base_ref(rootfs, house)
+    base = base_ref(rootfs, house, arch)
     key = key_of(
         "image", target, base, house.key,
         set_digest(model_set) if model_set else "no-models",
         digest_files([config, HERE / "healthcheck.py"], root=HERE),
         "recipe-3",  # bump when _assemble changes what it writes
+        *key_parts(arch),
     )  # fmt: skip
     # The git revision is a label, not part of the key: an image whose every input is
     # unchanged is reused, and its label names the revision that first built that content.
     # an agent image without a model set is another image (both are kept in the cache)
     name = f"edgefleet-{target}" + ("-empty" if target != "coordinator" and not model_set else "")
+    name += name_suffix(arch)  # its own name: remove_stale never drops the other arch's
     ref = f"localhost/{name}:{key}"
     labels = {
         "org.opencontainers.image.title": name,
@@ -241,12 +280,13 @@ def _build_image(
     }
     if not image_exists(ref):
         # the base only when the image itself must be built (a kept image needs no base)
-        base = build_base(rootfs, house, steps)
+        base = build_base(rootfs, house, steps, arch)
         timer = Timer()
-        ctr = buildah("image: from base", "from", "--name", f"ef-{key}-{os.getpid()}", base)
+        ctr = buildah("image: from base", "from", *platform_args(arch), "--pull-never",
+                      "--name", f"ef-{key}-{os.getpid()}", base)  # fmt: skip
         try:
             _assemble(ctr, target, house, model_set, config, config_at, entrypoint, config_env,
-                      labels)  # fmt: skip
+                      labels, arch)  # fmt: skip
             buildah("image: commit", "commit", "--quiet", "--rm", "--format", "docker", ctr, ref)
         except ImageBuildError:
             subprocess.run(
@@ -297,6 +337,7 @@ def _assemble(
     entrypoint: list[str],
     config_env: str,
     labels: dict[str, str],
+    arch: str = DEFAULT_ARCH,
 ) -> None:
     own = sorted(p for p in house.path.glob("edgefleet-*.whl"))
     if len(own) != 1:
@@ -337,6 +378,7 @@ def _assemble(
         env["LD_LIBRARY_PATH"] = ":".join(libs)
         env["EDGEFLEET_AGENT_ENGINE__EXECUTION_PROVIDER"] = "cuda"
     cfg: list[str] = [
+        *platform_args(arch),
         "--user", f"{UID}:{UID}",
         "--workingdir", STATE,
         "--volume", STATE,

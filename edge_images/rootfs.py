@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_images.arch import DEFAULT_ARCH, check_emulation, key_parts, name_suffix
 from edge_images.cache import Timer, cache_lock, cache_root, key_of, publish, run
 
 log = logging.getLogger(__name__)
@@ -26,28 +27,37 @@ class RootFs:
     built_s: float | None  # None: reused from the cache
 
 
-def rootfs_key(packages: tuple[str, ...] = PACKAGES) -> str:
-    return key_of("rootfs", SUITE, VARIANT, sorted(packages), "v1")
+def rootfs_key(packages: tuple[str, ...] = PACKAGES, arch: str = DEFAULT_ARCH) -> str:
+    return key_of("rootfs", SUITE, VARIANT, sorted(packages), "v1", *key_parts(arch))
 
 
-def build_rootfs(packages: tuple[str, ...] = PACKAGES) -> RootFs:
-    """The cached tarball for ``packages``, made with mmdebstrap on first use."""
+def rootfs_path(packages: tuple[str, ...] = PACKAGES, arch: str = DEFAULT_ARCH) -> Path:
+    """Where the tarball for ``packages`` on ``arch`` is cached."""
+    key = rootfs_key(packages, arch)
+    return cache_root() / f"rootfs-{SUITE}{name_suffix(arch)}-{key}.tar"
+
+
+def build_rootfs(packages: tuple[str, ...] = PACKAGES, arch: str = DEFAULT_ARCH) -> RootFs:
+    """The cached tarball for ``packages`` on ``arch``, made with mmdebstrap on first use
+    (a foreign ``arch`` runs its maintainer scripts under qemu-user emulation)."""
     with cache_lock("rootfs"):
-        return _build_rootfs(packages)
+        return _build_rootfs(packages, arch)
 
 
-def _build_rootfs(packages: tuple[str, ...]) -> RootFs:
-    key = rootfs_key(packages)
-    final = cache_root() / f"rootfs-{SUITE}-{key}.tar"
+def _build_rootfs(packages: tuple[str, ...], arch: str) -> RootFs:
+    key = rootfs_key(packages, arch)
+    final = rootfs_path(packages, arch)
     if final.exists():
         return RootFs(final, key, None)
+    check_emulation(arch)
     timer = Timer()
     tmp = final.with_suffix(".tar.partial")
-    log.info("rootfs: mmdebstrap %s (%s) -> %s", SUITE, ",".join(packages), final)
+    log.info("rootfs: mmdebstrap %s %s (%s) -> %s", SUITE, arch, ",".join(packages), final)
     run(
         "rootfs (mmdebstrap)",
         [
             "mmdebstrap",
+            f"--architectures={arch}",
             f"--variant={VARIANT}",
             "--include=" + ",".join(packages),
             # no docs, man pages or apt lists in the image

@@ -16,6 +16,14 @@ from pathlib import Path
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
+from edge_images.arch import (
+    DEBIAN_PYTHON,
+    DEFAULT_ARCH,
+    key_parts,
+    marker_environment,
+    name_suffix,
+    pip_platform_args,
+)
 from edge_images.cache import (
     Timer,
     cache_lock,
@@ -37,17 +45,25 @@ def _canon(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _marker_ok(marker: Marker | None, extras: frozenset[str]) -> bool:
+def _marker_ok(
+    marker: Marker | None, extras: frozenset[str], env: dict[str, str] | None = None
+) -> bool:
     if marker is None:
         return True
-    return any(marker.evaluate({"extra": e}) for e in (extras or frozenset({""})))
+    return any(marker.evaluate({**(env or {}), "extra": e}) for e in (extras or frozenset({""})))
 
 
-def runtime_lock(extras: tuple[str, ...] = (), replace: dict[str, str] | None = None) -> list[str]:
+def runtime_lock(
+    extras: tuple[str, ...] = (),
+    replace: dict[str, str] | None = None,
+    arch: str = DEFAULT_ARCH,
+) -> list[str]:
     """``name==version`` for edgefleet's run-time closure (with ``extras``) as installed in
     this interpreter's environment, sorted. ``replace`` swaps a requirement for another
     distribution given as ``name==version`` (the CUDA image: onnxruntime -> onnxruntime-gpu),
-    whose own dependencies are then not walked (it is not installed here)."""
+    whose own dependencies are then not walked (it is not installed here). Markers are
+    evaluated for ``arch``'s machine (the versions are this environment's: one lock)."""
+    env = marker_environment(arch)
     replace = {_canon(k): v for k, v in (replace or {}).items()}
     seen: dict[str, str] = {}
     pinned_extra: list[str] = []
@@ -56,7 +72,7 @@ def runtime_lock(extras: tuple[str, ...] = (), replace: dict[str, str] | None = 
         name, want = todo.pop()
         for raw in md.requires(name) or []:
             req = Requirement(raw)
-            if not _marker_ok(req.marker, want):
+            if not _marker_ok(req.marker, want, env):
                 continue
             canon = _canon(req.name)
             if canon in replace:
@@ -109,20 +125,40 @@ def _py_files(paths: list[Path]) -> list[Path]:
     return out
 
 
+def wheelhouse_key(lock: list[str], arch: str = DEFAULT_ARCH) -> str:
+    """The third-party wheels' key: the lock, the Python and the platform they are for."""
+    if arch == DEFAULT_ARCH:  # the key from before architectures (see edge_images.arch)
+        return key_of("wheelhouse", lock, sys.version_info[:2], "manylinux_x86_64", "v1")
+    return key_of("wheelhouse", lock, DEBIAN_PYTHON, pip_platform_args(arch), "v1",
+                  *key_parts(arch))  # fmt: skip
+
+
+def pip_download_args(dest: Path, arch: str = DEFAULT_ARCH, deps: bool = False) -> list[str]:
+    """The ``pip download`` command for the lock file ``dest/lock.txt`` on ``arch``."""
+    return [sys.executable, "-m", "pip", "download", "--quiet",
+            *([] if deps else ["--no-deps"]), "--only-binary=:all:",
+            *pip_platform_args(arch), "-d", str(dest), "-r", str(dest / "lock.txt")]  # fmt: skip
+
+
 def build_wheelhouse(
-    extras: tuple[str, ...] = (), replace: dict[str, str] | None = None
+    extras: tuple[str, ...] = (),
+    replace: dict[str, str] | None = None,
+    arch: str = DEFAULT_ARCH,
 ) -> Wheelhouse:
-    """Download the lock's wheels (cached under the lock's key), then add edgefleet's wheel
-    (cached under the source digest). ``pip download`` reads this machine's configured
-    indexes; what it fetched is then all an install needs."""
+    """Download the lock's wheels for ``arch`` (cached under the lock's key), then add
+    edgefleet's wheel (cached under the source digest; pure Python, one for every arch).
+    ``pip download`` reads this machine's configured indexes; what it fetched is then all an
+    install needs."""
     with cache_lock("wheelhouse"):
-        return _build_wheelhouse(extras, replace)
+        return _build_wheelhouse(extras, replace, arch)
 
 
-def _build_wheelhouse(extras: tuple[str, ...], replace: dict[str, str] | None) -> Wheelhouse:
-    lock = runtime_lock(extras, replace)
-    key = key_of("wheelhouse", lock, sys.version_info[:2], "manylinux_x86_64", "v1")
-    third = cache_root() / f"wheels-{key}"
+def _build_wheelhouse(
+    extras: tuple[str, ...], replace: dict[str, str] | None, arch: str
+) -> Wheelhouse:
+    lock = runtime_lock(extras, replace, arch)
+    key = wheelhouse_key(lock, arch)
+    third = cache_root() / f"wheels{name_suffix(arch)}-{key}"
     built_s: float | None = None
     if not third.exists():
         timer = Timer()
@@ -132,13 +168,11 @@ def _build_wheelhouse(extras: tuple[str, ...], replace: dict[str, str] | None) -
         (tmp / "lock.txt").write_text("\n".join(lock) + "\n")
         # With a replacement (the CUDA image's onnxruntime-gpu[cuda,cudnn]) its own
         # dependencies (NVIDIA's wheels) are resolved too, the rest held to the lock.
-        deps = [] if replace else ["--no-deps"]
         run(
-            "wheelhouse (pip download)",
-            [sys.executable, "-m", "pip", "download", "--quiet", *deps,
-             "--only-binary=:all:", "-d", str(tmp), "-r", str(tmp / "lock.txt")],
+            f"wheelhouse (pip download, {arch})",
+            pip_download_args(tmp, arch, deps=bool(replace)),
             timeout_s=3600,
-        )  # fmt: skip
+        )
         # pip, setuptools for an offline `python3 -m venv` upgrade are not needed: the
         # venv's bundled pip installs wheels with --no-index.
         publish(tmp, third)
@@ -167,7 +201,7 @@ def _build_wheelhouse(extras: tuple[str, ...], replace: dict[str, str] | None) -
         )  # fmt: skip
         shutil.rmtree(build, ignore_errors=True)
         publish(tmp, own)
-    house = cache_root() / f"wheelhouse-{key}-{digest}"
+    house = cache_root() / f"wheelhouse{name_suffix(arch)}-{key}-{digest}"
     if not house.exists():
         tmp = house.with_name(house.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -50,6 +50,7 @@ async function api(method, path, body) {
   let data = null;
   const type = response.headers.get("Content-Type") || "";
   if (type.includes("json")) data = await response.json();
+  if (response.status === 401 && state.role && path !== "/v1/dashboard/session") sessionEnded();
   if (!response.ok) {
     const message = data && data.error ? data.error.message : response.statusText;
     const error = new Error(message);
@@ -58,6 +59,24 @@ async function api(method, path, body) {
     throw error;
   }
   return data;
+}
+
+// Sessions live in the coordinator's memory: a restart, the admin token's revocation or
+// the session's expiry ends one. The next refused request brings the sign-in form back
+// (and drops what the page held), rather than a page of stale data and failing buttons.
+function sessionEnded() {
+  state.role = null;
+  if (state.events) { state.events.close(); state.events = null; }
+  state.agents = new Map();
+  state.points = [];
+  $("agent-rows").replaceChildren();
+  for (const dot of dotsById.values()) dot.remove();
+  dotsById.clear();
+  $("nav").hidden = true;
+  $("sign-out").hidden = true;
+  $("who").textContent = "";
+  route();
+  setStatus("Your session has ended (signed out, expired, its token revoked or the coordinator restarted): sign in again.");
 }
 
 // ------------------------------------------------------------------ agents
@@ -447,7 +466,11 @@ function connectEvents() {
     renderTotals();
   });
   source.addEventListener("ready", () => setStatus("Live updates connected."));
-  source.onerror = () => setStatus("Live updates interrupted; reconnecting.");
+  source.onerror = () => {
+    setStatus("Live updates interrupted; reconnecting.");
+    // A restarted coordinator forgot the session: whoami says so (401: sessionEnded).
+    api("GET", "/v1/admin/whoami").catch(() => {});
+  };
 }
 
 // ------------------------------------------------------------------ detail

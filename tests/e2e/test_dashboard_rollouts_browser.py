@@ -11,7 +11,10 @@ sync their models from its catalog.
   address in it is redacted before it leaves; the agent's LoadReport.redactions reaches
   the fleet series and the page charts EMAIL under "Redactions by type", beside the
   pool's overflow cost;
-- axe-core finds nothing serious in those three views.
+- axe-core finds nothing serious in those three views;
+- sessions live in the coordinator's memory: a coordinator with the page open stops
+  cleanly on SIGTERM, and after its restart the open page goes back to its sign-in form
+  by itself; signing in again works.
 
 Screenshots go to test-artifacts/dashboard/.
 """
@@ -33,7 +36,7 @@ import pytest
 import pytest_asyncio
 
 from devtools.browser import axe_script, chromium_path, poll, sign_in
-from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess
 from devtools.process import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
@@ -127,13 +130,26 @@ async def fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory
     )  # fmt: skip
     agents: list[AgentProcess] = []
     await coordinator.start()
+    holder = [coordinator]  # the last test restarts it
     try:
         v1 = json.loads((tiny_artifacts / TINY / "manifest.json").read_text())["version"]
         v2 = _other_version(v1)
-        for version in (v1, v2):
+
+        async def publish(version: str) -> None:
             await _cli(coordinator, "models", "publish", str(tiny_artifacts / TINY),
                        "--name", TINY, "--version", version)  # fmt: skip
-        await _cli(coordinator, "models", "deploy", f"{TINY}@{v1}")
+
+        async def catalog() -> None:
+            """Publish v1 and deploy it everywhere, then publish v2 while agents sync."""
+            await publish(v1)
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(f"{coordinator.http_url}/v1/admin/models/{TINY}/{v1}/deploy",
+                          json={}, headers=coordinator.admin_headers) as response,
+            ):  # fmt: skip
+                assert response.status == 200, await response.text()
+            await publish(v2)
+
         for i, (site, extra) in enumerate(
             (("east", ["--set", "overflow.allow_cloud=true"]), ("west", []))
         ):
@@ -142,19 +158,22 @@ async def fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory
                 port=pool_port if i == 1 else 0, state_dir=tmp / f"agent-{i}",
                 extra_args=["--set", "models.source=store", *extra],
             )  # fmt: skip
-            await agent.start()
             agents.append(agent)
+        # The agents start (empty stores) while the catalog is filled; they sync v1.
+        await asyncio.gather(catalog(), *(agent.start() for agent in agents))
         for agent in agents:
             await wait_until(lambda a=agent: _serves(a.url, v1), timeout_s=120,  # type: ignore[misc]
                              message=f"{agent.agent_id} serves {TINY}@{v1}")  # fmt: skip
         async with async_playwright() as p:
             browser = await p.chromium.launch(executable_path=chromium_path(), headless=True)
-            yield Fleet(coordinator, agents, browser, v1, v2)
+            fleet = Fleet(coordinator, agents, browser, v1, v2)
+            yield fleet
+            holder.append(fleet.coordinator)
             await browser.close()
     finally:
         for agent in agents:
             await agent.terminate()
-        await coordinator.terminate()
+        await holder[-1].terminate()
 
 
 async def _text(page: Any, selector: str) -> str:
@@ -347,3 +366,31 @@ async def test_the_catalog_rollouts_and_overflow_views_pass_an_accessibility_aud
             found[view] = serious
     (SHOTS / "axe-rollouts-models-overflow.json").write_text(json.dumps(found, indent=2))
     assert found == {}
+
+
+async def test_a_coordinator_restart_ends_the_session_and_the_page_asks_to_sign_in(
+    fleet: Fleet,
+) -> None:
+    page = await fleet.page()
+    await poll(page, "document.querySelectorAll('#agent-rows tr').length === 2")
+    old = fleet.coordinator
+    # SIGTERM: the open page's event stream does not hold the shutdown (a clean exit,
+    # not the SIGKILL that terminate() sends after 10 s).
+    assert await old.terminate() == 0
+    fleet.coordinator = CoordinatorProcess(
+        grpc_port=old.grpc_port, http_port=int(old.http_url.rsplit(":", 1)[1]),
+        report_interval_ms=400,
+        data_dir=old.data_dir, extra_args=old.args[old.args.index("--set"):],
+        env={ADMIN_TOKEN_ENV: old.admin_token},
+    )  # fmt: skip
+    await fleet.coordinator.start()
+    # No reload: the live stream breaks, reconnects, is refused; the page signs out.
+    await poll(page, "!document.getElementById('view-signin').hidden", timeout_s=20)
+    assert await page.is_hidden("#nav") and await page.is_hidden("#view-fleet")
+    assert await page.evaluate("document.querySelectorAll('#agent-rows tr').length") == 0
+    assert "session has ended" in await _text(page, "#status-line")
+    await page.screenshot(path=str(SHOTS / "session-ended.png"), full_page=True)
+    await page.fill("#signin-token", fleet.coordinator.admin_token)
+    await page.click("#signin-form button[type=submit]")
+    await page.wait_for_selector("#view-fleet:not([hidden])")
+    assert (await _text(page, "#who")).endswith("(admin)")

@@ -490,6 +490,9 @@ function renderDetail(a) {
     ["Execution providers", ((a.hardware && a.hardware.execution_providers) || []).join(", ")],
     ["CPUs", a.hardware ? a.hardware.cpu_count : ""], ["Enrolled", a.enrolled ? "yes" : "no"],
     ["Unhealthy", a.unhealthy_reason || "no"], ["Bye", a.bye_reason || ""],
+    // [type, count] pairs, totals since the agent started (LoadReport.redactions)
+    ["Redactions since start", (Array.isArray(load.redactions) ? load.redactions : []).slice(0, 32)
+      .map((pair) => `${String(pair[0]).slice(0, 32)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],
   ];
   const nodes = [];
   for (const [k, v] of fields) { nodes.push(el("dt", k)); nodes.push(el("dd", v)); }
@@ -497,9 +500,13 @@ function renderDetail(a) {
   const rows = [];
   const inventory = (a.load && a.load.inventory) || [];
   if (inventory.length) {
+    // /v1/agents gives each inventory entry as an object (name, version, state, bytes, self_check)
     for (const m of inventory) {
       const tr = el("tr");
-      tr.append(el("td", m[0]), el("td", m[1]), el("td", m[2]));
+      let stateText = String(m.state ?? "");
+      if (m.state === "downloading" && m.bytes_total) stateText += ` (${Math.round((100 * m.bytes_done) / m.bytes_total)} %)`;
+      if (m.last_error) stateText += `: ${m.last_error}`;
+      tr.append(el("td", m.name), el("td", m.version), el("td", stateText));
       rows.push(tr);
     }
   } else {

@@ -340,6 +340,19 @@ async def test_redactions_by_type_are_charted_after_a_redacting_overflow(fleet: 
     assert sum(p["overflow_cost"].get(POOL, 0) for p in points) > 0
     assert await page.evaluate("document.querySelectorAll('#chart-redactions img').length") == 0
     await page.screenshot(path=str(SHOTS / "overflow-redactions.png"), full_page=True)
+    # The sending agent's detail: its totals since start, and its inventory.
+    await page.goto(f"{fleet.coordinator.http_url}/dashboard/#agent/{sender.agent_id}")
+    await poll(page, "document.querySelectorAll('#agent-models tr').length > 0")
+    facts = await page.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#agent-detail dt')]"
+        ".map(dt => [dt.textContent, dt.nextElementSibling.textContent]))"
+    )
+    assert facts["Redactions since start"] == "EMAIL: 4"
+    models = await page.evaluate(
+        "[...document.querySelectorAll('#agent-models tr')]"
+        ".map(tr => [...tr.children].map(td => td.textContent))"
+    )
+    assert [TINY, fleet.v1, "loaded"] in models, models
 
 
 async def test_the_catalog_rollouts_and_overflow_views_pass_an_accessibility_audit(

@@ -259,7 +259,7 @@ async def test_the_rollouts_view_shows_a_real_rollout_and_pauses_resumes_aborts_
     assert figures["verdict"] == gate["verdict"] == "wait"
     assert figures["requests"] == f"{gate['requests']} (at least 3)"
     assert figures["loaded"] == "1 of 1"
-    assert figures["ttft_p99_s"].endswith(" ms)") and "ms" in figures["ttft_p99_s"]
+    assert figures["ttft_p99_s"].startswith(f"{gate['ttft_p99_s'] * 1000:.1f} ms (previous")
     assert f"{gate['failed']} failed; at most 2.00 %" in figures["error_rate"]
     assert figures["soak"].endswith("of 600 s")
     assert gate["reasons"] and "soak" in figures["reasons"].lower(), (figures, gate)

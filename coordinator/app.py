@@ -44,6 +44,7 @@ from coordinator.dashboard import (
     SESSIONS_KEY,
     DashboardSessions,
     FleetEvents,
+    end_event_streams,
     events_flusher,
 )
 from coordinator.enrollment import EnrollmentService
@@ -198,6 +199,7 @@ def create_app(
         rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
     install_rollouts(app, rollouts)
     app.cleanup_ctx.append(events_flusher)
+    app.on_shutdown.append(end_event_streams)
     return app
 
 

@@ -228,6 +228,14 @@ class FleetEvents:
         self._broadcast("agents", {"sent_ms": time.time() * 1000.0, "agents": rows})
         return len(rows)
 
+    def close_streams(self) -> None:
+        """End every subscriber's stream (the coordinator is stopping)."""
+        for queue in list(self._subscribers):
+            self._subscribers.discard(queue)
+            if queue.full():  # the end marker goes in even behind a slow reader
+                queue.get_nowait()
+            queue.put_nowait(None)
+
     def heartbeat(self) -> None:
         for queue in list(self._subscribers):
             with contextlib.suppress(asyncio.QueueFull):
@@ -261,9 +269,14 @@ async def events_flusher(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        for queue in list(events._subscribers):
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait(None)
+        events.close_streams()
+
+
+async def end_event_streams(app: web.Application) -> None:
+    """on_shutdown: end the open event streams, so that the server's wait for its
+    handlers (before cleanup) is not held by dashboards that never hang up: a
+    coordinator with a dashboard open stops at once on SIGTERM."""
+    app[EVENTS_KEY].close_streams()
 
 
 # ------------------------------------------------------------------ handlers

@@ -3,11 +3,22 @@
 Each accepted LoadReport is folded into the current 10 s bucket (``record``): requests,
 failures, prompt/completion tokens and the TTFT histogram of every ``model_stats`` entry
 (per-interval deltas, contract v1.3), rejections from ``key_usage``, overflow use by
-target and redactions by type where the report carries them (contract fields added by the
-overflow/redaction work: read when present, never invented). Fleet TTFT percentiles are
-computed from the MERGED per-bucket counts of every agent's histogram (the same bounds
-are summed bucket by bucket; a different bound set is merged onto the union of bounds,
-each count kept at its own upper bound), never from averaged percentiles.
+target (``overflow_usage``: per-interval deltas) and redactions by type. An agent reports
+``redactions`` as totals since it started (contract field 19), so the series counts the
+growth of each type's total between two reports of the same agent: its first report seen
+is a baseline only, and a total lower than before means the agent restarted (what it
+reports then happened since its start, and is counted).
+
+Type and target names come from agents: hostile text. A type name is counted under its
+own name only when it is 1-32 upper-case letters, digits and underscores (what the
+coordinator's report validation accepts), and each bucket keeps at most
+MAX_KEYS_PER_BUCKET type names and as many target names, ``OTHER`` / ``other`` (the
+rest) included, so a point stays small whatever the fleet sends.
+
+Fleet TTFT percentiles are computed from the MERGED per-bucket counts of every agent's
+histogram (the same bounds are summed bucket by bucket; a different bound set is merged
+onto the union of bounds, each count kept at its own upper bound), never from averaged
+percentiles.
 
 A closed bucket becomes a ``point`` (JSON-ready dict); ``points()`` is the hour behind
 now, and subscribers (the dashboard's SSE stream) are called with each new point.
@@ -16,6 +27,7 @@ now, and subscribers (the dashboard's SSE stream) are called with each new point
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +39,20 @@ from edgefleet.contract import Histogram, LoadReport
 STEP_S = 10
 HOUR_POINTS = 360
 MAX_TRACKED = 200_000
+# Distinct redaction types / overflow targets one bucket keeps by name (the rest: OTHER).
+MAX_KEYS_PER_BUCKET = 32
+REDACTION_TYPE = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+OTHER_TYPE = "OTHER"
+OTHER_TARGET = "other"
+MAX_TARGET_CHARS = 128
+
+
+def _bounded_key(counts: dict[str, Any], key: str, other: str) -> str:
+    """``key`` if the bucket has it or room for it, else ``other`` (names and ``other``
+    together: at most MAX_KEYS_PER_BUCKET)."""
+    if key in counts or len(counts) < MAX_KEYS_PER_BUCKET - 1:
+        return key
+    return other
 
 
 def histogram_quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
@@ -89,7 +115,9 @@ class _Bucket:
             "ttft_mean_s": self.ttft_sum / observations if observations else None,
             "overflow_per_s": {k: v / STEP_S for k, v in sorted(self.overflow_requests.items())},
             "overflow_cost": dict(sorted(self.overflow_cost.items())),
+            # Values redacted in the 10 s, by type (count and rate).
             "redactions": dict(sorted(self.redactions.items())),
+            "redactions_per_s": {k: v / STEP_S for k, v in sorted(self.redactions.items())},
         }
 
 
@@ -101,7 +129,8 @@ class FleetSeries:
         self._points: deque[dict[str, Any]] = deque(maxlen=HOUR_POINTS)
         self._current = _Bucket(self._bucket_start(clock()))
         self._subscribers: list[Callable[[dict[str, Any]], None]] = []
-        self._totals: dict[str, tuple[int, int]] = {}  # agent -> requests, failed totals
+        # agent -> its last requests and failed totals, and its redaction totals by type
+        self._totals: dict[str, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
 
     @staticmethod
     def _bucket_start(now: float) -> int:
@@ -138,7 +167,12 @@ class FleetSeries:
             previous = self._totals.get(agent_id)
             if len(self._totals) >= MAX_TRACKED and previous is None:
                 self._totals.clear()  # agents come and go: bounded, restarts the deltas
-            self._totals[agent_id] = (report.requests_total, report.requests_failed_total)
+            redactions = tuple(report.redactions)
+            self._totals[agent_id] = (
+                report.requests_total, report.requests_failed_total, redactions
+            )  # fmt: skip
+            if previous is not None and redactions != previous[2]:
+                self._add_redactions(bucket, dict(previous[2]), redactions)
             # A total lower than before: the agent restarted (a new baseline, no count).
             if (not report.model_stats and previous is not None
                     and report.requests_total >= previous[0]):  # fmt: skip
@@ -152,20 +186,29 @@ class FleetSeries:
             bucket.add_histogram(stats.ttft_seconds)
         for usage in report.key_usage:
             bucket.rejected += usage.rejected
-        # Fields of later contract work (overflow usage, redaction counts): used as soon as
-        # the report type carries them.
-        for overflow in getattr(report, "overflow_usage", ()):
-            target = str(getattr(overflow, "target", "") or "unknown")
-            bucket.overflow_requests[target] = bucket.overflow_requests.get(target, 0) + int(
-                getattr(overflow, "requests", 0)
-            )
-            cost = float(getattr(overflow, "cost", 0.0))
+        for overflow in report.overflow_usage:
+            target = str(overflow.target)[:MAX_TARGET_CHARS] or "unknown"
+            target = _bounded_key(bucket.overflow_requests, target, OTHER_TARGET)
+            requests = max(0, int(overflow.requests))
+            bucket.overflow_requests[target] = bucket.overflow_requests.get(target, 0) + requests
+            cost = float(overflow.cost)
+            cost = cost if math.isfinite(cost) and cost > 0 else 0.0
             bucket.overflow_cost[target] = bucket.overflow_cost.get(target, 0.0) + cost
-        for redaction in getattr(report, "redactions", ()):
-            kind = str(getattr(redaction, "type", "") or getattr(redaction, "kind", "") or "?")
-            bucket.redactions[kind] = bucket.redactions.get(kind, 0) + int(
-                getattr(redaction, "count", 0)
-            )
+
+    @staticmethod
+    def _add_redactions(
+        bucket: _Bucket, before: dict[str, int], now: tuple[tuple[str, int], ...]
+    ) -> None:
+        """Count the growth of an agent's redaction totals (module doc)."""
+        totals = {str(kind): max(0, int(count)) for kind, count in now}
+        restarted = any(totals.get(kind, 0) < count for kind, count in before.items())
+        for kind, total in totals.items():
+            grown = total if restarted else total - before.get(kind, 0)
+            if grown <= 0:
+                continue
+            name = kind if REDACTION_TYPE.fullmatch(kind) else OTHER_TYPE
+            name = _bounded_key(bucket.redactions, name, OTHER_TYPE)
+            bucket.redactions[name] = bucket.redactions.get(name, 0) + grown
 
     def points(self) -> list[dict[str, Any]]:
         """The closed buckets of the last hour, oldest first."""

@@ -220,6 +220,9 @@ class Forwarder:
             except RedactionBlocked as exc:
                 raise RedactionBlockedError(exc) from None
             req._vault, req._mode = vault, mode
+            # Once per request (the redacted body is kept for every target and retry): the
+            # metrics and LoadReport.redactions count what was redacted before it left.
+            self.redactor.account(vault)
         restore = req._mode is RedactionMode.REDACT_RESTORE
         return req._redacted, (req._vault if restore else None)
 

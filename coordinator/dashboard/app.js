@@ -24,6 +24,8 @@ const state = {
   latencies: [],          // report receive -> row painted, ms (read by tests)
   serverDelays: [],       // report receive -> event sent by the coordinator, ms
   detailId: null,
+  rolloutId: null,        // the rollout shown in detail (#rollouts/<id>)
+  rolloutsActive: false,  // a rollout is running or paused: the view refreshes itself
 };
 window.edgefleet = state;
 
@@ -48,6 +50,7 @@ async function api(method, path, body) {
   let data = null;
   const type = response.headers.get("Content-Type") || "";
   if (type.includes("json")) data = await response.json();
+  if (response.status === 401 && state.role && path !== "/v1/dashboard/session") sessionEnded();
   if (!response.ok) {
     const message = data && data.error ? data.error.message : response.statusText;
     const error = new Error(message);
@@ -56,6 +59,24 @@ async function api(method, path, body) {
     throw error;
   }
   return data;
+}
+
+// Sessions live in the coordinator's memory: a restart, the admin token's revocation or
+// the session's expiry ends one. The next refused request brings the sign-in form back
+// (and drops what the page held), rather than a page of stale data and failing buttons.
+function sessionEnded() {
+  state.role = null;
+  if (state.events) { state.events.close(); state.events = null; }
+  state.agents = new Map();
+  state.points = [];
+  $("agent-rows").replaceChildren();
+  for (const dot of dotsById.values()) dot.remove();
+  dotsById.clear();
+  $("nav").hidden = true;
+  $("sign-out").hidden = true;
+  $("who").textContent = "";
+  route();
+  setStatus("Your session has ended (signed out, expired, its token revoked or the coordinator restarted): sign in again.");
 }
 
 // ------------------------------------------------------------------ agents
@@ -329,9 +350,11 @@ function renderTotals() {
   box.replaceChildren(...nodes);
 }
 
-function chart(title, series, unit) {
-  // series: [[label, values(number|null)[]], ...] over state.points
+function chart(title, series, unit, id) {
+  // series: [[label, values(number|null)[]], ...] over state.points. Labels may come from
+  // agents (redaction types, overflow targets): textContent only.
   const box = el("div", null, "chart");
+  if (id) box.id = id;
   box.appendChild(el("h3", title));
   const svg = document.createElementNS(SVGNS, "svg");
   svg.setAttribute("viewBox", "0 0 360 100");
@@ -361,23 +384,54 @@ function chart(title, series, unit) {
     svg.appendChild(line);
   });
   box.appendChild(svg);
-  const legend = series.map(([name, values]) => {
+  const legend = el("ul", null, "legend");
+  series.forEach(([name, values], index) => {
     const last = values.length ? values[values.length - 1] : null;
-    return `${name}: ${last === null ? "-" : `${last.toFixed(3)}${unit}`}`;
-  }).join("; ");
-  box.appendChild(el("p", `${legend} (max ${max.toFixed(3)}${unit}, ${state.points.length} points)`));
+    let peak = 0;
+    for (const v of values) if (v !== null && v > peak) peak = v;
+    const item = el("li");
+    item.appendChild(el("span", null, `swatch s${index % 4}`));
+    item.appendChild(el("span", String(name), "series-name"));
+    item.appendChild(el("span", `: ${last === null ? "-" : `${last.toFixed(3)}${unit}`} now, peak ${peak.toFixed(3)}${unit}`));
+    legend.appendChild(item);
+  });
+  box.appendChild(legend);
+  box.appendChild(el("p", `Max ${max.toFixed(3)}${unit}, ${state.points.length} points of 10 s.`));
   return box;
 }
 
+// At most this many keyed series per chart (the biggest over the hour; the rest summed).
+const MAX_KEYED = 8;
+const MAX_KEY_CHARS = 64;
+
 function keyedSeries(field) {
-  const keys = new Set();
-  for (const p of state.points) for (const k of Object.keys(p[field] || {})) keys.add(k);
-  return [...keys].sort().map((k) => [k, state.points.map((p) => (p[field] && p[field][k]) || 0)]);
+  const totals = new Map();
+  for (const p of state.points) {
+    const values = p[field];
+    if (!values || typeof values !== "object") continue;
+    for (const [k, v] of Object.entries(values)) {
+      const key = String(k).slice(0, MAX_KEY_CHARS);
+      totals.set(key, (totals.get(key) || 0) + (Number(v) || 0));
+    }
+  }
+  const ranked = [...totals.keys()].sort((a, b) => totals.get(b) - totals.get(a) || (a < b ? -1 : 1));
+  const kept = ranked.slice(0, MAX_KEYED).sort();
+  const rest = new Set(ranked.slice(MAX_KEYED));
+  const out = kept.map((k) => [k, state.points.map((p) => Number((p[field] || {})[k]) || 0)]);
+  if (rest.size) {
+    out.push([`${rest.size} more`, state.points.map((p) => {
+      let sum = 0;
+      for (const [k, v] of Object.entries(p[field] || {})) if (rest.has(String(k).slice(0, MAX_KEY_CHARS))) sum += Number(v) || 0;
+      return sum;
+    })]);
+  }
+  return out;
 }
 
 function renderCharts() {
   const pts = state.points;
   const col = (f) => pts.map((p) => p[f]);
+  const zero = () => [["none yet", col("reports").map(() => 0)]];
   $("charts").replaceChildren(
     chart("Requests/s", [["requests", col("requests_per_s")], ["failed", col("failed_per_s")]], "/s"),
     chart("Tokens/s", [["completion", col("tokens_per_s")], ["prompt", col("prompt_tokens_per_s")]], "/s"),
@@ -386,11 +440,11 @@ function renderCharts() {
   );
   const overflow = keyedSeries("overflow_per_s");
   const cost = keyedSeries("overflow_cost");
-  const redactions = keyedSeries("redactions");
+  const redactions = keyedSeries("redactions_per_s");
   $("overflow-charts").replaceChildren(
-    chart("Overflow requests/s by target", overflow.length ? overflow : [["none", col("reports").map(() => 0)]], "/s"),
-    chart("Overflow cost by target", cost.length ? cost : [["none", col("reports").map(() => 0)]], ""),
-    chart("Redactions by type", redactions.length ? redactions : [["none", col("reports").map(() => 0)]], ""),
+    chart("Overflow requests/s by target", overflow.length ? overflow : zero(), "/s", "chart-overflow"),
+    chart("Overflow cost by target (per 10 s)", cost.length ? cost : zero(), "", "chart-overflow-cost"),
+    chart("Redactions/s by type", redactions.length ? redactions : zero(), "/s", "chart-redactions"),
   );
 }
 
@@ -412,7 +466,11 @@ function connectEvents() {
     renderTotals();
   });
   source.addEventListener("ready", () => setStatus("Live updates connected."));
-  source.onerror = () => setStatus("Live updates interrupted; reconnecting.");
+  source.onerror = () => {
+    setStatus("Live updates interrupted; reconnecting.");
+    // A restarted coordinator forgot the session: whoami says so (401: sessionEnded).
+    api("GET", "/v1/admin/whoami").catch(() => {});
+  };
 }
 
 // ------------------------------------------------------------------ detail
@@ -432,6 +490,9 @@ function renderDetail(a) {
     ["Execution providers", ((a.hardware && a.hardware.execution_providers) || []).join(", ")],
     ["CPUs", a.hardware ? a.hardware.cpu_count : ""], ["Enrolled", a.enrolled ? "yes" : "no"],
     ["Unhealthy", a.unhealthy_reason || "no"], ["Bye", a.bye_reason || ""],
+    // [type, count] pairs, totals since the agent started (LoadReport.redactions)
+    ["Redactions since start", (Array.isArray(load.redactions) ? load.redactions : []).slice(0, 32)
+      .map((pair) => `${String(pair[0]).slice(0, 32)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],
   ];
   const nodes = [];
   for (const [k, v] of fields) { nodes.push(el("dt", k)); nodes.push(el("dd", v)); }
@@ -439,9 +500,13 @@ function renderDetail(a) {
   const rows = [];
   const inventory = (a.load && a.load.inventory) || [];
   if (inventory.length) {
+    // /v1/agents gives each inventory entry as an object (name, version, state, bytes, self_check)
     for (const m of inventory) {
       const tr = el("tr");
-      tr.append(el("td", m[0]), el("td", m[1]), el("td", m[2]));
+      let stateText = String(m.state ?? "");
+      if (m.state === "downloading" && m.bytes_total) stateText += ` (${Math.round((100 * m.bytes_done) / m.bytes_total)} %)`;
+      if (m.last_error) stateText += `: ${m.last_error}`;
+      tr.append(el("td", m.name), el("td", m.version), el("td", stateText));
       rows.push(tr);
     }
   } else {
@@ -563,76 +628,165 @@ async function showAudit() {
   $("audit-rows").replaceChildren(...rows);
 }
 
-// Rollouts and the catalog: the admin API routes of the model-sync work. A coordinator
-// without them answers 404, and the view says so (no invented data).
+// Rollouts and the catalog: the admin API's /v1/admin/rollouts and /v1/admin/models
+// (coordinator/admin_api.py, coordinator/model_http.py). A coordinator without the
+// rollout engine answers 503 rollouts_unavailable, and the view says so (no invented data).
+
+function unavailable(error, what) {
+  if (error.status === 503 || error.status === 404) return `This coordinator has no ${what} (${error.code || error.status}).`;
+  return `Could not load the ${what}: ${error.message}`;
+}
+
+function fmt(value, digits, unit) {
+  if (value === null || value === undefined) return "-";
+  return `${Number(value).toFixed(digits)}${unit || ""}`;
+}
+
+function rolloutActions(r) {
+  const act = (verb) => {
+    const button = actionButton(verb[0].toUpperCase() + verb.slice(1), async (event) => {
+      event.stopPropagation();
+      try {
+        await api("POST", `/v1/admin/rollouts/${encodeURIComponent(r.rollout_id)}/${verb}`);
+        setStatus(`Rollout ${r.rollout_id}: ${verb} done.`);
+      } catch (error) { setStatus(`Could not ${verb} the rollout: ${error.message}`); }
+      await showRollouts();
+    }, "operator");
+    button.dataset.action = verb;
+    button.setAttribute("aria-label", `${verb} rollout ${r.rollout_id}`);
+    return button;
+  };
+  if (r.state === "running") return [act("pause"), act("abort")];
+  if (r.state === "paused") return [act("resume"), act("abort")];
+  return [];
+}
+
 async function showRollouts() {
   let data;
   try { data = await api("GET", "/v1/admin/rollouts"); }
   catch (error) {
-    $("rollouts-note").textContent = error.status === 404
-      ? "This coordinator has no model rollouts (feature not available)." : `Could not load rollouts: ${error.message}`;
+    $("rollouts-note").textContent = unavailable(error, "model rollouts");
     $("rollout-rows").replaceChildren();
+    $("rollout-detail").replaceChildren();
     return;
   }
-  $("rollouts-note").textContent = `${data.data.length} rollouts.`;
+  $("rollouts-note").textContent = `${data.data.length} rollouts (newest first).`;
+  state.rolloutsActive = data.data.some((r) => r.state === "running" || r.state === "paused");
   const rows = data.data.map((r) => {
     const tr = el("tr");
+    tr.dataset.rollout = r.rollout_id;
     const actions = el("td");
-    const act = (verb) => actionButton(verb[0].toUpperCase() + verb.slice(1), async (event) => {
-      event.stopPropagation();
-      try { await api("POST", `/v1/admin/rollouts/${encodeURIComponent(r.rollout_id)}/${verb}`); await showRollouts(); }
-      catch (error) { setStatus(`Could not ${verb} the rollout: ${error.message}`); }
-    }, "operator");
-    if (r.state === "running") actions.append(act("pause"), act("abort"));
-    else if (r.state === "paused") actions.append(act("resume"), act("abort"));
-    tr.append(el("td", r.rollout_id), el("td", `${r.model}@${r.version}`), el("td", r.state),
-      el("td", `${r.step_name ?? r.step} (${r.step}/${r.steps})`), el("td", `${r.moved ?? ""} / ${r.agents ?? ""}`),
-      el("td", r.detail || ""), actions);
-    tr.addEventListener("click", () => showRollout(r.rollout_id));
+    actions.append(...rolloutActions(r));
+    const link = el("a", r.rollout_id);
+    link.setAttribute("href", `#rollouts/${encodeURIComponent(r.rollout_id)}`);
+    const first = el("td");
+    first.appendChild(link);
+    tr.append(first, el("td", `${r.model}@${r.version}`), el("td", r.previous_version || "none"),
+      el("td", r.state, `rollout-state ${r.state}`),
+      el("td", `${r.step_name} (step ${Math.min(r.step + 1, r.steps)} of ${r.steps})`),
+      el("td", `${r.moved} / ${r.agents}`), el("td", r.detail || ""), actions);
+    tr.addEventListener("click", (event) => {
+      if (event.target.tagName !== "A" && event.target.tagName !== "BUTTON") location.hash = `#rollouts/${encodeURIComponent(r.rollout_id)}`;
+    });
     return tr;
   });
   $("rollout-rows").replaceChildren(...rows);
+  const wanted = state.rolloutId || (data.data.length ? data.data[0].rollout_id : null);
+  if (wanted) await showRollout(wanted);
+  else $("rollout-detail").replaceChildren();
   applyRole();
 }
 
+const GATE_FIGURES = [
+  ["verdict", "Verdict", (g) => g.verdict],
+  ["requests", "Requests on the new version", (g, t) => `${g.requests} (at least ${t.min_requests})`],
+  ["error_rate", "Error rate", (g, t) => `${fmt(g.error_rate === null ? null : g.error_rate * 100, 2, " %")} (${g.failed} failed; at most ${fmt(t.max_error_rate * 100, 2, " %")})`],
+  ["ttft_p99_s", "TTFT p99", (g) => `${fmt(g.ttft_p99_s === null ? null : g.ttft_p99_s * 1000, 1, " ms")} (previous version ${fmt(g.baseline_ttft_p99_s === null ? null : g.baseline_ttft_p99_s * 1000, 1, " ms")})`],
+  ["ttft_ratio", "TTFT p99 ratio", (g, t) => `${fmt(g.ttft_ratio, 3)} (at most ${fmt(t.max_ttft_p99_ratio, 2)})`],
+  ["loaded", "Agents loaded", (g) => `${g.loaded} of ${g.agents}`],
+  ["soak", "Soak", (g) => `${fmt(g.soak_elapsed_s, 1, " s")} of ${fmt(g.soak_s, 0, " s")}`],
+];
+
 async function showRollout(rolloutId) {
-  const r = await api("GET", `/v1/admin/rollouts/${encodeURIComponent(rolloutId)}`);
+  let r;
+  try { r = await api("GET", `/v1/admin/rollouts/${encodeURIComponent(rolloutId)}`); }
+  catch (error) { $("rollout-detail").replaceChildren(el("p", `Could not load rollout ${rolloutId}: ${error.message}`, "error")); return; }
   const box = $("rollout-detail");
-  const nodes = [el("h3", `Rollout ${r.rollout_id}: ${r.state}`)];
-  const waves = el("ol");
+  const nodes = [el("h3", `Rollout ${r.rollout_id}: ${r.model} ${r.previous_version || "(none)"} to ${r.version}`)];
+  const facts = el("dl", null, "rollout-facts");
+  facts.append(el("dt", "State"), el("dd", r.state, `rollout-state ${r.state}`),
+    el("dt", "Step"), el("dd", `${r.step_name} (step ${Math.min(r.step + 1, r.steps)} of ${r.steps})`),
+    el("dt", "Agents moved"), el("dd", `${r.moved} of ${r.agents}`),
+    el("dt", "Started by"), el("dd", r.created_by || ""),
+    el("dt", "Detail"), el("dd", r.detail || ""));
+  nodes.push(facts);
+  const actions = el("div", null, "actions");
+  actions.append(...rolloutActions(r));
+  nodes.push(actions);
+  nodes.push(el("h4", "Waves"));
+  const waves = el("ol", null, "waves");
+  const finished = r.state === "completed";
   (r.plan || []).forEach((agents, index) => {
-    const done = index < r.step || r.state === "succeeded";
-    waves.appendChild(el("li", `${index === 0 ? "canary" : `wave ${index}`}: ${agents.length} agents${done ? " (done)" : index === r.step ? " (current)" : ""}`));
+    const moved = index < r.step || (index === r.step && r.step_started_at !== null);
+    const status = finished || index < r.step ? "passed"
+      : index === r.step ? (r.state === "running" || r.state === "paused" ? `${r.state}, ${moved ? "moved" : "not moved yet"}` : r.state)
+      : "waiting";
+    const li = el("li", `${index === 0 ? "canary" : `wave ${index}`}: ${agents.length} agents, ${status}`);
+    li.dataset.wave = String(index);
+    waves.appendChild(li);
   });
   nodes.push(waves);
   const gate = r.gate || r.last_gate;
   if (gate) {
-    const dl = el("dl");
-    for (const [k, v] of Object.entries(gate)) { dl.append(el("dt", k), el("dd", typeof v === "object" ? JSON.stringify(v) : v)); }
-    nodes.push(el("h4", "Gate"), dl);
-  }
+    const thresholds = r.policy || {};
+    nodes.push(el("h4", r.gate ? "Gate of the current step, now" : "Last gate"));
+    const dl = el("dl", null, "gate");
+    for (const [key, label, show] of GATE_FIGURES) {
+      const dd = el("dd", show(gate, thresholds));
+      dd.dataset.gate = key;
+      dl.append(el("dt", label), dd);
+    }
+    const reasons = gate.reasons || [];
+    const dd = el("dd", reasons.length ? reasons.join("; ") : "none");
+    dd.dataset.gate = "reasons";
+    dl.append(el("dt", "Waiting for / failed on"), dd);
+    nodes.push(dl);
+  } else nodes.push(el("p", "No gate: the rollout is over.", "hint"));
   box.replaceChildren(...nodes);
+  box.dataset.rollout = r.rollout_id;
+  applyRole();
 }
 
 async function showModels() {
   let data;
   try { data = await api("GET", "/v1/admin/models"); }
   catch (error) {
-    $("models-note").textContent = error.status === 404
-      ? "This coordinator has no model catalog (feature not available)." : `Could not load the catalog: ${error.message}`;
+    $("models-note").textContent = unavailable(error, "model catalog");
     $("model-rows").replaceChildren();
+    $("model-rules").replaceChildren();
     return;
   }
-  $("models-note").textContent = `${data.data.length} model versions.`;
+  $("models-note").textContent = `${data.data.length} model versions. Manifests are signed with the coordinator's key ${data.signing_public_key || ""}.`;
   const rows = data.data.map((m) => {
     const tr = el("tr");
+    tr.dataset.model = `${m.name}@${m.version}`;
     tr.append(el("td", m.name), el("td", m.version), el("td", m.task || ""),
       el("td", `${(m.size_bytes / 1e6).toFixed(1)} MB`), el("td", m.gate_passed ? "passed" : "failed"),
-      el("td", m.deprecated ? "yes" : "no"), el("td", m.desired_by ?? ""), el("td", m.loaded_on ?? ""),
+      el("td", m.deprecated ? "yes" : "no"), el("td", m.desired_by), el("td", m.loaded_on),
       el("td", m.published_at || ""));
     return tr;
   });
   $("model-rows").replaceChildren(...rows);
+  const rules = (data.rules || []).map((rule) => {
+    const tr = el("tr");
+    const sel = rule.selector || {};
+    const where = [...(sel.sites || []).map((x) => `site ${x}`), ...(sel.labels || []).map((x) => `label ${x}`),
+      ...(sel.agent_ids || []).map((x) => `agent ${x}`)].join(", ") || "every agent";
+    tr.append(el("td", rule.name), el("td", rule.version), el("td", where), el("td", rule.rollout_id || ""),
+      el("td", rule.set_at || ""));
+    return tr;
+  });
+  $("model-rules").replaceChildren(...rules);
 }
 
 // ------------------------------------------------------------------ navigation, roles
@@ -643,6 +797,7 @@ function currentView() {
   const hash = location.hash.replace(/^#/, "");
   if (!state.role) return "signin";
   if (hash.startsWith("agent/")) return "agent";
+  if (hash.startsWith("rollouts/")) return "rollouts";
   return VIEWS.includes(hash) && hash !== "signin" ? hash : "fleet";
 }
 
@@ -661,6 +816,8 @@ async function route() {
     else link.removeAttribute("aria-current");
   }
   if (view !== "agent") state.detailId = null;
+  const hash = location.hash.replace(/^#/, "");
+  state.rolloutId = hash.startsWith("rollouts/") ? decodeURIComponent(hash.slice("rollouts/".length)) : null;
   try {
     if (view === "fleet") renderTable();
     else if (view === "agent") await showAgent(decodeURIComponent(location.hash.slice("#agent/".length)));
@@ -752,6 +909,10 @@ function init() {
       if (tr && a) { const age = reportAgeS(a); tr.children[8].textContent = Number.isFinite(age) ? `${age.toFixed(0)} s` : "never"; }
     }
   }, 1000);
+  // The rollouts view follows progress (steps, gate figures) while it is open.
+  setInterval(() => {
+    if (currentView() === "rollouts" && state.rolloutsActive && !document.hidden) showRollouts().catch(() => {});
+  }, 2000);
   start();
 }
 

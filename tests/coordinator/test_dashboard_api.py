@@ -4,10 +4,12 @@ static files under a CSP limited to the coordinator, and the new /metrics famili
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -17,7 +19,7 @@ from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
 from coordinator.dashboard import COOKIE, CSP, DashboardSessions
 from coordinator.fleet_series import HOUR_POINTS, STEP_S, FleetSeries, histogram_quantile
-from edgefleet.contract import Histogram, KeyUsage, LoadReport, ModelStats
+from edgefleet.contract import Histogram, KeyUsage, LoadReport, ModelStats, OverflowUsage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -298,35 +300,19 @@ async def test_metrics_count_agents_by_status_and_site(
     assert "edgefleet_coordinator_route_seconds_bucket" in text
 
 
-class _Usage(NamedTuple):  # the overflow work's OverflowUsage (contract field 18)
-    target: str
-    requests: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
-
-
-class _ReportWithOverflow(NamedTuple):  # a LoadReport once it carries overflow_usage
-    model_stats: tuple[ModelStats, ...] = ()
-    key_usage: tuple[KeyUsage, ...] = ()
-    overflow_usage: tuple[_Usage, ...] = ()
-
-
-def test_overflow_use_and_cost_by_target_once_reports_carry_them() -> None:
+def test_overflow_use_and_cost_by_target() -> None:
     from coordinator.metrics import CoordinatorMetrics
     from coordinator.registry import FleetRegistry
 
     clock = Clock()
     series = FleetSeries(clock=clock)
-    report = cast(
-        LoadReport,
-        _ReportWithOverflow(
+    report = _wire(
+        LoadReport(
             overflow_usage=(
-                _Usage("openai", requests=20, cost=0.5),
-                _Usage("peer-lyon", requests=10),
+                OverflowUsage("openai", requests=20, cost=0.5),
+                OverflowUsage("peer-lyon", requests=10),
             )
-        ),
+        )
     )
     series.record(report)
     series.record(report)
@@ -341,13 +327,15 @@ def test_overflow_use_and_cost_by_target_once_reports_carry_them() -> None:
         'edgefleet_coordinator_overflow_requests_total{outcome="ok",target="openai"} 20.0' in text
     )
     assert 'edgefleet_coordinator_overflow_cost_total{target="openai"} 0.5' in text
-    many = cast(
-        LoadReport,
-        _ReportWithOverflow(overflow_usage=tuple(_Usage(f"t{i}", requests=1) for i in range(150))),
-    )
+    many = LoadReport(overflow_usage=tuple(OverflowUsage(f"t{i}", requests=1) for i in range(150)))
     metrics.record_overflow(many.overflow_usage)  # agents name targets: the label set stays bounded
     text = metrics.exposition().decode()
     assert 'target="other"' in text and 'target="t120"' not in text
+    series.record(many)  # and so does one bucket of the series
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert len(point["overflow_per_s"]) == 32
+    assert point["overflow_per_s"]["other"] == pytest.approx((150 - 31) / STEP_S)
 
 
 class _NoAgents:
@@ -373,3 +361,67 @@ def test_agents_without_model_stats_count_by_their_request_totals() -> None:
     point = series.points()[-1]
     assert point["requests_per_s"] == pytest.approx((15 + 5) / STEP_S)
     assert point["failed_per_s"] == pytest.approx(2 / STEP_S)
+
+
+def _wire(report: LoadReport) -> LoadReport:
+    """The report as the coordinator gets it: through protobuf and its validation."""
+    from coordinator.proto_convert import load_report_from_pb
+    from edgefleet.contract_pb import load_report_to_pb
+
+    return load_report_from_pb(load_report_to_pb(report))
+
+
+def test_redactions_by_type_are_the_growth_of_each_agents_totals_per_bucket() -> None:
+    """Agents report redaction totals since they started (LoadReport.redactions); the
+    series turns them into counts and rates per 10 s bucket, by type."""
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    series.record(_wire(LoadReport(redactions=(("EMAIL", 7),))), "a")  # a baseline only
+    series.record(_wire(LoadReport(redactions=(("EMAIL", 10), ("PHONE", 2)))), "a")
+    series.record(_wire(LoadReport(redactions=(("US_SSN", 4),))), "b")  # baseline
+    series.record(_wire(LoadReport(redactions=(("US_SSN", 9),))), "b")
+    series.record(_wire(LoadReport()), "c")  # never redacted anything
+    series.record(_wire(LoadReport()), "c")
+    clock.now += STEP_S
+    series.record(_wire(LoadReport(redactions=(("EMAIL", 10), ("PHONE", 2)))), "a")  # no change
+    series.record(_wire(LoadReport(redactions=(("EMAIL", 1),))), "a")  # restarted: 1 new
+    clock.now += STEP_S
+    first, second = series.points()[-2:]
+    assert first["redactions"] == {"EMAIL": 3, "PHONE": 2, "US_SSN": 5}
+    assert first["redactions_per_s"] == {"EMAIL": 0.3, "PHONE": 0.2, "US_SSN": 0.5}
+    assert second["redactions"] == {"EMAIL": 1}
+    assert second["redactions_per_s"] == {"EMAIL": pytest.approx(0.1)}
+    # The rate survives the JSON of the series and of its SSE points.
+    assert json.loads(json.dumps(first))["redactions_per_s"]["US_SSN"] == 0.5
+
+
+def test_hostile_redaction_type_names_are_bounded() -> None:
+    """The wire refuses a type name that is not 1-32 upper-case letters, digits and _ and
+    more than 32 types in one report; the series bounds what the whole fleet can add to
+    one bucket (OTHER beyond 32 names), and re-checks names reaching it another way."""
+    from coordinator.errors import ProtocolError
+
+    for bad in ("<img src=x onerror=alert(1)>", "A" * 33, "email"):
+        with pytest.raises(ProtocolError, match="redactions"):
+            _wire(LoadReport(redactions=((bad, 1),)))
+    with pytest.raises(ProtocolError, match="redactions"):
+        _wire(LoadReport(redactions=tuple((f"T{i}", 1) for i in range(33))))
+    clock = Clock()
+    series = FleetSeries(clock=clock)
+    for agent in range(3):  # each agent reports 32 distinct valid names: 96 in all
+        names = [f"T{agent}_{i}" for i in range(32)]
+        series.record(
+            _wire(LoadReport(redactions=tuple((n, 0) for n in sorted(names)))), f"{agent}"
+        )
+        series.record(
+            _wire(LoadReport(redactions=tuple((n, 1) for n in sorted(names)))), f"{agent}"
+        )
+    # Not through the wire (a report built in the coordinator): re-checked all the same.
+    series.record(LoadReport(redactions=(("<b>x</b>", 0),)), "d")
+    series.record(LoadReport(redactions=(("<b>x</b>", 5),)), "d")
+    clock.now += STEP_S
+    point = series.points()[-1]
+    assert len(point["redactions"]) == 32
+    assert point["redactions"]["OTHER"] == 96 - 31 + 5
+    assert sum(point["redactions"].values()) == 96 + 5
+    assert all(re.fullmatch(r"[A-Z][A-Z0-9_]{0,31}", name) for name in point["redactions"])

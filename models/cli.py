@@ -64,8 +64,21 @@ def make_parser() -> argparse.ArgumentParser:
         help="CPU threads for torch and onnxruntime during conversion and benchmarks "
         "(default: %(default)s)",
     )
+    b.add_argument(
+        "--no-shared-cache",
+        action="store_true",
+        help="neither take targets from nor store them in the machine's shared cache "
+        "($EDGEFLEET_CACHE_DIR/models, default ~/.cache/edgefleet/models)",
+    )
     b.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def shared_cache_dir() -> Path:
+    """``$EDGEFLEET_CACHE_DIR/models``, else ``~/.cache/edgefleet/models``: outside the
+    clone, shared by every clone and CI run on the machine (as the image cache is)."""
+    base = os.environ.get("EDGEFLEET_CACHE_DIR") or str(Path.home() / ".cache" / "edgefleet")
+    return Path(base) / "models"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         force=args.force,
         skip_gate=args.skip_gate,
         threads=args.threads,
+        shared_cache=None if args.no_shared_cache else shared_cache_dir(),
     )
     try:
         build(options)

@@ -31,6 +31,9 @@ class BuildOptions:
     force: bool = False  # rebuild even when the cache key matches
     skip_gate: bool = False  # ship the fastest quantized variant without the accuracy gate
     threads: int = 2  # CPU threads for torch and onnxruntime
+    # A directory shared by every clone on the machine (``~/.cache/edgefleet/models``):
+    # a target built once is copied from there. None: build into ``out`` only.
+    shared_cache: Path | None = None
 
 
 def compute_build_key(source_sha256: str, options: dict[str, Any]) -> str:

@@ -109,3 +109,38 @@ def test_cli_help_documents_every_flag(flag: str, capsys: pytest.CaptureFixture[
         main(["build", "--help"])
     assert exc.value.code == 0
     assert flag in capsys.readouterr().out
+
+
+def test_a_target_is_copied_from_the_machines_shared_cache(
+    tiny_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clone whose artifacts are missing takes a target from the shared cache when the
+    build key, the pipeline's code and the converters' versions all match."""
+    from models import build as build_module
+    from models.build import TARGETS, build
+    from models.context import BuildOptions, compute_build_key
+    from models.sources import locate
+
+    target = TARGETS["tiny-llama"]
+    key = compute_build_key(
+        locate(target.source).spec.sha256, target.key_options(BuildOptions(out=tiny_out))
+    )
+    shared_root = tmp_path / "shared"
+    shared = build_module._shared_dir(shared_root, target, key)
+    assert shared is not None
+    build_module._store(shared, tiny_out, target)
+    report = build(BuildOptions(out=tmp_path / "clone", only=("tiny-llama",),
+                                shared_cache=shared_root))  # fmt: skip
+    entry = report["last_run"]["targets"]["tiny-llama"]
+    assert entry["cached"] is True and entry["shared_cache"] == str(shared)
+    copied = tmp_path / "clone" / "tiny-llama"
+    verify_files(load_manifest(copied), copied)  # every file's sha256 checked
+    assert not copied.is_symlink() and not (copied / "model.onnx").samefile(
+        tiny_out / "tiny-llama" / "model.onnx"
+    )
+    # other pipeline code (or converter versions): another entry, never this one
+    monkeypatch.setattr(build_module, "_pipeline_digest", lambda: "other code")
+    assert build_module._shared_dir(shared_root, target, key) != shared
+    # an entry whose files do not hold is not restored
+    (shared / "tiny-llama" / "model.onnx").write_bytes(b"truncated")
+    assert not build_module._restore(shared, tmp_path / "clone2", target, key)

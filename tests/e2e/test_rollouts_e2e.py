@@ -152,7 +152,8 @@ class Fleet:
         # The tests' names for catalog versions -> the versions.
         self.v: dict[str, str] = {}
 
-    async def start_agents(self, count: int, sites: tuple[str, ...]) -> None:
+    async def start_agents(self, count: int, sites: tuple[str, ...],
+                           extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         for i in range(count):
             agent = AgentProcess(
                 coordinator=self.coordinator.grpc_target,
@@ -160,7 +161,7 @@ class Fleet:
                 site=sites[i % len(sites)],
                 state_dir=self.tmp / f"agent-{i}",
                 # An empty model store synced from the coordinator, not --models-dir.
-                extra_args=["--set", "models.source=store"],
+                extra_args=["--set", "models.source=store", *extra],
             )
             await agent.start()
             self.agents.append(agent)
@@ -297,7 +298,11 @@ async def llm_fleet(real_artifacts: Path, tmp_path_factory: pytest.TempPathFacto
             fleet.v[name] = manifest_version(directory)
             await publish(fleet.coordinator, directory, LLM, fleet.v[name])
         await cli(fleet.coordinator, "models", "deploy", f"{LLM}@{fleet.v['int4']}")
-        await fleet.start_agents(2, sites=("lab",))
+        # Two sequences decode at a time and clients keep three in flight per agent: the
+        # agents are at capacity, so a request waits for a running one to finish and a
+        # version that decodes slower shows in TTFT (as on a busy box), by about its
+        # decode slowdown, not only by one step's.
+        await fleet.start_agents(2, sites=("lab",), extra=("--set", "engine.max_running=2"))
         await converged(fleet, LLM, fleet.v["int4"])
         yield fleet
     finally:
@@ -354,9 +359,9 @@ async def test_the_slow_fp32_version_fails_the_ttft_gate_and_is_rolled_back(
     )
     assert "TTFT p99" in done["detail"]
     gate = done["last_gate"]
-    # fp32 decodes several times slower; with traffic in flight a new request waits for a
-    # decode step, so TTFT rises too (by less than decode: prefill of a short prompt is
-    # as fast in fp32). It is judged against int4 on the other agent over the same step,
+    # fp32 decodes several times slower; the agents are at capacity (two running, three
+    # in flight), so a new request waits for a running one's decode and TTFT rises about
+    # as much. It is judged against int4 on the other agent over the same step,
     # under the same load (the control group), not against int4's history, which holds
     # the int8 rollout's swaps.
     assert gate["failed"] == 0 and gate["ttft_ratio"] > 1.25

@@ -393,6 +393,18 @@ def test_redactions_by_type_are_the_growth_of_each_agents_totals_per_bucket() ->
     assert second["redactions_per_s"] == {"EMAIL": pytest.approx(0.1)}
     # The rate survives the JSON of the series and of its SSE points.
     assert json.loads(json.dumps(first))["redactions_per_s"]["US_SSN"] == 0.5
+    # What GET /v1/admin/fleet/series answers is what the OpenAPI document says.
+    import jsonschema_rs
+
+    from coordinator.openapi import openapi_document
+
+    schema = {"$ref": "#/components/schemas/FleetSeries",
+              "components": openapi_document()["components"]}  # fmt: skip
+    body = {"object": "fleet_series", "step_s": STEP_S, "points": series.points(),
+            "current": series.current()}  # fmt: skip
+    assert list(jsonschema_rs.validator_for(schema).iter_errors(body)) == []
+    broken = {**body, "current": {**first, "redactions": {"EMAIL": "three"}}}
+    assert not jsonschema_rs.validator_for(schema).is_valid(broken)
 
 
 def test_hostile_redaction_type_names_are_bounded() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -227,56 +229,195 @@ def serve_agent(port: int, upstream: str) -> None:
 
 
 # ------------------------------------------------------------------ the load generator
+#
+# A raw asyncio HTTP/1.1 client: one prebuilt request (bytes), a bounded pool of
+# keep-alive connections (a new one only when none is idle), and a response parser that
+# reads the status line, Content-Length (or a chunked body to its last chunk) and nothing
+# else. aiohttp's client costs ~2 ms of CPU per request, which capped the old generator at
+# ~480 req/s against nginx; this one offers and achieves several thousand on one core.
+
+MAX_CONNECTIONS = 1024  # bounded: past it, due requests wait for an idle connection
+
+
+def _build_request(url: str, headers: dict[str, str], body: bytes) -> tuple[str, int, bytes]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None:
+        raise SystemExit(f"load generator: plain http URLs only, not {url!r}")
+    host, port = parts.hostname, parts.port or 80
+    lines = [
+        f"POST {parts.path or '/'} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    return host, port, ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection, one request in flight at a time."""
+
+    def __init__(self, gen: _OpenLoop) -> None:
+        self.gen = gen
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.scheduled: float | None = None  # the request in flight (its scheduled time)
+        self.status = 0
+        self.body_start = -1
+        self.length = -1  # -1: not known yet; -2: chunked
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def send(self, scheduled: float) -> None:
+        assert self.transport is not None
+        self.scheduled = scheduled
+        self.buf.clear()
+        self.body_start = -1
+        self.length = -1
+        self.transport.write(self.gen.request)
+
+    def data_received(self, data: bytes) -> None:
+        if self.scheduled is None:
+            return  # nothing asked: ignore
+        buf = self.buf
+        buf += data
+        if self.body_start < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(buf[:end]).lower()
+            try:
+                self.status = int(head[9:12])
+            except ValueError:
+                self.status = 0
+            self.body_start = end + 4
+            at = head.find(b"\r\ncontent-length:")
+            if at >= 0:
+                stop = head.find(b"\r\n", at + 2)
+                self.length = int(head[at + 17 : stop if stop >= 0 else len(head)])
+            elif b"transfer-encoding: chunked" in head:
+                self.length = -2
+            else:
+                self.length = 0
+        if self.length == -2:
+            if not buf.endswith(b"0\r\n\r\n"):
+                return
+        elif len(buf) - self.body_start < self.length:
+            return
+        scheduled, self.scheduled = self.scheduled, None
+        self.gen.finished(self, scheduled, self.status == 200)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.gen.lost(self)
+
+
+class _OpenLoop:
+    def __init__(self, request: bytes, host: str, port: int) -> None:
+        self.request = request
+        self.host, self.port = host, port
+        self.idle: list[_Conn] = []
+        self.waiting: collections.deque[float] = collections.deque()  # due, no connection
+        self.connections = 0  # open or opening
+        self.peak_connections = 0
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.outstanding = 0
+        self.all_done: asyncio.Future[None] | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def dispatch(self, scheduled: float) -> None:
+        self.outstanding += 1
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                conn.send(scheduled)
+                return
+        if self.connections < MAX_CONNECTIONS:
+            self.connections += 1
+            self.peak_connections = max(self.peak_connections, self.connections)
+            self.loop.create_task(self._connect(scheduled))
+        else:
+            self.waiting.append(scheduled)
+
+    async def _connect(self, scheduled: float) -> None:
+        try:
+            _, conn = await self.loop.create_connection(lambda: _Conn(self), self.host, self.port)
+        except OSError:
+            self.connections -= 1
+            self._done(scheduled, ok=False)
+            return
+        conn.send(scheduled)
+
+    def finished(self, conn: _Conn, scheduled: float, ok: bool) -> None:
+        if self.waiting:
+            conn.send(self.waiting.popleft())
+        else:
+            self.idle.append(conn)
+        self._done(scheduled, ok)
+
+    def lost(self, conn: _Conn) -> None:
+        self.connections -= 1
+        if conn.scheduled is not None:
+            scheduled, conn.scheduled = conn.scheduled, None
+            self._done(scheduled, ok=False)
+        if self.waiting and self.connections < MAX_CONNECTIONS:
+            self.connections += 1
+            self.loop.create_task(self._connect(self.waiting.popleft()))
+
+    def _done(self, scheduled: float, ok: bool) -> None:
+        self.outstanding -= 1
+        if ok:
+            self.latencies.append(self.loop.time() - scheduled)
+        else:
+            self.errors += 1
+        if self.outstanding == 0 and self.all_done is not None and not self.all_done.done():
+            self.all_done.set_result(None)
 
 
 async def open_loop(
     url: str, headers: dict[str, str], rate: float, duration_s: float
 ) -> dict[str, Any]:
-    """Requests on a fixed schedule; latency from each one's scheduled send time."""
+    """Requests on a fixed schedule whatever the answers do; each latency timed from its
+    scheduled send time. Requests still unanswered 30 s after the last send are errors."""
     n = max(1, int(rate * duration_s))
-    latencies: list[float] = []
-    errors = 0
-    body = json.dumps(REQUEST).encode()
-    connector = aiohttp.TCPConnector(limit=2048)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        loop = asyncio.get_running_loop()
-        start = loop.time() + 0.05
-
-        async def one(scheduled: float) -> None:
-            nonlocal errors
-            try:
-                async with http.post(
-                    url, data=body, headers={**headers, "Content-Type": "application/json"}
-                ) as r:
-                    await r.read()
-                    if r.status != 200:
-                        errors += 1
-                        return
-            except aiohttp.ClientError:
-                errors += 1
-                return
-            latencies.append(loop.time() - scheduled)
-
-        tasks = []
-        for i in range(n):
-            scheduled = start + i / rate
-            delay = scheduled - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(scheduled)))
-        sent_by = loop.time()
-        await asyncio.gather(*tasks)
-        done_at = loop.time()
+    host, port, request = _build_request(url, headers, json.dumps(REQUEST).encode())
+    gen = _OpenLoop(request, host, port)
+    loop = gen.loop
+    start = loop.time() + 0.05
+    sent = 0
+    while sent < n:
+        now = loop.time()
+        while sent < n and start + sent / rate <= now:
+            gen.dispatch(start + sent / rate)  # every request due by now goes now
+            sent += 1
+        if sent < n:
+            await asyncio.sleep(max(0.0, start + sent / rate - loop.time()))
+    sent_by = loop.time()
+    if gen.outstanding:
+        gen.all_done = loop.create_future()
+        try:
+            await asyncio.wait_for(gen.all_done, timeout=30.0)
+        except TimeoutError:
+            gen.errors += gen.outstanding
+    done_at = loop.time()
+    for conn in gen.idle:
+        if conn.transport is not None:
+            conn.transport.close()
     elapsed = max(done_at - start, 1e-9)
-    ok = len(latencies)
+    ok = len(gen.latencies)
     return {
         "offered_rate": rate,
         "achieved_rate": ok / elapsed,
         "send_rate": n / max(sent_by - start, 1e-9),
         "requests": n,
-        "errors": errors,
-        "p50_ms": percentile(latencies, 50) * 1000 if latencies else None,
-        "p99_ms": percentile(latencies, 99) * 1000 if latencies else None,
+        "errors": gen.errors,
+        "peak_connections": gen.peak_connections,
+        "p50_ms": percentile(gen.latencies, 50) * 1000 if gen.latencies else None,
+        "p99_ms": percentile(gen.latencies, 99) * 1000 if gen.latencies else None,
     }
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import random
 import ssl
@@ -159,6 +160,7 @@ class Forwarder:
         self.peer_ssl = peer_ssl
         self._rng = rng
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[ForwardSettings, int, int, int], aiohttp.ClientTimeout] = {}
 
     async def close(self) -> None:
         if self._session is not None:
@@ -244,11 +246,17 @@ class Forwarder:
     def _timeout(self, target: Target) -> aiohttp.ClientTimeout:
         s = self.settings
         spec = target.spec
-        return aiohttp.ClientTimeout(
-            total=(spec.total_timeout_ms / 1000) or s.total_timeout_s,
-            connect=(spec.connect_timeout_ms / 1000) or s.connect_timeout_s,
-            sock_read=(spec.first_token_timeout_ms / 1000) or s.first_token_timeout_s,
-        )
+        key = (s, spec.total_timeout_ms, spec.connect_timeout_ms, spec.first_token_timeout_ms)
+        timeout = self._timeouts.get(key)
+        if timeout is None:  # one per distinct setting, not one per request
+            if len(self._timeouts) > 256:
+                self._timeouts.clear()
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=(spec.total_timeout_ms / 1000) or s.total_timeout_s,
+                connect=(spec.connect_timeout_ms / 1000) or s.connect_timeout_s,
+                sock_read=(spec.first_token_timeout_ms / 1000) or s.first_token_timeout_s,
+            )
+        return timeout
 
     def _post_kwargs(self, target: Target, url: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"timeout": self._timeout(target)}
@@ -377,7 +385,7 @@ class Forwarder:
                 if resp.status != 200:
                     raise status_error(target.name, resp.status, raw)
                 try:
-                    data = await resp.json(content_type=None)
+                    data = json.loads(raw)  # the body read above, decoded once
                 except ValueError:
                     raise UpstreamError(
                         f"overflow target {target.name} answered with a body that is not JSON",

@@ -35,7 +35,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -269,17 +269,16 @@ class Forwarder:
             kwargs["server_hostname"] = agent_server_name(target.name)
         return kwargs
 
-    async def _attempts(self, target: Target) -> AsyncIterator[tuple[int, str]]:
+    def _attempts(self, target: Target) -> Iterator[tuple[int, str]]:
         """(attempt number, endpoint URL) for each try at ``target``: a different endpoint
-        of a pool each time while one is left, none while its breaker is open, with
-        backoff before every retry."""
+        of a pool each time while one is left, none while its breaker is open. The caller
+        backs off (:meth:`_backoff`) before every retry. A plain generator: an async one
+        left early (every success) had its close scheduled as a task by the event loop."""
         used: list[str] = []
         for attempt in range(self.settings.max_retries + 1):
             endpoint = target.pick_endpoint(used, self._rng)
             if endpoint is None or not target.breaker.allow():
                 return
-            if attempt:
-                await self._backoff(attempt)
             used.append(endpoint.url)
             yield attempt, endpoint.url
 
@@ -310,7 +309,9 @@ class Forwarder:
         for target in self.candidates(req):
             leg = self._leg(req, target)
             skipped = False
-            async for attempt, url in self._attempts(target):
+            for attempt, url in self._attempts(target):
+                if attempt:
+                    await self._backoff(attempt)
                 try:
                     adapter, body, headers, vault = self._prepare(target, req, None)
                     answer = await self._call(target, url, adapter, body, headers, req)
@@ -414,7 +415,9 @@ class Forwarder:
                 continue
             leg = self._leg(req, target)
             skipped = False
-            async for attempt, url in self._attempts(target):
+            for attempt, url in self._attempts(target):
+                if attempt:
+                    await self._backoff(attempt)
                 continuation = state.continuation() if state.started else None
                 try:
                     adapter, body, headers, vault = self._prepare(target, req, continuation)

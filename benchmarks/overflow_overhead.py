@@ -523,7 +523,24 @@ async def _main(args: argparse.Namespace) -> None:
         assert served_by == "nginx", served_by
         print("LiteLLM ladder:", flush=True)
         lite_rates = (
-            [5.0, 10.0] if args.quick else [5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 50.0]
+            [5.0, 10.0]
+            if args.quick
+            else [
+                5.0,
+                10.0,
+                15.0,
+                20.0,
+                25.0,
+                30.0,
+                35.0,
+                40.0,
+                50.0,
+                60.0,
+                70.0,
+                80.0,
+                100.0,
+                120.0,
+            ]
         )
         nginx_pid, ours_pid, lite_pid = (p.pid for p in procs)
         lite_best, lite_runs = ladder(
@@ -538,7 +555,22 @@ async def _main(args: argparse.Namespace) -> None:
         our_rates = (
             [50.0, 100.0, 200.0]
             if args.quick
-            else [50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 1000.0, 1500.0]
+            else [
+                50.0,
+                100.0,
+                200.0,
+                300.0,
+                400.0,
+                500.0,
+                600.0,
+                700.0,
+                800.0,
+                900.0,
+                1000.0,
+                1200.0,
+                1500.0,
+                2000.0,
+            ]
         )
         our_best, our_runs = ladder(ours_url, ours_h, our_rates, duration, load_core, ours_pid)
         thousand = load(ours_url, ours_h, 1000.0, duration, load_core, ours_pid)

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -159,6 +160,7 @@ class Forwarder:
         self.peer_ssl = peer_ssl
         self._rng = rng
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[ForwardSettings, int, int, int], aiohttp.ClientTimeout] = {}
 
     async def close(self) -> None:
         if self._session is not None:
@@ -247,11 +249,17 @@ class Forwarder:
     def _timeout(self, target: Target) -> aiohttp.ClientTimeout:
         s = self.settings
         spec = target.spec
-        return aiohttp.ClientTimeout(
-            total=(spec.total_timeout_ms / 1000) or s.total_timeout_s,
-            connect=(spec.connect_timeout_ms / 1000) or s.connect_timeout_s,
-            sock_read=(spec.first_token_timeout_ms / 1000) or s.first_token_timeout_s,
-        )
+        key = (s, spec.total_timeout_ms, spec.connect_timeout_ms, spec.first_token_timeout_ms)
+        timeout = self._timeouts.get(key)
+        if timeout is None:  # one per distinct setting, not one per request
+            if len(self._timeouts) > 256:
+                self._timeouts.clear()
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=(spec.total_timeout_ms / 1000) or s.total_timeout_s,
+                connect=(spec.connect_timeout_ms / 1000) or s.connect_timeout_s,
+                sock_read=(spec.first_token_timeout_ms / 1000) or s.first_token_timeout_s,
+            )
+        return timeout
 
     def _post_kwargs(self, target: Target, url: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"timeout": self._timeout(target)}
@@ -264,17 +272,16 @@ class Forwarder:
             kwargs["server_hostname"] = agent_server_name(target.name)
         return kwargs
 
-    async def _attempts(self, target: Target) -> AsyncIterator[tuple[int, str]]:
+    def _attempts(self, target: Target) -> Iterator[tuple[int, str]]:
         """(attempt number, endpoint URL) for each try at ``target``: a different endpoint
-        of a pool each time while one is left, none while its breaker is open, with
-        backoff before every retry."""
+        of a pool each time while one is left, none while its breaker is open. The caller
+        backs off (:meth:`_backoff`) before every retry. A plain generator: an async one
+        left early (every success) had its close scheduled as a task by the event loop."""
         used: list[str] = []
         for attempt in range(self.settings.max_retries + 1):
             endpoint = target.pick_endpoint(used, self._rng)
             if endpoint is None or not target.breaker.allow():
                 return
-            if attempt:
-                await self._backoff(attempt)
             used.append(endpoint.url)
             yield attempt, endpoint.url
 
@@ -305,7 +312,9 @@ class Forwarder:
         for target in self.candidates(req):
             leg = self._leg(req, target)
             skipped = False
-            async for attempt, url in self._attempts(target):
+            for attempt, url in self._attempts(target):
+                if attempt:
+                    await self._backoff(attempt)
                 try:
                     adapter, body, headers, vault = self._prepare(target, req, None)
                     answer = await self._call(target, url, adapter, body, headers, req)
@@ -380,7 +389,7 @@ class Forwarder:
                 if resp.status != 200:
                     raise status_error(target.name, resp.status, raw)
                 try:
-                    data = await resp.json(content_type=None)
+                    data = json.loads(raw)  # the body read above, decoded once
                 except ValueError:
                     raise UpstreamError(
                         f"overflow target {target.name} answered with a body that is not JSON",
@@ -409,7 +418,9 @@ class Forwarder:
                 continue
             leg = self._leg(req, target)
             skipped = False
-            async for attempt, url in self._attempts(target):
+            for attempt, url in self._attempts(target):
+                if attempt:
+                    await self._backoff(attempt)
                 continuation = state.continuation() if state.started else None
                 try:
                     adapter, body, headers, vault = self._prepare(target, req, continuation)

@@ -61,6 +61,7 @@ class OverflowBook:
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self._usage: dict[str, list[float]] = {}
+        self._series: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
         self.served = Counter(
             "edgefleet_agent_served_requests",
             "Generation requests by who served them (this agent, or an overflow target)",
@@ -101,10 +102,27 @@ class OverflowBook:
             row[2] += leg["prompt_tokens"]
             row[3] += leg["completion_tokens"]
             row[4] += leg["cost"]
-            self.requests.labels(target, "failed" if leg["failed"] else "ok").inc()
-            self.tokens.labels(target, "prompt").inc(leg["prompt_tokens"])
-            self.tokens.labels(target, "completion").inc(leg["completion_tokens"])
-            self.cost.labels(target).inc(leg["cost"])
+            ok, failed, prompt, completion, cost = self._children(target)
+            (failed if leg["failed"] else ok).inc()
+            prompt.inc(leg["prompt_tokens"])
+            completion.inc(leg["completion_tokens"])
+            cost.inc(leg["cost"])
+
+    def _children(self, target: str) -> tuple[Any, Any, Any, Any, Any]:
+        """A target's labelled series, looked up once (``labels()`` on every request was
+        a visible part of the overflow path's cost)."""
+        children = self._series.get(target)
+        if children is None:
+            if len(self._series) > 1024:  # targets come and go: never unbounded
+                self._series.clear()
+            children = self._series[target] = (
+                self.requests.labels(target, "ok"),
+                self.requests.labels(target, "failed"),
+                self.tokens.labels(target, "prompt"),
+                self.tokens.labels(target, "completion"),
+                self.cost.labels(target),
+            )
+        return children
 
     def take(self) -> tuple[OverflowUsage, ...]:
         """What was used since the previous call (for one load report)."""

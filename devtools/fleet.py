@@ -131,6 +131,7 @@ class AgentProcess(ServiceProcess):
         join_token: str = "",
         state_dir: str | Path | None = None,
         insecure_no_auth: bool | None = None,
+        cpus: set[int] | None = None,
     ) -> None:
         """``join_token`` and ``state_dir`` reach the agent through its environment (a
         token on the command line would show in /proc/PID/cmdline). ``insecure_no_auth``
@@ -163,7 +164,7 @@ class AgentProcess(ServiceProcess):
             args += ["--agent-id", agent_id]
         super().__init__(
             "agent", [*args, *extra_args], _AGENT_READY, env=env,
-            startup_timeout_s=startup_timeout_s, executable=executable, cwd=cwd,
+            startup_timeout_s=startup_timeout_s, executable=executable, cwd=cwd, cpus=cpus,
         )  # fmt: skip
         self.agent_id = agent_id
         self.url = ""

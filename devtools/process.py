@@ -42,8 +42,11 @@ class ServiceProcess:
         startup_timeout_s: float = 60.0,
         executable: str | Path | None = None,
         cwd: str | Path | None = None,
+        cpus: set[int] | None = None,
     ) -> None:
         self.module = module
+        # The CPUs the child (and every thread it starts) may run on; None: any.
+        self.cpus = cpus
         # Where the child runs (and so which tree ``-m MODULE`` imports): the repository
         # unless told otherwise (e.g. an older release unpacked elsewhere).
         self.cwd = Path(cwd) if cwd is not None else REPO_ROOT
@@ -69,6 +72,11 @@ class ServiceProcess:
     def on_ready(self, match: re.Match[str]) -> None:
         """Read addresses out of the ready line (subclasses)."""
 
+    def _pin(self) -> None:
+        """In the child before exec: its CPUs, inherited by every thread it starts."""
+        assert self.cpus is not None
+        os.sched_setaffinity(0, self.cpus)
+
     async def start(self) -> None:
         env = {**os.environ, **(self._env or {}), "PYTHONUNBUFFERED": "1"}
         self._process = await asyncio.create_subprocess_exec(
@@ -77,6 +85,7 @@ class ServiceProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            preexec_fn=None if self.cpus is None else self._pin,
         )  # fmt: skip
         stderr = self._process.stderr
         if stderr is None:

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 from edgefleet.contract import Histogram, ModelStats
 
-#: TTFT bucket upper bounds, seconds (a last bucket holds everything above): 5 ms to about
-#: 60 s, each bound 1.35x the one before, so a p99 interpolated within a bucket is within
-#: about 35% of the truth and a rollout gate's ratio limit (1.25x, 1.5x) means what it
-#: says (decade-wide buckets made a 2x regression read as anything from 1x to 2.5x).
-TTFT_BOUNDS: tuple[float, ...] = tuple(round(0.005 * 1.35**i, 6) for i in range(32))
+#: TTFT bucket upper bounds, seconds (a last bucket holds everything above): 1 ms (a small
+#: model's TTFT on an idle box is a few ms) to about 56 s, each bound 1.2x the one before,
+#: so a p99 interpolated within a bucket is within 20% of the truth and a rollout gate's
+#: ratio limit (1.15x, 1.5x) means what it says (decade-wide buckets made a 2x regression
+#: read as anything from 1x to 2.5x).
+TTFT_BOUNDS: tuple[float, ...] = tuple(round(0.001 * 1.2**i, 6) for i in range(61))
 #: Versions tracked in one interval at most (names come from loaded models only).
 _MAX_KEYS = 256
 

@@ -15,6 +15,8 @@ them (a token bucket; 0: unlimited).
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import ctypes
 import hashlib
 import logging
@@ -32,7 +34,9 @@ from agent.sync.store import ModelStore
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
-_BUFFER = 4 << 20  # bytes handed to the hashing/writing thread at a time
+_BUFFER = 2 << 20  # bytes handed to the hashing/writing thread at a time
+_IN_FLIGHT = 8  # batches the thread may be behind the network at most
+_READ_BUFFER = 4 << 20  # the HTTP client's read buffer (high-water mark) per download
 #: On a peer's 503: it is fetching the blob itself (ask again soon).
 FETCHING_HEADER = "X-Edgefleet-Fetching"
 
@@ -121,7 +125,9 @@ class BlobFetcher:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            # a large read buffer: fewer, bigger socket reads and far fewer pauses of the
+            # transport (aiohttp's default 64 KiB pauses reading at every 128 KiB)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, read_bufsize=_READ_BUFFER)
         return self._session
 
     async def fetch(
@@ -260,28 +266,27 @@ class BlobFetcher:
             written = have
             self.downloading.add(sha256)
             try:
-                with open(part, mode) as fh:
-                    # hashing and writing run in a thread (hashlib and file writes release
-                    # the GIL), one buffer behind the network reads, in order
-                    pending: asyncio.Future[None] | None = None
-                    buffer = bytearray()
-                    async for chunk in response.content.iter_chunked(_CHUNK):
-                        written += len(chunk)
-                        if written > size:
-                            raise BlobIntegrityError(f"more than the {size} bytes listed")
-                        await self.limiter.take(len(chunk))
-                        buffer += chunk
-                        progress(len(chunk), source.kind)
-                        if len(buffer) >= _BUFFER:
-                            if pending is not None:
-                                await pending
-                            data, buffer = bytes(buffer), bytearray()
-                            pending = asyncio.ensure_future(
-                                asyncio.to_thread(_sink, fh, digest, data)
-                            )
-                    if pending is not None:
-                        await pending
-                    await asyncio.to_thread(_sink, fh, digest, bytes(buffer), finish=True)
+                with open(part, mode) as out:
+                    async with _Sink(out, digest) as sink:
+                        # the network is read on the event loop; writing, hashing and starting
+                        # writeback run on one thread of this download's own, in order, a few
+                        # batches behind (hashlib and file writes release the GIL: both cores
+                        # work); chunks are handed over as they came, never copied
+                        batch: list[bytes] = []
+                        batched = 0
+                        async for chunk in response.content.iter_chunked(_CHUNK):
+                            written += len(chunk)
+                            if written > size:
+                                raise BlobIntegrityError(f"more than the {size} bytes listed")
+                            await self.limiter.take(len(chunk))
+                            batch.append(chunk)
+                            batched += len(chunk)
+                            progress(len(chunk), source.kind)
+                            if batched >= _BUFFER:
+                                await sink.put(batch)
+                                batch, batched = [], 0
+                        await sink.put(batch)
+                        await sink.finish()
             finally:
                 self.downloading.discard(sha256)
         if written != size:
@@ -291,15 +296,52 @@ class BlobFetcher:
         self.store.commit_partial(sha256)
 
 
-def _sink(fh: IO[Any], digest: Any, data: bytes, *, finish: bool = False) -> None:
-    """Write and hash ``data``, and start the disk writing those bytes now (so the fsync
-    at the end finds little left to write); with ``finish``, flush and fsync the file."""
-    fh.write(data)
-    digest.update(data)
-    fh.flush()
-    _start_writeback(fh.fileno(), fh.tell() - len(data), len(data))
-    if finish:
-        os.fsync(fh.fileno())
+class _Sink:
+    """Writes, hashes and starts the writeback of batches of chunks on a thread of its
+    own, in order, at most ``_IN_FLIGHT`` batches behind the caller; ``finish`` flushes
+    and fsyncs. An error on the thread is raised by the next ``put`` or ``finish``."""
+
+    def __init__(self, fh: IO[Any], digest: Any) -> None:
+        self._fh = fh
+        self._digest = digest
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blob-sink")
+        self._pending: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def __aenter__(self) -> _Sink:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for future in self._pending:
+            future.cancel()
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        self._pool.shutdown(wait=True)
+
+    async def put(self, batch: list[bytes]) -> None:
+        if not batch:
+            return
+        loop = asyncio.get_running_loop()
+        self._pending.append(loop.run_in_executor(self._pool, self._write, batch))
+        while len(self._pending) > _IN_FLIGHT or (self._pending and self._pending[0].done()):
+            await self._pending.popleft()
+
+    async def finish(self) -> None:
+        while self._pending:
+            await self._pending.popleft()
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._sync)
+
+    def _write(self, batch: list[bytes]) -> None:
+        fh, digest = self._fh, self._digest
+        start = fh.tell()
+        for chunk in batch:
+            fh.write(chunk)
+            digest.update(chunk)
+        fh.flush()
+        _start_writeback(fh.fileno(), start, fh.tell() - start)
+
+    def _sync(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
 
 
 def _writeback_call() -> Callable[[int, int, int], None]:

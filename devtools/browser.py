@@ -65,3 +65,15 @@ async def poll(page: Any, expression: str, timeout_s: float = 30.0) -> Any:
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {expression}")
         await asyncio.sleep(0.05)
+
+
+async def serious_accessibility_violations(page: Any) -> list[dict[str, Any]]:
+    """axe-core's serious and critical violations on the page as it is now (id, impact,
+    nodes). axe is evaluated over the DevTools protocol: the dashboard's CSP refuses a
+    script tag from anywhere but its own origin."""
+    await page.evaluate(axe_script().read_text())
+    result = await page.evaluate(
+        "axe.run().then(r => r.violations.map(v =>"
+        " ({id: v.id, impact: v.impact, nodes: v.nodes.length})))"
+    )
+    return [v for v in result if v["impact"] in ("serious", "critical")]

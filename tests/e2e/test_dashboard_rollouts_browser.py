@@ -35,7 +35,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from devtools.browser import axe_script, chromium_path, poll, sign_in
+from devtools.browser import chromium_path, poll, serious_accessibility_violations, sign_in
 from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess
 from devtools.process import wait_until
 
@@ -360,7 +360,6 @@ async def test_the_catalog_rollouts_and_overflow_views_pass_an_accessibility_aud
 ) -> None:
     """axe-core (npm, run offline) over the three views with real data in them."""
     page = await fleet.page()
-    script = axe_script().read_text()
     found: dict[str, Any] = {}
     for view, ready in (
         ("models", "#model-rows tr"),
@@ -369,12 +368,7 @@ async def test_the_catalog_rollouts_and_overflow_views_pass_an_accessibility_aud
     ):
         await page.click(f"nav a[href='#{view}']")
         await poll(page, f"document.querySelector({json.dumps(ready)})")
-        await page.evaluate(script)  # over the DevTools protocol: the CSP refuses a tag
-        result = await page.evaluate(
-            "axe.run().then(r => r.violations.map(v =>"
-            " ({id: v.id, impact: v.impact, nodes: v.nodes.length})))"
-        )
-        serious = [v for v in result if v["impact"] in ("serious", "critical")]
+        serious = await serious_accessibility_violations(page)
         if serious:
             found[view] = serious
     (SHOTS / "axe-rollouts-models-overflow.json").write_text(json.dumps(found, indent=2))

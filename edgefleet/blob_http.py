@@ -17,8 +17,8 @@ the agent's 503 "fetching" answer, its error body format):
   date) -> the range is ignored and the whole blob sent;
 - the body sent with ``sendfile(2)`` (the kernel copies file to socket: the server spends
   almost no CPU on a blob, which matters on a 2-core edge box serving its site's peers),
-  in pieces so that progress is counted; where the transport cannot (TLS), asyncio's
-  own read-and-send fallback; ``HEAD`` gets the headers.
+  in pieces so that progress is counted; where the transport cannot (TLS), in 1 MiB
+  chunks read off the event loop and written through aiohttp; ``HEAD`` gets the headers.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -96,6 +97,24 @@ def byte_range(header: str, size: int) -> tuple[int, int] | None:
     return start, end
 
 
+async def _send_by_chunks(
+    response: web.StreamResponse,
+    handle: Any,
+    offset: int,
+    left: int,
+    on_bytes: Callable[[int], None] | None,
+) -> None:
+    handle.seek(offset)
+    while left > 0:
+        chunk = await asyncio.to_thread(handle.read, min(CHUNK, left))
+        if not chunk:
+            return  # the file shrank under us: the client sees a short body
+        left -= len(chunk)
+        await response.write(chunk)
+        if on_bytes is not None:
+            on_bytes(len(chunk))
+
+
 def plan(headers: Mapping[str, str], etag: str, size: int) -> tuple[int, tuple[int, int]]:
     """(status, [start, end)) for a ``GET`` of a ``size``-byte blob: 304, 200 or 206.
 
@@ -150,8 +169,22 @@ async def send_blob(
             raise ConnectionResetError("the client went away")
         loop = asyncio.get_running_loop()
         offset, left = start, end - start
+        if transport.get_extra_info("sslcontext") is not None:
+            # TLS: the kernel cannot; read off the loop and write through aiohttp (whose
+            # flow control asyncio's own sendfile fallback breaks: it resumes a writer that
+            # aiohttp never paused)
+            await _send_by_chunks(response, handle, offset, left, on_bytes)
+            left = 0
         while left > 0:
-            sent = await loop.sendfile(transport, handle, offset, min(SENDFILE_PIECE, left))
+            try:
+                sent = await loop.sendfile(
+                    transport, handle, offset, min(SENDFILE_PIECE, left), fallback=False
+                )
+            except RuntimeError:  # SendfileNotAvailableError too: raised before any byte
+                if offset != start:
+                    raise
+                await _send_by_chunks(response, handle, offset, left, on_bytes)
+                break
             if not sent:
                 break  # the file shrank under us: the client sees a short body
             offset += sent

@@ -159,7 +159,9 @@ async def test_a_second_hello_breaks_the_protocol(coordinator: Running) -> None:
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "Hello may only be sent once" in info.value.details()
     await wait_until(
-        lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0, message="disconnect"
+        lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0,
+        timeout_s=30,  # the cancel reaches the server's stream handler; 10 s failed once in CI
+        message="disconnect",
     )
 
 
@@ -205,7 +207,9 @@ async def test_an_unenrolled_hello_never_replaces_a_live_session(coordinator: Ru
     # Once the real session ends, the id is free again.
     old.cancel()
     await wait_until(
-        lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0, message="disconnect"
+        lambda: coordinator.app[REGISTRY_KEY].connected_count() == 0,
+        timeout_s=30,  # the cancel reaches the server's stream handler; 10 s failed once in CI
+        message="disconnect",
     )
     again = coordinator.stub.Session()
     await again.write(hello())

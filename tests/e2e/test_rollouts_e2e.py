@@ -8,8 +8,10 @@ while clients keep being served.
 - a coordinator restarted mid-rollout resumes it from its stored step and soak start;
 - the int8 SmolLM2 variant (perplexity about 1.8x fp32) fails the self-check on the canary
   and is rolled back automatically, with no failed client request;
-- the fp32 SmolLM2 variant passes the self-check but is several times slower: the TTFT
-  gate rolls it back, with requests in flight and none failed.
+- (no fp32 TTFT-gate test here: on this CPU fp32 is not reliably slower than int4, 1.0-1.5x
+  in TTFT at capacity over seven runs, so a rollback by the TTFT gate could not be
+  asserted without flaking; the gate's TTFT rollback is tested in
+  tests/coordinator/test_rollouts.py on real merged histograms.)
 
 Needs the three parts of issue 10 merged (catalog: ``models publish|deploy`` and the
 blob server; sync: agents with a model store; rollouts: this engine).
@@ -366,22 +368,3 @@ async def test_the_int8_version_fails_its_self_check_and_is_rolled_back(llm_flee
     done = await _rolled_back(llm_fleet, "int8", ["--soak", "5s", "--min-requests", "5"])
     assert "self-check failed" in done["detail"] or "failed on the agent" in done["detail"]
     assert "perplexity" in done["detail"]
-
-
-async def test_the_slow_fp32_version_fails_the_ttft_gate_and_is_rolled_back(
-    llm_fleet: Fleet,
-) -> None:
-    done = await _rolled_back(
-        llm_fleet, "fp32", ["--soak", "90s", "--min-requests", "30", "--max-ttft-ratio", "1.15"]
-    )
-    assert "TTFT p99" in done["detail"]
-    gate = done["last_gate"]
-    # The agents are at capacity (two running, three in flight), so a new request waits
-    # for a running one's decode: fp32's slower decode shows in TTFT. On this CPU (one
-    # thread per agent) that is about 1.5x int4, not the several times the issue expected
-    # (the build's 2-thread benchmark: 44 against 49 tokens/s single-stream), hence a
-    # 1.15x limit. It is judged against int4 on the other agent over the same step, under
-    # the same load (the control group) once that served enough requests, else against
-    # int4's history (which no longer counts requests served on a box while it swaps).
-    assert gate["failed"] == 0 and gate["ttft_ratio"] > 1.15
-    assert gate["baseline_source"] in ("control", "history")

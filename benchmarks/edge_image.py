@@ -27,7 +27,7 @@ import aiohttp
 from benchmarks.results_file import percentile, target, write_results
 from edge_images.cache import cache_lock
 from edge_images.images import build_image
-from edge_images.podman import podman_env
+from edge_images.podman import podman_env, remove_container
 
 LLM = "smollm2-135m-instruct"
 
@@ -90,10 +90,7 @@ def cold_start(ref: str, env: dict[str, str], n: int) -> dict[str, Any]:
             print(f"start {i + 1}/{n}: create {creates[-1]:.1f} s, start to first token "
                   f"{starts[-1]:.2f} s", flush=True)  # fmt: skip
         finally:
-            subprocess.run(["podman", "rm", "-f", "-t", "5", name], env=env,
-                           capture_output=True, check=False)  # fmt: skip
-            subprocess.run(["podman", "volume", "rm", "-f", volume], env=env,
-                           capture_output=True, check=False)  # fmt: skip
+            remove_container(env, name, volume, stop_s=5)
     return {
         "starts": n,
         "start_to_first_token_s": [round(s, 3) for s in starts],

@@ -27,7 +27,7 @@ from edge_images.arch import arch_of, is_native
 from edge_images.cache import cache_lock, cache_root
 from edge_images.errors import ImageBuildError
 from edge_images.images import VENV, buildah
-from edge_images.podman import podman_env
+from edge_images.podman import podman_env, remove_container
 
 LLM = "smollm2-135m-instruct"
 QUESTION = "Name the capital of France."
@@ -205,10 +205,7 @@ def chat_from_image(
             user = _podman(env, "exec", name, "id", "-u")
             machine = _podman(env, "exec", name, "uname", "-m")
         finally:
-            subprocess.run(["podman", "rm", "-f", "-t", "10", name], env=env,
-                           capture_output=True, check=False)  # fmt: skip
-            subprocess.run(["podman", "volume", "rm", "-f", volume], env=env,
-                           capture_output=True, check=False)  # fmt: skip
+            remove_container(env, name, volume, stop_s=10)
     return {
         "podman_create_s": round(create_s, 2),
         "start_to_first_token_s": round(first_at - t1, 2),

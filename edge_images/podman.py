@@ -12,6 +12,7 @@ With that environment, the plain ``podman run ...`` of the README's runbook work
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from edge_images.cache import cache_root
@@ -49,3 +50,12 @@ def _write_if_changed(path: Path, text: str) -> None:
         tmp = path.with_name(path.name + f".{os.getpid()}")
         tmp.write_text(text)
         tmp.replace(path)
+
+
+def remove_container(env: dict[str, str], name: str, volume: str, stop_s: int = 10) -> None:
+    """Remove a container (stopping it within ``stop_s``) and its state volume; either may
+    already be gone."""
+    subprocess.run(["podman", "rm", "-f", "-t", str(stop_s), name], env=env,
+                   capture_output=True, check=False)  # fmt: skip
+    subprocess.run(["podman", "volume", "rm", "-f", volume], env=env,
+                   capture_output=True, check=False)  # fmt: skip

@@ -38,7 +38,7 @@ from models.context import (
     utc_now,
 )
 from models.errors import ManifestError, ModelsError
-from models.manifest import load_manifest, verify_files
+from models.manifest import VARIANTS, load_manifest, verify_files
 from models.sources import MINILM, SMOLLM2, LocatedSource, PackagedFile, locate
 
 __all__ = ["TARGETS", "Target", "build", "is_up_to_date", "variant_dir"]
@@ -59,7 +59,9 @@ class Target:
     name: str
     description: str
     source: PackagedFile
-    variants: tuple[str, ...]  # every variant the build writes (shipped one + _variants/)
+    # every variant the build writes (shipped one + _variants/<name>-<variant>): a precision
+    # (fp32, int8, int4) or, for tiny-llama, another shape (deep)
+    variants: tuple[str, ...]
     module: str  # module holding ``key_options`` and the run function
     run_fn: str
 
@@ -85,9 +87,10 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target(
             "tiny-llama",
-            "tiny random Llama (2 layers, width 64) with SmolLM2's tokenizer, for tests",
+            "tiny random Llama (2 layers, width 64) with SmolLM2's tokenizer, for tests; "
+            "variant deep (32 layers, MLP 1024): the same interface, several times slower",
             SMOLLM2,
-            ("fp32",),
+            ("fp32", "deep"),
             "models.build_tiny",
             "build_tiny_llama",
         ),
@@ -128,7 +131,11 @@ def is_up_to_date(out: Path, target: Target, key: str) -> bool:
                 continue
             directory = variant_dir(out, target.name, variant)
             manifest = load_manifest(directory)
-            if manifest.build_key != key or manifest.variant != variant:
+            if manifest.build_key != key or manifest.name != directory.name:
+                return False
+            # a precision variant is that precision; another (tiny-llama's deep: another
+            # shape) names its precision itself
+            if variant in VARIANTS and manifest.variant != variant:
                 return False
             verify_files(manifest, directory, check_hash=False)
     except ManifestError as exc:

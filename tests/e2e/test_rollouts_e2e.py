@@ -6,12 +6,13 @@ while clients keep being served.
 
 - canary then waves, each agent ends on the new version (replies name ``name@version``);
 - a coordinator restarted mid-rollout resumes it from its stored step and soak start;
+- the tiny model's ``deep`` variant (the same interface, a bigger network: several times
+  slower to first token) passes the self-check but fails the TTFT gate against the agents
+  not moved and is rolled back automatically, with requests in flight and none failed
+  (not SmolLM2's fp32 variant, as the issue suggested: on this CPU it is only 1.0-1.5x
+  int4 in TTFT, too close to a 1.15x limit to assert a rollback without flaking);
 - the int8 SmolLM2 variant (perplexity about 1.8x fp32) fails the self-check on the canary
-  and is rolled back automatically, with no failed client request;
-- (no fp32 TTFT-gate test here: on this CPU fp32 is not reliably slower than int4, 1.0-1.5x
-  in TTFT at capacity over seven runs, so a rollback by the TTFT gate could not be
-  asserted without flaking; the gate's TTFT rollback is tested in
-  tests/coordinator/test_rollouts.py on real merged histograms.)
+  and is rolled back automatically, with no failed client request.
 
 Needs the three parts of issue 10 merged (catalog: ``models publish|deploy`` and the
 blob server; sync: agents with a model store; rollouts: this engine).
@@ -35,6 +36,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from coordinator.rollout_gates import MergedHistogram
 from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess
 from devtools.process import wait_until
 
@@ -46,9 +48,11 @@ LLM = "smollm2-135m-instruct"
 CLIENT_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"  # what the operator CLI reads
 # The tiny model's two versions are the same files: these tests are about the flow, and a
 # freshly swapped agent's first requests on a shared 2-core machine are several times
-# slower than the fleet's warm history, so the TTFT gate is loose here (the fp32 test
-# below is the TTFT gate's test).
+# slower than the fleet's warm history, so the TTFT gate is loose here (the deep-variant
+# test below is the TTFT gate's test).
 TINY_TTFT = "20"
+# The deep variant is judged by a real gate: at most 2x the old version's TTFT p99.
+DEEP_TTFT = "2"
 
 
 async def cli(coordinator: CoordinatorProcess, *args: str) -> Any:
@@ -92,6 +96,9 @@ class Traffic:
     # Long enough replies keep the agents decoding, so a new request waits for a decode
     # step: a version that decodes slower shows it in TTFT too.
     max_tokens: int = 4
+    # Counting numbers per prompt (6: about 30 tokens). A bigger network's longer prefill
+    # shows in TTFT; the tiny model's TTFT is mostly the request's overhead either way.
+    prompt_numbers: int = 6
     sent: int = 0
     served: dict[str, list[str]] = field(default_factory=dict)  # agent url -> reply models
     failures: list[str] = field(default_factory=list)
@@ -105,7 +112,7 @@ class Traffic:
             # model keeps continuing (it counts on), so a reply runs to max_tokens.
             self.sent += 1
             start = self.sent * 7
-            prompt = ", ".join(str(n) for n in range(start, start + 6)) + ","
+            prompt = ", ".join(str(n) for n in range(start, start + self.prompt_numbers)) + ","
             body = {"model": self.model, "prompt": prompt,
                     "max_tokens": self.max_tokens, "temperature": 0, "stream": True}  # fmt: skip
             try:
@@ -296,6 +303,66 @@ async def test_a_restarted_coordinator_resumes_the_rollout(tiny_fleet: Fleet) ->
     assert passed[0] < stopped_at + soak_s
     assert traffic.failures == []
     await converged(tiny_fleet, TINY, target)
+
+
+async def test_the_slower_deep_version_fails_the_ttft_gate_and_is_rolled_back(
+    tiny_artifacts: Path, tiny_fleet: Fleet
+) -> None:
+    """The deep variant is another version of tiny-llama, built by the models build from a
+    bigger random network (32 layers with an MLP of 1024 against 2 with 128): several times
+    the tiny model's time to first token on these longer prompts (~170 tokens; a bigger
+    network's prefill grows with them, the tiny model's TTFT is mostly overhead), so a 2x
+    TTFT gate rolls it back."""
+    coordinator = tiny_fleet.coordinator
+    deep_dir = tiny_artifacts / "_variants" / f"{TINY}-deep"
+    deep = manifest_version(deep_dir)
+    await publish(coordinator, deep_dir, TINY, deep)
+    # The earlier tests leave the fleet on v1 or v2 (the same files).
+    current = await served_version(tiny_fleet.urls[0], TINY)
+    async with Traffic(tiny_fleet.urls, TINY, prompt_numbers=24).running() as traffic:
+        started = await cli(coordinator, "rollouts", "start", f"{TINY}@{deep}", "--canary", "1",
+                            "--soak", "60s", "--min-requests", "50",
+                            "--max-ttft-ratio", DEEP_TTFT)  # fmt: skip
+        canary_url = next(a.url for a in tiny_fleet.agents if a.agent_id == started["plan"][0][0])
+        began = time.monotonic()
+        done = await wait_for_state(coordinator, started["rollout_id"], "rolled_back",
+                                    timeout_s=180)  # fmt: skip
+        rolled_back_s = time.monotonic() - began
+
+        async def canary_back() -> bool:
+            return traffic.last_version(canary_url) == current
+
+        await wait_until(canary_back, timeout_s=60, message="the canary serves the old version")
+        await asyncio.sleep(1)
+    gate = done["last_gate"]
+    # The new version's TTFT on the canary and the old one's on the agents not moved, over
+    # the step (the histograms the gate merged).
+    new_p50 = MergedHistogram.from_json(done["step_stats"]["ttft"]).quantile(0.5) or 0.0
+    control = MergedHistogram.from_json(done["control"])
+    old_p50 = control.quantile(0.5) or 0.0
+    print(
+        f"deep: rolled back {rolled_back_s:.1f} s after the start; TTFT p99 "
+        f"{gate['ttft_p99_s']:.4f} s against {gate['baseline_ttft_p99_s']:.4f} s "
+        f"({gate['baseline_source']}): {gate['ttft_ratio']:.2f}x over {gate['requests']} "
+        f"requests; p50 {new_p50:.4f} s against {old_p50:.4f} s over {control.total}; "
+        f"{traffic.sent} sent; judged {gate['soak_elapsed_s']:.1f} s into the step"
+    )
+    assert traffic.failures == [], traffic.failures[:5]
+    # Rolled back by the TTFT gate, at the canary, against the agents not moved.
+    assert "TTFT p99" in done["detail"], done["detail"]
+    assert [h["event"] for h in done["history"]].count("step_moved") == 1, done["history"]
+    assert done["previous_version"] == current
+    assert gate["verdict"] == "fail" and gate["failed"] == 0 and gate["loaded"] == 1
+    assert gate["requests"] >= 50
+    assert gate["baseline_source"] == "control"
+    assert gate["ttft_ratio"] > float(DEEP_TTFT)
+    assert gate["ttft_p99_s"] > float(DEEP_TTFT) * gate["baseline_ttft_p99_s"]
+    # Slower throughout, not only in the first requests after its swap (of 50, the p99 is
+    # about the slowest): its median too.
+    assert new_p50 > float(DEEP_TTFT) * old_p50 > 0
+    # Every agent (the canary too) ends on the old version.
+    assert traffic.last_version(canary_url) == current
+    await converged(tiny_fleet, TINY, current)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -72,6 +72,78 @@ def test_tokenizer_json_encodes_chat_without_special_tokens(tiny_out: Path) -> N
     assert tokenizer.decode(ids, skip_special_tokens=False) == text
 
 
+def test_the_deep_variant_is_a_bigger_network_with_the_same_interface(tiny_out: Path) -> None:
+    """_variants/tiny-llama-deep: the build's other tiny-llama version, a bigger random
+    network of its own seed (the rollout TTFT gate's slower version), that loads and runs
+    as the tiny model does."""
+    import json
+
+    from models.build import variant_dir
+    from models.build_tiny import CONFIG, DEEP
+    from models.ort_llm import OrtDecoder
+
+    directory = variant_dir(tiny_out, "tiny-llama", "deep")
+    manifest = load_manifest(directory)
+    verify_files(manifest, directory)
+    tiny = load_manifest(tiny_out / "tiny-llama")
+    assert manifest.name == "tiny-llama-deep" and manifest.variant == "fp32"
+    assert manifest.build_key == tiny.build_key
+    assert manifest.version.startswith("fp32-") and manifest.version != tiny.version
+    llm = manifest.llm
+    assert llm is not None and tiny.llm is not None
+    assert (llm.num_layers, llm.num_attention_heads, llm.num_kv_heads, llm.head_dim) == (
+        DEEP.num_hidden_layers,
+        DEEP.num_attention_heads,
+        DEEP.num_key_value_heads,
+        DEEP.hidden_size // DEEP.num_attention_heads,
+    )
+    config = json.loads((directory / "config.json").read_text())
+    assert (config["hidden_size"], config["intermediate_size"]) == (
+        DEEP.hidden_size,
+        DEEP.intermediate_size,
+    )
+    assert DEEP.seed != CONFIG.seed
+    # the same interface: tokenizer, chat template, special tokens, context, graph names
+    assert (directory / "tokenizer.json").read_bytes() == (
+        tiny_out / "tiny-llama" / "tokenizer.json"
+    ).read_bytes()
+    assert manifest.chat_template == tiny.chat_template
+    assert manifest.special_tokens == tiny.special_tokens
+    assert manifest.context_length == tiny.context_length
+    assert llm.vocab_size == tiny.llm.vocab_size == 49152
+    assert llm.past_key_template == tiny.llm.past_key_template
+    assert set(tiny.graph.inputs) <= set(manifest.graph.inputs)
+    decoder = OrtDecoder(directory / manifest.graph.onnx, llm, threads=1)
+    prompt = [1, 9690, 198, 28120, 905]
+    generation = decoder.greedy(prompt, max_new=6, stop_at_eos=False)
+    assert len(generation.tokens) == 6
+    logits, _ = decoder.forward(prompt + generation.tokens[:-1], decoder.empty_past(), 0)
+    assert [int(t) for t in np.argmax(logits[len(prompt) - 1 :], axis=-1)] == generation.tokens
+
+
+def test_the_deep_variant_is_part_of_the_targets_cache_check(
+    tiny_out: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from models.build import TARGETS, is_up_to_date, variant_dir
+    from models.context import BuildOptions, compute_build_key
+    from models.sources import locate
+
+    target = TARGETS["tiny-llama"]
+    key = compute_build_key(
+        locate(target.source).spec.sha256, target.key_options(BuildOptions(out=tiny_out))
+    )
+    out = tmp_path / "out"
+    shutil.copytree(tiny_out, out)
+    assert is_up_to_date(out, target, key)
+    shutil.rmtree(variant_dir(out, "tiny-llama", "deep"))
+    assert not is_up_to_date(out, target, key)
+    # another target's variant directory in its place is not it either
+    shutil.copytree(tiny_out / "tiny-llama", variant_dir(out, "tiny-llama", "deep"))
+    assert not is_up_to_date(out, target, key)
+
+
 def test_second_build_is_cached_and_rewrites_nothing(tiny_out: Path) -> None:
     directory = tiny_out / "tiny-llama"
     before = {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
@@ -138,6 +210,8 @@ def test_a_target_is_copied_from_the_machines_shared_cache(
     assert not copied.is_symlink() and not (copied / "model.onnx").samefile(
         tiny_out / "tiny-llama" / "model.onnx"
     )
+    deep = tmp_path / "clone" / "_variants" / "tiny-llama-deep"
+    verify_files(load_manifest(deep), deep)  # the deep variant came along
     # other pipeline code (or converter versions): another entry, never this one
     monkeypatch.setattr(build_module, "_pipeline_digest", lambda: "other code")
     assert build_module._shared_dir(shared_root, target, key) != shared

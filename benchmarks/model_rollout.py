@@ -298,16 +298,18 @@ async def rollout(
 
 
 async def throughput(origin: str, sha: str, size: int, scratch: Path,
-                     rounds: int = 3) -> dict[str, Any]:  # fmt: skip
+                     rounds: int = 7) -> dict[str, Any]:  # fmt: skip
     """Our fetcher (hash, write, fsync, rename) against a plain copy of the same bytes over
     the same loopback HTTP (read and written to a file, like ``curl -o``), alternated
-    ``rounds`` times (plain first, then ours, each round) and compared by their medians."""
+    ``rounds`` times (plain first, then ours, each round) and compared by their medians.
+    One plain copy before them is not counted: it reads the blob into the page cache and
+    opens the connection pool, which would otherwise slow the first plain copy alone."""
     from agent.sync.fetch import BlobFetcher, BlobSource
     from agent.sync.store import ModelStore
 
     plain: list[float] = []
     ours: list[float] = []
-    for _ in range(rounds):
+    for round_ in range(rounds + 1):
         copy = scratch / "plain-copy"
         async with aiohttp.ClientSession() as http:
             began = time.perf_counter()
@@ -317,9 +319,12 @@ async def throughput(origin: str, sha: str, size: int, scratch: Path,
                     async for chunk in response.content.iter_chunked(1 << 20):
                         fh.write(chunk)
                         got += len(chunk)
-            plain.append(time.perf_counter() - began)
+            if round_:
+                plain.append(time.perf_counter() - began)
         copy.unlink()
         assert got == size
+        if not round_:
+            continue  # the warm-up
         fetcher = BlobFetcher(ModelStore(scratch / "throughput-store"))
         began = time.perf_counter()
         await fetcher.fetch(sha, size, [BlobSource(origin + "/v1/blobs", "coordinator")],
@@ -428,7 +433,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f"{changed_bytes / 1e6:.1f} MB changed")  # fmt: skip
 
         big = max(changed, key=lambda h: changed[h])
-        tput = await throughput(origin, big, changed[big], scratch)
+        tput = await throughput(origin, big, changed[big], scratch, args.throughput_rounds)
         say(f"throughput: fetcher {tput['fetcher_MBps']:.0f} MB/s, plain copy "
             f"{tput['plain_MBps']:.0f} MB/s ({tput['ratio']:.2f})")  # fmt: skip
         if args.throughput_only:
@@ -595,6 +600,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="ORT threads per real agent")
     parser.add_argument("--scratch", default=None, help="where the agents' stores go")
     parser.add_argument("--out", default="model_rollout")
+    parser.add_argument("--throughput-rounds", type=int, default=7,
+                        help="alternated rounds of plain copy and fetcher (medians compared)")  # fmt: skip
     parser.add_argument("--throughput-only", action="store_true",
                         help="only the download throughput against a plain copy")  # fmt: skip
     # site / origin roles

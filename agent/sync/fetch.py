@@ -33,10 +33,12 @@ from agent.sync.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 1 << 20
-_BUFFER = 2 << 20  # bytes handed to the hashing/writing thread at a time
-_IN_FLIGHT = 8  # batches the thread may be behind the network at most
+# Bytes handed to the writing/hashing thread at a time, at most (aiohttp joins what it has
+# buffered into one chunk: one write and one hash call per chunk, each without the GIL).
+_CHUNK = 2 << 20
+_IN_FLIGHT = 8  # chunks the thread may be behind the network at most
 _READ_BUFFER = 4 << 20  # the HTTP client's read buffer (high-water mark) per download
+_WRITEBACK = 8 << 20  # bytes written before their writeback to disk is started
 #: On a peer's 503: it is fetching the blob itself (ask again soon).
 FETCHING_HEADER = "X-Edgefleet-Fetching"
 
@@ -270,22 +272,15 @@ class BlobFetcher:
                     async with _Sink(out, digest) as sink:
                         # the network is read on the event loop; writing, hashing and starting
                         # writeback run on one thread of this download's own, in order, a few
-                        # batches behind (hashlib and file writes release the GIL: both cores
+                        # chunks behind (file writes and hashlib release the GIL: both cores
                         # work); chunks are handed over as they came, never copied
-                        batch: list[bytes] = []
-                        batched = 0
                         async for chunk in response.content.iter_chunked(_CHUNK):
                             written += len(chunk)
                             if written > size:
                                 raise BlobIntegrityError(f"more than the {size} bytes listed")
                             await self.limiter.take(len(chunk))
-                            batch.append(chunk)
-                            batched += len(chunk)
                             progress(len(chunk), source.kind)
-                            if batched >= _BUFFER:
-                                await sink.put(batch)
-                                batch, batched = [], 0
-                        await sink.put(batch)
+                            await sink.put(chunk)
                         await sink.finish()
             finally:
                 self.downloading.discard(sha256)
@@ -297,12 +292,16 @@ class BlobFetcher:
 
 
 class _Sink:
-    """Writes, hashes and starts the writeback of batches of chunks on a thread of its
-    own, in order, at most ``_IN_FLIGHT`` batches behind the caller; ``finish`` flushes
-    and fsyncs. An error on the thread is raised by the next ``put`` or ``finish``."""
+    """Writes, hashes and starts the writeback of chunks on a thread of its own, in order,
+    at most ``_IN_FLIGHT`` chunks behind the caller; ``finish`` fsyncs. An error on the
+    thread is raised by the next ``put`` or ``finish``. Writes go straight to the file
+    descriptor at its end (no buffered writer: no copy, no ``lseek`` per chunk)."""
 
     def __init__(self, fh: IO[Any], digest: Any) -> None:
-        self._fh = fh
+        fh.flush()
+        self._fd = fh.fileno()
+        self._offset = os.lseek(self._fd, 0, os.SEEK_END)
+        self._started = self._offset  # where writeback was last started
         self._digest = digest
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blob-sink")
         self._pending: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -317,31 +316,26 @@ class _Sink:
             await asyncio.gather(*self._pending, return_exceptions=True)
         self._pool.shutdown(wait=True)
 
-    async def put(self, batch: list[bytes]) -> None:
-        if not batch:
-            return
+    async def put(self, chunk: bytes) -> None:
         loop = asyncio.get_running_loop()
-        self._pending.append(loop.run_in_executor(self._pool, self._write, batch))
+        self._pending.append(loop.run_in_executor(self._pool, self._write, chunk))
         while len(self._pending) > _IN_FLIGHT or (self._pending and self._pending[0].done()):
             await self._pending.popleft()
 
     async def finish(self) -> None:
         while self._pending:
             await self._pending.popleft()
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._sync)
+        await asyncio.get_running_loop().run_in_executor(self._pool, os.fsync, self._fd)
 
-    def _write(self, batch: list[bytes]) -> None:
-        fh, digest = self._fh, self._digest
-        start = fh.tell()
-        for chunk in batch:
-            fh.write(chunk)
-            digest.update(chunk)
-        fh.flush()
-        _start_writeback(fh.fileno(), start, fh.tell() - start)
-
-    def _sync(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+    def _write(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        self._digest.update(chunk)
+        self._offset += len(chunk)
+        if self._offset - self._started >= _WRITEBACK:
+            _start_writeback(self._fd, self._started, self._offset - self._started)
+            self._started = self._offset
 
 
 def _writeback_call() -> Callable[[int, int, int], None]:

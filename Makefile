@@ -32,7 +32,7 @@ demo: models
 	$(BIN)/python -m devtools.demo
 
 test: models
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 lint: venv
 	$(BIN)/ruff check .

@@ -159,14 +159,18 @@ def _print(args: argparse.Namespace, result: Any) -> None:
         print(json.dumps(result, indent=2))
         return
     if result.get("object") == "list":
-        print(f"{'ROLLOUT':<17}{'TARGET':<24}{'FROM':<10}{'STATE':<13}{'STEP':<10}{'MOVED':<9}"
-              "DETAIL")  # fmt: skip
-        for r in result["data"]:
-            step = f"{r['step'] + 1}/{r['steps']}"
-            moved = f"{r['moved']}/{r['agents']}"
-            print(f"{r['rollout_id']:<17}{r['model'] + '@' + r['version']:<24}"
-                  f"{r['previous_version'] or '-':<10}{r['state']:<13}{step:<10}{moved:<9}"
-                  f"{r['detail']}")  # fmt: skip
+        # columns as wide as their widest cell (a model@version is often over 40 characters)
+        rows = [
+            (r["rollout_id"], f"{r['model']}@{r['version']}", r["previous_version"] or "-",
+             r["state"], f"{r['step'] + 1}/{r['steps']}", f"{r['moved']}/{r['agents']}",
+             r["detail"])
+            for r in result["data"]
+        ]  # fmt: skip
+        head = ("ROLLOUT", "TARGET", "FROM", "STATE", "STEP", "MOVED", "DETAIL")
+        widths = [max(len(str(row[i])) for row in [head, *rows]) for i in range(len(head) - 1)]
+        for row in [head, *rows]:
+            cells = [f"{cell!s:<{w}}" for cell, w in zip(row, widths, strict=False)]
+            print("  ".join([*cells, str(row[-1])]))
         return
     print(f"rollout {result['rollout_id']}: {result['model']}@{result['version']} "
           f"(from {result['previous_version'] or 'nothing'}) {result['state']}, "

@@ -104,6 +104,12 @@ class Wheelhouse:
     built_s: float | None  # None: third-party wheels reused from the cache
 
 
+# Folders the wheel's build copy leaves out (``shutil.ignore_patterns``), and so the digest:
+# models/artifacts holds the built models and a build report rewritten by every build, which
+# re-keyed the wheel, the wheelhouse and every image in each new clone.
+_NOT_IN_WHEEL = ("__pycache__", "artifacts")
+
+
 def project_digest() -> str:
     """What edgefleet's wheel is built from (the packages the wheel includes)."""
     parts = [REPO / "pyproject.toml"]
@@ -119,7 +125,11 @@ def _py_files(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            out += [f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+            out += [
+                f
+                for f in p.rglob("*")
+                if f.is_file() and not any(part in _NOT_IN_WHEEL for part in f.relative_to(p).parts)
+            ]
         else:
             out.append(p)
     return out
@@ -190,9 +200,7 @@ def _build_wheelhouse(
         for name in ("pyproject.toml", "README.md"):
             shutil.copy2(REPO / name, build / name)
         for pkg in ("agent", "coordinator", "models", "edgefleet", "edgefleet_client"):
-            shutil.copytree(
-                REPO / pkg, build / pkg, ignore=shutil.ignore_patterns("__pycache__", "artifacts")
-            )
+            shutil.copytree(REPO / pkg, build / pkg, ignore=shutil.ignore_patterns(*_NOT_IN_WHEEL))
         run(
             "wheelhouse (edgefleet wheel)",
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",

@@ -115,6 +115,36 @@ async def _send_by_chunks(
             on_bytes(len(chunk))
 
 
+async def _sendfile(
+    response: web.StreamResponse,
+    transport: asyncio.Transport,
+    handle: Any,
+    offset: int,
+    left: int,
+    on_bytes: Callable[[int], None] | None,
+) -> None:
+    """The kernel copies the file to the socket, in pieces (progress between them); where
+    it cannot (no ``sendfile``), by chunks through aiohttp before the first byte."""
+    loop = asyncio.get_running_loop()
+    start = offset
+    while left > 0:
+        try:
+            sent = await loop.sendfile(
+                transport, handle, offset, min(SENDFILE_PIECE, left), fallback=False
+            )
+        except RuntimeError:  # SendfileNotAvailableError too: raised before any byte
+            if offset != start:
+                raise
+            await _send_by_chunks(response, handle, offset, left, on_bytes)
+            return
+        if not sent:
+            return  # the file shrank under us: the client sees a short body
+        offset += sent
+        left -= sent
+        if on_bytes is not None:
+            on_bytes(sent)
+
+
 def plan(headers: Mapping[str, str], etag: str, size: int) -> tuple[int, tuple[int, int]]:
     """(status, [start, end)) for a ``GET`` of a ``size``-byte blob: 304, 200 or 206.
 
@@ -167,29 +197,12 @@ async def send_blob(
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("the client went away")
-        loop = asyncio.get_running_loop()
-        offset, left = start, end - start
         if transport.get_extra_info("sslcontext") is not None:
             # TLS: the kernel cannot; read off the loop and write through aiohttp (whose
             # flow control asyncio's own sendfile fallback breaks: it resumes a writer that
             # aiohttp never paused)
-            await _send_by_chunks(response, handle, offset, left, on_bytes)
-            left = 0
-        while left > 0:
-            try:
-                sent = await loop.sendfile(
-                    transport, handle, offset, min(SENDFILE_PIECE, left), fallback=False
-                )
-            except RuntimeError:  # SendfileNotAvailableError too: raised before any byte
-                if offset != start:
-                    raise
-                await _send_by_chunks(response, handle, offset, left, on_bytes)
-                break
-            if not sent:
-                break  # the file shrank under us: the client sees a short body
-            offset += sent
-            left -= sent
-            if on_bytes is not None:
-                on_bytes(sent)
+            await _send_by_chunks(response, handle, start, end - start, on_bytes)
+        else:
+            await _sendfile(response, transport, handle, start, end - start, on_bytes)
         await response.write_eof()
         return response

@@ -7,6 +7,9 @@ index must be built per schema over the whole vocabulary first), and takes Lark 
 with embedded JSON schemas (``%json``), which the tool-call formats need. xgrammar would
 bring torch into the agent.
 
+A JSON number's grammar admits digits without end (and llguidance cannot bound them): each
+matcher caps its numbers' digits on top of the grammar's mask (:mod:`agent.structured.number_cap`).
+
 Compiling: :meth:`GrammarCompiler.compile` turns a :class:`ConstraintSpec` into a
 :class:`CompiledGrammar` on a worker thread (never on the event loop), at most
 :data:`COMPILE_TIMEOUT_S` seconds (then a 400), and keeps the last
@@ -31,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.errors import InvalidRequestError, InvalidSchemaError
+from agent.structured.number_cap import DigitTokens, NumberCap
 from agent.structured.spec import ConstraintSpec
 from agent.structured.tool_calls import _ARGS, _HEAD, _TAIL, CALL_OPEN
 
@@ -141,19 +145,26 @@ def llguidance_tokenizer(tokenizer_json: str, eos_token_ids: list[int]) -> llgui
 class GrammarMatcher:
     """One sequence's grammar state: which tokens may come next, and what came."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, vocab_size: int, numbers: NumberCap | None = None
+    ) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
+        self._numbers = numbers  # caps JSON numbers' digits (None: the grammar alone)
         self._bits = np.full(((vocab_size + 31) // 32,), -1, dtype=np.int32)
         self.mask_s = 0.0  # time spent computing masks (for metrics and the benchmark)
 
     def allowed(self) -> npt.NDArray[np.bool_]:
-        """The tokens the grammar admits next (a boolean row over the vocabulary)."""
+        """The tokens the grammar admits next (a boolean row over the vocabulary), less
+        those that would run a JSON number past its cap of digits."""
         t0 = time.perf_counter()
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab]
+        allowed = bits.astype(bool)
+        if self._numbers is not None:
+            allowed = self._numbers.restrict(allowed)
         self.mask_s += time.perf_counter() - t0
-        return bits.astype(bool)
+        return allowed
 
     def apply(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """``logits`` with every token the grammar refuses at minus infinity (a copy; logits
@@ -166,6 +177,8 @@ class GrammarMatcher:
 
     def advance(self, token: int) -> bool:
         """Consume one token; False when the grammar refuses it (the matcher is then in error)."""
+        if self._numbers is not None:
+            self._numbers.consume(token)
         return bool(self._matcher.consume_token(token))
 
     def accepts(self, tokens: list[int]) -> int:
@@ -189,6 +202,7 @@ class CompiledGrammar:
     spec: ConstraintSpec
     _start: llguidance.LLMatcher
     _vocab_size: int
+    _digits: DigitTokens
     compile_s: float
 
     @property
@@ -196,7 +210,10 @@ class CompiledGrammar:
         return self.spec.key
 
     def new_matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._start.deep_copy(), self._vocab_size)
+        # tool_auto without a JSON response_format: its text answer is free text, not JSON
+        free_text = self.spec.kind == "tool_auto" and self.spec.schema is None
+        numbers = NumberCap(self._digits, free_text_unless_call=free_text)
+        return GrammarMatcher(self._start.deep_copy(), self._vocab_size, numbers)
 
     def check_prefix(self, token_ids: list[int], param: str) -> None:
         """A resumed stream's delivered tokens must be a prefix the grammar admits."""
@@ -221,22 +238,25 @@ class GrammarCompiler:
         self._eos = list(eos_token_ids)
         self._vocab_size = vocab_size
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._digits: DigitTokens | None = None  # read with the tokenizer, for number caps
         self._tokenizer_lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar | InvalidSchemaError] = OrderedDict()
         # one thread: a flood of slow schemas waits its turn instead of taking every thread
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
 
-    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+    def _llg_tokenizer(self) -> tuple[llguidance.LLTokenizer, DigitTokens]:
         with self._tokenizer_lock:
-            if self._tokenizer is None:
-                self._tokenizer = llguidance_tokenizer(self._tokenizer_json, self._eos)
-            return self._tokenizer
+            if self._tokenizer is None or self._digits is None:
+                tokenizer = llguidance_tokenizer(self._tokenizer_json, self._eos)
+                self._digits = DigitTokens.of(tokenizer, self._vocab_size)
+                self._tokenizer = tokenizer
+            return self._tokenizer, self._digits
 
     def compile_now(self, spec: ConstraintSpec) -> CompiledGrammar:
         """Compiles on the calling thread (the benchmark and the worker use it); over
         :data:`COMPILE_TIMEOUT_S` of compiling is a 400 (the vocabulary's one-time
         preparation is not counted)."""
-        tokenizer = self._llg_tokenizer()
+        tokenizer, digits = self._llg_tokenizer()
         started = time.perf_counter()
         source = grammar_source(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, tokenizer)
@@ -261,7 +281,7 @@ class GrammarCompiler:
                 f"{COMPILE_TIMEOUT_S:g} s); simplify it",
                 param=param,
             )
-        return CompiledGrammar(spec, matcher, self._vocab_size, spent)
+        return CompiledGrammar(spec, matcher, self._vocab_size, digits, spent)
 
     async def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
         """The spec's grammar, from the cache or compiled on the worker thread; a 400

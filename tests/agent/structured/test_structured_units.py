@@ -14,13 +14,16 @@ from tokenizers import Tokenizer
 import agent.structured.grammar as grammar
 from agent.errors import InvalidOutputError, InvalidRequestError, InvalidSchemaError
 from agent.structured import (
+    CompiledGrammar,
     ConstraintSpec,
     GrammarCompiler,
+    GrammarMatcher,
     parse_constraint,
     parse_response_format,
     validate_constrained_output,
 )
 from agent.structured.grammar import closed_objects
+from agent.structured.number_cap import EXPONENT_DIGITS, FRACTION_DIGITS, INTEGER_DIGITS
 from agent.structured.tool_calls import ToolCallStreamer, call_text
 
 POINT = {
@@ -175,4 +178,95 @@ def test_byte_level_vocabulary_is_read_as_bytes(
     assert compiled.new_matcher().accepts(raw_newline) < len(raw_newline)
     escaped = tokenizer.encode('"a\\nb"', add_special_tokens=False).ids
     assert compiled.new_matcher().accepts(escaped) == len(escaped)
+    compiler.close()
+
+
+def _digit_initial(tokenizer: Tokenizer) -> list[int]:
+    """Every token whose text starts with an ASCII digit (read from the tokenizer itself)."""
+    firsts = (
+        tokenizer.decode([i], skip_special_tokens=False)[:1]
+        for i in range(tokenizer.get_vocab_size(True))
+    )
+    return [i for i, first in enumerate(firsts) if first and first in "0123456789"]
+
+
+def _fed(compiled: CompiledGrammar, tokenizer: Tokenizer, *texts: str) -> GrammarMatcher:
+    """A new matcher of ``compiled`` that consumed ``texts`` (each encoded on its own)."""
+    matcher = compiled.new_matcher()
+    for text in texts:
+        for token in tokenizer.encode(text, add_special_tokens=False).ids:
+            assert matcher.advance(token), text
+    return matcher
+
+
+def test_json_numbers_are_capped_digits_in_strings_are_not(
+    compiler: GrammarCompiler, tokenizer: Tokenizer
+) -> None:
+    """A greedy small model writes 0.1111... until max_tokens; past 17 fraction digits (20
+    integer, 3 exponent) every token starting with a digit is refused, so the number ends."""
+    digits = _digit_initial(tokenizer)
+    assert len(digits) >= 10
+    one = tokenizer.token_to_id("1")
+    close, dot, e = (tokenizer.token_to_id(t) for t in ("}", ".", "e"))
+    compiled = compiler.compile_now(
+        schema_spec({"type": "object", "properties": {"x": {"type": "number"}}})
+    )
+    matcher = _fed(compiled, tokenizer, '{"x":0.')
+    for _ in range(FRACTION_DIGITS):
+        allowed = matcher.allowed()
+        assert allowed[digits].all()  # below the cap: every digit is there
+        assert matcher.advance(one)
+    allowed = matcher.allowed()
+    assert not allowed[digits].any()  # at the cap: no digit-initial token at all
+    assert allowed[close] and allowed[e]  # the number can end, or take an exponent
+    assert matcher.advance(close) and matcher.finished
+    # the integer part at 20 digits, the exponent at 3
+    for text, cap, after in (
+        ('{"x":', INTEGER_DIGITS, dot),
+        ('{"x":-1.5e+', EXPONENT_DIGITS, close),
+    ):
+        matcher = _fed(compiled, tokenizer, text, *["1"] * cap)
+        allowed = matcher.allowed()
+        assert not allowed[digits].any() and allowed[after], text
+    # digits inside a string are never capped
+    strings = compiler.compile_now(
+        schema_spec({"type": "object", "properties": {"s": {"type": "string"}}})
+    )
+    matcher = _fed(strings, tokenizer, '{"s":"', *["1"] * 40, '\\"', *["2"] * 40)
+    assert matcher.allowed()[digits].all()
+    assert _fed(strings, tokenizer, '{"s":"', *["1"] * 40, '"}').finished
+    compiler.close()
+
+
+def test_number_cap_leaves_tool_auto_text_alone_and_caps_call_arguments(
+    compiler: GrammarCompiler, tokenizer: Tokenizer
+) -> None:
+    digits = _digit_initial(tokenizer)
+    auto = parse_constraint(response_format=None, tools=[TOOL])
+    assert auto is not None and auto.kind == "tool_auto"
+    compiled = compiler.compile_now(auto)
+    # a text answer is not JSON: a long digit run in it is never cut short
+    matcher = _fed(compiled, tokenizer, "Room ", *["1"] * 60)
+    assert matcher.allowed()[digits].all()
+    # a call's arguments are JSON: an integer argument stops at 20 digits
+    matcher = _fed(compiled, tokenizer, '<tool_call>{"name":"move","arguments":{"x":')
+    for _ in range(INTEGER_DIGITS):
+        assert matcher.allowed()[digits].all()
+        assert matcher.advance(tokenizer.token_to_id("7"))
+    allowed = matcher.allowed()
+    assert not allowed[digits].any() and allowed[tokenizer.token_to_id(",")]
+    compiler.close()
+
+
+def test_number_cap_never_empties_the_mask(compiler: GrammarCompiler, tokenizer: Tokenizer) -> None:
+    """A schema whose bounds need more digits than the cap keeps the grammar's mask: a
+    number in (0, 1e-20] written without an exponent needs 20 zeros in its fraction."""
+    schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e-20}
+    compiled = compiler.compile_now(schema_spec(schema))
+    matcher = _fed(compiled, tokenizer, "0.", *["0"] * FRACTION_DIGITS)
+    zero = tokenizer.token_to_id("0")
+    assert matcher.allowed()[zero]
+    for token in [zero] * 3 + [tokenizer.token_to_id("1")]:
+        assert matcher.advance(token)
+    assert matcher.allowed()[2]  # 0.000000000000000000001 is complete: it may end here
     compiler.close()

@@ -344,6 +344,11 @@ class _Transfer:
                     while chunk := fh.read(_CHUNK):
                         self._check()
                         digest.update(chunk)
+            if have == self.size:  # complete, not yet renamed (killed between the two)
+                if digest.hexdigest() == self.sha256:
+                    return
+                self.part.unlink()
+                have, digest = 0, hashlib.sha256()
         headers = dict(self.headers)
         if have:
             headers["Range"] = f"bytes={have}-"

@@ -258,3 +258,30 @@ async def test_the_bandwidth_cap_holds_over_concurrent_downloads(
     await fetcher.close()
     assert took >= 1.9, f"3 MB under a 1 MB/s cap in {took:.2f} s"
     assert all(fetcher.store.blob(b.sha256).read_bytes() == b.data for b in blobs)
+
+
+async def test_a_complete_part_is_committed_without_asking_again(
+    tmp_path: Path, blob: Blob, serve: Callable[..., Awaitable[str]]
+) -> None:
+    """A ``.part`` that holds the whole blob (the agent died between the fsync and the
+    rename) is checked and committed with no request; a complete-looking one with wrong
+    bytes is thrown away and fetched whole."""
+    asked: list[str | None] = []
+    handler = blob_handler(blob)
+
+    async def counting(request: web.Request) -> web.StreamResponse:
+        asked.append(request.headers.get("Range"))
+        return await handler(request)
+
+    base = await serve(counting)
+    for kept, expected in ((blob.data, []), (b"x" + blob.data[1:], [None])):
+        store = ModelStore(tmp_path / f"store-{len(asked)}-{kept[0]}")
+        part = store.partial(blob.sha256)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        part.write_bytes(kept)
+        asked.clear()
+        fetcher = BlobFetcher(store)
+        await fetcher.fetch(blob.sha256, len(blob.data), [BlobSource(base, "coordinator")], ignore)
+        await fetcher.close()
+        assert asked == expected
+        assert store.blob(blob.sha256).read_bytes() == blob.data

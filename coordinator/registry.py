@@ -91,7 +91,8 @@ class FleetRegistry(Protocol):
         ...
 
     def sweep(self) -> list[AgentRecord]:
-        """Update liveness from the time since each agent's last message.
+        """Update liveness from the time since each agent's last message (an agent whose
+        session ended without a Bye is suspect at once).
 
         Returns the records whose liveness changed.
         """
@@ -306,7 +307,10 @@ class LiveFleetRegistry:
             silent = now - record.last_seen
             if silent >= self._down_after:
                 liveness = Liveness.DOWN
-            elif silent >= self._suspect_after:
+            elif silent >= self._suspect_after or record.status is AgentStatus.DISCONNECTED:
+                # a session that ended without a Bye (a crash, a cut link): ranked after
+                # every live agent at once, not after two missed reports; still routed, as
+                # it may be serving its site, until its reports are overdue
                 liveness = Liveness.SUSPECT
             else:
                 continue
@@ -316,10 +320,13 @@ class LiveFleetRegistry:
                 changed.append(record)
         for record in changed:
             logger.warning(
-                "agent %s is %s: no report for %.1f s",
+                "agent %s is %s: no report for %.1f s%s",
                 record.agent_id,
                 record.liveness,
                 (now - record.last_seen).total_seconds(),
+                " (its session ended without a Bye)"
+                if record.status is AgentStatus.DISCONNECTED
+                else "",
             )
         if expired:
             logger.warning(

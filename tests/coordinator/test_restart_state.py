@@ -231,3 +231,28 @@ async def test_a_restarted_coordinator_routes_to_the_agents_it_had(
             assert body["agents"][0]["agent_id"] == "edge-b"
             liveness = {a["agent_id"]: a["liveness"] for a in body["agents"]}
             assert liveness == {"edge-a": "unconfirmed", "edge-b": "live", "edge-c": "unconfirmed"}
+
+
+def test_an_agent_whose_session_ends_without_a_bye_is_suspect_at_once(data_dir: Path) -> None:
+    """A SIGKILLed agent's session ends with no Bye: the next sweep ranks it after every
+    live agent (suspect), without waiting for two missed reports; it is down once its
+    reports are overdue, and live again when it reconnects and reports."""
+    clock = Clock()
+    with registry_at(data_dir, clock) as registry:
+        for agent_id in ("crashed", "healthy"):
+            registry.open_session(agent_hello(agent_id))
+        sessions = {r.agent_id: r.session_id for r in registry.agents()}
+        for agent_id, session in sessions.items():
+            registry.record_report(agent_id, session, LoadReport())
+        clock.now += timedelta(seconds=0.3)
+        assert registry.close_session("crashed", sessions["crashed"])
+        changed = registry.sweep()
+        assert [(r.agent_id, r.liveness) for r in changed] == [("crashed", Liveness.SUSPECT)]
+        assert registry.get("healthy").liveness is Liveness.LIVE
+        ranked = RouteScorer().rank(registry.agents(), RouteQuery(model="m"))
+        assert [a.agent_id for a in ranked.agents] == ["healthy", "crashed"]
+        clock.now += timedelta(seconds=10)
+        assert ("crashed", Liveness.DOWN) in [(r.agent_id, r.liveness) for r in registry.sweep()]
+        again = registry.open_session(agent_hello("crashed"))
+        registry.record_report("crashed", again, LoadReport())
+        assert registry.get("crashed").liveness is Liveness.LIVE

@@ -154,11 +154,18 @@ function fillRow(tr, a) {
   cells[1].textContent = a.site || "";
   cells[2].textContent = status;
   cells[2].className = `status ${status}`;
-  cells[3].textContent = load.waiting_sequences ?? "";
-  cells[4].textContent = load.running_sequences ?? "";
-  cells[5].textContent = load.tokens_per_second !== undefined ? load.tokens_per_second.toFixed(1) : "";
-  cells[6].textContent = load.kv_cache_used_fraction !== undefined
-    ? `${Math.round(load.kv_cache_used_fraction * 100)}%` : "";
+  const numbers = [
+    load.waiting_sequences ?? "",
+    load.running_sequences ?? "",
+    load.tokens_per_second !== undefined ? load.tokens_per_second.toFixed(1) : "",
+    load.kv_cache_used_fraction !== undefined ? `${Math.round(load.kv_cache_used_fraction * 100)}%` : "",
+  ];
+  numbers.forEach((value, i) => {
+    // a down agent's last report is history, not its load now: shown on hover only
+    const stale = status === "down" && value !== "";
+    cells[3 + i].textContent = stale ? "-" : String(value);
+    cells[3 + i].title = stale ? `last report: ${value}` : "";
+  });
   cells[7].textContent = modelsText(a);
   const age = reportAgeS(a);
   cells[8].textContent = Number.isFinite(age) ? `${age.toFixed(0)} s` : "never";

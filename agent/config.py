@@ -231,8 +231,9 @@ class OverflowConfig(Settings):
     # Policy: may requests leave the site at all (pools, providers)? Each API key's
     # allow_cloud and the request's must say so too. Peers at the site are always eligible.
     allow_cloud: bool = False
-    # Honour the hop marker from clients without a fleet agent certificate (loopback
-    # development without TLS only: anyone could then stop their requests overflowing).
+    # No effect, kept so that configs that set it still load: the hop marker is honoured
+    # from anyone (it only ever stops a request from being forwarded again; honoured only
+    # from peers with certificates, two plain-HTTP peers forwarded requests back and forth).
     trust_unauthenticated_hop: bool = False
     max_retries: int = Field(default=2, ge=0, le=10)  # per target, retryable errors only
     backoff_s: float = Field(default=0.1, ge=0, le=30)  # doubles each retry, jittered

@@ -52,11 +52,7 @@ async def forward(
     when none may take it."""
     service = request.app[OVERFLOW]
     reason = forward_reason(service, exc) or ""
-    if hop_honoured(
-        request.headers.get("X-Edgefleet-Hop"),
-        request.transport,
-        trust_unauthenticated=service.trust_unauthenticated_hop,
-    ):
+    if hop_honoured(request.headers.get("X-Edgefleet-Hop")):
         service.book.refused.labels("hop").inc()
         raise exc  # a peer's forward is never forwarded again
     raw: dict[str, Any] = json.loads(await request.read())  # validated by read_json already

@@ -6,10 +6,11 @@ needed: nothing to forbid it) and the request's own ``allow_cloud`` (the body's
 ``"edgefleet": {"allow_cloud": false}`` or the ``X-Edgefleet-Allow-Cloud: false`` header;
 absent: allowed). Peers at the same site are not "leaving"; they are always eligible.
 
-A forwarded request carries the hop marker (``X-Edgefleet-Hop``). It is honoured (the
-request is never forwarded again) only from an authenticated peer: a connection that
-presented a fleet agent certificate (mutual TLS, ``edgefleet.tls.peer_agent_id``). From
-anyone else it is ignored.
+A forwarded request carries the hop marker (``X-Edgefleet-Hop``), and a request that
+carries it is never forwarded again, whoever sent it. That is what stops two peers that
+cannot serve a request from forwarding it back and forth; it must hold over plain HTTP
+too, where no peer has a certificate. A client that sets the marker itself only keeps its
+own request from overflowing (as ``allow_cloud: false`` keeps it on the site).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from agent.auth.keys import KeyGrant
 from agent.errors import AgentError, InvalidRequestError
 from agent.structured.spec import ConstraintSpec, parse_constraint
-from edgefleet.tls import peer_agent_id
 
 # What a body the local path would refuse counts as: constrained to a JSON object (it only
 # ever reaches targets that enforce constraints, and its output must parse).
@@ -63,13 +63,9 @@ def may_leave_site(
     return grant.key.allow_cloud
 
 
-def hop_honoured(hop_header: str | None, transport: Any, *, trust_unauthenticated: bool) -> bool:
-    """Is this request a forward from a peer (so it must not be forwarded again)?"""
-    if not hop_header:
-        return False
-    if trust_unauthenticated:
-        return True
-    return peer_agent_id(transport) is not None
+def hop_honoured(hop_header: str | None) -> bool:
+    """Was this request forwarded already (so it must not be forwarded again)?"""
+    return bool(hop_header and hop_header.strip())
 
 
 def constraint_of(body: dict[str, Any]) -> ConstraintSpec | None:

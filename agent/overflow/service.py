@@ -141,7 +141,6 @@ class OverflowService:
         registry: CollectorRegistry | None = None,
         site: str = "",
         policy_allows_cloud: bool = False,
-        trust_unauthenticated_hop: bool = False,
         forward_reasons: tuple[str, ...] = (
             "queue_full",
             "predicted_wait",
@@ -154,7 +153,6 @@ class OverflowService:
         self.agent_id = ""
         self.targets = TargetSet(breaker)
         self.policy_allows_cloud = policy_allows_cloud
-        self.trust_unauthenticated_hop = trust_unauthenticated_hop
         self.forward_reasons = frozenset(forward_reasons)
         self.book = OverflowBook(registry)
         self.forwarder = Forwarder(

@@ -29,7 +29,6 @@ def overflow_service_for(
         registry=registry,
         site=config.identity.site,
         policy_allows_cloud=o.allow_cloud,
-        trust_unauthenticated_hop=o.trust_unauthenticated_hop,
         forward_reasons=(
             ("queue_full", "predicted_wait", "queue_timeout", "model_not_loaded")
             if o.enabled

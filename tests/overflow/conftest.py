@@ -29,7 +29,7 @@ async def make_agent(tiny_artifacts: Path) -> AsyncIterator[AgentFactory]:
             "models": {"dir": str(tiny_artifacts), "serve": [TINY]},
             "engine": {"max_context_tokens": 256, "default_max_tokens": 16},
             "identity": {"site": "lab"},
-            "overflow": {"backoff_s": 0.01, "trust_unauthenticated_hop": True},
+            "overflow": {"backoff_s": 0.01},
         }
         for name, values in sections.items():
             overrides[name] = {**overrides.get(name, {}), **values}

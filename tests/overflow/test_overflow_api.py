@@ -548,3 +548,29 @@ async def test_a_constrained_request_goes_only_where_constraints_hold_and_is_val
     # free text from the same target is returned as it is
     r = await agent.post("/v1/chat/completions", json=chat("hello"))
     assert r.status == 200 and r.headers["X-Edgefleet-Served-By"] == "pool-a"
+
+
+async def test_two_peers_that_cannot_serve_never_forward_a_request_back_and_forth(
+    make_agent: AgentFactory,
+) -> None:
+    """Two agents at a site over plain HTTP (no agent certificates), each the other's
+    overflow peer, neither serving the model asked for: the first forwards the request
+    once, the second refuses it without forwarding it again (the hop marker), and the
+    client gets that refusal at once. Before, the marker counted only from
+    a peer with a certificate, so the two forwarded it back and forth, a connection more
+    at each hop, until the connection cap: the 503 "too many connections" seen in a CI run
+    of the int8 rollback test, where two saturated agents at one site were each other's
+    peers."""
+    a, b = await make_agent(), await make_agent()
+
+    def peer_of(client: TestClient, name: str) -> OverflowTarget:
+        return OverflowTarget(name, OverflowKind.PEER, str(client.make_url("/v1")),
+                              api=OverflowApi.EDGEFLEET, site="lab", free_slots=3)  # fmt: skip
+
+    set_targets(a, peer_of(b, "peer-b"))
+    set_targets(b, peer_of(a, "peer-a"))
+    r = await asyncio.wait_for(a.post("/v1/chat/completions", json=chat("hi")), 20)
+    body = await r.json()
+    assert r.status == 404 and "peer-b answered HTTP 404" in body["error"]["message"], body
+    hops = [service_of(x).book.refused.labels("hop")._value.get() for x in (a, b)]
+    assert hops == [0, 1], hops

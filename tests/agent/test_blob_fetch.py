@@ -24,7 +24,8 @@ from agent.sync.fetch import BlobFetcher, BlobSource
 from agent.sync.store import ModelStore
 from coordinator.ca import CertificateAuthority
 from edgefleet.blob_http import send_blob
-from edgefleet.tls import CertFiles, agent_client_context, server_context, write_atomically
+from edgefleet.tls import agent_client_context, server_context
+from tests.certs import write_agent_cert
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,14 +74,6 @@ def blob_handler(blob: Blob) -> Handler:
     return handler
 
 
-def issue(ca: CertificateAuthority, directory: Path, name: str) -> CertFiles:
-    issued = ca.issue_client(name, server_names=["127.0.0.1"])
-    files = CertFiles(directory / f"{name}.crt", directory / f"{name}.key")
-    write_atomically(files.key, issued.key_pem, private=True)
-    write_atomically(files.cert, issued.cert_pem)
-    return files
-
-
 def ignore(n: int, kind: str) -> None:
     pass
 
@@ -92,11 +85,13 @@ async def test_over_mutual_tls_with_the_fleet_ca(
     one with a certificate of another CA is refused by the peer; one that does not trust
     the peer's CA refuses the peer. Neither failure leaves anything in the store."""
     ca = CertificateAuthority.load_or_create(tmp_path / "ca")
-    server = server_context(issue(ca, tmp_path, "peer"), ca.cert_pem, client_certs="required")
+    server = server_context(
+        write_agent_cert(ca, tmp_path, "peer"), ca.cert_pem, client_certs="required"
+    )
     base = await serve(blob_handler(blob), server)
     source = [BlobSource(base, "peer")]
 
-    fleet = agent_client_context(issue(ca, tmp_path, "agent"), ca.cert_pem)
+    fleet = agent_client_context(write_agent_cert(ca, tmp_path, "agent"), ca.cert_pem)
     fetcher = BlobFetcher(ModelStore(tmp_path / "store"), ssl=fleet)
     got: list[int] = []
     await fetcher.fetch(blob.sha256, len(blob.data), source, lambda n, kind: got.append(n))
@@ -107,10 +102,10 @@ async def test_over_mutual_tls_with_the_fleet_ca(
     other = CertificateAuthority.load_or_create(tmp_path / "other-ca")
     contexts = {
         "a certificate the peer does not trust": agent_client_context(
-            issue(other, tmp_path, "stranger"), ca.cert_pem
+            write_agent_cert(other, tmp_path, "stranger"), ca.cert_pem
         ),
         "a peer it does not trust": agent_client_context(
-            issue(ca, tmp_path, "agent2"), other.cert_pem
+            write_agent_cert(ca, tmp_path, "agent2"), other.cert_pem
         ),
     }
     for case, context in contexts.items():

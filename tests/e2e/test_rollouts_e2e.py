@@ -419,10 +419,10 @@ async def _rolled_back(fleet: Fleet, version: str, extra: list[str],
         f"last gate {done.get('last_gate')}; streamed chunks per reply, median "
         f"{statistics.median(traffic.chunks) if traffic.chunks else None}"
     )
-    assert traffic.failures == [], (
-        len(traffic.failures), traffic.failures[:5],
-        {a.agent_id: "".join(list(a.log)[-40:]) for a in fleet.agents},
-    )  # fmt: skip
+    if traffic.failures:  # the agents' last words, whole (an assertion message is cut)
+        for agent in fleet.agents:
+            print(f"--- {agent.agent_id}, last 40 log lines:\n" + "".join(list(agent.log)[-40:]))
+    assert traffic.failures == [], (len(traffic.failures), traffic.failures[:5])
     assert traffic.last_version(canary_url) == fleet.v["int4"]
     assert time.monotonic() - began < 300
     # Never beyond the canary.

@@ -275,13 +275,11 @@ async def test_a_blob_over_tls(tmp_path: Path) -> None:
     TLS asyncio's own sendfile fallback resumed a writer aiohttp had never paused: the
     runbook test in CI got a 500 after 16 MiB; that race is not reproduced here)."""
     from coordinator.ca import CertificateAuthority
-    from edgefleet.tls import CertFiles, fleet_client_context, server_context, write_atomically
+    from edgefleet.tls import fleet_client_context, server_context
+    from tests.certs import write_agent_cert
 
     ca = CertificateAuthority.load_or_create(tmp_path / "ca")
-    issued = ca.issue_client("edge-a", server_names=["127.0.0.1"])
-    files = CertFiles(tmp_path / "a.crt", tmp_path / "a.key")
-    write_atomically(files.key, issued.key_pem, private=True)
-    write_atomically(files.cert, issued.cert_pem)
+    files = write_agent_cert(ca, tmp_path, "edge-a")
     data = os.urandom(3 * SENDFILE_PIECE + 4321)
     sha = hashlib.sha256(data).hexdigest()
     (tmp_path / sha).write_bytes(data)

@@ -11,22 +11,13 @@ from aiohttp import web
 
 from coordinator.ca import CertificateAuthority
 from edgefleet.tls import (
-    CertFiles,
     agent_client_context,
     agent_server_name,
     fleet_client_context,
     peer_agent_id,
     server_context,
-    write_atomically,
 )
-
-
-def _agent(ca: CertificateAuthority, where: Path, agent_id: str) -> CertFiles:
-    issued = ca.issue_client(agent_id, server_names=["127.0.0.1"])
-    files = CertFiles(where / f"{agent_id}.crt", where / f"{agent_id}.key")
-    write_atomically(files.key, issued.key_pem, private=True)
-    write_atomically(files.cert, issued.cert_pem)
-    return files
+from tests.certs import write_agent_cert
 
 
 async def _serve(context: ssl.SSLContext) -> tuple[web.AppRunner, str]:
@@ -45,7 +36,10 @@ async def test_mutual_tls_between_two_agents_refuses_a_client_without_a_fleet_ce
     tmp_path: Path,
 ) -> None:
     ca = CertificateAuthority.load_or_create(tmp_path / "ca")
-    server_files, client_files = _agent(ca, tmp_path, "edge-a"), _agent(ca, tmp_path, "edge-b")
+    server_files, client_files = (
+        write_agent_cert(ca, tmp_path, "edge-a"),
+        write_agent_cert(ca, tmp_path, "edge-b"),
+    )
     runner, url = await _serve(server_context(server_files, ca.cert_pem, client_certs="required"))
     try:
         peer = agent_client_context(client_files, ca.cert_pem)
@@ -62,7 +56,9 @@ async def test_mutual_tls_between_two_agents_refuses_a_client_without_a_fleet_ce
                     await r.read()
             # a certificate from another CA: refused too
             other = CertificateAuthority.load_or_create(tmp_path / "other-ca")
-            rogue = agent_client_context(_agent(other, tmp_path, "edge-rogue"), ca.cert_pem)
+            rogue = agent_client_context(
+                write_agent_cert(other, tmp_path, "edge-rogue"), ca.cert_pem
+            )
             with pytest.raises(aiohttp.ClientError):
                 async with http.get(url, ssl=rogue) as r:
                     await r.read()

@@ -255,11 +255,17 @@ class BlobFetcher:
             with contextlib.suppress(RuntimeError):  # the loop closed under an abort
                 loop.call_soon_threadsafe(progress, n, source.kind)
 
+        def receiving() -> None:
+            # only once the source answered with bytes: a peer asking meanwhile is told to
+            # wait for them (503). Marked before the answer, two agents polling each other
+            # for a blob neither had waited on each other until the peer wait ran out.
+            with contextlib.suppress(RuntimeError):  # the loop closed under an abort
+                loop.call_soon_threadsafe(self.downloading.add, sha256)
+
         transfer = _Transfer(
             url, headers, context, self.store.partial(sha256), sha256, size,
-            self.limiter, report, self.connect_timeout_s, self.read_timeout_s,
+            self.limiter, report, receiving, self.connect_timeout_s, self.read_timeout_s,
         )  # fmt: skip
-        self.downloading.add(sha256)
         running = loop.run_in_executor(self._threads(), transfer.run)
         try:
             await asyncio.shield(running)
@@ -301,6 +307,7 @@ class _Transfer:
         size: int,
         limiter: RateLimiter,
         report: Callable[[int], None],
+        receiving: Callable[[], None],
         connect_timeout_s: float,
         read_timeout_s: float,
     ) -> None:
@@ -312,6 +319,7 @@ class _Transfer:
         self.size = size
         self.limiter = limiter
         self.report = report
+        self.receiving = receiving  # called once the source answered with the bytes
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.aborted = threading.Event()
@@ -373,6 +381,7 @@ class _Transfer:
             conn.request("GET", target, headers=headers)
             response = conn.getresponse()
             have, digest = self._answer(response, have, digest)
+            self.receiving()
             self._receive(response, have, digest)
         finally:
             with self._lock:

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv models demo test lint bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
+.PHONY: venv models system-deps demo test lint bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
 
 help:
 	@echo "make demo   - set up, build the models (cached), start coordinator + 2 agents"
@@ -31,7 +31,12 @@ models: venv
 demo: models
 	$(BIN)/python -m devtools.demo
 
-test: models
+# the Debian packages the tests drive (Chromium, Prometheus, buildah, ...): installed when
+# missing, through sudo when not root (devtools/system_deps.sh says what and why)
+system-deps:
+	devtools/system_deps.sh
+
+test: system-deps models
 	$(BIN)/python -m pytest --durations=25
 
 lint: venv

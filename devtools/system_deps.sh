@@ -1,7 +1,8 @@
 #!/bin/sh
 # System packages the tests and benchmarks need (Debian 12), installed when missing:
-# `.ci/run` calls this before `make test`, so a fresh machine gets them. Only what is
-# missing is installed (apt is not touched on a machine that has everything).
+# `make test` runs this first (so does `.ci/run`, through `make test`), so a fresh machine
+# gets them. Only what is missing is installed (apt is not touched on a machine that has
+# everything). Not root: through sudo; when neither works, one line names the packages.
 #
 #   chromium              the dashboard's browser tests and benchmark (Playwright drives
 #                         Debian's Chromium: Playwright's own browser download needs a CDN)
@@ -40,11 +41,18 @@ command -v npm >/dev/null 2>&1 || missing="$missing npm"
 case "$missing" in *nginx-light*) command -v nginx >/dev/null 2>&1 \
   && missing=$(echo "$missing" | sed 's/ nginx-light//') ;; esac
 SUDO=""
-[ "$(id -u)" = 0 ] || SUDO=sudo
+[ "$(id -u)" = 0 ] || SUDO="sudo -n"
+cannot() {
+  echo "system_deps: cannot install the Debian packages the tests need ($1); install them and rerun: apt-get install$missing" >&2
+  exit 1
+}
 if [ -n "$missing" ]; then
-  echo "system_deps: installing$missing"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+  [ -z "$SUDO" ] || command -v sudo >/dev/null 2>&1 || cannot "not root and no sudo"
+  command -v apt-get >/dev/null 2>&1 || cannot "no apt-get"
+  echo "system_deps: installing$missing (first run only: a few minutes)"
+  $SUDO apt-get update -qq || cannot "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing \
+    || cannot "apt-get install failed"
 fi
 if [ "${1:-}" = arm64 ]; then
   # binfmt-support's postinst registers qemu-aarch64 when binfmt_misc is mounted; a

@@ -300,3 +300,70 @@ async def test_an_unhealthy_agent_gets_no_routes_and_says_why_in_the_fleet_view(
     assert [a.agent_id for a in answer.agents] == ["sick", "well"]
     sick.cancel()
     well.cancel()
+
+
+PARIS = pb.Location(lat=48.8566, lon=2.3522)
+LYON = pb.Location(lat=45.764, lon=4.8357)
+OSLO = pb.Location(lat=59.9139, lon=10.7522)
+
+
+async def test_a_site_with_one_live_agent_gets_the_nearest_live_agents_beyond_it(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    # One agent per site, the common edge topology: a client that names its site must
+    # still get somewhere to fail over to when that agent dies.
+    c = await make_coordinator(report_interval_ms=2000)
+    calls = [
+        await _agent(c, "paris-1", pb.LoadReport(), site="paris", location=PARIS),
+        await _agent(c, "oslo-1", pb.LoadReport(), site="oslo", location=OSLO),
+        await _agent(c, "lyon-1", pb.LoadReport(), site="lyon", location=LYON),
+    ]
+    await _all_reported(c, 3)
+    answer = await c.stub.Route(pb.RouteRequest(model="m", site="paris"))
+    # the site's own first, then the nearest beyond it (to the site's place: Lyon, Oslo)
+    assert [a.agent_id for a in answer.agents] == ["paris-1", "lyon-1", "oslo-1"]
+    assert "1 live agent(s) at site 'paris': added the nearest live beyond it" in answer.reason
+    async with aiohttp.ClientSession() as http:
+        params = {"model": "m", "site": "paris", "limit": "2"}
+        async with http.get(c.http_url + "/v1/route", params=params) as response:
+            body = await response.json()
+    assert [a["agent_id"] for a in body["agents"]] == ["paris-1", "lyon-1"]
+    for call in calls:
+        call.cancel()
+
+
+async def test_a_site_with_two_live_agents_keeps_its_answer_to_itself(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    c = await make_coordinator(report_interval_ms=2000)
+    calls = [
+        await _agent(c, "paris-1", pb.LoadReport(), site="paris", location=PARIS),
+        await _agent(c, "paris-2", pb.LoadReport(), site="paris", location=PARIS),
+        await _agent(c, "lyon-1", pb.LoadReport(), site="lyon", location=LYON),
+    ]
+    await _all_reported(c, 3)
+    answer = await c.stub.Route(pb.RouteRequest(model="m", site="paris"))
+    assert sorted(a.agent_id for a in answer.agents) == ["paris-1", "paris-2"]
+    assert "added the nearest live beyond" not in answer.reason
+    for call in calls:
+        call.cancel()
+
+
+async def test_a_suspect_agent_is_never_the_only_answer_while_a_live_one_exists(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    c = await make_coordinator(report_interval_ms=300)
+    paris = await _agent(c, "paris-1", pb.LoadReport(), site="paris", location=PARIS)
+    lyon = await _agent(c, "lyon-1", pb.LoadReport(), site="lyon", location=LYON)
+    await _all_reported(c, 2)
+    paris.cancel()  # its session ends without a Bye, as when the process is SIGKILLed
+
+    def paris_suspect() -> bool:
+        return c.app[REGISTRY_KEY].get("paris-1").liveness is Liveness.SUSPECT
+
+    await wait_until(paris_suspect, timeout_s=10, message="paris-1 suspect")
+    answer = await c.stub.Route(pb.RouteRequest(model="m", site="paris"))
+    # the live one beyond the site first, the site's suspect agent after it
+    assert [a.agent_id for a in answer.agents] == ["lyon-1", "paris-1"]
+    assert "before the site's 1 not confirmed live" in answer.reason
+    lyon.cancel()

@@ -38,13 +38,19 @@ __all__ = ["NAME", "build_minilm", "key_options"]
 log = logging.getLogger(__name__)
 
 NAME: Final = "all-minilm-l6-v2"
+SHIP_RULE: Final = "fewest weight bits that passed the gate"  # never measured speed
 BERT_SPECIAL_TOKENS: Final = SpecialTokens(
     bos_token_id=101, eos_token_ids=(102,), pad_token_id=0, bos_token="[CLS]", eos_token="[SEP]"
 )
 
 
 def key_options(options: BuildOptions) -> dict[str, Any]:
-    return {"target": NAME, "skip_gate": options.skip_gate, "int8": "matmul-nbits-8-acc4"}
+    return {
+        "target": NAME,
+        "skip_gate": options.skip_gate,
+        "int8": "matmul-nbits-8-acc4",
+        "ship": SHIP_RULE,
+    }
 
 
 @dataclass
@@ -202,13 +208,20 @@ def build_minilm(
 
 
 def _choose(variants: dict[str, EmbeddingVariant], skip_gate: bool) -> tuple[str, str]:
+    """The variant with the fewest weight bits among fp32 (the reference) and the quantized
+    ones that passed the gate: int8 when it passed, else fp32. A fixed rule: measured speeds
+    are recorded (manifest and build report) but never decide, so every machine that builds
+    the same code ships the same variant (by speed, one shipped fp32 and another int8)."""
     if skip_gate:
         return "int8", "gate skipped (--skip-gate): quantized variant shipped unchecked"
     if not (variants["int8"].accuracy or {}).get("passed"):
         log.warning("!!! int8 FAILED THE EMBEDDING GATE: SHIPPING fp32 !!!")
         return "fp32", "int8 failed the accuracy gate; fp32 shipped"
-    best = max(variants, key=lambda n: variants[n].speed)
-    return best, f"fastest of {sorted(variants)} (int8 passed the gate)"
+    candidates = ["fp32", "int8"]
+    best = min(candidates, key=lambda n: (int(variants[n].quantization["bits"]), n))
+    return best, (
+        f"fewest weight bits of {candidates} (int8 passed the gate); speeds recorded, not compared"
+    )
 
 
 def _print_table(variants: dict[str, EmbeddingVariant], shipped: str) -> None:

@@ -53,7 +53,8 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--skip-gate",
         action="store_true",
-        help="do not run the accuracy gate; ship the fastest quantized variant unchecked "
+        help="do not run the accuracy gate; ship the quantized variant with the fewest "
+        "weight bits unchecked "
         "(recorded in the manifest; changes the cache key)",
     )
     b.add_argument(

@@ -29,7 +29,7 @@ class BuildOptions:
     out: Path
     only: tuple[str, ...] | None = None  # target names; None builds all
     force: bool = False  # rebuild even when the cache key matches
-    skip_gate: bool = False  # ship the fastest quantized variant without the accuracy gate
+    skip_gate: bool = False  # ship the fewest-bits quantized variant without the gate
     threads: int = 2  # CPU threads for torch and onnxruntime
     # A directory shared by every clone on the machine (``~/.cache/edgefleet/models``):
     # a target built once is copied from there. None: build into ``out`` only.

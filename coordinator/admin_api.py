@@ -23,7 +23,10 @@ to the audit log with its outcome, and so are refusals (rate-capped, see
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,7 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from coordinator.admin_tokens import Caller, Role
-from coordinator.api_keys import PRIORITIES
+from coordinator.api_keys import MAX_TOKENS_PER_REQUEST, PRIORITIES
 from coordinator.app_keys import (
     ADMIN_TOKENS_KEY,
     API_KEYS_KEY,
@@ -91,6 +94,7 @@ logger = logging.getLogger(__name__)
 ADMIN_PREFIX = "/v1/admin"
 CALLER_KEY = web.RequestKey("caller", Caller)
 READ_METHODS = frozenset({"GET", "HEAD"})
+TEN_YEARS_S = 10 * 365 * 86_400
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,15 +289,40 @@ def location_from(lat: Any, lon: Any) -> Location | None:
         raise InvalidParameter("location", str(exc)) from exc
 
 
-def _int(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
+def _int(
+    body: Mapping[str, Any], name: str, default: int | None, low: int, high: int
+) -> int | None:
+    """An optional integer field within [low, high] (an integral JSON number such as 1e3
+    counts); raises InvalidParameter."""
     value = body.get(name, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-        raise InvalidParameter(name, f"{name} must be an integer, got {value!r}")
-    if abs(value) > 2**53:
-        raise InvalidParameter(name, f"{name} is out of range")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not value.is_integer())  # NaN and inf too
+    ):
+        raise InvalidParameter(name, f"{name} must be an integer, got {_shown(value)}")
+    if not low <= value <= high:
+        raise InvalidParameter(name, f"{name} must be within [{low}, {high}], got {_shown(value)}")
     return int(value)
+
+
+def _shown(value: Any) -> str:
+    """A request's value in an error message, cut short."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge integer"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: valid JSON, beyond a double
+        raise ValueError(f"the number {text[:40]} is beyond a double")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:
@@ -302,10 +331,16 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     # read the body (cached for json()), and can_read_body is False once it was read.
     if not request.body_exists:
         return {}
+    # Strict JSON: Python's json reads NaN and Infinity (not JSON) and turns 1e400 into
+    # inf; no handler or store is ever handed a non-finite number.
     try:
-        body = await request.json()
-    except ValueError:
-        raise InvalidParameter("body", "the request body must be a JSON object") from None
+        body = json.loads(
+            await request.text(), parse_constant=_no_constant, parse_float=_finite_float
+        )
+    except ValueError as exc:
+        raise InvalidParameter(
+            "body", f"the request body must be a JSON object ({str(exc)[:100]})"
+        ) from None
     if not isinstance(body, dict):
         raise InvalidParameter("body", "the request body must be a JSON object")
     return body
@@ -313,11 +348,9 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 
 async def create_token(request: web.Request) -> web.Response:
     body = await json_body(request)
-    expires_in_s = _int(body, "expires_in_s", 86_400)
-    max_uses = _int(body, "max_uses", 1)
-    if expires_in_s is not None and not 0 < expires_in_s <= 10 * 365 * 86_400:
-        raise InvalidParameter("expires_in_s", "expires_in_s must be within 1 s and 10 years")
-    if max_uses is None or not 1 <= max_uses <= 1_000_000:
+    expires_in_s = _int(body, "expires_in_s", 86_400, 1, TEN_YEARS_S)
+    max_uses = _int(body, "max_uses", 1, 1, 1_000_000)
+    if max_uses is None:
         raise InvalidParameter("max_uses", "max_uses must be within 1 and 1000000")
     site, note = body.get("site", ""), body.get("note", "")
     http_url = body.get("http_url", "")
@@ -529,8 +562,12 @@ def api_key_json(key: ApiKeyRecord, now: datetime) -> dict[str, Any]:
 
 def _number(body: dict[str, Any], name: str) -> float:
     value = body.get(name, 0)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidParameter(name, f"{name} must be a number >= 0 (0: unlimited)")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= sys.float_info.max  # NaN, inf and ints beyond a double too
+    ):
+        raise InvalidParameter(name, f"{name} must be a finite number >= 0 (0: unlimited)")
     return float(value)
 
 
@@ -554,12 +591,13 @@ async def mint_key(request: web.Request) -> web.Response:
     allow_cloud = body.get("allow_cloud", False)
     if not isinstance(allow_cloud, bool):
         raise InvalidParameter("allow_cloud", "allow_cloud must be true or false")
-    max_tokens = _int(body, "max_tokens_per_request", 0) or 0
-    expires_in_s = _int(body, "expires_in_s", None)
-    if expires_in_s is not None and not 0 < expires_in_s <= 10 * 365 * 86_400:
-        raise InvalidParameter(
-            "expires_in_s", "expires_in_s must be within 1 s and 10 years (or null: never)"
-        )
+    # The wire's limit (ApiKey.max_tokens_per_request is a uint32): a larger cap was
+    # stored, then failed every conversion of the keys section for an agent (a 500 here,
+    # and every agent's session ended at its first message, at every reconnect).
+    max_tokens = _int(body, "max_tokens_per_request", 0, 0, MAX_TOKENS_PER_REQUEST) or 0
+    expires_in_s = _int(body, "expires_in_s", None, 1, TEN_YEARS_S)  # null: never
+    requests_per_minute = _number(body, "requests_per_minute")
+    tokens_per_minute = _number(body, "tokens_per_minute")
     try:
         minted = request.config_dict[API_KEYS_KEY].mint(
             name=name,
@@ -567,8 +605,8 @@ async def mint_key(request: web.Request) -> web.Response:
             allow_cloud=allow_cloud,
             max_priority=priority,
             max_tokens_per_request=max_tokens,
-            requests_per_minute=_number(body, "requests_per_minute"),
-            tokens_per_minute=_number(body, "tokens_per_minute"),
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
             expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
         )
     except ValueError as exc:

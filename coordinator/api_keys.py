@@ -37,6 +37,7 @@ refused sooner, until the next rebalance (within a report interval or two).
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -51,6 +52,9 @@ from edgefleet.contract import ApiKey, KeysSection, KeyUsage
 logger = logging.getLogger(__name__)
 
 PRIORITIES = ("high", "normal", "low")
+# The largest max_tokens_per_request the wire carries (ApiKey.max_tokens_per_request is a
+# uint32); any cap near it is beyond every model's context anyway.
+MAX_TOKENS_PER_REQUEST = 2**32 - 1
 SECRET_PREFIX = "ef-"
 FLOOR = 0.25
 USAGE_SMOOTHING = 0.3
@@ -96,8 +100,10 @@ class ApiKeys:
         models = tuple(models)
         if max_priority not in PRIORITIES:
             raise ValueError(f"max_priority must be high, normal or low, got {max_priority!r}")
-        if max_tokens_per_request < 0 or requests_per_minute < 0 or tokens_per_minute < 0:
-            raise ValueError("limits must be 0 (none) or positive")
+        if not 0 <= max_tokens_per_request <= MAX_TOKENS_PER_REQUEST:
+            raise ValueError(f"max_tokens_per_request must be within [0, {MAX_TOKENS_PER_REQUEST}]")
+        if not (0 <= requests_per_minute < math.inf and 0 <= tokens_per_minute < math.inf):
+            raise ValueError("rate limits must be 0 (none) or finite and positive")
         if expires_in is not None and expires_in <= timedelta(0):
             raise ValueError("expires_in must be positive")
         if any(not m or len(m) > 200 or m.count("@") > 1 for m in models) or len(models) > 100:
@@ -232,7 +238,9 @@ class KeyDistributor:
                     models=r.models,
                     allow_cloud=r.allow_cloud,
                     max_priority=r.max_priority,
-                    max_tokens_per_request=r.max_tokens_per_request,
+                    # a key stored before the cap was checked must not fail every
+                    # agent's keys section (any cap that large is beyond every context)
+                    max_tokens_per_request=min(r.max_tokens_per_request, MAX_TOKENS_PER_REQUEST),
                     requests_per_minute=r.requests_per_minute,
                     tokens_per_minute=r.tokens_per_minute,
                     expires_at_unix=0 if r.expires_at is None else int(r.expires_at.timestamp()),

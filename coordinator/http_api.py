@@ -12,6 +12,7 @@ import asyncio
 import bisect
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -199,8 +200,10 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
             rtts[agent_id] = float(ms)
         except ValueError:
             sep = ""
-        if not sep or rtts.get(agent_id, -1.0) < 0:
-            raise InvalidParameter("rtt", f"rtt entries look like AGENT_ID:MS, got {item!r}")
+        # a time, as the gRPC Route checks it: "nan" scored the agent NaN, answered as
+        # "score": NaN (not JSON)
+        if not sep or not 0 <= rtts.get(agent_id, -1.0) < math.inf:
+            raise InvalidParameter("rtt", f"rtt entries look like AGENT_ID:MS, got {item[:80]!r}")
     exclude = {e.strip() for e in ",".join(q.getall("exclude", [])).split(",") if e.strip()}
     max_wait = _number(q, "max_wait_ms", low=0, high=3_600_000)
     limit = _number(q, "limit", low=0, high=1000)

@@ -12,6 +12,7 @@ from functools import cache
 from typing import Any
 
 from coordinator.admin_api import ADMIN_PREFIX, ADMIN_ROUTES, route_roles
+from coordinator.api_keys import MAX_TOKENS_PER_REQUEST
 
 _NULLABLE_STR = {"type": ["string", "null"]}
 _NULLABLE_NUM = {"type": ["number", "null"]}
@@ -182,7 +183,11 @@ _SCHEMAS: dict[str, Any] = {
             "models": {"type": "array", "items": {"type": "string"}},
             "allow_cloud": {"type": "boolean"},
             "max_priority": {"enum": ["high", "normal", "low"]},
-            "max_tokens_per_request": {"type": "integer", "minimum": 0},
+            "max_tokens_per_request": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_TOKENS_PER_REQUEST,
+            },
             "requests_per_minute": {"type": "number", "minimum": 0},
             "tokens_per_minute": {"type": "number", "minimum": 0},
             "expires_in_s": {"type": ["integer", "null"], "minimum": 1, "maximum": 315_360_000},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from agent.errors import InvalidApiKeyError
 from coordinator.__main__ import main as coordinator_main
 from coordinator.api_keys import FLOOR
 from coordinator.app_keys import CONFIG_KEY, KEY_DISTRIBUTOR_KEY
+from coordinator.fleet_store import ApiKeyRecord
+from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.tokens import sha256_hex
 from devtools.process import wait_until
 from edgefleet.contract import Hello, KeysSection, KeyUsage, LoadedModel, LoadReport
 
@@ -101,6 +105,92 @@ async def test_mint_list_show_revoke_and_only_the_digest_is_stored(
     # an expiry past what a date can hold was a 500 (found by schemathesis)
     status, body = await admin(coordinator, "POST", "/v1/admin/keys", {"expires_in_s": 6 * 10**13})
     assert status == 400 and body["error"]["param"] == "expires_in_s"
+
+
+# The body schemathesis sent when POST /v1/admin/keys answered 500 (its output hid
+# max_tokens_per_request, as a field named like a credential): 2**32 is the first cap the
+# wire's uint32 cannot carry, inside the schema then (integer, minimum 0).
+FUZZED_KEY = {
+    "allow_cloud": False, "expires_in_s": None, "requests_per_minute": 6.938208639158883e307,
+    "max_tokens_per_request": 2**32,
+}  # fmt: skip
+
+
+async def test_a_cap_beyond_the_wire_is_a_400_and_connected_agents_keep_their_session(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    async with Agent(coordinator, "edge-1", tmp_path / "a1") as agent:
+        session = (await coordinator.get_json("/v1/agents/edge-1"))["session_id"]
+        # was: stored, then a 500 from converting the keys section for the agent, and
+        # every later session of every agent ended at its first message
+        status, body = await admin(coordinator, "POST", "/v1/admin/keys", FUZZED_KEY)
+        assert status == 400, body
+        assert body["error"]["code"] == "invalid_parameter"
+        assert body["error"]["param"] == "max_tokens_per_request"
+        _, listed = await admin(coordinator, "GET", "/v1/admin/keys")
+        assert listed["data"] == []  # nothing stored
+        largest = FUZZED_KEY | {"max_tokens_per_request": 2**32 - 1}
+        status, key = await admin(coordinator, "POST", "/v1/admin/keys", largest)
+        assert status == 201, key
+        await wait_until(lambda: accepts(agent.table, key["secret"]), message="key pushed")
+        grant = agent.table.authenticate(f"Bearer {key['secret']}")
+        assert grant.key.max_tokens_per_request == 2**32 - 1
+        assert grant.key.requests_per_minute == 6.938208639158883e307  # one agent: all of it
+        assert (await coordinator.get_json("/v1/agents/edge-1"))["session_id"] == session
+
+
+async def test_a_stored_cap_beyond_the_wire_reaches_agents_as_the_largest_it_carries(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    """A key stored before the cap was checked (an older coordinator, or its CLI) does not
+    end every agent's session: it is sent with the largest cap the wire carries."""
+    async with Agent(coordinator, "edge-1", tmp_path / "a1") as agent:
+        _, honest = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "honest"})
+        await wait_until(lambda: accepts(agent.table, honest["secret"]), message="key pushed")
+        secret = "ef-0ld0ld0ld0ld-" + "x" * 43
+        store = SQLiteFleetStore.in_directory(Path(coordinator.app[CONFIG_KEY].data_dir))
+        try:
+            store.add_api_key(ApiKeyRecord(
+                key_id="0ld0ld0ld0ld", secret_sha256=sha256_hex(secret),
+                created_at=datetime.now(UTC), max_tokens_per_request=2**40,
+            ))  # fmt: skip
+        finally:
+            store.close()
+        # the periodic refresh reads it from the database and pushes it
+        await wait_until(lambda: accepts(agent.table, secret), timeout_s=5, message="old key")
+        grant = agent.table.authenticate(f"Bearer {secret}")
+        assert grant.key.max_tokens_per_request == 2**32 - 1
+        assert agent.session.connected and accepts(agent.table, honest["secret"])
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ('{"requests_per_minute": NaN}', "body"),  # Python's json reads NaN; JSON has none
+        ('{"tokens_per_minute": Infinity}', "body"),
+        ('{"requests_per_minute": 1e400}', "body"),  # valid JSON, beyond a double: inf
+        ('{"max_tokens_per_request": -Infinity}', "body"),
+        (f'{{"requests_per_minute": {10**400}}}', "requests_per_minute"),
+        ('{"max_tokens_per_request": 1e300}', "max_tokens_per_request"),
+        ('{"max_tokens_per_request": 2.5}', "max_tokens_per_request"),
+        ('{"max_tokens_per_request": -1}', "max_tokens_per_request"),
+        ('{"expires_in_s": 1e300}', "expires_in_s"),
+    ],
+)
+async def test_numbers_a_key_cannot_have_are_a_400(
+    coordinator: Coordinator, body: str, param: str
+) -> None:
+    async with (
+        aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+        http.post(coordinator.http_url + "/v1/admin/keys", data=body,
+                  headers={"Content-Type": "application/json"}) as response,
+    ):  # fmt: skip
+        answer = await response.json()
+    assert response.status == 400, answer
+    assert answer["error"]["code"] == "invalid_parameter"
+    assert answer["error"]["param"] == param, answer
+    _, listed = await admin(coordinator, "GET", "/v1/admin/keys")
+    assert listed["data"] == []
 
 
 def test_cli_mints_into_the_database_and_never_stores_the_secret(

@@ -31,6 +31,21 @@ class ProcessStartError(RuntimeError):
     """The child exited or stayed silent before printing its ready line."""
 
 
+# The processes started here that still run, or exited since forget_exited() last ran:
+# tests/conftest.py adds their tracebacks and last lines to a failed test's report.
+_started: list[ServiceProcess] = []
+
+
+def started_processes() -> list[ServiceProcess]:
+    """The processes still running, and those that exited since ``forget_exited()``."""
+    return list(_started)
+
+
+def forget_exited() -> None:
+    """Forget the processes that have exited (as each test starts)."""
+    _started[:] = [p for p in _started if p.returncode is None]
+
+
 class ServiceProcess:
     def __init__(
         self,
@@ -58,6 +73,7 @@ class ServiceProcess:
         self._process: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
         self.log: collections.deque[str] = collections.deque(maxlen=500)  # last stderr lines
+        self.lines_logged = 0  # lines ever put in ``log`` (which of them are new since a count)
 
     @property
     def pid(self) -> int:
@@ -87,6 +103,7 @@ class ServiceProcess:
             stderr=asyncio.subprocess.PIPE,
             preexec_fn=None if self.cpus is None else self._pin,
         )  # fmt: skip
+        _started.append(self)
         stderr = self._process.stderr
         if stderr is None:
             raise ProcessStartError("no stderr pipe")
@@ -101,6 +118,7 @@ class ServiceProcess:
                             "ready:\n" + "".join(self.log)
                         )
                     self.log.append(line)
+                    self.lines_logged += 1
                     if match := self._ready.search(line):
                         break
         except TimeoutError:
@@ -115,6 +133,7 @@ class ServiceProcess:
         assert self._process is not None and self._process.stderr is not None
         while line := await self._process.stderr.readline():
             self.log.append(line.decode(errors="replace"))
+            self.lines_logged += 1
 
     async def terminate(self, timeout_s: float = 10.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
@@ -157,10 +176,13 @@ class ServiceProcess:
             await self.terminate()
 
 
-async def get_json(url: str, *, headers: dict[str, str] | None = None) -> Any:
+async def get_json(
+    url: str, *, headers: dict[str, str] | None = None, ssl: Any = True
+) -> Any:
+    """GET ``url`` as JSON (``ssl``: an ``ssl.SSLContext`` for a private CA's HTTPS)."""
     async with (
         aiohttp.ClientSession(headers=headers) as http,
-        http.get(url, raise_for_status=True) as response,
+        http.get(url, raise_for_status=True, ssl=ssl) as response,
     ):
         return await response.json()
 

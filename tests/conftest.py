@@ -1,13 +1,18 @@
-"""Shared fixtures: model artifacts, built (or found up to date) once per session."""
+"""Shared fixtures (model artifacts, built or found up to date once per session), and what
+a failed test's report shows of the server processes it ran (tests/server_logs.py)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+
+from devtools.process import ServiceProcess, forget_exited, started_processes
+from tests.server_logs import report_section
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("EDGEFLEET_ARTIFACTS", REPO / "models" / "artifacts"))
@@ -45,3 +50,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if skipped and exitstatus == 0:
         reporter.write_line(f"FAILED: {len(skipped)} test(s) skipped; skips are not allowed")
         session.exitstatus = 1
+
+
+# Each running (or just exited) ServiceProcess's log length as a test starts: what it logs
+# after that is the test's.
+_LOG_MARKS = pytest.StashKey[dict[ServiceProcess, int]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    forget_exited()
+    item.stash[_LOG_MARKS] = {p: p.lines_logged for p in started_processes()}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report shows, for every server process it ran (started during the
+    test, or still running from a fixture), the tracebacks it logged during the test and
+    its last log lines: a 5xx comes with its cause."""
+    report = yield
+    if report.failed:
+        marks = item.stash.get(_LOG_MARKS, {})
+        for process in started_processes():
+            title, text = report_section(process, marks.get(process, 0))
+            # a section, not in longrepr: plugins may replace that (schemathesis does)
+            report.sections.append((f"server log: {title}", text))
+    return report

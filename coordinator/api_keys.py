@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -175,7 +174,6 @@ class KeyDistributor:
         *,
         set_section: Push,
         current_section: Callable[[str], KeysSection | None],
-        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``set_section(agent_id, section)`` stores the agent's section in its desired
         state (for its next connect) without pushing it; ``current_section(agent_id)`` is
@@ -185,7 +183,6 @@ class KeyDistributor:
         self._current_section = current_section
         self._push: Push | None = None
         self._connected: Callable[[], Collection[str]] = tuple
-        self._wall = wall_clock
         self._active: list[ApiKeyRecord] = keys.active()
         self._known_ids = {k.key_id for k in keys.list_all()}
         # Per agent, per key id.
@@ -195,7 +192,6 @@ class KeyDistributor:
         self._shared: dict[tuple[float, ...], tuple[ApiKey, ...]] = {}
         self._pushed: dict[str, tuple[ApiKey, ...]] = {}
         self._unsaved: dict[str, list[int]] = {}
-        self._last_generation = 0
         self._totals: dict[str, tuple[float, float]] = {}
         self._agent_count = 0
 
@@ -206,12 +202,6 @@ class KeyDistributor:
         self._connected = connected
 
     # ----------------------------------------------------------------- shares
-
-    def _generation(self) -> int:
-        """Milliseconds since the epoch, and always growing: a coordinator restarted with
-        an empty memory still sends generations newer than what its agents hold."""
-        self._last_generation = max(self._last_generation + 1, int(self._wall() * 1000))
-        return self._last_generation
 
     def _sum_demand(self, agents: Collection[str]) -> None:
         """Each key's total demand over ``agents`` (once per refresh, not per agent), and
@@ -279,7 +269,8 @@ class KeyDistributor:
         return found
 
     def _section(self, keys: tuple[ApiKey, ...]) -> KeysSection:
-        return KeysSection(generation=self._generation(), keys=keys)
+        # generation 0: set_section gives it the next of the store's counter
+        return KeysSection(generation=0, keys=keys)
 
     # ------------------------------------------------------------------ events
 

@@ -176,6 +176,13 @@ class FleetStore(Protocol):
         """Add (key_id, requests, prompt_tokens, completion_tokens, rejected) to the totals."""
         ...
 
+    # -------------------------------------------------- section generations
+    def reserve_generations(self, count: int, at_least: int) -> int:
+        """In one transaction: mark ``count`` more desired-state section generations as
+        issued and return the first of them: the larger of one past the last issued and
+        ``at_least`` (coordinator/generations.py)."""
+        ...
+
     # ---------------------------------------------------------------- agents
     def get_agent(self, agent_id: str) -> StoredAgent | None: ...
 

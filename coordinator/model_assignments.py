@@ -29,7 +29,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -199,7 +199,6 @@ class ModelAssignments:
         self._labels_of = labels_of
         self._clock = clock
         self._push: Push | None = None
-        self._last_generation = 0
         # name -> rules for it, oldest first (the last match wins).
         self._rules: dict[str, list[Rule]] = {}
         # agent id -> name -> explicit assignment.
@@ -448,9 +447,8 @@ class ModelAssignments:
             return False
         if current is None and not section.models:
             return False
-        # Clock-based generations (milliseconds): a restarted coordinator's sections stay
-        # newer than what its agents hold (the registry keeps them increasing).
-        section = replace(section, generation=self._generation())
+        # The generation is set by the registry (the store's counter: a restarted
+        # coordinator's sections stay newer than what its agents hold).
         if push and self._push is not None:
             self._push(agent_id, section)
         else:
@@ -458,12 +456,6 @@ class ModelAssignments:
         return True
 
     # ------------------------------------------------------------------ helpers
-
-    def _generation(self) -> int:
-        self._last_generation = max(
-            self._last_generation + 1, int(self._clock().timestamp() * 1000)
-        )
-        return self._last_generation
 
     def _record(self, agent_id: str) -> AgentRecord | None:
         try:

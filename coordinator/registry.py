@@ -22,6 +22,7 @@ from coordinator.errors import FleetFullError, SessionTakenError, UnknownAgentEr
 from coordinator.fleet import AgentRecord, AgentStatus, Liveness, routing_hello, served_models
 from coordinator.fleet_index import FleetIndex
 from coordinator.fleet_store import AgentLastState, FleetStore, StoredAgent
+from coordinator.generations import GenerationCounter
 from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
 
 logger = logging.getLogger(__name__)
@@ -105,10 +106,10 @@ class FleetRegistry(Protocol):
     def set_section(self, agent_id: str, section: Section) -> DesiredState:
         """Replace one section of an agent's desired state; return the new state.
 
-        The section's generation is set to the previous one's plus one, or to ``section``'s
-        own when that is larger (the keys section uses clock-based generations that stay
-        newer than an agent's across a coordinator restart); the state's version grows.
-        Raises UnknownAgentError.
+        The section takes the next generation of the store's counter, whatever generation
+        it came with (coordinator/generations.py: newer than any this store's coordinators
+        sent, also after a restart); the state's version grows. Raises UnknownAgentError,
+        or StoreError when the counter's next block cannot be written.
         """
         ...
 
@@ -138,6 +139,7 @@ class LiveFleetRegistry:
     ) -> None:
         self._store = store
         self._clock = clock
+        self._generations = GenerationCounter(store.reserve_generations)
         # Agents on record at most (new ids beyond it are refused), and how long a
         # never-enrolled agent may stay disconnected before its record is removed.
         self.max_agents = max_agents
@@ -345,8 +347,7 @@ class LiveFleetRegistry:
         record = self.get(agent_id)
         held = record.desired
         name = SECTION_FIELDS[type(section)]
-        current: Section | None = getattr(held, name)
-        generation = max((0 if current is None else current.generation) + 1, section.generation)
+        generation = self._generations.next()
         desired = held.with_section(replace(section, generation=generation))
         desired = replace(desired, version=held.version + 1)
         self._agents[agent_id] = replace(record, desired=desired)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -272,6 +273,57 @@ def _rollouts(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX rollouts_state ON rollouts (state, created_at)")
 
 
+#: How far above everything it can see migration 8 starts the generation counter: room for
+#: what the old coordinator sent after its last snapshot of the agents' state, and for its
+#: clock-based generations running ahead of its clock in a burst of pushes.
+GENERATION_MARGIN_MS = 3_600_000
+
+
+@_migration(8)
+def _section_generations(db: sqlite3.Connection) -> None:
+    """The counter behind every desired-state section's generation (coordinator/generations.py).
+
+    Before it, keys and models sections took the wall clock in milliseconds as their
+    generation, overflow targets and config a count kept in memory, and agents keep the
+    newest they received. The counter starts above all of them: above the larger of this
+    machine's clock, the newest time the database records (the last snapshot of the
+    agents' state, the last audit entry) and every generation an agent reported applying,
+    by GENERATION_MARGIN_MS.
+    """
+    db.execute("""
+        CREATE TABLE section_generations (
+            id             INTEGER PRIMARY KEY CHECK (id = 1),
+            -- every generation up to this one may have been sent to an agent
+            issued_through INTEGER NOT NULL
+        )""")  # fmt: skip
+    db.execute(
+        "INSERT INTO section_generations (id, issued_through) VALUES (1, ?)",
+        (_newest_generation_on_record(db, time.time()) + GENERATION_MARGIN_MS,),
+    )
+
+
+def _newest_generation_on_record(db: sqlite3.Connection, now_s: float) -> int:
+    """The largest of ``now_s``, the times the database records and the generations agents
+    reported applying, as milliseconds (clock-based generations are milliseconds)."""
+    newest_s = now_s
+    row = db.execute("SELECT MAX(saved_at), MAX(last_seen) FROM agent_last_state").fetchone()
+    newest_s = max([newest_s, *(t for t in row if t is not None)])
+    last = db.execute("SELECT at FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+    if last is not None:
+        with suppress(TypeError, ValueError):  # not a time: no evidence
+            newest_s = max(newest_s, datetime.fromisoformat(last[0]).timestamp())
+    newest = int(newest_s * 1000)
+    for names, text in db.execute(
+        "SELECT report_fields, report_json FROM agent_last_state WHERE report_json IS NOT NULL"
+    ):
+        try:
+            applied = dict(zip(names.split(","), json.loads(text), strict=True))["applied"]
+            newest = max([newest, *(int(g) for g in applied)])
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue  # a report this version cannot read holds no generation it can use
+    return newest
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -482,6 +534,20 @@ class SQLiteFleetStore:
                 "WHERE key_id = ?",
                 [(r, p, c, x, k) for k, r, p, c, x in usage],
             )
+
+    # -------------------------------------------------- section generations
+
+    def reserve_generations(self, count: int, at_least: int) -> int:
+        with self._transaction() as db:
+            (issued,) = db.execute(
+                "SELECT issued_through FROM section_generations WHERE id = 1"
+            ).fetchone()
+            first = max(issued + 1, at_least)
+            db.execute(
+                "UPDATE section_generations SET issued_through = ? WHERE id = 1",
+                (first + count - 1,),
+            )
+        return int(first)
 
     # ---------------------------------------------------------------- agents
 

@@ -382,15 +382,19 @@ async def test_a_section_set_for_an_agent_is_pushed_whole_and_its_ack_recorded(
     servicer.set_section("edge-1", OverflowTargetsSection(0, (peer,)))
     servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "4"}))
     pushed = [(await call.read()).desired_state for _ in range(3)]
+    # One counter in the store for every section (it started above the clock-based
+    # generations agents held before it): each push takes the next.
+    g = pushed[0].config.generation
+    assert g > 1_700_000_000_000
     assert [p.version for p in pushed] == [1, 2, 3]
     # Each push carries only the section that changed, whole, with its own generation.
     assert [p.WhichOneof("_config") for p in pushed] == ["config", None, "config"]
     assert dict(pushed[2].config.values) == {"engine.max_batch_size": "4"}
-    assert pushed[2].config.generation == 2
-    assert pushed[1].overflow_targets.generation == 1
+    assert pushed[2].config.generation == g + 2
+    assert pushed[1].overflow_targets.generation == g + 1
     assert pushed[1].overflow_targets.targets[0].kind == pb.OVERFLOW_KIND_PEER
 
-    applied = pb.SectionGenerations(config=2, overflow_targets=1)
+    applied = pb.SectionGenerations(config=g + 2, overflow_targets=g + 1)
     await call.write(report(0, applied=applied))
 
     async def acked() -> bool:
@@ -400,8 +404,9 @@ async def test_a_section_set_for_an_agent_is_pushed_whole_and_its_ack_recorded(
     await wait_until(acked, message="acknowledging report")
     view = (await coordinator.get_json("/v1/agents/edge-1"))["desired_state"]
     assert view["version"] == 3
-    assert view["generations"] == {"models": 0, "overflow_targets": 1, "keys": 0, "config": 2}
-    assert view["applied"] == {"models": 0, "overflow_targets": 1, "keys": 0, "config": 2}
+    generations = {"models": 0, "overflow_targets": g + 1, "keys": 0, "config": g + 2}
+    assert view["generations"] == generations
+    assert view["applied"] == generations
 
     # A reconnecting agent gets every section set for it in its first DesiredState.
     call.cancel()
@@ -409,7 +414,8 @@ async def test_a_section_set_for_an_agent_is_pushed_whole_and_its_ack_recorded(
     await again.write(hello())
     await again.read()
     full = (await again.read()).desired_state
-    assert (full.version, full.config.generation, full.overflow_targets.generation) == (3, 2, 1)
+    assert full.version == 3
+    assert (full.config.generation, full.overflow_targets.generation) == (g + 2, g + 1)
     assert not full.HasField("models")
     again.cancel()
     with pytest.raises(UnknownAgentError):

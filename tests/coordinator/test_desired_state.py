@@ -47,24 +47,30 @@ async def test_sections_are_applied_acknowledged_and_kept_across_reconnects(
         await wait_until(lambda: session.connected, message="session")
         peer = OverflowTarget("peer", OverflowKind.PEER, "http://10.0.0.9:8000")
         servicer.set_section("edge-1", OverflowTargetsSection(0, (peer,)))
-        servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "8"}))
+        first = servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "8"}))
+        # one counter for every section, above the clock-based generations of old
+        generations = first.generations()
+        assert generations.config > generations.overflow_targets > 1_700_000_000_000
 
         def acked(expected: SectionGenerations) -> bool:
             report = registry.get("edge-1").last_report
             return report is not None and report.applied == expected
 
-        await wait_until(lambda: acked(SectionGenerations(overflow_targets=1, config=1)))
+        await wait_until(lambda: acked(generations))
         held = session.desired_state
-        assert held.overflow_targets == OverflowTargetsSection(1, (peer,))
+        assert held.overflow_targets == OverflowTargetsSection(
+            generations.overflow_targets, (peer,)
+        )
         assert held.config is not None and held.config.values == {"engine.max_batch_size": "8"}
         assert seen[-1] == held and held.version == 2
 
         # A section the agent fails to apply is kept as received but not acknowledged.
         failing = True
-        servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "2"}))
-        await wait_until(lambda: session.desired_state.generations().config == 2)
-        await wait_until(lambda: registry.get("edge-1").last_report.applied.config == 1)
-        assert session.applied == SectionGenerations(overflow_targets=1, config=1)
+        second = servicer.set_section("edge-1", ConfigSection(0, {"engine.max_batch_size": "2"}))
+        newer = second.generations().config
+        await wait_until(lambda: session.desired_state.generations().config == newer)
+        await wait_until(lambda: registry.get("edge-1").last_report.applied == generations)
+        assert session.applied == generations
         failing = False
 
         # After a reconnect the full state arrives again; nothing newer, nothing re-applied.
@@ -72,7 +78,7 @@ async def test_sections_are_applied_acknowledged_and_kept_across_reconnects(
         servicer.end_all_sessions()
         await wait_until(lambda: session.sessions_opened == 2, message="reconnect")
         view = await c.get_json("/v1/agents/edge-1")
-        assert view["desired_state"]["generations"]["config"] == 2
+        assert view["desired_state"]["generations"]["config"] == newer
         assert len(seen) == applied_before
     finally:
         await session.stop()

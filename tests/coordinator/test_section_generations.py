@@ -1,0 +1,200 @@
+"""Desired-state section generations: one counter in the fleet database that only goes up.
+
+Agents keep the newest generation of each section across reconnects and ignore older
+ones, so the counter must stay above every generation sent before: across restarts, when
+the clock goes back, and above the clock-based generations (milliseconds since the epoch)
+that coordinators before migration 8 sent, which agents still hold after the upgrade.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from coordinator import sqlite_store
+from coordinator.fleet import Liveness
+from coordinator.fleet_store import AgentLastState
+from coordinator.generations import GenerationCounter
+from coordinator.registry import LiveFleetRegistry
+from coordinator.sqlite_store import DB_FILE, GENERATION_MARGIN_MS, SQLiteFleetStore
+from edgefleet.contract import (
+    ConfigSection,
+    Hello,
+    KeysSection,
+    LoadedModel,
+    LoadReport,
+    OverflowTargetsSection,
+    SectionGenerations,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+DAY_MS = 86_400_000
+# The version before the counter: keys and models generations were the clock in ms.
+BEFORE_COUNTER = 7
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def old_database(
+    path: Path, monkeypatch: pytest.MonkeyPatch, states: list[AgentLastState], saved_at: datetime
+) -> None:
+    """A fleet database as the coordinator before migration 8 left it (schema version 7),
+    with these agents' last states saved by its snapshot at ``saved_at``."""
+    with monkeypatch.context() as old:
+        old.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:BEFORE_COUNTER])
+        old.setattr(sqlite_store, "SCHEMA_VERSION", BEFORE_COUNTER)
+        store = SQLiteFleetStore(path)
+        try:
+            assert sqlite_store.schema_version(store._db) == BEFORE_COUNTER
+            for state in states:
+                store.save_hello(Hello(agent_id=state.agent_id, site="lab"), state.last_seen)
+            store.save_last_states(states, saved_at)
+        finally:
+            store.close()
+
+
+def applied(keys: int, models: int = 0, overflow: int = 0) -> LoadReport:
+    return LoadReport(applied=SectionGenerations(models, overflow, keys, 0))
+
+
+def first_generation(path: Path) -> int:
+    """The first generation a coordinator opening ``path`` now hands out."""
+    store = SQLiteFleetStore(path)
+    try:
+        assert sqlite_store.schema_version(store._db) == sqlite_store.SCHEMA_VERSION
+        return GenerationCounter(store.reserve_generations).next()
+    finally:
+        store.close()
+
+
+def test_the_migration_starts_above_clock_generations_agents_applied_on_a_clock_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old coordinator's clock ran two days ahead of this machine's: the keys and models
+    generations its agents applied (saved in their last states) are far above the clock
+    here, and the counter starts above them all the same."""
+    db = tmp_path / DB_FILE
+    ahead = now_ms() + 2 * DAY_MS
+    now = datetime.now(UTC)
+    old_database(
+        db,
+        monkeypatch,
+        [
+            AgentLastState("edge-1", Liveness.LIVE, now, applied(keys=ahead, models=ahead - 5)),
+            AgentLastState("edge-2", Liveness.LIVE, now, applied(keys=ahead - 900, overflow=3)),
+            AgentLastState("edge-3", Liveness.DOWN, now - timedelta(hours=1), None),
+        ],
+        now,
+    )
+    first = first_generation(db)
+    assert first > ahead + GENERATION_MARGIN_MS - 1
+
+
+def test_the_migration_starts_above_the_newest_time_the_database_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No agent reported its generations (say, the old coordinator was killed before its
+    first snapshot held a report), but the snapshot's time, taken by a clock a day ahead
+    of this machine's, bounds what that clock gave as generations."""
+    db = tmp_path / DB_FILE
+    saved = datetime.now(UTC) + timedelta(days=1)
+    old_database(db, monkeypatch, [AgentLastState("edge-1", Liveness.LIVE, saved, None)], saved)
+    assert first_generation(db) > saved.timestamp() * 1000 + GENERATION_MARGIN_MS - 1
+
+
+def test_the_migration_starts_above_this_machines_clock_on_an_empty_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = now_ms()
+    old_database(tmp_path / "old.db", monkeypatch, [], datetime.now(UTC))
+    assert first_generation(tmp_path / "old.db") >= before + GENERATION_MARGIN_MS
+    assert first_generation(tmp_path / "fresh.db") >= before + GENERATION_MARGIN_MS
+
+
+def test_a_saved_report_this_version_cannot_read_does_not_stop_the_migration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / DB_FILE
+    now = datetime.now(UTC)
+    ahead = now_ms() + 2 * DAY_MS
+    old_database(
+        db,
+        monkeypatch,
+        [
+            AgentLastState("edge-1", Liveness.LIVE, now, applied(keys=ahead)),
+            AgentLastState("edge-2", Liveness.LIVE, now, applied(keys=1)),
+        ],
+        now,
+    )
+    with sqlite3.connect(db) as raw:  # a row another version wrote
+        raw.execute(
+            "UPDATE agent_last_state SET report_fields = 'applied', report_json = '[\"x\"]' "
+            "WHERE agent_id = 'edge-2'"
+        )
+    assert first_generation(db) > ahead
+
+
+def test_generations_go_on_above_every_block_after_restarts_and_a_clock_gone_back(
+    tmp_path: Path,
+) -> None:
+    """Each coordinator start is a new counter on the same store; the third one's clock is
+    a day behind the first's."""
+    store = SQLiteFleetStore(tmp_path / DB_FILE)
+    try:
+        clock = [now_ms()]
+        handed: list[int] = []
+        for back in (0, 0, DAY_MS):
+            counter = GenerationCounter(
+                store.reserve_generations, block=4, clock_ms=lambda back=back: clock[0] - back
+            )
+            handed += [counter.next() for _ in range(6)]  # past the end of a block
+            clock[0] += 1  # a millisecond between restarts: far less than a block's worth
+        assert handed == sorted(set(handed))
+    finally:
+        store.close()
+
+
+def test_the_counter_never_falls_behind_the_clock(tmp_path: Path) -> None:
+    """A database restored from a backup holds the counter as it was then: the clock, moved
+    on since, keeps the next generations above what agents were sent after the backup."""
+    store = SQLiteFleetStore(tmp_path / DB_FILE)
+    try:
+        backed_up = GenerationCounter(store.reserve_generations).next()
+        later = backed_up + 10 * DAY_MS  # the clock when the backup is restored
+        restored = GenerationCounter(store.reserve_generations, clock_ms=lambda: later)
+        assert [restored.next(), restored.next()] == [later, later + 1]
+    finally:
+        store.close()
+
+
+def test_every_section_the_registry_sets_takes_the_stores_next_generation(
+    tmp_path: Path,
+) -> None:
+    """Whatever generation a section comes with (the distributors send 0), the registry
+    gives it the next of the counter, so a restarted coordinator's are newer."""
+    held: list[int] = []
+    for _ in range(2):  # a coordinator and the one restarted on its database
+        store = SQLiteFleetStore(tmp_path / DB_FILE)
+        try:
+            registry = LiveFleetRegistry(store)
+            registry.open_session(Hello(agent_id="edge-1", models=(LoadedModel("m", "v1"),)))
+            for section in (
+                OverflowTargetsSection(0, ()),
+                KeysSection(5, ()),
+                ConfigSection(10**15, {"a": "b"}),
+                OverflowTargetsSection(0, ()),
+            ):
+                desired = registry.set_section("edge-1", section)
+                held.append(max(desired.generations()))
+        finally:
+            store.close()
+    assert held == sorted(set(held))
+    assert held[0] > now_ms() - 60_000  # not counted from 1
+    assert held[-1] < 10**15  # nor taken from the section

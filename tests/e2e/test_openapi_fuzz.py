@@ -11,12 +11,20 @@ test-only setting, and the fuzzed copy of the agent's document caps ``max_tokens
 and ``max_completion_tokens`` (the agent's real limits are unchanged), so no case asks the
 engine for thousands of tokens; it also names the served model as the only valid
 ``model``, so schema-valid cases reach the engine and invalid ones get the 404.
+
+Every case follows from one seed per run (schemathesis mixes it with each operation's
+name): a failure names it, and ``EDGEFLEET_FUZZ_SEED=<seed>`` replays that run's cases. The
+credentials are the test's own, so failures show requests as sent (schemathesis' output
+sanitization is off: it hid every field named like a credential, ``max_tokens_per_request``
+among them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import random
 import subprocess
 import sys
 import threading
@@ -35,6 +43,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.config import SchemathesisConfig
 
 from agent.api.openapi import openapi_document as agent_document
 from coordinator.openapi import openapi_document as coordinator_document
@@ -95,8 +104,17 @@ def _our_agent(document: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-AGENT = schemathesis.openapi.from_dict(_cheap(agent_document()))
-COORDINATOR = schemathesis.openapi.from_dict(_our_agent(coordinator_document()))
+# schemathesis' own seed for the run when it has one (shared by pytest-xdist's workers)
+SEED = int(
+    os.environ.get("EDGEFLEET_FUZZ_SEED")
+    or SchemathesisConfig.shared_seed
+    or random.getrandbits(64)
+)
+CONFIG = SchemathesisConfig.from_dict(
+    {"seed": SEED, "output": {"sanitization": {"enabled": False}}}
+)
+AGENT = schemathesis.openapi.from_dict(_cheap(agent_document()), config=CONFIG)
+COORDINATOR = schemathesis.openapi.from_dict(_our_agent(coordinator_document()), config=CONFIG)
 
 
 class _LoopThread:
@@ -178,6 +196,13 @@ FUZZ = settings(
     database=None,
     suppress_health_check=list(HealthCheck),
 )
+
+
+@pytest.fixture(autouse=True)
+def _seed_in_the_report() -> None:
+    """A failure's report shows the seed (captured output of its setup); a note on the
+    exception would not survive: schemathesis' plugin clears them."""
+    print(f"fuzz seed {SEED}: EDGEFLEET_FUZZ_SEED={SEED} replays this run's cases")
 
 
 def test_the_served_documents_are_the_fuzzed_ones(fleet: Fleet) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -17,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from coordinator import proto_convert
+from coordinator import GRPC_HARDENED, proto_convert
 from coordinator.api_keys import KeyDistributor
 from coordinator.ca import CertificateAuthority, certificate_serial
 from coordinator.config import CoordinatorConfig, is_loopback_host
@@ -43,6 +44,7 @@ from coordinator.route_service import Router
 from coordinator.session_auth import Peer, SessionAuthenticator, peer_address, resolve_url_host
 from edgefleet import contract_pb
 from edgefleet.contract import CommandKind, DesiredState, Hello, OverflowUsage, Section
+from edgefleet.tls import GRPC_CIPHER_SUITES, GRPC_CIPHER_SUITES_ENV
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
@@ -502,6 +504,13 @@ class GrpcServer:
             names = [host, "localhost", "127.0.0.1", "::1", socket.gethostname()]
             names += [n.strip() for n in self._config.tls_server_names.split(",") if n.strip()]
             issued = self._ca.issue_server(names)
+            if os.environ.get(GRPC_CIPHER_SUITES_ENV) != GRPC_CIPHER_SUITES or not GRPC_HARDENED:
+                logger.warning(
+                    "gRPC's TLS suites are not the fleet's (%s is %r%s)",
+                    GRPC_CIPHER_SUITES_ENV,
+                    os.environ.get(GRPC_CIPHER_SUITES_ENV),
+                    "" if GRPC_HARDENED else ", set after grpc was imported: no effect",
+                )
             pair = [(issued.key_pem.encode(), issued.cert_pem.encode())]
             mutual = grpc.ssl_server_credentials(
                 pair, root_certificates=self._ca.cert_pem.encode(), require_client_auth=True

@@ -18,6 +18,14 @@ Both sides of agent-to-agent traffic (overflow, model files) use this module:
 port, ``"optional"`` on the public API so peers can be told apart from apps) and
 :func:`agent_client_context` on the calling one. :class:`CertificateReloader` loads a
 renewed certificate into a live server context without a restart.
+
+Every TLS server of the fleet (agents' HTTPS and the blobs they serve peers on it, the
+coordinator's HTTPS, its gRPC ports) keeps to Mozilla's *intermediate* profile:
+TLS 1.2 and 1.3 only; in TLS 1.2 only ECDHE key exchange with AEAD ciphers (AES-GCM,
+ChaCha20-Poly1305; :data:`SERVER_TLS12_CIPHERS`; TLS 1.3's suites are all AEAD); one
+key-exchange group, P-256 (:data:`SERVER_ECDH_CURVE`). :func:`harden_server_context` does
+it to an ``ssl`` context, :func:`harden_grpc` to gRPC's suites (gRPC's groups cannot be
+set: it also accepts P-521 in TLS 1.3).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import hashlib
 import logging
 import os
 import ssl
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +51,40 @@ _VERIFY_MODES: Mapping[ClientCerts, ssl.VerifyMode] = {
     "optional": ssl.CERT_OPTIONAL,
     "required": ssl.CERT_REQUIRED,
 }
+
+
+#: TLS 1.2 suites a server accepts: ECDHE key exchange, AEAD ciphers (Mozilla's
+#: intermediate list less its DHE suites), for ECDSA certificates (the fleet CA's) and RSA
+#: ones (an operator's own, ``http_tls_cert_file``). No CBC suite (they were offered:
+#: ECDHE-ECDSA-AES128-SHA256 and -AES256-SHA384). TLS 1.3 suites are not set here: all
+#: of them are AEAD.
+SERVER_TLS12_CIPHERS = ":".join(
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+    )
+)
+#: The one key-exchange group a server accepts (Python 3.11's ``ssl`` sets one group; it
+#: offered X448 and P-521 too). P-256: every TLS 1.3 client must support it (RFC 8446
+#: 9.1), so no client is refused; one sending only an X25519 key share (OpenSSL's default)
+#: is asked for P-256 (HelloRetryRequest) and completes.
+SERVER_ECDH_CURVE = "prime256v1"
+#: The same suites for gRPC's TLS (``GRPC_SSL_CIPHER_SUITES``, BoringSSL names, TLS 1.3's
+#: included). grpcio 1.85's default is AEAD-only too (this less ChaCha20 in TLS 1.2); set,
+#: the profile is the fleet's, not a library default that may change.
+GRPC_CIPHER_SUITES = ":".join(
+    (
+        "TLS_AES_128_GCM_SHA256",
+        "TLS_AES_256_GCM_SHA384",
+        "TLS_CHACHA20_POLY1305_SHA256",
+        SERVER_TLS12_CIPHERS,
+    )
+)
+GRPC_CIPHER_SUITES_ENV = "GRPC_SSL_CIPHER_SUITES"
 
 
 class TlsError(Exception):
@@ -82,12 +125,33 @@ def _load_chain(context: ssl.SSLContext, files: CertFiles) -> None:
         raise TlsError(f"cannot load certificate {files.cert} with key {files.key}: {exc}") from exc
 
 
+def harden_server_context(context: ssl.SSLContext) -> ssl.SSLContext:
+    """Restrict a server context to the fleet's profile (TLS 1.2+, AEAD suites, P-256)."""
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(SERVER_TLS12_CIPHERS)
+    context.set_ecdh_curve(SERVER_ECDH_CURVE)
+    return context
+
+
+def harden_grpc() -> bool:
+    """Restrict gRPC's TLS suites to the fleet's: ``GRPC_SSL_CIPHER_SUITES``, unless the
+    environment sets it already (an operator's choice stands).
+
+    gRPC reads the variable once, when ``grpc`` is first imported (measured on grpcio
+    1.85: set after the import, it had no effect), so call this before that; False when
+    ``grpc`` was imported already (its default suites then stand: all AEAD too). gRPC's
+    key-exchange groups cannot be set (no option, no variable): its BoringSSL accepts
+    X25519, P-256, P-384 and P-521 in TLS 1.3 (P-256 alone in TLS 1.2), no X448.
+    """
+    os.environ.setdefault(GRPC_CIPHER_SUITES_ENV, GRPC_CIPHER_SUITES)
+    return "grpc" not in sys.modules
+
+
 def server_context(
     files: CertFiles, ca_pem: str | bytes | None = None, *, client_certs: ClientCerts = "none"
 ) -> ssl.SSLContext:
     """A TLS server context presenting ``files``; client certificates checked against ``ca_pem``."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = harden_server_context(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
     _load_chain(context, files)
     if client_certs != "none":
         if ca_pem is None:

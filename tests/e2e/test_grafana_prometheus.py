@@ -1,7 +1,13 @@
 """The Grafana board and alert rules in deploy/ against real processes: Debian's
 ``prometheus`` scrapes a real coordinator (with a viewer token) and a real agent (tiny
 model, some requests served), every panel query of the board is evaluated and must
-return data, and ``promtool check rules`` accepts the alert rules."""
+return data, and ``promtool check rules`` accepts the alert rules.
+
+Both run as beyond loopback: the coordinator with TLS (HTTPS API, enrollment required),
+the agent enrolled and serving HTTPS on its enrollment certificate, API keys required.
+Prometheus is configured as an operator would: ``scheme: https`` with the fleet CA, the
+viewer token for the coordinator, and an API key for the agent (its ``/metrics`` needs
+one, any valid key)."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.fleet import CoordinatorProcess, enrolled_agent
 from devtools.process import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -69,20 +75,30 @@ async def _query(http: aiohttp.ClientSession, base: str, expr: str) -> list[Any]
 async def test_every_panel_query_returns_data_from_real_processes(
     tiny_artifacts: Path, tmp_path: Path
 ) -> None:
-    async with CoordinatorProcess(report_interval_ms=500) as coordinator:
+    async with CoordinatorProcess(report_interval_ms=500, tls=True) as coordinator:
         status, minted = await _post(
             coordinator, "/v1/admin/admin-tokens", {"role": "viewer", "name": "prometheus"}
         )
         assert status == 201
         token_file = tmp_path / "viewer-token"
         token_file.write_text(minted["token"])
-        async with AgentProcess(
+        async with enrolled_agent(
+            coordinator,
+            agent_id="edge-prom",
+            site="lab",
+            state_dir=tmp_path / "agent",
             models_dir=str(tiny_artifacts),
             serve=["tiny-llama"],
-            site="lab",
-            coordinator=coordinator.grpc_target,
-            agent_id="edge-prom",
         ) as agent:
+            api_key = await coordinator.api_key_for([agent], name="prometheus")
+            key_file = tmp_path / "agent-api-key"
+            key_file.write_text(api_key)
+            # why the agent's scrape needs the key
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(agent.url + "/metrics", ssl=coordinator.ca_context()) as response,
+            ):
+                assert response.status == 401
             port = _free_port()
             config = tmp_path / "prometheus.yml"
             config.write_text(
@@ -90,9 +106,12 @@ async def test_every_panel_query_returns_data_from_real_processes(
                 f"rule_files:\n  - {RULES}\n"
                 "scrape_configs:\n"
                 "  - job_name: edgefleet-coordinator\n"
+                f"    scheme: https\n    tls_config:\n      ca_file: {coordinator.ca_file}\n"
                 f"    authorization:\n      credentials_file: {token_file}\n"
                 f"    static_configs:\n      - targets: ['{coordinator.http_url.split('//')[1]}']\n"
                 "  - job_name: edgefleet-agent\n"
+                f"    scheme: https\n    tls_config:\n      ca_file: {coordinator.ca_file}\n"
+                f"    authorization:\n      credentials_file: {key_file}\n"
                 f"    static_configs:\n      - targets: ['{agent.url.split('//')[1]}']\n"
             )
             prometheus = subprocess.Popen(
@@ -128,10 +147,13 @@ async def test_every_panel_query_returns_data_from_real_processes(
                                 "max_tokens": 8,
                                 "messages": [{"role": "user", "content": "hello"}],
                             },
+                            headers=agent.headers(api_key),
+                            ssl=coordinator.ca_context(),
                         ) as response:
                             assert response.status == 200
                         async with http.get(
-                            f"{coordinator.http_url}/v1/route?model=tiny-llama"
+                            f"{coordinator.http_url}/v1/route?model=tiny-llama",
+                            ssl=coordinator.http_context(),
                         ) as response:
                             assert response.status == 200
                         await asyncio.sleep(0.5)
@@ -165,7 +187,10 @@ async def _post(coordinator: CoordinatorProcess, path: str, body: Any) -> tuple[
     async with (
         aiohttp.ClientSession() as http,
         http.post(
-            coordinator.http_url + path, json=body, headers=coordinator.admin_headers
+            coordinator.http_url + path,
+            json=body,
+            headers=coordinator.admin_headers,
+            ssl=coordinator.http_context(),
         ) as response,
     ):
         return response.status, await response.json()

@@ -1,26 +1,52 @@
 """Run by tests/agent/test_mdns.py inside a private network namespace (never on a real NIC).
 
 Starts a real agent advertising on mDNS, discovers it with edgefleet_client, prints JSON.
+The agent has no coordinator: it requires API keys from its keys file, made with
+``python -m agent keys add`` as a standalone site's operator would; the client sends one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+import aiohttp
 
 from devtools.fleet import AgentProcess
 from edgefleet_client import FleetClient, browse_mdns
 
 
+def add_key(keys_file: Path) -> str:
+    """A new key in ``keys_file`` (``python -m agent keys add``); its secret, printed once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", "keys", "add", "--file", str(keys_file), "--name", "lan"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+async def status_without_key(url: str) -> int:
+    async with aiohttp.ClientSession() as http, http.get(url + "/v1/models") as response:
+        return response.status
+
+
 async def main(models_dir: str) -> dict[str, object]:
+    keys_file = Path(tempfile.mkdtemp(prefix="edgefleet-mdns-")) / "keys.json"
+    api_key = add_key(keys_file)
     agent = AgentProcess(
         models_dir=models_dir,
         serve=["tiny-llama"],
         agent_id="edge-lan",
         site="shop-7",
-        extra_args=["--set", "mdns.enabled=true", "--set", "mdns.interfaces=127.0.0.1"],
-    )
+        extra_args=[
+            "--set", "mdns.enabled=true", "--set", "mdns.interfaces=127.0.0.1",
+            "--set", f"auth.keys_file={keys_file}",
+        ],
+    )  # fmt: skip
     async with agent:
         found = await asyncio.to_thread(
             browse_mdns, timeout_s=2.0, interfaces=["127.0.0.1"], model="tiny-llama"
@@ -33,8 +59,16 @@ async def main(models_dir: str) -> dict[str, object]:
             mdns_timeout_s=2.0,
             mdns_interfaces=["127.0.0.1"],
             allow_insecure_agents=True,
+            api_key=api_key,
         )
         base_url = await asyncio.to_thread(fleet.base_url)
+        # a request through the discovered agent, with the key the client holds
+        reply = await asyncio.to_thread(
+            fleet.openai(timeout=60).chat.completions.create,
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+        )
         return {
             "agent_url": agent.url,
             "found": [
@@ -50,6 +84,9 @@ async def main(models_dir: str) -> dict[str, object]:
             ],
             "missing": len(missing),
             "base_url": base_url,
+            "reply_model": reply.model,
+            "reply_choices": len(reply.choices),
+            "without_key": await status_without_key(agent.url),
         }
 
 

@@ -76,6 +76,8 @@ def _netns_available() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _netns_available(), reason="needs `unshare -n` (root) and iproute2")
 def test_agent_is_discovered_on_mdns_in_a_private_namespace(tiny_artifacts: Path) -> None:
+    """A standalone agent (no coordinator, API keys from its keys file) is found on mDNS
+    and serves the client that found it, with its key."""
     script = (
         "ip link set lo up && ip link set lo multicast on && "
         f'exec "{sys.executable}" tests/agent/mdns_scenario.py "{tiny_artifacts}"'
@@ -96,3 +98,6 @@ def test_agent_is_discovered_on_mdns_in_a_private_namespace(tiny_artifacts: Path
     ]  # fmt: skip
     assert result["missing"] == 0
     assert result["base_url"] == result["agent_url"] + "/v1"
+    # keys on (the agent's keys file): the client's key is served, no key is refused
+    assert result["reply_model"].startswith("tiny-llama") and result["reply_choices"] == 1
+    assert result["without_key"] == 401

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -203,8 +204,15 @@ class AgentProcess(ServiceProcess):
         env = dict(env or {})
         if join_token:
             env["EDGEFLEET_AGENT_COORDINATOR__JOIN_TOKEN"] = join_token
+        # Without a state_dir each AgentProcess gets a fresh one (kept across its restarts,
+        # removed with the object): the default (~/.local/state/edgefleet/agent) would carry
+        # credentials, last-known keys and pinned signing keys from one test (or run, or
+        # user) to the next.
+        if state_dir is None and not any("coordinator.state_dir" in a for a in extra_args):
+            state_dir = tempfile.mkdtemp(prefix="edgefleet-agent-")
+            weakref.finalize(self, shutil.rmtree, state_dir, True)
         if state_dir is not None:
-            env["EDGEFLEET_AGENT_COORDINATOR__STATE_DIR"] = str(state_dir)
+            env.setdefault("EDGEFLEET_AGENT_COORDINATOR__STATE_DIR", str(state_dir))
         args = ["--port", str(port), "--models-dir", models_dir, "--site", site]
         if insecure_no_auth:
             args.append("--insecure-no-auth")

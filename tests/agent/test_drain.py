@@ -38,6 +38,7 @@ async def test_drain_and_resume_reach_the_agent_and_the_router(tiny_artifacts: P
         )  # fmt: skip
         await agent.start()
         try:
+            key = await coordinator.api_key_for([agent])
 
             async def health() -> str:
                 return str((await get_json(agent.url + "/healthz"))["status"])
@@ -58,7 +59,7 @@ async def test_drain_and_resume_reach_the_agent_and_the_router(tiny_artifacts: P
 
             await wait_until(first_report_not_draining, timeout_s=10, message="a load report")
 
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=agent.headers(key)) as http:
                 # A streamed completion in flight when the drain comes finishes normally.
                 body = {"model": "tiny-llama", "prompt": "Once upon", "max_tokens": 64,
                         "temperature": 0, "stream": True, "cache": False}  # fmt: skip

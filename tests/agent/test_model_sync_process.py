@@ -13,6 +13,7 @@ a TTFT histogram, and a restart without any coordinator serves from the store.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from devtools.fleet import AgentProcess
 from devtools.process import wait_until
 from edgefleet import contract_pb
 from edgefleet.contract import (
+    ApiKey,
     DesiredState,
+    KeysSection,
     LoadReport,
     ModelInventoryState,
     Welcome,
@@ -38,6 +41,11 @@ from tests.agent.model_sets import BlobOrigin, SignedVersion, signed_version
 
 pytestmark = pytest.mark.timeout(120)
 VERSION = "fp32-0000000000c1"
+# API keys are on (the agent has a coordinator): the session pushes this one in its keys
+# section, as a real coordinator does, and the requests present it.
+KEY = "ef-test0000sync-secret"
+KEYS = KeysSection(1, (ApiKey("test0000sync", hashlib.sha256(KEY.encode()).digest()),))
+HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
 class SessionServicer(pb_grpc.CoordinatorServicer):
@@ -67,7 +75,9 @@ async def test_agent_pins_the_welcome_key_syncs_acks_reports_and_cold_starts(
     origin.add(version)
     await origin.start()
     section = version.section(7, origin.url)
-    servicer = SessionServicer(signer.public_key, DesiredState(version=1, models=section))
+    servicer = SessionServicer(
+        signer.public_key, DesiredState(version=1, models=section, keys=KEYS)
+    )
     server = grpc.aio.server()
     pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -94,7 +104,7 @@ async def test_agent_pins_the_welcome_key_syncs_acks_reports_and_cold_starts(
             [inv] = [i for i in loaded.inventory if i.name == TINY]
             assert (inv.version, inv.state) == (VERSION, ModelInventoryState.LOADED)
             assert inv.bytes_from_coordinator == version.total_bytes
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=HEADERS) as http:
                 payload = {"model": f"{TINY}@{VERSION}", "max_tokens": 3,
                            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
                 async with http.post(agent.url + "/v1/chat/completions", json=payload) as r:
@@ -120,14 +130,19 @@ async def test_agent_pins_the_welcome_key_syncs_acks_reports_and_cold_starts(
         await server.stop(None)
         await origin.close()
 
-    # no coordinator, no origin: the installed version serves from the store
+    # no coordinator, no origin: the installed version serves from the store (and the last
+    # keys section it received still guards it)
     again = AgentProcess(
         coordinator=f"127.0.0.1:{port}", agent_id="edge-sync-1", site="lab",
         state_dir=state, extra_args=common,
     )  # fmt: skip
-    async with again, aiohttp.ClientSession() as http:
+    async with again, aiohttp.ClientSession(headers=HEADERS) as http:
         payload = {"model": TINY, "max_tokens": 3,
                    "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
         async with http.post(again.url + "/v1/chat/completions", json=payload) as r:
             assert r.status == 200
             assert (await r.json())["model"] == f"{TINY}@{VERSION}"
+        no_key = {"Authorization": ""}
+        url = again.url + "/v1/chat/completions"
+        async with http.post(url, json=payload, headers=no_key) as r:
+            assert r.status == 401

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from edgefleet_client._client import FleetClient
 
 RETRY_STATUSES = frozenset({429, 503})
+# headers that carry the caller's credentials, sent with the resume's version probe too
+_CREDENTIAL_HEADERS = frozenset({b"authorization"})
 
 
 class _PrefixedStream(httpx2.SyncByteStream):
@@ -165,7 +167,7 @@ class FailoverTransport(httpx2.BaseTransport):
         for agent in self._fleet.candidates():
             if agent.agent_id in skip:
                 continue
-            if version and self._version_of(agent, str(body.get("model", ""))) != version:
+            if version and self._version_of(request, agent, str(body.get("model", ""))) != version:
                 tried.append(f"{agent.agent_id}: other version")
                 continue
             try:
@@ -185,13 +187,20 @@ class FailoverTransport(httpx2.BaseTransport):
             + ("; ".join(tried) or "none known")
         )
 
-    def _version_of(self, agent: Agent, model: str) -> str | None:
-        """The version of ``model`` that ``agent`` serves (``GET /v1/models``), or None."""
+    def _version_of(self, request: httpx2.Request, agent: Agent, model: str) -> str | None:
+        """The version of ``model`` that ``agent`` serves (``GET /v1/models``), or None.
+
+        Asked with the request's own credentials (``Authorization``): agents
+        require API keys by default, and without them every probe read 401, "no version"."""
         url = httpx2.URL(agent.url.rstrip("/") + "/v1/models")
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() in _CREDENTIAL_HEADERS]
+        probe = httpx2.Request("GET", url, headers=headers, extensions=request.extensions)
         try:
-            response = self._inner.handle_request(httpx2.Request("GET", url))
+            response = self._inner.handle_request(probe)
             raw = response.read()
             response.close()
+            if response.status_code != 200:
+                return None
             cards = json.loads(raw).get("data", [])
         except (httpx2.TransportError, ValueError, AttributeError):
             return None

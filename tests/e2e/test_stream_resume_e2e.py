@@ -1,10 +1,14 @@
 """End to end: streams survive an agent's death.
 
-A coordinator and two agents serving the real SmolLM2 run as real processes. Twenty
-streamed chat completions (half greedy, half seeded) go through the client library; while
-they stream, the agent serving them is SIGKILLed. Every stream must finish, those cut after
-at least one token on the other agent (each segment's agent is recorded), and every output
-is compared with an uninterrupted reference computed on the surviving agent.
+A coordinator and two agents serving the real SmolLM2 run as real processes, as a site
+beyond loopback runs them: TLS on the coordinator (mutual TLS sessions, HTTPS API), agents
+enrolled with join tokens serving HTTPS with their enrollment certificates, API keys
+required. Twenty streamed chat completions (half greedy, half seeded) go through the client
+library with a minted API key and the fleet CA; while they stream, the agent serving them is
+SIGKILLed. Every stream must finish, those cut after at least one token on the other agent
+(each segment's agent is recorded), and every output is compared with an uninterrupted
+reference computed on the surviving agent. (With keys on, the resume's version probe once
+went without the key: every candidate read 401, "other version", and the streams broke.)
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import openai
 import pytest
 
-from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.fleet import CoordinatorProcess, enrolled_agent
 from devtools.process import wait_until
 from edgefleet_client import FleetClient, StreamSegment
 
@@ -60,21 +64,25 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-async def test_streams_cut_by_a_sigkill_finish_on_the_other_agent(real_artifacts: Path) -> None:
-    async with CoordinatorProcess(report_interval_ms=300) as coordinator:
+async def test_streams_cut_by_a_sigkill_finish_on_the_other_agent(
+    real_artifacts: Path, tmp_path: Path
+) -> None:
+    async with CoordinatorProcess(report_interval_ms=300, tls=True) as coordinator:
         agents = [
-            AgentProcess(
-                models_dir=str(real_artifacts),
-                serve=[LLM],
-                coordinator=coordinator.grpc_target,
+            enrolled_agent(
+                coordinator,
                 agent_id=f"resume-{name}",
                 site="lab",
+                state_dir=tmp_path / name,
+                models_dir=str(real_artifacts),
+                serve=[LLM],
                 extra_args=["--threads", "1"],
             )
             for name in ("a", "b")
         ]
         await asyncio.gather(*(a.start() for a in agents))
         try:
+            api_key = await coordinator.api_key_for(agents)
 
             async def both_routed() -> bool:
                 body = await coordinator.get_json(f"/v1/route?model={LLM}")
@@ -85,7 +93,8 @@ async def test_streams_cut_by_a_sigkill_finish_on_the_other_agent(real_artifacts
                 LLM,
                 coordinator_url=coordinator.http_url,
                 cooldown_s=120,
-                allow_insecure_agents=True,
+                ca_file=coordinator.ca_file,
+                api_key=api_key,
             )
             await asyncio.to_thread(fleet.discover)
             client = fleet.openai(timeout=120)
@@ -127,8 +136,9 @@ async def test_streams_cut_by_a_sigkill_finish_on_the_other_agent(real_artifacts
             # uninterrupted references, from the survivor, all at once (batched as the
             # streams were)
             direct = openai.AsyncOpenAI(
-                base_url=survivor.url + "/v1", api_key="unused", max_retries=0, timeout=120
-            )
+                base_url=survivor.url + "/v1", api_key=api_key, max_retries=0, timeout=120,
+                http_client=openai.DefaultAsyncHttpxClient(verify=coordinator.ca_context()),
+            )  # fmt: skip
             references = await asyncio.gather(
                 *(direct.chat.completions.create(**request(i)) for i in range(STREAMS))
             )

@@ -296,7 +296,8 @@ async def test_keys_generation_outlives_a_coordinator_restart(
 ) -> None:
     """An agent that stays up across a coordinator restart holds keys generation G; the new
     coordinator's first keys section must be newer than G, or a revocation made after the
-    restart would be ignored (generations are clock-based, not counted from 1)."""
+    restart would be ignored (generations come from a counter in the store, not one that
+    starts at 1)."""
     data = str(tmp_path / "data")
     first = await make_coordinator(report_interval_ms=1000, data_dir=data)
     agent = Agent(first, "edge-1", tmp_path / "a1")

@@ -96,7 +96,7 @@ async def test_rules_and_assignments_are_pushed_signed_with_peers(
         await asyncio.sleep(0.1)
         assert a.pushes == before
 
-        # Generations are clock-based: a restarted coordinator's stay newer than an agent's.
+        # Generations come from the store's counter, above the clock-based ones of old.
         assert b.models is not None and b.models.generation > 1_700_000_000_000
 
         # An agent that joins later gets the current desired state with its Welcome.

@@ -36,7 +36,7 @@ import aiohttp
 import openai
 
 from coordinator.admin_cli import ADMIN_TOKEN_ENV
-from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.fleet import AgentProcess, CoordinatorProcess, wait_key_accepted
 from devtools.process import ProcessStartError, wait_until
 
 LLM = "smollm2-135m-instruct"
@@ -46,32 +46,6 @@ SITES = [("edge-paris", 48.8566, 2.3522), ("edge-berlin", 52.52, 13.405)]
 
 def say(message: str) -> None:
     print(message, flush=True)
-
-
-async def mint_api_key(coordinator: CoordinatorProcess) -> str:
-    """``POST /v1/admin/keys`` with the admin token; the secret is in this answer only."""
-    async with (
-        aiohttp.ClientSession(headers=coordinator.admin_headers) as http,
-        http.post(
-            coordinator.http_url + "/v1/admin/keys", json={"name": "demo"}, raise_for_status=True
-        ) as response,
-    ):
-        body = await response.json()
-    return str(body["secret"])
-
-
-async def key_works(url: str, api_key: str) -> bool:
-    """True once the agent at ``url`` accepts ``api_key`` (``GET /v1/models`` needs a key;
-    an empty ``api_key`` sends no Authorization header)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with (
-            aiohttp.ClientSession(headers=headers) as http,
-            http.get(url + "/v1/models") as response,
-        ):
-            return response.status == 200
-    except aiohttp.ClientError:
-        return False
 
 
 async def coordinator_cli(coordinator: CoordinatorProcess, *argv: str) -> str:
@@ -172,7 +146,6 @@ async def run(args: argparse.Namespace) -> int:
                     extra_args=["--threads", str(args.threads), "--set", "models.source=store"],
                     join_token=token,
                     state_dir=state / site,
-                    insecure_no_auth=False,  # API keys required (the helper's test default is off)
                 )
             )
         say(f"minted {len(agents)} join tokens (site and place fixed by the operator)")
@@ -188,13 +161,9 @@ async def run(args: argparse.Namespace) -> int:
         say("both agents registered with the coordinator; they sync their models:")
         await wait_synced(agents, args.sync_timeout)
 
-        api_key = await mint_api_key(coordinator)
+        api_key = await coordinator.mint_api_key("demo")
         say("minted an API key (POST /v1/admin/keys with the admin token)")
-
-        async def key_everywhere() -> bool:
-            return all(await asyncio.gather(*(key_works(a.url, api_key) for a in agents)))
-
-        await wait_until(key_everywhere, timeout_s=30, message="the API key to reach the agents")
+        await wait_key_accepted(agents, api_key, timeout_s=30)
         say("the key reached both agents")
 
         client = openai.OpenAI(base_url=agents[0].url + "/v1", api_key=api_key)
@@ -233,7 +202,7 @@ async def run(args: argparse.Namespace) -> int:
         say("  sign in with the admin token above (the page keeps only a session cookie)")
         if args.check:
             # Authentication is on: without the key the agents answer 401.
-            refused = not any(await asyncio.gather(*(key_works(a.url, "") for a in agents)))
+            refused = not any(await asyncio.gather(*(a.accepts_key("") for a in agents)))
             if not refused:
                 say("check failed: an agent answered a request without the API key")
             return 0 if refused and "Paris" in (reply.choices[0].message.content or "") else 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -83,19 +82,18 @@ async def test_streamed_chat_with_the_queue_full_gets_429(make_client: ClientFac
     assert (await first).status == 200 and (await second).status == 200
 
 
-async def test_health_is_fast_while_the_engine_is_saturated(make_client: ClientFactory) -> None:
+async def test_health_answers_while_the_engine_is_saturated(make_client: ClientFactory) -> None:
+    """/healthz answers, and reports the saturation, while every slot is taken and requests
+    wait (its latency then: ``python -m benchmarks.responsiveness``)."""
     client = await make_client(engine={"max_running": 4})
     busy = [
         asyncio.create_task(client.post(CHAT, json=chat(max_tokens=150, cache=False)))
         for _ in range(8)
     ]
     await until(lambda: _waiting(client, 4))
-    worst = 0.0
-    for _ in range(20):
-        started = time.perf_counter()
-        assert (await client.get("/healthz")).status == 200
-        worst = max(worst, time.perf_counter() - started)
-    assert worst < 0.1
+    answers = [await health(client) for _ in range(20)]
+    assert answers[0]["running"] == 4 and answers[0]["waiting"] >= 1
+    assert not all(task.done() for task in busy)  # answered while they were served
     for response in await asyncio.gather(*busy):
         assert response.status == 200
 

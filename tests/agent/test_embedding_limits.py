@@ -1,12 +1,12 @@
 """Embeddings under attack: a poisoned token id fails its own request only (400 naming the
 input, no ONNX Runtime text), the queue is bounded (429 + Retry-After), and a large text
-input is tokenized off the event loop."""
+input is tokenized off the event loop. How long those take is measured by
+``python -m benchmarks.responsiveness``."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from agent.api.app import create_app
 from agent.config import load_config
 from agent.engine.embed_batcher import DynamicEmbeddingBatcher, EmbeddingBatchConfig, Vectors
 from agent.errors import OverloadedError
+from tests.agent.loop_probe import healthz_while
 
 EMBEDDER = "all-minilm-l6-v2"
 HONEST = [f"Sentence number {i} about the weather in spring." for i in range(10)]
@@ -86,7 +87,7 @@ async def test_a_full_queue_refuses_at_once_and_serves_what_it_holds() -> None:
     release = threading.Event()
 
     def slow(batch: list[list[int]]) -> Vectors:
-        release.wait(10)
+        release.wait(60)
         return np.ones((len(batch), 4), dtype=np.float32)
 
     with ThreadPoolExecutor(1) as pool:
@@ -98,12 +99,18 @@ async def test_a_full_queue_refuses_at_once_and_serves_what_it_holds() -> None:
         await asyncio.sleep(0.1)
         queued = asyncio.ensure_future(batcher.embed([[1], [2], [3], [4]]))  # fills the queue
         await asyncio.sleep(0.05)
-        started = time.monotonic()
-        with pytest.raises(OverloadedError) as refused:
-            await batcher.embed([[5]])
-        assert time.monotonic() - started < 0.1
+        # Refused at once: in the request's first step, before it waits for anything (room,
+        # a timer), while the running call holds (for 60 s, until released below). How long
+        # a refusal takes: python -m benchmarks.responsiveness.
+        refusal = batcher.embed([[5]])
+        try:
+            with pytest.raises(OverloadedError) as refused:
+                refusal.send(None)
+            assert not first.done() and not queued.done()
+        finally:
+            refusal.close()
+            release.set()
         assert refused.value.retry_after >= 1 and "queue is full" in str(refused.value)
-        release.set()
         assert len(await first) == 2 and len(await queued) == 4
         assert len(await batcher.embed([[6]])) == 1  # room again
         await batcher.close()
@@ -134,20 +141,18 @@ async def test_a_full_queue_is_429_with_retry_after(real_artifacts: Path) -> Non
 async def test_a_large_text_input_does_not_stall_the_event_loop(client: TestClient) -> None:
     """Tokenizing ~1 MB of text takes a while; /healthz keeps answering meanwhile."""
     big = "lorem ipsum dolor sit amet " * 38_000  # ~1 MB: refused for length, after tokenizing
-    stalls: list[float] = []
-    last = time.monotonic()
-
-    async def probe() -> None:
-        nonlocal last
-        while True:
-            await asyncio.sleep(0.005)
-            stalls.append(time.monotonic() - last - 0.005)
-            last = time.monotonic()
-
-    prober = asyncio.ensure_future(probe())
-    response = await client.post("/v1/embeddings", json={"model": EMBEDDER, "input": big})
-    stalls.append(time.monotonic() - last)
-    prober.cancel()
-    print(f"longest event-loop stall while tokenizing 1 MB: {max(stalls) * 1000:.0f} ms")
+    request = asyncio.ensure_future(
+        client.post("/v1/embeddings", json={"model": EMBEDDER, "input": big})
+    )
+    longest_gap, answered, took = await healthz_while(request, client)
+    response = await request
+    print(
+        f"1 MB input refused in {took * 1000:.0f} ms; {answered} /healthz answered meanwhile, "
+        f"the longest gap {longest_gap * 1000:.0f} ms"
+    )
     assert response.status in (400, 413)
-    assert max(stalls) < 0.1
+    # On the event loop, or on a thread holding the GIL (tokenizers' encode does, encode_batch
+    # does not), /healthz would wait out the whole tokenization (the request's time; seen:
+    # 95-99%); off it, /healthz keeps answering: the longest gap is a fraction (2-6% here).
+    assert answered >= 2
+    assert longest_gap < took / 2, (longest_gap, took)

@@ -1,10 +1,10 @@
-"""A 1 MB prompt is tokenized off the event loop, which keeps serving (/healthz) meanwhile."""
+"""A 1 MB prompt is tokenized off the event loop, which keeps serving (/healthz) meanwhile.
+How long the loop stalls is measured by ``python -m benchmarks.responsiveness``."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agent.api.app import create_app
 from agent.config import load_config
+from tests.agent.loop_probe import healthz_while
 
 LLM = "smollm2-135m-instruct"
 BIG = "lorem ipsum dolor sit amet " * 38_000  # ~1 MB
@@ -29,17 +30,6 @@ async def client(real_artifacts: Path) -> AsyncIterator[TestClient]:
     )
     async with TestClient(TestServer(create_app(config))) as c:
         yield c
-
-
-async def _longest_stall_s(during: asyncio.Future[object], client: TestClient) -> float:
-    """The longest the event loop (which serves /healthz too) went without a turn."""
-    longest, last = 0.0, time.monotonic()
-    while not during.done():
-        await asyncio.sleep(0.005)
-        longest = max(longest, time.monotonic() - last - 0.005)
-        last = time.monotonic()
-    assert (await client.get("/healthz")).status == 200
-    return longest
 
 
 async def test_a_1mb_prompt_does_not_stall_healthz(client: TestClient) -> None:
@@ -60,9 +50,16 @@ async def _each_endpoint(client: TestClient) -> None:
     ]:
         request = asyncio.ensure_future(client.post(path, json=body))
         await asyncio.sleep(0)
-        longest = await _longest_stall_s(request, client)
+        longest_gap, answered, took = await healthz_while(request, client)
         response = await request
-        print(f"{path}: longest event-loop stall (1 MB prompt): {longest * 1000:.0f} ms")
+        print(
+            f"{path}: 1 MB prompt refused in {took * 1000:.0f} ms; {answered} /healthz answered "
+            f"meanwhile, the longest gap {longest_gap * 1000:.0f} ms"
+        )
         assert response.status == 400  # over the context, found after tokenizing
         assert "context" in (await response.json())["error"]["message"]
-        assert longest < 0.15
+        # On the event loop, or on a thread holding the GIL (tokenizers' encode does,
+        # encode_batch does not), /healthz would wait out the whole tokenization (the
+        # request's time; seen: 95-99%); off it, the longest gap is a fraction (2-6% here).
+        assert answered >= 2
+        assert longest_gap < took / 2, (longest_gap, took)

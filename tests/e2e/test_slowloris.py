@@ -77,9 +77,11 @@ async def replay(
     held = [t.result() for t in tasks]
     heads, bodies = held[:20], held[20:]
     print(f"{url}: heads held {max(heads):.1f} s, bodies {max(bodies):.1f} s, honest {honest}")
-    # closed within the bound (+ aiohttp's 1 s timer granularity and the 2 s linger)
-    assert max(heads) < header_s + 3, heads
-    assert max(bodies) < header_s + body_s + 4, bodies
+    # Cut, not held: a connection the server never cuts is held here until give_up (30 s).
+    # Cut within the configured bound, plus aiohttp's 1 s timer granularity and its 2 s
+    # linger, plus slack for a loaded machine (10 s: generous, well short of give_up).
+    assert max(heads) < header_s + 10 < give_up, heads
+    assert max(bodies) < header_s + body_s + 10 < give_up, bodies
     assert honest >= 3
 
     # connections beyond the cap: 503 and closed; honest traffic served once they go

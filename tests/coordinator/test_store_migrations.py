@@ -1,18 +1,17 @@
 """Schema migrations: a database written before versions were kept is upgraded in place.
 
 The "before" database is written by the coordinator's own code as it was at commit
-9bb823e (taken from git history and run in a child process), with real rows: join
-tokens, an enrolled agent, an agent that connected without enrolling, sites.
+9bb823e (vendored in tests/data/old_trees/, see tests/old_trees.py, and run in a child
+process), with real rows: join tokens, an enrolled agent, an agent that connected without
+enrolling, sites.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import sqlite3
 import subprocess
 import sys
-import tarfile
 import threading
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -29,11 +28,12 @@ from coordinator.registry import LiveFleetRegistry
 from coordinator.sqlite_store import DB_FILE, SCHEMA_VERSION, SQLiteFleetStore
 from devtools.process import REPO_ROOT
 from edgefleet.contract import KeyUsage, LoadReport
+from tests.old_trees import COORDINATOR_BEFORE_VERSIONS, extract
 
 pytestmark = pytest.mark.timeout(60)
 
 # The last commit before schema versions: its schema is migration 1's result.
-BEFORE_VERSIONS = "9bb823e"
+BEFORE_VERSIONS = COORDINATOR_BEFORE_VERSIONS.commit
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 # Runs inside the old code (cwd = its checkout): writes rows, prints what it wrote.
@@ -80,13 +80,7 @@ store.close()
 
 def _old_checkout(into: Path) -> Path:
     """The coordinator package as it was at BEFORE_VERSIONS, extracted under ``into``."""
-    archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", BEFORE_VERSIONS, "coordinator"],
-        capture_output=True, check=True, timeout=30,
-    ).stdout  # fmt: skip
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return into
+    return extract(COORDINATOR_BEFORE_VERSIONS, into)
 
 
 def _written_by_old_code(tmp_path: Path) -> tuple[Path, dict[str, Any]]:

@@ -1,6 +1,7 @@
 """An agent one contract minor version older (v1.2, commit f15fd8a) against today's coordinator.
 
-The old agent runs from its own tree (``git archive``). It speaks contract v1.2: it knows
+The old agent runs from its own tree (what ``git archive`` gave at that commit, vendored in
+tests/data/old_trees/: see tests/old_trees.py). It speaks contract v1.2: it knows
 nothing of model sync (no signing key, no signed manifests, no inventory or per-model
 stats in its reports). Today's coordinator (v1.3) accepts it on loopback, where
 enrollment is not required: it must still connect, report its load, be routed to and
@@ -12,7 +13,6 @@ contract versions (minor 0) are refused: tests/coordinator/test_coordinator_serv
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +20,17 @@ import aiohttp
 import pytest
 
 from devtools.fleet import AgentProcess, CoordinatorProcess
-from devtools.process import REPO_ROOT, wait_until
+from devtools.process import wait_until
 from edgefleet.contract import CONTRACT_MINOR
+from tests.old_trees import AGENT_CONTRACT_V1_2, extract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-# The last commit whose agent speaks contract v1.2 (before the model-sync messages).
-CONTRACT_V1_2 = "f15fd8a"
 TINY = "tiny-llama"
 
 
 def old_tree(into: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "archive", CONTRACT_V1_2],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True, timeout=60)
-    return into
+    return extract(AGENT_CONTRACT_V1_2, into)
 
 
 def test_the_old_tree_speaks_the_previous_minor_version(tmp_path: Path) -> None:

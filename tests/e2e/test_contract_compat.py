@@ -5,7 +5,8 @@ tests/data/old_trees/: see tests/old_trees.py). It speaks contract v1.2: it know
 nothing of model sync (no signing key, no signed manifests, no inventory or per-model
 stats in its reports). Today's coordinator (v1.3) accepts it on loopback, where
 enrollment is not required: it must still connect, report its load, be routed to and
-serve a request (run with ``--insecure-no-auth``, as the test helper does on loopback).
+serve a request, with API keys on as shipped (the keys section is v1.2's: a key minted on
+today's coordinator reaches the old agent, which refuses a request without it).
 The coordinator's fleet view needs an admin token now
 (``CoordinatorProcess.admin_headers``); ``/v1/route`` stays public. Agents from before
 contract versions (minor 0) are refused: tests/coordinator/test_coordinator_service.py.
@@ -58,7 +59,6 @@ async def test_a_v1_2_agent_connects_reports_is_routed_to_and_serves(
             lat=52.5,
             lon=13.4,
             cwd=tree,
-            insecure_no_auth=True,  # the v1.2 tree knows the flag
         ) as agent,
     ):
         # Without the admin token the fleet view is refused (loopback is no credential).
@@ -92,16 +92,16 @@ async def test_a_v1_2_agent_connects_reports_is_routed_to_and_serves(
             assert response.status == 200  # no token: /v1/route is public
             route = await response.json()
         assert [a["agent_id"] for a in route["agents"]] == ["old-agent"]
-        # The old agent runs without auth on loopback: the request needs no key.
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                route["agents"][0]["http_url"] + "/v1/completions",
-                json={"model": TINY, "prompt": "hello", "max_tokens": 4},
-            ) as response,
-        ):
-            assert response.status == 200
-            assert (await response.json())["usage"]["completion_tokens"] >= 1
+        # API keys on: a key minted today reaches the old agent; without it, 401.
+        key = await coordinator.api_key_for([agent])
+        completion = {"model": TINY, "prompt": "hello", "max_tokens": 4}
+        async with aiohttp.ClientSession() as http:
+            url = route["agents"][0]["http_url"] + "/v1/completions"
+            async with http.post(url, json=completion) as response:
+                assert response.status == 401
+            async with http.post(url, json=completion, headers=agent.headers(key)) as response:
+                assert response.status == 200
+                assert (await response.json())["usage"]["completion_tokens"] >= 1
         # Its load reports keep arriving after the request (the session stays up).
         before = found["load"]["requests_total"]
 

@@ -5,6 +5,8 @@ offline), and axe-core from npm, installed once under ~/.cache/edgefleet for aud
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import os
 import shutil
 import subprocess
@@ -24,6 +26,23 @@ def chromium_path() -> str:
         if found:
             return found
     raise RuntimeError("Chromium is not installed: apt-get install -y chromium")
+
+
+def trusting_certificate(cert_pem: bytes) -> list[str]:
+    """Chromium flags that trust the HTTPS server certificate ``cert_pem`` (a coordinator's,
+    issued by its private fleet CA), as a browser into which the operator imported the CA
+    would: its public key pinned (``--ignore-certificate-errors-spki-list``; the server
+    sends no CA in its chain, so the CA's own key cannot be pinned). Any other certificate
+    still fails."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = x509.load_pem_x509_certificate(cert_pem).public_key()
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    digest = base64.b64encode(hashlib.sha256(der).digest()).decode("ascii")
+    return [f"--ignore-certificate-errors-spki-list={digest}"]
 
 
 def axe_script() -> Path:

@@ -1,6 +1,8 @@
 """The dashboard in a real browser (Playwright driving Debian's Chromium) against a real
-coordinator and real agents (tiny model). Screenshots of each view are written to
-test-artifacts/dashboard/."""
+coordinator and real agents (tiny model), as a fleet beyond loopback runs: the coordinator
+with TLS (the dashboard over HTTPS, its certificate from the fleet CA, which the browser
+trusts; enrollment required), agents enrolled with join tokens serving HTTPS, API keys
+required. Screenshots of each view are written to test-artifacts/dashboard/."""
 
 from __future__ import annotations
 
@@ -15,8 +17,14 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from devtools.browser import chromium_path, poll, serious_accessibility_violations, sign_in
-from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.browser import (
+    chromium_path,
+    poll,
+    serious_accessibility_violations,
+    sign_in,
+    trusting_certificate,
+)
+from devtools.fleet import AgentProcess, CoordinatorProcess, enrolled_agent
 from devtools.process import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
@@ -35,9 +43,10 @@ class Fleet:
         browser: Any,
         state: Path,
         artifacts: Path,
+        api_key: str,
     ) -> None:
         self.coordinator, self.agents, self.browser = coordinator, agents, browser
-        self.state, self.artifacts = state, artifacts
+        self.state, self.artifacts, self.api_key = state, artifacts, api_key
         self.dialogs: list[str] = []
 
     @property
@@ -60,7 +69,11 @@ class Fleet:
         async with (
             aiohttp.ClientSession() as http,
             http.request(
-                method, self.url + path, json=body, headers=self.coordinator.admin_headers
+                method,
+                self.url + path,
+                json=body,
+                headers=self.coordinator.admin_headers,
+                ssl=self.coordinator.http_context(),
             ) as response,
         ):
             return response.status, await response.json()
@@ -73,25 +86,31 @@ async def fleet(tiny_artifacts: Path) -> AsyncIterator[Fleet]:
     SHOTS.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="edgefleet-dashboard-test-"))
     async with CoordinatorProcess(
-        report_interval_ms=400, extra_args=["--set", "down_after_reports=8"]
+        report_interval_ms=400, extra_args=["--set", "down_after_reports=8"], tls=True
     ) as coordinator:
         agents = {
-            agent_id: AgentProcess(
-                models_dir=str(tiny_artifacts),
-                serve=["tiny-llama"],
+            agent_id: enrolled_agent(
+                coordinator,
+                agent_id=agent_id,
                 site=site,
                 lat=lat,
                 lon=lon,
-                coordinator=coordinator.grpc_target,
-                agent_id=agent_id,
+                state_dir=state / agent_id,
+                models_dir=str(tiny_artifacts),
+                serve=["tiny-llama"],
             )
             for agent_id, (site, lat, lon) in PLACES.items()
         }
         await asyncio.gather(*(a.start() for a in agents.values()))
         try:
+            api_key = await coordinator.api_key_for(agents.values())
+            # the dashboard's HTTPS certificate, issued by the fleet CA at the start
+            trust = trusting_certificate((coordinator.data_dir / "tls" / "http.crt").read_bytes())
             async with async_playwright() as p:
-                browser = await p.chromium.launch(executable_path=chromium_path(), headless=True)
-                yield Fleet(coordinator, agents, browser, state, tiny_artifacts)
+                browser = await p.chromium.launch(
+                    executable_path=chromium_path(), headless=True, args=trust
+                )
+                yield Fleet(coordinator, agents, browser, state, tiny_artifacts, api_key)
                 await browser.close()
         finally:
             for agent in agents.values():
@@ -109,6 +128,8 @@ async def _rows(page: Any) -> dict[str, list[str]]:
 
 
 async def test_signed_out_the_page_shows_nothing_and_actions_are_refused(fleet: Fleet) -> None:
+    tokens_before = (await fleet.api("GET", "/v1/admin/tokens"))[1]["data"]  # the agents'
+    assert len(tokens_before) == len(PLACES)
     page = await fleet.page()
     await page.wait_for_selector("#view-signin:not([hidden])")
     assert await page.is_hidden("#nav") and await page.is_hidden("#view-fleet")
@@ -127,7 +148,7 @@ async def test_signed_out_the_page_shows_nothing_and_actions_are_refused(fleet: 
     assert await page.evaluate("document.cookie") == ""
     assert await page.evaluate("localStorage.length + sessionStorage.length") == 0
     await page.screenshot(path=str(SHOTS / "signin.png"), full_page=True)
-    assert (await fleet.api("GET", "/v1/admin/tokens"))[1]["data"] == []
+    assert (await fleet.api("GET", "/v1/admin/tokens"))[1]["data"] == tokens_before
 
 
 async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_down(
@@ -144,14 +165,18 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
         " c.dataset.agent === 'edge-paris').getAttribute('cx')"
     )
     assert float(paris) == pytest.approx((2.35 + 180) * 2, abs=0.1)
-    # The HttpOnly cookie is invisible to the page's script.
+    # The HttpOnly cookie is invisible to the page's script; over HTTPS it is Secure.
     assert await page.evaluate("document.cookie") == ""
+    cookies = await page.context.cookies()
+    assert cookies and all(
+        c["secure"] and c["httpOnly"] and c["sameSite"] == "Strict" for c in cookies
+    ), cookies
     await page.screenshot(path=str(SHOTS / "fleet.png"), full_page=True)
     # Live numbers move while load runs, without a reload.
     await page.evaluate("window.__sameDocument = true")
     before = await page.evaluate("window.edgefleet.agents.get('edge-paris').load.requests_total")
     agent = fleet.agents["edge-paris"]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=agent.headers(fleet.api_key)) as http:
         for _ in range(3):
             async with http.post(
                 agent.url + "/v1/chat/completions",
@@ -160,6 +185,7 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
                     "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 8,
                 },
+                ssl=fleet.coordinator.ca_context(),
             ) as response:
                 assert response.status == 200
     await poll(
@@ -214,15 +240,21 @@ async def test_a_join_token_made_on_the_page_enrolls_an_agent_whose_hostile_site
     await poll(page, "document.getElementById('token-secret-value').textContent.length > 20")
     token = await page.evaluate("document.getElementById('token-secret-value').textContent")
     await page.screenshot(path=str(SHOTS / "tokens.png"), full_page=True)
-    agent = AgentProcess(
+    coordinator = fleet.coordinator
+    agent = AgentProcess(  # set up as an operator would, with the token from the page
         models_dir=str(fleet.artifacts),
         serve=["tiny-llama"],
         site=XSS,
-        coordinator=fleet.coordinator.grpc_target,
+        coordinator=coordinator.grpc_target,
         agent_id="edge-xss",
         join_token=token,
         state_dir=fleet.state / "xss",
-    )
+        extra_args=[
+            "--set", "coordinator.tls=true",
+            "--set", f"coordinator.enroll_target={coordinator.enroll_target}",
+            "--set", f"coordinator.ca_file={coordinator.ca_file}",
+        ],
+    )  # fmt: skip
     async with agent:
         await page.goto(f"{fleet.url}/dashboard/#fleet")
         await poll(page, "window.edgefleet.agents.has('edge-xss')", timeout_s=30)
@@ -251,7 +283,9 @@ async def test_drain_from_the_page_stops_new_routes_to_that_agent(fleet: Fleet) 
     async def routed() -> list[str]:
         async with (
             aiohttp.ClientSession() as http,
-            http.get(f"{fleet.url}/v1/route?model=tiny-llama") as response,
+            http.get(
+                f"{fleet.url}/v1/route?model=tiny-llama", ssl=fleet.coordinator.http_context()
+            ) as response,
         ):
             return [a["agent_id"] for a in (await response.json())["agents"]]
 

@@ -53,7 +53,7 @@ from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
 from agent.model_registry import ModelRegistry
 from agent.overflow.hook import OVERFLOW
-from agent.overflow.wiring import desired_state_appliers, peer_client_context
+from agent.overflow.wiring import desired_state_appliers, peer_client_tls
 from agent.redaction import Redactor, install_log_filter
 from agent.sync.fetch import BlobSource
 from agent.sync.manager import ModelSync
@@ -287,7 +287,7 @@ async def serve(config: AgentConfig) -> None:
     overflow = app[OVERFLOW]
     overflow.agent_id = agent_id
     # agent-to-agent mutual TLS for forwards to peers (enrollment's certificate)
-    overflow.forwarder.peer_ssl = peer_client_context(config)
+    overflow.forwarder.peer_ssl = peer_client_tls(config)
     session: CoordinatorSession | None = None
     sync = app.get(SYNC)
     if config.coordinator.target:

@@ -149,7 +149,7 @@ class Forwarder:
         *,
         site: str = "",
         self_id: Callable[[], str] = lambda: "",
-        peer_ssl: ssl.SSLContext | None = None,
+        peer_ssl: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.targets = targets
@@ -157,6 +157,8 @@ class Forwarder:
         self.settings = settings or ForwardSettings()
         self.site = site
         self._self_id = self_id
+        # mutual TLS to https peers, or what gives it as each forward starts
+        # (agent/enrolled_tls.py: an agent may enroll, and renew, after it started)
         self.peer_ssl = peer_ssl
         self._rng = rng
         self._session: aiohttp.ClientSession | None = None
@@ -263,13 +265,11 @@ class Forwarder:
 
     def _post_kwargs(self, target: Target, url: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"timeout": self._timeout(target)}
-        if (
-            target.spec.kind is OverflowKind.PEER
-            and self.peer_ssl is not None
-            and urlsplit(url).scheme == "https"
-        ):
-            kwargs["ssl"] = self.peer_ssl
-            kwargs["server_hostname"] = agent_server_name(target.name)
+        if target.spec.kind is OverflowKind.PEER and urlsplit(url).scheme == "https":
+            peer_ssl = self.peer_ssl() if callable(self.peer_ssl) else self.peer_ssl
+            if peer_ssl is not None:
+                kwargs["ssl"] = peer_ssl
+                kwargs["server_hostname"] = agent_server_name(target.name)
         return kwargs
 
     def _attempts(self, target: Target) -> Iterator[tuple[int, str]]:

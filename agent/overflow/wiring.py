@@ -10,6 +10,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from agent.config import AgentConfig
+from agent.enrolled_tls import EnrolledClientContext
 from agent.overflow.breaker import BreakerSettings
 from agent.overflow.forwarder import ForwardSettings
 from agent.overflow.service import OverflowService
@@ -69,6 +70,19 @@ def peer_client_context(config: AgentConfig) -> ssl.SSLContext | None:
     except (OSError, TlsError) as exc:
         log.warning("overflow to peers without mutual TLS: %s", exc)
         return None
+
+
+def peer_client_tls(config: AgentConfig) -> EnrolledClientContext:
+    """:func:`peer_client_context` as each forward starts, made again when enrollment (in
+    the first session, for an agent serving plain HTTP) or a renewal wrote its files."""
+    from agent.enrollment import CA_FILE, state_dir_of
+    from agent.https import enrollment_cert_files
+
+    files = enrollment_cert_files(state_dir_of(config))
+    ca = files.cert.parent / CA_FILE
+    if config.coordinator.ca_file:
+        ca = Path(config.coordinator.ca_file).expanduser()
+    return EnrolledClientContext(lambda: peer_client_context(config), [ca, files.cert, files.key])
 
 
 def desired_state_appliers(

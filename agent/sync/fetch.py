@@ -106,7 +106,7 @@ class BlobFetcher:
         concurrency: int = 4,
         bandwidth_bytes_per_s: float = 0,
         headers: Callable[[BlobSource], dict[str, str]] | None = None,
-        ssl: SSLContext | None = None,
+        ssl: SSLContext | Callable[[], SSLContext | None] | None = None,
         timeout_s: float = 60.0,
         peer_wait_s: float = 15.0,
     ) -> None:
@@ -115,7 +115,9 @@ class BlobFetcher:
         self.limiter = RateLimiter(bandwidth_bytes_per_s)
         #: Extra headers per source (the coordinator's bearer credential), settable later.
         self.headers = headers
-        #: TLS context for https sources (the fleet CA and this agent's certificate).
+        #: TLS context for https sources (the fleet CA and this agent's certificate), or
+        #: what gives it as each download starts (agent/enrolled_tls.py: an agent may
+        #: enroll, and renew, after this fetcher was made).
         self.ssl = ssl
         self.connect_timeout_s = 10.0
         self.read_timeout_s = timeout_s  # without a byte, a download fails after this
@@ -129,6 +131,9 @@ class BlobFetcher:
         self.downloading: set[str] = set()
         # A blob being fetched once, however many versions ask for it.
         self._inflight: dict[str, asyncio.Future[None]] = {}
+
+    def _ssl_context(self) -> SSLContext | None:
+        return self.ssl() if callable(self.ssl) else self.ssl
 
     async def close(self) -> None:
         """Release the threads (downloads still running are their tasks' to cancel)."""
@@ -248,7 +253,7 @@ class BlobFetcher:
         closes the connection and returns once nothing more is written."""
         headers = dict(self.headers(source)) if self.headers is not None else {}
         url = source.url(sha256)
-        context = self.ssl if url.startswith("https:") else None
+        context = self._ssl_context() if url.startswith("https:") else None
         loop = asyncio.get_running_loop()
 
         def report(n: int) -> None:

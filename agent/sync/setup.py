@@ -7,6 +7,7 @@ from pathlib import Path
 
 from agent.config import AgentConfig
 from agent.engine.interface import EmbeddingModel, TextModel
+from agent.enrolled_tls import EnrolledClientContext
 from agent.enrollment import state_dir_of
 from agent.https import enrollment_cert_files
 from agent.model_loader import load_embedding_model, load_text_model
@@ -57,6 +58,14 @@ def fleet_ssl_context(config: AgentConfig) -> ssl.SSLContext | None:
     return context
 
 
+def fleet_blob_tls(config: AgentConfig) -> EnrolledClientContext:
+    """:func:`fleet_ssl_context` as each download starts, made again when enrollment (in
+    the first session, for an agent serving plain HTTP) or a renewal wrote its files."""
+    files = enrollment_cert_files(state_dir_of(config))
+    ca = state_dir_of(config) / "ca.pem"
+    return EnrolledClientContext(lambda: fleet_ssl_context(config), [ca, files.cert, files.key])
+
+
 def build_model_sync(
     config: AgentConfig, registry: ModelRegistry, listeners: list[object]
 ) -> ModelSync:
@@ -80,7 +89,7 @@ def build_model_sync(
         bandwidth_bytes_per_s=m.download_bytes_per_s,
         timeout_s=m.download_timeout_s,
         peer_wait_s=m.peer_wait_s,
-        ssl=fleet_ssl_context(config) if config.coordinator.target else None,
+        ssl=fleet_blob_tls(config) if config.coordinator.target else None,
     )
 
     def load(directory: Path, manifest: ModelManifest) -> TextModel | EmbeddingModel:

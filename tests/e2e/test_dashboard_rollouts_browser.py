@@ -16,6 +16,15 @@ sync their models from its catalog.
   cleanly on SIGTERM, and after its restart the open page goes back to its sign-in form
   by itself; signing in again works.
 
+The fleet runs as beyond loopback: the coordinator with TLS (the dashboard, admin API and
+model files over HTTPS, enrollment required), agents enrolled with join tokens, API keys
+required (the tests' requests send a minted key; the pool's credential file holds one).
+The sending agent serves HTTPS on its enrollment certificate; the agent standing in for
+the GPU pool serves plain HTTP on loopback (``server.tls = auto``), as a pool behind the
+site's own network would be reached: a pool is called with the system's trust store, not
+the fleet CA. Chromium trusts the dashboard's certificate; the restarted coordinator
+serves the same certificate (given as the operator's files).
+
 Screenshots go to test-artifacts/dashboard/.
 """
 
@@ -35,8 +44,14 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from devtools.browser import chromium_path, poll, serious_accessibility_violations, sign_in
-from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess
+from devtools.browser import (
+    chromium_path,
+    poll,
+    serious_accessibility_violations,
+    sign_in,
+    trusting_certificate,
+)
+from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess, enrolled_agent
 from devtools.process import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
@@ -67,6 +82,8 @@ class Fleet:
     browser: Any
     v1: str
     v2: str
+    api_key: str
+    coordinator_args: list[str]  # its extra_args (for the restart)
     pages: list[Any] = field(default_factory=list)
 
     async def api(self, method: str, path: str, body: Any = None) -> Any:
@@ -77,6 +94,7 @@ class Fleet:
                 self.coordinator.http_url + path,
                 json=body,
                 headers=self.coordinator.admin_headers,
+                ssl=self.coordinator.http_context(),
             ) as response,
         ):
             data = await response.json()
@@ -93,7 +111,8 @@ class Fleet:
 async def _cli(coordinator: CoordinatorProcess, *args: str) -> None:
     """``python -m coordinator ARGS`` as an operator runs it."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coordinator", *args, "--url", coordinator.http_url, cwd=REPO,
+        sys.executable, "-m", "coordinator", *args, "--url", coordinator.http_url,
+        "--ca-file", str(coordinator.ca_file), cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "EDGEFLEET_ADMIN_TOKEN": coordinator.admin_token},
     )  # fmt: skip
@@ -101,13 +120,14 @@ async def _cli(coordinator: CoordinatorProcess, *args: str) -> None:
     assert process.returncode == 0, f"coordinator {' '.join(args)}: {err.decode()}"
 
 
-async def _serves(url: str, version: str) -> bool:
+async def _serves(agent: AgentProcess, api_key: str, version: str) -> bool:
     async with (
-        aiohttp.ClientSession() as http,
+        aiohttp.ClientSession(headers=agent.headers(api_key)) as http,
         http.post(
-            url + "/v1/completions", json={"model": TINY, "prompt": "Hi", "max_tokens": 1}
+            agent.url + "/v1/completions", json={"model": TINY, "prompt": "Hi", "max_tokens": 1},
+            ssl=agent.ssl_context or True,
         ) as response,
-    ):
+    ):  # fmt: skip
         return response.status == 200 and (await response.json())["model"] == f"{TINY}@{version}"
 
 
@@ -120,13 +140,17 @@ async def fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory
     tmp = tmp_path_factory.mktemp("dashboard-rollouts")
     pool_port = _free_port()
     targets = tmp / "overflow-targets.json"
+    # the pool's API key, written once minted (the agent reads it when a request goes out)
+    pool_key = tmp / "pool-api-key"
     targets.write_text(json.dumps({"pools": [{
         "name": POOL, "endpoints": [{"url": f"http://127.0.0.1:{pool_port}/v1"}],
         "model_names": {BIG: TINY}, "prompt_price_per_1k": 1.0, "completion_price_per_1k": 2.0,
+        "credential_file": str(pool_key),
     }]}))  # fmt: skip
+    coordinator_args = ["--set", f"overflow_targets_file={targets}"]
     coordinator = CoordinatorProcess(
-        report_interval_ms=400, data_dir=tmp / "coordinator",
-        extra_args=["--set", f"overflow_targets_file={targets}"],
+        report_interval_ms=400, data_dir=tmp / "coordinator", extra_args=coordinator_args,
+        tls=True,
     )  # fmt: skip
     agents: list[AgentProcess] = []
     await coordinator.start()
@@ -145,28 +169,43 @@ async def fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory
             async with (
                 aiohttp.ClientSession() as http,
                 http.post(f"{coordinator.http_url}/v1/admin/models/{TINY}/{v1}/deploy",
-                          json={}, headers=coordinator.admin_headers) as response,
+                          json={}, headers=coordinator.admin_headers,
+                          ssl=coordinator.http_context()) as response,
             ):  # fmt: skip
                 assert response.status == 200, await response.text()
             await publish(v2)
 
-        for i, (site, extra) in enumerate(
-            (("east", ["--set", "overflow.allow_cloud=true"]), ("west", []))
-        ):
-            agent = AgentProcess(
-                coordinator=coordinator.grpc_target, agent_id=f"dash-agent-{i}", site=site,
-                port=pool_port if i == 1 else 0, state_dir=tmp / f"agent-{i}",
-                extra_args=["--set", "models.source=store", *extra],
-            )  # fmt: skip
-            agents.append(agent)
+        # The sender: enrolled, HTTPS on its enrollment certificate.
+        agents.append(enrolled_agent(
+            coordinator, agent_id="dash-agent-0", site="east", state_dir=tmp / "agent-0",
+            extra_args=["--set", "models.source=store", "--set", "overflow.allow_cloud=true"],
+        ))  # fmt: skip
+        # The pool: enrolled too, plain HTTP on loopback at the pool's URL.
+        agents.append(AgentProcess(
+            coordinator=coordinator.grpc_target, agent_id="dash-agent-1", site="west",
+            port=pool_port, state_dir=tmp / "agent-1",
+            join_token=coordinator.mint_join_token("west"),
+            extra_args=[
+                "--set", "models.source=store",
+                "--set", "coordinator.tls=true",
+                "--set", f"coordinator.enroll_target={coordinator.enroll_target}",
+                "--set", f"coordinator.ca_file={coordinator.ca_file}",
+            ],
+        ))  # fmt: skip
         # The agents start (empty stores) while the catalog is filled; they sync v1.
         await asyncio.gather(catalog(), *(agent.start() for agent in agents))
+        api_key = await coordinator.api_key_for(agents)
+        pool_key.write_text(await coordinator.api_key_for(agents[1:], name="gpu-pool"))
         for agent in agents:
-            await wait_until(lambda a=agent: _serves(a.url, v1), timeout_s=120,  # type: ignore[misc]
+            await wait_until(lambda a=agent: _serves(a, api_key, v1), timeout_s=120,  # type: ignore[misc]
                              message=f"{agent.agent_id} serves {TINY}@{v1}")  # fmt: skip
+        # the dashboard's HTTPS certificate (the restarted coordinator serves it again)
+        trust = trusting_certificate((coordinator.data_dir / "tls" / "http.crt").read_bytes())
         async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=chromium_path(), headless=True)
-            fleet = Fleet(coordinator, agents, browser, v1, v2)
+            browser = await p.chromium.launch(
+                executable_path=chromium_path(), headless=True, args=trust
+            )
+            fleet = Fleet(coordinator, agents, browser, v1, v2, api_key, coordinator_args)
             yield fleet
             holder.append(fleet.coordinator)
             await browser.close()
@@ -226,11 +265,11 @@ async def test_the_rollouts_view_shows_a_real_rollout_and_pauses_resumes_aborts_
     })  # fmt: skip
     rid = started["rollout_id"]
     canary = started["plan"][0][0]
-    url = next(a.url for a in fleet.agents if a.agent_id == canary)
-    await wait_until(lambda: _serves(url, fleet.v2), timeout_s=60,
+    agent = next(a for a in fleet.agents if a.agent_id == canary)
+    await wait_until(lambda: _serves(agent, fleet.api_key, fleet.v2), timeout_s=60,
                      message=f"the canary {canary} serves {fleet.v2}")  # fmt: skip
     for _ in range(3):  # traffic on the canary: the gate's figures move
-        assert await _serves(url, fleet.v2)
+        assert await _serves(agent, fleet.api_key, fleet.v2)
     await wait_until(
         lambda: _gate_requests(fleet, rid, 4), timeout_s=15, message="the gate counts requests"
     )
@@ -288,7 +327,7 @@ async def test_the_rollouts_view_shows_a_real_rollout_and_pauses_resumes_aborts_
         assert any(a.endswith(f"/{verb}") for a in actions), actions
     await page.screenshot(path=str(SHOTS / "rollout-aborted.png"), full_page=True)
     # Rolled back: the canary serves v1 again.
-    await wait_until(lambda: _serves(url, fleet.v1), timeout_s=60,
+    await wait_until(lambda: _serves(agent, fleet.api_key, fleet.v1), timeout_s=60,
                      message=f"the canary {canary} is back on {fleet.v1}")  # fmt: skip
 
 
@@ -302,19 +341,33 @@ async def test_redactions_by_type_are_charted_after_a_redacting_overflow(fleet: 
     await page.click("nav a[href='#overflow']")
     await page.wait_for_selector("#view-overflow:not([hidden])")
     sender = fleet.agents[0]
-    async with aiohttp.ClientSession() as http:
+    # A key without allow_cloud keeps its requests at the site: no pool for it.
+    async with (
+        aiohttp.ClientSession(headers=sender.headers(fleet.api_key)) as http,
+        http.post(
+            sender.url + "/v1/chat/completions", ssl=sender.ssl_context or True,
+            json={"model": BIG, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+        ) as response,
+    ):  # fmt: skip
+        assert response.status == 404, await response.text()
+        assert (await response.json())["error"]["code"] == "model_not_found"
+    # Leaving the site needs the agent's overflow.allow_cloud and the key's.
+    cloud_key = await fleet.coordinator.api_key_for([sender], name="cloud", allow_cloud=True)
+    async with aiohttp.ClientSession(headers=sender.headers(cloud_key)) as http:
         for _ in range(2):
             body = {
                 "model": BIG, "max_tokens": 4,
                 "messages": [{"role": "user",
                               "content": "Mail jane.doe@example.com and bob@example.org now"}],
             }  # fmt: skip
-            async with http.post(sender.url + "/v1/chat/completions", json=body) as response:
+            async with http.post(
+                sender.url + "/v1/chat/completions", json=body, ssl=sender.ssl_context or True
+            ) as response:
                 assert response.status == 200, await response.text()
                 assert response.headers["X-Edgefleet-Served-By"] == POOL
-    # The agent's totals: 4 e-mail addresses redacted before the requests left.
-    async with aiohttp.ClientSession() as http, http.get(sender.url + "/metrics") as response:
-        metrics = await response.text()
+        # The agent's totals: 4 e-mail addresses redacted before the requests left.
+        async with http.get(sender.url + "/metrics", ssl=sender.ssl_context or True) as response:
+            metrics = await response.text()
     assert 'edgefleet_agent_redactions_total{type="EMAIL"} 4.0' in metrics
 
     # The 10 s point holding them reaches the page over SSE (no reload) and is charted.
@@ -384,10 +437,15 @@ async def test_a_coordinator_restart_ends_the_session_and_the_page_asks_to_sign_
     # SIGTERM: the open page's event stream does not hold the shutdown (a clean exit,
     # not the SIGKILL that terminate() sends after 10 s).
     assert await old.terminate() == 0
+    # The same HTTPS certificate, as the operator's files (a start without them issues a
+    # new one from the fleet CA, which a browser trusting the CA would take as well).
+    cert = old.data_dir / "tls"
     fleet.coordinator = CoordinatorProcess(
         grpc_port=old.grpc_port, http_port=int(old.http_url.rsplit(":", 1)[1]),
-        report_interval_ms=400,
-        data_dir=old.data_dir, extra_args=old.args[old.args.index("--set"):],
+        report_interval_ms=400, data_dir=old.data_dir, tls=True,
+        extra_args=[*fleet.coordinator_args,
+                    "--set", f"http_tls_cert_file={cert / 'http.crt'}",
+                    "--set", f"http_tls_key_file={cert / 'http.key'}"],
         env={ADMIN_TOKEN_ENV: old.admin_token},
     )  # fmt: skip
     await fleet.coordinator.start()

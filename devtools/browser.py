@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-CACHE = Path(os.environ.get("EDGEFLEET_CACHE", Path.home() / ".cache" / "edgefleet"))
+CACHE = Path(os.environ.get("EDGEFLEET_CACHE_DIR") or Path.home() / ".cache" / "edgefleet")
 AXE_DIR = CACHE / "npm-axe"
 AXE_VERSION = "4.14.1"
 

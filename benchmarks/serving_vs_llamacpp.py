@@ -176,6 +176,9 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     print(f"llama.cpp server: {gguf.name}, {args.threads} threads", flush=True)
     async with LlamaCppServer(gguf, args.llamacpp_port, args.threads) as server:
+        llamacpp_build = {
+            k: server.build[k] for k in ("llama_cpp_python", "cmake_args", "amx_probe")
+        }
         await wave(server.url, LLM, 1, 64, 10_000, args.prompts)  # warm-up
         for c in args.concurrency:
             theirs[str(c)] = await wave(server.url, LLM, c, args.max_tokens, 1000 * c, args.prompts)
@@ -196,6 +199,7 @@ async def run(args: argparse.Namespace) -> int:
         "prompts": args.prompts,
         "edgefleet": ours,
         "llamacpp": theirs,
+        "llamacpp_build": llamacpp_build,  # what its venv was compiled for (llamacpp_build.py)
         "aggregate_ratio_vs_llamacpp": ratios,
     }
     targets: dict[str, Any] = {}

@@ -296,6 +296,7 @@ async def llamacpp_side(gguf: Path, port: int, threads: int, schemas: list[Any])
     finally:
         await server.kill()
     return {
+        "build": {k: server.build[k] for k in ("llama_cpp_python", "cmake_args", "amx_probe")},
         "request_form": 'response_format {"type": "json_object", "schema": ...} (its GBNF)',
         "valid": sum(r["valid"] for r in rows),
         "schemas": len(rows),

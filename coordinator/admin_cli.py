@@ -11,8 +11,10 @@ stopped (coordinator.backup says what they hold).
 
 Over ``--url`` the CLI presents an admin token from ``$EDGEFLEET_ADMIN_TOKEN`` or
 ``--admin-token-file``, never from a flag (``/proc/PID/cmdline`` is readable by every
-user of the host). What the CLI changes in the database is written to the audit log
-with the peer ``cli`` and the local user's name.
+user of the host), and over HTTPS trusts the fleet CA beside the system's CAs
+(``--ca-file``, default ``<data_dir>/ca/ca.pem``: coordinator/cli_https.py). What the CLI
+changes in the database is written to the audit log with the peer ``cli`` and the local
+user's name.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from coordinator.admin_tokens import AdminTokens, Role
 from coordinator.api_keys import PRIORITIES, ApiKeys
 from coordinator.audit import AuditLog, to_jsonl
 from coordinator.backup import backup, restore
+from coordinator.cli_https import add_ca_file_argument, ca_file_of, client_context, default_url
 from coordinator.config import load_config
 from coordinator.errors import ConfigError, CoordinatorError, ProtocolError
 from coordinator.models_cli import (
@@ -186,6 +189,7 @@ def add_admin_commands(sub: Any) -> None:
             "--admin-token-file", type=Path, metavar="FILE",
             help=f"file holding the admin token for --url (default: ${ADMIN_TOKEN_ENV})",
         )  # fmt: skip
+        add_ca_file_argument(parser)
         parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -195,6 +199,7 @@ def run_admin_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
         return 2
+    args.ca_file = ca_file_of(args, config)
     try:
         args.admin_token = _client_token(args)
         if args.command == "audit" and not args.url:
@@ -207,8 +212,7 @@ def run_admin_command(args: argparse.Namespace) -> int:
         elif args.command == "restore":
             result = restore(args.directory, config.data_path, force=args.force)
         elif args.command == "agents":
-            url = args.url or f"http://{config.http_host}:{config.http_port}"
-            result = _agents_over_http(url, args)
+            result = _agents_over_http(args.url or default_url(config), args)
         elif args.command == "admin-tokens":
             result = (
                 _admin_tokens_over_http(args)
@@ -490,8 +494,9 @@ def _http(url: str, method: str, path: str, args: argparse.Namespace, body: Any 
     request = urllib.request.Request(
         url.rstrip("/") + path, data=data, method=method, headers=headers
     )
+    context = client_context(url, getattr(args, "ca_file", None))
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
             return response.read().decode() if raw else json.load(response)
     except urllib.error.HTTPError as exc:
         try:

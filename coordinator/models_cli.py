@@ -20,7 +20,6 @@ import base64
 import hashlib
 import json
 import shutil
-import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -28,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from coordinator.cli_https import ca_file_of, client_context, default_url
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ModelCatalogError
 from coordinator.model_catalog import CatalogVersion, parse_manifest, write_signed_set
@@ -81,11 +81,7 @@ def add_models_command(sub: Any) -> list[argparse.ArgumentParser]:
     deploy.add_argument("--agent", action="append", default=[], dest="agent_ids",
                         metavar="AGENT_ID")  # fmt: skip
     leaves.append(deploy)
-    for parser in leaves:
-        parser.add_argument("--ca-file", type=Path, metavar="FILE",
-                            help="CA certificate for an https --url (default: the data "
-                            "directory's ca/ca.pem)")  # fmt: skip
-    return leaves
+    return leaves  # --ca-file, --url and the rest: admin_cli adds them to every command
 
 
 class AdminClient:
@@ -94,10 +90,7 @@ class AdminClient:
     def __init__(self, url: str, token: str, *, ca_file: Path | None = None) -> None:
         self.url = url.rstrip("/")
         self._token = token
-        self._context: ssl.SSLContext | None = None
-        if self.url.startswith("https://"):
-            cafile = str(ca_file) if ca_file is not None and ca_file.exists() else None
-            self._context = ssl.create_default_context(cafile=cafile)
+        self._context = client_context(self.url, ca_file)
 
     def _request(
         self,
@@ -162,10 +155,8 @@ def split_ref(ref: str) -> tuple[str, str]:
 
 
 def run_models_command(args: argparse.Namespace, config: CoordinatorConfig) -> Any:
-    scheme = "https" if config.http_tls_enabled else "http"
-    url = args.url or f"{scheme}://{config.http_host}:{config.http_port}"
-    ca_file = args.ca_file or config.data_path / "ca" / "ca.pem"
-    client = AdminClient(url, args.admin_token, ca_file=ca_file)
+    url = args.url or default_url(config)
+    client = AdminClient(url, args.admin_token, ca_file=ca_file_of(args, config))
     action = args.action
     if action == "publish":
         return publish(client, args.directory, name=args.name, version=args.version)

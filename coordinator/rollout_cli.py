@@ -2,8 +2,10 @@
 over a running coordinator's admin API (the engine lives in the coordinator process).
 
 The admin token comes from ``$EDGEFLEET_ADMIN_TOKEN`` or ``--admin-token-file`` (never a
-flag); ``--url`` defaults to the configured HTTP address. start/pause/resume/abort need
-the operator role, list/show the viewer role.
+flag); ``--url`` defaults to the configured HTTP address. Over HTTPS the fleet CA is
+trusted beside the system's CAs (``--ca-file``, default ``<data_dir>/ca/ca.pem``:
+coordinator/cli_https.py). start/pause/resume/abort need the operator role, list/show the
+viewer role.
 
     python -m coordinator rollouts start smollm2@2 --canary 1 --waves 25,50,100 --soak 10m
     python -m coordinator rollouts show ro-3f2a...
@@ -24,6 +26,7 @@ from coordinator.admin_cli import (
     _http,
     parse_duration,
 )
+from coordinator.cli_https import add_ca_file_argument, ca_file_of, default_url
 from coordinator.config import load_config
 from coordinator.errors import ConfigError
 
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--url", help="the coordinator's HTTP address (default: config)")
         command.add_argument("--admin-token-file", type=Path, metavar="FILE",
                              help=f"admin token file (default: ${ADMIN_TOKEN_ENV})")  # fmt: skip
+        add_ca_file_argument(command)
         command.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -123,7 +127,8 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
         return 2
-    url = args.url or f"http://{config.http_host}:{config.http_port}"
+    url = args.url or default_url(config)
+    args.ca_file = ca_file_of(args, config)
     try:
         args.admin_token = _client_token(args)
         if args.action == "start":

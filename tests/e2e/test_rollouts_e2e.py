@@ -14,6 +14,11 @@ while clients keep being served.
 - the int8 SmolLM2 variant (perplexity about 1.8x fp32) fails the self-check on the canary
   and is rolled back automatically, with no failed client request.
 
+The fleet runs as beyond loopback: the coordinator with TLS (mutual-TLS sessions, HTTPS
+admin API and model files, enrollment required), agents enrolled with join tokens serving
+HTTPS on their enrollment certificates, API keys required (the clients send a minted key
+and trust the fleet CA; the operator CLI gets ``--ca-file``).
+
 Needs the three parts of issue 10 merged (catalog: ``models publish|deploy`` and the
 blob server; sync: agents with a model store; rollouts: this engine).
 """
@@ -24,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import ssl
 import statistics
 import sys
 import time
@@ -37,7 +43,7 @@ import pytest
 import pytest_asyncio
 
 from coordinator.rollout_gates import MergedHistogram
-from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess
+from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess, enrolled_agent
 from devtools.process import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
@@ -60,7 +66,8 @@ async def cli(coordinator: CoordinatorProcess, *args: str) -> Any:
     for the rollouts commands, whose answer the tests read)."""
     extra = ["--json"] if args[0] == "rollouts" else []
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coordinator", *args, "--url", coordinator.http_url, *extra,
+        sys.executable, "-m", "coordinator", *args, "--url", coordinator.http_url,
+        "--ca-file", str(coordinator.ca_file), *extra,
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, CLIENT_TOKEN_ENV: coordinator.admin_token},
     )  # fmt: skip
@@ -93,6 +100,8 @@ class Traffic:
 
     urls: list[str]
     model: str
+    api_key: str
+    ssl_context: ssl.SSLContext
     # Long enough replies keep the agents decoding, so a new request waits for a decode
     # step: a version that decodes slower shows it in TTFT too.
     max_tokens: int = 4
@@ -116,7 +125,9 @@ class Traffic:
             body = {"model": self.model, "prompt": prompt,
                     "max_tokens": self.max_tokens, "temperature": 0, "stream": True}  # fmt: skip
             try:
-                async with http.post(url + "/v1/completions", json=body) as response:
+                async with http.post(
+                    url + "/v1/completions", json=body, ssl=self.ssl_context
+                ) as response:
                     text = await response.text()
                     if response.status != 200 or "[DONE]" not in text or '"error"' in text:
                         self.failures.append(f"{url}: {response.status} {text[:200]}")
@@ -129,7 +140,10 @@ class Traffic:
 
     @contextlib.asynccontextmanager
     async def running(self, per_agent: int = 2) -> AsyncIterator[Traffic]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=120),
+            headers={"Authorization": f"Bearer {self.api_key}"},
+        ) as http:
             self._tasks = [asyncio.create_task(self._loop(http, url))
                            for url in self.urls for _ in range(per_agent)]  # fmt: skip
             try:
@@ -166,8 +180,11 @@ async def wait_for_state(coordinator: CoordinatorProcess, rollout_id: str, state
 class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.coordinator = CoordinatorProcess(report_interval_ms=500, data_dir=tmp / "coordinator")
+        self.coordinator = CoordinatorProcess(
+            report_interval_ms=500, data_dir=tmp / "coordinator", tls=True
+        )
         self.agents: list[AgentProcess] = []
+        self.api_key = ""  # minted once the agents run
         # The tests' names for catalog versions -> the versions.
         self.v: dict[str, str] = {}
 
@@ -175,8 +192,8 @@ class Fleet:
                            extra: tuple[str, ...] = (), pin: bool = False) -> None:  # fmt: skip
         cores = sorted(os.sched_getaffinity(0))
         for i in range(count):
-            agent = AgentProcess(
-                coordinator=self.coordinator.grpc_target,
+            agent = enrolled_agent(
+                self.coordinator,
                 agent_id=f"ro-agent-{i}",
                 site=sites[i % len(sites)],
                 state_dir=self.tmp / f"agent-{i}",
@@ -186,10 +203,15 @@ class Fleet:
             )
             await agent.start()
             self.agents.append(agent)
+        self.api_key = await self.coordinator.api_key_for(self.agents)
 
     @property
     def urls(self) -> list[str]:
         return [a.url for a in self.agents]
+
+    def traffic(self, model: str, **kwargs: Any) -> Traffic:
+        """Clients of every agent, with the fleet's key, trusting the fleet CA."""
+        return Traffic(self.urls, model, self.api_key, self.coordinator.ca_context(), **kwargs)
 
     async def restart_coordinator(self) -> None:
         """Stop it and start a new process on the same data directory and ports."""
@@ -197,7 +219,7 @@ class Fleet:
         await old.terminate()
         self.coordinator = CoordinatorProcess(
             grpc_port=old.grpc_port, http_port=old.http_port, report_interval_ms=500,
-            data_dir=old.data_dir, env={ADMIN_TOKEN_ENV: old.admin_token},
+            data_dir=old.data_dir, env={ADMIN_TOKEN_ENV: old.admin_token}, tls=True,
         )  # fmt: skip
         await self.coordinator.start()
 
@@ -211,10 +233,13 @@ async def converged(fleet: Fleet, model: str, version: str) -> None:
     """Every agent answers with ``model@version``."""
 
     async def check() -> bool:
-        async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {fleet.api_key}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
             for url in fleet.urls:
                 body = {"model": model, "prompt": "Hi", "max_tokens": 1}
-                async with http.post(url + "/v1/completions", json=body) as response:
+                async with http.post(
+                    url + "/v1/completions", json=body, ssl=fleet.coordinator.ca_context()
+                ) as response:
                     if response.status != 200:
                         return False
                     if (await response.json())["model"] != f"{model}@{version}":
@@ -245,7 +270,7 @@ async def tiny_fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFact
 
 async def test_canary_then_waves_then_every_agent_on_the_new_version(tiny_fleet: Fleet) -> None:
     coordinator = tiny_fleet.coordinator
-    async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
+    async with tiny_fleet.traffic(TINY).running() as traffic:
         started = await cli(
             coordinator, "rollouts", "start", f"{TINY}@{tiny_fleet.v['v2']}", "--canary", "1",
             "--waves", "50,100", "--soak", "2s", "--min-requests", "10",
@@ -268,19 +293,21 @@ async def test_canary_then_waves_then_every_agent_on_the_new_version(tiny_fleet:
                for r in listed["data"])  # fmt: skip
 
 
-async def served_version(url: str, model: str) -> str:
-    async with aiohttp.ClientSession() as http:
+async def served_version(fleet: Fleet, url: str, model: str) -> str:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {fleet.api_key}"}) as http:
         body = {"model": model, "prompt": "Hi", "max_tokens": 1}
-        async with http.post(url + "/v1/completions", json=body) as response:
+        async with http.post(
+            url + "/v1/completions", json=body, ssl=fleet.coordinator.ca_context()
+        ) as response:
             assert response.status == 200
             return str((await response.json())["model"]).partition("@")[2]
 
 
 async def test_a_restarted_coordinator_resumes_the_rollout(tiny_fleet: Fleet) -> None:
-    current = await served_version(tiny_fleet.urls[0], TINY)
+    current = await served_version(tiny_fleet, tiny_fleet.urls[0], TINY)
     target = tiny_fleet.v["v2"] if current == tiny_fleet.v["v1"] else tiny_fleet.v["v1"]
     soak_s = 20  # two steps (the canary, then the rest): the test's time is mostly soaks
-    async with Traffic(tiny_fleet.urls, TINY).running() as traffic:
+    async with tiny_fleet.traffic(TINY).running() as traffic:
         started = await cli(tiny_fleet.coordinator, "rollouts", "start", f"{TINY}@{target}",
                             "--canary", "1", "--soak", f"{soak_s}s", "--min-requests", "5",
                             "--max-ttft-ratio", TINY_TTFT)  # fmt: skip
@@ -318,8 +345,8 @@ async def test_the_slower_deep_version_fails_the_ttft_gate_and_is_rolled_back(
     deep = manifest_version(deep_dir)
     await publish(coordinator, deep_dir, TINY, deep)
     # The earlier tests leave the fleet on v1 or v2 (the same files).
-    current = await served_version(tiny_fleet.urls[0], TINY)
-    async with Traffic(tiny_fleet.urls, TINY, prompt_numbers=24).running() as traffic:
+    current = await served_version(tiny_fleet, tiny_fleet.urls[0], TINY)
+    async with tiny_fleet.traffic(TINY, prompt_numbers=24).running() as traffic:
         started = await cli(coordinator, "rollouts", "start", f"{TINY}@{deep}", "--canary", "1",
                             "--soak", "60s", "--min-requests", "50",
                             "--max-ttft-ratio", DEEP_TTFT)  # fmt: skip
@@ -396,7 +423,7 @@ async def llm_fleet(real_artifacts: Path, tmp_path_factory: pytest.TempPathFacto
 
 async def _rolled_back(fleet: Fleet, version: str, extra: list[str],
                        until: Callable[[Any], Awaitable[bool]] | None = None) -> Any:  # fmt: skip
-    async with Traffic(fleet.urls, LLM, max_tokens=24).running(per_agent=3) as traffic:
+    async with fleet.traffic(LLM, max_tokens=24).running(per_agent=3) as traffic:
         started = await cli(fleet.coordinator, "rollouts", "start", f"{LLM}@{fleet.v[version]}",
                             "--canary", "1", *extra)  # fmt: skip
         canary_url = next(a.url for a in fleet.agents if a.agent_id == started["plan"][0][0])

@@ -10,7 +10,10 @@ again on the same data directory and ports, and measure from its ready line:
 * a route lookup at once: which agents it returns and as what (a restarted
   coordinator routes to the agents it had, as "unconfirmed", instead of "down");
 * the time until every agent's session is back (``GET /v1/agents`` polled every
-  50 ms: status "connected" and liveness "live").
+  50 ms: status "connected" and liveness "live");
+* API keys (on, as shipped: agents with a coordinator require them): the key minted
+  before the restarts is still accepted by every agent, and a key minted on the restarted
+  coordinator reaches every agent (the time until each accepts it).
 
 Target: every agent back within one report interval of the coordinator's return.
 Writes benchmarks/results/coordinator_restart.json (median and max over restarts).
@@ -29,12 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from benchmarks.coordinator_reconnect import free_port
 from benchmarks.results_file import target, write_results
-from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.fleet import AgentProcess, CoordinatorProcess, wait_key_accepted
 
 MODEL = "tiny-llama"
 POLL_S = 0.05
+KEY_TIMEOUT_S = 30.0
 
 
 async def agents_back(coordinator: CoordinatorProcess, agent_ids: set[str]) -> bool:
@@ -49,6 +55,34 @@ async def route_at(coordinator: CoordinatorProcess) -> dict[str, Any]:
         "agents": {a["agent_id"]: a["liveness"] for a in body["agents"]},
         "excluded": body["excluded"],
     }
+
+
+async def accepted_everywhere(agents: list[AgentProcess], api_key: str) -> bool:
+    return all(await asyncio.gather(*(a.accepts_key(api_key) for a in agents)))
+
+
+async def new_key_reach_s(coordinator: CoordinatorProcess, agents: list[AgentProcess],
+                          n: int) -> tuple[float | None, int, list[str]]:  # fmt: skip
+    """A key minted on ``coordinator`` now: seconds until every agent accepts it (None:
+    not within KEY_TIMEOUT_S), how many agents the coordinator pushed it to at once, and
+    the agents that did not accept it in time (their last log lines printed)."""
+    async with (
+        aiohttp.ClientSession(headers=coordinator.admin_headers) as http,
+        http.post(coordinator.http_url + "/v1/admin/keys", json={"name": f"after-restart-{n}"},
+                  raise_for_status=True, ssl=coordinator.http_context()) as response,
+    ):  # fmt: skip
+        minted_key = await response.json()
+    key, pushed = str(minted_key["secret"]), int(minted_key["agents_updated"])
+    minted = time.monotonic()
+    try:
+        await wait_key_accepted(agents, key, timeout_s=KEY_TIMEOUT_S)
+    except TimeoutError:
+        refused = [a for a in agents if not await a.accepts_key(key)]
+        for agent in refused:
+            print(f"--- {agent.agent_id} refused the key minted {KEY_TIMEOUT_S:g} s ago; "
+                  "its last log lines:\n" + "".join(list(agent.log)[-15:]), flush=True)  # fmt: skip
+        return None, pushed, [a.agent_id for a in refused]
+    return time.monotonic() - minted, pushed, []
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -84,6 +118,7 @@ async def main(args: argparse.Namespace) -> int:
             if time.monotonic() > deadline:
                 raise SystemExit("the agents did not all connect to the first coordinator")
             await asyncio.sleep(0.2)
+        first_key = await current.api_key_for(agents, name="before-restarts")
         print(f"{args.agents} agents connected; {args.restarts} restarts ({args.signal})")
         for n in range(args.restarts):
             # A couple of load reports in (opening a session saved the agent as live).
@@ -104,19 +139,28 @@ async def main(args: argparse.Namespace) -> int:
             all_back = await agents_back(current, agent_ids)
             unconfirmed = sum(v == "unconfirmed" for v in at_ready["agents"].values())
             routed = set(at_ready["agents"]) == agent_ids
+            first_key_ok = await accepted_everywhere(agents, first_key)
+            key_s, pushed, refused = await new_key_reach_s(current, agents, n)
             restarts.append(
                 {
                     "all_back_s": round(back_s, 3) if all_back else None,
                     "route_at_ready": at_ready,
                     "route_lookup_after_ready_s": round(lookup_s, 3),
                     "route_at_ready_returned_every_agent": routed,
+                    "key_from_before_accepted_everywhere": first_key_ok,
+                    "new_key_accepted_everywhere_s": None if key_s is None else round(key_s, 3),
+                    "new_key_pushed_to_agents": pushed,
+                    "new_key_refused_by": refused,
                 }
             )
             print(
                 f"  restart {n + 1}: all back in {back_s:.2f} s"
                 f"{'' if all_back else ' (TIMED OUT)'}; lookup at ready returned "
                 f"{len(at_ready['agents'])} agents ({unconfirmed} unconfirmed), "
-                f"excluded {at_ready['excluded']}",
+                f"excluded {at_ready['excluded']}; the first key accepted everywhere: "
+                f"{first_key_ok}; a new key everywhere in "
+                f"{f'(TIMED OUT: {refused})' if key_s is None else f'{key_s:.2f} s'} "
+                f"(pushed to {pushed})",
                 flush=True,
             )
     finally:
@@ -131,6 +175,10 @@ async def main(args: argparse.Namespace) -> int:
     interval_s = args.interval_ms / 1000.0
     every_routed = all(r["route_at_ready_returned_every_agent"] for r in restarts)
     none_down = all(not r["route_at_ready"]["excluded"].get("down") for r in restarts)
+    keys_kept = all(r["key_from_before_accepted_everywhere"] for r in restarts)
+    key_times = [r["new_key_accepted_everywhere_s"] for r in restarts]
+    new_keys_reached = bool(key_times) and None not in key_times
+    key_max_s = max(key_times) if new_keys_reached else None
     figures: dict[str, Any] = {
         "agents": args.agents,
         "restarts": args.restarts,
@@ -142,6 +190,10 @@ async def main(args: argparse.Namespace) -> int:
         "restarts_timed_out": timed_out,
         "route_at_ready_returned_every_agent_every_time": every_routed,
         "route_at_ready_no_agent_down_every_time": none_down,
+        "api_keys": "on (agents with a coordinator require them)",
+        "key_from_before_accepted_every_time": keys_kept,
+        "new_key_reached_every_agent_every_time": new_keys_reached,
+        "new_key_accepted_everywhere_max_s": key_max_s,
         "per_restart": restarts,
         "measured_from": "the restarted coordinator's ready line to every agent connected "
         "and live in GET /v1/agents (polled every 50 ms)",
@@ -155,13 +207,18 @@ async def main(args: argparse.Namespace) -> int:
         "route_at_ready_returned_every_agent_every_time": target(
             every_routed, "== true", every_routed
         ),
+        "key_from_before_accepted_every_time": target(keys_kept, "== true", keys_kept),
+        "new_key_reached_every_agent_every_time": target(
+            new_keys_reached, f"== true (within {KEY_TIMEOUT_S:g} s)", new_keys_reached
+        ),
     }  # fmt: skip
     path = write_results("coordinator_restart", figures, targets)
     print(
         f"reconnect median {None if median_s is None else round(median_s, 3)} s, "
         f"max {max_s} s over {len(restarts)} restarts "
         f"({timed_out} timed out); lookups at ready returned every agent: {every_routed}; "
-        f"wrote {path}"
+        f"the first key kept: {keys_kept}; new keys reached every agent: {new_keys_reached} "
+        f"(max {key_max_s} s); wrote {path}"
     )
     return 0
 

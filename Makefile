@@ -36,8 +36,10 @@ demo: models
 system-deps:
 	devtools/system_deps.sh
 
+# independent test files on both cores (pytest-xdist; PYTEST_WORKERS=1 for one at a time)
+PYTEST_WORKERS ?= 2
 test: system-deps models
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 lint: venv
 	$(BIN)/ruff check .

@@ -245,11 +245,13 @@ class AgentProcess(ServiceProcess):
         empty ``api_key`` sends no Authorization header)."""
         try:
             async with (
-                aiohttp.ClientSession(headers=self.headers(api_key)) as http,
+                aiohttp.ClientSession(
+                    headers=self.headers(api_key), timeout=aiohttp.ClientTimeout(total=5)
+                ) as http,
                 http.get(self.url + "/v1/models", ssl=self.ssl_context or True) as response,
             ):
                 return response.status == 200
-        except aiohttp.ClientError:
+        except (aiohttp.ClientError, TimeoutError):
             return False
 
 

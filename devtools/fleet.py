@@ -49,6 +49,7 @@ class CoordinatorProcess(ServiceProcess):
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 30.0,
         tls: bool = False,
+        enroll_port: int = 0,
     ) -> None:
         # Without a data_dir each process gets a fresh one, removed when it exits.
         self._own_data_dir = data_dir is None
@@ -62,7 +63,9 @@ class CoordinatorProcess(ServiceProcess):
             "--http-port", str(http_port),
             "--report-interval-ms", str(report_interval_ms),
             "--data-dir", str(self.data_dir),
-            *(["--tls", "on", "--enroll-port", "0", "--http-tls", "on",
+            # a restart passes every port it had (a fresh ephemeral enrollment port could
+            # take the HTTP port the last process just freed)
+            *(["--tls", "on", "--enroll-port", str(enroll_port), "--http-tls", "on",
                "--set", "require_enrollment=on"] if tls else []),
             *extra_args,
         ]  # fmt: skip
@@ -76,12 +79,14 @@ class CoordinatorProcess(ServiceProcess):
         self.http_port = http_port
         self.grpc_target = ""
         self.enroll_target = ""
+        self.enroll_port = enroll_port
         self.http_url = ""
 
     def on_ready(self, match: re.Match[str]) -> None:
         self.grpc_port = int(match["gport"])
         self.grpc_target = f"{match['grpc']}:{self.grpc_port}"
         self.enroll_target = match["enroll"] or self.grpc_target
+        self.enroll_port = int(self.enroll_target.rsplit(":", 1)[1])
         self.http_url = match["http"]
         self.http_port = int(self.http_url.rsplit(":", 1)[1])
 

@@ -442,7 +442,7 @@ async def test_a_coordinator_restart_ends_the_session_and_the_page_asks_to_sign_
     cert = old.data_dir / "tls"
     fleet.coordinator = CoordinatorProcess(
         grpc_port=old.grpc_port, http_port=int(old.http_url.rsplit(":", 1)[1]),
-        report_interval_ms=400, data_dir=old.data_dir, tls=True,
+        report_interval_ms=400, data_dir=old.data_dir, tls=True, enroll_port=old.enroll_port,
         extra_args=[*fleet.coordinator_args,
                     "--set", f"http_tls_cert_file={cert / 'http.crt'}",
                     "--set", f"http_tls_key_file={cert / 'http.key'}"],

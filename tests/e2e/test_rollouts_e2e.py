@@ -220,6 +220,7 @@ class Fleet:
         self.coordinator = CoordinatorProcess(
             grpc_port=old.grpc_port, http_port=old.http_port, report_interval_ms=500,
             data_dir=old.data_dir, env={ADMIN_TOKEN_ENV: old.admin_token}, tls=True,
+            enroll_port=old.enroll_port,
         )  # fmt: skip
         await self.coordinator.start()
 

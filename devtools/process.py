@@ -176,9 +176,7 @@ class ServiceProcess:
             await self.terminate()
 
 
-async def get_json(
-    url: str, *, headers: dict[str, str] | None = None, ssl: Any = True
-) -> Any:
+async def get_json(url: str, *, headers: dict[str, str] | None = None, ssl: Any = True) -> Any:
     """GET ``url`` as JSON (``ssl``: an ``ssl.SSLContext`` for a private CA's HTTPS)."""
     async with (
         aiohttp.ClientSession(headers=headers) as http,

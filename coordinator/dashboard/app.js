@@ -501,8 +501,17 @@ function renderDetail(a) {
     ["Redactions since start", (Array.isArray(load.redactions) ? load.redactions : []).slice(0, 32)
       .map((pair) => `${String(pair[0]).slice(0, 32)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],
   ];
+  // a down agent's last report is history, not its load now (as in the fleet table):
+  // "-", with the last report's figure on hover
+  const down = agentStatus(a) === "down";
+  const nowFields = new Set(["Queue", "Running", "Tokens/s", "KV cache"]);
   const nodes = [];
-  for (const [k, v] of fields) { nodes.push(el("dt", k)); nodes.push(el("dd", v)); }
+  for (const [k, v] of fields) {
+    const stale = down && nowFields.has(k) && v !== "";
+    const dd = el("dd", stale ? "-" : v);
+    if (stale) dd.title = `last report: ${v}`;
+    nodes.push(el("dt", k), dd);
+  }
   $("agent-detail").replaceChildren(...nodes);
   const rows = [];
   const inventory = (a.load && a.load.inventory) || [];

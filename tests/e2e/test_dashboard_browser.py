@@ -221,6 +221,19 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
         ".getAttribute('class')"
     )
     assert dot == "down"
+    # ... nor on its own page: "-" for its load, the last report on hover
+    await page.goto(f"{fleet.url}/dashboard/#agent/edge-tokyo")
+    await page.wait_for_selector("#view-agent:not([hidden])")
+    await poll(page, "document.getElementById('agent-h').textContent === 'Agent edge-tokyo'")
+    detail = await page.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#agent-detail dt')]"
+        ".map(dt => [dt.textContent, [dt.nextElementSibling.textContent,"
+        " dt.nextElementSibling.title]]))"
+    )
+    assert detail["Status"][0] == "down"
+    for name in ("Queue", "Running", "Tokens/s", "KV cache"):
+        assert detail[name][0] == "-", (name, detail[name])
+        assert detail[name][1].startswith("last report: "), (name, detail[name])
     await page.goto(f"{fleet.url}/dashboard/#series")
     await page.wait_for_selector("#view-series:not([hidden])")
     await page.screenshot(path=str(SHOTS / "metrics.png"), full_page=True)

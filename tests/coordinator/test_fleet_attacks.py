@@ -64,6 +64,12 @@ async def test_an_impostor_hello_for_a_live_agent_is_refused_and_routes_stay_hon
             call = c.stub.Session()
             try:
                 await call.write(hello("edge-1", http_url=IMPOSTOR_URL))
+                # The refusal is read, not met by a second write: a write that races the
+                # server's abort fails in the transport, and grpc.aio then reports INTERNAL in
+                # place of the status the server sent (grpc/aio/_call.py, _write). Seen once
+                # in CI: 145 ALREADY_EXISTS and one INTERNAL.
+                if await call.read() is grpc.aio.EOF:
+                    continue
                 await call.write(pb.AgentMessage(load_report=pb.LoadReport()))
                 while not stop.is_set() and await call.read() is not grpc.aio.EOF:
                     pass

@@ -245,7 +245,7 @@ def prepare_sync(
 ) -> None:
     """This agent's own blob URL (never a source for itself), and how it identifies itself
     to the coordinator's blob server: ``Edgefleet-Agent: <id>`` always, and the session
-    credential as a bearer token once enrolled (coordinator/model_http.py checks both; an
+    credential as a bearer token once enrolled (coordinator/api/models.py checks both; an
     agent that never enrolled is served only while its session is live, on coordinators
     that do not require enrollment)."""
     sync.options.own_blob_url = f"{public_url.rstrip('/')}/v1/blobs"

@@ -106,8 +106,8 @@ async def _probe_while(
 
 
 async def coordinator_listing(rounds: int) -> dict[str, Any]:
+    from coordinator.api.app_keys import REGISTRY_KEY
     from coordinator.app import create_app
-    from coordinator.app_keys import REGISTRY_KEY
     from coordinator.config import CoordinatorConfig
     from edgefleet.contract import Hello, LoadedModel, Location
 

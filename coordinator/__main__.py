@@ -7,7 +7,8 @@ import asyncio
 import logging
 import sys
 
-from coordinator.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+from coordinator.cli.admin import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+from coordinator.cli.rollouts import main as rollouts_main
 from coordinator.config import (
     ADMIN_TOKEN_FLAG_REFUSED,
     ENV_PREFIX,
@@ -17,7 +18,6 @@ from coordinator.config import (
     log_level_number,
 )
 from coordinator.errors import ConfigError, CoordinatorError
-from coordinator.rollout_cli import main as rollouts_main
 from coordinator.server import serve
 from edgefleet.config_loading import add_arguments, overrides_from_args
 

@@ -9,12 +9,11 @@ from datetime import timedelta
 
 from aiohttp import web
 
-from coordinator.admin_api import ADMIN_PREFIX, authorize, create_admin_app, route_roles
-from coordinator.admin_db import AdminDatabase
-from coordinator.admin_tokens import AdminTokens
-from coordinator.agent_lifecycle import AgentLifecycle
-from coordinator.api_keys import ApiKeys, KeyDistributor
-from coordinator.app_keys import (
+from coordinator.access.admin_tokens import AdminTokens
+from coordinator.access.api_keys import ApiKeys, KeyDistributor
+from coordinator.access.audit import AuditLog
+from coordinator.api.admin import ADMIN_PREFIX, authorize, create_admin_app, route_roles
+from coordinator.api.app_keys import (
     ADMIN_TOKENS_KEY,
     API_KEYS_KEY,
     AUDIT_KEY,
@@ -34,11 +33,7 @@ from coordinator.app_keys import (
     STORE_KEY,
     TOKENS_KEY,
 )
-from coordinator.audit import AuditLog
-from coordinator.background import periodic_task
-from coordinator.ca import CertificateAuthority
-from coordinator.config import CoordinatorConfig
-from coordinator.dashboard import (
+from coordinator.api.dashboard import (
     DASHBOARD_ROUTES,
     EVENTS_KEY,
     SESSIONS_KEY,
@@ -47,28 +42,37 @@ from coordinator.dashboard import (
     end_event_streams,
     events_flusher,
 )
-from coordinator.enrollment import EnrollmentService
+from coordinator.api.fleet import ROUTES, count_requests, openai_errors
+from coordinator.api.models import BLOB_ROUTE, get_blob
+from coordinator.background import periodic_task
+from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selector
+from coordinator.catalog.catalog import ModelCatalog
+from coordinator.config import CoordinatorConfig
 from coordinator.errors import StoreError
-from coordinator.fleet import AgentRecord
-from coordinator.fleet_series import FleetSeries
-from coordinator.fleet_store import FleetStore
-from coordinator.grpc_service import CoordinatorServicer, GrpcServer
-from coordinator.http_api import ROUTES, count_requests, openai_errors
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.model_assignments import BlobBaseUrl, ModelAssignments, Selector
-from coordinator.model_catalog import ModelCatalog
-from coordinator.model_http import BLOB_ROUTE, get_blob
-from coordinator.overflow import OVERFLOW_DISTRIBUTOR_KEY, OverflowDistributor, targets_file_for
-from coordinator.peer_rate_limit import PeerRateLimiter
-from coordinator.proto_convert import LoadLimits
-from coordinator.registry import FleetRegistry, LiveFleetRegistry
-from coordinator.report_hooks import ReportHooks
-from coordinator.request_records import RequestRecordStore
-from coordinator.rollout_app import RolloutDeps, install_rollouts
-from coordinator.route_service import Router
-from coordinator.session_auth import SessionAuthenticator
-from coordinator.sqlite_store import SQLiteFleetStore
-from coordinator.tokens import JoinTokens
+from coordinator.fleet.lifecycle import AgentLifecycle
+from coordinator.fleet.metrics import CoordinatorMetrics
+from coordinator.fleet.records import AgentRecord
+from coordinator.fleet.registry import FleetRegistry, LiveFleetRegistry
+from coordinator.fleet.report_hooks import ReportHooks
+from coordinator.fleet.request_records import RequestRecordStore
+from coordinator.fleet.series import FleetSeries
+from coordinator.identity.ca import CertificateAuthority
+from coordinator.identity.enrollment import EnrollmentService
+from coordinator.identity.join_tokens import JoinTokens
+from coordinator.identity.peer_rate_limit import PeerRateLimiter
+from coordinator.identity.session_auth import SessionAuthenticator
+from coordinator.rollouts.wiring import RolloutDeps, install_rollouts
+from coordinator.routing.overflow import (
+    OVERFLOW_DISTRIBUTOR_KEY,
+    OverflowDistributor,
+    targets_file_for,
+)
+from coordinator.routing.service import Router
+from coordinator.rpc.convert import LoadLimits
+from coordinator.rpc.service import CoordinatorServicer, GrpcServer
+from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.interface import FleetStore
+from coordinator.store.sqlite import SQLiteFleetStore
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ file is flat::
     http_port = 8080
     report_interval_ms = 2000
 
-Routing defaults are the route policy's own (``coordinator.route_scorer.RoutePolicy``).
+Routing defaults are the route policy's own (``coordinator.routing.scorer.RoutePolicy``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, Self, get_args
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from coordinator.errors import ConfigError
-from coordinator.route_scorer import RoutePolicy
+from coordinator.routing.scorer import RoutePolicy
 from edgefleet.config_loading import Flag, Settings, load_settings
 from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import DEFAULT_GRPC_PORT, default_enroll_port
@@ -160,7 +160,7 @@ class CoordinatorConfig(Settings):
     suspect_after_reports: int = Field(default=2, ge=1)
     down_after_reports: int = Field(default=5, ge=1)
 
-    # --- routing (coordinator/route_scorer.py says why these defaults)
+    # --- routing (coordinator/routing/scorer.py says why these defaults)
     route_weight_proximity: float = Field(default=_POLICY.weights.proximity, ge=0)
     route_weight_queue: float = Field(default=_POLICY.weights.queue, ge=0)
     route_weight_kv: float = Field(default=_POLICY.weights.kv, ge=0)
@@ -185,7 +185,7 @@ class CoordinatorConfig(Settings):
     blob_base_url: str = Field(default="", max_length=2048)
 
     # Overflow targets: a JSON file of cloud GPU pools and hosted providers
-    # (coordinator/overflow.py: OverflowTargetsFile; credentials by env var / file NAME);
+    # (coordinator/routing/overflow.py: OverflowTargetsFile; credentials by env var / file NAME);
     # peers at each site come from the registry. Empty: peers only.
     overflow_targets_file: str = ""
     # Static overflow answer of older configs, used when overflow_targets_file is empty.
@@ -203,7 +203,7 @@ class CoordinatorConfig(Settings):
     @field_validator("site_networks")
     @classmethod
     def _site_networks(cls, value: str) -> str:
-        from coordinator.site_networks import parse_site_networks
+        from coordinator.routing.site_networks import parse_site_networks
 
         parse_site_networks(value)  # ValueError names the bad entry
         return value

@@ -14,12 +14,12 @@ from aiohttp.web_log import AccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
+from coordinator.api.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
 from coordinator.app import create_app
-from coordinator.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
-from coordinator.ca import CertificateAuthority
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import ConfigError, ServerStartError
 from coordinator.gc_pauses import GcPauseRecorder, HeapSettler, settle_heap
+from coordinator.identity.ca import CertificateAuthority
 from edgefleet.http_limits import LimitedAppRunner
 from edgefleet.tls import (
     CertFiles,

@@ -8,9 +8,9 @@
   and every blob against its sha256 (a broken set fails the build, not the site);
 - **artifact directories** (``models/artifacts``, the models build's output; ``--serve``
   names them). The build publishes them to a throwaway coordinator catalog (the
-  coordinator's own code: :class:`coordinator.model_catalog.ModelCatalog` on a temporary
+  coordinator's own code: :class:`coordinator.catalog.catalog.ModelCatalog` on a temporary
   database and blob store) and exports its signed set with the code ``models export``
-  runs (:func:`coordinator.model_catalog.write_signed_set`). The signing key is
+  runs (:func:`coordinator.catalog.catalog.write_signed_set`). The signing key is
   ``--signing-key FILE`` (the operator's ed25519 PEM; made there, 0600, if the file does
   not exist) or, by default, one kept in the build cache (``model-set-signing.pem``): the
   same key for every build on this machine, so an unchanged model set signs to the same
@@ -146,9 +146,9 @@ def signed_model_set(
 
 def _publish_and_export(dirs: list[Path], signer: ManifestSigner, out: Path) -> None:
     """A throwaway coordinator catalog: publish each directory, export the signed set."""
-    from coordinator.admin_db import AdminDatabase
+    from coordinator.catalog.catalog import BlobStore, ModelCatalog, write_signed_set
     from coordinator.errors import ModelCatalogError
-    from coordinator.model_catalog import BlobStore, ModelCatalog, write_signed_set
+    from coordinator.store.admin_db import AdminDatabase
 
     with tempfile.TemporaryDirectory(prefix="model-set-", dir=cache_root()) as tmp:
         data = Path(tmp)

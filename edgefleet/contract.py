@@ -2,7 +2,7 @@
 
 Both processes use these types (the agent to build what it sends and hold what it
 gets, the coordinator to record and route); protobuf stays at the edges
-(``edgefleet.contract_pb`` converts, ``coordinator.proto_convert`` validates what agents
+(``edgefleet.contract_pb`` converts, ``coordinator.rpc.convert`` validates what agents
 send). Names and fields are those of ``protos/edgefleet/v1/fleet.proto``; the comments
 there define each field. Standard library only, so both sides import it cheaply.
 

@@ -1,7 +1,7 @@
 """Conversion between ``edgefleet.contract`` dataclasses and the generated protobuf messages.
 
 One function pair per message, used by both processes. These convert faithfully and
-check nothing: the coordinator validates what agents send (``coordinator.proto_convert``)
+check nothing: the coordinator validates what agents send (``coordinator.rpc.convert``)
 before converting with these.
 """
 

@@ -1,7 +1,7 @@
 """TLS contexts for the fleet: agents' HTTPS, and agent-to-agent mutual TLS.
 
 Every certificate here comes from the coordinator's CA (the *fleet CA*). An agent's
-certificate (``coordinator.ca.CertificateAuthority.issue_client(agent_id,
+certificate (``coordinator.identity.ca.CertificateAuthority.issue_client(agent_id,
 server_names=[url_host])``) carries:
 
 - the URI SAN ``edgefleet://agent/<agent_id>``: who it is, read by a server from a peer's

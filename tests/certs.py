@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from edgefleet.tls import CertFiles, write_atomically
 
 

@@ -15,7 +15,7 @@ from cryptography import x509
 from agent.config import load_config
 from agent.errors import ConfigError
 from agent.https import server_cert_files
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from devtools.fleet import AgentProcess
 from devtools.process import wait_until
 from edgefleet.tls import CertFiles, write_atomically

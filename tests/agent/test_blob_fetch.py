@@ -22,7 +22,7 @@ from aiohttp import web
 from agent.errors import ModelSyncError
 from agent.sync.fetch import BlobFetcher, BlobSource
 from agent.sync.store import ModelStore
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from edgefleet.blob_http import send_blob
 from edgefleet.tls import agent_client_context, server_context
 from tests.certs import write_agent_cert

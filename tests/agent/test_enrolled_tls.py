@@ -30,7 +30,7 @@ from agent.overflow.wiring import peer_client_tls
 from agent.redaction import Redactor
 from agent.sync.fetch import BlobSource
 from agent.sync.setup import build_model_sync
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from edgefleet.blob_http import send_blob
 from edgefleet.contract import OverflowKind, OverflowTarget
 from edgefleet.tls import agent_server_name, server_context, write_atomically

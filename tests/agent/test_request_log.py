@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from agent.config import AgentConfig
 from agent.request_log import RequestLog, RequestLogSlot
-from coordinator.admin_db import AdminDatabase
 from coordinator.errors import ProtocolError
-from coordinator.request_records import RequestRecordStore
+from coordinator.fleet.request_records import RequestRecordStore
+from coordinator.store.admin_db import AdminDatabase
 from edgefleet.contract import RequestRecords
 
 

@@ -17,7 +17,7 @@ from key_leak_replay import SECRET, ask, attacker_app, route_app, serving, write
 
 from agent.api.app import create_app
 from agent.config import load_config
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from edgefleet.tls import server_context
 
 TINY = "tiny-llama"

@@ -12,8 +12,8 @@ import grpc
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from coordinator.api.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, TOKENS_KEY
 from coordinator.app import create_app
-from coordinator.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
 from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from coordinator.fleet import AgentRecord
-from coordinator.registry import FleetRegistry
+from coordinator.fleet.records import AgentRecord
+from coordinator.fleet.registry import FleetRegistry
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,14 +21,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from coordinator.admin_api import route_roles
-from coordinator.admin_tokens import Role
+from coordinator.access.admin_tokens import Role
+from coordinator.api.admin import route_roles
+from coordinator.api.app_keys import ADMIN_TOKENS_KEY, TOKENS_KEY
+from coordinator.api.openapi import documented_routes, openapi_document
 from coordinator.app import create_app
-from coordinator.app_keys import ADMIN_TOKENS_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
-from coordinator.openapi import documented_routes, openapi_document
-from coordinator.sqlite_store import DB_FILE
+from coordinator.store.sqlite import DB_FILE
 from devtools.fleet import CoordinatorProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(60)
 ADMIN_TOKEN = "s3cret-admin-token-of-32-chars-at-least"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {("GET", "/v1/route"), ("GET", "/healthz"), ("GET", "/openapi.json")} | {
-    # The dashboard's page and files, and its sign-in/out (coordinator.dashboard).
+    # The dashboard's page and files, and its sign-in/out (coordinator.api.dashboard).
     ("GET", "/dashboard/"), ("GET", "/dashboard/{name}"),
     ("POST", "/v1/dashboard/session"), ("DELETE", "/v1/dashboard/session"),
 }  # fmt: skip

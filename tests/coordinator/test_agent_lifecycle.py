@@ -26,11 +26,11 @@ from agent.enrollment import (
     _csr,
     write_private,
 )
+from coordinator.api.app_keys import LIFECYCLE_KEY, REGISTRY_KEY, STORE_KEY
 from coordinator.app import create_app
-from coordinator.app_keys import LIFECYCLE_KEY, REGISTRY_KEY, STORE_KEY
-from coordinator.ca import certificate_serial
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import CertificateError
+from coordinator.identity.ca import certificate_serial
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport

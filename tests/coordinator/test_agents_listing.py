@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
 
-from coordinator import http_api
-from coordinator.app_keys import REGISTRY_KEY
+from coordinator.api import fleet as http_api
+from coordinator.api.app_keys import REGISTRY_KEY
 from edgefleet.contract import Hello, LoadedModel, Location
 
 pytestmark = pytest.mark.timeout(120)

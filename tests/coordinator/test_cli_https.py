@@ -88,7 +88,7 @@ async def test_without_url_the_configured_https_address_and_its_data_directory_c
 async def test_a_certificate_of_another_ca_is_still_refused(
     coordinator: CoordinatorProcess, tmp_path: Path
 ) -> None:
-    from coordinator.ca import CertificateAuthority
+    from coordinator.identity.ca import CertificateAuthority
 
     CertificateAuthority.load_or_create(tmp_path / "other")
     done = cli(coordinator, "keys", "list", "--url", coordinator.http_url,

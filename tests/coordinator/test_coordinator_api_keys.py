@@ -19,11 +19,11 @@ from agent.auth.startup import KeysApplier
 from agent.control import CoordinatorSession
 from agent.errors import InvalidApiKeyError
 from coordinator.__main__ import main as coordinator_main
-from coordinator.api_keys import FLOOR
-from coordinator.app_keys import CONFIG_KEY, KEY_DISTRIBUTOR_KEY
-from coordinator.fleet_store import ApiKeyRecord
-from coordinator.sqlite_store import SQLiteFleetStore
-from coordinator.tokens import sha256_hex
+from coordinator.access.api_keys import FLOOR
+from coordinator.api.app_keys import CONFIG_KEY, KEY_DISTRIBUTOR_KEY
+from coordinator.identity.join_tokens import sha256_hex
+from coordinator.store.interface import ApiKeyRecord
+from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.process import wait_until
 from edgefleet.contract import Hello, KeysSection, KeyUsage, LoadedModel, LoadReport
 
@@ -328,8 +328,8 @@ def test_a_rebalance_alone_re_sends_a_bounded_share_of_the_fleet_largest_moves_f
     """With usage that keeps shifting, a tick re-sends at most RESHARE_MAX_FRACTION of the
     agents (at least RESHARE_MIN_AGENTS), not every agent whose share moved; a key change
     still reaches every agent at once."""
-    from coordinator.api_keys import RESHARE_MIN_AGENTS, ApiKeys, KeyDistributor
-    from coordinator.sqlite_store import SQLiteFleetStore
+    from coordinator.access.api_keys import RESHARE_MIN_AGENTS, ApiKeys, KeyDistributor
+    from coordinator.store.sqlite import SQLiteFleetStore
 
     store = SQLiteFleetStore.in_directory(tmp_path)
     try:

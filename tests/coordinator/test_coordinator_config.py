@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from coordinator.__main__ import main
 from coordinator.config import CoordinatorConfig, load_config
 from coordinator.errors import ConfigError, FatalError
-from coordinator.route_scorer import RoutePolicy
-from coordinator.route_service import policy_from_config
+from coordinator.routing.scorer import RoutePolicy
+from coordinator.routing.service import policy_from_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from devtools.fleet import CoordinatorProcess
 from edgefleet.tls import write_atomically
 from edgefleet_client import DiscoveryError, route_lookup

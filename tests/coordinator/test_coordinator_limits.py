@@ -15,9 +15,9 @@ import pytest
 from coordinator_testing import MakeCoordinator, hello
 from hello_flood import hello_flood, rss_bytes
 
-from coordinator.peer_rate_limit import PeerRateLimiter, peer_ip
-from coordinator.registry import LiveFleetRegistry
-from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.identity.peer_rate_limit import PeerRateLimiter, peer_ip
+from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
 from edgefleet.contract import Hello
 from edgefleet.v1 import fleet_pb2 as pb

@@ -15,8 +15,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN
 
+from coordinator.api.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY, ROUTE_ROLES_KEY, TOKENS_KEY
 from coordinator.app import create_app
-from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY, ROUTE_ROLES_KEY, TOKENS_KEY
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import UnknownAgentError
 from devtools.process import wait_until

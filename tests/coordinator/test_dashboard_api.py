@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from coordinator.api.dashboard import COOKIE, CSP, DashboardSessions
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
-from coordinator.dashboard import COOKIE, CSP, DashboardSessions
-from coordinator.fleet_series import HOUR_POINTS, STEP_S, FleetSeries, histogram_quantile
+from coordinator.fleet.series import HOUR_POINTS, STEP_S, FleetSeries, histogram_quantile
 from edgefleet.contract import Histogram, KeyUsage, LoadReport, ModelStats, OverflowUsage
 
 pytestmark = pytest.mark.timeout(60)
@@ -140,7 +140,7 @@ def test_the_series_keeps_one_hour_without_holes_and_tells_subscribers() -> None
 def test_sessions_expire_and_end_with_their_token() -> None:
     clock = Clock()
     valid = {"good"}
-    from coordinator.admin_tokens import Caller, Role
+    from coordinator.access.admin_tokens import Caller, Role
 
     sessions = DashboardSessions(
         lambda t: Caller("id", "op", Role.OPERATOR) if t in valid else None, ttl_s=60, clock=clock
@@ -301,8 +301,8 @@ async def test_metrics_count_agents_by_status_and_site(
 
 
 def test_overflow_use_and_cost_by_target() -> None:
-    from coordinator.metrics import CoordinatorMetrics
-    from coordinator.registry import FleetRegistry
+    from coordinator.fleet.metrics import CoordinatorMetrics
+    from coordinator.fleet.registry import FleetRegistry
 
     clock = Clock()
     series = FleetSeries(clock=clock)
@@ -365,7 +365,7 @@ def test_agents_without_model_stats_count_by_their_request_totals() -> None:
 
 def _wire(report: LoadReport) -> LoadReport:
     """The report as the coordinator gets it: through protobuf and its validation."""
-    from coordinator.proto_convert import load_report_from_pb
+    from coordinator.rpc.convert import load_report_from_pb
     from edgefleet.contract_pb import load_report_to_pb
 
     return load_report_from_pb(load_report_to_pb(report))
@@ -396,7 +396,7 @@ def test_redactions_by_type_are_the_growth_of_each_agents_totals_per_bucket() ->
     # What GET /v1/admin/fleet/series answers is what the OpenAPI document says.
     import jsonschema_rs
 
-    from coordinator.openapi import openapi_document
+    from coordinator.api.openapi import openapi_document
 
     schema = {"$ref": "#/components/schemas/FleetSeries",
               "components": openapi_document()["components"]}  # fmt: skip

@@ -7,7 +7,7 @@ import pytest
 from coordinator_testing import MakeCoordinator
 
 from agent.control import CoordinatorSession
-from coordinator.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY
+from coordinator.api.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY
 from devtools.process import wait_until
 from edgefleet.contract import (
     ConfigSection,

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from coordinator_testing import MakeCoordinator, hello
 
-from coordinator.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
+from coordinator.api.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
 from edgefleet.v1 import fleet_pb2 as pb
 
 pytestmark = pytest.mark.timeout(30)
@@ -76,7 +76,7 @@ async def test_unusable_tokens_are_refused_and_nothing_is_registered(
     elif case == "wrong_secret":
         token = token.split(".")[0] + "." + "y" * 32
     before = {a.agent_id for a in c.app[STORE_KEY].list_agents()}
-    with caplog.at_level(logging.WARNING, logger="coordinator.grpc_service"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.rpc.service"):
         error = await rejected(enroll(c.stub, token, name="second"))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
     expected = {

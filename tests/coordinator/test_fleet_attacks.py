@@ -17,7 +17,7 @@ import pytest
 from coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
 
 from agent.control import CoordinatorSession
-from coordinator.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
+from coordinator.api.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport, Location
 from edgefleet.v1 import fleet_pb2 as pb
@@ -238,7 +238,7 @@ async def test_revoking_a_connected_agent_ends_its_session_and_refuses_it(
 async def test_an_unenrolled_url_must_name_the_agents_own_address() -> None:
     """The host check itself (a LAN peer cannot be simulated on loopback-only machines)."""
     from coordinator.errors import FixedIdentityError
-    from coordinator.session_auth import Peer, SessionAuthenticator
+    from coordinator.identity.session_auth import Peer, SessionAuthenticator
 
     auth = SessionAuthenticator(
         _NoAgents(), require_enrollment=False, require_mtls=False, check_url_host=True
@@ -274,9 +274,9 @@ async def test_a_url_name_is_resolved_off_the_event_loop_and_checked(
     import socket
     import time
 
-    from coordinator import session_auth
     from coordinator.errors import FixedIdentityError
-    from coordinator.session_auth import Peer, SessionAuthenticator, resolve_url_host
+    from coordinator.identity import session_auth
+    from coordinator.identity.session_auth import Peer, SessionAuthenticator, resolve_url_host
 
     def slow_getaddrinfo(host: str, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
         time.sleep(3.0 if host == "slow.example" else 0.0)

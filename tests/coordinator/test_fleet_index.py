@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from coordinator.fleet_index import FleetIndex
-from coordinator.route_scorer import great_circle_km
+from coordinator.fleet.index import FleetIndex
+from coordinator.routing.scorer import great_circle_km
 from edgefleet.contract import Hello, LoadedModel, Location
 
 pytestmark = pytest.mark.timeout(30)

@@ -16,15 +16,15 @@ import pytest
 from coordinator_testing import ADMIN_HEADERS, MakeCoordinator
 from model_testing import RawAgent, inventory, make_artifact
 
-from coordinator.app_keys import (
+from coordinator.api.app_keys import (
     MODEL_ASSIGNMENTS_KEY,
     MODEL_CATALOG_KEY,
     REPORT_HOOKS_KEY,
     STORE_KEY,
 )
+from coordinator.catalog.assignments import Selector
 from coordinator.errors import UnknownModelVersionError
-from coordinator.model_assignments import Selector
-from coordinator.report_hooks import ReportHooks
+from coordinator.fleet.report_hooks import ReportHooks
 from devtools.process import wait_until
 from edgefleet.contract import (
     LoadReport,

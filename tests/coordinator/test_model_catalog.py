@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 from model_testing import make_artifact
 
-from coordinator.admin_db import AdminDatabase
 from coordinator.app import create_app
-from coordinator.backup import backup, restore
+from coordinator.catalog.catalog import (
+    MODELS_DIR,
+    SIGNING_KEY_FILE,
+    TMP_DIR,
+    ModelCatalog,
+    write_signed_set,
+)
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import (
     BlobIntegrityError,
@@ -24,16 +29,11 @@ from coordinator.errors import (
     SigningKeyError,
     UnknownModelVersionError,
 )
-from coordinator.fleet import Liveness
-from coordinator.fleet_store import AgentLastState
-from coordinator.model_catalog import (
-    MODELS_DIR,
-    SIGNING_KEY_FILE,
-    TMP_DIR,
-    ModelCatalog,
-    write_signed_set,
-)
-from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.fleet.records import Liveness
+from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.backup import backup, restore
+from coordinator.store.interface import AgentLastState
+from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import (
     Hello,
     LoadReport,

@@ -13,8 +13,8 @@ from agent.control import CoordinatorSession
 from agent.overflow.service import OverflowService
 from agent.overflow.wiring import desired_state_appliers
 from agent.redaction import Redactor
-from coordinator.app_keys import METRICS_KEY
-from coordinator.overflow import OverflowConfigError, coarse_slots, load_targets_file
+from coordinator.api.app_keys import METRICS_KEY
+from coordinator.routing.overflow import OverflowConfigError, coarse_slots, load_targets_file
 from devtools.process import wait_until
 from edgefleet.contract import (
     DesiredState,
@@ -200,7 +200,7 @@ async def test_agents_get_their_site_peers_and_the_cloud_targets(
 
 def test_overflow_usage_in_a_load_report_is_checked() -> None:
     from coordinator.errors import ProtocolError
-    from coordinator.proto_convert import load_report_from_pb
+    from coordinator.rpc.convert import load_report_from_pb
     from edgefleet.v1 import fleet_pb2 as pb
 
     good = pb.LoadReport(overflow_usage=[pb.OverflowUsage(target="p", requests=2, failed=1)])

@@ -19,10 +19,10 @@ import grpc
 import pytest
 from coordinator_testing import hello
 
-from coordinator.fleet import Liveness
-from coordinator.registry import LiveFleetRegistry
-from coordinator.route_scorer import RouteQuery, RouteScorer
-from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.fleet.records import Liveness
+from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.routing.scorer import RouteQuery, RouteScorer
+from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport

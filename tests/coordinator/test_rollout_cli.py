@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from coordinator.rollout_cli import _print
+from coordinator.cli.rollouts import _print
 
 
 def _row(rollout_id: str, model: str, version: str, previous: str | None) -> dict[str, object]:

@@ -15,22 +15,22 @@ from pathlib import Path
 import pytest
 from model_sync_standins import Selector, StandinAssignments, StandinCatalog
 
-from coordinator.admin_db import AdminDatabase
-from coordinator.registry import LiveFleetRegistry
-from coordinator.rollout_gates import (
-    InvalidStats,
-    MergedHistogram,
-    Verdict,
-    check_stats,
-)
-from coordinator.rollout_store import PolicyError, RolloutPolicy, RolloutState, RolloutStore
-from coordinator.rollouts import (
+from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.rollouts.engine import (
     RolloutConflictError,
     RolloutEngine,
     UnknownRolloutError,
     UnknownVersionError,
 )
-from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.rollouts.gates import (
+    InvalidStats,
+    MergedHistogram,
+    Verdict,
+    check_stats,
+)
+from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.rollouts import PolicyError, RolloutPolicy, RolloutState, RolloutStore
+from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import (
     Hello,
     Histogram,

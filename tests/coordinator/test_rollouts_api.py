@@ -22,12 +22,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from model_sync_standins import Selector, StandinAssignments, StandinCatalog
 
-from coordinator.admin_tokens import Role
+from coordinator.access.admin_tokens import Role
+from coordinator.api.app_keys import ADMIN_TOKENS_KEY, AUDIT_KEY, REGISTRY_KEY, ROLLOUTS_KEY
 from coordinator.app import create_app
-from coordinator.app_keys import ADMIN_TOKENS_KEY, AUDIT_KEY, REGISTRY_KEY, ROLLOUTS_KEY
 from coordinator.config import CoordinatorConfig
-from coordinator.rollout_app import ReportHook, RolloutDeps
-from coordinator.rollouts import RolloutEngine
+from coordinator.rollouts.engine import RolloutEngine
+from coordinator.rollouts.wiring import ReportHook, RolloutDeps
 from edgefleet.contract import (
     Hello,
     LoadReport,

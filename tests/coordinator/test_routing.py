@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator, hello
 
-from coordinator.app_keys import REGISTRY_KEY
-from coordinator.fleet import AgentRecord, AgentStatus, Liveness
-from coordinator.route_scorer import (
+from coordinator.api.app_keys import REGISTRY_KEY
+from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
+from coordinator.routing.scorer import (
     UNKNOWN_RATE_WAIT_MS,
     RouteQuery,
     RouteScorer,

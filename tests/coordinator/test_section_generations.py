@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import sqlite_store
-from coordinator.fleet import Liveness
-from coordinator.fleet_store import AgentLastState
-from coordinator.generations import GenerationCounter
-from coordinator.registry import LiveFleetRegistry
-from coordinator.sqlite_store import DB_FILE, GENERATION_MARGIN_MS, SQLiteFleetStore
+from coordinator.fleet.records import Liveness
+from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.store import sqlite as sqlite_store
+from coordinator.store.generations import GenerationCounter
+from coordinator.store.interface import AgentLastState
+from coordinator.store.sqlite import DB_FILE, GENERATION_MARGIN_MS, SQLiteFleetStore
 from edgefleet.contract import (
     ConfigSection,
     Hello,

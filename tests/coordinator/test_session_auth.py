@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from coordinator.errors import AuthenticationError, PermissionDeniedError
-from coordinator.fleet_store import JoinToken, StoredAgent
-from coordinator.session_auth import SessionAuthenticator
-from coordinator.sqlite_store import SQLiteFleetStore
-from coordinator.tokens import sha256_hex
+from coordinator.identity.join_tokens import sha256_hex
+from coordinator.identity.session_auth import SessionAuthenticator
+from coordinator.store.interface import JoinToken, StoredAgent
+from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import Hello, LoadedModel
 
 pytestmark = pytest.mark.timeout(10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.site_networks import parse_site_networks, site_of
+from coordinator.routing.site_networks import parse_site_networks, site_of
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.errors import StoreError
-from coordinator.fleet_store import FleetStore, JoinToken, StoredAgent
-from coordinator.sqlite_store import DB_FILE, SQLiteFleetStore
+from coordinator.store.interface import FleetStore, JoinToken, StoredAgent
+from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
 from edgefleet.contract import Hardware, Hello, LoadedModel, Location
 
 pytestmark = pytest.mark.timeout(30)

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from coordinator import sqlite_store
 from coordinator.errors import StoreError
-from coordinator.fleet import Liveness
-from coordinator.fleet_store import AgentLastState, StoredAgent
-from coordinator.registry import LiveFleetRegistry
-from coordinator.sqlite_store import DB_FILE, SCHEMA_VERSION, SQLiteFleetStore
+from coordinator.fleet.records import Liveness
+from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.store import sqlite as sqlite_store
+from coordinator.store.interface import AgentLastState, StoredAgent
+from coordinator.store.sqlite import DB_FILE, SCHEMA_VERSION, SQLiteFleetStore
 from devtools.process import REPO_ROOT
 from edgefleet.contract import KeyUsage, LoadReport
 from tests.old_trees import COORDINATOR_BEFORE_VERSIONS, extract

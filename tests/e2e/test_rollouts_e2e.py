@@ -42,7 +42,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from coordinator.rollout_gates import MergedHistogram
+from coordinator.rollouts.gates import MergedHistogram
 from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess, enrolled_agent
 from devtools.process import wait_until
 

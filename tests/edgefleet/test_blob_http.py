@@ -274,7 +274,7 @@ async def test_a_blob_over_tls(tmp_path: Path) -> None:
     sendfile: the blob goes in chunks through aiohttp, with a slowly reading client (over
     TLS asyncio's own sendfile fallback resumed a writer aiohttp had never paused: the
     runbook test in CI got a 500 after 16 MiB; that race is not reproduced here)."""
-    from coordinator.ca import CertificateAuthority
+    from coordinator.identity.ca import CertificateAuthority
     from edgefleet.tls import fleet_client_context, server_context
     from tests.certs import write_agent_cert
 

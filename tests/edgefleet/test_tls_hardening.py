@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from edgefleet.tls import GRPC_CIPHER_SUITES, GRPC_CIPHER_SUITES_ENV, server_context
 from tests.certs import write_agent_cert
 
@@ -29,7 +29,7 @@ def test_a_server_context_offers_tls12_and_13_aead_suites_only(tmp_path: Path) -
 
 def _grpc_suites_in_a_coordinator_process(environ: dict[str, str]) -> dict[str, object]:
     code = (
-        "import json, os; import coordinator.grpc_service; from coordinator import GRPC_HARDENED;"
+        "import json, os; import coordinator.rpc.service; from coordinator import GRPC_HARDENED;"
         f"print(json.dumps([os.environ.get({GRPC_CIPHER_SUITES_ENV!r}), GRPC_HARDENED]))"
     )
     done = subprocess.run(

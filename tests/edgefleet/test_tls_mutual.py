@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from coordinator.ca import CertificateAuthority
+from coordinator.identity.ca import CertificateAuthority
 from edgefleet.tls import (
     agent_client_context,
     agent_server_name,

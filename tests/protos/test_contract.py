@@ -15,10 +15,10 @@ from agent.agent_state import AgentState
 from agent.engine.interface import EngineLoad
 from agent.load_sampler import LoadSampler
 from agent.metrics import AgentMetrics
-from coordinator import proto_convert
-from coordinator.registry import LiveFleetRegistry
-from coordinator.route_scorer import UNKNOWN_RATE_WAIT_MS, RouteQuery, RouteScorer
-from coordinator.sqlite_store import SQLiteFleetStore
+from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.routing.scorer import UNKNOWN_RATE_WAIT_MS, RouteQuery, RouteScorer
+from coordinator.rpc import convert as proto_convert
+from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet import contract, contract_pb
 from edgefleet.contract import (
     Command,

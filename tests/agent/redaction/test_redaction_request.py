@@ -296,7 +296,7 @@ def test_a_failing_redaction_withholds_the_log_record() -> None:
 
 def test_the_coordinator_takes_redaction_counts_and_refuses_hostile_maps() -> None:
     from coordinator.errors import ProtocolError
-    from coordinator.proto_convert import load_report_from_pb as coordinator_reads
+    from coordinator.rpc.convert import load_report_from_pb as coordinator_reads
 
     good = load_report_to_pb(LoadReport(redactions=(("EMAIL", 2), ("US_SSN", 1))))
     assert coordinator_reads(good).redactions == (("EMAIL", 2), ("US_SSN", 1))

@@ -1,0 +1,1 @@
+"""Who may do what: admin tokens, API keys, the audit log."""

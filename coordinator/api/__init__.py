@@ -1,0 +1,1 @@
+"""The HTTP side: handlers, authorization, the route table, OpenAPI, the dashboard."""

@@ -1,0 +1,416 @@
+"""The operator dashboard served by the coordinator: static files, cookie sessions, the
+fleet time series and a live event stream (SSE).
+
+Sign-in: ``POST /v1/dashboard/session`` with ``{"token": "<admin token>"}`` checks the
+token (``AdminTokens.check``) and answers a random session id in an ``HttpOnly;
+SameSite=Strict`` cookie (``Secure`` over HTTPS). The session is kept server-side only
+(in memory: a coordinator restart signs everyone out) with an expiry; the token never
+reaches the page's script, localStorage or a URL. Each request with the cookie re-checks
+the token, so revoking the admin token ends its sessions at once. The ``authorize``
+middleware (coordinator.api.admin) takes the session as it takes a bearer token, and for
+every state-changing request made with the cookie also requires an ``Origin`` header equal
+to the coordinator's own origin (SameSite=Strict plus an Origin check: CSRF-safe).
+
+Static files (``coordinator/api/static/``: vanilla JS and CSS, no build step, nothing from
+a CDN) are served with a Content-Security-Policy limited to the coordinator's origin.
+
+Live data: ``FleetEvents`` takes every accepted load report (the fleet series and the
+"changed agents" set) and every liveness change; a flusher sends the changed agents'
+rows to each SSE subscriber every FLUSH_S, each row stamped with the time the
+coordinator received the report (the dashboard measures paint latency against it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from coordinator.access.admin_tokens import Caller, Role
+from coordinator.api.fleet import InvalidParameter, agent_json, error_response
+from coordinator.fleet.records import AgentRecord
+from coordinator.fleet.series import FleetSeries
+from coordinator.identity.peer_rate_limit import PeerRateLimiter
+from edgefleet.contract import LoadReport
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).with_name("static")
+COOKIE = "edgefleet_session"
+SESSION_PATH = "/v1/dashboard/session"
+# Rows of changed agents are pushed this often (a live update within ~100 ms).
+FLUSH_S = 0.025
+HEARTBEAT_S = 15.0
+# A subscriber that falls this many messages behind is dropped (it reconnects and resyncs).
+SUBSCRIBER_QUEUE = 256
+MAX_SESSIONS = 10_000
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
+          ".svg": "image/svg+xml", ".json": "application/json"}  # fmt: skip
+
+
+_FILES = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file() and p.suffix in _TYPES}
+
+
+# ------------------------------------------------------------------ sessions
+
+
+@dataclass(slots=True)
+class _Session:
+    token: str
+    expires: float
+
+
+class DashboardSessions:
+    """Server-side sessions: session id -> (admin token, expiry)."""
+
+    def __init__(
+        self,
+        check: Callable[[str], Caller | None],
+        *,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._check = check
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._sessions: dict[str, _Session] = {}
+        self.sign_in_limiter = PeerRateLimiter(10 / 60.0, 10)
+
+    def open(self, token: str) -> tuple[str, Caller] | None:
+        caller = self._check(token)
+        if caller is None:
+            return None
+        self._expire()
+        if len(self._sessions) >= MAX_SESSIONS:  # drop the oldest-expiring
+            oldest = min(self._sessions, key=lambda s: self._sessions[s].expires)
+            del self._sessions[oldest]
+        session_id = secrets.token_urlsafe(32)
+        self._sessions[session_id] = _Session(token, self._clock() + self.ttl_s)
+        return session_id, caller
+
+    def caller(self, session_id: str) -> Caller | None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        if session.expires <= self._clock():
+            del self._sessions[session_id]
+            return None
+        caller = self._check(session.token)  # a revoked token ends its sessions
+        if caller is None:
+            del self._sessions[session_id]
+        return caller
+
+    def close(self, session_id: str) -> bool:
+        return self._sessions.pop(session_id, None) is not None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for session_id in [s for s, v in self._sessions.items() if v.expires <= now]:
+            del self._sessions[session_id]
+
+
+def same_origin(request: web.Request) -> bool:
+    """The request's Origin header names this coordinator (scheme://host[:port])."""
+    origin = request.headers.get("Origin")
+    return origin is not None and origin == f"{request.scheme}://{request.host}"
+
+
+SESSIONS_KEY = web.AppKey("dashboard_sessions", DashboardSessions)
+
+
+def session_caller(request: web.Request) -> Caller | None:
+    """The caller of the request's dashboard session cookie, if it holds a live one."""
+    session_id = request.cookies.get(COOKIE)
+    sessions = request.config_dict.get(SESSIONS_KEY)
+    if not session_id or sessions is None:
+        return None
+    return sessions.caller(session_id)
+
+
+# ------------------------------------------------------------------ live events
+
+
+class FleetEvents:
+    """Fan-out of fleet changes to the dashboard's SSE subscribers (module doc)."""
+
+    def __init__(
+        self,
+        series: FleetSeries,
+        agent_view: Callable[[str], AgentRecord | None],
+        report_interval_ms: int,
+    ) -> None:
+        self.series = series
+        self._agent_view = agent_view
+        self._interval_ms = report_interval_ms
+        self._dirty: dict[str, float] = {}  # agent id -> receive time (unix ms)
+        self._subscribers: set[asyncio.Queue[bytes | None]] = set()
+        series.subscribe(self._on_point)
+
+    def on_report(self, agent_id: str, report: LoadReport) -> None:
+        """Called for every accepted load report (on the event loop)."""
+        self.series.record(report, agent_id)
+        if self._subscribers:
+            self._dirty.setdefault(agent_id, time.time() * 1000.0)
+
+    def on_change(self, agent_id: str) -> None:
+        """An agent's state changed without a report (liveness, drain, bye)."""
+        if self._subscribers:
+            self._dirty.setdefault(agent_id, time.time() * 1000.0)
+
+    def subscribe(self) -> asyncio.Queue[bytes | None]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self._subscribers.discard(queue)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    def _broadcast(self, event: str, data: Any) -> None:
+        message = f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+        for queue in list(self._subscribers):
+            try:
+                queue.put_nowait(message)
+            except asyncio.QueueFull:  # too slow: ends its stream, the page reconnects
+                self._subscribers.discard(queue)
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.get_nowait()
+                    queue.put_nowait(None)
+
+    def _on_point(self, point: dict[str, Any]) -> None:
+        self._broadcast("point", point)
+
+    def flush(self) -> int:
+        """Send the rows of the agents that changed since the last flush; returns how many."""
+        self.series.roll()
+        if not self._dirty:
+            return 0
+        dirty, self._dirty = self._dirty, {}
+        if not self._subscribers:
+            return 0
+        now = datetime.now(UTC)
+        rows = []
+        for agent_id, received_ms in dirty.items():
+            record = self._agent_view(agent_id)
+            if record is None:
+                rows.append({"agent_id": agent_id, "removed": True, "received_ms": received_ms})
+                continue
+            rows.append(agent_json(record, now, self._interval_ms) | {"received_ms": received_ms})
+        self._broadcast("agents", {"sent_ms": time.time() * 1000.0, "agents": rows})
+        return len(rows)
+
+    def close_streams(self) -> None:
+        """End every subscriber's stream (the coordinator is stopping)."""
+        for queue in list(self._subscribers):
+            self._subscribers.discard(queue)
+            if queue.full():  # the end marker goes in even behind a slow reader
+                queue.get_nowait()
+            queue.put_nowait(None)
+
+    def heartbeat(self) -> None:
+        for queue in list(self._subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(b": keep-alive\n\n")
+
+
+EVENTS_KEY = web.AppKey("fleet_events", FleetEvents)
+
+
+async def events_flusher(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: flush changed agents every FLUSH_S, heartbeat every HEARTBEAT_S."""
+    events = app[EVENTS_KEY]
+
+    async def loop() -> None:
+        last_beat = time.monotonic()
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            try:
+                events.flush()
+                if time.monotonic() - last_beat >= HEARTBEAT_S:
+                    last_beat = time.monotonic()
+                    events.heartbeat()
+            except Exception:  # keep flushing; log once per failure burst
+                logger.exception("dashboard event flush failed")
+                await asyncio.sleep(1.0)
+
+    task = asyncio.create_task(loop(), name="dashboard events")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        events.close_streams()
+
+
+async def end_event_streams(app: web.Application) -> None:
+    """on_shutdown: end the open event streams, so that the server's wait for its
+    handlers (before cleanup) is not held by dashboards that never hang up: a
+    coordinator with a dashboard open stops at once on SIGTERM."""
+    app[EVENTS_KEY].close_streams()
+
+
+# ------------------------------------------------------------------ handlers
+
+
+def _headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return SECURITY_HEADERS | (extra or {})
+
+
+async def dashboard_file(request: web.Request) -> web.StreamResponse:
+    """A static file of the dashboard (index.html for the folder itself)."""
+    name = request.match_info.get("name", "") or "index.html"
+    # Only the files of the folder, by their exact names (nothing built from the request).
+    path = _FILES.get(name)
+    if path is None:
+        return error_response(
+            404, f"Invalid URL (GET {request.path})", type_="invalid_request_error",
+            code="not_found",
+        )  # fmt: skip
+    body = await asyncio.to_thread(path.read_bytes)
+    return web.Response(
+        body=body,
+        headers=_headers({"Content-Type": f"{_TYPES[path.suffix]}; charset=utf-8"}),
+    )
+
+
+async def sign_in(request: web.Request) -> web.Response:
+    """Exchange an admin token for a session cookie (sign-in)."""
+    sessions = request.config_dict[SESSIONS_KEY]
+    if "Origin" in request.headers and not same_origin(request):
+        return error_response(403, "Sign-in from another origin is refused.",
+                              type_="permission_error", code="cross_origin")  # fmt: skip
+    wait = sessions.sign_in_limiter.try_acquire(request.remote or "")
+    if wait > 0:
+        return error_response(
+            429, "Too many sign-in attempts; try again later.", type_="rate_limit_error",
+            code="rate_limited", headers={"Retry-After": str(max(1, round(wait)))},
+        )  # fmt: skip
+    from coordinator.api.admin import json_body  # circular at import time
+
+    body = await json_body(request)
+    token = body.get("token")
+    if not isinstance(token, str) or not token or len(token) > 1024:
+        raise InvalidParameter("token", "token must be an admin token (a non-empty string)")
+    opened = sessions.open(token.strip())
+    from coordinator.api.app_keys import AUDIT_KEY
+
+    audit = request.config_dict[AUDIT_KEY]
+    if opened is None:
+        audit.append_refusal(
+            action="POST /v1/dashboard/session", outcome="refused", status=401, actor_id="",
+            actor_name="", role="", peer=request.remote or "", detail="invalid_admin_token",
+        )  # fmt: skip
+        return error_response(401, "That is not a valid admin token.",
+                              type_="authentication_error", code="invalid_admin_token")  # fmt: skip
+    session_id, caller = opened
+    audit.append(
+        action="POST /v1/dashboard/session", outcome="ok", status=201,
+        actor_id=caller.token_id, actor_name=caller.name, role=caller.role.label,
+        target="dashboard sign-in", peer=request.remote or "",
+    )  # fmt: skip
+    response = web.json_response(
+        {"object": "dashboard_session", "name": caller.name, "role": caller.role.label,
+         "token_id": caller.token_id, "expires_in_s": int(sessions.ttl_s)},
+        status=201, headers={"Cache-Control": "no-store"},
+    )  # fmt: skip
+    response.set_cookie(
+        COOKIE, session_id, httponly=True, samesite="Strict", secure=request.secure, path="/",
+        max_age=int(sessions.ttl_s),
+    )  # fmt: skip
+    return response
+
+
+async def sign_out(request: web.Request) -> web.Response:
+    """End the session of the request's cookie (if any) and clear the cookie."""
+    if "Origin" in request.headers and not same_origin(request):
+        return error_response(403, "Sign-out from another origin is refused.",
+                              type_="permission_error", code="cross_origin")  # fmt: skip
+    session_id = request.cookies.get(COOKIE, "")
+    closed = bool(session_id) and request.config_dict[SESSIONS_KEY].close(session_id)
+    response = web.json_response({"object": "dashboard_session", "signed_out": closed})
+    response.del_cookie(COOKIE, path="/")
+    return response
+
+
+async def fleet_series(request: web.Request) -> web.Response:
+    """The fleet's last hour at 10 s resolution, and the bucket still filling."""
+    series = request.config_dict[EVENTS_KEY].series
+    return web.json_response(
+        {"object": "fleet_series", "step_s": 10, "points": series.points(),
+         "current": series.current()}
+    )  # fmt: skip
+
+
+async def fleet_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: ``agents`` (rows of changed agents, each with the report's
+    receive time) and ``point`` (each closed 10 s bucket of the fleet series). A client
+    that does not send ``Accept: text/event-stream`` gets the ``ready`` event only."""
+    events = request.config_dict[EVENTS_KEY]
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                 "X-Accel-Buffering": "no"}
+    )  # fmt: skip
+    await response.prepare(request)
+    await response.write(b"retry: 2000\nevent: ready\ndata: {}\n\n")
+    if "text/event-stream" not in request.headers.get("Accept", ""):
+        # Not an event-stream client (EventSource always says it is): the first event
+        # only, so that a plain HTTP client is not held open forever.
+        await response.write_eof()
+        return response
+    queue = events.subscribe()
+    try:
+        while True:
+            message = await queue.get()
+            if message is None:
+                break
+            await response.write(message)
+    except ConnectionResetError:  # the page went away
+        pass
+    finally:
+        events.unsubscribe(queue)
+    return response
+
+
+# Public routes of the dashboard (the authorize middleware passes them: role None).
+DASHBOARD_ROUTES = [
+    web.get("/dashboard/", dashboard_file),
+    web.get("/dashboard/{name}", dashboard_file),
+    web.post(SESSION_PATH, sign_in),
+    web.delete(SESSION_PATH, sign_out),
+]
+DASHBOARD_ROUTE_ROLES: dict[tuple[str, str], Role | None] = {
+    ("GET", "/dashboard/"): None,
+    ("GET", "/dashboard/{name}"): None,
+    ("POST", SESSION_PATH): None,
+    ("DELETE", SESSION_PATH): None,
+}

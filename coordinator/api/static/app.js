@@ -1,0 +1,935 @@
+// edgefleet dashboard: vanilla JS, no build step, nothing from elsewhere.
+// Everything an agent supplies (ids, sites, model names, reasons) is hostile text: it is
+// only ever placed with textContent or as an attribute value via setAttribute, never
+// parsed as HTML. The admin token never stays in the page: sign-in exchanges it for an
+// HttpOnly session cookie.
+"use strict";
+
+const ROLES = { viewer: 1, operator: 2, admin: 3 };
+const PAGE = 50;
+const SVGNS = "http://www.w3.org/2000/svg";
+const state = {
+  role: null,
+  agents: new Map(),      // agent_id -> agent JSON (GET /v1/agents shape)
+  sortKey: "agent_id",
+  sortDir: 1,
+  page: 0,
+  filterText: "",
+  filterStatus: "",
+  visible: [],            // ids on the current page, in order
+  rows: new Map(),        // agent_id -> <tr> of the current page
+  points: [],             // fleet series points (oldest first)
+  current: null,
+  events: null,
+  latencies: [],          // report receive -> row painted, ms (read by tests)
+  serverDelays: [],       // report receive -> event sent by the coordinator, ms
+  detailId: null,
+  rolloutId: null,        // the rollout shown in detail (#rollouts/<id>)
+  rolloutsActive: false,  // a rollout is running or paused: the view refreshes itself
+};
+window.edgefleet = state;
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function setStatus(text) { $("status-line").textContent = text; }
+
+async function api(method, path, body) {
+  const init = { method, credentials: "same-origin", headers: {} };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  let data = null;
+  const type = response.headers.get("Content-Type") || "";
+  if (type.includes("json")) data = await response.json();
+  if (response.status === 401 && state.role && path !== "/v1/dashboard/session") sessionEnded();
+  if (!response.ok) {
+    const message = data && data.error ? data.error.message : response.statusText;
+    const error = new Error(message);
+    error.status = response.status;
+    error.code = data && data.error ? data.error.code : null;
+    throw error;
+  }
+  return data;
+}
+
+// Sessions live in the coordinator's memory: a restart, the admin token's revocation or
+// the session's expiry ends one. The next refused request brings the sign-in form back
+// (and drops what the page held), rather than a page of stale data and failing buttons.
+function sessionEnded() {
+  state.role = null;
+  if (state.events) { state.events.close(); state.events = null; }
+  state.agents = new Map();
+  state.points = [];
+  $("agent-rows").replaceChildren();
+  for (const dot of dotsById.values()) dot.remove();
+  dotsById.clear();
+  $("nav").hidden = true;
+  $("sign-out").hidden = true;
+  $("who").textContent = "";
+  route();
+  setStatus("Your session has ended (signed out, expired, its token revoked or the coordinator restarted): sign in again.");
+}
+
+// ------------------------------------------------------------------ agents
+
+function agentStatus(a) {
+  if (a.liveness === "down") return "down";
+  if (a.draining || (a.load && a.load.draining)) return "draining";
+  if (a.liveness === "live") return "live";
+  return "suspect";
+}
+
+function reportAgeS(a) {
+  if (!a.last_seen) return Infinity;
+  return Math.max(0, (Date.now() - Date.parse(a.last_seen)) / 1000);
+}
+
+function sortValue(a, key) {
+  const load = a.load || {};
+  switch (key) {
+    case "status": return agentStatus(a);
+    case "queue": return load.waiting_sequences || 0;
+    case "running": return load.running_sequences || 0;
+    case "tps": return load.tokens_per_second || 0;
+    case "kv": return load.kv_cache_used_fraction || 0;
+    case "age": return reportAgeS(a);
+    case "site": return a.site || "";
+    default: return a.agent_id;
+  }
+}
+
+function modelsText(a) {
+  const inventory = a.load && a.load.inventory;
+  if (inventory && inventory.length) {
+    // /v1/agents gives each inventory entry as an object (name, version, state, ...)
+    return inventory
+      .filter((m) => (m.state ?? "loaded") === "loaded")
+      .map((m) => `${m.name ?? m[0]}@${m.version ?? m[1]}`)
+      .join(", ");
+  }
+  return (a.models || []).map((m) => (m.version ? `${m.name}@${m.version}` : m.name)).join(", ");
+}
+
+function matches(a, text) {
+  if (state.filterStatus && agentStatus(a) !== state.filterStatus) return false;
+  return !text || a.agent_id.toLowerCase().includes(text) || (a.site || "").toLowerCase().includes(text)
+    || modelsText(a).toLowerCase().includes(text);
+}
+
+function countShown() {
+  const text = state.filterText.toLowerCase();
+  let n = 0;
+  for (const a of state.agents.values()) if (matches(a, text)) n += 1;
+  return n;
+}
+
+function filtered() {
+  const text = state.filterText.toLowerCase();
+  const out = [];
+  for (const a of state.agents.values()) if (matches(a, text)) out.push(a);
+  const key = state.sortKey, dir = state.sortDir;
+  out.sort((x, y) => {
+    const p = sortValue(x, key), q = sortValue(y, key);
+    if (p < q) return -dir;
+    if (p > q) return dir;
+    return x.agent_id < y.agent_id ? -1 : 1;
+  });
+  return out;
+}
+
+function fillRow(tr, a) {
+  const load = a.load || {};
+  const status = agentStatus(a);
+  const cells = tr.children;
+  cells[0].firstChild.textContent = a.agent_id;
+  cells[1].textContent = a.site || "";
+  cells[2].textContent = status;
+  cells[2].className = `status ${status}`;
+  const numbers = [
+    load.waiting_sequences ?? "",
+    load.running_sequences ?? "",
+    load.tokens_per_second !== undefined ? load.tokens_per_second.toFixed(1) : "",
+    load.kv_cache_used_fraction !== undefined ? `${Math.round(load.kv_cache_used_fraction * 100)}%` : "",
+  ];
+  numbers.forEach((value, i) => {
+    // a down agent's last report is history, not its load now: shown on hover only
+    const stale = status === "down" && value !== "";
+    cells[3 + i].textContent = stale ? "-" : String(value);
+    cells[3 + i].title = stale ? `last report: ${value}` : "";
+  });
+  cells[7].textContent = modelsText(a);
+  const age = reportAgeS(a);
+  cells[8].textContent = Number.isFinite(age) ? `${age.toFixed(0)} s` : "never";
+  cells[9].textContent = ((a.hardware && a.hardware.execution_providers) || []).join(", ");
+}
+
+function newRow(a) {
+  const tr = document.createElement("tr");
+  const first = document.createElement("td");
+  const link = document.createElement("a");
+  link.setAttribute("href", `#agent/${encodeURIComponent(a.agent_id)}`);
+  first.appendChild(link);
+  tr.appendChild(first);
+  for (let i = 1; i < 10; i++) tr.appendChild(document.createElement("td"));
+  tr.addEventListener("click", (event) => {
+    if (event.target.tagName !== "A") location.hash = `#agent/${encodeURIComponent(a.agent_id)}`;
+  });
+  fillRow(tr, a);
+  return tr;
+}
+
+function renderTable() {
+  const list = filtered();
+  const pages = Math.max(1, Math.ceil(list.length / PAGE));
+  state.page = Math.min(state.page, pages - 1);
+  const slice = list.slice(state.page * PAGE, (state.page + 1) * PAGE);
+  const body = $("agent-rows");
+  const fragment = document.createDocumentFragment();
+  state.rows = new Map();
+  state.visible = slice.map((a) => a.agent_id);
+  for (const a of slice) {
+    const tr = newRow(a);
+    state.rows.set(a.agent_id, tr);
+    fragment.appendChild(tr);
+  }
+  body.replaceChildren(fragment);
+  $("page-info").textContent = `Page ${state.page + 1} of ${pages}`;
+  $("agent-count").textContent = `${list.length} of ${state.agents.size} agents`;
+  $("page-prev").disabled = state.page === 0;
+  $("page-next").disabled = state.page >= pages - 1;
+  for (const button of document.querySelectorAll("th button[data-sort]")) {
+    const th = button.parentElement;
+    if (button.dataset.sort === state.sortKey) {
+      th.setAttribute("aria-sort", state.sortDir > 0 ? "ascending" : "descending");
+    } else th.removeAttribute("aria-sort");
+  }
+}
+
+// Equirectangular projection of the whole earth onto the 720x360 map.
+function project(lat, lon) { return [(lon + 180) * 2, (90 - lat) * 2]; }
+
+function drawGrid() {
+  const svg = $("map");
+  for (let lon = -180; lon <= 180; lon += 30) {
+    const line = document.createElementNS(SVGNS, "line");
+    const [x] = project(0, lon);
+    line.setAttribute("x1", x); line.setAttribute("x2", x);
+    line.setAttribute("y1", 0); line.setAttribute("y2", 360);
+    line.setAttribute("class", "grid");
+    svg.appendChild(line);
+  }
+  for (let lat = -60; lat <= 60; lat += 30) {
+    const line = document.createElementNS(SVGNS, "line");
+    const [, y] = project(lat, 0);
+    line.setAttribute("x1", 0); line.setAttribute("x2", 720);
+    line.setAttribute("y1", y); line.setAttribute("y2", y);
+    line.setAttribute("class", "grid");
+    svg.appendChild(line);
+  }
+  const dots = document.createElementNS(SVGNS, "g");
+  dots.setAttribute("id", "map-dots");
+  svg.appendChild(dots);
+}
+
+const dotsById = new Map();
+
+function updateDot(a) {
+  const group = $("map-dots");
+  let dot = dotsById.get(a.agent_id);
+  if (!a.location) {
+    if (dot) { dot.remove(); dotsById.delete(a.agent_id); }
+    return;
+  }
+  if (!dot) {
+    dot = document.createElementNS(SVGNS, "circle");
+    dot.setAttribute("r", "4");
+    dot.appendChild(document.createElementNS(SVGNS, "title"));
+    dot.addEventListener("click", () => { location.hash = `#agent/${encodeURIComponent(a.agent_id)}`; });
+    group.appendChild(dot);
+    dotsById.set(a.agent_id, dot);
+  }
+  const [x, y] = project(a.location.lat, a.location.lon);
+  const status = agentStatus(a);
+  dot.setAttribute("cx", x.toFixed(1));
+  dot.setAttribute("cy", y.toFixed(1));
+  dot.setAttribute("class", status);
+  dot.setAttribute("data-agent", a.agent_id);
+  dot.firstChild.textContent = `${a.agent_id} (${a.site || "no site"}): ${status}`;
+}
+
+function renderMap() {
+  for (const a of state.agents.values()) updateDot(a);
+}
+
+async function loadAgents() {
+  const all = new Map();
+  let after = "";
+  for (;;) {
+    const page = await api("GET", `/v1/agents?limit=1000${after ? `&after=${encodeURIComponent(after)}` : ""}`);
+    for (const a of page.data) all.set(a.agent_id, a);
+    if (!page.has_more) break;
+    after = page.last_id;
+  }
+  state.agents = all;
+}
+
+// Totals and the count walk every agent: at most once per frame, not once per event.
+let summaryPending = false;
+function scheduleSummary() {
+  if (summaryPending) return;
+  summaryPending = true;
+  requestAnimationFrame(() => {
+    summaryPending = false;
+    $("agent-count").textContent = `${countShown()} of ${state.agents.size} agents`;
+    renderTotals();
+  });
+}
+
+function applyAgentRows(message) {
+  const painted = [];
+  let reorder = false;
+  for (const a of message.agents) {
+    if (a.removed) {
+      state.agents.delete(a.agent_id);
+      const dot = dotsById.get(a.agent_id);
+      if (dot) { dot.remove(); dotsById.delete(a.agent_id); }
+      reorder = true;
+      continue;
+    }
+    const known = state.agents.has(a.agent_id);
+    state.agents.set(a.agent_id, a);
+    updateDot(a);
+    const tr = state.rows.get(a.agent_id);
+    if (tr) {
+      fillRow(tr, a);
+      painted.push(a.received_ms);
+    } else if (!known) reorder = true;
+    if (state.detailId === a.agent_id) renderDetail(a);
+  }
+  if (reorder && currentView() === "fleet") renderTable();
+  else scheduleSummary();
+  if (painted.length) {
+    // After the next paint: the rows are on screen.
+    requestAnimationFrame(() => setTimeout(() => {
+      const now = performance.timeOrigin + performance.now();
+      for (const received of painted) {
+        state.latencies.push(now - received);
+        state.serverDelays.push(message.sent_ms - received);
+      }
+      if (state.latencies.length > 100000) { state.latencies.splice(0, 50000); state.serverDelays.splice(0, 50000); }
+      performance.mark("edgefleet-live-update");
+    }, 0));
+  }
+}
+
+// ------------------------------------------------------------------ totals and charts
+
+function renderTotals() {
+  const counts = { live: 0, suspect: 0, down: 0, draining: 0 };
+  let tps = 0, queue = 0;
+  for (const a of state.agents.values()) {
+    counts[agentStatus(a)] += 1;
+    if (a.load && a.liveness !== "down") { tps += a.load.tokens_per_second || 0; queue += a.load.waiting_sequences || 0; }
+  }
+  const last = state.points.length ? state.points[state.points.length - 1] : null;
+  const items = [
+    ["Agents live", counts.live], ["Suspect", counts.suspect], ["Down", counts.down],
+    ["Draining", counts.draining], ["Tokens/s now", tps.toFixed(1)], ["Queued", queue],
+    ["Requests/s (10 s)", last ? last.requests_per_s.toFixed(2) : "-"],
+    ["TTFT p99 (10 s)", last && last.ttft_p99_s !== null ? `${(last.ttft_p99_s * 1000).toFixed(0)} ms` : "-"],
+  ];
+  const box = $("totals");
+  const nodes = items.map(([label, value]) => {
+    const div = el("div");
+    div.appendChild(el("span", label));
+    div.appendChild(el("strong", value));
+    return div;
+  });
+  box.replaceChildren(...nodes);
+}
+
+function chart(title, series, unit, id) {
+  // series: [[label, values(number|null)[]], ...] over state.points. Labels may come from
+  // agents (redaction types, overflow targets): textContent only.
+  const box = el("div", null, "chart");
+  if (id) box.id = id;
+  box.appendChild(el("h3", title));
+  const svg = document.createElementNS(SVGNS, "svg");
+  svg.setAttribute("viewBox", "0 0 360 100");
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  const label = document.createElementNS(SVGNS, "title");
+  label.textContent = title;
+  svg.appendChild(label);
+  let max = 0;
+  for (const [, values] of series) for (const v of values) if (v !== null && v > max) max = v;
+  const axis = document.createElementNS(SVGNS, "line");
+  axis.setAttribute("x1", 0); axis.setAttribute("x2", 360); axis.setAttribute("y1", 99); axis.setAttribute("y2", 99);
+  axis.setAttribute("class", "axis");
+  svg.appendChild(axis);
+  series.forEach(([, values], index) => {
+    const n = values.length;
+    const coords = [];
+    values.forEach((v, i) => {
+      if (v === null) return;
+      const x = n <= 1 ? 360 : (360 * i) / (n - 1);
+      const y = max > 0 ? 98 - (96 * v) / max : 98;
+      coords.push(`${x.toFixed(1)},${y.toFixed(1)}`);
+    });
+    const line = document.createElementNS(SVGNS, "polyline");
+    line.setAttribute("points", coords.join(" "));
+    line.setAttribute("class", `s${index % 4}`);
+    svg.appendChild(line);
+  });
+  box.appendChild(svg);
+  const legend = el("ul", null, "legend");
+  series.forEach(([name, values], index) => {
+    const last = values.length ? values[values.length - 1] : null;
+    let peak = 0;
+    for (const v of values) if (v !== null && v > peak) peak = v;
+    const item = el("li");
+    item.appendChild(el("span", null, `swatch s${index % 4}`));
+    item.appendChild(el("span", String(name), "series-name"));
+    item.appendChild(el("span", `: ${last === null ? "-" : `${last.toFixed(3)}${unit}`} now, peak ${peak.toFixed(3)}${unit}`));
+    legend.appendChild(item);
+  });
+  box.appendChild(legend);
+  box.appendChild(el("p", `Max ${max.toFixed(3)}${unit}, ${state.points.length} points of 10 s.`));
+  return box;
+}
+
+// At most this many keyed series per chart (the biggest over the hour; the rest summed).
+const MAX_KEYED = 8;
+const MAX_KEY_CHARS = 64;
+
+function keyedSeries(field) {
+  const totals = new Map();
+  for (const p of state.points) {
+    const values = p[field];
+    if (!values || typeof values !== "object") continue;
+    for (const [k, v] of Object.entries(values)) {
+      const key = String(k).slice(0, MAX_KEY_CHARS);
+      totals.set(key, (totals.get(key) || 0) + (Number(v) || 0));
+    }
+  }
+  const ranked = [...totals.keys()].sort((a, b) => totals.get(b) - totals.get(a) || (a < b ? -1 : 1));
+  const kept = ranked.slice(0, MAX_KEYED).sort();
+  const rest = new Set(ranked.slice(MAX_KEYED));
+  const out = kept.map((k) => [k, state.points.map((p) => Number((p[field] || {})[k]) || 0)]);
+  if (rest.size) {
+    out.push([`${rest.size} more`, state.points.map((p) => {
+      let sum = 0;
+      for (const [k, v] of Object.entries(p[field] || {})) if (rest.has(String(k).slice(0, MAX_KEY_CHARS))) sum += Number(v) || 0;
+      return sum;
+    })]);
+  }
+  return out;
+}
+
+function renderCharts() {
+  const pts = state.points;
+  const col = (f) => pts.map((p) => p[f]);
+  const zero = () => [["none yet", col("reports").map(() => 0)]];
+  $("charts").replaceChildren(
+    chart("Requests/s", [["requests", col("requests_per_s")], ["failed", col("failed_per_s")]], "/s"),
+    chart("Tokens/s", [["completion", col("tokens_per_s")], ["prompt", col("prompt_tokens_per_s")]], "/s"),
+    chart("TTFT (merged histograms)", [["p50", col("ttft_p50_s")], ["p99", col("ttft_p99_s")]], " s"),
+    chart("Rejections/s", [["rejected", col("rejections_per_s")]], "/s"),
+  );
+  const overflow = keyedSeries("overflow_per_s");
+  const cost = keyedSeries("overflow_cost");
+  const redactions = keyedSeries("redactions_per_s");
+  $("overflow-charts").replaceChildren(
+    chart("Overflow requests/s by target", overflow.length ? overflow : zero(), "/s", "chart-overflow"),
+    chart("Overflow cost by target (per 10 s)", cost.length ? cost : zero(), "", "chart-overflow-cost"),
+    chart("Redactions/s by type", redactions.length ? redactions : zero(), "/s", "chart-redactions"),
+  );
+}
+
+async function loadSeries() {
+  const data = await api("GET", "/v1/admin/fleet/series");
+  state.points = data.points;
+  state.current = data.current;
+}
+
+function connectEvents() {
+  if (state.events) state.events.close();
+  const source = new EventSource("/v1/admin/fleet/events");
+  state.events = source;
+  source.addEventListener("agents", (event) => applyAgentRows(JSON.parse(event.data)));
+  source.addEventListener("point", (event) => {
+    state.points.push(JSON.parse(event.data));
+    if (state.points.length > 360) state.points.shift();
+    if (currentView() === "series" || currentView() === "overflow") renderCharts();
+    renderTotals();
+  });
+  source.addEventListener("ready", () => setStatus("Live updates connected."));
+  source.onerror = () => {
+    setStatus("Live updates interrupted; reconnecting.");
+    // A restarted coordinator forgot the session: whoami says so (401: sessionEnded).
+    api("GET", "/v1/admin/whoami").catch(() => {});
+  };
+}
+
+// ------------------------------------------------------------------ detail
+
+function renderDetail(a) {
+  $("agent-h").textContent = `Agent ${a.agent_id}`;
+  const load = a.load || {};
+  const fields = [
+    ["Status", agentStatus(a)], ["Site", a.site || ""],
+    ["Location", a.location ? `${a.location.lat}, ${a.location.lon}` : "none"],
+    ["URL", a.http_url || ""], ["Agent version", a.agent_version || ""],
+    ["Connected since", a.connected_since || "disconnected"], ["Last report", a.last_seen || ""],
+    ["Queue", load.waiting_sequences ?? ""], ["Running", load.running_sequences ?? ""],
+    ["Tokens/s", load.tokens_per_second ?? ""],
+    ["KV cache", load.kv_cache_used_fraction !== undefined ? `${Math.round(load.kv_cache_used_fraction * 100)}%` : ""],
+    ["Requests (total / failed)", load.requests_total !== undefined ? `${load.requests_total} / ${load.requests_failed_total}` : ""],
+    ["Execution providers", ((a.hardware && a.hardware.execution_providers) || []).join(", ")],
+    ["CPUs", a.hardware ? a.hardware.cpu_count : ""], ["Enrolled", a.enrolled ? "yes" : "no"],
+    ["Unhealthy", a.unhealthy_reason || "no"], ["Bye", a.bye_reason || ""],
+    // [type, count] pairs, totals since the agent started (LoadReport.redactions)
+    ["Redactions since start", (Array.isArray(load.redactions) ? load.redactions : []).slice(0, 32)
+      .map((pair) => `${String(pair[0]).slice(0, 32)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],
+  ];
+  // a down agent's last report is history, not its load now (as in the fleet table):
+  // "-", with the last report's figure on hover
+  const down = agentStatus(a) === "down";
+  const nowFields = new Set(["Queue", "Running", "Tokens/s", "KV cache"]);
+  const nodes = [];
+  for (const [k, v] of fields) {
+    const stale = down && nowFields.has(k) && v !== "";
+    const dd = el("dd", stale ? "-" : v);
+    if (stale) dd.title = `last report: ${v}`;
+    nodes.push(el("dt", k), dd);
+  }
+  $("agent-detail").replaceChildren(...nodes);
+  const rows = [];
+  const inventory = (a.load && a.load.inventory) || [];
+  if (inventory.length) {
+    // /v1/agents gives each inventory entry as an object (name, version, state, bytes, self_check)
+    for (const m of inventory) {
+      const tr = el("tr");
+      let stateText = String(m.state ?? "");
+      if (m.state === "downloading" && m.bytes_total) stateText += ` (${Math.round((100 * m.bytes_done) / m.bytes_total)} %)`;
+      if (m.last_error) stateText += `: ${m.last_error}`;
+      tr.append(el("td", m.name), el("td", m.version), el("td", stateText));
+      rows.push(tr);
+    }
+  } else {
+    for (const m of a.models || []) {
+      const tr = el("tr");
+      tr.append(el("td", m.name), el("td", m.version || ""), el("td", "loaded"));
+      rows.push(tr);
+    }
+  }
+  $("agent-models").replaceChildren(...rows);
+}
+
+async function showAgent(agentId) {
+  state.detailId = agentId;
+  try {
+    const a = await api("GET", `/v1/agents/${encodeURIComponent(agentId)}`);
+    state.agents.set(a.agent_id, a);
+    renderDetail(a);
+  } catch (error) {
+    setStatus(`Could not load agent: ${error.message}`);
+  }
+}
+
+async function drainOrResume(kind) {
+  const id = state.detailId;
+  try {
+    const a = await api("POST", `/v1/admin/agents/${encodeURIComponent(id)}/${kind}`);
+    state.agents.set(a.agent_id, a);
+    renderDetail(a);
+    setStatus(`${kind === "drain" ? "Drained" : "Resumed"} ${id}.`);
+  } catch (error) {
+    setStatus(`Could not ${kind} ${id}: ${error.message}`);
+  }
+}
+
+// ------------------------------------------------------------------ tokens, keys, audit
+
+function actionButton(text, handler, role) {
+  const button = el("button", text);
+  button.type = "button";
+  if (role) button.dataset.role = role;
+  button.addEventListener("click", handler);
+  return button;
+}
+
+async function showTokens() {
+  const data = await api("GET", "/v1/admin/tokens");
+  const rows = data.data.map((t) => {
+    const tr = el("tr");
+    const action = el("td");
+    if (t.state === "active") {
+      action.appendChild(actionButton("Revoke", async () => {
+        try { await api("DELETE", `/v1/admin/tokens/${encodeURIComponent(t.token_id)}`); await showTokens(); }
+        catch (error) { setStatus(`Could not revoke: ${error.message}`); }
+      }, "admin"));
+    }
+    tr.append(el("td", t.token_id), el("td", t.site), el("td", t.note), el("td", `${t.uses} / ${t.max_uses}`),
+      el("td", t.expires_at || "never"), el("td", t.state), action);
+    return tr;
+  });
+  $("token-rows").replaceChildren(...rows);
+  applyRole();
+}
+
+async function createToken(event) {
+  event.preventDefault();
+  const form = event.target;
+  const body = { site: form.site.value, note: form.note.value, max_uses: Number(form.max_uses.value),
+    expires_in_s: Number(form.expires_in_s.value) };
+  if (form.lat.value !== "" || form.lon.value !== "") { body.lat = Number(form.lat.value); body.lon = Number(form.lon.value); }
+  try {
+    const created = await api("POST", "/v1/admin/tokens", body);
+    $("token-secret-value").textContent = created.token;
+    $("token-secret").hidden = false;
+    await showTokens();
+  } catch (error) { setStatus(`Could not create the join token: ${error.message}`); }
+}
+
+async function showKeys() {
+  const data = await api("GET", "/v1/admin/keys");
+  const rows = data.data.map((k) => {
+    const tr = el("tr");
+    const action = el("td");
+    if (k.state === "active") {
+      action.appendChild(actionButton("Revoke", async () => {
+        try { await api("DELETE", `/v1/admin/keys/${encodeURIComponent(k.key_id)}`); await showKeys(); }
+        catch (error) { setStatus(`Could not revoke: ${error.message}`); }
+      }, "admin"));
+    }
+    tr.append(el("td", k.key_id), el("td", k.name), el("td", k.models.join(", ") || "all"), el("td", k.state),
+      el("td", k.usage.requests), action);
+    return tr;
+  });
+  $("key-rows").replaceChildren(...rows);
+  applyRole();
+}
+
+async function createKey(event) {
+  event.preventDefault();
+  const form = event.target;
+  const models = form.models.value.split(",").map((m) => m.trim()).filter(Boolean);
+  try {
+    const created = await api("POST", "/v1/admin/keys", { name: form.name.value, models,
+      requests_per_minute: Number(form.requests_per_minute.value), allow_cloud: form.allow_cloud.checked });
+    $("key-secret-value").textContent = created.secret;
+    $("key-secret").hidden = false;
+    await showKeys();
+  } catch (error) { setStatus(`Could not create the API key: ${error.message}`); }
+}
+
+async function showAudit() {
+  const data = await api("GET", "/v1/admin/audit?limit=500");
+  const rows = data.data.slice().reverse().map((e) => {
+    const tr = el("tr");
+    tr.append(el("td", e.time || e.at || ""), el("td", e.actor_name || ""), el("td", e.role || ""),
+      el("td", e.action || ""), el("td", e.target || ""), el("td", `${e.outcome} (${e.status})`));
+    return tr;
+  });
+  $("audit-rows").replaceChildren(...rows);
+}
+
+// Rollouts and the catalog: the admin API's /v1/admin/rollouts and /v1/admin/models
+// (coordinator/api/admin.py, coordinator/api/models.py). A coordinator without the
+// rollout engine answers 503 rollouts_unavailable, and the view says so (no invented data).
+
+function unavailable(error, what) {
+  if (error.status === 503 || error.status === 404) return `This coordinator has no ${what} (${error.code || error.status}).`;
+  return `Could not load the ${what}: ${error.message}`;
+}
+
+function fmt(value, digits, unit) {
+  if (value === null || value === undefined) return "-";
+  return `${Number(value).toFixed(digits)}${unit || ""}`;
+}
+
+function rolloutActions(r) {
+  const act = (verb) => {
+    const button = actionButton(verb[0].toUpperCase() + verb.slice(1), async (event) => {
+      event.stopPropagation();
+      try {
+        await api("POST", `/v1/admin/rollouts/${encodeURIComponent(r.rollout_id)}/${verb}`);
+        setStatus(`Rollout ${r.rollout_id}: ${verb} done.`);
+      } catch (error) { setStatus(`Could not ${verb} the rollout: ${error.message}`); }
+      await showRollouts();
+    }, "operator");
+    button.dataset.action = verb;
+    button.setAttribute("aria-label", `${verb} rollout ${r.rollout_id}`);
+    return button;
+  };
+  if (r.state === "running") return [act("pause"), act("abort")];
+  if (r.state === "paused") return [act("resume"), act("abort")];
+  return [];
+}
+
+async function showRollouts() {
+  let data;
+  try { data = await api("GET", "/v1/admin/rollouts"); }
+  catch (error) {
+    $("rollouts-note").textContent = unavailable(error, "model rollouts");
+    $("rollout-rows").replaceChildren();
+    $("rollout-detail").replaceChildren();
+    return;
+  }
+  $("rollouts-note").textContent = `${data.data.length} rollouts (newest first).`;
+  state.rolloutsActive = data.data.some((r) => r.state === "running" || r.state === "paused");
+  const rows = data.data.map((r) => {
+    const tr = el("tr");
+    tr.dataset.rollout = r.rollout_id;
+    const actions = el("td");
+    actions.append(...rolloutActions(r));
+    const link = el("a", r.rollout_id);
+    link.setAttribute("href", `#rollouts/${encodeURIComponent(r.rollout_id)}`);
+    const first = el("td");
+    first.appendChild(link);
+    tr.append(first, el("td", `${r.model}@${r.version}`), el("td", r.previous_version || "none"),
+      el("td", r.state, `rollout-state ${r.state}`),
+      el("td", `${r.step_name} (step ${Math.min(r.step + 1, r.steps)} of ${r.steps})`),
+      el("td", `${r.moved} / ${r.agents}`), el("td", r.detail || ""), actions);
+    tr.addEventListener("click", (event) => {
+      if (event.target.tagName !== "A" && event.target.tagName !== "BUTTON") location.hash = `#rollouts/${encodeURIComponent(r.rollout_id)}`;
+    });
+    return tr;
+  });
+  $("rollout-rows").replaceChildren(...rows);
+  const wanted = state.rolloutId || (data.data.length ? data.data[0].rollout_id : null);
+  if (wanted) await showRollout(wanted);
+  else $("rollout-detail").replaceChildren();
+  applyRole();
+}
+
+const GATE_FIGURES = [
+  ["verdict", "Verdict", (g) => g.verdict],
+  ["requests", "Requests on the new version", (g, t) => `${g.requests} (at least ${t.min_requests})`],
+  ["error_rate", "Error rate", (g, t) => `${fmt(g.error_rate === null ? null : g.error_rate * 100, 2, " %")} (${g.failed} failed; at most ${fmt(t.max_error_rate * 100, 2, " %")})`],
+  ["ttft_p99_s", "TTFT p99", (g) => `${fmt(g.ttft_p99_s === null ? null : g.ttft_p99_s * 1000, 1, " ms")} (previous version ${fmt(g.baseline_ttft_p99_s === null ? null : g.baseline_ttft_p99_s * 1000, 1, " ms")})`],
+  ["ttft_ratio", "TTFT p99 ratio", (g, t) => `${fmt(g.ttft_ratio, 3)} (at most ${fmt(t.max_ttft_p99_ratio, 2)})`],
+  ["loaded", "Agents loaded", (g) => `${g.loaded} of ${g.agents}`],
+  ["soak", "Soak", (g) => `${fmt(g.soak_elapsed_s, 1, " s")} of ${fmt(g.soak_s, 0, " s")}`],
+];
+
+async function showRollout(rolloutId) {
+  let r;
+  try { r = await api("GET", `/v1/admin/rollouts/${encodeURIComponent(rolloutId)}`); }
+  catch (error) { $("rollout-detail").replaceChildren(el("p", `Could not load rollout ${rolloutId}: ${error.message}`, "error")); return; }
+  const box = $("rollout-detail");
+  const nodes = [el("h3", `Rollout ${r.rollout_id}: ${r.model} ${r.previous_version || "(none)"} to ${r.version}`)];
+  const facts = el("dl", null, "rollout-facts");
+  facts.append(el("dt", "State"), el("dd", r.state, `rollout-state ${r.state}`),
+    el("dt", "Step"), el("dd", `${r.step_name} (step ${Math.min(r.step + 1, r.steps)} of ${r.steps})`),
+    el("dt", "Agents moved"), el("dd", `${r.moved} of ${r.agents}`),
+    el("dt", "Started by"), el("dd", r.created_by || ""),
+    el("dt", "Detail"), el("dd", r.detail || ""));
+  nodes.push(facts);
+  const actions = el("div", null, "actions");
+  actions.append(...rolloutActions(r));
+  nodes.push(actions);
+  nodes.push(el("h4", "Waves"));
+  const waves = el("ol", null, "waves");
+  const finished = r.state === "completed";
+  (r.plan || []).forEach((agents, index) => {
+    const moved = index < r.step || (index === r.step && r.step_started_at !== null);
+    const status = finished || index < r.step ? "passed"
+      : index === r.step ? (r.state === "running" || r.state === "paused" ? `${r.state}, ${moved ? "moved" : "not moved yet"}` : r.state)
+      : "waiting";
+    const li = el("li", `${index === 0 ? "canary" : `wave ${index}`}: ${agents.length} agents, ${status}`);
+    li.dataset.wave = String(index);
+    waves.appendChild(li);
+  });
+  nodes.push(waves);
+  const gate = r.gate || r.last_gate;
+  if (gate) {
+    const thresholds = r.policy || {};
+    nodes.push(el("h4", r.gate ? "Gate of the current step, now" : "Last gate"));
+    const dl = el("dl", null, "gate");
+    for (const [key, label, show] of GATE_FIGURES) {
+      const dd = el("dd", show(gate, thresholds));
+      dd.dataset.gate = key;
+      dl.append(el("dt", label), dd);
+    }
+    const reasons = gate.reasons || [];
+    const dd = el("dd", reasons.length ? reasons.join("; ") : "none");
+    dd.dataset.gate = "reasons";
+    dl.append(el("dt", "Waiting for / failed on"), dd);
+    nodes.push(dl);
+  } else nodes.push(el("p", "No gate: the rollout is over.", "hint"));
+  box.replaceChildren(...nodes);
+  box.dataset.rollout = r.rollout_id;
+  applyRole();
+}
+
+async function showModels() {
+  let data;
+  try { data = await api("GET", "/v1/admin/models"); }
+  catch (error) {
+    $("models-note").textContent = unavailable(error, "model catalog");
+    $("model-rows").replaceChildren();
+    $("model-rules").replaceChildren();
+    return;
+  }
+  $("models-note").textContent = `${data.data.length} model versions. Manifests are signed with the coordinator's key ${data.signing_public_key || ""}.`;
+  const rows = data.data.map((m) => {
+    const tr = el("tr");
+    tr.dataset.model = `${m.name}@${m.version}`;
+    tr.append(el("td", m.name), el("td", m.version), el("td", m.task || ""),
+      el("td", `${(m.size_bytes / 1e6).toFixed(1)} MB`), el("td", m.gate_passed ? "passed" : "failed"),
+      el("td", m.deprecated ? "yes" : "no"), el("td", m.desired_by), el("td", m.loaded_on),
+      el("td", m.published_at || ""));
+    return tr;
+  });
+  $("model-rows").replaceChildren(...rows);
+  const rules = (data.rules || []).map((rule) => {
+    const tr = el("tr");
+    const sel = rule.selector || {};
+    const where = [...(sel.sites || []).map((x) => `site ${x}`), ...(sel.labels || []).map((x) => `label ${x}`),
+      ...(sel.agent_ids || []).map((x) => `agent ${x}`)].join(", ") || "every agent";
+    tr.append(el("td", rule.name), el("td", rule.version), el("td", where), el("td", rule.rollout_id || ""),
+      el("td", rule.set_at || ""));
+    return tr;
+  });
+  $("model-rules").replaceChildren(...rules);
+}
+
+// ------------------------------------------------------------------ navigation, roles
+
+const VIEWS = ["signin", "fleet", "agent", "series", "tokens", "keys", "rollouts", "models", "overflow", "audit"];
+
+function currentView() {
+  const hash = location.hash.replace(/^#/, "");
+  if (!state.role) return "signin";
+  if (hash.startsWith("agent/")) return "agent";
+  if (hash.startsWith("rollouts/")) return "rollouts";
+  return VIEWS.includes(hash) && hash !== "signin" ? hash : "fleet";
+}
+
+function applyRole() {
+  const level = ROLES[state.role] || 0;
+  for (const node of document.querySelectorAll("[data-role]")) {
+    node.hidden = level < ROLES[node.dataset.role];
+  }
+}
+
+async function route() {
+  const view = currentView();
+  for (const name of VIEWS) $(`view-${name}`).hidden = name !== view;
+  for (const link of document.querySelectorAll("nav a")) {
+    if (link.getAttribute("href") === `#${view}`) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  if (view !== "agent") state.detailId = null;
+  const hash = location.hash.replace(/^#/, "");
+  state.rolloutId = hash.startsWith("rollouts/") ? decodeURIComponent(hash.slice("rollouts/".length)) : null;
+  try {
+    if (view === "fleet") renderTable();
+    else if (view === "agent") await showAgent(decodeURIComponent(location.hash.slice("#agent/".length)));
+    else if (view === "series" || view === "overflow") renderCharts();
+    else if (view === "tokens") await showTokens();
+    else if (view === "keys") await showKeys();
+    else if (view === "rollouts") await showRollouts();
+    else if (view === "models") await showModels();
+    else if (view === "audit") await showAudit();
+  } catch (error) { setStatus(`Could not load the view: ${error.message}`); }
+  applyRole();
+}
+
+async function start() {
+  let me;
+  // The fleet and the series are asked for at once with whoami (one round trip, not two);
+  // signed out, they are refused like it and nothing is shown.
+  const data = Promise.all([loadAgents(), loadSeries()]);
+  data.catch(() => {});
+  try { me = await api("GET", "/v1/admin/whoami"); }
+  catch (error) {
+    state.role = null;
+    $("nav").hidden = true;
+    $("sign-out").hidden = true;
+    $("who").textContent = "";
+    await route();
+    if (error.status !== 401) setStatus(`Could not reach the coordinator: ${error.message}`);
+    return;
+  }
+  state.role = me.role;
+  $("who").textContent = `Signed in as ${me.name} (${me.role})`;
+  $("nav").hidden = false;
+  $("sign-out").hidden = false;
+  setStatus("Loading the fleet.");
+  await data;
+  renderMap();
+  renderTotals();
+  await route();
+  requestAnimationFrame(() => setTimeout(() => {
+    performance.mark("edgefleet-first-render");
+    setStatus(`${state.agents.size} agents.`);
+  }, 0));
+  connectEvents();
+}
+
+function init() {
+  drawGrid();
+  $("signin-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const input = $("signin-token");
+    try {
+      await api("POST", "/v1/dashboard/session", { token: input.value });
+      input.value = "";
+      $("signin-error").textContent = "";
+      if (location.hash === "#signin") location.hash = "#fleet";
+      await start();
+    } catch (error) {
+      input.value = "";
+      $("signin-error").textContent = error.message;
+    }
+  });
+  $("sign-out").addEventListener("click", async () => {
+    await api("DELETE", "/v1/dashboard/session");
+    if (state.events) state.events.close();
+    state.agents = new Map();
+    location.reload();
+  });
+  $("filter-text").addEventListener("input", (event) => { state.filterText = event.target.value; state.page = 0; renderTable(); });
+  $("filter-status").addEventListener("change", (event) => { state.filterStatus = event.target.value; state.page = 0; renderTable(); });
+  $("page-prev").addEventListener("click", () => { state.page -= 1; renderTable(); });
+  $("page-next").addEventListener("click", () => { state.page += 1; renderTable(); });
+  for (const button of document.querySelectorAll("th button[data-sort]")) {
+    button.addEventListener("click", () => {
+      const key = button.dataset.sort;
+      state.sortDir = state.sortKey === key ? -state.sortDir : 1;
+      state.sortKey = key;
+      renderTable();
+    });
+  }
+  $("agent-drain").addEventListener("click", () => drainOrResume("drain"));
+  $("agent-resume").addEventListener("click", () => drainOrResume("resume"));
+  $("token-form").addEventListener("submit", createToken);
+  $("key-form").addEventListener("submit", createKey);
+  window.addEventListener("hashchange", route);
+  // Report ages tick without new data.
+  setInterval(() => {
+    for (const id of state.visible) {
+      const tr = state.rows.get(id), a = state.agents.get(id);
+      if (tr && a) { const age = reportAgeS(a); tr.children[8].textContent = Number.isFinite(age) ? `${age.toFixed(0)} s` : "never"; }
+    }
+  }, 1000);
+  // The rollouts view follows progress (steps, gate figures) while it is open.
+  setInterval(() => {
+    if (currentView() === "rollouts" && state.rolloutsActive && !document.hidden) showRollouts().catch(() => {});
+  }, 2000);
+  start();
+}
+
+document.addEventListener("DOMContentLoaded", init);

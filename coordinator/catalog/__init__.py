@@ -1,0 +1,1 @@
+"""The model catalog and which versions each agent runs."""

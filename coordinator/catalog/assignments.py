@@ -1,0 +1,508 @@
+"""Which model versions each agent should run, and pushing that to it.
+
+Two layers, both persisted (migration 6 in ``coordinator.store.sqlite``):
+
+- rules: ``set_rule(selector, name, version)`` says every agent the selector matches
+  (sites, labels, agent ids; an empty selector is the whole fleet) should run
+  ``name@version``, agents that join later included. When several rules for one name
+  match an agent, the one set most recently wins; setting a rule for the same selector
+  replaces it.
+- explicit per-agent assignments (``assign``; rollouts move agents one by one with them)
+  override the rules for that name until ``clear``.
+
+After any change the affected agents' ModelsSection is rebuilt (each ModelTarget with the
+signed manifest from the catalog, the coordinator's blob base URL, the site peers that
+hold or are fetching that version, and the rollout id) and pushed on their live session
+(``bind``'s push: the servicer's ``set_section``); an agent that is not connected gets it
+when it connects (``on_connect``). A section is pushed only when it differs from the one
+the agent has.
+
+Site peers: connected agents at the same site whose latest inventory lists the version
+as on disk, loading, checking or loaded (first), or downloading (after them); at most
+``MAX_PEERS``. When an agent's holdings change (its reports, through ``on_report``), the
+agents of its site that desire those versions get their peer lists refreshed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from coordinator.catalog.catalog import ModelCatalog
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import ModelCatalogError, UnknownAgentError
+from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
+from coordinator.fleet.registry import FleetRegistry
+from coordinator.store.admin_db import AdminDatabase
+from edgefleet.contract import (
+    LoadReport,
+    ModelInventoryState,
+    ModelsSection,
+    ModelTarget,
+    Section,
+)
+from edgefleet.model_signing import check_name
+
+logger = logging.getLogger(__name__)
+
+#: Most site peers named in one ModelTarget.
+MAX_PEERS = 8
+#: Inventory states in which an agent holds every file of a version (a peer to ask first).
+HOLDING = frozenset(
+    {
+        ModelInventoryState.ON_DISK,
+        ModelInventoryState.LOADING,
+        ModelInventoryState.CHECKING,
+        ModelInventoryState.LOADED,
+    }
+)
+#: Also named as a peer (after the holders): it serves what it has verified so far.
+FETCHING = frozenset({ModelInventoryState.DOWNLOADING})
+BLOB_PATH = "/v1/blobs"
+
+Push = Callable[[str, Section], object]
+
+
+class BlobBaseUrl:
+    """The blob base URL agents are sent (ModelTarget.artifact_url): ``blob_base_url``
+    from the config, else derived from the HTTP address the server really listens on."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self._fixed = config.blob_base_url.rstrip("/")
+        scheme = "https" if config.http_tls_enabled else "http"
+        self._derived = _base(scheme, config.http_host, config.http_port)
+
+    def listening(self, scheme: str, host: str, port: int) -> None:
+        """Called once the HTTP site listens (the real port when http_port is 0)."""
+        self._derived = _base(scheme, host, port)
+
+    def __call__(self) -> str:
+        return self._fixed or self._derived
+
+
+def _base(scheme: str, host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}{BLOB_PATH}"
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """Which agents: every non-empty field must match (empty fields: no constraint)."""
+
+    sites: tuple[str, ...] = ()
+    # "key=value" labels; agents' labels come from their enrollment record (none yet).
+    labels: tuple[str, ...] = ()
+    agent_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for label in self.labels:
+            if "=" not in label:
+                raise ValueError(f"label {label!r} must look like key=value")
+
+    def matches(self, record: AgentRecord | None, labels: Iterable[str] = ()) -> bool:
+        """``record``: the agent (None: unknown, matches only a selector without sites or
+        labels, by id)."""
+        if record is None:
+            return not self.sites and not self.labels and not self.agent_ids
+        if self.agent_ids and record.agent_id not in self.agent_ids:
+            return False
+        if self.sites and record.hello.site not in self.sites:
+            return False
+        return not self.labels or set(self.labels) <= set(labels)
+
+    @property
+    def everything(self) -> bool:
+        return not (self.sites or self.labels or self.agent_ids)
+
+    def key(self) -> str:
+        """Canonical JSON (the rule's identity with the model name)."""
+        return json.dumps(self.json(), sort_keys=True, separators=(",", ":"))
+
+    def json(self) -> dict[str, list[str]]:
+        return {
+            "sites": sorted(self.sites),
+            "labels": sorted(self.labels),
+            "agent_ids": sorted(self.agent_ids),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Selector:
+        """From {"sites": [...], "labels": [...], "agent_ids": [...]}; ValueError if bad."""
+        fields: dict[str, tuple[str, ...]] = {}
+        for name in ("sites", "labels", "agent_ids"):
+            value = data.get(name, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"selector.{name} must be a list of strings")
+            if len(value) > 10_000 or any(len(v) > 256 for v in value):
+                raise ValueError(f"selector.{name} is too long")
+            fields[name] = tuple(sorted(set(value)))
+        unknown = set(data) - {"sites", "labels", "agent_ids"}
+        if unknown:
+            raise ValueError(f"selector has unknown fields: {', '.join(sorted(unknown))}")
+        return cls(**fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A model version an agent should run, and the rollout that set it ("": none)."""
+
+    name: str
+    version: str
+    rollout_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    seq: int
+    name: str
+    selector: Selector
+    version: str
+    rollout_id: str
+    set_at: datetime
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "object": "model_rule",
+            "name": self.name,
+            "version": self.version,
+            "selector": self.selector.json(),
+            "rollout_id": self.rollout_id,
+            "set_at": self.set_at.isoformat(),
+        }
+
+
+class ModelAssignments:
+    """Rules and explicit assignments; builds and pushes each agent's ModelsSection."""
+
+    def __init__(
+        self,
+        db: AdminDatabase,
+        catalog: ModelCatalog,
+        registry: FleetRegistry,
+        *,
+        blob_base_url: Callable[[], str],
+        labels_of: Callable[[str], tuple[str, ...]] = lambda agent_id: (),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._db = db
+        self._catalog = catalog
+        self._registry = registry
+        self._blob_base_url = blob_base_url
+        self._labels_of = labels_of
+        self._clock = clock
+        self._push: Push | None = None
+        # name -> rules for it, oldest first (the last match wins).
+        self._rules: dict[str, list[Rule]] = {}
+        # agent id -> name -> explicit assignment.
+        self._explicit: dict[str, dict[str, Assignment]] = {}
+        # agent id -> what its last report said it holds: (name, version) -> holding?
+        self._holdings: dict[str, dict[tuple[str, str], bool]] = {}
+        self._load()
+
+    def bind(self, push: Push) -> None:
+        """``push(agent_id, section)`` sets a section and sends it on the live session."""
+        self._push = push
+
+    def _load(self) -> None:
+        for row in self._db.query("SELECT * FROM model_rules ORDER BY seq"):
+            rule = Rule(
+                seq=row["seq"],
+                name=row["name"],
+                selector=Selector.from_json(json.loads(row["selector"])),
+                version=row["version"],
+                rollout_id=row["rollout_id"],
+                set_at=datetime.fromisoformat(row["set_at"]),
+            )
+            self._rules.setdefault(rule.name, []).append(rule)
+        for row in self._db.query("SELECT * FROM model_assignments"):
+            self._explicit.setdefault(row["agent_id"], {})[row["name"]] = Assignment(
+                row["name"], row["version"], row["rollout_id"]
+            )
+
+    # ------------------------------------------------------------------ changing
+
+    def set_rule(
+        self, selector: Selector, name: str, version: str, rollout_id: str = ""
+    ) -> list[str]:
+        """Agents matching ``selector`` without an explicit assignment for ``name`` run
+        ``version``; returns the agents whose section was pushed."""
+        self._check_version(name, version)
+        now = self._clock()
+        key = selector.key()
+        with self._db.transaction() as db:
+            db.execute("DELETE FROM model_rules WHERE name = ? AND selector = ?", (name, key))
+            cursor = db.execute(
+                "INSERT INTO model_rules (name, selector, version, rollout_id, set_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (name, key, version, rollout_id, now.isoformat()),
+            )
+            seq = int(cursor.lastrowid or 0)
+        rules = [r for r in self._rules.get(name, []) if r.selector.key() != key]
+        rules.append(Rule(seq, name, selector, version, rollout_id, now))
+        self._rules[name] = rules
+        logger.info("model rule: %s -> %s@%s", key, name, version)
+        return self.refresh(self._matching(selector))
+
+    def clear_rule(self, selector: Selector, name: str) -> list[str]:
+        """Drop the rule for exactly this selector and name (agents fall back to older
+        rules, or to none); returns the agents whose section was pushed."""
+        key = selector.key()
+        with self._db.transaction() as db:
+            db.execute("DELETE FROM model_rules WHERE name = ? AND selector = ?", (name, key))
+        self._rules[name] = [r for r in self._rules.get(name, []) if r.selector.key() != key]
+        if not self._rules[name]:
+            del self._rules[name]
+        return self.refresh(self._matching(selector))
+
+    def rules(self, name: str | None = None) -> list[Rule]:
+        names = sorted(self._rules) if name is None else [name]
+        return [r for n in names for r in self._rules.get(n, [])]
+
+    def assign(
+        self, agent_ids: Iterable[str], name: str, version: str, rollout_id: str = ""
+    ) -> list[str]:
+        """Explicit per-agent override; returns the agents whose section was pushed."""
+        self._check_version(name, version)
+        ids = sorted(set(agent_ids))
+        now = self._clock().isoformat()
+        with self._db.transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO model_assignments VALUES (?, ?, ?, ?, ?)",
+                [(agent_id, name, version, rollout_id, now) for agent_id in ids],
+            )
+        for agent_id in ids:
+            self._explicit.setdefault(agent_id, {})[name] = Assignment(name, version, rollout_id)
+        return self.refresh(ids)
+
+    def clear(self, agent_ids: Iterable[str], name: str) -> list[str]:
+        """Drop explicit assignments (the rules apply again)."""
+        ids = sorted(set(agent_ids))
+        with self._db.transaction() as db:
+            db.executemany(
+                "DELETE FROM model_assignments WHERE agent_id = ? AND name = ?",
+                [(agent_id, name) for agent_id in ids],
+            )
+        for agent_id in ids:
+            held = self._explicit.get(agent_id)
+            if held is not None:
+                held.pop(name, None)
+                if not held:
+                    del self._explicit[agent_id]
+        return self.refresh(ids)
+
+    def _check_version(self, name: str, version: str) -> None:
+        try:
+            check_name("model name", name)
+            check_name("version", version)
+        except ValueError as exc:
+            raise ModelCatalogError(str(exc)) from exc
+        self._catalog.require(name, version)
+
+    # ------------------------------------------------------------------ reading
+
+    def desired_for(self, agent_id: str) -> dict[str, Assignment]:
+        """name -> what the agent should run (explicit assignments over rules)."""
+        record = self._record(agent_id)
+        labels = self._labels_of(agent_id)
+        desired: dict[str, Assignment] = {}
+        for name, rules in self._rules.items():
+            for rule in reversed(rules):
+                if rule.selector.matches(record, labels) or (
+                    record is None and agent_id in rule.selector.agent_ids
+                    and not rule.selector.sites and not rule.selector.labels
+                ):  # fmt: skip
+                    desired[name] = Assignment(name, rule.version, rule.rollout_id)
+                    break
+        desired.update(self._explicit.get(agent_id, {}))
+        return desired
+
+    def agents_desiring(self, name: str, version: str) -> set[str]:
+        found = set()
+        for agent_id in self._known_agents():
+            wanted = self.desired_for(agent_id).get(name)
+            if wanted is not None and wanted.version == version:
+                found.add(agent_id)
+        return found
+
+    def agents_holding(self, name: str, version: str) -> set[str]:
+        """Agents whose latest inventory lists the version loaded (or being loaded or
+        checked), or whose Hello lists it (agents without inventory)."""
+        loaded = {
+            ModelInventoryState.LOADED,
+            ModelInventoryState.LOADING,
+            ModelInventoryState.CHECKING,
+        }
+        found = set()
+        for record in self._registry.agents():
+            report = record.last_report
+            if report is not None and report.inventory:
+                if any(i.name == name and i.version == version and i.state in loaded
+                       for i in report.inventory):  # fmt: skip
+                    found.add(record.agent_id)
+            elif any(m.name == name and m.version == version for m in record.hello.models):
+                found.add(record.agent_id)
+        return found
+
+    def in_use_by(self, name: str, version: str) -> set[str]:
+        """Agents that desire the version or have it loaded, and rules that name it
+        (as "rule <selector>"): delete is refused while any is left."""
+        rules = {f"rule {r.selector.key()}" for r in self.rules(name) if r.version == version}
+        return self.agents_desiring(name, version) | self.agents_holding(name, version) | rules
+
+    def section_for(self, agent_id: str, *, peers: _SitePeers | None = None) -> ModelsSection:
+        """The agent's ModelsSection now (generation 0: ``refresh`` gives it one)."""
+        record = self._record(agent_id)
+        site = "" if record is None else record.hello.site
+        if peers is None:  # only this agent's site
+            peers = _SitePeers(self._registry.find(self._registry.index.at_site(site)))
+        base = self._blob_base_url()
+        targets = []
+        for name, wanted in sorted(self.desired_for(agent_id).items()):
+            version = self._catalog.get(name, wanted.version)
+            if version is None:
+                logger.warning(
+                    "agent %s should run %s@%s, which is not in the catalog: left out",
+                    agent_id, name, wanted.version,
+                )  # fmt: skip
+                continue
+            targets.append(
+                ModelTarget(
+                    name=name,
+                    version=wanted.version,
+                    artifact_url=base,
+                    sha256=version.sha256,
+                    manifest=version.manifest,
+                    signature=version.signature,
+                    peer_urls=peers.urls(site, name, wanted.version, agent_id),
+                    rollout_id=wanted.rollout_id,
+                )
+            )
+        return ModelsSection(generation=0, models=tuple(targets))
+
+    # ------------------------------------------------------------------ pushing
+
+    def refresh(self, agent_ids: Iterable[str] | None = None) -> list[str]:
+        """Rebuild the sections of ``agent_ids`` (default: every known agent) and push
+        those that changed; returns the agents pushed to."""
+        ids = self._known_agents() if agent_ids is None else set(agent_ids)
+        peers = _SitePeers(self._registry.agents()) if len(ids) > 1 else None
+        pushed = []
+        for agent_id in sorted(ids):
+            if self._update(agent_id, peers, push=True):
+                pushed.append(agent_id)
+        return pushed
+
+    def on_connect(self, agent_id: str) -> None:
+        """An agent's session opened: set its section (sent with the full desired state
+        the session starts with, so not pushed separately)."""
+        self._holdings.pop(agent_id, None)
+        self._update(agent_id, None, push=False)
+
+    def on_report(self, agent_id: str, report: LoadReport) -> None:
+        """ReportHooks hook: when what the agent holds changed, refresh the peer lists of
+        the agents at its site that desire those versions."""
+        holdings = {
+            (i.name, i.version): i.state in HOLDING
+            for i in report.inventory
+            if i.state in HOLDING or i.state in FETCHING
+        }
+        before = self._holdings.get(agent_id)
+        if before == holdings or (before is None and not holdings):
+            return
+        self._holdings[agent_id] = holdings
+        changed = {k for k in holdings.keys() | (before or {}).keys()
+                   if holdings.get(k) != (before or {}).get(k)}  # fmt: skip
+        record = self._record(agent_id)
+        if record is None or not record.hello.site or not changed:
+            return
+        site = record.hello.site
+        affected = []
+        for other in self._registry.find(self._registry.index.at_site(site)):
+            if other.agent_id == agent_id or other.hello.site != site:
+                continue
+            desired = self.desired_for(other.agent_id)
+            if any((a.name, a.version) in changed for a in desired.values()):
+                affected.append(other.agent_id)
+        if affected:
+            self.refresh(affected)
+
+    def _update(self, agent_id: str, peers: _SitePeers | None, *, push: bool) -> bool:
+        try:
+            current = self._registry.desired_state(agent_id).models
+            self._registry.get(agent_id)
+        except UnknownAgentError:
+            return False
+        if (current is None or not current.models) and not self.desired_for(agent_id):
+            return False  # nothing wanted, nothing held: the common case at connect
+        section = self.section_for(agent_id, peers=peers)
+        if current is not None and current.models == section.models:
+            return False
+        if current is None and not section.models:
+            return False
+        # The generation is set by the registry (the store's counter: a restarted
+        # coordinator's sections stay newer than what its agents hold).
+        if push and self._push is not None:
+            self._push(agent_id, section)
+        else:
+            self._registry.set_section(agent_id, section)
+        return True
+
+    # ------------------------------------------------------------------ helpers
+
+    def _record(self, agent_id: str) -> AgentRecord | None:
+        try:
+            return self._registry.get(agent_id)
+        except UnknownAgentError:
+            return None
+
+    def _known_agents(self) -> set[str]:
+        return {r.agent_id for r in self._registry.agents()} | set(self._explicit)
+
+    def _matching(self, selector: Selector) -> set[str]:
+        return {
+            r.agent_id
+            for r in self._registry.agents()
+            if selector.matches(r, self._labels_of(r.agent_id))
+        }
+
+
+class _SitePeers:
+    """(site, name, version) -> blob base URLs of connected agents there that hold the
+    version (first) or are fetching it, built once per refresh."""
+
+    def __init__(self, records: Iterable[AgentRecord]) -> None:
+        self._by_key: dict[tuple[str, str, str], list[tuple[int, str, str]]] = {}
+        for record in records:
+            hello, report = record.hello, record.last_report
+            if (
+                not hello.site
+                or not hello.http_url
+                or report is None
+                or record.status is not AgentStatus.CONNECTED
+                or record.liveness is Liveness.DOWN
+            ):
+                continue
+            url = hello.http_url.rstrip("/") + BLOB_PATH
+            for item in report.inventory:
+                if item.state in HOLDING:
+                    rank = 0
+                elif item.state in FETCHING:
+                    rank = 1
+                else:
+                    continue
+                key = (hello.site, item.name, item.version)
+                self._by_key.setdefault(key, []).append((rank, record.agent_id, url))
+
+    def urls(self, site: str, name: str, version: str, agent_id: str) -> tuple[str, ...]:
+        if not site:
+            return ()
+        found = sorted(self._by_key.get((site, name, version), []))
+        return tuple(url for _, other, url in found if other != agent_id)[:MAX_PEERS]

@@ -1,0 +1,1 @@
+"""The operator commands over the admin HTTP API."""

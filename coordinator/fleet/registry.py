@@ -1,0 +1,499 @@
+"""The fleet registry: which agents exist, their sessions, inventory, load and liveness.
+
+``FleetRegistry`` is the interface transport code talks to. ``LiveFleetRegistry``
+keeps the live view (sessions, load samples, liveness) in memory and writes what must
+survive a restart to a ``FleetStore``: each agent's Hello and draining flag as they
+change, and its live state (liveness, last-seen time, last load report) in batched
+snapshots (``save_last_states``, driven by the app's lifecycle). On start it reloads
+those agents: the ones that were live or suspect as ``UNCONFIRMED`` (still routed,
+after live agents) until they reconnect or ``restart_grace_s`` ends, the rest as down.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from coordinator.errors import FleetFullError, SessionTakenError, UnknownAgentError
+from coordinator.fleet.index import FleetIndex
+from coordinator.fleet.records import (
+    AgentRecord,
+    AgentStatus,
+    Liveness,
+    routing_hello,
+    served_models,
+)
+from coordinator.store.generations import GenerationCounter
+from coordinator.store.interface import AgentLastState, FleetStore, StoredAgent
+from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class FleetRegistry(Protocol):
+    """What the transports need from fleet state. Methods are quick and never block long."""
+
+    @property
+    def index(self) -> FleetIndex:
+        """Candidate lookup by model, site and place."""
+        ...
+
+    def open_session(self, hello: Hello, *, enrolled: bool = False) -> str:
+        """Record that an agent connected; return the new session id.
+
+        A newer session of an enrolled (authenticated) agent replaces an older one for
+        the same agent. An unenrolled Hello never replaces a live session (raises
+        SessionTakenError): anyone could send it.
+        """
+        ...
+
+    def remove(self, agent_id: str) -> AgentRecord:
+        """Forget an agent (its live record and its index entry); raises UnknownAgentError."""
+        ...
+
+    def record_report(self, agent_id: str, session_id: str, report: LoadReport) -> None:
+        """Store the latest load sample of a session (ignored when superseded)."""
+        ...
+
+    def record_bye(self, agent_id: str, session_id: str, reason: str) -> None:
+        """Note that the agent said goodbye on purpose (it is down from now on)."""
+        ...
+
+    def close_session(self, agent_id: str, session_id: str) -> bool:
+        """Mark the agent disconnected if this is its current session.
+
+        Returns True when the agent is now disconnected, False when a newer
+        session had already replaced this one.
+        """
+        ...
+
+    def get(self, agent_id: str) -> AgentRecord:
+        """One agent's record; raises UnknownAgentError."""
+        ...
+
+    def find(self, agent_ids: Iterable[str]) -> list[AgentRecord]:
+        """The records of those ids that exist."""
+        ...
+
+    def agents(self) -> list[AgentRecord]:
+        """Every known agent, connected or not, ordered by agent id."""
+        ...
+
+    def connected_count(self) -> int: ...
+
+    def known_count(self) -> int: ...
+
+    def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
+        """Drain (or resume) an agent; raises UnknownAgentError."""
+        ...
+
+    def sweep(self) -> list[AgentRecord]:
+        """Update liveness from the time since each agent's last message (an agent whose
+        session ended without a Bye is suspect at once).
+
+        Returns the records whose liveness changed.
+        """
+        ...
+
+    def desired_state(self, agent_id: str) -> DesiredState:
+        """What the agent should run now: every section set for it, with its generation."""
+        ...
+
+    def set_section(self, agent_id: str, section: Section) -> DesiredState:
+        """Replace one section of an agent's desired state; return the new state.
+
+        The section takes the next generation of the store's counter, whatever generation
+        it came with (coordinator/store/generations.py: newer than any this store's coordinators
+        sent, also after a restart); the state's version grows. Raises UnknownAgentError,
+        or StoreError when the counter's next block cannot be written.
+        """
+        ...
+
+    def save_last_states(self, batch_size: int = 500) -> Iterator[int]:
+        """Write the live state of every agent that changed since the last save.
+
+        One store transaction per ``batch_size`` agents; yields after each (the count
+        written), so that a caller on an event loop can let other work run between.
+        """
+        ...
+
+
+class LiveFleetRegistry:
+    """FleetRegistry for one coordinator process, persisting through a FleetStore."""
+
+    def __init__(
+        self,
+        store: FleetStore,
+        *,
+        report_interval_ms: int = 2000,
+        suspect_after_reports: int = 2,
+        down_after_reports: int = 5,
+        restart_grace_s: float = 30.0,
+        max_agents: int = 20_000,
+        stale_unenrolled_after_s: float = 3600.0,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._generations = GenerationCounter(store.reserve_generations)
+        # Agents on record at most (new ids beyond it are refused), and how long a
+        # never-enrolled agent may stay disconnected before its record is removed.
+        self.max_agents = max_agents
+        self._stale_after = timedelta(seconds=stale_unenrolled_after_s)
+        interval = timedelta(milliseconds=report_interval_ms)
+        self._suspect_after = interval * suspect_after_reports
+        self._down_after = interval * down_after_reports
+        self._agents: dict[str, AgentRecord] = {}
+        self._connected = 0
+        self._index = FleetIndex()
+        # What was last saved of each agent's live state, to skip unchanged agents.
+        self._saved: dict[str, tuple[datetime, str]] = {}
+        now = clock()
+        # Agents known before a restart stay routable (unconfirmed) until then.
+        self._grace_ends = now + timedelta(seconds=restart_grace_s)
+        self._restore(store.list_agents(), store.list_last_states(), now)
+
+    @property
+    def index(self) -> FleetIndex:
+        return self._index
+
+    def open_session(self, hello: Hello, *, enrolled: bool = False) -> str:
+        now = self._clock()
+        session_id = uuid.uuid4().hex
+        previous = self._agents.get(hello.agent_id)
+        if previous is None:
+            self._make_room(hello.agent_id, enrolled=enrolled)
+        draining = False
+        if (
+            not enrolled
+            and previous is not None
+            and previous.status is AgentStatus.CONNECTED
+            and previous.liveness is not Liveness.DOWN
+        ):
+            raise SessionTakenError(
+                f"agent {hello.agent_id!r} already has a live session ({previous.session_id}); "
+                "an unauthenticated Hello cannot replace it (enroll the agent, or wait until "
+                "its session ends)"
+            )
+        if previous is not None:
+            draining = previous.draining
+            if previous.status is AgentStatus.CONNECTED:
+                self._connected -= 1
+                logger.info(
+                    "agent %s opened session %s, replacing session %s",
+                    hello.agent_id,
+                    session_id,
+                    previous.session_id,
+                )
+        self._agents[hello.agent_id] = AgentRecord(
+            hello=hello,
+            status=AgentStatus.CONNECTED,
+            session_id=session_id,
+            connected_since=now,
+            last_seen=now,
+            # Keep the previous sample: better than nothing until the next one.
+            last_report=previous.last_report if previous is not None else None,
+            liveness=Liveness.LIVE,
+            draining=draining,
+            enrolled=enrolled,
+            desired=previous.desired if previous is not None else DesiredState(),
+        )
+        self._connected += 1
+        kept = None if previous is None else previous.last_report
+        if previous is None or routing_hello(previous.hello, kept) != routing_hello(hello, kept):
+            self._index.put(routing_hello(hello, kept))
+        if previous is not None and previous.liveness is not Liveness.LIVE:
+            logger.info("agent %s is live again (was %s)", hello.agent_id, previous.liveness)
+        self._store.save_hello(hello, now)
+        return session_id
+
+    def record_report(self, agent_id: str, session_id: str, report: LoadReport) -> None:
+        record = self._current(agent_id, session_id)
+        if record is None:
+            return
+        if record.liveness is not Liveness.LIVE:
+            logger.info("agent %s is live again (was %s)", agent_id, record.liveness)
+        if report.unhealthy_reason != record.unhealthy_reason:
+            if report.unhealthy_reason:
+                logger.warning(
+                    "agent %s is unhealthy (no routes): %s", agent_id, report.unhealthy_reason
+                )
+            else:
+                logger.info("agent %s is healthy again", agent_id)
+        if report.inventory or (record.last_report is not None and record.last_report.inventory):
+            before = served_models(record.hello, record.last_report)
+            if served_models(record.hello, report) != before:  # re-index what it serves
+                self._index.put(routing_hello(record.hello, report))
+        self._agents[agent_id] = replace(
+            record, last_report=report, last_seen=self._clock(), liveness=Liveness.LIVE
+        )
+
+    def record_bye(self, agent_id: str, session_id: str, reason: str) -> None:
+        record = self._current(agent_id, session_id)
+        if record is not None:
+            self._agents[agent_id] = replace(
+                record, bye_reason=reason, last_seen=self._clock(), liveness=Liveness.DOWN
+            )
+
+    def close_session(self, agent_id: str, session_id: str) -> bool:
+        record = self._current(agent_id, session_id)
+        if record is None or record.status is not AgentStatus.CONNECTED:
+            return False
+        self._agents[agent_id] = replace(
+            record, status=AgentStatus.DISCONNECTED, connected_since=None
+        )
+        self._connected -= 1
+        self._store.save_last_seen(agent_id, record.last_seen)
+        return True
+
+    def remove(self, agent_id: str) -> AgentRecord:
+        record = self._agents.pop(agent_id, None)
+        if record is None:
+            raise UnknownAgentError(agent_id)
+        if record.status is AgentStatus.CONNECTED:
+            self._connected -= 1
+        self._index.remove(agent_id)
+        self._saved.pop(agent_id, None)
+        logger.info("agent %s removed from the registry", agent_id)
+        return record
+
+    def get(self, agent_id: str) -> AgentRecord:
+        try:
+            return self._agents[agent_id]
+        except KeyError:
+            raise UnknownAgentError(agent_id) from None
+
+    def find(self, agent_ids: Iterable[str]) -> list[AgentRecord]:
+        agents = self._agents
+        return [agents[i] for i in agent_ids if i in agents]
+
+    def agents(self) -> list[AgentRecord]:
+        return [self._agents[key] for key in sorted(self._agents)]
+
+    def connected_count(self) -> int:
+        return self._connected
+
+    def known_count(self) -> int:
+        return len(self._agents)
+
+    def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
+        record = self.get(agent_id)
+        self._store.set_draining(agent_id, draining)
+        report = record.last_report
+        if not draining and report is not None and report.draining:
+            # The resume supersedes the agent's last word; its next report confirms it.
+            report = report._replace(draining=False)
+        record = replace(record, draining=draining, last_report=report)
+        self._agents[agent_id] = record
+        logger.info("agent %s %s", agent_id, "draining" if draining else "resumed")
+        return record
+
+    def sweep(self) -> list[AgentRecord]:
+        now = self._clock()
+        self.remove_stale_unenrolled(now)
+        changed: list[AgentRecord] = []
+        expired: list[AgentRecord] = []
+        for agent_id, record in self._agents.items():
+            if record.liveness is Liveness.DOWN:
+                continue
+            if record.liveness is Liveness.UNCONFIRMED:
+                if (after_grace := self._sweep_unconfirmed(now)) is not None:
+                    record = replace(record, liveness=after_grace)
+                    self._agents[agent_id] = record
+                    expired.append(record)
+                continue
+            silent = now - record.last_seen
+            if silent >= self._down_after:
+                liveness = Liveness.DOWN
+            elif silent >= self._suspect_after or record.status is AgentStatus.DISCONNECTED:
+                # a session that ended without a Bye (a crash, a cut link): ranked after
+                # every live agent at once, not after two missed reports; still routed, as
+                # it may be serving its site, until its reports are overdue
+                liveness = Liveness.SUSPECT
+            else:
+                continue
+            if liveness is not record.liveness:
+                record = replace(record, liveness=liveness)
+                self._agents[agent_id] = record
+                changed.append(record)
+        for record in changed:
+            logger.warning(
+                "agent %s is %s: no report for %.1f s%s",
+                record.agent_id,
+                record.liveness,
+                (now - record.last_seen).total_seconds(),
+                " (its session ended without a Bye)"
+                if record.status is AgentStatus.DISCONNECTED
+                else "",
+            )
+        if expired:
+            logger.warning(
+                "%d agents known before the restart did not reconnect within the grace "
+                "period; they are down (e.g. %s)",
+                len(expired),
+                ", ".join(r.agent_id for r in expired[:5]),
+            )
+        return changed + expired
+
+    def desired_state(self, agent_id: str) -> DesiredState:
+        record = self._agents.get(agent_id)
+        return DesiredState() if record is None else record.desired
+
+    def set_section(self, agent_id: str, section: Section) -> DesiredState:
+        record = self.get(agent_id)
+        held = record.desired
+        name = SECTION_FIELDS[type(section)]
+        generation = self._generations.next()
+        desired = held.with_section(replace(section, generation=generation))
+        desired = replace(desired, version=held.version + 1)
+        self._agents[agent_id] = replace(record, desired=desired)
+        logger.info(
+            "agent %s: desired %s is now generation %d (version %d)",
+            agent_id,
+            name,
+            generation,
+            desired.version,
+        )
+        return desired
+
+    # ------------------------------------------------------------------ bounds
+
+    def _make_room(self, agent_id: str, *, enrolled: bool) -> None:
+        """Room for one more agent, or FleetFullError.
+
+        At the cap, an enrolled newcomer takes the place of the never-enrolled,
+        disconnected agent seen longest ago (so a flood of unauthenticated Hellos cannot
+        lock enrolled agents out); anyone else is refused.
+        """
+        if len(self._agents) < self.max_agents:
+            return
+        if enrolled:
+            idle = [
+                r
+                for r in self._agents.values()
+                if not r.enrolled and r.status is AgentStatus.DISCONNECTED
+            ]
+            if idle:
+                victim = min(idle, key=lambda r: r.last_seen)
+                logger.warning(
+                    "fleet at max_agents (%d): enrolled agent %s replaces never-enrolled "
+                    "agent %s (disconnected since %s)",
+                    self.max_agents,
+                    agent_id,
+                    victim.agent_id,
+                    victim.last_seen.isoformat(timespec="seconds"),
+                )
+                self._remove([victim.agent_id])
+                return
+        raise FleetFullError(
+            f"the coordinator holds its maximum of {self.max_agents} agents (max_agents); "
+            f"agent {agent_id} is new and cannot be added"
+        )
+
+    def remove_stale_unenrolled(self, now: datetime | None = None) -> list[str]:
+        """Forget never-enrolled agents disconnected for ``stale_unenrolled_after_s``."""
+        cutoff = (self._clock() if now is None else now) - self._stale_after
+        stale = [
+            agent_id
+            for agent_id, r in self._agents.items()
+            if not r.enrolled and r.status is AgentStatus.DISCONNECTED and r.last_seen < cutoff
+        ]
+        if stale:
+            self._remove(stale)
+            logger.info(
+                "removed %d never-enrolled agents not seen for %.0f s (e.g. %s)",
+                len(stale),
+                self._stale_after.total_seconds(),
+                ", ".join(stale[:5]),
+            )
+        return stale
+
+    def _remove(self, agent_ids: list[str]) -> None:
+        for agent_id in agent_ids:
+            del self._agents[agent_id]
+            self._saved.pop(agent_id, None)
+            self._index.remove(agent_id)
+        self._store.delete_unenrolled_agents(agent_ids)
+
+    # ------------------------------------------------ restart: restore and save
+
+    def _restore(
+        self, stored_agents: list[StoredAgent], last_states: list[AgentLastState], now: datetime
+    ) -> None:
+        """Reload the agents on record: unconfirmed when they were last seen alive.
+
+        An agent is unconfirmed when its saved state says live, suspect or unconfirmed
+        (opening a session saves "live" at once, so a kill before the next snapshot
+        loses no agent); down when it says down or nothing was saved (a database from
+        before states were saved).
+        """
+        states = {s.agent_id: s for s in last_states}
+        unconfirmed = 0
+        for stored in stored_agents:
+            if stored.hello is None:
+                continue
+            state = states.get(stored.agent_id)
+            alive = state is not None and state.liveness is not Liveness.DOWN
+            if state is not None:
+                last_seen, report = state.last_seen, state.report
+            else:
+                last_seen, report = stored.last_seen or now, None
+            unconfirmed += alive
+            self._agents[stored.agent_id] = AgentRecord(
+                hello=stored.hello,
+                status=AgentStatus.DISCONNECTED,
+                session_id="",
+                connected_since=None,
+                last_seen=last_seen,
+                last_report=report,
+                liveness=Liveness.UNCONFIRMED if alive else Liveness.DOWN,
+                draining=stored.draining,
+                enrolled=stored.enrolled,
+            )
+            self._index.put(routing_hello(stored.hello, report))
+        if self._agents:
+            logger.info(
+                "restored %d agents from the store: %d unconfirmed (routed until they "
+                "reconnect or the grace period ends at %s), %d down",
+                self.known_count(),
+                unconfirmed,
+                self._grace_ends.isoformat(timespec="seconds"),
+                self.known_count() - unconfirmed,
+            )
+
+    def save_last_states(self, batch_size: int = 500) -> Iterator[int]:
+        changed: list[AgentLastState] = []
+        fingerprints: list[tuple[str, tuple[datetime, str]]] = []
+        saved = self._saved
+        for agent_id, record in self._agents.items():
+            fingerprint = (record.last_seen, record.liveness.value)
+            if saved.get(agent_id) != fingerprint:
+                changed.append(
+                    AgentLastState(agent_id, record.liveness, record.last_seen, record.last_report)
+                )
+                fingerprints.append((agent_id, fingerprint))
+        for start in range(0, len(changed), batch_size):
+            batch = changed[start : start + batch_size]
+            self._store.save_last_states(batch, self._clock())
+            saved.update(fingerprints[start : start + batch_size])
+            yield len(batch)
+
+    def _sweep_unconfirmed(self, now: datetime) -> Liveness | None:
+        """Down once the restart grace period is over without a session; else unchanged."""
+        return Liveness.DOWN if now >= self._grace_ends else None
+
+    def _current(self, agent_id: str, session_id: str) -> AgentRecord | None:
+        record = self._agents.get(agent_id)
+        if record is None or record.session_id != session_id:
+            return None
+        return record

@@ -1,0 +1,1 @@
+"""Who an agent is: the fleet CA, enrollment, join tokens, session auth."""

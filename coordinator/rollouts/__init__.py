@@ -1,0 +1,1 @@
+"""Staged model rollouts: the engine and its gates."""

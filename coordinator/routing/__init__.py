@@ -1,0 +1,1 @@
+"""Where a client's request goes."""

@@ -1,0 +1,353 @@
+"""Where work goes when an edge agent cannot take it: the coordinator's overflow targets.
+
+The coordinator holds three kinds of target and pushes them to each agent in the
+desired state's ``overflow_targets`` section (:class:`OverflowDistributor`, every report
+interval, only when an agent's list changed):
+
+- peers: the other agents at the agent's site, from the registry, with the room the
+  coordinator last saw (``free_slots``, in coarse steps so a busy fleet is not re-sent
+  its section every interval); connected, live, healthy and not draining only;
+- cloud GPU pools: lists of OpenAI-compatible endpoints (vLLM, TGI, llama.cpp ...) with
+  a weight and a capacity each;
+- hosted providers through adapters: OpenAI-compatible, or Anthropic's Messages API.
+
+Pools and providers come from the JSON file ``overflow_targets_file`` names
+(:class:`OverflowTargetsFile`). Credentials are named there, never given: the NAME of an
+environment variable and/or the PATH of a secret file, read by the agent that calls the
+target. A value that looks like a key instead of a name is refused, and no error here
+ever repeats what it refused. Prices are per 1,000 prompt and completion tokens.
+
+The route answer's ``overflow`` (what a client is told when no agent fits) is the first
+pool or provider serving the model (:class:`FleetOverflowPolicy`), or the static
+``overflow_url`` of older configs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Literal, Protocol
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import ConfigError, UnknownAgentError
+from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
+from edgefleet.contract import (
+    OverflowApi,
+    OverflowEndpoint,
+    OverflowKind,
+    OverflowTarget,
+    OverflowTargetsSection,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class OverflowPolicy(Protocol):
+    def target_for(self, model: str) -> OverflowTarget | None:
+        """The target to name when no edge agent fits; None when there is none."""
+        ...
+
+
+class StaticOverflowPolicy:
+    def __init__(self, name: str = "", url: str = "") -> None:
+        self._target = (
+            OverflowTarget(name=name or url, kind=OverflowKind.GPU_POOL, url=url) if url else None
+        )
+
+    def target_for(self, model: str) -> OverflowTarget | None:
+        return self._target
+
+
+# ------------------------------------------------------------------ the targets file
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Price = Annotated[float, Field(ge=0, le=1_000_000)]
+Millis = Annotated[int, Field(ge=0, le=3_600_000)]
+
+
+def _base_url(value: str) -> str:
+    if not _URL.match(value):
+        raise ValueError("must be an http:// or https:// base URL (e.g. http://gpu:8000/v1)")
+    return value.rstrip("/")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EndpointConfig(_Strict):
+    url: str
+    weight: float = Field(default=1.0, gt=0, le=1_000_000)
+    capacity: int = Field(default=0, ge=0, le=1_000_000)  # requests in flight; 0: no cap
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _base_url(value)
+
+
+class _TargetConfig(_Strict):
+    name: Name
+    models: tuple[str, ...] = ()  # empty: any model
+    # the NAME of an environment variable / the PATH of a secret file, on the agents
+    credential_env: str = ""
+    credential_file: str = ""
+    prompt_price_per_1k: Price = 0.0
+    completion_price_per_1k: Price = 0.0
+    supports_continuation: bool = False
+    supports_constraints: bool = False
+    model_names: dict[str, str] = Field(default_factory=dict)  # fleet name -> target's
+    connect_timeout_ms: Millis = 0
+    first_token_timeout_ms: Millis = 0
+    total_timeout_ms: Millis = 0
+
+    @field_validator("credential_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if value and not _ENV_NAME.match(value):
+            raise ValueError(
+                "must be the NAME of an environment variable (letters, digits, _), not a credential"
+            )
+        return value
+
+    @field_validator("credential_file")
+    @classmethod
+    def _file_path(cls, value: str) -> str:
+        if value and not (value.startswith("/") or value.startswith("~/")):
+            raise ValueError("must be the absolute PATH of a secret file, not a credential")
+        return value
+
+
+class PoolConfig(_TargetConfig):
+    endpoints: Annotated[tuple[EndpointConfig, ...], Field(min_length=1, max_length=256)]
+
+
+class ProviderConfig(_TargetConfig):
+    api: Literal["openai", "anthropic"] = "openai"
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _base_url(value)
+
+
+class OverflowTargetsFile(_Strict):
+    """``overflow_targets_file``: pools and providers, each list in the order to try."""
+
+    pools: tuple[PoolConfig, ...] = ()
+    providers: tuple[ProviderConfig, ...] = ()
+    # peers at the site are offered to agents (from the registry)
+    peers: bool = True
+
+    def cloud_targets(self) -> tuple[OverflowTarget, ...]:
+        return tuple(_pool_target(p) for p in self.pools) + tuple(
+            _provider_target(p) for p in self.providers
+        )
+
+
+class OverflowConfigError(ValueError):
+    """The targets file cannot be used; the message names the file and field only."""
+
+
+def load_targets_file(path: Path) -> OverflowTargetsFile:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise OverflowConfigError(f"overflow targets file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise OverflowConfigError(f"overflow targets file {path}: not JSON ({exc})") from None
+    try:
+        parsed = OverflowTargetsFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise OverflowConfigError(
+            f"overflow targets file {path}: {where}: {first['msg']}"
+        ) from None
+    names = [t.name for t in parsed.cloud_targets()]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise OverflowConfigError(f"overflow targets file {path}: names repeat: {dupes}")
+    return parsed
+
+
+def _common(c: _TargetConfig) -> dict[str, object]:
+    return {
+        "models": tuple(c.models),
+        "credential_env": c.credential_env,
+        "credential_file": c.credential_file,
+        "prompt_price_per_1k": c.prompt_price_per_1k,
+        "completion_price_per_1k": c.completion_price_per_1k,
+        "supports_continuation": c.supports_continuation,
+        "supports_constraints": c.supports_constraints,
+        "model_names": dict(c.model_names),
+        "connect_timeout_ms": c.connect_timeout_ms,
+        "first_token_timeout_ms": c.first_token_timeout_ms,
+        "total_timeout_ms": c.total_timeout_ms,
+    }
+
+
+def _pool_target(p: PoolConfig) -> OverflowTarget:
+    return OverflowTarget(
+        name=p.name,
+        kind=OverflowKind.GPU_POOL,
+        url=p.endpoints[0].url,
+        api=OverflowApi.OPENAI,
+        endpoints=tuple(OverflowEndpoint(e.url, e.weight, e.capacity) for e in p.endpoints),
+        **_common(p),  # type: ignore[arg-type]
+    )
+
+
+def _provider_target(p: ProviderConfig) -> OverflowTarget:
+    return OverflowTarget(
+        name=p.name,
+        kind=OverflowKind.HOSTED_PROVIDER,
+        url=p.url,
+        api=OverflowApi(p.api),
+        **_common(p),  # type: ignore[arg-type]
+    )
+
+
+# ------------------------------------------------------------------ per agent
+
+#: free_slots is sent in these steps (at most the last), so small load changes do not
+#: re-send every agent its section.
+SLOT_STEPS = (0, 1, 2, 4, 8, 16)
+
+
+def coarse_slots(free: int) -> int:
+    return max(s for s in SLOT_STEPS if s <= max(0, free))
+
+
+def peer_free_slots(record: AgentRecord, saturation_queue_depth: int) -> int:
+    """Room as the coordinator sees it: queue depth below saturation, 0 when unknown."""
+    report = record.last_report
+    if report is None:
+        return 0
+    return coarse_slots(saturation_queue_depth - report.waiting_sequences)
+
+
+def can_take_peer_work(record: AgentRecord) -> bool:
+    return (
+        record.status is AgentStatus.CONNECTED
+        and record.liveness is Liveness.LIVE
+        and not record.draining
+        and not record.unhealthy_reason
+        and bool(record.hello.http_url)
+        and not (record.last_report is not None and record.last_report.draining)
+    )
+
+
+def peer_target(record: AgentRecord, free_slots: int) -> OverflowTarget:
+    url = record.hello.http_url.rstrip("/")
+    return OverflowTarget(
+        name=record.agent_id,
+        kind=OverflowKind.PEER,
+        url=url if url.endswith("/v1") else url + "/v1",
+        models=tuple(sorted({m.name for m in record.hello.models})),
+        api=OverflowApi.EDGEFLEET,
+        site=record.hello.site,
+        free_slots=free_slots,
+        supports_continuation=True,
+    )
+
+
+def peers_by_site(
+    agents: list[AgentRecord], saturation_queue_depth: int
+) -> dict[str, list[OverflowTarget]]:
+    """Agents that can take peer work, by site, most room first."""
+    sites: dict[str, list[OverflowTarget]] = {}
+    for record in agents:
+        if not can_take_peer_work(record):
+            continue
+        free = peer_free_slots(record, saturation_queue_depth)
+        if free:
+            sites.setdefault(record.hello.site, []).append(peer_target(record, free))
+    for peers in sites.values():
+        peers.sort(key=lambda t: (-t.free_slots, t.name))
+    return sites
+
+
+class OverflowDistributor:
+    """Pushes each connected agent its targets when they change.
+
+    An agent whose list is empty and was never pushed one by this distributor is left
+    alone (a section set another way stays)."""
+
+    def __init__(
+        self,
+        targets: OverflowTargetsFile,
+        agents: Callable[[], list[AgentRecord]],
+        set_section: Callable[[str, OverflowTargetsSection], object],
+        *,
+        saturation_queue_depth: int,
+    ) -> None:
+        self.targets = targets
+        self._cloud = targets.cloud_targets()
+        self._agents = agents
+        self._set_section = set_section
+        self._saturation = saturation_queue_depth
+        self._owned: set[str] = set()
+        self.pushed = 0
+
+    def tick(self) -> int:
+        """Send the changed sections; returns how many were sent."""
+        agents = self._agents()
+        sites = peers_by_site(agents, self._saturation) if self.targets.peers else {}
+        sent = 0
+        for agent in agents:
+            if agent.status is not AgentStatus.CONNECTED:
+                continue
+            peers = tuple(t for t in sites.get(agent.hello.site, ()) if t.name != agent.agent_id)
+            wanted = peers + self._cloud
+            if not wanted and agent.agent_id not in self._owned:
+                continue
+            current = agent.desired.overflow_targets
+            if current is not None and current.targets == wanted:
+                continue
+            try:
+                self._set_section(agent.agent_id, OverflowTargetsSection(0, wanted))
+            except UnknownAgentError:  # removed meanwhile
+                continue
+            self._owned.add(agent.agent_id)
+            sent += 1
+        self.pushed += sent
+        return sent
+
+
+class FleetOverflowPolicy:
+    """The route answer's overflow: the first pool or provider that serves the model."""
+
+    def __init__(self, targets: OverflowTargetsFile) -> None:
+        self._targets = targets.cloud_targets()
+
+    def target_for(self, model: str) -> OverflowTarget | None:
+        return next((t for t in self._targets if not t.models or model in t.models), None)
+
+
+def targets_file_for(config: CoordinatorConfig) -> OverflowTargetsFile:
+    """The configured pools and providers (none without ``overflow_targets_file``)."""
+    if not config.overflow_targets_file:
+        return OverflowTargetsFile()
+    try:
+        return load_targets_file(Path(config.overflow_targets_file).expanduser())
+    except OverflowConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def overflow_policy_for(config: CoordinatorConfig) -> OverflowPolicy:
+    if config.overflow_targets_file:
+        return FleetOverflowPolicy(targets_file_for(config))
+    return StaticOverflowPolicy(config.overflow_name, config.overflow_url)
+
+
+OVERFLOW_DISTRIBUTOR_KEY = web.AppKey("overflow_distributor", OverflowDistributor)

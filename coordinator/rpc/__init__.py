@@ -1,0 +1,1 @@
+"""The gRPC side: the servicer and proto conversion."""

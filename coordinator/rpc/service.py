@@ -1,0 +1,566 @@
+"""The gRPC side of the coordinator: a thin servicer and the server that hosts it.
+
+The servicer converts wire messages to internal dataclasses (``coordinator.rpc.convert``)
+and calls the FleetRegistry; it holds no fleet state of its own beyond the
+outgoing queue of each live session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import grpc
+
+from coordinator import GRPC_HARDENED
+from coordinator.access.api_keys import KeyDistributor
+from coordinator.catalog.assignments import ModelAssignments
+from coordinator.config import CoordinatorConfig, is_loopback_host
+from coordinator.errors import (
+    AgentRevokedError,
+    CertificateRequestError,
+    EnrollmentError,
+    FleetFullError,
+    PermissionDeniedError,
+    ProtocolError,
+    ServerStartError,
+    SessionTakenError,
+    SiteMismatchError,
+)
+from coordinator.fleet.metrics import CoordinatorMetrics
+from coordinator.fleet.registry import FleetRegistry
+from coordinator.fleet.report_hooks import ReportHooks
+from coordinator.fleet.request_records import RequestRecordStore
+from coordinator.identity.ca import CertificateAuthority, certificate_serial
+from coordinator.identity.enrollment import EnrollmentService
+from coordinator.identity.peer_rate_limit import PeerRateLimiter, peer_ip
+from coordinator.identity.session_auth import (
+    Peer,
+    SessionAuthenticator,
+    peer_address,
+    resolve_url_host,
+)
+from coordinator.routing.service import Router
+from coordinator.rpc import convert as proto_convert
+from edgefleet import contract_pb
+from edgefleet.contract import CommandKind, DesiredState, Hello, OverflowUsage, Section
+from edgefleet.tls import GRPC_CIPHER_SUITES, GRPC_CIPHER_SUITES_ENV
+from edgefleet.v1 import fleet_pb2 as pb
+from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+# HTTP/2 keepalive: notice dead peers on idle connections; let agents ping us.
+_SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Keepalive enforcement: a peer pinging more often than the interval above gets a
+    # strike; after this many its connection is closed (GOAWAY "too_many_pings").
+    ("grpc.http2.max_ping_strikes", 2),
+    # A connection with no RPC for this long is closed (agents keep a Session open).
+    ("grpc.max_connection_idle_ms", 300_000),
+    # A second coordinator on the same port must fail, not share the port.
+    ("grpc.so_reuseport", 0),
+]
+
+
+def server_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: keepalive, stream and message-size caps."""
+    return [
+        *_SERVER_OPTIONS,
+        ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
+        ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
+        ("grpc.max_send_message_length", config.grpc_max_message_bytes),
+    ]
+
+
+@dataclass(eq=False)
+class _LiveSession:
+    agent_id: str
+    session_id: str
+    # Authenticated with enrollment credentials (may renew its certificate).
+    enrolled: bool = False
+    # Messages to push to the agent; None ends the stream.
+    outbox: asyncio.Queue[pb.CoordinatorMessage | None] = field(default_factory=asyncio.Queue)
+    # Set when an operator revoked the agent: the stream ends with PERMISSION_DENIED.
+    revoked: str = ""
+
+
+def _status_for(error: EnrollmentError) -> grpc.StatusCode:
+    """Refused identities: UNAUTHENTICATED, unless the caller is known but not allowed."""
+    if isinstance(error, SessionTakenError):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(error, CertificateRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, PermissionDeniedError | SiteMismatchError):
+        return grpc.StatusCode.PERMISSION_DENIED
+    return grpc.StatusCode.UNAUTHENTICATED
+
+
+def peer_agent_id(context: Any) -> str | None:
+    """Common name of the peer's verified client certificate; None without one."""
+    names = context.auth_context().get("x509_common_name")
+    return names[0].decode() if names else None
+
+
+def session_peer(context: Any) -> Peer:
+    """The peer's certificate identity (common name, serial) and IP address."""
+    auth = context.auth_context()
+    names = auth.get("x509_common_name")
+    serial = ""
+    pems = auth.get("x509_pem_cert")
+    if pems:
+        try:
+            serial = certificate_serial(pems[0])
+        except ValueError:
+            serial = ""
+    return Peer(
+        agent_id=names[0].decode() if names else None,
+        cert_serial=serial,
+        address=peer_address(context.peer() or ""),
+    )
+
+
+class CoordinatorServicer:
+    """Implements edgefleet.v1.Coordinator on top of a FleetRegistry."""
+
+    def __init__(
+        self,
+        registry: FleetRegistry,
+        metrics: CoordinatorMetrics,
+        *,
+        router: Router,
+        enrollment: EnrollmentService,
+        authenticator: SessionAuthenticator,
+        report_interval_ms: int,
+        hello_timeout_s: float,
+        records: RequestRecordStore | None = None,
+        load_limits: proto_convert.LoadLimits = proto_convert.DEFAULT_LOAD_LIMITS,
+        keys: KeyDistributor | None = None,
+        enroll_limiter: PeerRateLimiter | None = None,
+        models: ModelAssignments | None = None,
+        report_hooks: ReportHooks | None = None,
+        model_signing_key: bytes = b"",
+    ) -> None:
+        """``keys``: gives each agent its API keys section when it connects and takes the
+        per-key usage of its load reports (no keys are pushed without it). ``models``:
+        sets each agent's models section when it connects. ``report_hooks``: called with
+        every accepted load report. ``model_signing_key``: the public key sent in
+        EnrollResponse and Welcome."""
+        self._records = records
+        self._registry = registry
+        self._metrics = metrics
+        self._router = router
+        self._enrollment = enrollment
+        self._authenticator = authenticator
+        self._report_interval_ms = report_interval_ms
+        self._hello_timeout_s = hello_timeout_s
+        self._load_limits = load_limits
+        self._enroll_limiter = enroll_limiter
+        self._live: dict[str, _LiveSession] = {}
+        self._keys = keys
+        self._models = models
+        self._report_hooks = report_hooks
+        self._model_signing_key = model_signing_key
+
+    # ------------------------------------------------------------------ RPCs
+
+    async def Enroll(self, request: pb.EnrollRequest, context: Any) -> pb.EnrollResponse:
+        if self._enroll_limiter is not None:
+            wait_s = self._enroll_limiter.try_acquire(context.peer())
+            if wait_s > 0:
+                self._metrics.enrollments.labels(result="rate_limited").inc()
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many enrollment attempts from {peer_ip(context.peer())} (at most "
+                    f"{self._enroll_limiter.rate_per_s * 60:g} a minute, bursts of "
+                    f"{self._enroll_limiter.burst}); retry in {math.ceil(wait_s)} s",
+                )
+        try:
+            enrolled = self._enrollment.enroll(
+                request.join_token, request.requested_name, request.site, request.csr_pem
+            )
+        except EnrollmentError as exc:
+            self._metrics.enrollments.labels(result=exc.reason).inc()
+            logger.warning(
+                "refused enrollment with join token %s from %s: %s",
+                self._enrollment.token_id_of(request.join_token),
+                context.peer(),
+                exc,
+            )
+            await context.abort(_status_for(exc), str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        self._metrics.enrollments.labels(result="ok").inc()
+        response = pb.EnrollResponse(
+            agent_id=enrolled.agent_id,
+            credentials=enrolled.credentials,
+            ca_cert_pem=enrolled.ca_cert_pem,
+            client_cert_pem=enrolled.client_cert_pem,
+            client_key_pem=enrolled.client_key_pem,
+            site=enrolled.site,
+            http_url=enrolled.http_url,
+            cert_not_after_unix=int(enrolled.not_after.timestamp()) if enrolled.not_after else 0,
+            model_signing_key=self._model_signing_key,
+        )
+        if enrolled.location is not None:
+            response.location.lat = enrolled.location.lat
+            response.location.lon = enrolled.location.lon
+        return response
+
+    async def Route(self, request: pb.RouteRequest, context: Any) -> pb.RouteResponse:
+        try:
+            query = proto_convert.route_query_from_pb(request)
+        except ProtocolError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        decision = self._router.route(query, client_ip=request.client_ip)
+        return proto_convert.route_response_to_pb(decision)
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
+    ) -> AsyncIterator[pb.CoordinatorMessage]:
+        hello = await self._receive_hello(request_iterator, context)
+        peer = session_peer(context)
+        if self._authenticator.check_url_host and hello.http_url:
+            peer = replace(peer, url_addresses=await resolve_url_host(hello.http_url))
+        try:
+            hello, enrolled = self._authenticator.authenticate(hello, peer)
+            session_id = self._registry.open_session(hello, enrolled=enrolled)
+        except EnrollmentError as exc:
+            self._metrics.sessions_rejected.labels(reason=exc.reason).inc()
+            logger.warning(
+                "refused session for agent %s from %s: %s", hello.agent_id, context.peer(), exc
+            )
+            await context.abort(_status_for(exc), str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        except FleetFullError as exc:
+            self._metrics.sessions_rejected.labels(reason="fleet_full").inc()
+            logger.warning("refused session for agent %s: %s", hello.agent_id, exc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        self._metrics.sessions.inc()
+        live = _LiveSession(agent_id=hello.agent_id, session_id=session_id, enrolled=enrolled)
+        replaced = self._live.pop(hello.agent_id, None)
+        if replaced is not None:
+            replaced.outbox.put_nowait(None)
+        self._live[hello.agent_id] = live
+        if self._keys is not None:
+            self._keys.on_connect(hello.agent_id)  # sent with the full desired state below
+        if self._models is not None:
+            self._models.on_connect(hello.agent_id)  # likewise
+        logger.info(
+            "agent %s connected (session %s, site %r, %d models, peer %s)",
+            hello.agent_id,
+            session_id,
+            hello.site,
+            len(hello.models),
+            context.peer(),
+        )
+
+        reader = asyncio.create_task(
+            self._consume(request_iterator, live), name=f"session-reader-{session_id}"
+        )
+        reader.add_done_callback(lambda _: live.outbox.put_nowait(None))
+        try:
+            yield proto_convert.welcome_to_pb(
+                session_id, self._report_interval_ms, self._model_signing_key
+            )
+            yield proto_convert.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
+            if self._registry.get(hello.agent_id).draining:
+                yield proto_convert.command_to_pb(CommandKind.DRAIN, "drained by an operator")
+            while (message := await live.outbox.get()) is not None:
+                yield message
+            if live.revoked:
+                self._metrics.sessions_rejected.labels(reason="revoked").inc()
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, live.revoked)
+            if reader.done() and not reader.cancelled():
+                failure = reader.exception()
+                if isinstance(failure, ProtocolError):
+                    self._metrics.sessions_rejected.labels(reason="protocol").inc()
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure))
+                elif failure is not None:
+                    raise failure
+        finally:
+            reader.cancel()
+            await asyncio.wait([reader])
+            if not reader.cancelled():
+                reader.exception()  # retrieved (handled above, or moot when cancelled)
+            if self._live.get(hello.agent_id) is live:
+                del self._live[hello.agent_id]
+                if self._keys is not None:
+                    self._keys.on_disconnect(hello.agent_id)
+            if self._registry.close_session(hello.agent_id, session_id):
+                logger.info("agent %s disconnected (session %s)", hello.agent_id, session_id)
+
+    # ------------------------------------------------------------- lifecycle
+
+    def push(self, agent_id: str, message: pb.CoordinatorMessage) -> bool:
+        """Queue a message for an agent's live session; False when it has none."""
+        live = self._live.get(agent_id)
+        if live is None:
+            return False
+        live.outbox.put_nowait(message)
+        return True
+
+    def send_command(self, agent_id: str, kind: CommandKind | str, reason: str) -> bool:
+        """Push a Command ("drain", "resume", "reload"); False when the agent has no session."""
+        return self.push(agent_id, proto_convert.command_to_pb(CommandKind(kind), reason))
+
+    def set_section(self, agent_id: str, section: Section) -> DesiredState:
+        """Set one section of an agent's desired state and push it on its live session.
+
+        The registry bumps the section's generation; the agent gets the whole section
+        now when it is connected, else with the full desired state when it next
+        connects. Returns the agent's new desired state; raises UnknownAgentError.
+        """
+        desired = self._registry.set_section(agent_id, section)
+        name = type(section)
+        pushed = next(s for s in desired.sections() if type(s) is name)
+        update = DesiredState(version=desired.version).with_section(pushed)
+        self.push(agent_id, proto_convert.desired_state_to_pb(update))
+        return desired
+
+    def end_session(self, agent_id: str, *, revoked: str = "") -> bool:
+        """End an agent's live session now (with PERMISSION_DENIED and ``revoked`` as the
+        message when given); False when it has none."""
+        live = self._live.get(agent_id)
+        if live is None:
+            return False
+        live.revoked = revoked
+        live.outbox.put_nowait(None)
+        return True
+
+    def connected_agent_ids(self) -> list[str]:
+        """The agents with a live session on this coordinator."""
+        return list(self._live)
+
+    def set_keys_section(self, agent_id: str, section: Section) -> None:
+        """Set and push an agent's keys section (KeyDistributor's push)."""
+        self.set_section(agent_id, section)
+
+    def end_all_sessions(self) -> None:
+        """Finish every live session cleanly (agents reconnect on their own)."""
+        for live in list(self._live.values()):
+            live.outbox.put_nowait(None)
+
+    # --------------------------------------------------------------- helpers
+
+    async def _receive_hello(
+        self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
+    ) -> Hello:
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), self._hello_timeout_s)
+        except StopAsyncIteration:
+            self._metrics.sessions_rejected.labels(reason="no_hello").inc()
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "session closed before the agent sent Hello"
+            )
+        except TimeoutError:
+            self._metrics.sessions_rejected.labels(reason="hello_timeout").inc()
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no Hello within {self._hello_timeout_s:g} s of opening the session",
+            )
+        kind = first.WhichOneof("body")
+        if kind != "hello":
+            self._metrics.sessions_rejected.labels(reason="no_hello").inc()
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first message of a Session must be Hello, got {kind or 'an empty message'}",
+            )
+        try:
+            return proto_convert.hello_from_pb(first.hello)
+        except proto_convert.UnsupportedContractError as exc:
+            self._metrics.sessions_rejected.labels(reason="contract_version").inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        except ProtocolError as exc:
+            self._metrics.sessions_rejected.labels(reason="invalid_hello").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+
+    def _record_overflow(self, usage: tuple[OverflowUsage, ...]) -> None:
+        """An agent's overflow use since its last report, into the fleet's metrics."""
+        self._metrics.record_overflow(usage)
+
+    async def _consume(
+        self, request_iterator: AsyncIterator[pb.AgentMessage], live: _LiveSession
+    ) -> None:
+        """Read the agent's messages until it half-closes the stream."""
+        async for message in request_iterator:
+            kind = message.WhichOneof("body")
+            if kind == "load_report":
+                report = proto_convert.load_report_from_pb(message.load_report, self._load_limits)
+                self._registry.record_report(live.agent_id, live.session_id, report)
+                self._metrics.load_reports.inc()
+                if report.key_usage and self._keys is not None:
+                    self._keys.record_usage(live.agent_id, report.key_usage)
+                if self._report_hooks is not None:
+                    self._report_hooks(live.agent_id, report)
+                if report.overflow_usage:
+                    self._record_overflow(report.overflow_usage)
+            elif kind == "bye":
+                logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
+                self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)
+            elif kind == "request_records":
+                self._store_records(live, message.request_records)
+            elif kind == "renew_certificate":
+                self._renew(live, message.renew_certificate.csr_pem)
+            elif kind == "hello":
+                raise ProtocolError("Hello may only be sent once, as the first message")
+            else:
+                raise ProtocolError("empty AgentMessage (no body set)")
+
+    def _store_records(self, live: _LiveSession, message: pb.RequestRecords) -> None:
+        """Store a batch of request records and acknowledge it (fleet.request_records)."""
+        if self._records is None:
+            return
+        batch = contract_pb.request_records_from_pb(message)
+        result = self._records.accept(live.agent_id, batch)  # ProtocolError ends the session
+        counter = self._metrics.request_records
+        for outcome, count in (
+            ("stored", result.stored),
+            ("invalid", result.invalid),
+            ("lost_at_agent", result.lost_at_agent),
+            ("pruned", result.pruned),
+        ):
+            if count:
+                counter.labels(outcome=outcome).inc(count)
+        if result.ack is not None:
+            ack = contract_pb.records_ack_to_pb(result.ack)
+            live.outbox.put_nowait(pb.CoordinatorMessage(records_ack=ack))
+
+    def _renew(self, live: _LiveSession, csr_pem: str) -> None:
+        """Answer RenewCertificate with CertificateIssued (enrolled sessions only)."""
+        if not live.enrolled:
+            raise ProtocolError("RenewCertificate from an agent that is not enrolled")
+        try:
+            issued = self._enrollment.renew(live.agent_id, csr_pem)
+        except AgentRevokedError as exc:
+            self.end_session(live.agent_id, revoked=str(exc))
+            return
+        except EnrollmentError as exc:
+            logger.warning("refused certificate renewal of agent %s: %s", live.agent_id, exc)
+            self._metrics.enrollments.labels(result=f"renew_{exc.reason}").inc()
+            return
+        self._metrics.enrollments.labels(result="renewed").inc()
+        live.outbox.put_nowait(
+            pb.CoordinatorMessage(
+                certificate_issued=pb.CertificateIssued(
+                    client_cert_pem=issued.cert_pem,
+                    ca_cert_pem=self._enrollment.ca_cert_pem,
+                    not_after_unix=int(issued.not_after.timestamp()),
+                )
+            )
+        )
+
+
+class GrpcServer:
+    """Owns the grpc.aio server; ``port`` (and ``enroll_port`` with TLS) once started.
+
+    Without TLS one plaintext port serves every RPC. With TLS, ``port`` requires a
+    client certificate signed by the coordinator's CA (mutual TLS, for Session) and
+    ``enroll_port`` is server-authenticated TLS only (for Enroll and Route).
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        servicer: CoordinatorServicer,
+        ca: CertificateAuthority | None = None,
+    ) -> None:
+        self._config = config
+        self.servicer = servicer
+        self._ca = ca
+        self._server: Any = None
+        self.port: int | None = None
+        self.enroll_port: int | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self._config.tls_enabled
+
+    @property
+    def address(self) -> str:
+        return f"{self._config.grpc_host}:{self.port}"
+
+    @property
+    def enroll_address(self) -> str:
+        return f"{self._config.grpc_host}:{self.enroll_port or self.port}"
+
+    async def start(self) -> None:
+        server = grpc.aio.server(
+            options=server_options(self._config),
+            maximum_concurrent_rpcs=self._config.grpc_max_concurrent_rpcs,
+        )
+        pb_grpc.add_CoordinatorServicer_to_server(self.servicer, server)
+        host = self._config.grpc_host
+        if self.tls:
+            if self._ca is None:
+                raise ServerStartError("TLS is on but the coordinator has no CA")
+            names = [host, "localhost", "127.0.0.1", "::1", socket.gethostname()]
+            names += [n.strip() for n in self._config.tls_server_names.split(",") if n.strip()]
+            issued = self._ca.issue_server(names)
+            if os.environ.get(GRPC_CIPHER_SUITES_ENV) != GRPC_CIPHER_SUITES or not GRPC_HARDENED:
+                logger.warning(
+                    "gRPC's TLS suites are not the fleet's (%s is %r%s)",
+                    GRPC_CIPHER_SUITES_ENV,
+                    os.environ.get(GRPC_CIPHER_SUITES_ENV),
+                    "" if GRPC_HARDENED else ", set after grpc was imported: no effect",
+                )
+            pair = [(issued.key_pem.encode(), issued.cert_pem.encode())]
+            mutual = grpc.ssl_server_credentials(
+                pair, root_certificates=self._ca.cert_pem.encode(), require_client_auth=True
+            )
+            server_only = grpc.ssl_server_credentials(pair)
+            self.port = self._bind(server, host, self._config.grpc_port, mutual)
+            self.enroll_port = self._bind(server, host, self._config.enroll_port, server_only)
+        else:
+            if not is_loopback_host(host):
+                logger.warning(
+                    "gRPC on %s without TLS: agent credentials travel in plaintext "
+                    '(set tls = "on" outside development)',
+                    host,
+                )
+            self.port = self._bind(server, host, self._config.grpc_port, None)
+        await server.start()
+        self._server = server
+        if self.tls:
+            logger.info(
+                "gRPC listening on %s (mutual TLS) and %s (TLS, enrollment)",
+                self.address,
+                self.enroll_address,
+            )
+        else:
+            logger.info("gRPC listening on %s (plaintext)", self.address)
+
+    @staticmethod
+    def _bind(server: Any, host: str, port: int, credentials: Any) -> int:
+        bind = f"{host}:{port}"
+        try:
+            if credentials is None:
+                bound = server.add_insecure_port(bind)
+            else:
+                bound = server.add_secure_port(bind, credentials)
+        except RuntimeError as exc:
+            raise ServerStartError(f"cannot listen for gRPC on {bind}: {exc}") from exc
+        if bound == 0:
+            raise ServerStartError(f"cannot listen for gRPC on {bind}")
+        return int(bound)
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self.servicer.end_all_sessions()
+        await self._server.stop(self._config.shutdown_grace_s)
+        self._server = None
+        logger.info("gRPC server stopped")

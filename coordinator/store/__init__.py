@@ -1,0 +1,1 @@
+"""Every SQL statement of the coordinator: the interface, SQLite, migrations."""

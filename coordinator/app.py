@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -12,7 +14,6 @@ from aiohttp import web
 from coordinator.access.admin_tokens import AdminTokens
 from coordinator.access.api_keys import ApiKeys, KeyDistributor
 from coordinator.access.audit import AuditLog
-from coordinator.api.admin import ADMIN_PREFIX, authorize, create_admin_app, route_roles
 from coordinator.api.app_keys import (
     ADMIN_TOKENS_KEY,
     API_KEYS_KEY,
@@ -25,6 +26,7 @@ from coordinator.api.app_keys import (
     METRICS_KEY,
     MODEL_ASSIGNMENTS_KEY,
     MODEL_CATALOG_KEY,
+    OPENAPI_KEY,
     RECORDS_KEY,
     REGISTRY_KEY,
     REPORT_HOOKS_KEY,
@@ -33,17 +35,11 @@ from coordinator.api.app_keys import (
     STORE_KEY,
     TOKENS_KEY,
 )
-from coordinator.api.dashboard import (
-    DASHBOARD_ROUTES,
-    EVENTS_KEY,
-    SESSIONS_KEY,
-    DashboardSessions,
-    FleetEvents,
-    end_event_streams,
-    events_flusher,
-)
-from coordinator.api.fleet import ROUTES, count_requests, openai_errors
-from coordinator.api.models import BLOB_ROUTE, get_blob
+from coordinator.api.authz import authorize
+from coordinator.api.common import count_requests, openai_errors
+from coordinator.api.dashboard import SESSIONS_KEY, DashboardSessions
+from coordinator.api.events import EVENTS_KEY, FleetEvents, end_event_streams, events_flusher
+from coordinator.api.routes import add_routes, api_document, route_roles
 from coordinator.background import periodic_task
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selector
 from coordinator.catalog.catalog import ModelCatalog
@@ -75,6 +71,12 @@ from coordinator.store.interface import FleetStore
 from coordinator.store.sqlite import SQLiteFleetStore
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def _openapi_json() -> bytes:
+    """The route table's OpenAPI document, serialized once per process."""
+    return json.dumps(api_document()).encode()
 
 
 def create_app(
@@ -176,6 +178,7 @@ def create_app(
     app[AUDIT_KEY] = AuditLog(admin_db)
     app[RECORDS_KEY] = records
     app[ROUTE_ROLES_KEY] = route_roles()
+    app[OPENAPI_KEY] = _openapi_json()
     app[API_KEYS_KEY] = api_keys
     app[KEY_DISTRIBUTOR_KEY] = distributor
     app[OVERFLOW_DISTRIBUTOR_KEY] = overflow
@@ -185,12 +188,9 @@ def create_app(
     app[MODEL_ASSIGNMENTS_KEY] = assignments
     app[REPORT_HOOKS_KEY] = report_hooks
     app[BLOB_BASE_URL_KEY] = blob_base_url
-    app.add_routes(ROUTES)
-    app.router.add_get(BLOB_ROUTE, get_blob)
     app[EVENTS_KEY] = events
     app[SESSIONS_KEY] = DashboardSessions(admin_tokens.check, ttl_s=config.dashboard_session_ttl_s)
-    app.add_routes(DASHBOARD_ROUTES)
-    app.add_subapp(ADMIN_PREFIX, create_admin_app())
+    add_routes(app)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_admin_db_closer(admin_db))
     # Between the store and the gRPC server: the last save runs once sessions ended.

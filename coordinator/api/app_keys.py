@@ -32,6 +32,8 @@ ADMIN_TOKENS_KEY = web.AppKey("admin_tokens", AdminTokens)
 AUDIT_KEY = web.AppKey("audit", AuditLog)
 RECORDS_KEY = web.AppKey("request_records", RequestRecordStore)
 ROUTE_ROLES_KEY: web.AppKey[dict[tuple[str, str], Role | None]] = web.AppKey("route_roles")
+# GET /openapi.json's body: the document built from the route table, as JSON bytes.
+OPENAPI_KEY: web.AppKey[bytes] = web.AppKey("openapi_json")
 LIFECYCLE_KEY = web.AppKey("lifecycle", AgentLifecycle)
 API_KEYS_KEY = web.AppKey("api_keys", ApiKeys)
 KEY_DISTRIBUTOR_KEY = web.AppKey("key_distributor", KeyDistributor)

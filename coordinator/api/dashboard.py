@@ -7,7 +7,7 @@ SameSite=Strict`` cookie (``Secure`` over HTTPS). The session is kept server-sid
 (in memory: a coordinator restart signs everyone out) with an expiry; the token never
 reaches the page's script, localStorage or a URL. Each request with the cookie re-checks
 the token, so revoking the admin token ends its sessions at once. The ``authorize``
-middleware (coordinator.api.admin) takes the session as it takes a bearer token, and for
+middleware (coordinator.api.authz) takes the session as it takes a bearer token, and for
 every state-changing request made with the cookie also requires an ``Origin`` header equal
 to the coordinator's own origin (SameSite=Strict plus an Origin check: CSRF-safe).
 
@@ -23,36 +23,26 @@ coordinator received the report (the dashboard measures paint latency against it
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from coordinator.access.admin_tokens import Caller, Role
-from coordinator.api.fleet import InvalidParameter, agent_json, error_response
-from coordinator.fleet.records import AgentRecord
-from coordinator.fleet.series import FleetSeries
+from coordinator.api.app_keys import AUDIT_KEY
+from coordinator.api.common import InvalidParameter, error_response, json_body
+from coordinator.api.events import EVENTS_KEY
 from coordinator.identity.peer_rate_limit import PeerRateLimiter
-from edgefleet.contract import LoadReport
 
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).with_name("static")
 COOKIE = "edgefleet_session"
 SESSION_PATH = "/v1/dashboard/session"
-# Rows of changed agents are pushed this often (a live update within ~100 ms).
-FLUSH_S = 0.025
-HEARTBEAT_S = 15.0
-# A subscriber that falls this many messages behind is dropped (it reconnects and resyncs).
-SUBSCRIBER_QUEUE = 256
 MAX_SESSIONS = 10_000
 
 CSP = (
@@ -156,129 +146,6 @@ def session_caller(request: web.Request) -> Caller | None:
 # ------------------------------------------------------------------ live events
 
 
-class FleetEvents:
-    """Fan-out of fleet changes to the dashboard's SSE subscribers (module doc)."""
-
-    def __init__(
-        self,
-        series: FleetSeries,
-        agent_view: Callable[[str], AgentRecord | None],
-        report_interval_ms: int,
-    ) -> None:
-        self.series = series
-        self._agent_view = agent_view
-        self._interval_ms = report_interval_ms
-        self._dirty: dict[str, float] = {}  # agent id -> receive time (unix ms)
-        self._subscribers: set[asyncio.Queue[bytes | None]] = set()
-        series.subscribe(self._on_point)
-
-    def on_report(self, agent_id: str, report: LoadReport) -> None:
-        """Called for every accepted load report (on the event loop)."""
-        self.series.record(report, agent_id)
-        if self._subscribers:
-            self._dirty.setdefault(agent_id, time.time() * 1000.0)
-
-    def on_change(self, agent_id: str) -> None:
-        """An agent's state changed without a report (liveness, drain, bye)."""
-        if self._subscribers:
-            self._dirty.setdefault(agent_id, time.time() * 1000.0)
-
-    def subscribe(self) -> asyncio.Queue[bytes | None]:
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(SUBSCRIBER_QUEUE)
-        self._subscribers.add(queue)
-        return queue
-
-    def unsubscribe(self, queue: asyncio.Queue[bytes | None]) -> None:
-        self._subscribers.discard(queue)
-
-    @property
-    def subscriber_count(self) -> int:
-        return len(self._subscribers)
-
-    def _broadcast(self, event: str, data: Any) -> None:
-        message = f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-        for queue in list(self._subscribers):
-            try:
-                queue.put_nowait(message)
-            except asyncio.QueueFull:  # too slow: ends its stream, the page reconnects
-                self._subscribers.discard(queue)
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.get_nowait()
-                    queue.put_nowait(None)
-
-    def _on_point(self, point: dict[str, Any]) -> None:
-        self._broadcast("point", point)
-
-    def flush(self) -> int:
-        """Send the rows of the agents that changed since the last flush; returns how many."""
-        self.series.roll()
-        if not self._dirty:
-            return 0
-        dirty, self._dirty = self._dirty, {}
-        if not self._subscribers:
-            return 0
-        now = datetime.now(UTC)
-        rows = []
-        for agent_id, received_ms in dirty.items():
-            record = self._agent_view(agent_id)
-            if record is None:
-                rows.append({"agent_id": agent_id, "removed": True, "received_ms": received_ms})
-                continue
-            rows.append(agent_json(record, now, self._interval_ms) | {"received_ms": received_ms})
-        self._broadcast("agents", {"sent_ms": time.time() * 1000.0, "agents": rows})
-        return len(rows)
-
-    def close_streams(self) -> None:
-        """End every subscriber's stream (the coordinator is stopping)."""
-        for queue in list(self._subscribers):
-            self._subscribers.discard(queue)
-            if queue.full():  # the end marker goes in even behind a slow reader
-                queue.get_nowait()
-            queue.put_nowait(None)
-
-    def heartbeat(self) -> None:
-        for queue in list(self._subscribers):
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait(b": keep-alive\n\n")
-
-
-EVENTS_KEY = web.AppKey("fleet_events", FleetEvents)
-
-
-async def events_flusher(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: flush changed agents every FLUSH_S, heartbeat every HEARTBEAT_S."""
-    events = app[EVENTS_KEY]
-
-    async def loop() -> None:
-        last_beat = time.monotonic()
-        while True:
-            await asyncio.sleep(FLUSH_S)
-            try:
-                events.flush()
-                if time.monotonic() - last_beat >= HEARTBEAT_S:
-                    last_beat = time.monotonic()
-                    events.heartbeat()
-            except Exception:  # keep flushing; log once per failure burst
-                logger.exception("dashboard event flush failed")
-                await asyncio.sleep(1.0)
-
-    task = asyncio.create_task(loop(), name="dashboard events")
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        events.close_streams()
-
-
-async def end_event_streams(app: web.Application) -> None:
-    """on_shutdown: end the open event streams, so that the server's wait for its
-    handlers (before cleanup) is not held by dashboards that never hang up: a
-    coordinator with a dashboard open stops at once on SIGTERM."""
-    app[EVENTS_KEY].close_streams()
-
-
 # ------------------------------------------------------------------ handlers
 
 
@@ -315,15 +182,12 @@ async def sign_in(request: web.Request) -> web.Response:
             429, "Too many sign-in attempts; try again later.", type_="rate_limit_error",
             code="rate_limited", headers={"Retry-After": str(max(1, round(wait)))},
         )  # fmt: skip
-    from coordinator.api.admin import json_body  # circular at import time
 
     body = await json_body(request)
     token = body.get("token")
     if not isinstance(token, str) or not token or len(token) > 1024:
         raise InvalidParameter("token", "token must be an admin token (a non-empty string)")
     opened = sessions.open(token.strip())
-    from coordinator.api.app_keys import AUDIT_KEY
-
     audit = request.config_dict[AUDIT_KEY]
     if opened is None:
         audit.append_refusal(

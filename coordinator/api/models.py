@@ -15,7 +15,7 @@ lets it open a Session without one (``require_enrollment`` resolves to off: loop
 development setups), and only while that session is live. Being on loopback grants
 nothing by itself. Site peers serve the same path from their own stores.
 
-Admin routes (``ADMIN_ROUTES`` in ``coordinator.api.admin`` lists them with their role):
+Admin routes (``ADMIN_ROUTES`` in ``coordinator.api.routes`` lists them with their role):
 list, show, publish (manifest + blobs uploaded first, only those the coordinator lacks),
 deprecate, delete (refused while in use), deploy (a rule: every agent the selector
 matches runs name@version).
@@ -40,7 +40,7 @@ from coordinator.api.app_keys import (
     REGISTRY_KEY,
     STORE_KEY,
 )
-from coordinator.api.fleet import InvalidParameter, error_response
+from coordinator.api.common import InvalidParameter, error_response, json_body
 from coordinator.catalog.assignments import BLOB_PATH, Selector
 from coordinator.errors import ModelCatalogError, UnknownAgentError
 from coordinator.fleet.records import AgentStatus, valid_agent_id
@@ -166,7 +166,6 @@ async def show_model(request: web.Request) -> web.Response:
 
 async def missing_blobs(request: web.Request) -> web.Response:
     """Body {"sha256": [...]}: which of those the blob store lacks (upload only those)."""
-    from coordinator.api.admin import json_body
 
     body = await json_body(request)
     wanted = body.get("sha256")
@@ -231,7 +230,6 @@ def _optional_name(body: dict[str, Any], key: str) -> str | None:
 async def publish_model(request: web.Request) -> web.Response:
     """Body {"manifest_b64": ..., "name"?: ..., "version"?: ...}: every file the manifest
     lists must be in the blob store already."""
-    from coordinator.api.admin import json_body
 
     body = await json_body(request)
     encoded = body.get("manifest_b64")
@@ -257,7 +255,6 @@ async def publish_model(request: web.Request) -> web.Response:
 
 async def deprecate_model(request: web.Request) -> web.Response:
     """Body {"deprecated": true|false} (default true)."""
-    from coordinator.api.admin import json_body
 
     name, version = _ref(request)
     body = await json_body(request)
@@ -286,7 +283,6 @@ async def delete_model(request: web.Request) -> web.Response:
 async def deploy_model(request: web.Request) -> web.Response:
     """Body {"sites"?: [...], "labels"?: [...], "agent_ids"?: [...]}: every agent the
     selector matches (empty: the whole fleet) runs name@version, later joiners too."""
-    from coordinator.api.admin import json_body
 
     name, version = _ref(request)
     body = await json_body(request)

@@ -1,18 +1,22 @@
 """The coordinator's OpenAPI 3.1 document: every HTTP route, the admin API included.
 
-Served at ``GET /openapi.json``. Each route names the role it needs (``x-role``;
-``coordinator.api.admin.route_roles`` is the authority, a test checks they agree) and,
+Served at ``GET /openapi.json`` (``openapi`` below; the app's wiring builds the document
+once from the route table, ``coordinator.api.routes.api_document``). Each route names the
+role it needs (``x-role``, from the route table's roles: a test checks they agree) and,
 when guarded, the bearer security scheme. A test enumerates the router and fails for a
 route missing here.
 """
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Mapping
 from typing import Any
 
+from aiohttp import web
+
+from coordinator.access.admin_tokens import Role
 from coordinator.access.api_keys import MAX_TOKENS_PER_REQUEST
-from coordinator.api.admin import ADMIN_PREFIX, ADMIN_ROUTES, route_roles
+from coordinator.api.app_keys import OPENAPI_KEY
 
 _NULLABLE_STR = {"type": ["string", "null"]}
 _NULLABLE_NUM = {"type": ["number", "null"]}
@@ -492,7 +496,7 @@ _SCHEMAS |= {
 for _name in ("Agent", "JoinToken", "AdminToken", "AuditEntry", "RequestRecord", "ApiKey",
               "ModelVersion", "RolloutSummary"):  # fmt: skip
     _SCHEMAS[f"{_name}List"] = _list_of(_name)
-# /v1/agents is paginated (coordinator.api.fleet.list_agents)
+# /v1/agents is paginated (coordinator.api.agents.list_agents)
 _SCHEMAS["AgentList"]["required"] += ["first_id", "last_id", "has_more"]
 _SCHEMAS["AgentList"]["properties"] |= {
     "first_id": _NULLABLE_STR,
@@ -748,7 +752,7 @@ _SUMMARIES = {
     ("GET", "/openapi.json"): "This document (public)",
     ("GET", "/v1/blobs/sha256/{sha256}"): "A model file by sha256 (Range, strong ETag); "
     "viewer token or an agent's own credential",
-} | {(r.method, ADMIN_PREFIX + r.path): r.summary for r in ADMIN_ROUTES}
+}
 
 
 # Answers beyond the common ones (400, 404, 405, 401/403, 413), by route: rollouts in
@@ -773,9 +777,12 @@ def documented_routes() -> set[tuple[str, str]]:
     return set(_OPERATIONS)
 
 
-@cache
-def openapi_document() -> dict[str, Any]:
-    roles = route_roles()
+def openapi_document(
+    roles: Mapping[tuple[str, str], Role | None], summaries: Mapping[tuple[str, str], str]
+) -> dict[str, Any]:
+    """The document for a route table: the role of each route (None: public) and the
+    admin routes' summaries (the public routes' are above)."""
+    summaries = {**_SUMMARIES, **summaries}
     paths: dict[str, Any] = {}
     for (method, path), (params, body, status, response) in _OPERATIONS.items():
         role = roles.get((method, path))
@@ -787,7 +794,7 @@ def openapi_document() -> dict[str, Any]:
             "405": {"description": "Method not allowed", "content": _json("Error")},
         }
         operation: dict[str, Any] = {
-            "summary": _SUMMARIES.get((method, path), ""),
+            "summary": summaries.get((method, path), ""),
             "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_')}"
             .replace("{", "").replace("}", "").replace("-", "_").replace(".", "_"),
             "parameters": params,
@@ -818,3 +825,8 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: the document the app was built with (serialized once)."""
+    return web.Response(body=request.config_dict[OPENAPI_KEY], content_type="application/json")

@@ -33,7 +33,7 @@ from typing import Any
 from coordinator.access.admin_tokens import AdminTokens, Role
 from coordinator.access.api_keys import PRIORITIES, ApiKeys
 from coordinator.access.audit import AuditLog, to_jsonl
-from coordinator.api.admin import api_key_json, token_json
+from coordinator.api.views import api_key_json, token_json
 from coordinator.cli.https import add_ca_file_argument, ca_file_of, client_context, default_url
 from coordinator.cli.models import (
     ModelsCommandError,

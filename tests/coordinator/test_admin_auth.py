@@ -22,9 +22,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from coordinator.access.admin_tokens import Role
-from coordinator.api.admin import route_roles
 from coordinator.api.app_keys import ADMIN_TOKENS_KEY, TOKENS_KEY
-from coordinator.api.openapi import documented_routes, openapi_document
+from coordinator.api.openapi import documented_routes
+from coordinator.api.routes import api_document, route_roles
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
@@ -132,7 +132,7 @@ async def test_every_route_declares_a_role_and_is_documented(
 ) -> None:
     c = await start(admin_token=ADMIN_TOKEN)
     table = route_roles()
-    document = openapi_document()
+    document = api_document()
     for method, path in c.routes():
         assert (method, path) in table, f"{method} {path} declares no role in route_roles()"
         assert (method, path) in documented_routes(), f"{method} {path} is not in the OpenAPI"

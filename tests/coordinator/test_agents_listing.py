@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
 
-from coordinator.api import fleet as http_api
+from coordinator.api import agents as agents_api
 from coordinator.api.app_keys import REGISTRY_KEY
 from edgefleet.contract import Hello, LoadedModel, Location
 
@@ -46,14 +46,14 @@ async def test_healthz_answers_while_a_page_is_being_serialized(
     _join(coordinator, 20)
     serializing, answered = threading.Event(), threading.Event()
     outcome: dict[str, bool] = {}
-    serialize = http_api._agents_page_json
+    serialize = agents_api._agents_page_json
 
     def held(*args: Any) -> bytes:
         serializing.set()
         outcome["healthz_answered_meanwhile"] = answered.wait(10)
         return serialize(*args)
 
-    monkeypatch.setattr(http_api, "_agents_page_json", held)
+    monkeypatch.setattr(agents_api, "_agents_page_json", held)
     async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as http:
 
         async def first_page() -> list[str]:

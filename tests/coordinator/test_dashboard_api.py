@@ -396,10 +396,10 @@ def test_redactions_by_type_are_the_growth_of_each_agents_totals_per_bucket() ->
     # What GET /v1/admin/fleet/series answers is what the OpenAPI document says.
     import jsonschema_rs
 
-    from coordinator.api.openapi import openapi_document
+    from coordinator.api.routes import api_document
 
     schema = {"$ref": "#/components/schemas/FleetSeries",
-              "components": openapi_document()["components"]}  # fmt: skip
+              "components": api_document()["components"]}  # fmt: skip
     body = {"object": "fleet_series", "step_s": STEP_S, "points": series.points(),
             "current": series.current()}  # fmt: skip
     assert list(jsonschema_rs.validator_for(schema).iter_errors(body)) == []

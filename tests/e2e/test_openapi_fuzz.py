@@ -46,7 +46,7 @@ from schemathesis.checks import (
 from schemathesis.config import SchemathesisConfig
 
 from agent.api.openapi import openapi_document as agent_document
-from coordinator.api.openapi import openapi_document as coordinator_document
+from coordinator.api.routes import api_document as coordinator_document
 from devtools.fleet import AgentProcess, CoordinatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

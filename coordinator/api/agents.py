@@ -1,0 +1,132 @@
+"""Agents over HTTP: the fleet listing and one agent's view, and what an operator does to
+an agent (set, revoke, remove, drain, resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from coordinator.api.app_keys import (
+    CONFIG_KEY,
+    GRPC_SERVER_KEY,
+    LIFECYCLE_KEY,
+    REGISTRY_KEY,
+)
+from coordinator.api.common import (
+    InvalidParameter,
+    json_body,
+    location_from,
+    query_number,
+)
+from coordinator.api.events import EVENTS_KEY
+from coordinator.api.views import agent_json, stored_agent_json
+from coordinator.fleet.records import AgentRecord
+from coordinator.identity.join_tokens import check_http_url
+
+
+async def set_agent(request: web.Request) -> web.Response:
+    """Fix an agent's site, location (lat + lon) and/or URL: PATCH body, fields optional."""
+    agent_id = request.match_info["agent_id"]
+    body = await json_body(request)
+    site, http_url = body.get("site"), body.get("http_url")
+    if site is not None and not isinstance(site, str):
+        raise InvalidParameter("site", "site must be a string")
+    if http_url is not None:
+        if not isinstance(http_url, str):
+            raise InvalidParameter("http_url", "http_url must be a string")
+        if http_url:
+            try:
+                check_http_url(http_url)
+            except ValueError as exc:
+                raise InvalidParameter("http_url", str(exc)) from exc
+    location = location_from(body.get("lat"), body.get("lon"))
+    result = request.config_dict[LIFECYCLE_KEY].set_fixed(
+        agent_id, site=site, location=location, http_url=http_url
+    )
+    view = stored_agent_json(result.stored, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
+
+
+async def revoke_agent(request: web.Request) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    result = request.config_dict[LIFECYCLE_KEY].revoke(agent_id)
+    view = stored_agent_json(result.stored, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
+
+
+async def remove_agent(request: web.Request) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    result = request.config_dict[LIFECYCLE_KEY].remove(agent_id)
+    view = stored_agent_json(None, agent_id)
+    return web.json_response(view | {"session_ended": result.session_ended})
+
+
+async def _set_draining(request: web.Request, draining: bool) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    record = request.config_dict[REGISTRY_KEY].set_draining(agent_id, draining)
+    kind = "drain" if draining else "resume"
+    sent = request.config_dict[GRPC_SERVER_KEY].servicer.send_command(
+        agent_id, kind, f"{kind} requested by an operator"
+    )
+    interval_ms = request.config_dict[CONFIG_KEY].report_interval_ms
+    request.config_dict[EVENTS_KEY].on_change(agent_id)
+    view = agent_json(record, datetime.now(UTC), interval_ms)
+    return web.json_response(view | {"command_sent": sent})
+
+
+async def drain_agent(request: web.Request) -> web.Response:
+    return await _set_draining(request, True)
+
+
+async def resume_agent(request: web.Request) -> web.Response:
+    return await _set_draining(request, False)
+
+
+# /v1/agents pages: this many agents unless ``limit`` says otherwise, and at most this many.
+AGENTS_PAGE_DEFAULT = 500
+
+
+AGENTS_PAGE_MAX = 1000
+
+
+async def list_agents(request: web.Request) -> web.Response:
+    """One page of agents in id order: ``limit`` of them after the id ``after``.
+
+    The page is chosen on the event loop (records are immutable, so the page is a
+    consistent snapshot) and turned into JSON on a worker thread, so that a large page
+    does not hold up other requests (/healthz, /v1/route).
+    """
+    query = request.query
+    limit = int(query_number(query, "limit", low=1, high=AGENTS_PAGE_MAX) or AGENTS_PAGE_DEFAULT)
+    after = query.get("after", "")
+    records = request.app[REGISTRY_KEY].agents()  # sorted by agent id
+    start = bisect.bisect_right([r.agent_id for r in records], after) if after else 0
+    page = records[start : start + limit]
+    has_more = start + limit < len(records)
+    interval_ms = request.app[CONFIG_KEY].report_interval_ms
+    body = await asyncio.to_thread(_agents_page_json, page, has_more, interval_ms)
+    return web.Response(body=body, content_type="application/json")
+
+
+def _agents_page_json(page: list[AgentRecord], has_more: bool, interval_ms: int) -> bytes:
+    now = datetime.now(UTC)
+    listing = {
+        "object": "list",
+        "data": [agent_json(r, now, interval_ms) for r in page],
+        "first_id": page[0].agent_id if page else None,
+        "last_id": page[-1].agent_id if page else None,
+        "has_more": has_more,
+    }
+    return json.dumps(listing).encode()
+
+
+async def get_agent(request: web.Request) -> web.Response:
+    record = request.app[REGISTRY_KEY].get(request.match_info["agent_id"])
+    return web.json_response(
+        agent_json(record, datetime.now(UTC), request.app[CONFIG_KEY].report_interval_ms)
+    )

@@ -1,0 +1,32 @@
+"""``/healthz`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from coordinator.api.app_keys import (
+    GRPC_SERVER_KEY,
+    METRICS_KEY,
+    REGISTRY_KEY,
+)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    grpc_server = request.app[GRPC_SERVER_KEY]
+    return web.json_response(
+        {
+            "status": "ok",
+            "grpc": grpc_server.address if grpc_server.port is not None else None,
+            "connected_agents": request.app[REGISTRY_KEY].connected_count(),
+            "tls": grpc_server.tls,
+            "enroll": grpc_server.enroll_address if grpc_server.port is not None else None,
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=request.app[METRICS_KEY].exposition(),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )

@@ -1,0 +1,107 @@
+"""API keys over HTTP: mint (the secret shown once), list, show with each agent's share, revoke."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+
+from coordinator.access.api_keys import MAX_TOKENS_PER_REQUEST, PRIORITIES
+from coordinator.api.app_keys import (
+    API_KEYS_KEY,
+    KEY_DISTRIBUTOR_KEY,
+)
+from coordinator.api.common import InvalidParameter, error_response, int_field, json_body
+from coordinator.api.join_tokens import TEN_YEARS_S
+from coordinator.api.views import api_key_json
+from coordinator.errors import UnknownApiKeyError
+
+
+def _number(body: dict[str, Any], name: str) -> float:
+    value = body.get(name, 0)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= sys.float_info.max  # NaN, inf and ints beyond a double too
+    ):
+        raise InvalidParameter(name, f"{name} must be a finite number >= 0 (0: unlimited)")
+    return float(value)
+
+
+def _key_not_found(exc: UnknownApiKeyError) -> web.Response:
+    return error_response(
+        404, str(exc), type_="invalid_request_error", code="api_key_not_found", param="key_id"
+    )
+
+
+async def mint_key(request: web.Request) -> web.Response:
+    """Mint an API key; the secret is in this response only."""
+    body = await json_body(request)
+    name, models = body.get("name", ""), body.get("models", [])
+    if not isinstance(name, str):
+        raise InvalidParameter("name", "name must be a string")
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise InvalidParameter("models", "models must be a list of 'name' or 'name@version'")
+    priority = body.get("max_priority", "normal")
+    if priority not in PRIORITIES:
+        raise InvalidParameter("max_priority", "max_priority must be high, normal or low")
+    allow_cloud = body.get("allow_cloud", False)
+    if not isinstance(allow_cloud, bool):
+        raise InvalidParameter("allow_cloud", "allow_cloud must be true or false")
+    # The wire's limit (ApiKey.max_tokens_per_request is a uint32): a larger cap was
+    # stored, then failed every conversion of the keys section for an agent (a 500 here,
+    # and every agent's session ended at its first message, at every reconnect).
+    max_tokens = int_field(body, "max_tokens_per_request", 0, 0, MAX_TOKENS_PER_REQUEST) or 0
+    expires_in_s = int_field(body, "expires_in_s", None, 1, TEN_YEARS_S)  # null: never
+    requests_per_minute = _number(body, "requests_per_minute")
+    tokens_per_minute = _number(body, "tokens_per_minute")
+    try:
+        minted = request.config_dict[API_KEYS_KEY].mint(
+            name=name,
+            models=models,
+            allow_cloud=allow_cloud,
+            max_priority=priority,
+            max_tokens_per_request=max_tokens,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
+        )
+    except ValueError as exc:
+        raise InvalidParameter("body", str(exc)) from None
+    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    data = api_key_json(minted.record, datetime.now(UTC))
+    return web.json_response(data | {"secret": minted.secret, "agents_updated": pushed}, status=201)
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    now = datetime.now(UTC)
+    data = [api_key_json(k, now) for k in request.config_dict[API_KEYS_KEY].list_all()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def show_key(request: web.Request) -> web.Response:
+    key_id = request.match_info["key_id"]
+    try:
+        record = request.config_dict[API_KEYS_KEY].get(key_id)
+    except UnknownApiKeyError as exc:
+        return _key_not_found(exc)
+    shares = request.config_dict[KEY_DISTRIBUTOR_KEY].shares_of(key_id)
+    view = api_key_json(record, datetime.now(UTC))
+    view["agent_shares"] = {
+        agent: {"requests_per_minute": rpm, "tokens_per_minute": tpm}
+        for agent, (rpm, tpm) in sorted(shares.items())
+    }
+    return web.json_response(view)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    """Revoke a key; every connected agent gets the new key set at once."""
+    try:
+        record = request.config_dict[API_KEYS_KEY].revoke(request.match_info["key_id"])
+    except UnknownApiKeyError as exc:
+        return _key_not_found(exc)
+    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    data = api_key_json(record, datetime.now(UTC))
+    return web.json_response(data | {"agents_updated": pushed})

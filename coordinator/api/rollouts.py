@@ -1,0 +1,126 @@
+"""Model rollouts over HTTP: start, list, show, pause, resume, abort."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from coordinator.api.app_keys import (
+    ROLLOUTS_KEY,
+)
+from coordinator.api.audit import _query_int
+from coordinator.api.common import CALLER_KEY, InvalidParameter, error_response, json_body
+from coordinator.rollouts.engine import RolloutEngine, RolloutError
+from coordinator.store.rollouts import PolicyError, Rollout, RolloutPolicy, RolloutState
+
+
+class RolloutsUnavailable(Exception):
+    """This coordinator runs without the rollout engine (no model catalog installed)."""
+
+
+def _rollouts(request: web.Request) -> RolloutEngine:
+    engine = request.config_dict.get(ROLLOUTS_KEY)
+    if engine is None:
+        raise RolloutsUnavailable
+    return engine
+
+
+def _rollout_error(exc: RolloutsUnavailable | PolicyError | RolloutError) -> web.Response:
+    if isinstance(exc, RolloutsUnavailable):
+        return error_response(503, "Model rollouts are not enabled on this coordinator.",
+                              type_="server_error", code="rollouts_unavailable")  # fmt: skip
+    if isinstance(exc, PolicyError):
+        return error_response(400, str(exc), type_="invalid_request_error",
+                              code="invalid_parameter", param=exc.param)  # fmt: skip
+    return error_response(exc.status, str(exc), type_="invalid_request_error", code=exc.code,
+                          param="rollout_id" if exc.status == 404 else None)  # fmt: skip
+
+
+_SUMMARY_FIELDS = (
+    "object", "rollout_id", "model", "version", "previous_version", "state", "step", "steps",
+    "step_name", "moved", "agents", "created_at", "updated_at", "finished_at", "created_by",
+    "detail",
+)  # fmt: skip
+
+
+def rollout_summary(rollout: Rollout) -> dict[str, Any]:
+    full = rollout.json()
+    return {k: full[k] for k in _SUMMARY_FIELDS}
+
+
+async def start_rollout(request: web.Request) -> web.Response:
+    """Start a rollout: the body is a rollout policy (coordinator.store.rollouts)."""
+    body = await json_body(request)
+    caller = request[CALLER_KEY]
+    try:
+        rollout = _rollouts(request).start(
+            RolloutPolicy.from_json(body), created_by=f"{caller.name} ({caller.token_id})"
+        )
+    except (RolloutsUnavailable, PolicyError, RolloutError) as exc:
+        return _rollout_error(exc)
+    return web.json_response(rollout.json(), status=201)
+
+
+async def list_rollouts(request: web.Request) -> web.Response:
+    raw = [s for s in request.query.get("state", "").split(",") if s]
+    try:
+        states = tuple(RolloutState(s) for s in raw)
+    except ValueError:
+        allowed = ", ".join(s.value for s in RolloutState)
+        raise InvalidParameter("state", f"state must be among {allowed}") from None
+    limit = _query_int(request, "limit", 100, 1000)
+    try:
+        found = _rollouts(request).rollouts(states, limit)
+    except RolloutsUnavailable as exc:
+        return _rollout_error(exc)
+    return web.json_response({"object": "list", "data": [rollout_summary(r) for r in found]})
+
+
+async def show_rollout(request: web.Request) -> web.Response:
+    """One rollout in full, with its current step's gate as it stands now."""
+    try:
+        engine = _rollouts(request)
+        rollout = engine.get(request.match_info["rollout_id"])
+    except (RolloutsUnavailable, RolloutError) as exc:
+        return _rollout_error(exc)
+    view = rollout.json()
+    view["gate"] = engine.gate(rollout).json() if rollout.state.active else None
+    return web.json_response(view)
+
+
+async def _rollout_action(request: web.Request, action: str) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    try:
+        engine = _rollouts(request)
+        if action == "pause":
+            rollout = engine.pause(rollout_id)
+        elif action == "resume":
+            rollout = engine.resume(rollout_id)
+        else:
+            body = await json_body(request)
+            rollback, reason = body.get("rollback", True), body.get("reason", "")
+            if not isinstance(rollback, bool):
+                raise InvalidParameter("rollback", "rollback must be true or false")
+            if not isinstance(reason, str) or len(reason) > 1024:
+                raise InvalidParameter("reason", "reason must be a string of <= 1024 characters")
+            caller = request[CALLER_KEY]
+            reason = f"aborted by {caller.name}" + (f": {reason}" if reason else "")
+            rollout = engine.abort(rollout_id, rollback=rollback, reason=reason)
+    except (RolloutsUnavailable, RolloutError) as exc:
+        return _rollout_error(exc)
+    return web.json_response(rollout_summary(rollout))
+
+
+async def pause_rollout(request: web.Request) -> web.Response:
+    """Pause: no further step moves and the soak clock stops; moved agents stay."""
+    return await _rollout_action(request, "pause")
+
+
+async def resume_rollout(request: web.Request) -> web.Response:
+    return await _rollout_action(request, "resume")
+
+
+async def abort_rollout(request: web.Request) -> web.Response:
+    """Abort; moved agents go back to their previous version unless ``rollback`` is false."""
+    return await _rollout_action(request, "abort")

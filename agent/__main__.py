@@ -33,7 +33,7 @@ from agent.api.app import (
 )
 from agent.auth.cli import run_keys_command
 from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
-from agent.config import ENV_PREFIX, FLAGS, AgentConfig, load_config
+from agent.config import FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
 from agent.enrollment import (
     Enroller,
@@ -74,9 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Precedence: defaults < --config file < EDGEFLEET_AGENT_<SECTION>__<KEY> "
         "environment variables < flags.",
     )
-    add_arguments(
-        parser, AgentConfig, FLAGS, env_prefix=ENV_PREFIX, example="engine.default_max_tokens=128"
-    )
+    add_arguments(parser, AgentConfig, FLAGS, example="engine.default_max_tokens=128")
     parser.add_argument(
         "--insecure-no-tls",
         action="store_true",

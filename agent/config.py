@@ -1,9 +1,10 @@
 """The agent's settings, declared once: sections, types, ranges and defaults.
 
-Read by the one rule of :mod:`edgefleet.config_loading`: defaults < TOML file
-(``--config`` or ``$EDGEFLEET_AGENT_CONFIG``) < environment < flags. Environment names are
-``EDGEFLEET_AGENT_`` + the dotted key in upper case with ``__`` between section and key,
-e.g. ``EDGEFLEET_AGENT_SERVER__PORT=8001``; ``--set section.key=value`` reaches every key.
+Read by pydantic-settings with the one rule of :mod:`edgefleet.config_loading`: defaults <
+TOML file (``--config`` or ``$EDGEFLEET_AGENT_CONFIG``) < environment < flags. Environment
+names are ``EDGEFLEET_AGENT_`` + the dotted key in upper case with ``__`` between section
+and key, e.g. ``EDGEFLEET_AGENT_SERVER__PORT=8001``; ``--set section.key=value`` reaches
+every key.
 Engine defaults are the engine's own (``BatcherConfig``, ``EmbeddingBatchConfig``,
 ``SessionConfig``, ``GenerationLimits``), passed straight through.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self, cast
 
 from pydantic import BeforeValidator, Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from agent.api.serving_common import GenerationLimits
 from agent.engine.continuous_batcher import BatcherConfig
@@ -25,7 +27,17 @@ from agent.engine.ort_session import SessionConfig
 from agent.errors import ConfigError
 from agent.redaction.detectors import ENTITY_TYPES
 from agent.redaction.modes import RedactionMode
-from edgefleet.config_loading import Flag, Names, Settings, _split_commas, load_settings
+from edgefleet.config_loading import (
+    Flag,
+    Lower,
+    Names,
+    ProcessSettings,
+    Settings,
+    Switch,
+    Upper,
+    load_settings,
+    split_commas,
+)
 from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import enrollment_target
 
@@ -34,13 +46,6 @@ _BATCHER, _EMBED, _SESSION = BatcherConfig(), EmbeddingBatchConfig(), SessionCon
 _LIMITS = GenerationLimits()
 _HTTP = HttpLimits()
 ExecutionProvider = Literal["auto", "cpu", "cuda"]  # auto: CUDA when present, else CPU
-
-
-def _lower(value: Any) -> Any:
-    return value.strip().lower() if isinstance(value, str) else value
-
-
-Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_lower)]
 
 
 class ServerConfig(Settings):
@@ -271,12 +276,8 @@ class IdentityConfig(Settings):
         return self
 
 
-def _upper(value: Any) -> Any:
-    return value.strip().upper() if isinstance(value, str) else value
-
-
-Mode = Annotated[RedactionMode, BeforeValidator(_lower)]
-EntityType = Annotated[Literal[ENTITY_TYPES], BeforeValidator(_upper)]  # type: ignore[valid-type]
+Mode = Annotated[RedactionMode, Lower]
+EntityType = Annotated[Literal[ENTITY_TYPES], Upper]  # type: ignore[valid-type]
 
 
 def _model_modes(value: Any) -> Any:
@@ -306,14 +307,16 @@ class RedactionConfig(Settings):
     ] = Field(default_factory=dict)
     # Entity types looked for (all by default): EMAIL, PHONE, CREDIT_CARD, IBAN, US_SSN,
     # IP_ADDRESS, SECRET, PERSON, ADDRESS.
-    types: Annotated[
-        tuple[EntityType, ...], Field(min_length=1), BeforeValidator(_split_commas)
-    ] = ENTITY_TYPES
+    types: Annotated[tuple[EntityType, ...], Field(min_length=1), BeforeValidator(split_commas)] = (
+        ENTITY_TYPES
+    )
     # Redact the agent's own log records (placeholders instead of values).
     redact_logs: bool = True
 
 
-class AgentConfig(Settings):
+class AgentConfig(ProcessSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+
     server: ServerConfig = ServerConfig()
     models: ModelsConfig = ModelsConfig()
     engine: EngineConfig = EngineConfig()
@@ -326,9 +329,7 @@ class AgentConfig(Settings):
     audit: AuditConfig = AuditConfig()
     redaction: RedactionConfig = RedactionConfig()
     overflow: OverflowConfig = OverflowConfig()
-    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = (
-        "INFO"
-    )
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Upper] = "INFO"
 
 
 # Named flags (every key is also reachable with --set KEY=VALUE).
@@ -360,7 +361,6 @@ def load_config(
     """Defaults < ``path`` (or ``$EDGEFLEET_AGENT_CONFIG``) < environment < ``overrides``."""
     return load_settings(
         AgentConfig,
-        prefix=ENV_PREFIX,
         error=ConfigError,
         path=path,
         environ=os.environ if environ is None else environ,

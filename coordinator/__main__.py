@@ -11,7 +11,6 @@ from coordinator.cli.admin import ADMIN_COMMANDS, add_admin_commands, run_admin_
 from coordinator.cli.rollouts import main as rollouts_main
 from coordinator.config import (
     ADMIN_TOKEN_FLAG_REFUSED,
-    ENV_PREFIX,
     FLAGS,
     CoordinatorConfig,
     load_config,
@@ -36,9 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Precedence: defaults < --config file < EDGEFLEET_COORDINATOR_<KEY> "
         "environment variables < flags.",
     )
-    add_arguments(
-        parser, CoordinatorConfig, FLAGS, env_prefix=ENV_PREFIX, example="down_after_reports=8"
-    )
+    add_arguments(parser, CoordinatorConfig, FLAGS, example="down_after_reports=8")
     return parser
 
 

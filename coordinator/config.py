@@ -1,7 +1,7 @@
 """The coordinator's settings, declared once: types, ranges and defaults.
 
-Read by the one rule of :mod:`edgefleet.config_loading`: defaults < TOML file
-(``--config`` or ``$EDGEFLEET_COORDINATOR_CONFIG``) < environment
+Read by pydantic-settings with the one rule of :mod:`edgefleet.config_loading`: defaults <
+TOML file (``--config`` or ``$EDGEFLEET_COORDINATOR_CONFIG``) < environment
 (``EDGEFLEET_COORDINATOR_<KEY>``) < flags (``--set KEY=VALUE`` reaches every key). The
 file is flat::
 
@@ -20,47 +20,38 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, get_args
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from coordinator.errors import ConfigError
 from coordinator.routing.scorer import RoutePolicy
-from edgefleet.config_loading import Flag, Settings, load_settings
+from edgefleet.config_loading import Flag, ProcessSettings, Switch, Upper, load_settings
 from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import DEFAULT_GRPC_PORT, default_enroll_port
 
 ENV_PREFIX = "EDGEFLEET_COORDINATOR_"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 _POLICY = RoutePolicy()
 _HTTP = HttpLimits()
-
-
-def _upper(value: Any) -> Any:
-    return value.strip().upper() if isinstance(value, str) else value
-
-
-def _lower(value: Any) -> Any:
-    return value.strip().lower() if isinstance(value, str) else value
-
-
-Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_lower)]
 
 
 def _switch(value: Any) -> Any:
     """A Switch that also reads booleans: true / false (TOML or text) are on / off."""
     if isinstance(value, bool):
         return "on" if value else "off"
-    value = _lower(value)
+    value = value.strip().lower() if isinstance(value, str) else value
     return {"true": "on", "false": "off", "yes": "on", "no": "off"}.get(value, value)
 
 
 BoolSwitch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_switch)]
 
 
-class CoordinatorConfig(Settings):
+class CoordinatorConfig(ProcessSettings):
     """Settings of one coordinator process."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
 
     # Address the gRPC server (agents' sessions, Enroll, Route) listens on; port 0 = any free.
     grpc_host: str = Field(default="127.0.0.1", min_length=1)
@@ -77,7 +68,7 @@ class CoordinatorConfig(Settings):
     # After a restart, how long agents on record are still routed to (as unconfirmed)
     # before they reconnect; 0 = not at all.
     restart_grace_s: float = Field(default=30.0, ge=0)
-    log_level: Annotated[LogLevel, BeforeValidator(_upper)] = "INFO"
+    log_level: Annotated[LogLevel, Upper] = "INFO"
 
     # --- HTTP server limits (edgefleet/http_limits.py): a request's head must arrive within
     # http_header_timeout_s of connecting or of the previous response, its body within
@@ -360,7 +351,6 @@ def load_config(
         raise ConfigError(ADMIN_TOKEN_FLAG_REFUSED)
     return load_settings(
         CoordinatorConfig,
-        prefix=ENV_PREFIX,
         error=ConfigError,
         path=path,
         environ=os.environ if environ is None else environ,

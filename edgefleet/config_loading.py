@@ -1,16 +1,18 @@
 """Reading a process's settings: one rule for the agent and the coordinator.
 
-Each process declares its settings once, as a pydantic model built from :class:`Settings`
-(sections are nested models). Sources, later ones winning::
+Each process declares its settings once, as a pydantic-settings model built from
+:class:`ProcessSettings` (sections are :class:`Settings` models). pydantic-settings reads
+and merges the sources, later ones winning::
 
     defaults (the model) < TOML file < environment < command-line flags
 
 - File: ``--config FILE``, else ``$<PREFIX>CONFIG``. Sections are TOML tables.
-- Environment: ``<PREFIX>`` followed by the dotted key in upper case, a double underscore
-  between a section and its key: ``engine.max_running`` is ``EDGEFLEET_AGENT_ENGINE__MAX_RUNNING``,
-  ``log_level`` is ``EDGEFLEET_AGENT_LOG_LEVEL``, ``grpc_port`` is
-  ``EDGEFLEET_COORDINATOR_GRPC_PORT``.
-- Flags: a few named flags (``--port``), and ``--set KEY=VALUE`` with the dotted key for any.
+- Environment: the model's ``env_prefix`` followed by the dotted key in upper case, a
+  double underscore between a section and its key: ``engine.max_running`` is
+  ``EDGEFLEET_AGENT_ENGINE__MAX_RUNNING``, ``log_level`` is ``EDGEFLEET_AGENT_LOG_LEVEL``,
+  ``grpc_port`` is ``EDGEFLEET_COORDINATOR_GRPC_PORT``.
+- Flags (argparse): a few named flags (``--port``), and ``--set KEY=VALUE`` with the dotted
+  key for any; what was given is the highest-priority source.
 
 Text from the environment and flags is converted to the key's type; lists are
 comma-separated. A key no model declares is an error from every source. Every error is
@@ -23,33 +25,73 @@ import argparse
 import difflib
 import tomllib
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import annotated_types as at
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
-M = TypeVar("M", bound="Settings")
+M = TypeVar("M", bound="ProcessSettings")
 
 
-def _split_commas(value: Any) -> Any:
+def split_commas(value: Any) -> Any:
     return (
         tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else value
     )
 
 
+def _folded(fold: Callable[[str], str]) -> BeforeValidator:
+    return BeforeValidator(lambda value: fold(value.strip()) if isinstance(value, str) else value)
+
+
+Lower, Upper = _folded(str.lower), _folded(str.upper)  # text read in any case, trimmed
 # A list of strings; from the environment or a flag, comma-separated.
-Names = Annotated[tuple[str, ...], BeforeValidator(_split_commas)]
+Names = Annotated[tuple[str, ...], BeforeValidator(split_commas)]
+Switch = Annotated[Literal["auto", "on", "off"], Lower]
 
 
 class Settings(BaseModel):
-    """Base of every settings model and section: frozen, a misspelt key is an error, and
-    defaults (often another module's) are checked like any value."""
+    """Base of every settings section: frozen, a misspelt key is an error, and defaults
+    (often another module's) are checked like any value."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ProcessSettings(BaseSettings):
+    """Base of a process's settings. Built in code, it holds what it is given and nothing
+    else; :func:`load_settings` adds the file, the environment and the flags."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        env_nested_delimiter="__",
+        enable_decoding=False,  # lists are comma-separated text, not JSON
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +115,6 @@ def leaf_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str,
             yield from leaf_fields(section, f"{prefix}{name}.")
 
 
-def sections(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
-    for name, info in model.model_fields.items():
-        section = _section(info)
-        if section is not None:
-            yield prefix + name
-            yield from sections(section, f"{prefix}{name}.")
-
-
 def env_name(prefix: str, key: str) -> str:
     return prefix + key.replace(".", "__").upper()
 
@@ -92,10 +126,35 @@ def default_of(model: type[BaseModel], key: str) -> Any:
     return value
 
 
+class _ConfigFile(TomlConfigSettingsSource):
+    """The TOML file named at run time, which must exist and parse (pydantic-settings'
+    own skips a missing file)."""
+
+    def _read_files(self, files: Any, deep_merge: bool = False) -> dict[str, Any]:
+        try:
+            return self._read_file(Path(files))
+        except FileNotFoundError:
+            raise SettingsError(f"config file {files} does not exist") from None
+        except OSError as exc:
+            raise SettingsError(f"config file {files} cannot be read: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {files} is not valid TOML: {exc}") from None
+
+
+class _Environment(EnvSettingsSource):
+    """The variables of ``environ`` (checked: each names a setting), not ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = {name.lower(): value for name, value in environ.items()}
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return self._environ
+
+
 def load_settings(
     model: type[M],
     *,
-    prefix: str,
     error: Callable[[str], Exception],
     path: Path | None = None,
     environ: Mapping[str, str],
@@ -107,55 +166,70 @@ def load_settings(
     ``path`` falls back to ``$<prefix>CONFIG``. ``overrides`` holds dotted keys or nested
     dicts; None values (a flag not given) are skipped. Raises ``error(message)``.
     """
+    prefix = model.model_config.get("env_prefix", "")
     known = dict(leaf_fields(model))
-    tables = set(sections(model))
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    tables = {key[:i] for key in known for i, char in enumerate(key) if char == "."}
+    origin: dict[str, str] = {}  # dotted key -> the source its value comes from
 
-    def put(key: str, value: Any, source: str) -> None:
-        if key not in known:
-            hint = _suggest(key, known) if key not in tables else " (a section: set its keys)"
-            raise error(f"{source}: unknown setting {key!r}{hint}")
-        field = known[key]
-        if isinstance(value, bool) and not _accepts_bool(field):
-            raise error(f"{source}: {key}: got {value!r}, expected {describe(field)}")
-        values[key], sources[key] = value, source
+    def check(settings: Iterable[tuple[str, Any]], where: Callable[[str], str]) -> dict[str, Any]:
+        """``settings`` by dotted key, each one known and recorded as from ``where(key)``."""
+        found: dict[str, Any] = {}
+        for key, value in settings:
+            if key not in known:
+                hint = _suggest(key, known) if key not in tables else " (a section: set its keys)"
+                raise error(f"{where(key)}: unknown setting {key!r}{hint}")
+            if isinstance(value, bool) and not _accepts_bool(known[key]):
+                raise error(f"{where(key)}: {key}: got {value!r}, expected {describe(known[key])}")
+            found[key], origin[key] = value, where(key)
+        return found
 
     config_env = prefix + "CONFIG"
     if path is None and environ.get(config_env):
         path = Path(environ[config_env])
+    sources: list[PydanticBaseSettingsSource] = []
     if path is not None:
-        for key, value in _flatten(_read_toml(path, error), tables, error, f"config file {path}"):
-            put(key, value, f"config file {path}")
+        source = f"config file {path}"
+        try:
+            file = _ConfigFile(model, toml_file=path)
+        except SettingsError as exc:
+            raise error(str(exc)) from None
+        settings = check(_flatten(file.toml_data, tables, error, source), lambda _: source)
+        file.init_kwargs = _nest(settings)  # as checked: a quoted "section.key" is the key
+        sources.append(file)
     by_env = {env_name(prefix, key): key for key in known}
-    for name, value in sorted(environ.items()):
-        if not name.startswith(prefix) or name == config_env:
-            continue
+    ours = {name: value for name, value in environ.items() if name.startswith(prefix)}
+    ours.pop(config_env, None)
+    for name in sorted(ours):
         if name not in by_env:
             near = difflib.get_close_matches(name, [*by_env, config_env], n=1, cutoff=0.8)
             hint = f" (did you mean {near[0]}?)" if near else ""
             raise error(f"environment variable {name}: no such setting{hint}")
-        put(by_env[name], value, f"environment variable {name}")
+        origin[by_env[name]] = f"environment variable {name}"
+    sources.append(_Environment(model, ours))
     flag_of = {f.key: f.flag for f in flags}
-    for key, value in _flatten(overrides or {}, tables, error, "flags"):
-        if value is not None:
-            key = key.replace("-", "_")
-            put(key, value, f"flag {flag_of.get(key, '--set ' + key)}")
+    given = _flatten(overrides or {}, tables, error, "flags")
+    given = ((key.replace("-", "_"), value) for key, value in given if value is not None)
+    by_flag = check(given, lambda key: f"flag {flag_of.get(key, '--set ' + key)}")
+    sources.append(InitSettingsSource(model, init_kwargs=_nest(by_flag)))
     try:
-        return model.model_validate(_nest(values))
+        # BaseSettings' own argument, unknown to the __init__ mypy derives from the fields
+        return model(_build_sources=(tuple(reversed(sources)), {}))  # type: ignore[call-arg]
     except ValidationError as exc:
-        raise error(explain(exc, model, sources)) from None
+        raise error(explain(exc, model, origin)) from None
 
 
 def explain(exc: ValidationError, model: type[BaseModel], sources: Mapping[str, str]) -> str:
     """The first problem of ``exc`` in one line: source, dotted key, value, what is allowed."""
     first = exc.errors(include_url=False)[0]
     key = ".".join(str(part) for part in first["loc"] if isinstance(part, str))
+    known = dict(leaf_fields(model))
+    while "." in key and key not in known:  # an item of a table or list: its setting
+        key = key.rpartition(".")[0]
     source = sources.get(key)
     if first["type"] == "value_error":  # a check across keys: its message names them
         message = str(first["msg"]).removeprefix("Value error, ")
         return ": ".join(part for part in (source, key, message) if part)
-    field = dict(leaf_fields(model)).get(key)
+    field = known.get(key)
     if field is None:
         return f"{source or 'config'}: {key}: {first['msg']}"
     return f"{source or 'config'}: {key}: got {first['input']!r}, expected {describe(field)}"
@@ -170,15 +244,7 @@ def describe(field: FieldInfo) -> str:
     if get_origin(kind) in (Union, types.UnionType):
         optional = type(None) in get_args(kind)
         kind = next(a for a in get_args(kind) if a is not type(None))
-    if get_origin(kind) is Literal:
-        return "one of " + ", ".join(repr(choice) for choice in get_args(kind))
-    words: dict[Any, str] = {
-        bool: "true or false",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-    }
-    text = words.get(kind, "a list of strings" if get_origin(kind) is tuple else str(kind))
+    text = _describe_type(kind)
     bounds = {
         attr: (op, getattr(m, attr))
         for m in field.metadata
@@ -190,16 +256,31 @@ def describe(field: FieldInfo) -> str:
     elif bounds:
         text += " " + " and ".join(f"{op} {limit}" for op, limit in bounds.values())
     if any(isinstance(m, at.MinLen) for m in field.metadata):
-        text = "a non-empty string"
+        text = "a non-empty " + text.removeprefix("a ")
     return text + (", or unset" if optional else "")
+
+
+def _describe_type(kind: Any) -> str:
+    while get_origin(kind) is Annotated:
+        kind = get_args(kind)[0]
+    if get_origin(kind) is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in get_args(kind))
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return "one of " + ", ".join(repr(member.value) for member in kind)
+    if get_origin(kind) is tuple:
+        item = _describe_type(get_args(kind)[0])
+        return "a list of strings" if item == "a string" else f"a list, each {item}"
+    if get_origin(kind) is dict:
+        return f"a table of names to {_describe_type(get_args(kind)[1]).removeprefix('a ')}"
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return words.get(kind, str(kind))
 
 
 def add_arguments(
     parser: argparse.ArgumentParser,
-    model: type[Settings],
+    model: type[ProcessSettings],
     flags: Sequence[Flag],
     *,
-    env_prefix: str,
     example: str,
 ) -> None:
     """``--config``, the named ``flags`` and ``--set`` for ``model``'s keys."""
@@ -208,7 +289,8 @@ def add_arguments(
         "--config",
         type=Path,
         metavar="FILE",
-        help=f"TOML config file (default: ${env_prefix}CONFIG, else none)",
+        help=f"TOML config file (default: ${model.model_config.get('env_prefix')}CONFIG, "
+        "else none)",
     )
     for f in flags:
         default = default_of(model, f.key)
@@ -288,15 +370,3 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
             node = node.setdefault(parent, {})
         node[name] = value
     return nested
-
-
-def _read_toml(path: Path, error: Callable[[str], Exception]) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise error(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise error(f"config file {path} cannot be read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise error(f"config file {path} is not valid TOML: {exc}") from None

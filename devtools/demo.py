@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import openai
 
-from coordinator.cli.admin import ADMIN_TOKEN_ENV
+from coordinator.cli.client import ADMIN_TOKEN_ENV
 from devtools.fleet import AgentProcess, CoordinatorProcess, wait_key_accepted
 from devtools.process import ProcessStartError, wait_until
 

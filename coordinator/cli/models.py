@@ -19,28 +19,22 @@ import argparse
 import base64
 import hashlib
 import json
-import shutil
 import sys
-import urllib.error
-import urllib.request
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from coordinator.catalog.catalog import CatalogVersion, parse_manifest, write_signed_set
-from coordinator.cli.https import ca_file_of, client_context, default_url
+from coordinator.cli.client import AdminClient, AdminRequestError
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ModelCatalogError
 from edgefleet.model_signing import MANIFEST_FILE, decode_public_key
 
 _CHUNK = 1 << 20
+TIMEOUT_S = 60.0  # per request; an upload gets 300 s
 
 
-class ModelsCommandError(Exception):
-    """A models command failed (the message says why)."""
-
-
-def add_models_command(sub: Any) -> list[argparse.ArgumentParser]:
+def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
     models = sub.add_parser(
         "models", help="publish, list, show, deprecate, delete, export or deploy model versions"
     )
@@ -81,82 +75,22 @@ def add_models_command(sub: Any) -> list[argparse.ArgumentParser]:
     deploy.add_argument("--agent", action="append", default=[], dest="agent_ids",
                         metavar="AGENT_ID")  # fmt: skip
     leaves.append(deploy)
-    return leaves  # --ca-file, --url and the rest: admin_cli adds them to every command
-
-
-class AdminClient:
-    """The admin API over urllib (no third-party HTTP client in the CLI)."""
-
-    def __init__(self, url: str, token: str, *, ca_file: Path | None = None) -> None:
-        self.url = url.rstrip("/")
-        self._token = token
-        self._context = client_context(self.url, ca_file)
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        data: BinaryIO | None = None,
-        length: int | None = None,
-    ) -> urllib.request.Request:
-        headers = {"Accept": "application/json"}
-        payload: Any = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        elif data is not None:
-            payload = data
-            headers["Content-Type"] = "application/octet-stream"
-            headers["Content-Length"] = str(length)
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        return urllib.request.Request(self.url + path, data=payload, method=method,
-                                      headers=headers)  # fmt: skip
-
-    def call(self, method: str, path: str, body: Any = None, *, data: BinaryIO | None = None,
-             length: int | None = None, timeout: float = 60.0) -> Any:  # fmt: skip
-        request = self._request(method, path, body=body, data=data, length=length)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout, context=self._context) as r:
-                return json.load(r)
-        except urllib.error.HTTPError as exc:
-            raise ModelsCommandError(f"{method} {path}: {exc.code} {_message(exc)}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise ModelsCommandError(f"cannot reach the coordinator at {self.url}: {exc}") from exc
-
-    def download(self, path: str, destination: Path) -> None:
-        request = self._request("GET", path)
-        try:
-            with (
-                urllib.request.urlopen(request, timeout=60, context=self._context) as response,
-                destination.open("wb") as out,
-            ):
-                shutil.copyfileobj(response, out, _CHUNK)
-        except urllib.error.HTTPError as exc:
-            raise ModelsCommandError(f"GET {path}: {exc.code} {_message(exc)}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise ModelsCommandError(f"cannot download {path}: {exc}") from exc
-
-
-def _message(exc: urllib.error.HTTPError) -> str:
-    try:
-        return str(json.load(exc)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return str(exc.reason)
+    return leaves  # --ca-file, --url and the rest: cli/admin.py adds them to every command
 
 
 def split_ref(ref: str) -> tuple[str, str]:
     name, at, version = ref.partition("@")
     if not at or not name or not version:
-        raise ModelsCommandError(f"{ref!r} is not NAME@VERSION")
+        raise AdminRequestError(f"{ref!r} is not NAME@VERSION")
     return name, version
 
 
-def run_models_command(args: argparse.Namespace, config: CoordinatorConfig) -> Any:
-    url = args.url or default_url(config)
-    client = AdminClient(url, args.admin_token, ca_file=ca_file_of(args, config))
+def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient) -> int:
+    _print(args, _run(args, client.with_timeout(TIMEOUT_S)))
+    return 0
+
+
+def _run(args: argparse.Namespace, client: AdminClient) -> Any:
     action = args.action
     if action == "publish":
         return publish(client, args.directory, name=args.name, version=args.version)
@@ -183,9 +117,9 @@ def publish(client: AdminClient, directory: Path, *, name: str | None, version: 
         manifest = (directory / MANIFEST_FILE).read_bytes()
         _, data = parse_manifest(manifest, name=name, version=version)
     except OSError as exc:
-        raise ModelsCommandError(f"cannot read {directory / MANIFEST_FILE}: {exc}") from exc
+        raise AdminRequestError(f"cannot read {directory / MANIFEST_FILE}: {exc}") from exc
     except ModelCatalogError as exc:
-        raise ModelsCommandError(f"{directory}: {exc}") from exc
+        raise AdminRequestError(f"{directory}: {exc}") from exc
     files = data["files"]
     _say(f"checking {len(files)} files of {directory} against the manifest ...")
     for entry in files:
@@ -193,9 +127,9 @@ def publish(client: AdminClient, directory: Path, *, name: str | None, version: 
         try:
             got = _sha256(path)
         except OSError as exc:
-            raise ModelsCommandError(f"cannot read {path}: {exc}") from exc
+            raise AdminRequestError(f"cannot read {path}: {exc}") from exc
         if got != entry["sha256"]:
-            raise ModelsCommandError(
+            raise AdminRequestError(
                 f"{path} does not match the manifest (sha256 {got}, manifest "
                 f"{entry['sha256']}): rebuild the artifact"
             )
@@ -258,10 +192,10 @@ def export(client: AdminClient, out: Path, refs: list[str]) -> Any:
     try:
         return write_signed_set(out, versions, public_key, fetch)
     except ModelCatalogError as exc:
-        raise ModelsCommandError(str(exc)) from exc
+        raise AdminRequestError(str(exc)) from exc
 
 
-def print_result(args: argparse.Namespace, result: Any) -> None:
+def _print(args: argparse.Namespace, result: Any) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -4,7 +4,7 @@ over a running coordinator's admin API (the engine lives in the coordinator proc
 The admin token comes from ``$EDGEFLEET_ADMIN_TOKEN`` or ``--admin-token-file`` (never a
 flag); ``--url`` defaults to the configured HTTP address. Over HTTPS the fleet CA is
 trusted beside the system's CAs (``--ca-file``, default ``<data_dir>/ca/ca.pem``:
-coordinator/cli/https.py). start/pause/resume/abort need the operator role, list/show the
+coordinator/cli/client.py). start/pause/resume/abort need the operator role, list/show the
 viewer role.
 
     python -m coordinator rollouts start smollm2@2 --canary 1 --waves 25,50,100 --soak 10m
@@ -14,19 +14,14 @@ viewer role.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from coordinator.cli.admin import (
-    ADMIN_TOKEN_ENV,
-    AdminRequestError,
-    _client_token,
-    _http,
-    parse_duration,
-)
-from coordinator.cli.https import add_ca_file_argument, ca_file_of, default_url
+from coordinator.cli.client import AdminClient, AdminRequestError, add_client_arguments
+from coordinator.cli.durations import parse_duration
 from coordinator.config import load_config
 from coordinator.errors import ConfigError
 
@@ -88,10 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         leaves.append(command)
     for command in leaves:
         command.add_argument("--config", type=Path, metavar="FILE", help="coordinator config")
-        command.add_argument("--url", help="the coordinator's HTTP address (default: config)")
-        command.add_argument("--admin-token-file", type=Path, metavar="FILE",
-                             help=f"admin token file (default: ${ADMIN_TOKEN_ENV})")  # fmt: skip
-        add_ca_file_argument(command)
+        add_client_arguments(command, url_help="the coordinator's HTTP address (default: config)")
         command.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -127,23 +119,21 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
         return 2
-    url = args.url or default_url(config)
-    args.ca_file = ca_file_of(args, config)
     try:
-        args.admin_token = _client_token(args)
+        client = AdminClient.from_args(args, config)
         if args.action == "start":
-            result = _http(url, "POST", "/v1/admin/rollouts", args, policy_body(args))
+            result = client.call("POST", "/v1/admin/rollouts", policy_body(args))
         elif args.action == "list":
             query = f"?state={args.state}" if args.state else ""
-            result = _http(url, "GET", f"/v1/admin/rollouts{query}", args)
+            result = client.call("GET", f"/v1/admin/rollouts{query}")
         elif args.action == "show":
-            result = _http(url, "GET", f"/v1/admin/rollouts/{args.rollout_id}", args)
+            result = client.call("GET", f"/v1/admin/rollouts/{args.rollout_id}")
         else:
             body = None
             if args.action == "abort":
                 body = {"rollback": not args.keep, "reason": args.reason}
             path = f"/v1/admin/rollouts/{args.rollout_id}/{args.action}"
-            result = _http(url, "POST", path, args, body)
+            result = client.call("POST", path, body)
     except AdminRequestError as exc:
         print(f"edgefleet-coordinator: error: {exc}", file=sys.stderr)
         return 1
@@ -159,8 +149,6 @@ def _when(seconds: float | None) -> str:
 
 def _print(args: argparse.Namespace, result: Any) -> None:
     if args.json:
-        import json
-
         print(json.dumps(result, indent=2))
         return
     if result.get("object") == "list":

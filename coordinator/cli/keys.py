@@ -1,0 +1,120 @@
+"""``python -m coordinator keys mint|list|show|revoke``: API keys for client apps. On the
+coordinator's database (default: the configured ``data_dir``; a running coordinator pushes
+the change to its agents within one report interval), or on a running coordinator's admin
+API with ``--url`` (pushed at once)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from coordinator.access.api_keys import PRIORITIES, ApiKeys
+from coordinator.api.views import api_key_json
+from coordinator.cli.client import AdminClient, AdminRequestError
+from coordinator.cli.durations import parse_duration
+from coordinator.config import CoordinatorConfig
+from coordinator.store.interface import FleetStore
+from coordinator.store.offline import run_offline
+
+
+def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
+    keys = sub.add_parser("keys", help="mint, list, show or revoke API keys for client apps")
+    keys_sub = keys.add_subparsers(dest="action", required=True)
+    mint = keys_sub.add_parser("mint", help="mint an API key (the secret is printed once)")
+    mint.add_argument("--name", default="", help="label (not secret)")
+    mint.add_argument("--model", action="append", default=[], dest="models",
+                      help="allowed model, name or name@version (repeat; default all)")  # fmt: skip
+    mint.add_argument("--allow-cloud", action="store_true", help="may overflow beyond the site")
+    mint.add_argument("--max-priority", choices=PRIORITIES, default="normal")
+    mint.add_argument("--max-tokens", type=int, default=0, help="per request (0: no cap)")
+    mint.add_argument("--requests-per-minute", type=float, default=0.0,
+                      help="fleet-wide, split among agents (0: unlimited)")  # fmt: skip
+    mint.add_argument("--tokens-per-minute", type=float, default=0.0,
+                      help="fleet-wide, split among agents (0: unlimited)")  # fmt: skip
+    mint.add_argument("--expires-in", type=parse_duration, default=None,
+                      help="lifetime, e.g. 30d (default never)")  # fmt: skip
+    leaves = [mint, keys_sub.add_parser("list", help="list API keys")]
+    for action in ("show", "revoke"):
+        command = keys_sub.add_parser(action, help=f"{action} an API key")
+        command.add_argument("key_id")
+        leaves.append(command)
+    return leaves
+
+
+def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient) -> int:
+    result = _over_http(args, client) if args.url else _in_database(args, config.data_path)
+    _print(args, result)
+    return 0
+
+
+def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
+    try:
+        return run_offline(data_dir, lambda store: _on_store(args, store))
+    except ValueError as exc:
+        raise AdminRequestError(str(exc)) from exc
+
+
+async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:
+    keys = ApiKeys(store)
+    now = datetime.now(UTC)
+    if args.action == "mint":
+        minted = await keys.mint(
+            name=args.name,
+            models=args.models,
+            allow_cloud=args.allow_cloud,
+            max_priority=args.max_priority,
+            max_tokens_per_request=args.max_tokens,
+            requests_per_minute=args.requests_per_minute,
+            tokens_per_minute=args.tokens_per_minute,
+            expires_in=args.expires_in,
+        )
+        return api_key_json(minted.record, now) | {"secret": minted.secret}
+    if args.action == "list":
+        return {"object": "list", "data": [api_key_json(k, now) for k in await keys.list_all()]}
+    if args.action == "show":
+        return api_key_json(await keys.get(args.key_id), now)
+    return api_key_json(await keys.revoke(args.key_id), now)
+
+
+def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:
+    if args.action == "mint":
+        expires = None if args.expires_in is None else int(args.expires_in.total_seconds())
+        body = {
+            "name": args.name,
+            "models": args.models,
+            "allow_cloud": args.allow_cloud,
+            "max_priority": args.max_priority,
+            "max_tokens_per_request": args.max_tokens,
+            "requests_per_minute": args.requests_per_minute,
+            "tokens_per_minute": args.tokens_per_minute,
+            "expires_in_s": expires,
+        }
+        return client.call("POST", "/v1/admin/keys", body)
+    if args.action == "list":
+        return client.call("GET", "/v1/admin/keys")
+    if args.action == "show":
+        return client.call("GET", f"/v1/admin/keys/{args.key_id}")
+    return client.call("DELETE", f"/v1/admin/keys/{args.key_id}")
+
+
+def _print(args: argparse.Namespace, result: Any) -> None:
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif result.get("object") == "list":
+        print(f"{'KEY ID':<14}{'STATE':<9}{'PRIORITY':<10}{'RPM':<9}{'TPM':<10}{'EXPIRES':<26}NAME")
+        for k in result["data"]:
+            print(f"{k['key_id']:<14}{k['state']:<9}{k['max_priority']:<10}"
+                  f"{k['requests_per_minute'] or '-':<9}{k['tokens_per_minute'] or '-':<10}"
+                  f"{k['expires_at'] or 'never':<26}{k['name']}")  # fmt: skip
+    elif "secret" in result:
+        print(result["secret"])
+        print(f"API key {result['key_id']} minted (the secret is shown once; store it now)",
+              file=sys.stderr)  # fmt: skip
+    elif args.action == "revoke":
+        print(f"API key {result['key_id']} revoked")
+    else:
+        print(json.dumps(result, indent=2))

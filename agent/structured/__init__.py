@@ -3,11 +3,11 @@
 from agent.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher
 from agent.structured.spec import (
     ConstraintSpec,
-    ToolSpec,
     parse_constraint,
     parse_response_format,
     validate_constrained_output,
 )
+from agent.structured.tool_calls import ToolSpec
 
 __all__ = [
     "CompiledGrammar",

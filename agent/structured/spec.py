@@ -28,6 +28,7 @@ from typing import Any, Literal
 import jsonschema_rs
 
 from agent.errors import InvalidOutputError, InvalidRequestError, InvalidSchemaError
+from agent.structured.tool_calls import ToolSpec, parse_tool_call
 
 ConstraintKind = Literal["json_object", "json_schema", "tool_required", "tool_named", "tool_auto"]
 
@@ -38,15 +39,6 @@ MAX_SCHEMA_BYTES = 64 * 1024
 MAX_TOOLS = 64
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """One function the model may call."""
-
-    name: str
-    description: str = field(default="", repr=False)
-    parameters: dict[str, Any] = field(default_factory=lambda: dict(_OBJECT_SCHEMA), repr=False)
 
 
 @dataclass(frozen=True)
@@ -262,8 +254,6 @@ def validate_constrained_output(spec: ConstraintSpec, text: str) -> None:
     that validates (JSON modes), one well-formed call whose arguments validate (tool modes),
     or, for ``tool_auto``, a text answer that does not start with ``<`` (validated as JSON
     too when a JSON response_format came with the tools)."""
-    from agent.structured.tool_calls import parse_tool_call
-
     if spec.kind in ("json_object", "json_schema"):
         assert spec.schema is not None
         value = _validate_json(spec.schema, text, "the output")

@@ -11,6 +11,9 @@ compact (the grammar admits no other spelling). :func:`parse_tool_call` reads it
 :class:`ToolCallStreamer` turns the text as it arrives into OpenAI's streamed
 ``delta.tool_calls`` pieces: the id, type and name first (with empty arguments), then the
 arguments in pieces as they are generated.
+
+:class:`ToolSpec` (one function a request offers) lives here, below the request parsing in
+:mod:`agent.structured.spec`, which builds it and checks outputs with :func:`parse_tool_call`.
 """
 
 from __future__ import annotations
@@ -19,14 +22,22 @@ import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from agent.structured.spec import ToolSpec
+from typing import Any
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 _HEAD = '{"name":'
 _ARGS = ',"arguments":'
 _TAIL = "}" + CALL_CLOSE
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One function the model may call."""
+
+    name: str
+    description: str = field(default="", repr=False)
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"}, repr=False)
 
 
 def tools_system_block(tools: Sequence[ToolSpec], *, required: bool) -> str:

@@ -32,7 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from edgefleet_client._exceptions import DiscoveryError, NoAgentAvailableError
+from edgefleet_client._exceptions import DiscoveryError
 from edgefleet_client._mdns import browse_mdns
 from edgefleet_client._models import Agent
 from edgefleet_client._probe import probe_all
@@ -276,9 +276,3 @@ class FleetClient:
         return openai.OpenAI(
             base_url=PLACEHOLDER_BASE_URL, http_client=self.http_client(), **kwargs
         )
-
-
-def no_agent_error(model: str, failures: list[str]) -> NoAgentAvailableError:
-    return NoAgentAvailableError(
-        f"every agent for {model!r} failed: " + "; ".join(failures or ["none known"])
-    )

@@ -20,3 +20,10 @@ class DiscoveryError(EdgefleetClientError):
 
 class NoAgentAvailableError(EdgefleetClientError):
     """Every agent was tried and failed (connection errors, 429 or 503)."""
+
+
+def no_agent_error(model: str, failures: list[str]) -> NoAgentAvailableError:
+    """The error for a request every agent of ``model`` failed (``failures``: why each)."""
+    return NoAgentAvailableError(
+        f"every agent for {model!r} failed: " + "; ".join(failures or ["none known"])
+    )

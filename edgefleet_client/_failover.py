@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx2
 
-from edgefleet_client._client import no_agent_error
+from edgefleet_client._exceptions import no_agent_error
 from edgefleet_client._models import Agent, StreamSegment
 from edgefleet_client._resume import SEGMENTS, ResumingStream, StreamBroken, resumable_body
-
-if TYPE_CHECKING:
-    from edgefleet_client._client import FleetClient
 
 RETRY_STATUSES = frozenset({429, 503})
 # headers that carry the caller's credentials, sent with the resume's version probe too
@@ -61,8 +58,24 @@ def _first_chunk(response: httpx2.Response) -> tuple[bytes, Iterator[bytes]]:
     return first, chunks
 
 
+class Fleet(Protocol):
+    """What the transport asks of the fleet (``FleetClient`` is one): the agents to try,
+    best first, and what happened with each."""
+
+    model: str
+
+    @property
+    def agents(self) -> list[Agent]: ...
+
+    def candidates(self) -> list[Agent]: ...
+
+    def mark_failed(self, agent: Agent, why: str) -> None: ...
+
+    def mark_ok(self, agent: Agent) -> None: ...
+
+
 class FailoverTransport(httpx2.BaseTransport):
-    def __init__(self, fleet: FleetClient, inner: httpx2.BaseTransport | None = None) -> None:
+    def __init__(self, fleet: Fleet, inner: httpx2.BaseTransport | None = None) -> None:
         self._fleet = fleet
         self._inner = inner or httpx2.HTTPTransport()
 

@@ -16,9 +16,7 @@ from typing import Any
 from coordinator.access.audit import AuditLog, to_jsonl
 from coordinator.cli.client import AdminClient
 from coordinator.config import CoordinatorConfig
-from coordinator.store.audit import AuditTable
-from coordinator.store.interface import FleetStore
-from coordinator.store.offline import run_offline
+from coordinator.store.admin_db import AdminDatabase
 
 _PAGE = 10_000
 
@@ -47,11 +45,14 @@ def cli_actor() -> str:
         return f"uid {os.getuid()}"
 
 
-async def record_cli_change(store: AuditTable, action: str, target: str, detail: str = "") -> None:
+def record_cli_change(data_dir: Path, action: str, target: str, detail: str = "") -> None:
     """Audit a change the CLI made in the database."""
-    await AuditLog(store).append(action=action, outcome="ok", actor_id="cli",
-                                 actor_name=cli_actor(), role="admin", target=target, peer="cli",
-                                 detail=detail)  # fmt: skip
+    db = AdminDatabase.in_directory(data_dir)
+    try:
+        AuditLog(db).append(action=action, outcome="ok", actor_id="cli", actor_name=cli_actor(),
+                            role="admin", target=target, peer="cli", detail=detail)  # fmt: skip
+    finally:
+        db.close()
 
 
 def _export(args: argparse.Namespace, data_dir: Path) -> int:
@@ -65,14 +66,14 @@ def _export(args: argparse.Namespace, data_dir: Path) -> int:
             return 2
         if since.tzinfo is None:
             since = since.replace(tzinfo=UTC)
-
-    async def export(store: FleetStore) -> int:
+    db = AdminDatabase.in_directory(data_dir)
+    try:
         after = 0
         while True:
-            page = await AuditLog(store).entries(since=since, after_seq=after, limit=_PAGE)
-            sys.stdout.writelines(to_jsonl(page))
+            page = list(AuditLog(db).entries(since=since, after_seq=after, limit=_PAGE))
+            sys.stdout.writelines(to_jsonl(iter(page)))
             if len(page) < _PAGE:
                 return 0
             after = page[-1].seq
-
-    return run_offline(data_dir, export)
+    finally:
+        db.close()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 from aiohttp import web
@@ -66,7 +65,6 @@ from coordinator.routing.overflow import (
 from coordinator.routing.service import Router
 from coordinator.rpc.convert import LoadLimits
 from coordinator.rpc.service import CoordinatorServicer, GrpcServer
-from coordinator.store.admin_db import AdminDatabase
 from coordinator.store.interface import FleetStore
 from coordinator.store.sqlite import SQLiteFleetStore
 
@@ -87,17 +85,19 @@ def create_app(
 ) -> web.Application:
     """Build the coordinator's web.Application.
 
-    Opens the store (SQLite in ``config.data_dir`` unless one is given) and loads or
-    creates the CA. Starting the app (AppRunner.setup / a test server) also starts the
-    gRPC server, the liveness sweep and the periodic save of the agents' live state;
-    cleaning it up ends agent sessions, stops the gRPC server, saves the live state a
-    last time and closes the store. ``rollouts``: the model rollout engine's collaborators
+    Loads or creates the CA and the model-signing key. Starting the app (AppRunner.setup
+    / a test server) opens the store (SQLite in ``config.data_dir`` unless one is given),
+    loads what the services keep in memory from it (the agents on record, the model
+    catalog and assignments, the API keys, active rollouts), then starts the gRPC
+    server, the liveness sweep and the periodic save of the agents' live state; cleaning
+    it up ends agent sessions, stops the gRPC server, writes what is queued and the live
+    state a last time and closes the store. ``rollouts``: the model rollout engine's collaborators
     (tests pass stand-ins); by default this app's catalog and assignment layer.
     """
     data = config.data_path
     fleet_store: FleetStore = SQLiteFleetStore.in_directory(data) if store is None else store
     ca = CertificateAuthority.load_or_create(data / "ca")
-    registry: FleetRegistry = LiveFleetRegistry(
+    live_registry = LiveFleetRegistry(
         fleet_store,
         report_interval_ms=config.report_interval_ms,
         suspect_after_reports=config.suspect_after_reports,
@@ -106,20 +106,19 @@ def create_app(
         max_agents=config.max_agents,
         stale_unenrolled_after_s=config.stale_unenrolled_after_s,
     )
+    registry: FleetRegistry = live_registry
     tokens = JoinTokens(fleet_store)
-    # Admin tokens, the audit log and request records: tables in the same database file.
-    admin_db = AdminDatabase.in_directory(data)
-    admin_tokens = AdminTokens(admin_db, bootstrap_token=config.bootstrap_admin_token())
-    records = RequestRecordStore(admin_db, max_rows=config.request_records_max_rows)
+    admin_tokens = AdminTokens(fleet_store, bootstrap_token=config.bootstrap_admin_token())
+    records = RequestRecordStore(fleet_store, max_rows=config.request_records_max_rows)
     metrics = CoordinatorMetrics(registry)
     events = FleetEvents(FleetSeries(), _finder(registry), config.report_interval_ms)
     router = Router.from_config(registry, config, metrics)
     api_keys = ApiKeys(fleet_store)
     # The model catalog (signing key in data_dir: an unreadable one stops the start) and
     # which versions each agent should run.
-    catalog = ModelCatalog.in_directory(admin_db, data)
+    catalog = ModelCatalog.in_directory(fleet_store, data)
     blob_base_url = BlobBaseUrl(config)
-    assignments = ModelAssignments(admin_db, catalog, registry, blob_base_url=blob_base_url)
+    assignments = ModelAssignments(fleet_store, catalog, registry, blob_base_url=blob_base_url)
     report_hooks = ReportHooks()
     report_hooks.add(assignments.on_report)
     report_hooks.add(events.on_report)  # the dashboard's series and rows
@@ -175,7 +174,7 @@ def create_app(
     app[TOKENS_KEY] = tokens
     app[ROUTER_KEY] = router
     app[ADMIN_TOKENS_KEY] = admin_tokens
-    app[AUDIT_KEY] = AuditLog(admin_db)
+    app[AUDIT_KEY] = AuditLog(fleet_store)
     app[RECORDS_KEY] = records
     app[ROUTE_ROLES_KEY] = route_roles()
     app[OPENAPI_KEY] = _openapi_json()
@@ -191,8 +190,18 @@ def create_app(
     app[EVENTS_KEY] = events
     app[SESSIONS_KEY] = DashboardSessions(admin_tokens.check, ttl_s=config.dashboard_session_ttl_s)
     add_routes(app)
-    app.cleanup_ctx.append(_store)
-    app.cleanup_ctx.append(_admin_db_closer(admin_db))
+    # First: the store opens (and the services load from it) before anything serves, and
+    # closes after everything else stopped.
+    app.cleanup_ctx.append(
+        _store(
+            fleet_store,
+            live_registry.load,
+            catalog.load,
+            assignments.load,
+            records.load,
+            distributor.load,
+        )
+    )
     # Between the store and the gRPC server: the last save runs once sessions ended.
     app.cleanup_ctx.append(_last_state_saver)
     app.cleanup_ctx.append(_grpc_server)
@@ -215,17 +224,21 @@ def _finder(registry: FleetRegistry) -> Callable[[str], AgentRecord | None]:
     return find
 
 
-def _admin_db_closer(db: AdminDatabase) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def close(app: web.Application) -> AsyncIterator[None]:
-        yield
-        db.close()
+def _store(
+    store: FleetStore, *loads: Callable[[], Awaitable[None]]
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Open the store and load the services from it; close it at the end."""
 
-    return close
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await store.open()
+        try:
+            for load in loads:
+                await load()
+            yield
+        finally:
+            await store.close()
 
-
-async def _store(app: web.Application) -> AsyncIterator[None]:
-    yield
-    app[STORE_KEY].close()
+    return lifecycle
 
 
 # The agents' live state is saved every this many report intervals (and at shutdown).
@@ -242,8 +255,7 @@ async def _last_state_saver(app: web.Application) -> AsyncIterator[None]:
 
     async def save() -> None:
         try:
-            for _ in registry.save_last_states(SAVE_BATCH):
-                await asyncio.sleep(0)
+            await registry.save_last_states(SAVE_BATCH)
         except StoreError as exc:  # retried next period: what failed is still unsaved
             logger.warning("could not save the agents' live state: %s", exc)
 
@@ -251,8 +263,9 @@ async def _last_state_saver(app: web.Application) -> AsyncIterator[None]:
         async with periodic_task("last-state saver", period_s, save):
             yield
     finally:
+        await registry.flush()  # sessions opened and ended until now
         try:
-            saved = sum(registry.save_last_states(SAVE_BATCH))
+            saved = await registry.save_last_states(SAVE_BATCH)
         except StoreError as exc:
             logger.error("could not save the agents' live state at shutdown: %s", exc)
         else:
@@ -303,7 +316,7 @@ async def _key_distribution(app: web.Application) -> AsyncIterator[None]:
 
     async def tick() -> None:
         try:
-            distributor.tick(period_s)
+            await distributor.tick(period_s)
         except StoreError as exc:  # retried next period
             logger.warning("could not refresh API keys: %s", exc)
 
@@ -312,6 +325,6 @@ async def _key_distribution(app: web.Application) -> AsyncIterator[None]:
             yield
     finally:
         try:
-            distributor.save_usage()
+            await distributor.save_usage()
         except StoreError as exc:
             logger.error("could not save API key usage at shutdown: %s", exc)

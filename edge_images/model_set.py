@@ -148,26 +148,29 @@ def _publish_and_export(dirs: list[Path], signer: ManifestSigner, out: Path) -> 
     """A throwaway coordinator catalog: publish each directory, export the signed set."""
     from coordinator.catalog.catalog import BlobStore, ModelCatalog, write_signed_set
     from coordinator.errors import ModelCatalogError
-    from coordinator.store.admin_db import AdminDatabase
+    from coordinator.store.catalog import CatalogVersion
+    from coordinator.store.interface import FleetStore
+    from coordinator.store.offline import run_offline
 
     with tempfile.TemporaryDirectory(prefix="model-set-", dir=cache_root()) as tmp:
         data = Path(tmp)
-        db = AdminDatabase.in_directory(data)
+        blobs = BlobStore(data / "models")
+
+        async def publish(store: FleetStore) -> list[CatalogVersion]:
+            catalog = ModelCatalog(store, blobs, signer)
+            return [(await catalog.publish_directory(d)).version for d in dirs]
+
+        def fetch(sha256: str, destination: Path) -> None:
+            try:
+                os.link(blobs.path(sha256), destination)
+            except OSError:
+                shutil.copyfile(blobs.path(sha256), destination)
+
         try:
-            catalog = ModelCatalog(db, BlobStore(data / "models"), signer)
-            versions = [catalog.publish_directory(d).version for d in dirs]
-
-            def fetch(sha256: str, destination: Path) -> None:
-                try:
-                    os.link(catalog.blobs.path(sha256), destination)
-                except OSError:
-                    shutil.copyfile(catalog.blobs.path(sha256), destination)
-
+            versions = run_offline(data, publish)
             write_signed_set(out, versions, signer.public_key, fetch)
         except ModelCatalogError as exc:
             raise ImageBuildError(f"model set: {exc}") from exc
-        finally:
-            db.close()
 
 
 def _sha256(path: Path) -> str:

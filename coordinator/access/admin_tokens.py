@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from coordinator.errors import UnknownTokenRefError
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.admin_tokens import AdminTokenRecord, AdminTokenTable
 
 PREFIX = "efa_"
 _TOKEN = re.compile(r"^efa_(?P<id>[0-9a-f]{12})\.(?P<secret>[A-Za-z0-9_-]{43})$")
@@ -113,59 +113,38 @@ def check_name(name: str) -> str:
 
 
 class AdminTokens:
-    """Mint, list, revoke and check admin tokens."""
+    """Mint, list, revoke and check admin tokens (table admin_tokens in the store)."""
 
-    def __init__(self, db: AdminDatabase, *, bootstrap_token: str = "") -> None:
+    def __init__(self, store: AdminTokenTable, *, bootstrap_token: str = "") -> None:
         if bootstrap_token and len(bootstrap_token) < MIN_TOKEN_LENGTH:
             raise ValueError(f"the bootstrap admin token needs {MIN_TOKEN_LENGTH}+ characters")
-        self._db = db
+        self._store = store
         self._bootstrap = _as_bytes(bootstrap_token) if bootstrap_token else b""
 
-    def mint(self, role: Role, name: str, *, created_by: str = "") -> NewAdminToken:
+    async def mint(self, role: Role, name: str, *, created_by: str = "") -> NewAdminToken:
         name = check_name(name)
         token_id = secrets.token_hex(6)
         secret = secrets.token_urlsafe(32)  # 256 bits, 43 characters
         now = datetime.now(UTC)
-        with self._db.transaction() as db:
-            db.execute(
-                "INSERT INTO admin_tokens (token_id, name, role, secret_sha256, created_at,"
-                " created_by) VALUES (?, ?, ?, ?, ?, ?)",
-                (token_id, name, role.label, _digest(secret.encode()).hex(), now.isoformat(),
-                 created_by),
-            )  # fmt: skip
+        digest = _digest(secret.encode()).hex()
+        await self._store.add_admin_token(
+            AdminTokenRecord(token_id, name, role.label, digest, now, created_by)
+        )
         record = AdminToken(token_id, name, role, now, created_by, None)
         return NewAdminToken(token=f"{PREFIX}{token_id}.{secret}", record=record)
 
-    def list(self) -> list[AdminToken]:
-        rows = self._db.query("SELECT * FROM admin_tokens ORDER BY created_at, token_id")
-        return [
-            AdminToken(
-                token_id=r["token_id"],
-                name=r["name"],
-                role=Role.parse(r["role"]),
-                created_at=datetime.fromisoformat(r["created_at"]),
-                created_by=r["created_by"],
-                revoked_at=None
-                if r["revoked_at"] is None
-                else datetime.fromisoformat(r["revoked_at"]),
-            )
-            for r in rows
-        ]
+    async def list(self) -> list[AdminToken]:
+        return [_token(r) for r in await self._store.list_admin_tokens()]
 
-    def revoke(self, token_id: str) -> AdminToken:
-        with self._db.transaction() as db:
-            db.execute(
-                "UPDATE admin_tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL",
-                (datetime.now(UTC).isoformat(), token_id),
-            )
-            exists = db.execute(
-                "SELECT 1 FROM admin_tokens WHERE token_id = ?", (token_id,)
-            ).fetchone()
-        if not exists:
+    async def revoke(self, token_id: str) -> AdminToken:
+        if not await self._store.revoke_admin_token(token_id, datetime.now(UTC)):
             raise UnknownAdminTokenError(token_id)
-        return next(t for t in self.list() if t.token_id == token_id)
+        record = await self._store.get_admin_token(token_id)
+        if record is None:  # removed in between: nothing does that
+            raise UnknownAdminTokenError(token_id)
+        return _token(record)
 
-    def check(self, presented: str) -> Caller | None:
+    async def check(self, presented: str) -> Caller | None:
         """The caller a presented token stands for; None when it is not a valid token."""
         given = _as_bytes(presented)
         if self._bootstrap and hmac.compare_digest(given, self._bootstrap):
@@ -173,14 +152,23 @@ class AdminTokens:
         match = _TOKEN.match(presented)
         if match is None:
             return None
-        rows = self._db.query(
-            "SELECT name, role, secret_sha256 FROM admin_tokens"
-            " WHERE token_id = ? AND revoked_at IS NULL",
-            match["id"],
-        )
+        found = await self._store.get_admin_token(match["id"])
+        if found is not None and found.revoked_at is not None:
+            found = None
         digest = _digest(match["secret"].encode())
         # Compared even when the id is unknown, so both paths cost the same.
-        stored = bytes.fromhex(rows[0]["secret_sha256"]) if rows else bytes(32)
-        if not hmac.compare_digest(digest, stored) or not rows:
+        stored = bytes.fromhex(found.secret_sha256) if found is not None else bytes(32)
+        if not hmac.compare_digest(digest, stored) or found is None:
             return None
-        return Caller(match["id"], rows[0]["name"], Role.parse(rows[0]["role"]))
+        return Caller(match["id"], found.name, Role.parse(found.role))
+
+
+def _token(record: AdminTokenRecord) -> AdminToken:
+    return AdminToken(
+        token_id=record.token_id,
+        name=record.name,
+        role=Role.parse(record.role),
+        created_at=record.created_at,
+        created_by=record.created_by,
+        revoked_at=record.revoked_at,
+    )

@@ -5,12 +5,14 @@ it is shown once, when minted, and stored only as its SHA-256 (a fast digest, no
 password hash: the secret is random, and agents check it in microseconds). ``key_id`` is
 public (logs, usage, the admin API).
 
-``ApiKeys`` mints, lists, shows and revokes keys in the FleetStore. ``KeyDistributor``
+``ApiKeys`` mints, lists, shows and revokes keys in the store. ``KeyDistributor``
 turns the active keys into each connected agent's ``keys`` desired-state section and
 pushes it: to an agent when it connects, to every connected agent when a key is minted
 or revoked, and from a periodic tick (every report interval) that also catches expiries,
 changes made by the CLI straight in the database, and rebalanced shares. So a revocation
 reaches every connected agent within one report interval (the admin API pushes at once).
+The distributor holds the active keys in memory (read from the store by ``load`` and
+each tick): an agent's connect and its reports never wait for the store.
 
 Fleet-wide rate limits are approximate by design. Each agent enforces its *share* of a
 key's ``requests_per_minute`` and ``tokens_per_minute`` with local token buckets (no
@@ -45,7 +47,7 @@ from datetime import UTC, datetime, timedelta
 
 from coordinator.errors import UnknownApiKeyError
 from coordinator.identity.join_tokens import sha256_hex
-from coordinator.store.interface import ApiKeyRecord, FleetStore
+from coordinator.store.api_keys import ApiKeyRecord, ApiKeyTable
 from edgefleet.contract import ApiKey, KeysSection, KeyUsage
 
 logger = logging.getLogger(__name__)
@@ -77,13 +79,13 @@ class NewApiKey:
 
 
 class ApiKeys:
-    """Mint, list, show and revoke API keys in a FleetStore."""
+    """Mint, list, show and revoke API keys in the store."""
 
-    def __init__(self, store: FleetStore, *, clock: Clock = _now) -> None:
+    def __init__(self, store: ApiKeyTable, *, clock: Clock = _now) -> None:
         self._store = store
         self._clock = clock
 
-    def mint(
+    async def mint(
         self,
         *,
         name: str = "",
@@ -125,31 +127,34 @@ class ApiKeys:
             tokens_per_minute=tokens_per_minute,
             expires_at=None if expires_in is None else now + expires_in,
         )
-        self._store.add_api_key(record)
+        await self._store.add_api_key(record)
         logger.info("API key %s minted (name %r)", key_id, name)
         return NewApiKey(secret=secret, record=record)
 
-    def list_all(self) -> list[ApiKeyRecord]:
-        return self._store.list_api_keys()
+    async def list_all(self) -> list[ApiKeyRecord]:
+        return await self._store.list_api_keys()
 
-    def get(self, key_id: str) -> ApiKeyRecord:
-        found = next((k for k in self._store.list_api_keys() if k.key_id == key_id), None)
+    async def get(self, key_id: str) -> ApiKeyRecord:
+        found = next((k for k in await self._store.list_api_keys() if k.key_id == key_id), None)
         if found is None:
             raise UnknownApiKeyError(key_id)
         return found
 
-    def revoke(self, key_id: str) -> ApiKeyRecord:
-        if not self._store.revoke_api_key(key_id, self._clock()):
+    async def revoke(self, key_id: str) -> ApiKeyRecord:
+        if not await self._store.revoke_api_key(key_id, self._clock()):
             raise UnknownApiKeyError(key_id)
         logger.info("API key %s revoked", key_id)
-        return self.get(key_id)
+        return await self.get(key_id)
 
-    def active(self) -> list[ApiKeyRecord]:
+    async def active(self) -> list[ApiKeyRecord]:
+        return self.active_of(await self._store.list_api_keys())
+
+    def active_of(self, keys: Iterable[ApiKeyRecord]) -> list[ApiKeyRecord]:
         now = self._clock()
-        return [k for k in self._store.list_api_keys() if k.state(now) == "active"]
+        return [k for k in keys if k.state(now) == "active"]
 
-    def add_usage(self, usage: Iterable[tuple[str, int, int, int, int]]) -> None:
-        self._store.add_api_key_usage(list(usage))
+    async def add_usage(self, usage: Iterable[tuple[str, int, int, int, int]]) -> None:
+        await self._store.add_api_key_usage(list(usage))
 
 
 @dataclass(slots=True)
@@ -183,8 +188,9 @@ class KeyDistributor:
         self._current_section = current_section
         self._push: Push | None = None
         self._connected: Callable[[], Collection[str]] = tuple
-        self._active: list[ApiKeyRecord] = keys.active()
-        self._known_ids = {k.key_id for k in keys.list_all()}
+        # Read from the store by load() and every refresh.
+        self._active: list[ApiKeyRecord] = []
+        self._known_ids: set[str] = set()
         # Per agent, per key id.
         self._demand: dict[str, dict[str, _Demand]] = {}
         # Built once per refresh: key templates, and key tuples by their shares.
@@ -194,6 +200,13 @@ class KeyDistributor:
         self._unsaved: dict[str, list[int]] = {}
         self._totals: dict[str, tuple[float, float]] = {}
         self._agent_count = 0
+
+    async def load(self) -> None:
+        """Read the keys from the store (before agents connect)."""
+        every = await self._keys.list_all()
+        self._active = self._keys.active_of(every)
+        self._known_ids = {k.key_id for k in every}
+        self._template_keys = None
 
     def bind(self, push: Push, connected: Callable[[], Collection[str]]) -> None:
         """``push(agent_id, section)`` sets and pushes a live agent's section;
@@ -278,12 +291,12 @@ class KeyDistributor:
         """An agent opened a session: set its section (sent with its full desired state).
 
         Unchanged keys keep their generation (a reconnect re-applies nothing). While no key
-        was ever minted here no section is set: no agent can hold keys of ours to drop.
+        was ever minted here no section is set: no agent can hold keys of ours to drop (the
+        first key, minted by the CLI straight in the database, reaches the agents connected
+        by then with the next tick's refresh).
         """
         if not self._known_ids:
-            self._known_ids = {k.key_id for k in self._keys.list_all()}
-            if not self._known_ids:
-                return
+            return
         # Demand totals from the last refresh: a reconnect storm costs O(keys) per agent.
         keys = self._shares(agent_id, max(len(self._connected()), 1))
         current = self._current_section(agent_id)
@@ -314,12 +327,12 @@ class KeyDistributor:
             totals[2] += u.completion_tokens
             totals[3] += u.rejected
 
-    def refresh(self, *, force: bool = False) -> int:
+    async def refresh(self, *, force: bool = False) -> int:
         """Reload the active keys and push each connected agent's section when it changed
         (any key added, removed or changed; a share moved by over RESHARE_TOLERANCE).
         Returns the number of agents pushed to."""
         previous = {k.key_id: _without_usage(k) for k in self._active}
-        self._active = self._keys.active()
+        self._active = await self._keys.active()
         self._known_ids |= {k.key_id for k in self._active}
         # usage totals grow every tick: only a change of the keys or their scopes counts
         changed = force or previous != {k.key_id: _without_usage(k) for k in self._active}
@@ -351,7 +364,7 @@ class KeyDistributor:
             self._pushed[agent_id] = keys
         return min(len(moved), limit)
 
-    def tick(self, interval_s: float) -> int:
+    async def tick(self, interval_s: float) -> int:
         """Every report interval: smooth the demand, save usage, push what changed."""
         per_minute = 60.0 / max(interval_s, 1e-3)
         for by_key in self._demand.values():
@@ -363,12 +376,19 @@ class KeyDistributor:
                     demand.tokens * per_minute - demand.token_rate
                 )
                 demand.requests = demand.tokens = 0
-        self.save_usage()
-        return self.refresh()
+        await self.save_usage()
+        return await self.refresh()
 
-    def save_usage(self) -> None:
+    async def save_usage(self) -> None:
         unsaved, self._unsaved = self._unsaved, {}
-        self._keys.add_usage((k, *v) for k, v in unsaved.items())  # type: ignore[misc]
+        try:
+            await self._keys.add_usage((k, *v) for k, v in unsaved.items())  # type: ignore[misc]
+        except BaseException:  # kept for the next save
+            for key_id, counts in unsaved.items():
+                totals = self._unsaved.setdefault(key_id, [0, 0, 0, 0])
+                for i, count in enumerate(counts):
+                    totals[i] += count
+            raise
 
     def shares_of(self, key_id: str) -> dict[str, tuple[float, float]]:
         """Each connected agent's (requests/min, tokens/min) share of a key, as pushed."""

@@ -18,35 +18,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.audit import AuditEntry, AuditTable
+
+__all__ = ["MAX_PAGE", "AuditEntry", "AuditLog", "to_jsonl"]
 
 REFUSALS_PER_S = 1.0
 REFUSAL_BURST = 20
 MAX_FIELD = 512
 # Most rows one export or page returns.
 MAX_PAGE = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class AuditEntry:
-    seq: int
-    at: str
-    actor_id: str
-    actor_name: str
-    role: str
-    action: str
-    target: str
-    peer: str
-    outcome: str
-    status: int
-    detail: str
-
-    def json(self) -> dict[str, object]:
-        return {"object": "audit_entry", **asdict(self)}
 
 
 def _clip(text: str) -> str:
@@ -56,15 +39,15 @@ def _clip(text: str) -> str:
 class AuditLog:
     """Append and read; nothing else."""
 
-    def __init__(self, db: AdminDatabase) -> None:
-        self._db = db
+    def __init__(self, store: AuditTable) -> None:
+        self._store = store
         self._tokens = float(REFUSAL_BURST)
         self._refill_at = time.monotonic()
         #: Refusals not recorded because of the rate cap (since start).
         self.refusals_suppressed = 0
         self._suppressed_since_last = 0
 
-    def append(
+    async def append(
         self,
         *,
         action: str,
@@ -77,18 +60,13 @@ class AuditLog:
         peer: str = "",
         detail: str = "",
     ) -> None:
-        with self._db.transaction() as db:
-            db.execute(
-                "INSERT INTO audit_log (at, actor_id, actor_name, role, action, target, peer,"
-                " outcome, status, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    datetime.now(UTC).isoformat(timespec="microseconds"),
-                    _clip(actor_id), _clip(actor_name), role, _clip(action), _clip(target),
-                    _clip(peer), outcome, status, _clip(detail),
-                ),
-            )  # fmt: skip
+        await self._store.append_audit(
+            at=datetime.now(UTC), actor_id=_clip(actor_id), actor_name=_clip(actor_name),
+            role=role, action=_clip(action), target=_clip(target), peer=_clip(peer),
+            outcome=outcome, status=status, detail=_clip(detail),
+        )  # fmt: skip
 
-    def append_refusal(self, **fields: object) -> bool:
+    async def append_refusal(self, **fields: object) -> bool:
         """Record a refused attempt unless over the rate cap; True when recorded."""
         now = time.monotonic()
         self._tokens = min(REFUSAL_BURST, self._tokens + (now - self._refill_at) * REFUSALS_PER_S)
@@ -104,21 +82,17 @@ class AuditLog:
                 "this one not recorded: rate cap)"
             ).strip()
             self._suppressed_since_last = 0
-        self.append(**fields)  # type: ignore[arg-type]
+        await self.append(**fields)  # type: ignore[arg-type]
         return True
 
-    def entries(self, *, since: datetime | None = None, after_seq: int = 0,
-                limit: int = MAX_PAGE) -> Iterator[AuditEntry]:  # fmt: skip
+    async def entries(self, *, since: datetime | None = None, after_seq: int = 0,
+                      limit: int = MAX_PAGE) -> list[AuditEntry]:  # fmt: skip
         """Rows in the order written, from ``since`` (a time) and after ``after_seq``."""
-        since_text = "" if since is None else since.astimezone(UTC).isoformat()
-        rows = self._db.query(
-            "SELECT * FROM audit_log WHERE seq > ? AND at >= ? ORDER BY seq LIMIT ?",
-            after_seq, since_text, min(max(limit, 0), MAX_PAGE),
-        )  # fmt: skip
-        for r in rows:
-            yield AuditEntry(**{k: r[k] for k in r.keys()})  # noqa: SIM118
+        return await self._store.audit_entries(
+            since=since, after_seq=after_seq, limit=min(max(limit, 0), MAX_PAGE)
+        )
 
 
-def to_jsonl(entries: Iterator[AuditEntry]) -> Iterator[str]:
+def to_jsonl(entries: Iterable[AuditEntry]) -> Iterator[str]:
     for entry in entries:
         yield json.dumps(entry.json(), ensure_ascii=False, separators=(",", ":")) + "\n"

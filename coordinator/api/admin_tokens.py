@@ -24,7 +24,7 @@ async def mint_admin_token(request: web.Request) -> web.Response:
         raise InvalidParameter("role", str(exc)) from None
     caller = request[CALLER_KEY]
     try:
-        created = request.config_dict[ADMIN_TOKENS_KEY].mint(
+        created = await request.config_dict[ADMIN_TOKENS_KEY].mint(
             role, name, created_by=f"{caller.name} ({caller.token_id})"
         )
     except ValueError as exc:
@@ -33,12 +33,12 @@ async def mint_admin_token(request: web.Request) -> web.Response:
 
 
 async def list_admin_tokens(request: web.Request) -> web.Response:
-    data = [t.json() for t in request.config_dict[ADMIN_TOKENS_KEY].list()]
+    data = [t.json() for t in await request.config_dict[ADMIN_TOKENS_KEY].list()]
     return web.json_response({"object": "list", "data": data})
 
 
 async def revoke_admin_token(request: web.Request) -> web.Response:
-    record = request.config_dict[ADMIN_TOKENS_KEY].revoke(request.match_info["token_id"])
+    record = await request.config_dict[ADMIN_TOKENS_KEY].revoke(request.match_info["token_id"])
     return web.json_response(record.json())
 
 

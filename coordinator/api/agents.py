@@ -45,7 +45,7 @@ async def set_agent(request: web.Request) -> web.Response:
             except ValueError as exc:
                 raise InvalidParameter("http_url", str(exc)) from exc
     location = location_from(body.get("lat"), body.get("lon"))
-    result = request.config_dict[LIFECYCLE_KEY].set_fixed(
+    result = await request.config_dict[LIFECYCLE_KEY].set_fixed(
         agent_id, site=site, location=location, http_url=http_url
     )
     view = stored_agent_json(result.stored, agent_id)
@@ -54,14 +54,14 @@ async def set_agent(request: web.Request) -> web.Response:
 
 async def revoke_agent(request: web.Request) -> web.Response:
     agent_id = request.match_info["agent_id"]
-    result = request.config_dict[LIFECYCLE_KEY].revoke(agent_id)
+    result = await request.config_dict[LIFECYCLE_KEY].revoke(agent_id)
     view = stored_agent_json(result.stored, agent_id)
     return web.json_response(view | {"session_ended": result.session_ended})
 
 
 async def remove_agent(request: web.Request) -> web.Response:
     agent_id = request.match_info["agent_id"]
-    result = request.config_dict[LIFECYCLE_KEY].remove(agent_id)
+    result = await request.config_dict[LIFECYCLE_KEY].remove(agent_id)
     view = stored_agent_json(None, agent_id)
     return web.json_response(view | {"session_ended": result.session_ended})
 

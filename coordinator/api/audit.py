@@ -42,7 +42,7 @@ async def audit_log(request: web.Request) -> web.StreamResponse:
     fmt = request.query.get("format", "json")
     if fmt not in ("json", "jsonl"):
         raise InvalidParameter("format", "format must be json or jsonl")
-    entries = request.config_dict[AUDIT_KEY].entries(
+    entries = await request.config_dict[AUDIT_KEY].entries(
         since=_since(request),
         after_seq=_query_int(request, "after_seq", 0, 2**62),
         limit=_query_int(request, "limit", 1000 if fmt == "json" else MAX_PAGE, MAX_PAGE),
@@ -53,7 +53,7 @@ async def audit_log(request: web.Request) -> web.StreamResponse:
 
 
 async def request_records(request: web.Request) -> web.Response:
-    records = request.config_dict[RECORDS_KEY].list(
+    records = await request.config_dict[RECORDS_KEY].list(
         agent_id=request.query.get("agent_id") or None,
         after_seq=_query_int(request, "after_seq", 0, 2**62),
         limit=_query_int(request, "limit", 1000, 10_000),

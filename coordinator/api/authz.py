@@ -77,28 +77,28 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
     roles = request.config_dict[ROUTE_ROLES_KEY]
     if key not in roles:
         logger.error("route %s %s declares no role: refused", *key)
-        return _refuse(request, 403, "This route declares no role.", "route_without_role")
+        return await _refuse(request, 403, "This route declares no role.", "route_without_role")
     needed = roles[key]
     if needed is None:
         return await handler(request)
     token = _bearer(request)
     if token is not None:
-        caller = request.config_dict[ADMIN_TOKENS_KEY].check(token)
+        caller = await request.config_dict[ADMIN_TOKENS_KEY].check(token)
     else:  # the dashboard's session cookie; state changes only from its own origin
-        caller = session_caller(request)
+        caller = await session_caller(request)
         if caller is not None and request.method not in READ_METHODS and not same_origin(request):
             request[CALLER_KEY] = caller
-            return _refuse(
+            return await _refuse(
                 request,
                 403,
                 "A request signed in by the dashboard's session cookie must come from the "
                 "dashboard's own origin (Origin header).",
                 "cross_origin",
             )
-    if caller is None and key in AGENT_ROUTES and agent_may_read(request):
+    if caller is None and key in AGENT_ROUTES and await agent_may_read(request):
         return await handler(request)  # an agent with its own credential (model_http)
     if caller is None:
-        return _refuse(
+        return await _refuse(
             request,
             401,
             f"This route needs Authorization: Bearer <admin token> (role {needed.label} or above).",
@@ -107,7 +107,7 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
         )
     request[CALLER_KEY] = caller
     if caller.role < needed:
-        return _refuse(
+        return await _refuse(
             request,
             403,
             f"This route needs role {needed.label}; the token {caller.name!r} has role "
@@ -120,7 +120,7 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
         response: web.StreamResponse = await handler(request)
     except Exception as exc:  # answered here so that the audit sees the outcome
         response = exception_response(request, exc)
-    _audit(request, caller, response.status)
+    await _audit(request, caller, response.status)
     return response
 
 
@@ -128,8 +128,8 @@ def _target(request: web.Request) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(request.match_info.items()))
 
 
-def _audit(request: web.Request, caller: Caller, status: int) -> None:
-    request.config_dict[AUDIT_KEY].append(
+async def _audit(request: web.Request, caller: Caller, status: int) -> None:
+    await request.config_dict[AUDIT_KEY].append(
         action=f"{request.method} {request.match_info.route.resource.canonical}"
         if request.match_info.route.resource is not None
         else f"{request.method} {request.path}",
@@ -143,7 +143,7 @@ def _audit(request: web.Request, caller: Caller, status: int) -> None:
     )
 
 
-def _refuse(
+async def _refuse(
     request: web.Request,
     status: int,
     message: str,
@@ -154,7 +154,7 @@ def _refuse(
     caller = request.get(CALLER_KEY)
     logger.warning("refused %s %s from %s: %s", request.method, request.path, request.remote,
                    code)  # fmt: skip
-    request.config_dict[AUDIT_KEY].append_refusal(
+    await request.config_dict[AUDIT_KEY].append_refusal(
         action=f"{request.method} {request.path}",
         outcome="refused",
         status=status,

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +78,7 @@ class DashboardSessions:
 
     def __init__(
         self,
-        check: Callable[[str], Caller | None],
+        check: Callable[[str], Awaitable[Caller | None]],
         *,
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
@@ -89,8 +89,8 @@ class DashboardSessions:
         self._sessions: dict[str, _Session] = {}
         self.sign_in_limiter = PeerRateLimiter(10 / 60.0, 10)
 
-    def open(self, token: str) -> tuple[str, Caller] | None:
-        caller = self._check(token)
+    async def open(self, token: str) -> tuple[str, Caller] | None:
+        caller = await self._check(token)
         if caller is None:
             return None
         self._expire()
@@ -101,16 +101,16 @@ class DashboardSessions:
         self._sessions[session_id] = _Session(token, self._clock() + self.ttl_s)
         return session_id, caller
 
-    def caller(self, session_id: str) -> Caller | None:
+    async def caller(self, session_id: str) -> Caller | None:
         session = self._sessions.get(session_id)
         if session is None:
             return None
         if session.expires <= self._clock():
             del self._sessions[session_id]
             return None
-        caller = self._check(session.token)  # a revoked token ends its sessions
+        caller = await self._check(session.token)  # a revoked token ends its sessions
         if caller is None:
-            del self._sessions[session_id]
+            self._sessions.pop(session_id, None)
         return caller
 
     def close(self, session_id: str) -> bool:
@@ -134,13 +134,13 @@ def same_origin(request: web.Request) -> bool:
 SESSIONS_KEY = web.AppKey("dashboard_sessions", DashboardSessions)
 
 
-def session_caller(request: web.Request) -> Caller | None:
+async def session_caller(request: web.Request) -> Caller | None:
     """The caller of the request's dashboard session cookie, if it holds a live one."""
     session_id = request.cookies.get(COOKIE)
     sessions = request.config_dict.get(SESSIONS_KEY)
     if not session_id or sessions is None:
         return None
-    return sessions.caller(session_id)
+    return await sessions.caller(session_id)
 
 
 # ------------------------------------------------------------------ live events
@@ -187,17 +187,17 @@ async def sign_in(request: web.Request) -> web.Response:
     token = body.get("token")
     if not isinstance(token, str) or not token or len(token) > 1024:
         raise InvalidParameter("token", "token must be an admin token (a non-empty string)")
-    opened = sessions.open(token.strip())
+    opened = await sessions.open(token.strip())
     audit = request.config_dict[AUDIT_KEY]
     if opened is None:
-        audit.append_refusal(
+        await audit.append_refusal(
             action="POST /v1/dashboard/session", outcome="refused", status=401, actor_id="",
             actor_name="", role="", peer=request.remote or "", detail="invalid_admin_token",
         )  # fmt: skip
         return error_response(401, "That is not a valid admin token.",
                               type_="authentication_error", code="invalid_admin_token")  # fmt: skip
     session_id, caller = opened
-    audit.append(
+    await audit.append(
         action="POST /v1/dashboard/session", outcome="ok", status=201,
         actor_id=caller.token_id, actor_name=caller.name, role=caller.role.label,
         target="dashboard sign-in", peer=request.remote or "",

@@ -36,7 +36,7 @@ async def create_token(request: web.Request) -> web.Response:
         raise InvalidParameter("site", "site (256), note (1024) or http_url (2048) is too long")
     location = location_from(body.get("lat"), body.get("lon"))
     try:
-        created = request.config_dict[TOKENS_KEY].create(
+        created = await request.config_dict[TOKENS_KEY].create(
             expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
             max_uses=max_uses,
             site=site,
@@ -52,7 +52,7 @@ async def create_token(request: web.Request) -> web.Response:
 
 async def list_tokens(request: web.Request) -> web.Response:
     now = datetime.now(UTC)
-    data = [token_json(t, now) for t in request.config_dict[TOKENS_KEY].list()]
+    data = [token_json(t, now) for t in await request.config_dict[TOKENS_KEY].list()]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -60,8 +60,9 @@ async def revoke_token(request: web.Request) -> web.Response:
     """Revoke a join token (no new enrollments); ``?agents=true`` revokes the agents
     enrolled with it too (their sessions end at once)."""
     token_id = request.match_info["token_id"]
-    request.config_dict[TOKENS_KEY].revoke(token_id)
+    await request.config_dict[TOKENS_KEY].revoke(token_id)
     data: dict[str, Any] = {"object": "join_token", "token_id": token_id, "state": "revoked"}
     if request.query.get("agents", "").lower() in ("1", "true", "yes"):
-        data["revoked_agents"] = request.config_dict[LIFECYCLE_KEY].revoke_agents_of_token(token_id)
+        lifecycle = request.config_dict[LIFECYCLE_KEY]
+        data["revoked_agents"] = await lifecycle.revoke_agents_of_token(token_id)
     return web.json_response(data)

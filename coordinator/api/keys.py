@@ -58,7 +58,7 @@ async def mint_key(request: web.Request) -> web.Response:
     requests_per_minute = _number(body, "requests_per_minute")
     tokens_per_minute = _number(body, "tokens_per_minute")
     try:
-        minted = request.config_dict[API_KEYS_KEY].mint(
+        minted = await request.config_dict[API_KEYS_KEY].mint(
             name=name,
             models=models,
             allow_cloud=allow_cloud,
@@ -70,21 +70,21 @@ async def mint_key(request: web.Request) -> web.Response:
         )
     except ValueError as exc:
         raise InvalidParameter("body", str(exc)) from None
-    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    pushed = await request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
     data = api_key_json(minted.record, datetime.now(UTC))
     return web.json_response(data | {"secret": minted.secret, "agents_updated": pushed}, status=201)
 
 
 async def list_keys(request: web.Request) -> web.Response:
     now = datetime.now(UTC)
-    data = [api_key_json(k, now) for k in request.config_dict[API_KEYS_KEY].list_all()]
+    data = [api_key_json(k, now) for k in await request.config_dict[API_KEYS_KEY].list_all()]
     return web.json_response({"object": "list", "data": data})
 
 
 async def show_key(request: web.Request) -> web.Response:
     key_id = request.match_info["key_id"]
     try:
-        record = request.config_dict[API_KEYS_KEY].get(key_id)
+        record = await request.config_dict[API_KEYS_KEY].get(key_id)
     except UnknownApiKeyError as exc:
         return _key_not_found(exc)
     shares = request.config_dict[KEY_DISTRIBUTOR_KEY].shares_of(key_id)
@@ -99,9 +99,9 @@ async def show_key(request: web.Request) -> web.Response:
 async def revoke_key(request: web.Request) -> web.Response:
     """Revoke a key; every connected agent gets the new key set at once."""
     try:
-        record = request.config_dict[API_KEYS_KEY].revoke(request.match_info["key_id"])
+        record = await request.config_dict[API_KEYS_KEY].revoke(request.match_info["key_id"])
     except UnknownApiKeyError as exc:
         return _key_not_found(exc)
-    pushed = request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    pushed = await request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
     data = api_key_json(record, datetime.now(UTC))
     return web.json_response(data | {"agents_updated": pushed})

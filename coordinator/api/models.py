@@ -63,12 +63,12 @@ UPLOAD_IDLE_S = 60.0
 # ------------------------------------------------------------------ agents' access
 
 
-def agent_may_read(request: web.Request) -> bool:
+async def agent_may_read(request: web.Request) -> bool:
     """The request carries an agent's identity that may read blobs (see the module doc)."""
     agent_id = request.headers.get(AGENT_ID_HEADER, "")
     if not agent_id or not valid_agent_id(agent_id):
         return False
-    stored = request.config_dict[STORE_KEY].get_agent(agent_id)
+    stored = await request.config_dict[STORE_KEY].get_agent(agent_id)
     if stored is not None and stored.revoked:
         return False
     if stored is not None and stored.enrolled:
@@ -241,7 +241,7 @@ async def publish_model(request: web.Request) -> web.Response:
     except (binascii.Error, ValueError):
         raise InvalidParameter("manifest_b64", "manifest_b64 is not base64") from None
     try:
-        published = request.config_dict[MODEL_CATALOG_KEY].publish(
+        published = await request.config_dict[MODEL_CATALOG_KEY].publish(
             manifest, name=_optional_name(body, "name"), version=_optional_name(body, "version")
         )
     except ModelCatalogError as exc:
@@ -262,7 +262,7 @@ async def deprecate_model(request: web.Request) -> web.Response:
     if not isinstance(flag, bool):
         raise InvalidParameter("deprecated", "deprecated must be true or false")
     try:
-        item = request.config_dict[MODEL_CATALOG_KEY].set_deprecated(name, version, flag)
+        item = await request.config_dict[MODEL_CATALOG_KEY].set_deprecated(name, version, flag)
     except ModelCatalogError as exc:
         return catalog_error(exc)
     return web.json_response(item.json())
@@ -273,7 +273,7 @@ async def delete_model(request: web.Request) -> web.Response:
     catalog = request.config_dict[MODEL_CATALOG_KEY]
     try:
         users = request.config_dict[MODEL_ASSIGNMENTS_KEY].in_use_by(name, version)
-        removed = catalog.delete(name, version, in_use_by=users)
+        removed = await catalog.delete(name, version, in_use_by=users)
     except ModelCatalogError as exc:
         return catalog_error(exc)
     return web.json_response({"object": "model_version", "name": name, "version": version,
@@ -292,7 +292,7 @@ async def deploy_model(request: web.Request) -> web.Response:
         raise InvalidParameter("selector", str(exc)) from None
     assignments = request.config_dict[MODEL_ASSIGNMENTS_KEY]
     try:
-        pushed = assignments.set_rule(selector, name, version)
+        pushed = await assignments.set_rule(selector, name, version)
     except ModelCatalogError as exc:
         return catalog_error(exc)
     return web.json_response({

@@ -12,7 +12,7 @@ from coordinator.api.app_keys import (
 from coordinator.api.audit import _query_int
 from coordinator.api.common import CALLER_KEY, InvalidParameter, error_response, json_body
 from coordinator.rollouts.engine import RolloutEngine, RolloutError
-from coordinator.store.rollouts import PolicyError, Rollout, RolloutPolicy, RolloutState
+from coordinator.rollouts.model import PolicyError, Rollout, RolloutPolicy, RolloutState
 
 
 class RolloutsUnavailable(Exception):
@@ -50,11 +50,11 @@ def rollout_summary(rollout: Rollout) -> dict[str, Any]:
 
 
 async def start_rollout(request: web.Request) -> web.Response:
-    """Start a rollout: the body is a rollout policy (coordinator.store.rollouts)."""
+    """Start a rollout: the body is a rollout policy (coordinator.rollouts.model)."""
     body = await json_body(request)
     caller = request[CALLER_KEY]
     try:
-        rollout = _rollouts(request).start(
+        rollout = await _rollouts(request).start(
             RolloutPolicy.from_json(body), created_by=f"{caller.name} ({caller.token_id})"
         )
     except (RolloutsUnavailable, PolicyError, RolloutError) as exc:
@@ -71,7 +71,7 @@ async def list_rollouts(request: web.Request) -> web.Response:
         raise InvalidParameter("state", f"state must be among {allowed}") from None
     limit = _query_int(request, "limit", 100, 1000)
     try:
-        found = _rollouts(request).rollouts(states, limit)
+        found = await _rollouts(request).rollouts(states, limit)
     except RolloutsUnavailable as exc:
         return _rollout_error(exc)
     return web.json_response({"object": "list", "data": [rollout_summary(r) for r in found]})
@@ -81,7 +81,7 @@ async def show_rollout(request: web.Request) -> web.Response:
     """One rollout in full, with its current step's gate as it stands now."""
     try:
         engine = _rollouts(request)
-        rollout = engine.get(request.match_info["rollout_id"])
+        rollout = await engine.get(request.match_info["rollout_id"])
     except (RolloutsUnavailable, RolloutError) as exc:
         return _rollout_error(exc)
     view = rollout.json()
@@ -94,9 +94,9 @@ async def _rollout_action(request: web.Request, action: str) -> web.Response:
     try:
         engine = _rollouts(request)
         if action == "pause":
-            rollout = engine.pause(rollout_id)
+            rollout = await engine.pause(rollout_id)
         elif action == "resume":
-            rollout = engine.resume(rollout_id)
+            rollout = await engine.resume(rollout_id)
         else:
             body = await json_body(request)
             rollback, reason = body.get("rollback", True), body.get("reason", "")
@@ -106,7 +106,7 @@ async def _rollout_action(request: web.Request, action: str) -> web.Response:
                 raise InvalidParameter("reason", "reason must be a string of <= 1024 characters")
             caller = request[CALLER_KEY]
             reason = f"aborted by {caller.name}" + (f": {reason}" if reason else "")
-            rollout = engine.abort(rollout_id, rollback=rollback, reason=reason)
+            rollout = await engine.abort(rollout_id, rollback=rollback, reason=reason)
     except (RolloutsUnavailable, RolloutError) as exc:
         return _rollout_error(exc)
     return web.json_response(rollout_summary(rollout))

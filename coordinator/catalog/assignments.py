@@ -1,6 +1,7 @@
 """Which model versions each agent should run, and pushing that to it.
 
-Two layers, both persisted (migration 6 in ``coordinator.store.sqlite``):
+Two layers, both kept in memory and persisted (coordinator/store/assignments.py; each
+change is written to the store first):
 
 - rules: ``set_rule(selector, name, version)`` says every agent the selector matches
   (sites, labels, agent ids; an empty selector is the whole fleet) should run
@@ -25,6 +26,7 @@ agents of its site that desire those versions get their peer lists refreshed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -38,7 +40,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.errors import ModelCatalogError, UnknownAgentError
 from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
 from coordinator.fleet.registry import FleetRegistry
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.assignments import AssignmentRecord, AssignmentTable
 from edgefleet.contract import (
     LoadReport,
     ModelInventoryState,
@@ -180,11 +182,14 @@ class Rule:
 
 
 class ModelAssignments:
-    """Rules and explicit assignments; builds and pushes each agent's ModelsSection."""
+    """Rules and explicit assignments; builds and pushes each agent's ModelsSection.
+
+    ``await load()`` before use: it reads the rules and assignments from the store.
+    """
 
     def __init__(
         self,
-        db: AdminDatabase,
+        store: AssignmentTable,
         catalog: ModelCatalog,
         registry: FleetRegistry,
         *,
@@ -192,7 +197,7 @@ class ModelAssignments:
         labels_of: Callable[[str], tuple[str, ...]] = lambda agent_id: (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._db = db
+        self._store = store
         self._catalog = catalog
         self._registry = registry
         self._blob_base_url = blob_base_url
@@ -205,98 +210,93 @@ class ModelAssignments:
         self._explicit: dict[str, dict[str, Assignment]] = {}
         # agent id -> what its last report said it holds: (name, version) -> holding?
         self._holdings: dict[str, dict[tuple[str, str], bool]] = {}
-        self._load()
+        # One change at a time: each writes the store, then memory, then pushes.
+        self._changing = asyncio.Lock()
 
     def bind(self, push: Push) -> None:
         """``push(agent_id, section)`` sets a section and sends it on the live session."""
         self._push = push
 
-    def _load(self) -> None:
-        for row in self._db.query("SELECT * FROM model_rules ORDER BY seq"):
+    async def load(self) -> None:
+        self._rules.clear()
+        self._explicit.clear()
+        for row in await self._store.list_model_rules():
             rule = Rule(
-                seq=row["seq"],
-                name=row["name"],
-                selector=Selector.from_json(json.loads(row["selector"])),
-                version=row["version"],
-                rollout_id=row["rollout_id"],
-                set_at=datetime.fromisoformat(row["set_at"]),
+                seq=row.seq,
+                name=row.name,
+                selector=Selector.from_json(json.loads(row.selector)),
+                version=row.version,
+                rollout_id=row.rollout_id,
+                set_at=row.set_at,
             )
             self._rules.setdefault(rule.name, []).append(rule)
-        for row in self._db.query("SELECT * FROM model_assignments"):
-            self._explicit.setdefault(row["agent_id"], {})[row["name"]] = Assignment(
-                row["name"], row["version"], row["rollout_id"]
+        for a in await self._store.list_model_assignments():
+            self._explicit.setdefault(a.agent_id, {})[a.name] = Assignment(
+                a.name, a.version, a.rollout_id
             )
 
     # ------------------------------------------------------------------ changing
 
-    def set_rule(
+    async def set_rule(
         self, selector: Selector, name: str, version: str, rollout_id: str = ""
     ) -> list[str]:
         """Agents matching ``selector`` without an explicit assignment for ``name`` run
         ``version``; returns the agents whose section was pushed."""
         self._check_version(name, version)
-        now = self._clock()
-        key = selector.key()
-        with self._db.transaction() as db:
-            db.execute("DELETE FROM model_rules WHERE name = ? AND selector = ?", (name, key))
-            cursor = db.execute(
-                "INSERT INTO model_rules (name, selector, version, rollout_id, set_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (name, key, version, rollout_id, now.isoformat()),
-            )
-            seq = int(cursor.lastrowid or 0)
-        rules = [r for r in self._rules.get(name, []) if r.selector.key() != key]
-        rules.append(Rule(seq, name, selector, version, rollout_id, now))
-        self._rules[name] = rules
-        logger.info("model rule: %s -> %s@%s", key, name, version)
-        return self.refresh(self._matching(selector))
+        async with self._changing:
+            now = self._clock()
+            key = selector.key()
+            seq = await self._store.set_model_rule(name, key, version, rollout_id, now)
+            rules = [r for r in self._rules.get(name, []) if r.selector.key() != key]
+            rules.append(Rule(seq, name, selector, version, rollout_id, now))
+            self._rules[name] = rules
+            logger.info("model rule: %s -> %s@%s", key, name, version)
+            return self.refresh(self._matching(selector))
 
-    def clear_rule(self, selector: Selector, name: str) -> list[str]:
+    async def clear_rule(self, selector: Selector, name: str) -> list[str]:
         """Drop the rule for exactly this selector and name (agents fall back to older
         rules, or to none); returns the agents whose section was pushed."""
         key = selector.key()
-        with self._db.transaction() as db:
-            db.execute("DELETE FROM model_rules WHERE name = ? AND selector = ?", (name, key))
-        self._rules[name] = [r for r in self._rules.get(name, []) if r.selector.key() != key]
-        if not self._rules[name]:
-            del self._rules[name]
-        return self.refresh(self._matching(selector))
+        async with self._changing:
+            await self._store.delete_model_rule(name, key)
+            self._rules[name] = [r for r in self._rules.get(name, []) if r.selector.key() != key]
+            if not self._rules[name]:
+                del self._rules[name]
+            return self.refresh(self._matching(selector))
 
     def rules(self, name: str | None = None) -> list[Rule]:
         names = sorted(self._rules) if name is None else [name]
         return [r for n in names for r in self._rules.get(n, [])]
 
-    def assign(
+    async def assign(
         self, agent_ids: Iterable[str], name: str, version: str, rollout_id: str = ""
     ) -> list[str]:
         """Explicit per-agent override; returns the agents whose section was pushed."""
         self._check_version(name, version)
         ids = sorted(set(agent_ids))
-        now = self._clock().isoformat()
-        with self._db.transaction() as db:
-            db.executemany(
-                "INSERT OR REPLACE INTO model_assignments VALUES (?, ?, ?, ?, ?)",
-                [(agent_id, name, version, rollout_id, now) for agent_id in ids],
+        async with self._changing:
+            now = self._clock()
+            await self._store.set_model_assignments(
+                [AssignmentRecord(agent_id, name, version, rollout_id, now) for agent_id in ids]
             )
-        for agent_id in ids:
-            self._explicit.setdefault(agent_id, {})[name] = Assignment(name, version, rollout_id)
-        return self.refresh(ids)
+            for agent_id in ids:
+                self._explicit.setdefault(agent_id, {})[name] = Assignment(
+                    name, version, rollout_id
+                )
+            return self.refresh(ids)
 
-    def clear(self, agent_ids: Iterable[str], name: str) -> list[str]:
+    async def clear(self, agent_ids: Iterable[str], name: str) -> list[str]:
         """Drop explicit assignments (the rules apply again)."""
         ids = sorted(set(agent_ids))
-        with self._db.transaction() as db:
-            db.executemany(
-                "DELETE FROM model_assignments WHERE agent_id = ? AND name = ?",
-                [(agent_id, name) for agent_id in ids],
-            )
-        for agent_id in ids:
-            held = self._explicit.get(agent_id)
-            if held is not None:
-                held.pop(name, None)
-                if not held:
-                    del self._explicit[agent_id]
-        return self.refresh(ids)
+        async with self._changing:
+            await self._store.delete_model_assignments(ids, name)
+            for agent_id in ids:
+                held = self._explicit.get(agent_id)
+                if held is not None:
+                    held.pop(name, None)
+                    if not held:
+                        del self._explicit[agent_id]
+            return self.refresh(ids)
 
     def _check_version(self, name: str, version: str) -> None:
         try:

@@ -15,21 +15,25 @@ fsynced, checked against the sha256 it was sent under and only then renamed into
 so a crash never leaves a blob that looks complete, and no blob holds other bytes than
 its name says. Deleting a version removes the blobs no other version lists.
 
-Tables (migration 6 in ``coordinator.store.sqlite``): ``model_versions`` and
-``model_files``.
+The versions are kept in the store (coordinator/store/catalog.py: tables ``model_versions``
+and ``model_files``) and, all of them, in memory: a catalog holds a handful of versions of
+a few KiB each, and reading them (each agent's ModelsSection, built as agents connect and
+report) must not wait for the store. The coordinator is the catalog's only writer (the
+CLI's ``models`` commands go through its admin API); every change is written to the store
+first, then to memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import logging
 import os
-import sqlite3
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -43,7 +47,8 @@ from coordinator.errors import (
     SigningKeyError,
     UnknownModelVersionError,
 )
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.catalog import CatalogTable
+from coordinator.store.catalog import CatalogVersion as CatalogVersion  # the catalog's record
 from edgefleet.model_signing import (
     MANIFEST_FILE,
     PUBLIC_KEY_FILE,
@@ -70,59 +75,6 @@ TMP_DIR = "tmp"
 #: A manifest larger than this is refused (the real ones are a few KiB).
 MAX_MANIFEST_BYTES = 1 << 20
 _CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class CatalogVersion:
-    """One published model version."""
-
-    name: str
-    version: str
-    # "text-generation" or "feature-extraction" (from the manifest).
-    task: str
-    # The signed manifest bytes and their ed25519 signature.
-    manifest: bytes = field(repr=False)
-    signature: bytes = field(repr=False)
-    # Hex sha256 of ``manifest``: the version's identity on the wire (ModelTarget.sha256).
-    sha256: str
-    # The files' total size.
-    size_bytes: int
-    # The build's accuracy gate passed (or the build recorded none).
-    gate_passed: bool
-    deprecated: bool
-    published_at: datetime
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}@{self.version}"
-
-    def files(self) -> list[dict[str, Any]]:
-        """The manifest's file entries (path, sha256, size)."""
-        entries: list[dict[str, Any]] = json.loads(self.manifest)["files"]
-        return entries
-
-    def json(self, *, with_manifest: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "object": "model_version",
-            "name": self.name,
-            "version": self.version,
-            "ref": self.ref,
-            "task": self.task,
-            "sha256": self.sha256,
-            "size_bytes": self.size_bytes,
-            "gate_passed": self.gate_passed,
-            "deprecated": self.deprecated,
-            "published_at": self.published_at.astimezone(UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-        }
-        if with_manifest:
-            import base64
-
-            data["files"] = self.files()
-            data["manifest_b64"] = base64.b64encode(self.manifest).decode("ascii")
-            data["signature_b64"] = base64.b64encode(self.signature).decode("ascii")
-        return data
 
 
 def load_signer(data_dir: Path) -> ManifestSigner:
@@ -298,36 +250,61 @@ def gate_passed(data: dict[str, Any]) -> bool:
 
 
 class ModelCatalog:
-    """Published versions (SQLite) over a BlobStore, signed by one ManifestSigner."""
+    """Published versions (in the store, and in memory) over a BlobStore, signed by one
+    ManifestSigner. ``await load()`` before the first read."""
 
     def __init__(
         self,
-        db: AdminDatabase,
+        store: CatalogTable,
         blobs: BlobStore,
         signer: ManifestSigner,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._db = db
+        self._store = store
         self.blobs = blobs
         self.signer = signer
         self._clock = clock
+        # (name, version) -> the version, as stored.
+        self._versions: dict[tuple[str, str], CatalogVersion] = {}
+        # sha256 -> how many versions list a file with it.
+        self._files: dict[str, int] = {}
+        # One change at a time: each checks memory, writes the store, then memory.
+        self._changing = asyncio.Lock()
 
     @classmethod
-    def in_directory(cls, db: AdminDatabase, data_dir: Path) -> ModelCatalog:
-        return cls(db, BlobStore(data_dir / MODELS_DIR), load_signer(data_dir))
+    def in_directory(cls, store: CatalogTable, data_dir: Path) -> ModelCatalog:
+        return cls(store, BlobStore(data_dir / MODELS_DIR), load_signer(data_dir))
+
+    async def load(self) -> None:
+        """Read every published version from the store."""
+        self._versions.clear()
+        self._files.clear()
+        for version in await self._store.list_model_versions():
+            self._remember(version)
 
     @property
     def public_key(self) -> bytes:
         return self.signer.public_key
 
+    def _remember(self, version: CatalogVersion) -> None:
+        self._versions[(version.name, version.version)] = version
+        for sha in {f["sha256"] for f in version.files()}:
+            self._files[sha] = self._files.get(sha, 0) + 1
+
+    def _forget(self, version: CatalogVersion) -> None:
+        del self._versions[(version.name, version.version)]
+        for sha in {f["sha256"] for f in version.files()}:
+            left = self._files.get(sha, 0) - 1
+            if left > 0:
+                self._files[sha] = left
+            else:
+                self._files.pop(sha, None)
+
     # ------------------------------------------------------------------ reading
 
     def get(self, name: str, version: str) -> CatalogVersion | None:
-        rows = self._db.query(
-            "SELECT * FROM model_versions WHERE name = ? AND version = ?", name, version
-        )
-        return _version(rows[0]) if rows else None
+        return self._versions.get((name, version))
 
     def require(self, name: str, version: str) -> CatalogVersion:
         found = self.get(name, version)
@@ -336,21 +313,17 @@ class ModelCatalog:
         return found
 
     def versions(self, name: str | None = None) -> list[CatalogVersion]:
-        if name is None:
-            rows = self._db.query("SELECT * FROM model_versions ORDER BY name, published_at")
-        else:
-            rows = self._db.query(
-                "SELECT * FROM model_versions WHERE name = ? ORDER BY published_at", name
-            )
-        return [_version(r) for r in rows]
+        """By name, then oldest first."""
+        found = [v for v in self._versions.values() if name is None or v.name == name]
+        return sorted(found, key=lambda v: (v.name, v.published_at))
 
     def referenced(self, sha256: str) -> bool:
         """Some published version lists a file with this sha256."""
-        return bool(self._db.query("SELECT 1 FROM model_files WHERE sha256 = ? LIMIT 1", sha256))
+        return sha256 in self._files
 
     # ------------------------------------------------------------------ changing
 
-    def publish(
+    async def publish(
         self, manifest: bytes, *, name: str | None = None, version: str | None = None
     ) -> Published:
         """Register a version whose files are all in the blob store; sign its manifest.
@@ -358,6 +331,11 @@ class ModelCatalog:
         Publishing the same bytes again is a no-op (``created`` False); another manifest
         under a published name@version is refused (ModelVersionExistsError).
         """
+        async with self._changing:
+            return await self._publish(manifest, name=name, version=version)
+
+    async def _publish(self, manifest: bytes, *, name: str | None, version: str | None
+                       ) -> Published:  # fmt: skip
         signed, data = parse_manifest(manifest, name=name, version=version)
         files = data["files"]
         missing = [
@@ -396,25 +374,14 @@ class ModelCatalog:
             deprecated=False,
             published_at=self._clock(),
         )
-        with self._db.transaction() as db:
-            db.execute(
-                "INSERT INTO model_versions (name, version, task, manifest, signature, sha256, "
-                "size_bytes, gate_passed, deprecated, published_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
-                (record.name, record.version, record.task, record.manifest, record.signature,
-                 record.sha256, record.size_bytes, int(passed), record.published_at.isoformat()),
-            )  # fmt: skip
-            db.executemany(
-                "INSERT INTO model_files (name, version, path, sha256, size) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(record.name, record.version, f["path"], f["sha256"], f["size"]) for f in files],
-            )
+        await self._store.add_model_version(record)
+        self._remember(record)
         for warning in warnings:
             logger.warning("%s", warning)
         logger.info("published %s (%d files, %d bytes)", record.ref, len(files), record.size_bytes)
         return Published(record, created=True, warnings=tuple(warnings))
 
-    def publish_directory(
+    async def publish_directory(
         self, directory: Path, *, name: str | None = None, version: str | None = None
     ) -> Published:
         """Publish a local artifact directory: verify and copy its files in, then publish."""
@@ -425,24 +392,27 @@ class ModelCatalog:
         _, data = parse_manifest(manifest)
         for entry in data["files"]:
             self.blobs.put_file(directory / entry["path"], entry["sha256"])
-        return self.publish(manifest, name=name, version=version)
+        return await self.publish(manifest, name=name, version=version)
 
-    def set_deprecated(self, name: str, version: str, deprecated: bool) -> CatalogVersion:
-        self.require(name, version)
-        with self._db.transaction() as db:
-            db.execute(
-                "UPDATE model_versions SET deprecated = ? WHERE name = ? AND version = ?",
-                (int(deprecated), name, version),
-            )
-        return self.require(name, version)
+    async def set_deprecated(self, name: str, version: str, deprecated: bool) -> CatalogVersion:
+        async with self._changing:
+            found = self.require(name, version)
+            if not await self._store.set_model_deprecated(name, version, deprecated):
+                raise UnknownModelVersionError(f"no model version {found.ref} in the catalog")
+            changed = self._versions[(name, version)] = replace(found, deprecated=deprecated)
+            return changed
 
-    def delete(self, name: str, version: str, *, in_use_by: Iterable[str] = ()) -> list[str]:
+    async def delete(self, name: str, version: str, *, in_use_by: Iterable[str] = ()) -> list[str]:
         """Remove a version and the blobs no other version lists; returns those blobs.
 
         ``in_use_by``: agents that desire it or have it loaded (and rules that name it);
         any refuses the delete.
         """
-        self.require(name, version)
+        async with self._changing:
+            return await self._delete(self.require(name, version), in_use_by)
+
+    async def _delete(self, found: CatalogVersion, in_use_by: Iterable[str]) -> list[str]:
+        name, version = found.name, found.version
         users = sorted(set(in_use_by))
         if users:
             raise ModelInUseError(
@@ -450,15 +420,8 @@ class ModelCatalog:
                 f"({', '.join(users[:5])}{', ...' if len(users) > 5 else ''}): it is desired "
                 "or loaded there; deploy another version first"
             )
-        with self._db.transaction() as db:
-            rows = db.execute(
-                "SELECT DISTINCT sha256 FROM model_files WHERE name = ? AND version = ?",
-                (name, version),
-            ).fetchall()
-            db.execute("DELETE FROM model_files WHERE name = ? AND version = ?", (name, version))
-            db.execute("DELETE FROM model_versions WHERE name = ? AND version = ?", (name, version))
-            still = "SELECT 1 FROM model_files WHERE sha256 = ? LIMIT 1"
-            orphans = [r[0] for r in rows if db.execute(still, (r[0],)).fetchone() is None]
+        orphans = await self._store.delete_model_version(name, version)
+        self._forget(found)
         for sha in orphans:
             self.blobs.remove(sha)
         logger.info("deleted %s@%s (%d blobs removed)", name, version, len(orphans))
@@ -538,18 +501,3 @@ def _gate_summary(data: dict[str, Any]) -> str:
         if key in accuracy and not isinstance(accuracy[key], dict | list)
     ]
     return ", ".join(parts) or "see the manifest's accuracy section"
-
-
-def _version(row: sqlite3.Row) -> CatalogVersion:
-    return CatalogVersion(
-        name=row["name"],
-        version=row["version"],
-        task=row["task"],
-        manifest=bytes(row["manifest"]),
-        signature=bytes(row["signature"]),
-        sha256=row["sha256"],
-        size_bytes=row["size_bytes"],
-        gate_passed=bool(row["gate_passed"]),
-        deprecated=bool(row["deprecated"]),
-        published_at=datetime.fromisoformat(row["published_at"]),
-    )

@@ -16,7 +16,8 @@ from coordinator.access.audit import AuditLog
 from coordinator.cli.audit import cli_actor
 from coordinator.cli.client import AdminClient, AdminRequestError
 from coordinator.config import CoordinatorConfig
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.interface import FleetStore
+from coordinator.store.offline import run_offline
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -38,30 +39,31 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
 
 
 def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
-    db = AdminDatabase.in_directory(data_dir)
     try:
-        tokens = AdminTokens(db)
-        if args.action == "mint":
-            created = tokens.mint(Role.parse(args.role), args.name,
-                                  created_by=f"cli ({cli_actor()})")  # fmt: skip
-            AuditLog(db).append(
-                action="cli admin-tokens mint", outcome="ok", actor_id="cli",
-                actor_name=cli_actor(), role="admin", peer="cli",
-                target=f"token_id={created.record.token_id}",
-                detail=f"role={args.role} name={created.record.name}",
-            )  # fmt: skip
-            return created.record.json() | {"token": created.token}
-        if args.action == "list":
-            return {"object": "list", "data": [t.json() for t in tokens.list()]}
-        record = tokens.revoke(args.token_id)
-        AuditLog(db).append(action="cli admin-tokens revoke", outcome="ok", actor_id="cli",
-                            actor_name=cli_actor(), role="admin", peer="cli",
-                            target=f"token_id={args.token_id}")  # fmt: skip
-        return record.json()
+        return run_offline(data_dir, lambda store: _on_store(args, store))
     except ValueError as exc:
         raise AdminRequestError(str(exc)) from exc
-    finally:
-        db.close()
+
+
+async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:
+    tokens = AdminTokens(store)
+    if args.action == "mint":
+        created = await tokens.mint(Role.parse(args.role), args.name,
+                                    created_by=f"cli ({cli_actor()})")  # fmt: skip
+        await AuditLog(store).append(
+            action="cli admin-tokens mint", outcome="ok", actor_id="cli",
+            actor_name=cli_actor(), role="admin", peer="cli",
+            target=f"token_id={created.record.token_id}",
+            detail=f"role={args.role} name={created.record.name}",
+        )  # fmt: skip
+        return created.record.json() | {"token": created.token}
+    if args.action == "list":
+        return {"object": "list", "data": [t.json() for t in await tokens.list()]}
+    record = await tokens.revoke(args.token_id)
+    await AuditLog(store).append(action="cli admin-tokens revoke", outcome="ok", actor_id="cli",
+                                 actor_name=cli_actor(), role="admin", peer="cli",
+                                 target=f"token_id={args.token_id}")  # fmt: skip
+    return record.json()
 
 
 def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:

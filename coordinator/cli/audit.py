@@ -16,7 +16,9 @@ from typing import Any
 from coordinator.access.audit import AuditLog, to_jsonl
 from coordinator.cli.client import AdminClient
 from coordinator.config import CoordinatorConfig
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.audit import AuditTable
+from coordinator.store.interface import FleetStore
+from coordinator.store.offline import run_offline
 
 _PAGE = 10_000
 
@@ -45,14 +47,11 @@ def cli_actor() -> str:
         return f"uid {os.getuid()}"
 
 
-def record_cli_change(data_dir: Path, action: str, target: str, detail: str = "") -> None:
+async def record_cli_change(store: AuditTable, action: str, target: str, detail: str = "") -> None:
     """Audit a change the CLI made in the database."""
-    db = AdminDatabase.in_directory(data_dir)
-    try:
-        AuditLog(db).append(action=action, outcome="ok", actor_id="cli", actor_name=cli_actor(),
-                            role="admin", target=target, peer="cli", detail=detail)  # fmt: skip
-    finally:
-        db.close()
+    await AuditLog(store).append(action=action, outcome="ok", actor_id="cli",
+                                 actor_name=cli_actor(), role="admin", target=target, peer="cli",
+                                 detail=detail)  # fmt: skip
 
 
 def _export(args: argparse.Namespace, data_dir: Path) -> int:
@@ -66,14 +65,14 @@ def _export(args: argparse.Namespace, data_dir: Path) -> int:
             return 2
         if since.tzinfo is None:
             since = since.replace(tzinfo=UTC)
-    db = AdminDatabase.in_directory(data_dir)
-    try:
+
+    async def export(store: FleetStore) -> int:
         after = 0
         while True:
-            page = list(AuditLog(db).entries(since=since, after_seq=after, limit=_PAGE))
-            sys.stdout.writelines(to_jsonl(iter(page)))
+            page = await AuditLog(store).entries(since=since, after_seq=after, limit=_PAGE)
+            sys.stdout.writelines(to_jsonl(page))
             if len(page) < _PAGE:
                 return 0
             after = page[-1].seq
-    finally:
-        db.close()
+
+    return run_offline(data_dir, export)

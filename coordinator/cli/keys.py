@@ -17,7 +17,8 @@ from coordinator.api.views import api_key_json
 from coordinator.cli.client import AdminClient, AdminRequestError
 from coordinator.cli.durations import parse_duration
 from coordinator.config import CoordinatorConfig
-from coordinator.store.sqlite import SQLiteFleetStore
+from coordinator.store.interface import FleetStore
+from coordinator.store.offline import run_offline
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -51,31 +52,32 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
 
 
 def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
-    store = SQLiteFleetStore.in_directory(data_dir)
     try:
-        keys = ApiKeys(store)
-        now = datetime.now(UTC)
-        if args.action == "mint":
-            minted = keys.mint(
-                name=args.name,
-                models=args.models,
-                allow_cloud=args.allow_cloud,
-                max_priority=args.max_priority,
-                max_tokens_per_request=args.max_tokens,
-                requests_per_minute=args.requests_per_minute,
-                tokens_per_minute=args.tokens_per_minute,
-                expires_in=args.expires_in,
-            )
-            return api_key_json(minted.record, now) | {"secret": minted.secret}
-        if args.action == "list":
-            return {"object": "list", "data": [api_key_json(k, now) for k in keys.list_all()]}
-        if args.action == "show":
-            return api_key_json(keys.get(args.key_id), now)
-        return api_key_json(keys.revoke(args.key_id), now)
+        return run_offline(data_dir, lambda store: _on_store(args, store))
     except ValueError as exc:
         raise AdminRequestError(str(exc)) from exc
-    finally:
-        store.close()
+
+
+async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:
+    keys = ApiKeys(store)
+    now = datetime.now(UTC)
+    if args.action == "mint":
+        minted = await keys.mint(
+            name=args.name,
+            models=args.models,
+            allow_cloud=args.allow_cloud,
+            max_priority=args.max_priority,
+            max_tokens_per_request=args.max_tokens,
+            requests_per_minute=args.requests_per_minute,
+            tokens_per_minute=args.tokens_per_minute,
+            expires_in=args.expires_in,
+        )
+        return api_key_json(minted.record, now) | {"secret": minted.secret}
+    if args.action == "list":
+        return {"object": "list", "data": [api_key_json(k, now) for k in await keys.list_all()]}
+    if args.action == "show":
+        return api_key_json(await keys.get(args.key_id), now)
+    return api_key_json(await keys.revoke(args.key_id), now)
 
 
 def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:

@@ -19,7 +19,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.errors import ProtocolError
 from coordinator.identity.join_tokens import JoinTokens
 from coordinator.rpc.convert import location_checked
-from coordinator.store.sqlite import SQLiteFleetStore
+from coordinator.store.interface import FleetStore
+from coordinator.store.offline import run_offline
 from edgefleet.contract import Location
 
 
@@ -59,42 +60,44 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
 
 
 def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
-    store = SQLiteFleetStore.in_directory(data_dir)
+    location = _location(args) if args.action == "create" else None
     try:
-        tokens = JoinTokens(store)
-        now = datetime.now(UTC)
-        if args.action == "create":
-            created = tokens.create(
-                expires_in=args.expires_in,
-                max_uses=args.uses,
-                site=args.site,
-                note=args.note,
-                location=_location(args),
-                http_url=args.http_url,
-            )
-            record_cli_change(data_dir, "cli tokens create", f"token_id={created.record.token_id}")
-            return token_json(created.record, now) | {"token": created.token}
-        if args.action == "list":
-            return {"object": "list", "data": [token_json(t, now) for t in tokens.list()]}
-        tokens.revoke(args.token_id)
-        record_cli_change(data_dir, "cli tokens revoke", f"token_id={args.token_id}")
-        result: dict[str, Any] = {
-            "object": "join_token",
-            "token_id": args.token_id,
-            "state": "revoked",
-        }
-        if args.agents:
-            # Without the running coordinator: the records are revoked; a live session
-            # continues until the agent reconnects, and is refused then.
-            agents = tokens.agents_of(args.token_id)
-            for agent_id in agents:
-                store.revoke_agent(agent_id, now)
-            result["revoked_agents"] = agents
-        return result
+        return run_offline(data_dir, lambda store: _on_store(args, store, location))
     except ValueError as exc:
         raise AdminRequestError(str(exc)) from exc
-    finally:
-        store.close()
+
+
+async def _on_store(args: argparse.Namespace, store: FleetStore, location: Location | None) -> Any:
+    tokens = JoinTokens(store)
+    now = datetime.now(UTC)
+    if args.action == "create":
+        created = await tokens.create(
+            expires_in=args.expires_in,
+            max_uses=args.uses,
+            site=args.site,
+            note=args.note,
+            location=location,
+            http_url=args.http_url,
+        )
+        await record_cli_change(store, "cli tokens create", f"token_id={created.record.token_id}")
+        return token_json(created.record, now) | {"token": created.token}
+    if args.action == "list":
+        return {"object": "list", "data": [token_json(t, now) for t in await tokens.list()]}
+    await tokens.revoke(args.token_id)
+    await record_cli_change(store, "cli tokens revoke", f"token_id={args.token_id}")
+    result: dict[str, Any] = {
+        "object": "join_token",
+        "token_id": args.token_id,
+        "state": "revoked",
+    }
+    if args.agents:
+        # Without the running coordinator: the records are revoked; a live session
+        # continues until the agent reconnects, and is refused then.
+        agents = await tokens.agents_of(args.token_id)
+        for agent_id in agents:
+            await store.revoke_agent(agent_id, now)
+        result["revoked_agents"] = agents
+    return result
 
 
 def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:

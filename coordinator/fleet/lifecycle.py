@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from coordinator.errors import UnknownAgentError
 from coordinator.fleet.registry import FleetRegistry, utc_now
 from coordinator.rpc.service import CoordinatorServicer
-from coordinator.store.interface import FleetStore, StoredAgent
+from coordinator.store.agents import AgentTable, StoredAgent
 from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
@@ -38,13 +38,13 @@ class AgentLifecycle:
     """Operator actions on agents, across the store, the registry and live sessions."""
 
     def __init__(
-        self, store: FleetStore, registry: FleetRegistry, servicer: CoordinatorServicer
+        self, store: AgentTable, registry: FleetRegistry, servicer: CoordinatorServicer
     ) -> None:
         self._store = store
         self._registry = registry
         self._servicer = servicer
 
-    def set_fixed(
+    async def set_fixed(
         self,
         agent_id: str,
         *,
@@ -52,7 +52,9 @@ class AgentLifecycle:
         location: Location | None = None,
         http_url: str | None = None,
     ) -> LifecycleResult:
-        stored = self._store.set_fixed(agent_id, site=site, location=location, http_url=http_url)
+        stored = await self._store.set_fixed(
+            agent_id, site=site, location=location, http_url=http_url
+        )
         if stored is None:
             raise UnknownAgentError(agent_id)
         ended = self._servicer.end_session(agent_id)
@@ -65,8 +67,8 @@ class AgentLifecycle:
         )
         return LifecycleResult(agent_id, ended, stored)
 
-    def revoke(self, agent_id: str) -> LifecycleResult:
-        if not self._store.revoke_agent(agent_id, utc_now()):
+    async def revoke(self, agent_id: str) -> LifecycleResult:
+        if not await self._store.revoke_agent(agent_id, utc_now()):
             raise UnknownAgentError(agent_id)
         ended = self._servicer.end_session(
             agent_id, revoked=f"agent {agent_id!r} was revoked by an operator"
@@ -74,21 +76,21 @@ class AgentLifecycle:
         with contextlib.suppress(UnknownAgentError):
             self._registry.remove(agent_id)
         logger.warning("agent %s revoked (live session ended: %s)", agent_id, ended)
-        return LifecycleResult(agent_id, ended, self._store.get_agent(agent_id))
+        return LifecycleResult(agent_id, ended, await self._store.get_agent(agent_id))
 
-    def revoke_agents_of_token(self, token_id: str) -> list[str]:
-        agents = self._store.agents_of_token(token_id)
+    async def revoke_agents_of_token(self, token_id: str) -> list[str]:
+        agents = await self._store.agents_of_token(token_id)
         for agent_id in agents:
-            self.revoke(agent_id)
+            await self.revoke(agent_id)
         return agents
 
-    def remove(self, agent_id: str) -> LifecycleResult:
-        stored = self._store.get_agent(agent_id)
+    async def remove(self, agent_id: str) -> LifecycleResult:
+        stored = await self._store.get_agent(agent_id)
         if stored is None:
             raise UnknownAgentError(agent_id)
         ended = False
         if not stored.revoked:
-            ended = self.revoke(agent_id).session_ended
-        self._store.remove_agent(agent_id)
+            ended = (await self.revoke(agent_id)).session_ended
+        await self._store.remove_agent(agent_id)
         logger.warning("agent %s removed", agent_id)
         return LifecycleResult(agent_id, ended, None)

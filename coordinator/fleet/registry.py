@@ -3,8 +3,10 @@
 ``FleetRegistry`` is the interface transport code talks to. ``LiveFleetRegistry``
 keeps the live view (sessions, load samples, liveness) in memory and writes what must
 survive a restart to a ``FleetStore``: each agent's Hello and draining flag as they
-change, and its live state (liveness, last-seen time, last load report) in batched
-snapshots (``save_last_states``, driven by the app's lifecycle). On start it reloads
+change (queued behind the change in memory, coordinator/store/write_behind.py: its
+methods stay synchronous and never wait for the store; ``flush`` waits for the writes),
+and its live state (liveness, last-seen time, last load report) in batched snapshots
+(``save_last_states``, driven by the app's lifecycle). On start (``load``) it reloads
 those agents: the ones that were live or suspect as ``UNCONFIRMED`` (still routed,
 after live agents) until they reconnect or ``restart_grace_s`` ends, the rest as down.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -27,8 +29,10 @@ from coordinator.fleet.records import (
     routing_hello,
     served_models,
 )
-from coordinator.store.generations import GenerationCounter
-from coordinator.store.interface import AgentLastState, FleetStore, StoredAgent
+from coordinator.store.agents import AgentTable, StoredAgent
+from coordinator.store.generations import GenerationCounter, GenerationTable
+from coordinator.store.last_state import AgentLastState, LastStateTable
+from coordinator.store.write_behind import WriteBehind
 from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
 
 logger = logging.getLogger(__name__)
@@ -119,21 +123,30 @@ class FleetRegistry(Protocol):
         """
         ...
 
-    def save_last_states(self, batch_size: int = 500) -> Iterator[int]:
-        """Write the live state of every agent that changed since the last save.
+    async def save_last_states(self, batch_size: int = 500) -> int:
+        """Write the live state of every agent that changed since the last save, one
+        store transaction per ``batch_size`` agents; the number written."""
+        ...
 
-        One store transaction per ``batch_size`` agents; yields after each (the count
-        written), so that a caller on an event loop can let other work run between.
-        """
+    async def flush(self) -> None:
+        """Wait until every store write queued so far (sessions opened and closed,
+        draining flags, agents forgotten) is written."""
         ...
 
 
+class RegistryStore(AgentTable, LastStateTable, GenerationTable, Protocol):
+    """What the registry needs of the store."""
+
+
 class LiveFleetRegistry:
-    """FleetRegistry for one coordinator process, persisting through a FleetStore."""
+    """FleetRegistry for one coordinator process, persisting through a FleetStore.
+
+    ``await load()`` (or construct with ``await LiveFleetRegistry.open(store)``) before use.
+    """
 
     def __init__(
         self,
-        store: FleetStore,
+        store: RegistryStore,
         *,
         report_interval_ms: int = 2000,
         suspect_after_reports: int = 2,
@@ -145,7 +158,11 @@ class LiveFleetRegistry:
     ) -> None:
         self._store = store
         self._clock = clock
-        self._generations = GenerationCounter(store.reserve_generations)
+        self._writes = WriteBehind("fleet registry")
+        self._generations = GenerationCounter(
+            store.reserve_generations, demand=lambda: len(self._agents)
+        )
+        self._restart_grace = timedelta(seconds=restart_grace_s)
         # Agents on record at most (new ids beyond it are refused), and how long a
         # never-enrolled agent may stay disconnected before its record is removed.
         self.max_agents = max_agents
@@ -158,10 +175,27 @@ class LiveFleetRegistry:
         self._index = FleetIndex()
         # What was last saved of each agent's live state, to skip unchanged agents.
         self._saved: dict[str, tuple[datetime, str]] = {}
-        now = clock()
-        # Agents known before a restart stay routable (unconfirmed) until then.
-        self._grace_ends = now + timedelta(seconds=restart_grace_s)
-        self._restore(store.list_agents(), store.list_last_states(), now)
+        # Agents known before a restart stay routable (unconfirmed) until then (load()).
+        self._grace_ends = clock() + self._restart_grace
+
+    @classmethod
+    async def open(cls, store: RegistryStore, **options: object) -> LiveFleetRegistry:
+        """A registry with the agents on record loaded."""
+        registry = cls(store, **options)  # type: ignore[arg-type]
+        await registry.load()
+        return registry
+
+    async def load(self) -> None:
+        """Reload the agents on record and reserve the first section generations."""
+        stored, states = await self._store.list_agents(), await self._store.list_last_states()
+        now = self._clock()
+        self._grace_ends = now + self._restart_grace
+        self._restore(stored, states, now)
+        await self._generations.start()
+
+    async def flush(self) -> None:
+        await self._writes.flush()
+        await self._generations.close()
 
     @property
     def index(self) -> FleetIndex:
@@ -214,7 +248,9 @@ class LiveFleetRegistry:
             self._index.put(routing_hello(hello, kept))
         if previous is not None and previous.liveness is not Liveness.LIVE:
             logger.info("agent %s is live again (was %s)", hello.agent_id, previous.liveness)
-        self._store.save_hello(hello, now)
+        self._writes.submit(
+            lambda: self._store.save_hello(hello, now), f"agent {hello.agent_id}'s Hello"
+        )
         return session_id
 
     def record_report(self, agent_id: str, session_id: str, report: LoadReport) -> None:
@@ -253,7 +289,10 @@ class LiveFleetRegistry:
             record, status=AgentStatus.DISCONNECTED, connected_since=None
         )
         self._connected -= 1
-        self._store.save_last_seen(agent_id, record.last_seen)
+        seen = record.last_seen
+        self._writes.submit(
+            lambda: self._store.save_last_seen(agent_id, seen), f"agent {agent_id}'s last seen"
+        )
         return True
 
     def remove(self, agent_id: str) -> AgentRecord:
@@ -288,7 +327,9 @@ class LiveFleetRegistry:
 
     def set_draining(self, agent_id: str, draining: bool) -> AgentRecord:
         record = self.get(agent_id)
-        self._store.set_draining(agent_id, draining)
+        self._writes.submit(
+            lambda: self._store.set_draining(agent_id, draining), f"agent {agent_id} draining"
+        )
         report = record.last_report
         if not draining and report is not None and report.draining:
             # The resume supersedes the agent's last word; its next report confirms it.
@@ -423,7 +464,10 @@ class LiveFleetRegistry:
             del self._agents[agent_id]
             self._saved.pop(agent_id, None)
             self._index.remove(agent_id)
-        self._store.delete_unenrolled_agents(agent_ids)
+        gone = list(agent_ids)
+        self._writes.submit(
+            lambda: self._store.delete_unenrolled_agents(gone), f"{len(gone)} agents forgotten"
+        )
 
     # ------------------------------------------------ restart: restore and save
 
@@ -471,7 +515,10 @@ class LiveFleetRegistry:
                 self.known_count() - unconfirmed,
             )
 
-    def save_last_states(self, batch_size: int = 500) -> Iterator[int]:
+    async def save_last_states(self, batch_size: int = 500) -> int:
+        # Writes queued before the snapshot land before it (a Hello's "live" must not
+        # overwrite the "down" of a Bye that came after it).
+        await self._writes.flush()
         changed: list[AgentLastState] = []
         fingerprints: list[tuple[str, tuple[datetime, str]]] = []
         saved = self._saved
@@ -482,11 +529,14 @@ class LiveFleetRegistry:
                     AgentLastState(agent_id, record.liveness, record.last_seen, record.last_report)
                 )
                 fingerprints.append((agent_id, fingerprint))
+        written = 0
         for start in range(0, len(changed), batch_size):
             batch = changed[start : start + batch_size]
-            self._store.save_last_states(batch, self._clock())
-            saved.update(fingerprints[start : start + batch_size])
-            yield len(batch)
+            await self._store.save_last_states(batch, self._clock())
+            agents = self._agents  # an agent forgotten meanwhile stays forgotten
+            saved.update(f for f in fingerprints[start : start + batch_size] if f[0] in agents)
+            written += len(batch)
+        return written
 
     def _sweep_unconfirmed(self, now: datetime) -> Liveness | None:
         """Down once the restart grace period is over without a session; else unchanged."""

@@ -5,10 +5,11 @@ An agent sends ``RequestRecords`` batches over its session (see
 batch's first one ``first_seq`` and the rest following without gaps. This module checks
 a batch the way it would check one from a hostile agent (size caps on the batch, the
 records, every string and number; unknown keys ignored; a record that is not a map of
-the known shapes is skipped and counted), stores what passes in SQLite keyed by
-(agent id, seq) so a batch sent twice (its ack lost) is stored once, and answers the
-``RecordsAck`` the agent drops its spool up to. Never prompt or completion text: no
-field holds any, and strings are capped at 256 characters.
+the known shapes is skipped and counted), stores what passes in the store
+(coordinator/store/request_records.py) keyed by (agent id, seq) so a batch sent twice
+(its ack lost) is stored once, and answers the ``RecordsAck`` the agent drops its spool
+up to. Never prompt or completion text: no field holds any, and strings are capped at
+256 characters.
 
 The table is bounded: past ``max_rows`` the oldest tenth is deleted (retention; the
 audit log, unlike these records, is never pruned).
@@ -25,7 +26,7 @@ from typing import Any
 import msgpack
 
 from coordinator.errors import ProtocolError
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.request_records import RequestRecord, RequestRecordTable
 from edgefleet.contract import RecordsAck, RequestRecords
 
 logger = logging.getLogger(__name__)
@@ -122,16 +123,20 @@ def decode_batch(batch: RequestRecords) -> list[Any]:
 
 
 class RequestRecordStore:
-    """Stores validated records; ``accept`` answers the ack."""
+    """Stores validated records; ``accept`` answers the ack. ``await load()`` first."""
 
-    def __init__(self, db: AdminDatabase, *, max_rows: int = 5_000_000) -> None:
-        self._db = db
+    def __init__(self, store: RequestRecordTable, *, max_rows: int = 5_000_000) -> None:
+        self._store = store
         self.max_rows = max_rows
-        self._rows = int(db.query("SELECT COUNT(*) FROM request_records")[0][0])
+        self._rows = 0
         #: Records refused as invalid since start.
         self.invalid = 0
 
-    def accept(self, agent_id: str, batch: RequestRecords) -> BatchResult:
+    async def load(self) -> None:
+        """Count the records on record (the cap is checked against the count)."""
+        self._rows = await self._store.count_request_records()
+
+    async def accept(self, agent_id: str, batch: RequestRecords) -> BatchResult:
         """Store a batch from ``agent_id``; raises ProtocolError for an unusable batch."""
         records = decode_batch(batch)
         if not records:
@@ -144,7 +149,7 @@ class RequestRecordStore:
             if record is None:
                 invalid += 1
                 continue
-            rows.append((
+            rows.append(RequestRecord(
                 agent_id, batch.first_seq + offset, now, record.get("at", 0.0),
                 record.get("key_id"), record.get("model", ""), record.get("version", ""),
                 record.get("prompt_tokens", 0), record.get("completion_tokens", 0),
@@ -152,16 +157,7 @@ class RequestRecordStore:
                 record.get("served_by", ""), record.get("endpoint", ""),
                 record.get("status", 0), record.get("gap", 0),
             ))  # fmt: skip
-        with self._db.transaction() as db:
-            before = db.total_changes
-            db.executemany(
-                "INSERT OR IGNORE INTO request_records (agent_id, seq, received_at, at, key_id,"
-                " model, version, prompt_tokens, completion_tokens, latency_ms, ttft_ms,"
-                " served_by, endpoint, status, dropped)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            stored = db.total_changes - before
+        stored = await self._store.add_request_records(rows)
         self._rows += stored
         self.invalid += invalid
         if invalid:
@@ -170,7 +166,7 @@ class RequestRecordStore:
         if batch.dropped:
             logger.warning("agent %s lost %d request records (its spool was full)", agent_id,
                            batch.dropped)  # fmt: skip
-        pruned = self._prune() if self._rows > self.max_rows else 0
+        pruned = await self._prune() if self._rows > self.max_rows else 0
         return BatchResult(
             RecordsAck(batch.first_seq + len(records) - 1),
             stored,
@@ -179,31 +175,22 @@ class RequestRecordStore:
             pruned=pruned,
         )
 
-    def _prune(self) -> int:
+    async def _prune(self) -> int:
         """Remove the oldest tenth beyond the cap; returns how many rows went."""
         excess = self._rows - self.max_rows + self.max_rows // 10
-        with self._db.transaction() as db:
-            before = db.total_changes
-            db.execute(
-                "DELETE FROM request_records WHERE rowid IN (SELECT rowid FROM request_records"
-                " ORDER BY received_at LIMIT ?)",
-                (excess,),
-            )
-            removed = db.total_changes - before
-        self._rows = int(self._db.query("SELECT COUNT(*) FROM request_records")[0][0])
+        removed = await self._store.prune_request_records(excess)
+        self._rows = await self._store.count_request_records()
         logger.warning("request records reached their cap of %d: removed the %d oldest",
                        self.max_rows, removed)  # fmt: skip
         return removed
 
-    def list(
+    async def list(
         self, *, agent_id: str | None = None, after_seq: int = 0, limit: int = 1000
     ) -> list[dict[str, Any]]:
-        rows = self._db.query(
-            "SELECT * FROM request_records WHERE (? IS NULL OR agent_id = ?) AND seq > ?"
-            " ORDER BY agent_id, seq LIMIT ?",
-            agent_id, agent_id, after_seq, limit,
-        )  # fmt: skip
-        return [{"object": "request_record", **{k: r[k] for k in r.keys()}} for r in rows]  # noqa: SIM118
+        found = await self._store.list_request_records(
+            agent_id=agent_id, after_seq=after_seq, limit=limit
+        )
+        return [r.json() for r in found]
 
     def count(self) -> int:
         return self._rows

@@ -44,8 +44,8 @@ from coordinator.identity.ca import (
     public_key_of_csr,
     public_key_sha256,
 )
-from coordinator.identity.join_tokens import JoinTokens, parse_token, sha256_hex
-from coordinator.store.interface import FleetStore, StoredAgent
+from coordinator.identity.join_tokens import JoinTokens, TokenStore, parse_token, sha256_hex
+from coordinator.store.agents import StoredAgent
 from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class EnrollmentService:
 
     def __init__(
         self,
-        store: FleetStore,
+        store: TokenStore,
         tokens: JoinTokens,
         ca: CertificateAuthority,
         *,
@@ -91,26 +91,28 @@ class EnrollmentService:
         self._grace = grace
         self._clock = clock or utc_now
 
-    def enroll(
+    async def enroll(
         self, join_token: str, requested_name: str, site: str, csr_pem: str = ""
     ) -> Enrollment:
         """Enroll one agent; raises an EnrollmentError (nothing stored) when refused."""
         if join_token.startswith(CREDENTIAL_PREFIX):
-            return self._reenroll(requested_name, join_token[len(CREDENTIAL_PREFIX) :], csr_pem)
-        record = self._tokens.verify(join_token)
+            return await self._reenroll(
+                requested_name, join_token[len(CREDENTIAL_PREFIX) :], csr_pem
+            )
+        record = await self._tokens.verify(join_token)
         key_sha = ""
         if csr_pem:
             key_sha = public_key_sha256(public_key_of_csr(csr_pem))
-            again = self._store.find_enrolled_key(record.token_id, key_sha)
+            again = await self._store.find_enrolled_key(record.token_id, key_sha)
             if again is not None and not record.revoked:
-                return self._enroll_again(again, csr_pem)
+                return await self._enroll_again(again, csr_pem)
         self._tokens.explain(record)
         if record.site and site and site != record.site:
             raise SiteMismatchError(
                 f"join token {record.token_id} is for site {record.site!r}, not {site!r}"
             )
         site = record.site or site
-        agent_id = self._choose_id(requested_name)
+        agent_id = await self._choose_id(requested_name)
         credentials = secrets.token_urlsafe(32)
         cert = self._issue(agent_id, csr_pem, record.http_url)
         now = self._clock()
@@ -126,9 +128,9 @@ class EnrollmentService:
             public_key_sha256=key_sha,
             cert_not_after=cert.not_after,
         )
-        if not self._store.enroll(record.token_id, now, agent):
+        if not await self._store.enroll(record.token_id, now, agent):
             # Lost a race (another enrollment used the token up, or took the id).
-            latest = self._store.get_token(record.token_id)
+            latest = await self._store.get_token(record.token_id)
             if latest is None:
                 raise UnknownTokenError(f"join token {record.token_id} is not known")
             self._tokens.explain(latest)
@@ -143,16 +145,16 @@ class EnrollmentService:
         )
         return self._answer(agent, credentials, cert)
 
-    def renew(self, agent_id: str, csr_pem: str) -> IssuedCertificate:
+    async def renew(self, agent_id: str, csr_pem: str) -> IssuedCertificate:
         """A new certificate for an enrolled, unrevoked agent's CSR (its own key)."""
-        stored = self._store.get_agent(agent_id)
+        stored = await self._store.get_agent(agent_id)
         if stored is None or not stored.enrolled:
             raise AuthenticationError(f"agent {agent_id!r} is not enrolled; it cannot renew")
         if stored.revoked:
             raise AgentRevokedError(f"agent {agent_id!r} was revoked")
         key_sha = public_key_sha256(public_key_of_csr(csr_pem))
         cert = self._issue(agent_id, csr_pem, stored.http_url)
-        if not self._store.reissue(
+        if not await self._store.reissue(
             agent_id,
             credential_sha256=None,
             cert_serial=cert.serial,
@@ -194,11 +196,11 @@ class EnrollmentService:
             server_names=[host] if host else None,
         )
 
-    def _enroll_again(self, stored: StoredAgent, csr_pem: str) -> Enrollment:
+    async def _enroll_again(self, stored: StoredAgent, csr_pem: str) -> Enrollment:
         """The same token and key enrolled before: same id, new credential, no token use."""
         credentials = secrets.token_urlsafe(32)
         cert = self._issue(stored.agent_id, csr_pem, stored.http_url)
-        if not self._store.reissue(
+        if not await self._store.reissue(
             stored.agent_id,
             credential_sha256=sha256_hex(credentials),
             cert_serial=cert.serial,
@@ -212,8 +214,8 @@ class EnrollmentService:
         )
         return self._answer(stored, credentials, cert)
 
-    def _reenroll(self, agent_id: str, credential: str, csr_pem: str) -> Enrollment:
-        stored = self._store.get_agent(agent_id)
+    async def _reenroll(self, agent_id: str, credential: str, csr_pem: str) -> Enrollment:
+        stored = await self._store.get_agent(agent_id)
         if (
             stored is None
             or not stored.enrolled
@@ -234,8 +236,8 @@ class EnrollmentService:
                 f"than the grace period ({self._grace.days} days) ago; enroll with a new join "
                 "token"
             )
-        cert = self.renew(agent_id, csr_pem)
-        latest = self._store.get_agent(agent_id) or stored
+        cert = await self.renew(agent_id, csr_pem)
+        latest = await self._store.get_agent(agent_id) or stored
         logger.info("agent %s re-enrolled with its credential", agent_id)
         return self._answer(latest, credential, cert)
 
@@ -252,9 +254,9 @@ class EnrollmentService:
             http_url=agent.http_url,
         )
 
-    def _choose_id(self, requested: str) -> str:
+    async def _choose_id(self, requested: str) -> str:
         if requested and valid_agent_id(requested):
-            existing = self._store.get_agent(requested)
+            existing = await self._store.get_agent(requested)
             if existing is None or not existing.enrolled:
                 return requested
         base = requested if requested and valid_agent_id(requested) else "agent"

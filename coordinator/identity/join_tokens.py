@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from coordinator.errors import (
@@ -25,7 +26,8 @@ from coordinator.errors import (
     UnknownTokenRefError,
 )
 from coordinator.fleet.registry import utc_now
-from coordinator.store.interface import FleetStore, JoinToken
+from coordinator.store.agents import AgentTable
+from coordinator.store.join_tokens import JoinToken, JoinTokenTable
 from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
@@ -56,14 +58,18 @@ def parse_token(token: str) -> tuple[str, str]:
     return match["id"], match["secret"]
 
 
-class JoinTokens:
-    """Create, list, revoke and check join tokens in a FleetStore."""
+class TokenStore(JoinTokenTable, AgentTable, Protocol):
+    """What JoinTokens needs of the store."""
 
-    def __init__(self, store: FleetStore, *, clock: Clock | None = None) -> None:
+
+class JoinTokens:
+    """Create, list, revoke and check join tokens in the store."""
+
+    def __init__(self, store: TokenStore, *, clock: Clock | None = None) -> None:
         self._store = store
         self._clock = clock or utc_now
 
-    def create(
+    async def create(
         self,
         *,
         expires_in: timedelta | None = timedelta(hours=24),
@@ -96,7 +102,7 @@ class JoinTokens:
             location=location,
             http_url=http_url,
         )
-        self._store.add_token(record)
+        await self._store.add_token(record)
         logger.info(
             "join token %s created (uses %d, site %r, expires %s)",
             token_id,
@@ -106,28 +112,28 @@ class JoinTokens:
         )
         return NewToken(token=f"{PREFIX}{token_id}.{secret}", record=record)
 
-    def list(self) -> list[JoinToken]:
-        return self._store.list_tokens()
+    async def list(self) -> list[JoinToken]:
+        return await self._store.list_tokens()
 
-    def revoke(self, token_id: str) -> None:
+    async def revoke(self, token_id: str) -> None:
         """Stop new enrollments with the token. Agents already enrolled with it stay
         (``tokens revoke --agents`` revokes them too, through ``agents_of``)."""
-        if not self._store.revoke_token(token_id):
+        if not await self._store.revoke_token(token_id):
             raise UnknownTokenRefError(token_id)
         logger.info("join token %s revoked", token_id)
 
-    def agents_of(self, token_id: str) -> builtins.list[str]:
+    async def agents_of(self, token_id: str) -> builtins.list[str]:
         """Ids of the agents enrolled with this token."""
-        return self._store.agents_of_token(token_id)
+        return await self._store.agents_of_token(token_id)
 
-    def check(self, token: str) -> JoinToken:
+    async def check(self, token: str) -> JoinToken:
         """The token's record when it can be used now; raises an EnrollmentError saying why not."""
-        return self.explain(self.verify(token))
+        return self.explain(await self.verify(token))
 
-    def verify(self, token: str) -> JoinToken:
+    async def verify(self, token: str) -> JoinToken:
         """The token's record when its secret is right, whatever its state."""
         token_id, secret = parse_token(token)
-        record = self._store.get_token(token_id)
+        record = await self._store.get_token(token_id)
         if record is None or not hmac.compare_digest(record.secret_sha256, sha256_hex(secret)):
             raise UnknownTokenError(f"join token {token_id} is not known to this coordinator")
         return record

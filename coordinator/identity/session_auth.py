@@ -29,7 +29,7 @@ from coordinator.errors import (
     PermissionDeniedError,
 )
 from coordinator.identity.join_tokens import sha256_hex
-from coordinator.store.interface import FleetStore, StoredAgent
+from coordinator.store.agents import AgentTable, StoredAgent
 from edgefleet.contract import Hello
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -74,7 +74,7 @@ class SessionAuthenticator:
 
     def __init__(
         self,
-        store: FleetStore,
+        store: AgentTable,
         *,
         require_enrollment: bool,
         require_mtls: bool,
@@ -85,7 +85,7 @@ class SessionAuthenticator:
         self.require_mtls = require_mtls
         self.check_url_host = check_url_host
 
-    def authenticate(self, hello: Hello, peer: Peer | str | None) -> tuple[Hello, bool]:
+    async def authenticate(self, hello: Hello, peer: Peer | str | None) -> tuple[Hello, bool]:
         """Return the Hello to register (what the operator fixed wins) and whether it is
         enrolled. ``peer`` may be given as just the certificate's common name."""
         if not isinstance(peer, Peer):
@@ -99,14 +99,14 @@ class SessionAuthenticator:
             raise PermissionDeniedError(
                 f"the client certificate is for agent {peer.agent_id!r}, not for {hello.agent_id!r}"
             )
-        if peer.cert_serial and self._store.certificate_revoked(peer.cert_serial):
+        if peer.cert_serial and await self._store.certificate_revoked(peer.cert_serial):
             raise AgentRevokedError(
                 f"the client certificate {peer.cert_serial} of agent {hello.agent_id!r} was revoked"
             )
-        stored = self._store.get_agent(hello.agent_id)
+        stored = await self._store.get_agent(hello.agent_id)
         if stored is not None and stored.revoked:
             raise AgentRevokedError(f"agent {hello.agent_id!r} was revoked by an operator")
-        if stored is None and self._store.agent_removed(hello.agent_id):
+        if stored is None and await self._store.agent_removed(hello.agent_id):
             raise AgentRevokedError(
                 f"agent {hello.agent_id!r} was revoked and removed by an operator"
             )

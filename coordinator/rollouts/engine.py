@@ -19,18 +19,22 @@ unless asked to keep the moved agents where they are).
 
 Collaborators are given to the engine (it creates none): the model catalog, the
 assignment layer, a factory for the assignment layer's selector, the fleet registry (who
-exists, their last inventory) and the rollout store. Its clock is a parameter, so tests
-advance time without sleeping. ``tick()`` drives it (the app calls it every report
-interval); ``on_report`` is the ReportHooks callback that collects ModelStats.
+exists, their last inventory) and the store (coordinator/store/rollouts.py). Its clock is
+a parameter, so tests advance time without sleeping. ``await load()`` resumes the active
+rollouts; ``tick()`` drives them (the app awaits it every report interval); ``on_report``
+is the ReportHooks callback that collects ModelStats (in memory: no store call). Operator
+actions and ticks take turns (one lock): each awaits its store writes and assignment
+changes, and none sees another half done.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,13 +50,8 @@ from coordinator.rollouts.gates import (
     check_stats,
     evaluate_gate,
 )
-from coordinator.store.rollouts import (
-    Rollout,
-    RolloutPolicy,
-    RolloutState,
-    RolloutStore,
-    SelectorSpec,
-)
+from coordinator.rollouts.model import Rollout, RolloutPolicy, RolloutState, SelectorSpec
+from coordinator.store.rollouts import RolloutTable
 from edgefleet.contract import LoadReport, ModelInventory, ModelStats
 
 logger = logging.getLogger(__name__)
@@ -93,20 +92,22 @@ class SelectorView(Protocol):
 class AssignmentsView(Protocol):
     """What the engine needs of ``coordinator.catalog.assignments.ModelAssignments``."""
 
-    def set_rule(self, selector: Any, name: str, version: str, rollout_id: str = "") -> object: ...
+    async def set_rule(
+        self, selector: Any, name: str, version: str, rollout_id: str = ""
+    ) -> object: ...
 
-    def assign(
+    async def assign(
         self, agent_ids: Iterable[str], name: str, version: str, rollout_id: str = ""
     ) -> object: ...
 
-    def clear(self, agent_ids: Iterable[str], name: str) -> object: ...
+    async def clear(self, agent_ids: Iterable[str], name: str) -> object: ...
 
     def desired_for(self, agent_id: str) -> Mapping[str, AssignmentView]: ...
 
 
 SelectorFactory = Callable[..., SelectorView]
 # audit(action, target, detail): an entry in the audit log by the coordinator itself.
-AuditHook = Callable[[str, str, str], None]
+AuditHook = Callable[[str, str, str], Awaitable[None]]
 
 
 # ------------------------------------------------------------------ errors
@@ -188,7 +189,7 @@ class RolloutEngine:
 
     def __init__(
         self,
-        store: RolloutStore,
+        store: RolloutTable,
         *,
         catalog: CatalogView,
         assignments: AssignmentsView,
@@ -205,10 +206,12 @@ class RolloutEngine:
         self._clock = clock
         self._audit = audit
         self._recent = RecentTtft()
-        # Active rollouts (running or paused), by id: loaded from the store on start.
-        self._active: dict[str, Rollout] = {
-            r.rollout_id: r for r in store.list(states=(RolloutState.RUNNING, RolloutState.PAUSED))
-        }
+        # Active rollouts (running or paused), by id: loaded from the store (load()).
+        self._active: dict[str, Rollout] = {}
+        # Rollouts in the store by state (the metric), and each active one's stored state.
+        self._counts: Counter[str] = Counter()
+        self._stored_state: dict[str, str] = {}
+        self._turn = asyncio.Lock()
         self._dirty: set[str] = set()
         # The current step's agents as a set, per rollout (the report hook's lookup).
         self._step_sets: dict[str, tuple[int, frozenset[str]]] = {}
@@ -216,30 +219,49 @@ class RolloutEngine:
         self._moved_sets: dict[str, tuple[int, frozenset[str]]] = {}
         self.invalid_stats = 0
         self.rollbacks = 0
-        for rollout in self._active.values():
+
+    async def load(self) -> None:
+        """Resume the rollouts the store holds as running or paused."""
+        active = (RolloutState.RUNNING.value, RolloutState.PAUSED.value)
+        stored = await self._store.list_rollouts(states=active, limit=1_000_000)
+        self._counts = Counter(await self._store.count_rollouts_by_state())
+        for found in stored:
+            rollout = Rollout.from_json(found.body)
+            self._active[rollout.rollout_id] = rollout
+            self._stored_state[rollout.rollout_id] = found.state
             logger.info("rollout %s of %s@%s resumes at step %d (%s)", rollout.rollout_id,
                         rollout.model, rollout.version, rollout.step, rollout.state)  # fmt: skip
 
     # -------------------------------------------------------------- reads
 
-    def get(self, rollout_id: str) -> Rollout:
-        found = self._active.get(rollout_id) or self._store.get(rollout_id)
+    async def get(self, rollout_id: str) -> Rollout:
+        found = self._active.get(rollout_id)
         if found is None:
-            raise UnknownRolloutError(rollout_id)
+            stored = await self._store.get_rollout(rollout_id)
+            if stored is None:
+                raise UnknownRolloutError(rollout_id)
+            found = Rollout.from_json(stored.body)
         return found
 
-    def rollouts(self, states: tuple[RolloutState, ...] = (), limit: int = 1000) -> list[Rollout]:
+    async def rollouts(
+        self, states: tuple[RolloutState, ...] = (), limit: int = 1000
+    ) -> list[Rollout]:
         """Newest first; active ones from memory (their stats are the latest)."""
-        stored = self._store.list(states=states, limit=limit)
-        return [self._active.get(r.rollout_id, r) for r in stored]
+        stored = await self._store.list_rollouts(states=[s.value for s in states], limit=limit)
+        return [self._active.get(r.rollout_id) or Rollout.from_json(r.body) for r in stored]
 
     def counts_by_state(self) -> dict[str, int]:
-        return self._store.counts_by_state()
+        """Rollouts in the store by state (kept as they are saved: no store call)."""
+        return {state: n for state, n in self._counts.items() if n > 0}
 
     # -------------------------------------------------------------- operator actions
 
-    def start(self, policy: RolloutPolicy, *, created_by: str = "") -> Rollout:
+    async def start(self, policy: RolloutPolicy, *, created_by: str = "") -> Rollout:
         """Plan a rollout and move its canary; raises RolloutError."""
+        async with self._turn:
+            return await self._start(policy, created_by)
+
+    async def _start(self, policy: RolloutPolicy, created_by: str) -> Rollout:
         found = self._catalog.get(policy.model, policy.version)
         if found is None:
             raise UnknownVersionError(f"{policy.model}@{policy.version} is not in the catalog")
@@ -281,43 +303,46 @@ class RolloutEngine:
         )
         rollout.note(now, "started", agents=len(agents), steps=len(rollout.plan))
         self._active[rollout.rollout_id] = rollout
-        self._move_step(rollout, now)
+        await self._move_step(rollout, now)
         logger.info("rollout %s: %s@%s over %d agents in %d steps (from %s)",
                     rollout.rollout_id, policy.model, policy.version, len(agents),
                     len(rollout.plan), previous or "nothing")  # fmt: skip
         return rollout
 
-    def pause(self, rollout_id: str) -> Rollout:
-        rollout = self._active_one(rollout_id)
-        if rollout.state == RolloutState.RUNNING:
-            now = self._clock()
-            rollout.state, rollout.paused_at = RolloutState.PAUSED, now
-            rollout.note(now, "paused", step=rollout.step)
-            self._save(rollout, now)
-        return rollout
+    async def pause(self, rollout_id: str) -> Rollout:
+        async with self._turn:
+            rollout = await self._active_one(rollout_id)
+            if rollout.state == RolloutState.RUNNING:
+                now = self._clock()
+                rollout.state, rollout.paused_at = RolloutState.PAUSED, now
+                rollout.note(now, "paused", step=rollout.step)
+                await self._save(rollout, now)
+            return rollout
 
-    def resume(self, rollout_id: str) -> Rollout:
-        rollout = self._active_one(rollout_id)
-        if rollout.state == RolloutState.PAUSED:
-            now = self._clock()
-            if rollout.step_started_at is not None and rollout.paused_at is not None:
-                rollout.step_started_at += max(0.0, now - rollout.paused_at)
-            rollout.state, rollout.paused_at = RolloutState.RUNNING, None
-            rollout.note(now, "resumed", step=rollout.step)
-            self._save(rollout, now)
-        return rollout
+    async def resume(self, rollout_id: str) -> Rollout:
+        async with self._turn:
+            rollout = await self._active_one(rollout_id)
+            if rollout.state == RolloutState.PAUSED:
+                now = self._clock()
+                if rollout.step_started_at is not None and rollout.paused_at is not None:
+                    rollout.step_started_at += max(0.0, now - rollout.paused_at)
+                rollout.state, rollout.paused_at = RolloutState.RUNNING, None
+                rollout.note(now, "resumed", step=rollout.step)
+                await self._save(rollout, now)
+            return rollout
 
-    def abort(self, rollout_id: str, *, rollback: bool = True, reason: str = "") -> Rollout:
-        rollout = self._active_one(rollout_id)
-        now = self._clock()
-        detail = reason or "aborted by an operator"
-        if rollback:
-            self._send_back(rollout)
-            detail += "; moved agents sent back to their previous version"
-        else:
-            detail += "; moved agents kept on the new version"
-        self._finish(rollout, RolloutState.ABORTED, detail, now)
-        return rollout
+    async def abort(self, rollout_id: str, *, rollback: bool = True, reason: str = "") -> Rollout:
+        async with self._turn:
+            rollout = await self._active_one(rollout_id)
+            now = self._clock()
+            detail = reason or "aborted by an operator"
+            if rollback:
+                await self._send_back(rollout)
+                detail += "; moved agents sent back to their previous version"
+            else:
+                detail += "; moved agents kept on the new version"
+            await self._finish(rollout, RolloutState.ABORTED, detail, now)
+            return rollout
 
     # -------------------------------------------------------------- stats
 
@@ -353,8 +378,12 @@ class RolloutEngine:
 
     # -------------------------------------------------------------- the clock
 
-    def tick(self) -> TickResult:
+    async def tick(self) -> TickResult:
         """Move, judge, complete or roll back every running rollout; save what changed."""
+        async with self._turn:
+            return await self._tick()
+
+    async def _tick(self) -> TickResult:
         now = self._clock()
         moved: list[str] = []
         passed: list[str] = []
@@ -364,7 +393,7 @@ class RolloutEngine:
             if rollout.state != RolloutState.RUNNING:
                 continue
             if rollout.step_started_at is None:
-                self._move_step(rollout, now)
+                await self._move_step(rollout, now)
                 moved.append(rollout.rollout_id)
                 continue
             gate = self.gate(rollout, now)
@@ -377,29 +406,29 @@ class RolloutEngine:
                 why = "; ".join(gate.reasons)
                 if gate.verdict == Verdict.WAIT:
                     why = f"step not passed within step_timeout_s={timeout:g}: {why}"
-                self._roll_back(rollout, why, now)
+                await self._roll_back(rollout, why, now)
                 rolled_back.append(rollout.rollout_id)
             elif gate.verdict == Verdict.PASS:
                 passed.append(rollout.rollout_id)
                 rollout.note(now, "step_passed", step=rollout.step, gate=gate.json())
                 if self._audit is not None:
-                    self._audit("rollout step passed", rollout.rollout_id,
-                                f"step {rollout.step}: {gate.requests} requests")  # fmt: skip
+                    await self._audit("rollout step passed", rollout.rollout_id,
+                                      f"step {rollout.step}: {gate.requests} requests")  # fmt: skip
                 if rollout.step + 1 >= len(rollout.plan):
-                    self._complete(rollout, now)
+                    await self._complete(rollout, now)
                     completed.append(rollout.rollout_id)
                 else:
                     rollout.step += 1
                     rollout.step_started_at = None
                     rollout.step_stats = StepStats()
-                    self._move_step(rollout, now)
+                    await self._move_step(rollout, now)
                     moved.append(rollout.rollout_id)
             else:
                 rollout.detail = "waiting: " + "; ".join(gate.reasons)
         for rollout_id in list(self._dirty):
             changed = self._active.get(rollout_id)
             if changed is not None:
-                self._save(changed, now)
+                await self._save(changed, now)
         self._dirty.clear()
         return TickResult(tuple(moved), tuple(passed), tuple(completed), tuple(rolled_back))
 
@@ -424,13 +453,13 @@ class RolloutEngine:
 
     # -------------------------------------------------------------- internals
 
-    def _active_one(self, rollout_id: str) -> Rollout:
+    async def _active_one(self, rollout_id: str) -> Rollout:
         active = self._active.get(rollout_id)
         if active is None:
-            done = self._store.get(rollout_id)
+            done = await self._store.get_rollout(rollout_id)
             if done is None:
                 raise UnknownRolloutError(rollout_id)
-            raise RolloutConflictError(f"rollout {rollout_id} is {done.state.value} already")
+            raise RolloutConflictError(f"rollout {rollout_id} is {done.state} already")
         return active
 
     def _step_set(self, rollout: Rollout) -> frozenset[str]:
@@ -463,44 +492,46 @@ class RolloutEngine:
                 return entry
         return None
 
-    def _move_step(self, rollout: Rollout, now: float) -> None:
+    async def _move_step(self, rollout: Rollout, now: float) -> None:
         agents = rollout.current_agents()
-        self._assignments.assign(agents, rollout.model, rollout.version, rollout.rollout_id)
+        await self._assignments.assign(agents, rollout.model, rollout.version, rollout.rollout_id)
         rollout.step_started_at = now
         rollout.step_stats = StepStats()
         rollout.control = MergedHistogram()
         rollout.detail = f"step {rollout.step} moved {len(agents)} agents"
         rollout.note(now, "step_moved", step=rollout.step, agents=len(agents))
-        self._save(rollout, now)
+        await self._save(rollout, now)
 
-    def _complete(self, rollout: Rollout, now: float) -> None:
+    async def _complete(self, rollout: Rollout, now: float) -> None:
         spec = rollout.policy.selector
         selector = self._selector_factory(
             sites=spec.sites, labels=spec.labels, agent_ids=spec.agent_ids
         )
-        self._assignments.set_rule(selector, rollout.model, rollout.version, rollout.rollout_id)
-        self._assignments.clear([a for step in rollout.plan for a in step], rollout.model)
-        self._finish(rollout, RolloutState.COMPLETED,
+        await self._assignments.set_rule(
+            selector, rollout.model, rollout.version, rollout.rollout_id
+        )
+        await self._assignments.clear([a for step in rollout.plan for a in step], rollout.model)
+        await self._finish(rollout, RolloutState.COMPLETED,
                      f"every step passed; the selector's rule is {rollout.model}@"
                      f"{rollout.version}", now)  # fmt: skip
 
-    def _roll_back(self, rollout: Rollout, why: str, now: float) -> None:
-        moved = self._send_back(rollout)
+    async def _roll_back(self, rollout: Rollout, why: str, now: float) -> None:
+        moved = await self._send_back(rollout)
         self.rollbacks += 1
         logger.warning(
             "rollout %s of %s@%s failed its gate at step %d (%s): %d agents sent back to %s",
             rollout.rollout_id, rollout.model, rollout.version, rollout.step, why, len(moved),
             rollout.previous_version or "nothing",
         )  # fmt: skip
-        self._finish(rollout, RolloutState.ROLLED_BACK,
+        await self._finish(rollout, RolloutState.ROLLED_BACK,
                      f"gate failed at step {rollout.step}: {why}", now)  # fmt: skip
 
-    def _send_back(self, rollout: Rollout) -> list[str]:
+    async def _send_back(self, rollout: Rollout) -> list[str]:
         """Every moved agent back to the version it desired before the rollout."""
         moved = rollout.moved_agents()
         if not moved:
             return moved
-        self._assignments.clear(moved, rollout.model)
+        await self._assignments.clear(moved, rollout.model)
         back: dict[str, list[str]] = {}
         for agent_id in moved:
             before = rollout.prior.get(agent_id, "")
@@ -508,24 +539,31 @@ class RolloutEngine:
             if before and (now_desired is None or now_desired.version != before):
                 back.setdefault(before, []).append(agent_id)
         for version, agent_ids in back.items():
-            self._assignments.assign(agent_ids, rollout.model, version)
+            await self._assignments.assign(agent_ids, rollout.model, version)
         return moved
 
-    def _finish(self, rollout: Rollout, state: RolloutState, detail: str, now: float) -> None:
+    async def _finish(self, rollout: Rollout, state: RolloutState, detail: str, now: float) -> None:
         rollout.state, rollout.detail, rollout.finished_at = state, detail, now
         rollout.paused_at = None
         rollout.note(now, state.value, detail=detail)
-        self._save(rollout, now)
+        await self._save(rollout, now)
         self._active.pop(rollout.rollout_id, None)
         self._step_sets.pop(rollout.rollout_id, None)
         self._moved_sets.pop(rollout.rollout_id, None)
+        self._stored_state.pop(rollout.rollout_id, None)
         if self._audit is not None:
-            self._audit(f"rollout {state.value}", rollout.rollout_id, detail)
+            await self._audit(f"rollout {state.value}", rollout.rollout_id, detail)
 
-    def _save(self, rollout: Rollout, now: float) -> None:
+    async def _save(self, rollout: Rollout, now: float) -> None:
         rollout.updated_at = now
-        self._store.save(rollout)
+        await self._store.save_rollout(rollout.stored())
         self._dirty.discard(rollout.rollout_id)
+        before = self._stored_state.get(rollout.rollout_id)
+        if before != rollout.state.value:
+            if before is not None:
+                self._counts[before] -= 1
+            self._counts[rollout.state.value] += 1
+            self._stored_state[rollout.rollout_id] = rollout.state.value
 
 
 def _most_common(versions: Iterable[str]) -> str:

@@ -1,4 +1,4 @@
-"""Puts the rollout engine into a coordinator app: its store connection, the ReportHooks
+"""Puts the rollout engine into a coordinator app: the app's store, the ReportHooks
 callback, the tick every report interval, audit entries for what it does on its own, and
 its ``/metrics`` families.
 
@@ -18,13 +18,18 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from coordinator.api.app_keys import AUDIT_KEY, CONFIG_KEY, METRICS_KEY, REGISTRY_KEY, ROLLOUTS_KEY
+from coordinator.api.app_keys import (
+    AUDIT_KEY,
+    CONFIG_KEY,
+    METRICS_KEY,
+    REGISTRY_KEY,
+    ROLLOUTS_KEY,
+    STORE_KEY,
+)
 from coordinator.background import periodic_task
-from coordinator.errors import StoreError
 from coordinator.fleet.metrics import PREFIX
 from coordinator.rollouts.engine import AssignmentsView, CatalogView, RolloutEngine, SelectorFactory
-from coordinator.store.admin_db import AdminDatabase
-from coordinator.store.rollouts import RolloutState, RolloutStore
+from coordinator.rollouts.model import RolloutState
 from edgefleet.contract import LoadReport
 
 logger = logging.getLogger(__name__)
@@ -42,11 +47,7 @@ class RolloutMetrics(Collector):
         by_state = GaugeMetricFamily(
             f"{PREFIX}_rollouts", "Model rollouts, by state.", labels=["state"]
         )
-        try:
-            counts = self._engine.counts_by_state()
-        except StoreError as exc:
-            logger.warning("rollout metrics: %s", exc)
-            counts = {}
+        counts = self._engine.counts_by_state()
         for state in RolloutState:
             by_state.add_metric([state.value], float(counts.get(state.value, 0)))
         yield by_state
@@ -81,16 +82,15 @@ def install_rollouts(app: web.Application, deps: RolloutDeps) -> RolloutEngine:
     if ROLLOUTS_KEY in app:
         raise RuntimeError("this app has a rollout engine already")
     config = app[CONFIG_KEY]
-    db = AdminDatabase.in_directory(config.data_path)
     audit_log = app[AUDIT_KEY]
 
-    def audit(action: str, rollout_id: str, detail: str) -> None:
-        audit_log.append(action=action, outcome="ok", actor_id="coordinator",
-                         actor_name="rollouts", target=f"rollout_id={rollout_id}",
-                         peer="coordinator", detail=detail)  # fmt: skip
+    async def audit(action: str, rollout_id: str, detail: str) -> None:
+        await audit_log.append(action=action, outcome="ok", actor_id="coordinator",
+                               actor_name="rollouts", target=f"rollout_id={rollout_id}",
+                               peer="coordinator", detail=detail)  # fmt: skip
 
     engine = RolloutEngine(
-        RolloutStore(db),
+        app[STORE_KEY],
         catalog=deps.catalog,
         assignments=deps.assignments,
         selector_factory=deps.selector_factory,
@@ -104,14 +104,13 @@ def install_rollouts(app: web.Application, deps: RolloutDeps) -> RolloutEngine:
     period_s = config.report_interval_ms / 1000.0
 
     async def tick() -> None:
-        engine.tick()
+        await engine.tick()
 
     async def run(app: web.Application) -> AsyncIterator[None]:
-        try:
-            async with periodic_task("rollouts", period_s, tick):
-                yield
-        finally:
-            db.close()
+        # After the app's store opened (its cleanup context comes first).
+        await engine.load()
+        async with periodic_task("rollouts", period_s, tick):
+            yield
 
     app.cleanup_ctx.append(run)
     return engine

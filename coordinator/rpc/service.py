@@ -186,7 +186,7 @@ class CoordinatorServicer:
                     f"{self._enroll_limiter.burst}); retry in {math.ceil(wait_s)} s",
                 )
         try:
-            enrolled = self._enrollment.enroll(
+            enrolled = await self._enrollment.enroll(
                 request.join_token, request.requested_name, request.site, request.csr_pem
             )
         except EnrollmentError as exc:
@@ -233,7 +233,7 @@ class CoordinatorServicer:
         if self._authenticator.check_url_host and hello.http_url:
             peer = replace(peer, url_addresses=await resolve_url_host(hello.http_url))
         try:
-            hello, enrolled = self._authenticator.authenticate(hello, peer)
+            hello, enrolled = await self._authenticator.authenticate(hello, peer)
             session_id = self._registry.open_session(hello, enrolled=enrolled)
         except EnrollmentError as exc:
             self._metrics.sessions_rejected.labels(reason=exc.reason).inc()
@@ -412,20 +412,20 @@ class CoordinatorServicer:
                 logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)
             elif kind == "request_records":
-                self._store_records(live, message.request_records)
+                await self._store_records(live, message.request_records)
             elif kind == "renew_certificate":
-                self._renew(live, message.renew_certificate.csr_pem)
+                await self._renew(live, message.renew_certificate.csr_pem)
             elif kind == "hello":
                 raise ProtocolError("Hello may only be sent once, as the first message")
             else:
                 raise ProtocolError("empty AgentMessage (no body set)")
 
-    def _store_records(self, live: _LiveSession, message: pb.RequestRecords) -> None:
+    async def _store_records(self, live: _LiveSession, message: pb.RequestRecords) -> None:
         """Store a batch of request records and acknowledge it (fleet.request_records)."""
         if self._records is None:
             return
         batch = contract_pb.request_records_from_pb(message)
-        result = self._records.accept(live.agent_id, batch)  # ProtocolError ends the session
+        result = await self._records.accept(live.agent_id, batch)  # ProtocolError ends it
         counter = self._metrics.request_records
         for outcome, count in (
             ("stored", result.stored),
@@ -439,12 +439,12 @@ class CoordinatorServicer:
             ack = contract_pb.records_ack_to_pb(result.ack)
             live.outbox.put_nowait(pb.CoordinatorMessage(records_ack=ack))
 
-    def _renew(self, live: _LiveSession, csr_pem: str) -> None:
+    async def _renew(self, live: _LiveSession, csr_pem: str) -> None:
         """Answer RenewCertificate with CertificateIssued (enrolled sessions only)."""
         if not live.enrolled:
             raise ProtocolError("RenewCertificate from an agent that is not enrolled")
         try:
-            issued = self._enrollment.renew(live.agent_id, csr_pem)
+            issued = await self._enrollment.renew(live.agent_id, csr_pem)
         except AgentRevokedError as exc:
             self.end_session(live.agent_id, revoked=str(exc))
             return

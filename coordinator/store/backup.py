@@ -1,13 +1,14 @@
 """``python -m coordinator backup DIR`` / ``restore DIR``: the coordinator's whole state.
 
-A backup holds the fleet database (copied with SQLite's online backup API, so it is
-consistent even while the coordinator runs and writes), the CA (``ca/ca.pem`` and
-``ca/ca.key``), the model-signing key (``model-signing.key``: agents pinned its public key
-at enrollment, so a coordinator restored without it could not serve them models), the
-model catalog's blob store (``models/blobs/``; blobs being uploaded, ``models/tmp/``,
-are left out) and every other file under ``data_dir`` (keys other features keep there),
-plus ``manifest.json`` (when, the schema version, each file's sha256). The backup
-directory is created 0700 and private files stay 0600: it holds the CA key.
+A backup holds the fleet database (copied by the store, ``FleetStore.backup_to``: SQLite's
+online backup API, so it is consistent even while the coordinator runs and writes), the
+CA (``ca/ca.pem`` and ``ca/ca.key``), the model-signing key (``model-signing.key``: agents
+pinned its public key at enrollment, so a coordinator restored without it could not
+serve them models), the model catalog's blob store (``models/blobs/``; blobs being
+uploaded, ``models/tmp/``, are left out) and every other file under ``data_dir`` (keys
+other features keep there), plus ``manifest.json`` (when, the schema version, each
+file's sha256). The backup directory is created 0700 and private files stay 0600: it
+holds the CA key.
 
 Restore copies a backup into a data directory that has no database and no CA yet
 (``--force`` replaces them), after checking every file against the manifest; run it
@@ -21,14 +22,15 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from coordinator.catalog.catalog import MODELS_DIR, SIGNING_KEY_FILE, TMP_DIR
 from coordinator.errors import StoreError
-from coordinator.store.sqlite import DB_FILE, schema_version
+from coordinator.store.interface import FleetStore
+from coordinator.store.offline import run_offline
+from coordinator.store.sqlite import DB_FILE
 
 MANIFEST = "manifest.json"
 # The database and SQLite's side files: copied through the backup API, not as files.
@@ -52,16 +54,16 @@ def backup(data_dir: Path, target: Path) -> dict[str, Any]:
         raise BackupError(f"{target} is not empty; back up into a new directory")
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(target, 0o700)
+
+    async def copy(store: FleetStore) -> int:
+        return await store.backup_to(target / DB_FILE)
+
     try:
-        source = sqlite3.connect(database)
-        copy = sqlite3.connect(target / DB_FILE)
-        try:
-            source.execute("PRAGMA busy_timeout=5000")
-            source.backup(copy)
-            version = schema_version(copy)
-        finally:
-            copy.close()
-            source.close()
+        # As the database is: migrating it is the coordinator's job, not the backup's.
+        version = run_offline(data_dir, copy, migrate=False)
+    except StoreError as exc:
+        raise BackupError(f"cannot back up {data_dir} to {target}: {exc}") from exc
+    try:
         os.chmod(target / DB_FILE, 0o600)
         for path in sorted(data_dir.rglob("*")):
             relative = path.relative_to(data_dir)
@@ -70,7 +72,7 @@ def backup(data_dir: Path, target: Path) -> dict[str, Any]:
             destination = target / relative
             destination.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             _copy_private(path, destination)
-    except (OSError, sqlite3.Error) as exc:
+    except OSError as exc:
         raise BackupError(f"cannot back up {data_dir} to {target}: {exc}") from exc
     files = {
         str(p.relative_to(target)): _sha256(p)

@@ -13,8 +13,14 @@ from agent.config import AgentConfig
 from agent.request_log import RequestLog, RequestLogSlot
 from coordinator.errors import ProtocolError
 from coordinator.fleet.request_records import RequestRecordStore
-from coordinator.store.admin_db import AdminDatabase
+from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import RequestRecords
+
+
+async def opened(data_dir: Path) -> SQLiteFleetStore:
+    store = SQLiteFleetStore.in_directory(data_dir)
+    await store.open()
+    return store
 
 
 def record(i: int) -> dict[str, object]:
@@ -58,16 +64,19 @@ def test_a_full_spool_drops_the_oldest_and_counts_the_loss(tmp_path: Path) -> No
     log.close()
 
 
-def test_the_coordinator_stores_a_batch_once_and_refuses_hostile_ones(tmp_path: Path) -> None:
-    db = AdminDatabase.in_directory(tmp_path)
+async def test_the_coordinator_stores_a_batch_once_and_refuses_hostile_ones(
+    tmp_path: Path,
+) -> None:
+    db = await opened(tmp_path)
     store = RequestRecordStore(db, max_rows=1000)
+    await store.load()
     packed = msgpack.packb([record(1), record(2), {"model": 5}, "junk"])
-    first = store.accept("edge-1", RequestRecords(10, packed))
+    first = await store.accept("edge-1", RequestRecords(10, packed))
     assert first.ack is not None and first.ack.through_seq == 13
     assert (first.stored, first.invalid) == (2, 2)
-    again = store.accept("edge-1", RequestRecords(10, packed))  # ack lost, sent twice
+    again = await store.accept("edge-1", RequestRecords(10, packed))  # ack lost, sent twice
     assert again.stored == 0 and store.count() == 2
-    assert [r["seq"] for r in store.list(agent_id="edge-1")] == [10, 11]
+    assert [r["seq"] for r in await store.list(agent_id="edge-1")] == [10, 11]
     for bad in (
         RequestRecords(0, packed),
         RequestRecords(1, b"\xc1"),
@@ -76,26 +85,29 @@ def test_the_coordinator_stores_a_batch_once_and_refuses_hostile_ones(tmp_path: 
         RequestRecords(1, msgpack.packb([record(0)] * 5000)),
     ):
         with pytest.raises(ProtocolError):
-            store.accept("edge-1", bad)
+            await store.accept("edge-1", bad)
     long = msgpack.packb([{**record(3), "model": "m" * 10_000, "prompt_tokens": 2**50}])
-    assert store.accept("edge-2", RequestRecords(1, long)).invalid == 1
-    db.close()
+    assert (await store.accept("edge-2", RequestRecords(1, long))).invalid == 1
+    await db.close()
 
 
-def test_records_beyond_the_cap_are_pruned_oldest_first_and_counted(tmp_path: Path) -> None:
-    db = AdminDatabase.in_directory(tmp_path)
+async def test_records_beyond_the_cap_are_pruned_oldest_first_and_counted(
+    tmp_path: Path,
+) -> None:
+    db = await opened(tmp_path)
     store = RequestRecordStore(db, max_rows=100)
+    await store.load()
     pruned = 0
     for batch in range(12):
         packed = msgpack.packb([record(i) for i in range(10)])
-        pruned += store.accept("edge-1", RequestRecords(1 + batch * 10, packed)).pruned
+        pruned += (await store.accept("edge-1", RequestRecords(1 + batch * 10, packed))).pruned
     assert store.count() <= 100
     assert pruned == 120 - store.count()  # every removed row is counted, none silently
-    assert min(r["seq"] for r in store.list(agent_id="edge-1")) == 1 + pruned
-    db.close()
+    assert min(r["seq"] for r in await store.list(agent_id="edge-1")) == 1 + pruned
+    await db.close()
 
 
-def test_a_full_spool_counts_the_loss_in_the_metric_and_sends_a_gap_record(
+async def test_a_full_spool_counts_the_loss_in_the_metric_and_sends_a_gap_record(
     tmp_path: Path,
 ) -> None:
     registry = CollectorRegistry()
@@ -117,14 +129,17 @@ def test_a_full_spool_counts_the_loss_in_the_metric_and_sends_a_gap_record(
     assert any("gap" in r for r in records)  # and a gap record says how many
     assert sum(r.get("gap", 0) for r in records) == dropped
     # The coordinator stores the gap; the loss also rides on the batch.
-    db = AdminDatabase.in_directory(tmp_path / "coordinator")
+    db = await opened(tmp_path / "coordinator")
     store = RequestRecordStore(db)
-    result = store.accept("edge-1", RequestRecords(first, packed, dropped=log.dropped_unreported))
+    await store.load()
+    result = await store.accept(
+        "edge-1", RequestRecords(first, packed, dropped=log.dropped_unreported)
+    )
     assert result.ack is not None and result.stored == len(records)
     assert result.lost_at_agent == log.dropped_unreported > 0  # counted in the metric
-    assert sum(r["dropped"] for r in store.list(agent_id="edge-1")) == dropped
+    assert sum(r["dropped"] for r in await store.list(agent_id="edge-1")) == dropped
     slot.close()
-    db.close()
+    await db.close()
     with pytest.raises(ValueError):
         AgentConfig.model_validate({"audit": {"spool_max_bytes": 100}})
 

@@ -31,8 +31,8 @@ class Coordinator:
     grpc_target: str
     stub: Any
 
-    def new_token(self, **kwargs: Any) -> str:
-        return str(self.app[TOKENS_KEY].create(**kwargs).token)
+    async def new_token(self, **kwargs: Any) -> str:
+        return str((await self.app[TOKENS_KEY].create(**kwargs)).token)
 
     async def get_json(self, path: str) -> Any:
         async with (

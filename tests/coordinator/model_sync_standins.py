@@ -62,12 +62,14 @@ class StandinAssignments:
     explicit: dict[tuple[str, str], Assignment] = field(default_factory=dict)
     changes: list[tuple[str, tuple[str, ...], str, str]] = field(default_factory=list)
 
-    def set_rule(self, selector: Selector, name: str, version: str, rollout_id: str = "") -> None:
+    async def set_rule(
+        self, selector: Selector, name: str, version: str, rollout_id: str = ""
+    ) -> None:
         self.rules = [(s, a) for s, a in self.rules if not (s == selector and a.name == name)]
         self.rules.append((selector, Assignment(name, version, rollout_id)))
         self.changes.append(("rule", (), name, version))
 
-    def assign(
+    async def assign(
         self, agent_ids: Iterable[str], name: str, version: str, rollout_id: str = ""
     ) -> None:
         ids = tuple(agent_ids)
@@ -75,7 +77,7 @@ class StandinAssignments:
             self.explicit[(agent_id, name)] = Assignment(name, version, rollout_id)
         self.changes.append(("assign", ids, name, version))
 
-    def clear(self, agent_ids: Iterable[str], name: str) -> None:
+    async def clear(self, agent_ids: Iterable[str], name: str) -> None:
         ids = tuple(agent_ids)
         for agent_id in ids:
             self.explicit.pop((agent_id, name), None)

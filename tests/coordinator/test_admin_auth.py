@@ -21,14 +21,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from coordinator.access.admin_tokens import Role
-from coordinator.api.app_keys import ADMIN_TOKENS_KEY, TOKENS_KEY
+from coordinator.access.admin_tokens import AdminTokens, Role
+from coordinator.api.app_keys import TOKENS_KEY
 from coordinator.api.openapi import documented_routes
 from coordinator.api.routes import api_document, route_roles
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
-from coordinator.store.sqlite import DB_FILE
+from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -174,7 +174,7 @@ async def test_every_guarded_route_refuses_a_missing_or_wrong_token(
             assert body["error"]["code"] == "invalid_admin_token"
             assert body["error"]["type"] == "authentication_error"
             assert ADMIN_TOKEN not in str(body)
-    assert c.app[TOKENS_KEY].list() == []  # the refused POSTs did nothing
+    assert await c.app[TOKENS_KEY].list() == []  # the refused POSTs did nothing
     # Honest traffic kept being served.
     assert (await c.call("GET", "/v1/agents", bearer(ADMIN_TOKEN)))[0] == 200
     assert (await c.call("GET", "/v1/route?model=m", {}))[0] == 200
@@ -186,7 +186,7 @@ async def test_loopback_is_no_credential(start: Callable[..., Awaitable[Running]
     for method, path in local.guarded_routes():
         status, body = await local.call(method, path, {})
         assert status == 401, (method, path, body)
-    assert local.app[TOKENS_KEY].list() == []
+    assert await local.app[TOKENS_KEY].list() == []
     # The public routes stay open.
     for path in ("/healthz", "/v1/route?model=m", "/openapi.json"):
         assert (await local.call("GET", path, {}))[0] == 200
@@ -200,7 +200,7 @@ async def test_the_right_token_is_let_through_on_every_guarded_route(
         status, body = await c.call(method, path, bearer(ADMIN_TOKEN))
         # Past the gate: the handler answers (400 for an empty mint, 404 for sample ids).
         assert status not in (401, 403), (method, path, body)
-    assert len(c.app[TOKENS_KEY].list()) == 1
+    assert len(await c.app[TOKENS_KEY].list()) == 1
 
 
 async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Running]]) -> None:
@@ -338,12 +338,16 @@ async def test_a_running_coordinator_keeps_its_token_out_of_its_command_line(
             assert response.status == 401
 
 
-def test_admin_tokens_table_keeps_only_digests(tmp_path: Path) -> None:
-    config = CoordinatorConfig(data_dir=str(tmp_path), grpc_port=0, http_port=0, enroll_port=0)
-    app = create_app(config)
-    minted = app[ADMIN_TOKENS_KEY].mint(Role.ADMIN, "ci")
-    raw = (tmp_path / DB_FILE).read_bytes() + (tmp_path / (DB_FILE + "-wal")).read_bytes()
-    assert minted.token.split(".")[1].encode() not in raw
-    assert app[ADMIN_TOKENS_KEY].check(minted.token) is not None
-    last = "B" if minted.token.endswith("A") else "A"  # always a different token
-    assert app[ADMIN_TOKENS_KEY].check(minted.token[:-1] + last) is None
+async def test_admin_tokens_table_keeps_only_digests(tmp_path: Path) -> None:
+    store = SQLiteFleetStore.in_directory(tmp_path)
+    await store.open()
+    try:
+        tokens = AdminTokens(store)
+        minted = await tokens.mint(Role.ADMIN, "ci")
+        raw = (tmp_path / DB_FILE).read_bytes() + (tmp_path / (DB_FILE + "-wal")).read_bytes()
+        assert minted.token.split(".")[1].encode() not in raw
+        assert await tokens.check(minted.token) is not None
+        last = "B" if minted.token.endswith("A") else "A"  # always a different token
+        assert await tokens.check(minted.token[:-1] + last) is None
+    finally:
+        await store.close()

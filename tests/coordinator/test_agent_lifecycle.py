@@ -81,7 +81,9 @@ async def test_csr_enrollment_puts_no_private_key_on_the_wire_and_saves_0600_fil
     key = new_key_pem()
     reply = await c.stub.Enroll(
         pb.EnrollRequest(
-            join_token=c.new_token(site="lab"), requested_name="edge-1", csr_pem=_csr(key, "x")
+            join_token=await c.new_token(site="lab"),
+            requested_name="edge-1",
+            csr_pem=_csr(key, "x"),
         )
     )
     assert reply.client_key_pem == ""  # the coordinator never made or sent a key
@@ -94,7 +96,9 @@ async def test_csr_enrollment_puts_no_private_key_on_the_wire_and_saves_0600_fil
 
     # The agent's Enroller: its own key and the answer, atomically written, 0600.
     state = tmp_path / "state"
-    enroller = Enroller(c.grpc_target, c.new_token(), state_dir=state, requested_name="edge-2")
+    enroller = Enroller(
+        c.grpc_target, await c.new_token(), state_dir=state, requested_name="edge-2"
+    )
     credentials = await enroller.ensure()
     assert credentials.agent_id == "edge-2"
     for name in (KEY_FILE, STATE_FILE):
@@ -102,7 +106,9 @@ async def test_csr_enrollment_puts_no_private_key_on_the_wire_and_saves_0600_fil
     assert "PRIVATE KEY" not in (state / STATE_FILE).read_text()
     assert not list(state.glob(".*.tmp"))
     # A legacy agent (no CSR) still enrolls, with a key the coordinator made.
-    legacy = await c.stub.Enroll(pb.EnrollRequest(join_token=c.new_token(), requested_name="old"))
+    legacy = await c.stub.Enroll(
+        pb.EnrollRequest(join_token=await c.new_token(), requested_name="old")
+    )
     assert "PRIVATE KEY" in legacy.client_key_pem
 
 
@@ -111,7 +117,7 @@ async def test_enrollment_is_idempotent_for_the_same_token_and_key(
 ) -> None:
     """An agent that crashed after Enroll, before saving the answer, enrolls again."""
     c = await make_coordinator()
-    token = c.new_token(max_uses=1)
+    token = await c.new_token(max_uses=1)
     state = tmp_path / "state"
     first = Enroller(c.grpc_target, token, state_dir=state, requested_name="edge-1")
     got = await first.ensure()
@@ -120,9 +126,9 @@ async def test_enrollment_is_idempotent_for_the_same_token_and_key(
     assert again.agent_id == got.agent_id == "edge-1"
     assert again.token != got.token  # a fresh credential replaces the lost one
     token_id = token.split("_", 1)[1].split(".")[0]
-    record = c.app[STORE_KEY].get_token(token_id)
+    record = await c.app[STORE_KEY].get_token(token_id)
     assert record is not None and record.uses == 1
-    assert [a.agent_id for a in c.app[STORE_KEY].list_agents()] == ["edge-1"]
+    assert [a.agent_id for a in await c.app[STORE_KEY].list_agents()] == ["edge-1"]
     # Another key with the same, used-up token is refused.
     with pytest.raises(EnrollmentRefusedError, match="already used 1 of 1"):
         await Enroller(
@@ -141,7 +147,9 @@ async def test_certificates_are_renewed_over_the_session(
     # 153 s: with the 5-minute back-dating, two thirds of the life have passed after ~2 s.
     c = await make_coordinator(agent_cert_days=153 / DAY_S)
     state = tmp_path / "state"
-    enroller = Enroller(c.grpc_target, c.new_token(), state_dir=state, requested_name="edge-1")
+    enroller = Enroller(
+        c.grpc_target, await c.new_token(), state_dir=state, requested_name="edge-1"
+    )
     agent = session(c.grpc_target, enroller)
     await agent.start()
     await wait_until(lambda: agent.connected, message="connected")
@@ -150,7 +158,7 @@ async def test_certificates_are_renewed_over_the_session(
     saved = json.loads((state / STATE_FILE).read_text())
     renewed = certificate_serial(saved["client_cert_pem"])
     assert renewed != first
-    stored = c.app[STORE_KEY].get_agent("edge-1")
+    stored = await c.app[STORE_KEY].get_agent("edge-1")
     assert stored is not None and stored.cert_serial in (
         renewed,
         certificate_serial(enroller.credentials.client_cert_pem),  # type: ignore[union-attr]
@@ -211,9 +219,11 @@ async def test_a_revoked_agent_cannot_renew_or_reenroll(
 ) -> None:
     c = await make_coordinator()
     state = tmp_path / "state"
-    enroller = Enroller(c.grpc_target, c.new_token(), state_dir=state, requested_name="edge-1")
+    enroller = Enroller(
+        c.grpc_target, await c.new_token(), state_dir=state, requested_name="edge-1"
+    )
     credentials = await enroller.ensure()
-    c.app[LIFECYCLE_KEY].revoke("edge-1")
+    await c.app[LIFECYCLE_KEY].revoke("edge-1")
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await c.stub.Enroll(
             pb.EnrollRequest(
@@ -345,7 +355,9 @@ async def test_agents_set_fixes_the_place_and_url_and_the_agent_follows(
     make_coordinator: MakeCoordinator, tmp_path: Path
 ) -> None:
     c = await make_coordinator()
-    enroller = Enroller(c.grpc_target, c.new_token(), state_dir=tmp_path, requested_name="edge-1")
+    enroller = Enroller(
+        c.grpc_target, await c.new_token(), state_dir=tmp_path, requested_name="edge-1"
+    )
     agent = session(c.grpc_target, enroller)
     await agent.start()
     await wait_until(lambda: agent.connected, message="connected")
@@ -374,8 +386,8 @@ async def test_revoking_a_token_with_agents_revokes_them_and_remove_deletes_the_
     make_coordinator: MakeCoordinator, tmp_path: Path
 ) -> None:
     c = await make_coordinator()
-    token = c.new_token(max_uses=2)
-    kept = c.new_token()
+    token = await c.new_token(max_uses=2)
+    kept = await c.new_token()
     agents = []
     for name, join in (("a1", token), ("a2", token), ("keep", kept)):
         enroller = Enroller(c.grpc_target, join, state_dir=tmp_path / name, requested_name=name)
@@ -395,7 +407,7 @@ async def test_revoking_a_token_with_agents_revokes_them_and_remove_deletes_the_
     assert agents[2].connected
     removed = await _admin_http(c, "DELETE", "/agents/a1")
     assert removed["removed"] is True
-    assert c.app[STORE_KEY].get_agent("a1") is None
+    assert await c.app[STORE_KEY].get_agent("a1") is None
     # Its id stays refused (even where enrollment is optional), until enrolled again.
     await asyncio.sleep(0.5)
     assert not agents[0].connected and "removed" in (agents[0].last_error or "")
@@ -407,7 +419,9 @@ async def test_the_cli_sets_revokes_and_removes_agents(
     make_coordinator: MakeCoordinator, tmp_path: Path
 ) -> None:
     c = await make_coordinator()
-    await Enroller(c.grpc_target, c.new_token(), state_dir=tmp_path, requested_name="e1").ensure()
+    await Enroller(
+        c.grpc_target, await c.new_token(), state_dir=tmp_path, requested_name="e1"
+    ).ensure()
 
     async def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return await asyncio.to_thread(
@@ -422,15 +436,15 @@ async def test_the_cli_sets_revokes_and_removes_agents(
 
     done = await cli("set", "e1", "--site", "hall-9", "--http-url", "http://10.0.0.9:8000")
     assert done.returncode == 0, done.stderr
-    stored = c.app[STORE_KEY].get_agent("e1")
+    stored = await c.app[STORE_KEY].get_agent("e1")
     assert stored is not None and (stored.site, stored.http_url) == (
         "hall-9",
         "http://10.0.0.9:8000",
     )
     assert (await cli("revoke", "e1")).returncode == 0
-    assert c.app[STORE_KEY].get_agent("e1").revoked  # type: ignore[union-attr]
+    assert (await c.app[STORE_KEY].get_agent("e1")).revoked  # type: ignore[union-attr]
     assert (await cli("remove", "e1")).returncode == 0
-    assert c.app[STORE_KEY].get_agent("e1") is None
+    assert await c.app[STORE_KEY].get_agent("e1") is None
     missing = await cli("revoke", "e1")
     assert missing.returncode == 1 and "unknown agent 'e1'" in missing.stderr
 

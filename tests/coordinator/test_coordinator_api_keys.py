@@ -149,13 +149,14 @@ async def test_a_stored_cap_beyond_the_wire_reaches_agents_as_the_largest_it_car
         await wait_until(lambda: accepts(agent.table, honest["secret"]), message="key pushed")
         secret = "ef-0ld0ld0ld0ld-" + "x" * 43
         store = SQLiteFleetStore.in_directory(Path(coordinator.app[CONFIG_KEY].data_dir))
+        await store.open()  # the CLI's own connection, beside the coordinator's
         try:
-            store.add_api_key(ApiKeyRecord(
+            await store.add_api_key(ApiKeyRecord(
                 key_id="0ld0ld0ld0ld", secret_sha256=sha256_hex(secret),
                 created_at=datetime.now(UTC), max_tokens_per_request=2**40,
             ))  # fmt: skip
         finally:
-            store.close()
+            await store.close()
         # the periodic refresh reads it from the database and pushes it
         await wait_until(lambda: accepts(agent.table, secret), timeout_s=5, message="old key")
         grant = agent.table.authenticate(f"Bearer {secret}")
@@ -322,7 +323,7 @@ async def test_keys_generation_outlives_a_coordinator_restart(
     assert agent.table.generation > held
 
 
-def test_a_rebalance_alone_re_sends_a_bounded_share_of_the_fleet_largest_moves_first(
+async def test_a_rebalance_alone_re_sends_a_bounded_share_of_the_fleet_largest_moves_first(
     tmp_path: Path,
 ) -> None:
     """With usage that keeps shifting, a tick re-sends at most RESHARE_MAX_FRACTION of the
@@ -332,9 +333,10 @@ def test_a_rebalance_alone_re_sends_a_bounded_share_of_the_fleet_largest_moves_f
     from coordinator.store.sqlite import SQLiteFleetStore
 
     store = SQLiteFleetStore.in_directory(tmp_path)
+    await store.open()
     try:
         keys = ApiKeys(store)
-        minted = keys.mint(name="busy", requests_per_minute=60_000.0)
+        minted = await keys.mint(name="busy", requests_per_minute=60_000.0)
         sections: dict[str, KeysSection] = {}
         pushes: list[str] = []
 
@@ -349,6 +351,7 @@ def test_a_rebalance_alone_re_sends_a_bounded_share_of_the_fleet_largest_moves_f
             current_section=sections.get,  # type: ignore[arg-type]
         )
         distributor.bind(push, lambda: agents)  # type: ignore[arg-type]
+        await distributor.load()
         for agent in agents:
             distributor.on_connect(agent)
         assert len(pushes) == len(agents)  # everyone gets the key
@@ -359,14 +362,14 @@ def test_a_rebalance_alone_re_sends_a_bounded_share_of_the_fleet_largest_moves_f
             for i, agent in enumerate(agents):
                 heavy = 500 if i == 7 else (50 if i % 40 == 0 else 1 + (i + round_) % 3)
                 distributor.record_usage(agent, [KeyUsage(key_id, requests=heavy)])
-            distributor.tick(2.0)
+            await distributor.tick(2.0)
             assert 0 < len(pushes) <= RESHARE_MIN_AGENTS, len(pushes)
             if round_ == 0:
                 assert "edge-007" in pushes  # the largest move goes first
         pushes.clear()
-        keys.revoke(key_id)
-        distributor.refresh(force=True)
+        await keys.revoke(key_id)
+        await distributor.refresh(force=True)
         assert sorted(pushes) == agents  # a revocation is never capped
         assert all(not sections[a].keys for a in agents)
     finally:
-        store.close()
+        await store.close()

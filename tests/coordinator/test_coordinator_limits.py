@@ -84,11 +84,12 @@ def _hello(agent_id: str) -> Hello:
     return Hello(agent_id=agent_id, site="lab", http_url="http://127.0.0.1:8001")
 
 
-def test_stale_never_enrolled_agents_are_removed_by_the_sweep(tmp_path: Path) -> None:
+async def test_stale_never_enrolled_agents_are_removed_by_the_sweep(tmp_path: Path) -> None:
     now = [datetime(2026, 1, 1, tzinfo=UTC)]
     store = SQLiteFleetStore.in_directory(tmp_path)
+    await store.open()
     try:
-        registry = LiveFleetRegistry(
+        registry = await LiveFleetRegistry.open(
             store, stale_unenrolled_after_s=3600, max_agents=3, clock=lambda: now[0]
         )
         for agent_id in ("junk-1", "junk-2", "kept"):
@@ -101,10 +102,11 @@ def test_stale_never_enrolled_agents_are_removed_by_the_sweep(tmp_path: Path) ->
         now[0] += timedelta(minutes=31)
         registry.sweep()
         assert {r.agent_id for r in registry.agents()} == {"kept", "enrolled-1"}
-        assert {a.agent_id for a in store.list_agents()} == {"kept", "enrolled-1"}
-        assert {s.name for s in store.list_sites()} == {"lab"}
+        await registry.flush()
+        assert {a.agent_id for a in await store.list_agents()} == {"kept", "enrolled-1"}
+        assert {s.name for s in await store.list_sites()} == {"lab"}
     finally:
-        store.close()
+        await store.close()
 
 
 def test_peer_rate_limiter_refills_and_keys_by_ip() -> None:

@@ -166,7 +166,7 @@ async def test_a_second_hello_breaks_the_protocol(coordinator: Running) -> None:
 
 
 async def test_an_enrolled_agents_new_session_replaces_its_old_one(coordinator: Running) -> None:
-    token = coordinator.app[TOKENS_KEY].create().token
+    token = (await coordinator.app[TOKENS_KEY].create()).token
     enrolled = await coordinator.stub.Enroll(
         pb.EnrollRequest(join_token=token, requested_name="edge-1")
     )

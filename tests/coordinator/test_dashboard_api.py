@@ -137,25 +137,26 @@ def test_the_series_keeps_one_hour_without_holes_and_tells_subscribers() -> None
     assert len(seen) == 5
 
 
-def test_sessions_expire_and_end_with_their_token() -> None:
+async def test_sessions_expire_and_end_with_their_token() -> None:
     clock = Clock()
     valid = {"good"}
     from coordinator.access.admin_tokens import Caller, Role
 
-    sessions = DashboardSessions(
-        lambda t: Caller("id", "op", Role.OPERATOR) if t in valid else None, ttl_s=60, clock=clock
-    )
-    assert sessions.open("bad") is None
-    opened = sessions.open("good")
+    async def check(token: str) -> Caller | None:
+        return Caller("id", "op", Role.OPERATOR) if token in valid else None
+
+    sessions = DashboardSessions(check, ttl_s=60, clock=clock)
+    assert await sessions.open("bad") is None
+    opened = await sessions.open("good")
     assert opened is not None
     session_id, caller = opened
     assert len(session_id) >= 40 and caller.role is Role.OPERATOR
-    assert sessions.caller(session_id) == caller
+    assert await sessions.caller(session_id) == caller
     clock.now += 61
-    assert sessions.caller(session_id) is None  # expired
-    session_id, _ = sessions.open("good") or ("", None)
+    assert await sessions.caller(session_id) is None  # expired
+    session_id, _ = await sessions.open("good") or ("", None)
     valid.clear()  # the admin token was revoked
-    assert sessions.caller(session_id) is None
+    assert await sessions.caller(session_id) is None
     assert len(sessions) == 0
 
 

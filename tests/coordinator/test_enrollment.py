@@ -34,11 +34,11 @@ async def test_good_token_enrolls_and_the_agent_can_open_a_session(
     make_coordinator: MakeCoordinator,
 ) -> None:
     c = await make_coordinator()
-    reply = await enroll(c.stub, c.new_token(site="berlin"), site="berlin")
+    reply = await enroll(c.stub, await c.new_token(site="berlin"), site="berlin")
     assert reply.agent_id == "edge-1"
     assert reply.credentials and "BEGIN CERTIFICATE" in reply.client_cert_pem
     assert "BEGIN CERTIFICATE" in reply.ca_cert_pem and "PRIVATE KEY" in reply.client_key_pem
-    stored = c.app[STORE_KEY].get_agent("edge-1")
+    stored = await c.app[STORE_KEY].get_agent("edge-1")
     assert stored is not None and stored.enrolled and stored.site == "berlin"
 
     call = c.stub.Session()
@@ -52,7 +52,7 @@ async def test_good_token_enrolls_and_the_agent_can_open_a_session(
 
 async def test_a_taken_name_gets_a_fresh_agent_id(make_coordinator: MakeCoordinator) -> None:
     c = await make_coordinator()
-    token = c.new_token(max_uses=2)
+    token = await c.new_token(max_uses=2)
     first = await enroll(c.stub, token)
     second = await enroll(c.stub, token)
     assert first.agent_id == "edge-1"
@@ -64,18 +64,18 @@ async def test_unusable_tokens_are_refused_and_nothing_is_registered(
     make_coordinator: MakeCoordinator, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     c = await make_coordinator()
-    token = c.new_token(expires_in=timedelta(milliseconds=50) if case == "expired" else None)
+    token = await c.new_token(expires_in=timedelta(milliseconds=50) if case == "expired" else None)
     if case == "expired":
         await asyncio.sleep(0.1)
     elif case == "exhausted":
         await enroll(c.stub, token, name="first")
     elif case == "revoked":
-        c.app[TOKENS_KEY].revoke(token.split("_", 1)[1].split(".")[0])
+        await c.app[TOKENS_KEY].revoke(token.split("_", 1)[1].split(".")[0])
     elif case == "unknown":
         token = "eft_0123456789ab." + "x" * 32
     elif case == "wrong_secret":
         token = token.split(".")[0] + "." + "y" * 32
-    before = {a.agent_id for a in c.app[STORE_KEY].list_agents()}
+    before = {a.agent_id for a in await c.app[STORE_KEY].list_agents()}
     with caplog.at_level(logging.WARNING, logger="coordinator.rpc.service"):
         error = await rejected(enroll(c.stub, token, name="second"))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -87,7 +87,7 @@ async def test_unusable_tokens_are_refused_and_nothing_is_registered(
         "wrong_secret": "is not known",
     }[case]
     assert expected in error.details()
-    assert {a.agent_id for a in c.app[STORE_KEY].list_agents()} == before
+    assert {a.agent_id for a in await c.app[STORE_KEY].list_agents()} == before
     assert "second" not in before
     assert any("refused enrollment" in r.getMessage() for r in caplog.records)
     metrics = await _metrics(c.http_url)
@@ -104,7 +104,7 @@ async def test_unusable_tokens_are_refused_and_nothing_is_registered(
 
 async def test_site_bound_token_refuses_another_site(make_coordinator: MakeCoordinator) -> None:
     c = await make_coordinator()
-    error = await rejected(enroll(c.stub, c.new_token(site="berlin"), site="munich"))
+    error = await rejected(enroll(c.stub, await c.new_token(site="berlin"), site="munich"))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "for site 'berlin', not 'munich'" in error.details()
 
@@ -113,7 +113,7 @@ async def test_forged_agent_id_or_credentials_are_refused(
     make_coordinator: MakeCoordinator,
 ) -> None:
     c = await make_coordinator(require_enrollment="on")
-    reply = await enroll(c.stub, c.new_token())
+    reply = await enroll(c.stub, await c.new_token())
 
     cases = [
         (hello("edge-1", token="not-the-credential"), "do not belong to agent 'edge-1'"),

@@ -61,7 +61,7 @@ async def test_enrollment_writes_the_https_certificate_the_agent_serves(
     c = await make_coordinator()
     port = _free_port()
     url = f"https://127.0.0.1:{port}"
-    token = c.new_token(site="lab", http_url=url)
+    token = await c.new_token(site="lab", http_url=url)
     state = tmp_path / "state"
     server = {"host": "127.0.0.1", "port": port, "tls": "on"}
     config = load_config(
@@ -125,7 +125,9 @@ async def test_a_token_without_a_url_gives_a_client_only_certificate(
 
     c = await make_coordinator()
     state = tmp_path / "state"
-    enroller = Enroller(c.grpc_target, c.new_token(), state_dir=state, requested_name="edge-plain")
+    enroller = Enroller(
+        c.grpc_target, await c.new_token(), state_dir=state, requested_name="edge-plain"
+    )
     credentials = await enroller.ensure()
     _, _, usages = _names(credentials.client_cert_pem)
     assert ExtendedKeyUsageOID.SERVER_AUTH not in usages

@@ -113,9 +113,11 @@ async def test_a_self_promoting_agent_is_ranked_by_what_the_operator_fixed(
     and 1e300 tokens/s; the honest agent at the client's site is busier."""
     c = await make_coordinator()
     tokens = c.app[TOKENS_KEY]
-    near = tokens.create(site="lab", location=Location(48.14, 11.58)).token
-    far = tokens.create(
-        site="far", location=Location(-33.9, 18.4), http_url="http://127.0.0.1:8002"
+    near = (await tokens.create(site="lab", location=Location(48.14, 11.58))).token
+    far = (
+        await tokens.create(
+            site="far", location=Location(-33.9, 18.4), http_url="http://127.0.0.1:8002"
+        )
     ).token
     honest_reply = await c.stub.Enroll(pb.EnrollRequest(join_token=near, requested_name="honest"))
     bad_reply = await c.stub.Enroll(pb.EnrollRequest(join_token=far, requested_name="promoter"))
@@ -189,7 +191,7 @@ async def test_revoking_a_connected_agent_ends_its_session_and_refuses_it(
     make_coordinator: MakeCoordinator,
 ) -> None:
     c = await make_coordinator()
-    token = c.new_token(max_uses=2)
+    token = await c.new_token(max_uses=2)
     victim = await c.stub.Enroll(pb.EnrollRequest(join_token=token, requested_name="bad"))
     other = await c.stub.Enroll(pb.EnrollRequest(join_token=token, requested_name="good"))
     sessions = {}
@@ -230,7 +232,7 @@ async def test_revoking_a_connected_agent_ends_its_session_and_refuses_it(
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     route = await c.stub.Route(pb.RouteRequest(model="m"))
     assert [a.agent_id for a in route.agents] == ["good"]
-    stored = c.app[STORE_KEY].get_agent("bad")
+    stored = await c.app[STORE_KEY].get_agent("bad")
     assert stored is not None and stored.revoked
     sessions["good"].cancel()
 
@@ -244,23 +246,25 @@ async def test_an_unenrolled_url_must_name_the_agents_own_address() -> None:
         _NoAgents(), require_enrollment=False, require_mtls=False, check_url_host=True
     )
     own = Hello(agent_id="edge-1", http_url="http://10.1.2.3:8000")
-    assert auth.authenticate(own, Peer(address="10.1.2.3"))[0] == own
+    assert (await auth.authenticate(own, Peer(address="10.1.2.3")))[0] == own
     for url in ("http://169.254.169.254/latest", "http://10.9.9.9:8000"):
         with pytest.raises(FixedIdentityError, match=r"connects from 10\.1\.2\.3"):
-            auth.authenticate(Hello(agent_id="edge-1", http_url=url), Peer(address="10.1.2.3"))
+            await auth.authenticate(
+                Hello(agent_id="edge-1", http_url=url), Peer(address="10.1.2.3")
+            )
     # On the coordinator's own host (loopback peer) any URL is the operator's business.
     loopback = Hello(agent_id="edge-1", http_url="http://192.168.1.5:8000")
-    assert auth.authenticate(loopback, Peer(address="127.0.0.1"))[0] == loopback
+    assert (await auth.authenticate(loopback, Peer(address="127.0.0.1")))[0] == loopback
 
 
 class _NoAgents:
-    def get_agent(self, agent_id: str) -> None:
+    async def get_agent(self, agent_id: str) -> None:
         return None
 
-    def certificate_revoked(self, serial: str) -> bool:
+    async def certificate_revoked(self, serial: str) -> bool:
         return False
 
-    def agent_removed(self, agent_id: str) -> bool:
+    async def agent_removed(self, agent_id: str) -> bool:
         return False
 
 
@@ -308,11 +312,12 @@ async def test_a_url_name_is_resolved_off_the_event_loop_and_checked(
         _NoAgents(), require_enrollment=False, require_mtls=False, check_url_host=True
     )
     named = Hello(agent_id="edge-1", http_url="http://edge-1.lan:8000")
-    assert auth.authenticate(named, Peer(address="10.1.2.3", url_addresses=own))[0] == named
+    found = await auth.authenticate(named, Peer(address="10.1.2.3", url_addresses=own))
+    assert found[0] == named
     for url, resolved in (("http://slow.example:8000", slow), ("http://other.lan:1", None)):
         addresses = resolved if resolved is not None else await resolve_url_host(url)
         with pytest.raises(FixedIdentityError, match=r"connects from 10\.1\.2\.3"):
-            auth.authenticate(
+            await auth.authenticate(
                 Hello(agent_id="edge-1", http_url=url),
                 Peer(address="10.1.2.3", url_addresses=addresses),
             )

@@ -43,8 +43,8 @@ async def test_rules_and_assignments_are_pushed_signed_with_peers(
     catalog, assignments = c.app[MODEL_CATALOG_KEY], c.app[MODEL_ASSIGNMENTS_KEY]
     make_artifact(tmp_path / "v1", weights=b"one" * 50)
     make_artifact(tmp_path / "v2", weights=b"two" * 50)
-    v1 = catalog.publish_directory(tmp_path / "v1").version
-    v2 = catalog.publish_directory(tmp_path / "v2").version
+    v1 = (await catalog.publish_directory(tmp_path / "v1")).version
+    v2 = (await catalog.publish_directory(tmp_path / "v2")).version
     name = v1.name
     stats_seen: list[tuple[str, LoadReport]] = []
     c.app[REPORT_HOOKS_KEY].add(lambda agent_id, r: stats_seen.append((agent_id, r)))
@@ -57,10 +57,10 @@ async def test_rules_and_assignments_are_pushed_signed_with_peers(
         await wait_until(lambda: all(x.welcome is not None for x in agents), message="welcome")
         assert all(x.welcome and x.welcome.model_signing_key == catalog.public_key for x in agents)
         with pytest.raises(UnknownModelVersionError):
-            assignments.set_rule(Selector(), name, "int4-000000000000")
+            await assignments.set_rule(Selector(), name, "int4-000000000000")
 
         # The whole fleet runs v1: each target carries the signed manifest.
-        pushed = assignments.set_rule(Selector(), name, v1.version)
+        pushed = await assignments.set_rule(Selector(), name, v1.version)
         assert pushed == ["edge-a", "edge-b", "edge-s"]
         await wait_until(lambda: all(x.versions() == {name: v1.version} for x in agents))
         target = a.models.models[0] if a.models else None
@@ -79,15 +79,15 @@ async def test_rules_and_assignments_are_pushed_signed_with_peers(
         await wait_until(lambda: any(agent == "edge-a" for agent, _ in stats_seen))
 
         # A site rule overrides the fleet rule there; an explicit assignment beats both.
-        assignments.set_rule(Selector(sites=("south",)), name, v2.version)
+        await assignments.set_rule(Selector(sites=("south",)), name, v2.version)
         await wait_until(lambda: s.versions() == {name: v2.version})
         assert a.versions() == {name: v1.version}
-        assignments.assign(["edge-b"], name, v2.version, rollout_id="r-1")
+        await assignments.assign(["edge-b"], name, v2.version, rollout_id="r-1")
         await wait_until(lambda: b.versions() == {name: v2.version})
         assert b.models is not None and b.models.models[0].rollout_id == "r-1"
         assert assignments.agents_desiring(name, v2.version) == {"edge-b", "edge-s"}
         assert assignments.agents_desiring(name, v1.version) == {"edge-a"}
-        assignments.clear(["edge-b"], name)
+        await assignments.clear(["edge-b"], name)
         await wait_until(lambda: b.versions() == {name: v1.version})
 
         # Unchanged desires push nothing new.
@@ -170,10 +170,10 @@ async def test_rules_and_assignments_survive_a_restart(
     data = tmp_path / "shared-data"
     c = await make_coordinator(data_dir=str(data))
     make_artifact(tmp_path / "v1", weights=b"one" * 50)
-    v1 = c.app[MODEL_CATALOG_KEY].publish_directory(tmp_path / "v1").version
+    v1 = (await c.app[MODEL_CATALOG_KEY].publish_directory(tmp_path / "v1")).version
     assignments = c.app[MODEL_ASSIGNMENTS_KEY]
-    assignments.set_rule(Selector(sites=("north",)), v1.name, v1.version)
-    assignments.assign(["edge-9"], v1.name, v1.version, rollout_id="r-7")
+    await assignments.set_rule(Selector(sites=("north",)), v1.name, v1.version)
+    await assignments.assign(["edge-9"], v1.name, v1.version, rollout_id="r-7")
     again = await make_coordinator(data_dir=str(data))
     reloaded = again.app[MODEL_ASSIGNMENTS_KEY]
     assert [(r.name, r.selector, r.version) for r in reloaded.rules()] == [
@@ -200,10 +200,12 @@ async def test_blobs_are_served_with_ranges_to_viewers_and_enrolled_agents_only(
     catalog = c.app[MODEL_CATALOG_KEY]
     weights = bytes(range(256)) * 40
     make_artifact(tmp_path / "v1", weights=weights)
-    v1 = catalog.publish_directory(tmp_path / "v1").version
+    v1 = (await catalog.publish_directory(tmp_path / "v1")).version
     sha = next(f["sha256"] for f in v1.files() if f["path"] == "model.onnx")
     url = f"{c.http_url}/v1/blobs/sha256/{sha}"
-    reply = await c.stub.Enroll(pb.EnrollRequest(join_token=c.new_token(), requested_name="e1"))
+    reply = await c.stub.Enroll(
+        pb.EnrollRequest(join_token=await c.new_token(), requested_name="e1")
+    )
     assert reply.model_signing_key == catalog.public_key
     agent = {"Authorization": f"Bearer {reply.credentials}", "Edgefleet-Agent": reply.agent_id}
 
@@ -258,7 +260,7 @@ async def test_blobs_are_served_with_ranges_to_viewers_and_enrolled_agents_only(
     # The whole file three times (the first GET, the ignored multi-range, the stale
     # If-Range), plus the ranges read.
     assert float(sent.split()[-1]) == 3 * len(weights) + 1000 + (len(weights) - 10000) + 5
-    c.app[STORE_KEY].revoke_agent(reply.agent_id, datetime.now(UTC))
+    await c.app[STORE_KEY].revoke_agent(reply.agent_id, datetime.now(UTC))
     assert (await get(agent))[0] == 401
 
 

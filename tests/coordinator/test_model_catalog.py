@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,9 +31,10 @@ from coordinator.errors import (
     UnknownModelVersionError,
 )
 from coordinator.fleet.records import Liveness
-from coordinator.store.admin_db import AdminDatabase
 from coordinator.store.backup import backup, restore
-from coordinator.store.interface import AgentLastState
+from coordinator.store.catalog import CatalogVersion
+from coordinator.store.interface import AgentLastState, FleetStore
+from coordinator.store.offline import run_offline
 from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import (
     Hello,
@@ -55,20 +57,24 @@ pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> ModelCatalog:
-    db = AdminDatabase.in_directory(tmp_path / "data")
-    return ModelCatalog.in_directory(db, tmp_path / "data")
+async def catalog(tmp_path: Path) -> AsyncIterator[ModelCatalog]:
+    store = SQLiteFleetStore.in_directory(tmp_path / "data")
+    await store.open()
+    opened = ModelCatalog.in_directory(store, tmp_path / "data")
+    await opened.load()
+    yield opened
+    await store.close()
 
 
 def blob_files(root: Path) -> set[str]:
     return {p.name for p in (root / MODELS_DIR / "blobs" / "sha256").iterdir()}
 
 
-def test_publish_signs_the_manifest_bytes_and_stores_only_changed_files(
+async def test_publish_signs_the_manifest_bytes_and_stores_only_changed_files(
     catalog: ModelCatalog, tmp_path: Path
 ) -> None:
     first = make_artifact(tmp_path / "v1", weights=b"weights one" * 100)
-    published = catalog.publish_directory(tmp_path / "v1")
+    published = await catalog.publish_directory(tmp_path / "v1")
     assert published.created and published.warnings == ()
     v1 = published.version
     assert (v1.name, v1.version) == (first["name"], first["version"])
@@ -82,7 +88,7 @@ def test_publish_signs_the_manifest_bytes_and_stores_only_changed_files(
 
     # A second version sharing config and tokenizer stores one new blob: the weights.
     second = make_artifact(tmp_path / "v2", weights=b"weights two" * 100)
-    v2 = catalog.publish_directory(tmp_path / "v2").version
+    v2 = (await catalog.publish_directory(tmp_path / "v2")).version
     assert len(blob_files(tmp_path / "data")) == 4
     assert [v.version for v in catalog.versions(first["name"])] == [v1.version, v2.version]
     assert catalog.get(second["name"], second["version"]) == v2
@@ -90,53 +96,55 @@ def test_publish_signs_the_manifest_bytes_and_stores_only_changed_files(
 
     # Publishing the same bytes again changes nothing; other bytes under a taken
     # name@version are refused.
-    again = catalog.publish_directory(tmp_path / "v2")
+    again = await catalog.publish_directory(tmp_path / "v2")
     assert not again.created and again.version == v2
     make_artifact(tmp_path / "clash", weights=b"other" * 10, version=v2.version)
     with pytest.raises(ModelVersionExistsError, match="already published"):
-        catalog.publish_directory(tmp_path / "clash")
+        await catalog.publish_directory(tmp_path / "clash")
 
 
-def test_overridden_name_and_version_are_written_into_the_signed_bytes(
+async def test_overridden_name_and_version_are_written_into_the_signed_bytes(
     catalog: ModelCatalog, tmp_path: Path
 ) -> None:
     make_artifact(tmp_path / "a", weights=b"w" * 64)
-    version = catalog.publish_directory(tmp_path / "a", name="chat", version="v2").version
+    version = (await catalog.publish_directory(tmp_path / "a", name="chat", version="v2")).version
     assert (version.name, version.version) == ("chat", "v2")
     signed = json.loads(version.manifest)
     assert (signed["name"], signed["version"]) == ("chat", "v2")
     verify_manifest(catalog.public_key, version.manifest, version.signature)
     with pytest.raises(ModelCatalogError, match="not allowed"):
-        catalog.publish_directory(tmp_path / "a", version="../escape")
+        await catalog.publish_directory(tmp_path / "a", version="../escape")
 
 
-def test_a_failed_build_gate_is_published_with_a_warning(
+async def test_a_failed_build_gate_is_published_with_a_warning(
     catalog: ModelCatalog, tmp_path: Path
 ) -> None:
     make_artifact(tmp_path / "bad", weights=b"int8" * 50, gate_passed=False)
-    published = catalog.publish_directory(tmp_path / "bad")
+    published = await catalog.publish_directory(tmp_path / "bad")
     assert published.created and not published.version.gate_passed
     assert "accuracy gate FAILED" in published.warnings[0]
     assert "perplexity_ratio=1.75" in published.warnings[0]
 
 
-def test_a_manifest_needs_its_blobs_and_must_be_a_models_manifest(
+async def test_a_manifest_needs_its_blobs_and_must_be_a_models_manifest(
     catalog: ModelCatalog, tmp_path: Path
 ) -> None:
     make_artifact(tmp_path / "a", weights=b"w" * 64)
     manifest = (tmp_path / "a" / "manifest.json").read_bytes()
     with pytest.raises(MissingBlobsError) as refused:
-        catalog.publish(manifest)
+        await catalog.publish(manifest)
     assert len(refused.value.missing) == 3
     with pytest.raises(ModelCatalogError, match="not valid JSON"):
-        catalog.publish(b"{not json")
+        await catalog.publish(b"{not json")
     broken = json.loads(manifest)
     del broken["files"]
     with pytest.raises(ModelCatalogError, match="files"):
-        catalog.publish(json.dumps(broken).encode())
+        await catalog.publish(json.dumps(broken).encode())
 
 
-def test_a_blob_whose_bytes_do_not_match_is_not_kept(catalog: ModelCatalog, tmp_path: Path) -> None:
+async def test_a_blob_whose_bytes_do_not_match_is_not_kept(
+    catalog: ModelCatalog, tmp_path: Path
+) -> None:
     real = b"the real bytes"
     writer = catalog.blobs.writer(sha256_hex(real))
     writer.write(b"the tampered bytes")
@@ -152,29 +160,31 @@ def test_a_blob_whose_bytes_do_not_match_is_not_kept(catalog: ModelCatalog, tmp_
         catalog.blobs.writer("../../etc/passwd")
 
 
-def test_delete_is_refused_in_use_and_keeps_shared_blobs(
+async def test_delete_is_refused_in_use_and_keeps_shared_blobs(
     catalog: ModelCatalog, tmp_path: Path
 ) -> None:
     make_artifact(tmp_path / "v1", weights=b"one" * 40)
     make_artifact(tmp_path / "v2", weights=b"two" * 40)
-    v1 = catalog.publish_directory(tmp_path / "v1").version
-    v2 = catalog.publish_directory(tmp_path / "v2").version
+    v1 = (await catalog.publish_directory(tmp_path / "v1")).version
+    v2 = (await catalog.publish_directory(tmp_path / "v2")).version
     with pytest.raises(ModelInUseError, match="edge-1"):
-        catalog.delete(v1.name, v1.version, in_use_by=["edge-1"])
+        await catalog.delete(v1.name, v1.version, in_use_by=["edge-1"])
     assert catalog.get(v1.name, v1.version) is not None
-    removed = catalog.delete(v1.name, v1.version)
+    removed = await catalog.delete(v1.name, v1.version)
     assert removed == [f["sha256"] for f in v1.files() if f["path"] == "model.onnx"]
     assert len(blob_files(tmp_path / "data")) == 3  # v2's three files stay
     assert all(catalog.blobs.has(f["sha256"]) for f in v2.files())
     with pytest.raises(UnknownModelVersionError):
-        catalog.delete(v1.name, v1.version)
-    flagged = catalog.set_deprecated(v2.name, v2.version, True)
+        await catalog.delete(v1.name, v1.version)
+    flagged = await catalog.set_deprecated(v2.name, v2.version, True)
     assert flagged.deprecated and catalog.versions()[0].deprecated
 
 
-def test_export_writes_a_signed_set_that_verifies(catalog: ModelCatalog, tmp_path: Path) -> None:
+async def test_export_writes_a_signed_set_that_verifies(
+    catalog: ModelCatalog, tmp_path: Path
+) -> None:
     make_artifact(tmp_path / "v1", weights=b"one" * 40)
-    v1 = catalog.publish_directory(tmp_path / "v1").version
+    v1 = (await catalog.publish_directory(tmp_path / "v1")).version
     out = tmp_path / "export"
 
     def fetch(sha: str, destination: Path) -> None:
@@ -213,28 +223,40 @@ def test_the_coordinator_refuses_to_start_with_an_unreadable_signing_key(tmp_pat
 
 
 def test_backup_and_restore_keep_the_signing_key_and_blobs(tmp_path: Path) -> None:
+    """Offline, as the CLI does it: the store opened in a loop of its own."""
     data = tmp_path / "data"
-    db = AdminDatabase.in_directory(data)
-    catalog = ModelCatalog.in_directory(db, data)
     make_artifact(tmp_path / "v1", weights=b"one" * 40)
-    v1 = catalog.publish_directory(tmp_path / "v1").version
+
+    async def publish(store: FleetStore) -> tuple[CatalogVersion, bytes]:
+        catalog = ModelCatalog.in_directory(store, data)
+        await catalog.load()
+        return (await catalog.publish_directory(tmp_path / "v1")).version, catalog.public_key
+
+    v1, public_key = run_offline(data, publish)
     (data / MODELS_DIR / TMP_DIR / "half-written.part").write_bytes(b"partial")
     manifest = backup(data, tmp_path / "backup")
     assert SIGNING_KEY_FILE in manifest["files"]
     assert not any(TMP_DIR in name.split("/")[:2] for name in manifest["files"])
-    db.close()
     fresh = tmp_path / "fresh"
     restore(tmp_path / "backup", fresh)
-    again = ModelCatalog.in_directory(AdminDatabase.in_directory(fresh), fresh)
-    assert again.public_key == catalog.public_key
+
+    async def reopen(store: FleetStore) -> ModelCatalog:
+        again = ModelCatalog.in_directory(store, fresh)
+        await again.load()
+        return again
+
+    again = run_offline(fresh, reopen)
+    assert again.public_key == public_key
     restored = again.require(v1.name, v1.version)
+    assert restored == v1
     verify_manifest(again.public_key, restored.manifest, restored.signature)
     assert all(again.blobs.has(f["sha256"]) for f in restored.files())
 
 
-def test_the_inventory_in_a_saved_load_report_survives_a_restart(tmp_path: Path) -> None:
+async def test_the_inventory_in_a_saved_load_report_survives_a_restart(tmp_path: Path) -> None:
     store = SQLiteFleetStore.in_directory(tmp_path)
-    store.save_hello(Hello(agent_id="edge-1"), datetime.now(UTC))
+    await store.open()
+    await store.save_hello(Hello(agent_id="edge-1"), datetime.now(UTC))
     check = SelfCheckResult(passed=False, perplexity=22.7, perplexity_ratio=1.75, detail="ppl")
     report = LoadReport(
         inventory=(
@@ -245,9 +267,12 @@ def test_the_inventory_in_a_saved_load_report_survives_a_restart(tmp_path: Path)
         model_stats=(ModelStats("chat", "v1", requests=3),),
     )  # fmt: skip
     state = AgentLastState("edge-1", Liveness.LIVE, datetime.now(UTC), report)
-    store.save_last_states([state], datetime.now(UTC))
-    store.close()
-    (saved,) = SQLiteFleetStore.in_directory(tmp_path).list_last_states()
+    await store.save_last_states([state], datetime.now(UTC))
+    await store.close()
+    reopened = SQLiteFleetStore.in_directory(tmp_path)
+    await reopened.open()
+    (saved,) = await reopened.list_last_states()
+    await reopened.close()
     assert saved.report is not None
     assert saved.report.inventory == report.inventory
     assert saved.report.inventory[1].state is ModelInventoryState.FAILED

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from coordinator_testing import hello
 
 from coordinator.fleet.records import Liveness
 from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.store.last_state import AgentLastState
 from coordinator.routing.scorer import RouteQuery, RouteScorer
 from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
@@ -56,20 +57,29 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-@contextlib.contextmanager
-def registry_at(data_dir: Path, clock: Clock, **kwargs: Any) -> Iterator[LiveFleetRegistry]:
+@contextlib.asynccontextmanager
+async def registry_at(
+    data_dir: Path, clock: Clock, **kwargs: Any
+) -> AsyncIterator[LiveFleetRegistry]:
+    """A registry on the store in ``data_dir``; its queued writes are written at the end
+    (as the app does at shutdown)."""
     store = SQLiteFleetStore.in_directory(data_dir)
+    await store.open()
     try:
-        yield LiveFleetRegistry(store, report_interval_ms=1000, clock=clock, **kwargs)
+        registry = await LiveFleetRegistry.open(
+            store, report_interval_ms=1000, clock=clock, **kwargs
+        )
+        yield registry
+        await registry.flush()
     finally:
-        store.close()
+        await store.close()
 
 
-def test_agents_alive_before_a_restart_come_back_unconfirmed_with_their_last_load(
+async def test_agents_alive_before_a_restart_come_back_unconfirmed_with_their_last_load(
     data_dir: Path,
 ) -> None:
     clock = Clock()
-    with registry_at(data_dir, clock) as before:
+    async with registry_at(data_dir, clock) as before:
         for agent_id in ("live-1", "suspect-1", "bye-1", "late-1"):
             before.open_session(agent_hello(agent_id))
         sessions = {r.agent_id: r.session_id for r in before.agents()}
@@ -79,12 +89,12 @@ def test_agents_alive_before_a_restart_come_back_unconfirmed_with_their_last_loa
         before.record_report("live-1", sessions["live-1"], LoadReport(waiting_sequences=4))
         before.sweep()  # suspect-1 and late-1 missed two reports
         assert before.get("suspect-1").liveness is Liveness.SUSPECT
-        assert sum(before.save_last_states()) == 4
+        assert await before.save_last_states() == 4
         # An agent connecting after the last snapshot is on record too (saved at Hello).
         before.open_session(agent_hello("after-save"))
 
     clock.now += timedelta(seconds=1)
-    with registry_at(data_dir, clock, restart_grace_s=30) as after:
+    async with registry_at(data_dir, clock, restart_grace_s=30) as after:
         liveness = {r.agent_id: r.liveness for r in after.agents()}
         assert liveness == {
             "after-save": Liveness.UNCONFIRMED,
@@ -98,15 +108,15 @@ def test_agents_alive_before_a_restart_come_back_unconfirmed_with_their_last_loa
         assert restored.last_seen == T0 + timedelta(seconds=2.5)
 
 
-def test_unconfirmed_agents_go_down_when_the_grace_period_ends_without_a_session(
+async def test_unconfirmed_agents_go_down_when_the_grace_period_ends_without_a_session(
     data_dir: Path,
 ) -> None:
     clock = Clock()
-    with registry_at(data_dir, clock) as before:
+    async with registry_at(data_dir, clock) as before:
         before.open_session(agent_hello("a"))
         before.open_session(agent_hello("b"))
     clock.now += timedelta(minutes=5)  # the coordinator was away a while
-    with registry_at(data_dir, clock, restart_grace_s=30) as after:
+    async with registry_at(data_dir, clock, restart_grace_s=30) as after:
         # Silent for minutes, yet not suspect or down while the grace period runs.
         clock.now += timedelta(seconds=29)
         assert after.sweep() == []
@@ -117,30 +127,41 @@ def test_unconfirmed_agents_go_down_when_the_grace_period_ends_without_a_session
         assert [(r.agent_id, r.liveness) for r in changed] == [("b", Liveness.DOWN)]
         assert after.get("a").liveness is Liveness.LIVE
         # And that is what a further restart starts from.
-        assert sum(after.save_last_states()) == 2
-    with registry_at(data_dir, clock) as again:
+        assert await after.save_last_states() == 2
+    async with registry_at(data_dir, clock) as again:
         assert again.get("a").liveness is Liveness.UNCONFIRMED
         assert again.get("b").liveness is Liveness.DOWN
 
 
-def test_saving_writes_only_what_changed_in_batches(data_dir: Path) -> None:
+async def test_saving_writes_only_what_changed_in_batches(data_dir: Path) -> None:
     clock = Clock()
-    with registry_at(data_dir, clock) as registry:
+    batches: list[int] = []
+    async with registry_at(data_dir, clock) as registry:
+        store = registry._store
+        save = store.save_last_states
+
+        async def counted(states: Sequence[AgentLastState], saved_at: datetime) -> None:
+            batches.append(len(states))
+            await save(states, saved_at)
+
+        store.save_last_states = counted  # type: ignore[method-assign]
         for i in range(7):
             registry.open_session(agent_hello(f"a{i}"))
-        assert list(registry.save_last_states(batch_size=3)) == [3, 3, 1]
-        assert list(registry.save_last_states(batch_size=3)) == []
+        assert await registry.save_last_states(batch_size=3) == 7
+        assert batches == [3, 3, 1]
+        assert await registry.save_last_states(batch_size=3) == 0
         session = registry.get("a5").session_id
         clock.now += timedelta(seconds=1)
         registry.record_report("a5", session, LoadReport(waiting_sequences=9))
-        assert list(registry.save_last_states(batch_size=3)) == [1]
+        assert await registry.save_last_states(batch_size=3) == 1
+        assert batches == [3, 3, 1, 1]
 
 
-def test_unconfirmed_agents_are_routed_after_live_ones(data_dir: Path) -> None:
+async def test_unconfirmed_agents_are_routed_after_live_ones(data_dir: Path) -> None:
     clock = Clock()
-    with registry_at(data_dir, clock) as before:
+    async with registry_at(data_dir, clock) as before:
         before.open_session(agent_hello("known"))
-    with registry_at(data_dir, clock) as after:
+    async with registry_at(data_dir, clock) as after:
         decision = RouteScorer().rank(after.agents(), RouteQuery(model="m"))
         assert [(a.agent_id, a.liveness) for a in decision.agents] == [
             ("known", Liveness.UNCONFIRMED)
@@ -233,12 +254,12 @@ async def test_a_restarted_coordinator_routes_to_the_agents_it_had(
             assert liveness == {"edge-a": "unconfirmed", "edge-b": "live", "edge-c": "unconfirmed"}
 
 
-def test_an_agent_whose_session_ends_without_a_bye_is_suspect_at_once(data_dir: Path) -> None:
+async def test_an_agent_whose_session_ends_without_a_bye_is_suspect_at_once(data_dir: Path) -> None:
     """A SIGKILLed agent's session ends with no Bye: the next sweep ranks it after every
     live agent (suspect), without waiting for two missed reports; it is down once its
     reports are overdue, and live again when it reconnects and reports."""
     clock = Clock()
-    with registry_at(data_dir, clock) as registry:
+    async with registry_at(data_dir, clock) as registry:
         for agent_id in ("crashed", "healthy"):
             registry.open_session(agent_hello(agent_id))
         sessions = {r.agent_id: r.session_id for r in registry.agents()}

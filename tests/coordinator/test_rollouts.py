@@ -2,14 +2,14 @@
 against the previous version, too few requests), automatic rollback, pause/resume/abort,
 and a restart mid-rollout that resumes from the stored state.
 
-A real fleet registry on a real SQLite store, the real rollout store; the model catalog
+A real fleet registry on a real SQLite store (its rollouts table too); the model catalog
 and assignment layer are the in-memory stand-ins of ``model_sync_standins`` (their
 interface is MODELSYNC.md's). Time is a clock the tests advance: no sleeping for soaks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,8 +28,7 @@ from coordinator.rollouts.gates import (
     Verdict,
     check_stats,
 )
-from coordinator.store.admin_db import AdminDatabase
-from coordinator.store.rollouts import PolicyError, RolloutPolicy, RolloutState, RolloutStore
+from coordinator.rollouts.model import PolicyError, RolloutPolicy, RolloutState
 from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import (
     Hello,
@@ -68,36 +67,54 @@ class Clock:
 class Fleet:
     """Agents with live sessions on a real registry, the stand-ins, and the engine."""
 
-    def __init__(self, tmp_path: Path, agents: int, sites: int = 1) -> None:
+    registry: LiveFleetRegistry
+    assignments: StandinAssignments
+    engine: RolloutEngine
+
+    def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.store = SQLiteFleetStore.in_directory(tmp_path)
-        self.registry = LiveFleetRegistry(self.store)
+        self.stores = [self.store]
         self.sessions: dict[str, str] = {}
+        self.catalog = StandinCatalog((MODEL, OLD), (MODEL, NEW), (MODEL, "3"))
+        self.clock = Clock()
+        self.audited: list[tuple[str, str, str]] = []
+
+    @classmethod
+    async def create(cls, tmp_path: Path, agents: int, sites: int = 1) -> Fleet:
+        fleet = cls(tmp_path)
+        await fleet.store.open()
+        fleet.registry = await LiveFleetRegistry.open(fleet.store)
         for i in range(agents):
             agent_id = f"a{i:02d}"
             hello = Hello(agent_id=agent_id, site=f"site-{i % sites}")
-            self.sessions[agent_id] = self.registry.open_session(hello)
-        self.catalog = StandinCatalog((MODEL, OLD), (MODEL, NEW), (MODEL, "3"))
-        self.assignments = StandinAssignments(self.registry)
-        self.assignments.set_rule(Selector(), MODEL, OLD)
-        self.clock = Clock()
-        self.dbs: list[AdminDatabase] = []
-        self.engine = self.new_engine()
+            fleet.sessions[agent_id] = fleet.registry.open_session(hello)
+        fleet.assignments = StandinAssignments(fleet.registry)
+        await fleet.assignments.set_rule(Selector(), MODEL, OLD)
+        fleet.engine = await fleet.new_engine()
+        return fleet
 
-    def new_engine(self) -> RolloutEngine:
-        """An engine as a (re)started coordinator makes it: a new store connection."""
-        db = AdminDatabase.in_directory(self.tmp_path)
-        self.dbs.append(db)
-        self.audited: list[tuple[str, str, str]] = []
-        return RolloutEngine(
-            RolloutStore(db),
+    async def new_engine(self) -> RolloutEngine:
+        """An engine as a (re)started coordinator makes it: a store of its own."""
+        store = SQLiteFleetStore.in_directory(self.tmp_path)
+        await store.open()
+        self.stores.append(store)
+        self.audited = []
+
+        async def audit(*entry: str) -> None:
+            self.audited.append((entry[0], entry[1], entry[2]))
+
+        engine = RolloutEngine(
+            store,
             catalog=self.catalog,
             assignments=self.assignments,
             selector_factory=Selector,
             registry=self.registry,
             clock=self.clock,
-            audit=lambda *entry: self.audited.append(entry),
+            audit=audit,
         )
+        await engine.load()
+        return engine
 
     def desired(self, agent_id: str) -> str:
         found = self.assignments.desired_for(agent_id).get(MODEL)
@@ -130,17 +147,17 @@ class Fleet:
         self.registry.record_report("a00", self.sessions["a00"], LoadReport(model_stats=(stats,)))
         self.engine.on_report("a00", LoadReport(model_stats=(stats,)))
 
-    def close(self) -> None:
-        for db in self.dbs:
-            db.close()
-        self.store.close()
+    async def close(self) -> None:
+        await self.registry.flush()
+        for store in self.stores:
+            await store.close()
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    made = Fleet(tmp_path, agents=10)
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    made = await Fleet.create(tmp_path, agents=10)
     yield made
-    made.close()
+    await made.close()
 
 
 def policy(**fields: object) -> RolloutPolicy:
@@ -148,23 +165,26 @@ def policy(**fields: object) -> RolloutPolicy:
     return RolloutPolicy.from_json(body)
 
 
-def test_canary_then_waves_then_the_rule(fleet: Fleet) -> None:
+async def test_canary_then_waves_then_the_rule(fleet: Fleet) -> None:
     fleet.baseline()
-    rollout = fleet.engine.start(policy(canary_count=1, waves=[50, 100]), created_by="ops")
+    rollout = await fleet.engine.start(policy(canary_count=1, waves=[50, 100]), created_by="ops")
     assert rollout.previous_version == OLD
     assert [len(s) for s in rollout.plan] == [1, 4, 5]
     canary = rollout.plan[0]
     # Only the canary moved; everyone else still desires the old version.
     assert [fleet.desired(a) for a in sorted(fleet.sessions)] == [NEW] + [OLD] * 9
-    assert fleet.engine.tick().passed == ()  # nothing served yet
+    assert (await fleet.engine.tick()).passed == ()  # nothing served yet
     fleet.serve(canary[0], 250)
     fleet.clock.advance(300)
-    result = fleet.engine.tick()
-    assert result.passed == () and "soak 300/600 s" in fleet.engine.get(rollout.rollout_id).detail
+    result = await fleet.engine.tick()
+    assert (
+        result.passed == ()
+        and "soak 300/600 s" in (await fleet.engine.get(rollout.rollout_id)).detail
+    )
     fleet.clock.advance(301)
-    result = fleet.engine.tick()
+    result = await fleet.engine.tick()
     assert result.passed == (rollout.rollout_id,) and result.moved == (rollout.rollout_id,)
-    current = fleet.engine.get(rollout.rollout_id)
+    current = await fleet.engine.get(rollout.rollout_id)
     assert current.step == 1 and current.step_stats.requests == 0
     assert sum(fleet.desired(a) == NEW for a in fleet.sessions) == 5
     # Wave 1: stats of the canary no longer count (it is not this step's agent).
@@ -172,15 +192,15 @@ def test_canary_then_waves_then_the_rule(fleet: Fleet) -> None:
     for agent_id in current.plan[1]:
         fleet.serve(agent_id, 60)
     fleet.clock.advance(601)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
-    current = fleet.engine.get(rollout.rollout_id)
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)
+    current = await fleet.engine.get(rollout.rollout_id)
     assert current.step == 2 and all(fleet.desired(a) == NEW for a in fleet.sessions)
     for agent_id in current.plan[2]:
         fleet.serve(agent_id, 50)
     fleet.clock.advance(601)
-    result = fleet.engine.tick()
+    result = await fleet.engine.tick()
     assert result.completed == (rollout.rollout_id,)
-    done = fleet.engine.get(rollout.rollout_id)
+    done = await fleet.engine.get(rollout.rollout_id)
     assert done.state == RolloutState.COMPLETED
     # The rule names the new version and the per-agent overrides are gone.
     assert fleet.assignments.explicit == {}
@@ -194,8 +214,8 @@ def test_canary_then_waves_then_the_rule(fleet: Fleet) -> None:
     assert [a[0] for a in fleet.audited] == ["rollout step passed"] * 3 + ["rollout completed"]
 
 
-def test_a_failed_self_check_rolls_the_moved_agents_back(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_percent=20, waves=[100]))
+async def test_a_failed_self_check_rolls_the_moved_agents_back(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_percent=20, waves=[100]))
     canary = rollout.plan[0]
     assert len(canary) == 2
     fleet.report(canary[0])  # fine
@@ -205,9 +225,9 @@ def test_a_failed_self_check_rolls_the_moved_agents_back(fleet: Fleet) -> None:
         check=SelfCheckResult(passed=False, perplexity_ratio=1.8, greedy_matched=3,
                               greedy_total=5, detail="perplexity 1.80x fp32 (limit 1.15x)"),
     )  # fmt: skip
-    result = fleet.engine.tick()  # no soak, no requests needed to fail
+    result = await fleet.engine.tick()  # no soak, no requests needed to fail
     assert result.rolled_back == (rollout.rollout_id,)
-    done = fleet.engine.get(rollout.rollout_id)
+    done = await fleet.engine.get(rollout.rollout_id)
     assert done.state == RolloutState.ROLLED_BACK
     assert f"agent {canary[1]}" in done.detail and "1.80x" in done.detail
     assert all(fleet.desired(a) == OLD for a in fleet.sessions)
@@ -218,33 +238,33 @@ def test_a_failed_self_check_rolls_the_moved_agents_back(fleet: Fleet) -> None:
     assert moved == set(canary)
     assert fleet.engine.rollbacks == 1
     # A failed self-check reported while still loaded (not FAILED) fails it too.
-    second = fleet.engine.start(policy(canary_count=1))
+    second = await fleet.engine.start(policy(canary_count=1))
     fleet.report(second.plan[0][0], check=SelfCheckResult(passed=False, detail="greedy 2/5"))
-    assert fleet.engine.tick().rolled_back == (second.rollout_id,)
+    assert (await fleet.engine.tick()).rolled_back == (second.rollout_id,)
 
 
-def test_the_error_rate_gate_rolls_back_before_the_soak_ends(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_count=2, max_error_rate=0.05))
+async def test_the_error_rate_gate_rolls_back_before_the_soak_ends(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_count=2, max_error_rate=0.05))
     fleet.serve(rollout.plan[0][0], 100, failed=2)
     fleet.serve(rollout.plan[0][1], 100, failed=9)  # 11/200 = 5.5%
     fleet.clock.advance(10)
-    assert fleet.engine.tick().rolled_back == (rollout.rollout_id,)
-    done = fleet.engine.get(rollout.rollout_id)
+    assert (await fleet.engine.tick()).rolled_back == (rollout.rollout_id,)
+    done = await fleet.engine.get(rollout.rollout_id)
     assert "error rate 0.0550 above 0.05" in done.detail
     assert done.last_gate is not None and done.last_gate["requests"] == 200
     assert all(fleet.desired(a) == OLD for a in fleet.sessions)
 
 
-def test_a_ttft_regression_against_the_previous_version_rolls_back(fleet: Fleet) -> None:
+async def test_a_ttft_regression_against_the_previous_version_rolls_back(fleet: Fleet) -> None:
     fleet.baseline(requests=1000, seconds=0.15)
-    rollout = fleet.engine.start(policy(canary_count=1, max_ttft_p99_ratio=1.5))
+    rollout = await fleet.engine.start(policy(canary_count=1, max_ttft_p99_ratio=1.5))
     # The old version keeps serving on the other agents during the rollout: baseline too.
     fleet.serve("a05", 200, seconds=0.15, version=OLD)
-    assert fleet.engine.get(rollout.rollout_id).baseline.total == 1200
+    assert (await fleet.engine.get(rollout.rollout_id)).baseline.total == 1200
     fleet.serve(rollout.plan[0][0], 300, seconds=0.7)  # several times slower, none failed
     fleet.clock.advance(5)
-    assert fleet.engine.tick().rolled_back == (rollout.rollout_id,)
-    done = fleet.engine.get(rollout.rollout_id)
+    assert (await fleet.engine.tick()).rolled_back == (rollout.rollout_id,)
+    done = await fleet.engine.get(rollout.rollout_id)
     assert "TTFT p99" in done.detail and "limit 1.5x" in done.detail
     gate = done.last_gate
     assert gate is not None and gate["ttft_ratio"] > 1.5 and gate["failed"] == 0
@@ -253,185 +273,185 @@ def test_a_ttft_regression_against_the_previous_version_rolls_back(fleet: Fleet)
     assert fleet.desired(rollout.plan[0][0]) == OLD
 
 
-def test_no_baseline_means_no_ttft_comparison_but_the_rest_still_holds(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_count=1, waves=[100], soak_s=0))
+async def test_no_baseline_means_no_ttft_comparison_but_the_rest_still_holds(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_count=1, waves=[100], soak_s=0))
     fleet.serve(rollout.plan[0][0], 250, seconds=2.0)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
-    gate = fleet.engine.get(rollout.rollout_id).history[-2]["gate"]
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)
+    gate = (await fleet.engine.get(rollout.rollout_id)).history[-2]["gate"]
     assert gate["baseline_ttft_p99_s"] is None and gate["ttft_ratio"] is None
 
 
-def test_the_gate_compares_with_unmoved_agents_over_the_same_step(fleet: Fleet) -> None:
+async def test_the_gate_compares_with_unmoved_agents_over_the_same_step(fleet: Fleet) -> None:
     """The whole fleet slows down during the step (a load surge): the new version is as
     fast as the old one on the agents not moved, so the step passes, although it is 4x
     the previous version's history."""
     fleet.baseline(requests=10_000, seconds=0.15)
-    rollout = fleet.engine.start(policy(canary_count=1, waves=[100], soak_s=0,
+    rollout = await fleet.engine.start(policy(canary_count=1, waves=[100], soak_s=0,
                                         max_ttft_p99_ratio=1.5))  # fmt: skip
     canary = rollout.plan[0][0]
     others = [a for a in sorted(fleet.sessions) if a != canary]
     fleet.serve(others[0], 60, seconds=0.6, version=OLD)
     fleet.serve(canary, 300, seconds=0.7)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
-    gate = fleet.engine.get(rollout.rollout_id).history[-2]["gate"]
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)
+    gate = (await fleet.engine.get(rollout.rollout_id)).history[-2]["gate"]
     assert gate["baseline_source"] == "control" and gate["ttft_ratio"] <= 1.5
     assert 0.4 < gate["baseline_ttft_p99_s"] <= 0.8
     # The next step starts a new control group: nothing yet, so the history is the
     # baseline (the surge's 60 requests are under 1% of it) and 0.7 s fails against it.
-    moved = fleet.engine.get(rollout.rollout_id).plan[1]
+    moved = (await fleet.engine.get(rollout.rollout_id)).plan[1]
     for agent_id in moved:
         fleet.serve(agent_id, 30, seconds=0.7)
-    assert fleet.engine.tick().rolled_back == (rollout.rollout_id,)
-    done = fleet.engine.get(rollout.rollout_id)
+    assert (await fleet.engine.tick()).rolled_back == (rollout.rollout_id,)
+    done = await fleet.engine.get(rollout.rollout_id)
     assert done.last_gate is not None and done.last_gate["baseline_source"] == "history"
     assert "its recent history" in done.detail
 
 
-def test_the_old_version_on_a_swapping_agent_is_not_a_baseline(fleet: Fleet) -> None:
+async def test_the_old_version_on_a_swapping_agent_is_not_a_baseline(fleet: Fleet) -> None:
     """A moved agent keeps serving the old version while it loads and self-checks the new
     one; those slow requests measure the swap and would hide a regression."""
     fleet.baseline(requests=1000, seconds=0.15)
-    rollout = fleet.engine.start(policy(canary_count=1, max_ttft_p99_ratio=1.5))
+    rollout = await fleet.engine.start(policy(canary_count=1, max_ttft_p99_ratio=1.5))
     canary = rollout.plan[0][0]
     fleet.serve(canary, 500, seconds=3.0, version=OLD)  # the swap's slow requests
-    running = fleet.engine.get(rollout.rollout_id)
+    running = await fleet.engine.get(rollout.rollout_id)
     assert running.baseline.total == 1000 and running.control.total == 0
     fleet.serve(canary, 300, seconds=0.7)
     fleet.clock.advance(5)
-    assert fleet.engine.tick().rolled_back == (rollout.rollout_id,)
-    gate = fleet.engine.get(rollout.rollout_id).last_gate
+    assert (await fleet.engine.tick()).rolled_back == (rollout.rollout_id,)
+    gate = (await fleet.engine.get(rollout.rollout_id)).last_gate
     assert gate is not None and gate["baseline_source"] == "history"
     assert gate["ttft_ratio"] > 1.5
 
 
-def test_too_few_requests_is_not_passed(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_count=1))
+async def test_too_few_requests_is_not_passed(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_count=1))
     canary = rollout.plan[0][0]
     fleet.serve(canary, 150)
     fleet.clock.advance(10_000)
     for _ in range(3):
-        result = fleet.engine.tick()
+        result = await fleet.engine.tick()
         assert result.passed == () and result.rolled_back == ()
-    waiting = fleet.engine.get(rollout.rollout_id)
+    waiting = await fleet.engine.get(rollout.rollout_id)
     assert waiting.state == RolloutState.RUNNING and "150/200 requests" in waiting.detail
     assert waiting.last_gate is not None and waiting.last_gate["verdict"] == Verdict.WAIT
     fleet.serve(canary, 50)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)
 
 
-def test_a_step_needs_every_moved_agent_loaded(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_count=2, soak_s=0))
+async def test_a_step_needs_every_moved_agent_loaded(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_count=2, soak_s=0))
     first, second = rollout.plan[0]
     fleet.serve(first, 300)
     fleet.report(second, state=ModelInventoryState.DOWNLOADING, check=None)
-    assert fleet.engine.tick().passed == ()
-    assert "1/2 moved agents loaded" in fleet.engine.get(rollout.rollout_id).detail
+    assert (await fleet.engine.tick()).passed == ()
+    assert "1/2 moved agents loaded" in (await fleet.engine.get(rollout.rollout_id)).detail
     fleet.report(second, state=ModelInventoryState.LOADED, check=None)  # no self-check yet
-    assert fleet.engine.tick().passed == ()
+    assert (await fleet.engine.tick()).passed == ()
     fleet.report(second)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)
 
 
-def test_step_timeout_fails_a_step_that_never_passes(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_count=1, soak_s=60, step_timeout_s=3600))
+async def test_step_timeout_fails_a_step_that_never_passes(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_count=1, soak_s=60, step_timeout_s=3600))
     fleet.clock.advance(3601)
-    assert fleet.engine.tick().rolled_back == (rollout.rollout_id,)
-    assert "step_timeout_s=3600" in fleet.engine.get(rollout.rollout_id).detail
+    assert (await fleet.engine.tick()).rolled_back == (rollout.rollout_id,)
+    assert "step_timeout_s=3600" in (await fleet.engine.get(rollout.rollout_id)).detail
 
 
-def test_pause_resume_and_abort(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_count=1, waves=[100]))
+async def test_pause_resume_and_abort(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_count=1, waves=[100]))
     canary = rollout.plan[0][0]
     fleet.serve(canary, 300)
     fleet.clock.advance(200)
-    fleet.engine.pause(rollout.rollout_id)
+    await fleet.engine.pause(rollout.rollout_id)
     fleet.clock.advance(10_000)  # paused: the soak clock stops, nothing moves
-    assert fleet.engine.tick() == fleet.engine.tick().__class__()
-    paused = fleet.engine.get(rollout.rollout_id)
+    assert await fleet.engine.tick() == (await fleet.engine.tick()).__class__()
+    paused = await fleet.engine.get(rollout.rollout_id)
     assert paused.state == RolloutState.PAUSED and paused.step == 0
     assert fleet.engine.gate(paused).soak_elapsed_s == pytest.approx(200)
-    fleet.engine.resume(rollout.rollout_id)
-    assert fleet.engine.tick().passed == ()  # 200 s of 600 soaked
+    await fleet.engine.resume(rollout.rollout_id)
+    assert (await fleet.engine.tick()).passed == ()  # 200 s of 600 soaked
     fleet.clock.advance(401)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)
     assert sum(fleet.desired(a) == NEW for a in fleet.sessions) == 10
-    aborted = fleet.engine.abort(rollout.rollout_id)
+    aborted = await fleet.engine.abort(rollout.rollout_id)
     assert aborted.state == RolloutState.ABORTED and "sent back" in aborted.detail
     assert all(fleet.desired(a) == OLD for a in fleet.sessions)
     with pytest.raises(RolloutConflictError, match="aborted already"):
-        fleet.engine.pause(rollout.rollout_id)
+        await fleet.engine.pause(rollout.rollout_id)
     with pytest.raises(UnknownRolloutError):
-        fleet.engine.resume("ro-nope")
+        await fleet.engine.resume("ro-nope")
     # Abort keeping the moved agents where they are.
-    kept = fleet.engine.start(policy(canary_count=3))
-    fleet.engine.abort(kept.rollout_id, rollback=False)
+    kept = await fleet.engine.start(policy(canary_count=3))
+    await fleet.engine.abort(kept.rollout_id, rollback=False)
     assert sum(fleet.desired(a) == NEW for a in fleet.sessions) == 3
 
 
-def test_an_agent_pinned_elsewhere_goes_back_to_its_own_version(fleet: Fleet) -> None:
-    fleet.assignments.assign(["a00"], MODEL, "3")  # an operator's pin before the rollout
-    rollout = fleet.engine.start(policy(canary_count=2))
+async def test_an_agent_pinned_elsewhere_goes_back_to_its_own_version(fleet: Fleet) -> None:
+    await fleet.assignments.assign(["a00"], MODEL, "3")  # an operator's pin before the rollout
+    rollout = await fleet.engine.start(policy(canary_count=2))
     assert rollout.prior["a00"] == "3" and rollout.previous_version == OLD
-    fleet.engine.abort(rollout.rollout_id)
+    await fleet.engine.abort(rollout.rollout_id)
     assert fleet.desired("a00") == "3" and fleet.desired("a01") == OLD
 
 
-def test_a_restart_mid_rollout_resumes_from_the_stored_state(fleet: Fleet) -> None:
+async def test_a_restart_mid_rollout_resumes_from_the_stored_state(fleet: Fleet) -> None:
     fleet.baseline()
-    rollout = fleet.engine.start(policy(canary_count=1, waves=[50, 100]))
+    rollout = await fleet.engine.start(policy(canary_count=1, waves=[50, 100]))
     fleet.serve(rollout.plan[0][0], 250)
     fleet.clock.advance(601)
-    fleet.engine.tick()  # canary passed, wave 1 moved
-    wave = fleet.engine.get(rollout.rollout_id).plan[1]
+    await fleet.engine.tick()  # canary passed, wave 1 moved
+    wave = (await fleet.engine.get(rollout.rollout_id)).plan[1]
     for agent_id in wave:
         fleet.serve(agent_id, 30)
-    fleet.engine.tick()  # the stats are saved with the tick
+    await fleet.engine.tick()  # the stats are saved with the tick
     fleet.clock.advance(400)
     # The coordinator restarts: a new engine on the same database, nothing in memory.
-    fleet.engine = fleet.new_engine()
-    resumed = fleet.engine.get(rollout.rollout_id)
+    fleet.engine = await fleet.new_engine()
+    resumed = await fleet.engine.get(rollout.rollout_id)
     assert resumed.state == RolloutState.RUNNING and resumed.step == 1
     assert resumed.step_stats.requests == 120 and resumed.baseline.total == 400
     for agent_id in wave:
         fleet.serve(agent_id, 30)
     # The soak counts from the stored start: 400 s before the restart + 201 s after.
     fleet.clock.advance(201)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
-    final = fleet.engine.get(rollout.rollout_id)
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)
+    final = await fleet.engine.get(rollout.rollout_id)
     assert final.step == 2
     for agent_id in final.plan[2]:
         fleet.serve(agent_id, 50)
     fleet.clock.advance(601)
-    assert fleet.engine.tick().completed == (rollout.rollout_id,)
-    assert [r.rollout_id for r in fleet.engine.rollouts((RolloutState.COMPLETED,))] == [
+    assert (await fleet.engine.tick()).completed == (rollout.rollout_id,)
+    assert [r.rollout_id for r in await fleet.engine.rollouts((RolloutState.COMPLETED,))] == [
         rollout.rollout_id
     ]
 
 
-def test_start_is_refused_clearly(fleet: Fleet) -> None:
+async def test_start_is_refused_clearly(fleet: Fleet) -> None:
     with pytest.raises(UnknownVersionError, match="smollm2@9 is not in the catalog"):
-        fleet.engine.start(policy(version="9"))
+        await fleet.engine.start(policy(version="9"))
     fleet.catalog.entries[(MODEL, "3")] = fleet.catalog.entries[(MODEL, "3")].__class__(
         MODEL, "3", deprecated=True
     )
     with pytest.raises(RolloutConflictError, match="deprecated"):
-        fleet.engine.start(policy(version="3"))
+        await fleet.engine.start(policy(version="3"))
     with pytest.raises(RolloutConflictError, match="matches no agent"):
-        fleet.engine.start(policy(selector={"sites": ["nowhere"]}))
-    first = fleet.engine.start(policy())
+        await fleet.engine.start(policy(selector={"sites": ["nowhere"]}))
+    first = await fleet.engine.start(policy())
     with pytest.raises(RolloutConflictError, match=first.rollout_id):
-        fleet.engine.start(policy())
+        await fleet.engine.start(policy())
 
 
-def test_selector_limits_the_rollout(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, agents=6, sites=3)
+async def test_selector_limits_the_rollout(tmp_path: Path) -> None:
+    fleet = await Fleet.create(tmp_path, agents=6, sites=3)
     try:
-        rollout = fleet.engine.start(policy(selector={"sites": ["site-1"]}, canary_count=5))
+        rollout = await fleet.engine.start(policy(selector={"sites": ["site-1"]}, canary_count=5))
         assert rollout.plan == [["a01", "a04"]]
-        fleet.engine.abort(rollout.rollout_id, rollback=False)
+        await fleet.engine.abort(rollout.rollout_id, rollback=False)
         assert {a for a in fleet.sessions if fleet.desired(a) == NEW} == {"a01", "a04"}
     finally:
-        fleet.close()
+        await fleet.close()
 
 
 @pytest.mark.parametrize(
@@ -458,13 +478,13 @@ def test_selector_limits_the_rollout(tmp_path: Path) -> None:
         ({"model": MODEL, "version": NEW, "speed": "fast"}, "speed"),
     ],
 )  # fmt: skip
-def test_policy_validation(body: dict[str, object], param: str) -> None:
+async def test_policy_validation(body: dict[str, object], param: str) -> None:
     with pytest.raises(PolicyError) as caught:
         RolloutPolicy.from_json(body)
     assert caught.value.param == param
 
 
-def test_plan_sizes() -> None:
+async def test_plan_sizes() -> None:
     agents = [f"a{i:03d}" for i in range(100)]
     steps = policy(canary_percent=5, waves=[25, 50, 100]).plan(agents)
     assert [len(s) for s in steps] == [5, 20, 25, 50]
@@ -473,7 +493,7 @@ def test_plan_sizes() -> None:
     assert policy(canary_count=5).plan(agents[:3]) == [agents[:3]]
 
 
-def test_merged_histograms_give_the_fleet_p99_never_an_average() -> None:
+async def test_merged_histograms_give_the_fleet_p99_never_an_average() -> None:
     # Agent A: 990 fast requests; agent B: 10 very slow ones. The fleet's p99 sits at the
     # boundary of the slow bucket; averaging the two agents' p99s would say ~1.2 s.
     fast, slow = ttft(0.04, 990), ttft(3.0, 10)
@@ -503,20 +523,20 @@ def test_merged_histograms_give_the_fleet_p99_never_an_average() -> None:
         ModelStats(MODEL, NEW, requests=5, ttft_seconds=Histogram((1.0,), (1, 0), float("nan"))),
     ],
 )
-def test_impossible_stats_are_refused(stats: ModelStats, fleet: Fleet) -> None:
+async def test_impossible_stats_are_refused(stats: ModelStats, fleet: Fleet) -> None:
     with pytest.raises(InvalidStats):
         check_stats(stats)
-    rollout = fleet.engine.start(policy(canary_count=1))
+    rollout = await fleet.engine.start(policy(canary_count=1))
     fleet.report(rollout.plan[0][0], stats=(stats,))
-    assert fleet.engine.get(rollout.rollout_id).step_stats.requests == 0
+    assert (await fleet.engine.get(rollout.rollout_id)).step_stats.requests == 0
     assert fleet.engine.invalid_stats == 1
 
 
-def test_an_agent_removed_from_the_fleet_is_not_waited_for(fleet: Fleet) -> None:
-    rollout = fleet.engine.start(policy(canary_count=2, soak_s=0))
+async def test_an_agent_removed_from_the_fleet_is_not_waited_for(fleet: Fleet) -> None:
+    rollout = await fleet.engine.start(policy(canary_count=2, soak_s=0))
     first, second = rollout.plan[0]
     fleet.serve(first, 300)
-    assert fleet.engine.tick().passed == ()
-    assert "1/2 moved agents loaded" in fleet.engine.get(rollout.rollout_id).detail
+    assert (await fleet.engine.tick()).passed == ()
+    assert "1/2 moved agents loaded" in (await fleet.engine.get(rollout.rollout_id)).detail
     fleet.registry.remove(second)
-    assert fleet.engine.tick().passed == (rollout.rollout_id,)
+    assert (await fleet.engine.tick()).passed == (rollout.rollout_id,)

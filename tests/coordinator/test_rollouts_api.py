@@ -60,14 +60,16 @@ class Running:
             clock,
             hooks,
         )
-        self.tokens = {
-            role.label: app[ADMIN_TOKENS_KEY].mint(role, role.label).token
-            for role in (Role.VIEWER, Role.OPERATOR)
-        }
+        self.tokens: dict[str, str] = {}
         self.sessions = {
             agent_id: app[REGISTRY_KEY].open_session(Hello(agent_id=agent_id, site="s1"))
             for agent_id in ("edge-1", "edge-2", "edge-3", "edge-4")
         }
+
+    async def mint_tokens(self) -> None:
+        for role in (Role.VIEWER, Role.OPERATOR):
+            minted = await self.app[ADMIN_TOKENS_KEY].mint(role, role.label)
+            self.tokens[role.label] = minted.token
 
     @property
     def url(self) -> str:
@@ -105,11 +107,13 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         StandinCatalog(("m", "1"), ("m", "2")), assignments, Selector, hooks.append, clock,
     ))  # fmt: skip
     assignments.registry = app[REGISTRY_KEY]
-    assignments.set_rule(Selector(), "m", "1")
+    await assignments.set_rule(Selector(), "m", "1")
     engine = app[ROLLOUTS_KEY]
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
-    yield Running(app, server, engine, clock, hooks)
+    made = Running(app, server, engine, clock, hooks)
+    await made.mint_tokens()
+    yield made
     await server.close()
 
 
@@ -141,7 +145,7 @@ async def test_operator_steers_and_viewer_reads(running: Running) -> None:
     status, resumed = await running.call("POST", f"/v1/admin/rollouts/{rollout_id}/resume")
     assert status == 200 and resumed["state"] == "running"
     running.clock.now += 31
-    running.engine.tick()
+    await running.engine.tick()
     status, listed = await running.call("GET", "/v1/admin/rollouts?state=running", "viewer")
     assert status == 200 and [r["step"] for r in listed["data"]] == [1]
     status, aborted = await running.call(
@@ -152,7 +156,7 @@ async def test_operator_steers_and_viewer_reads(running: Running) -> None:
     status, body = await running.call("POST", f"/v1/admin/rollouts/{rollout_id}/pause")
     assert status == 409 and "aborted already" in body["error"]["message"]
     # Audit: the operator's actions by the middleware, the engine's own with actor rollouts.
-    entries = list(running.app[AUDIT_KEY].entries())
+    entries = await running.app[AUDIT_KEY].entries()
     ours = [(e.action, e.actor_name, e.status) for e in entries if "rollout" in e.action]
     assert ("POST /v1/admin/rollouts", "operator", 201) in ours
     assert ("POST /v1/admin/rollouts/{rollout_id}/abort", "operator", 200) in ours
@@ -245,10 +249,10 @@ async def test_a_restarted_coordinator_resumes_the_rollout(tmp_path: Path) -> No
             lambda hook: None, clock,
         ))  # fmt: skip
         assignments.registry = app[REGISTRY_KEY]
-        for agent_id in ("edge-1", "edge-2"):
-            app[REGISTRY_KEY].open_session(Hello(agent_id=agent_id, site="s1"))
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()
+        for agent_id in ("edge-1", "edge-2"):
+            app[REGISTRY_KEY].open_session(Hello(agent_id=agent_id, site="s1"))
         return server, app[ROLLOUTS_KEY], assignments
 
     server, engine, _ = await start()
@@ -263,12 +267,12 @@ async def test_a_restarted_coordinator_resumes_the_rollout(tmp_path: Path) -> No
     await server.close()
     server, engine, _ = await start()
     try:
-        resumed = engine.get(rollout_id)
+        resumed = await engine.get(rollout_id)
         assert resumed.state.value == "running" and resumed.step == 0
         assert resumed.step_started_at == clock.now - 500  # the stored start, not a new one
         clock.now += 101  # 601 s after the stored start: the canary's soak is over
-        engine.tick()
+        await engine.tick()
         # The canary's agent never reported the new version loaded: still waiting.
-        assert "0/1 moved agents loaded" in engine.get(rollout_id).detail
+        assert "0/1 moved agents loaded" in (await engine.get(rollout_id)).detail
     finally:
         await server.close()

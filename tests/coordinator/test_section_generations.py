@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.errors import StoreError
 from coordinator.fleet.records import Liveness
 from coordinator.fleet.registry import LiveFleetRegistry
-from coordinator.store import sqlite as sqlite_store
+from coordinator.store import migrations
 from coordinator.store.generations import GenerationCounter
 from coordinator.store.interface import AgentLastState
-from coordinator.store.sqlite import DB_FILE, GENERATION_MARGIN_MS, SQLiteFleetStore
+from coordinator.store.migrations import GENERATION_MARGIN_MS
+from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
 from edgefleet.contract import (
     ConfigSection,
     Hello,
@@ -42,39 +44,43 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def old_database(
+async def old_database(
     path: Path, monkeypatch: pytest.MonkeyPatch, states: list[AgentLastState], saved_at: datetime
 ) -> None:
     """A fleet database as the coordinator before migration 8 left it (schema version 7),
     with these agents' last states saved by its snapshot at ``saved_at``."""
     with monkeypatch.context() as old:
-        old.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:BEFORE_COUNTER])
-        old.setattr(sqlite_store, "SCHEMA_VERSION", BEFORE_COUNTER)
+        old.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:BEFORE_COUNTER])
+        old.setattr(migrations, "SCHEMA_VERSION", BEFORE_COUNTER)
         store = SQLiteFleetStore(path)
+        await store.open()
         try:
-            assert sqlite_store.schema_version(store._db) == BEFORE_COUNTER
+            assert await store.schema_version() == BEFORE_COUNTER
             for state in states:
-                store.save_hello(Hello(agent_id=state.agent_id, site="lab"), state.last_seen)
-            store.save_last_states(states, saved_at)
+                await store.save_hello(Hello(agent_id=state.agent_id, site="lab"), state.last_seen)
+            await store.save_last_states(states, saved_at)
         finally:
-            store.close()
+            await store.close()
 
 
 def applied(keys: int, models: int = 0, overflow: int = 0) -> LoadReport:
     return LoadReport(applied=SectionGenerations(models, overflow, keys, 0))
 
 
-def first_generation(path: Path) -> int:
+async def first_generation(path: Path) -> int:
     """The first generation a coordinator opening ``path`` now hands out."""
     store = SQLiteFleetStore(path)
+    await store.open()
     try:
-        assert sqlite_store.schema_version(store._db) == sqlite_store.SCHEMA_VERSION
-        return GenerationCounter(store.reserve_generations).next()
+        assert await store.schema_version() == migrations.SCHEMA_VERSION
+        counter = GenerationCounter(store.reserve_generations)
+        await counter.start()
+        return counter.next()
     finally:
-        store.close()
+        await store.close()
 
 
-def test_the_migration_starts_above_clock_generations_agents_applied_on_a_clock_ahead(
+async def test_the_migration_starts_above_clock_generations_agents_applied_on_a_clock_ahead(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The old coordinator's clock ran two days ahead of this machine's: the keys and models
@@ -83,7 +89,7 @@ def test_the_migration_starts_above_clock_generations_agents_applied_on_a_clock_
     db = tmp_path / DB_FILE
     ahead = now_ms() + 2 * DAY_MS
     now = datetime.now(UTC)
-    old_database(
+    await old_database(
         db,
         monkeypatch,
         [
@@ -93,11 +99,11 @@ def test_the_migration_starts_above_clock_generations_agents_applied_on_a_clock_
         ],
         now,
     )
-    first = first_generation(db)
+    first = await first_generation(db)
     assert first > ahead + GENERATION_MARGIN_MS - 1
 
 
-def test_the_migration_starts_above_the_newest_time_the_database_records(
+async def test_the_migration_starts_above_the_newest_time_the_database_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No agent reported its generations (say, the old coordinator was killed before its
@@ -105,26 +111,28 @@ def test_the_migration_starts_above_the_newest_time_the_database_records(
     of this machine's, bounds what that clock gave as generations."""
     db = tmp_path / DB_FILE
     saved = datetime.now(UTC) + timedelta(days=1)
-    old_database(db, monkeypatch, [AgentLastState("edge-1", Liveness.LIVE, saved, None)], saved)
-    assert first_generation(db) > saved.timestamp() * 1000 + GENERATION_MARGIN_MS - 1
+    await old_database(
+        db, monkeypatch, [AgentLastState("edge-1", Liveness.LIVE, saved, None)], saved
+    )
+    assert await first_generation(db) > saved.timestamp() * 1000 + GENERATION_MARGIN_MS - 1
 
 
-def test_the_migration_starts_above_this_machines_clock_on_an_empty_database(
+async def test_the_migration_starts_above_this_machines_clock_on_an_empty_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = now_ms()
-    old_database(tmp_path / "old.db", monkeypatch, [], datetime.now(UTC))
-    assert first_generation(tmp_path / "old.db") >= before + GENERATION_MARGIN_MS
-    assert first_generation(tmp_path / "fresh.db") >= before + GENERATION_MARGIN_MS
+    await old_database(tmp_path / "old.db", monkeypatch, [], datetime.now(UTC))
+    assert await first_generation(tmp_path / "old.db") >= before + GENERATION_MARGIN_MS
+    assert await first_generation(tmp_path / "fresh.db") >= before + GENERATION_MARGIN_MS
 
 
-def test_a_saved_report_this_version_cannot_read_does_not_stop_the_migration(
+async def test_a_saved_report_this_version_cannot_read_does_not_stop_the_migration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = tmp_path / DB_FILE
     now = datetime.now(UTC)
     ahead = now_ms() + 2 * DAY_MS
-    old_database(
+    await old_database(
         db,
         monkeypatch,
         [
@@ -138,15 +146,16 @@ def test_a_saved_report_this_version_cannot_read_does_not_stop_the_migration(
             "UPDATE agent_last_state SET report_fields = 'applied', report_json = '[\"x\"]' "
             "WHERE agent_id = 'edge-2'"
         )
-    assert first_generation(db) > ahead
+    assert await first_generation(db) > ahead
 
 
-def test_generations_go_on_above_every_block_after_restarts_and_a_clock_gone_back(
+async def test_generations_go_on_above_every_block_after_restarts_and_a_clock_gone_back(
     tmp_path: Path,
 ) -> None:
     """Each coordinator start is a new counter on the same store; the third one's clock is
     a day behind the first's."""
     store = SQLiteFleetStore(tmp_path / DB_FILE)
+    await store.open()
     try:
         clock = [now_ms()]
         handed: list[int] = []
@@ -154,27 +163,33 @@ def test_generations_go_on_above_every_block_after_restarts_and_a_clock_gone_bac
             counter = GenerationCounter(
                 store.reserve_generations, block=4, clock_ms=lambda back=back: clock[0] - back
             )
-            handed += [counter.next() for _ in range(6)]  # past the end of a block
+            await counter.start()
+            for _ in range(6):  # past the end of a block
+                handed.append(counter.next())
+                await counter.reserved()  # the next block, reserved ahead
             clock[0] += 1  # a millisecond between restarts: far less than a block's worth
         assert handed == sorted(set(handed))
     finally:
-        store.close()
+        await store.close()
 
 
-def test_the_counter_never_falls_behind_the_clock(tmp_path: Path) -> None:
+async def test_the_counter_never_falls_behind_the_clock(tmp_path: Path) -> None:
     """A database restored from a backup holds the counter as it was then: the clock, moved
     on since, keeps the next generations above what agents were sent after the backup."""
     store = SQLiteFleetStore(tmp_path / DB_FILE)
+    await store.open()
     try:
-        backed_up = GenerationCounter(store.reserve_generations).next()
-        later = backed_up + 10 * DAY_MS  # the clock when the backup is restored
+        backed_up = GenerationCounter(store.reserve_generations)
+        await backed_up.start()
+        later = backed_up.next() + 10 * DAY_MS  # the clock when the backup is restored
         restored = GenerationCounter(store.reserve_generations, clock_ms=lambda: later)
+        await restored.start()
         assert [restored.next(), restored.next()] == [later, later + 1]
     finally:
-        store.close()
+        await store.close()
 
 
-def test_every_section_the_registry_sets_takes_the_stores_next_generation(
+async def test_every_section_the_registry_sets_takes_the_stores_next_generation(
     tmp_path: Path,
 ) -> None:
     """Whatever generation a section comes with (the distributors send 0), the registry
@@ -182,8 +197,9 @@ def test_every_section_the_registry_sets_takes_the_stores_next_generation(
     held: list[int] = []
     for _ in range(2):  # a coordinator and the one restarted on its database
         store = SQLiteFleetStore(tmp_path / DB_FILE)
+        await store.open()
         try:
-            registry = LiveFleetRegistry(store)
+            registry = await LiveFleetRegistry.open(store)
             registry.open_session(Hello(agent_id="edge-1", models=(LoadedModel("m", "v1"),)))
             for section in (
                 OverflowTargetsSection(0, ()),
@@ -193,8 +209,31 @@ def test_every_section_the_registry_sets_takes_the_stores_next_generation(
             ):
                 desired = registry.set_section("edge-1", section)
                 held.append(max(desired.generations()))
+            await registry.flush()
         finally:
-            store.close()
+            await store.close()
     assert held == sorted(set(held))
     assert held[0] > now_ms() - 60_000  # not counted from 1
     assert held[-1] < 10**15  # nor taken from the section
+
+
+async def test_the_next_block_is_reserved_ahead_and_grows_with_the_fleet(tmp_path: Path) -> None:
+    """next() never waits for the store: the next block is written while the current one
+    still lasts, and a fleet-wide push in one go (a section for each of 3,000 agents)
+    finds enough reserved. With nothing reserved (the store not answering) it raises."""
+    store = SQLiteFleetStore(tmp_path / DB_FILE)
+    await store.open()
+    try:
+        agents = [10]
+        counter = GenerationCounter(store.reserve_generations, demand=lambda: agents[0])
+        with pytest.raises(StoreError, match="no desired-state section generation"):
+            counter.next()  # not started: nothing reserved
+        await counter.reserved()
+        agents[0] = 3000  # the fleet grew
+        first = counter.next()
+        await counter.reserved()  # under half of 4 per agent was left: one more block
+        assert counter.remaining() >= 2 * 3000
+        handed = [counter.next() for _ in range(3000)]  # one synchronous pass, no await
+        assert handed == list(range(handed[0], handed[0] + 3000)) and handed[0] > first
+    finally:
+        await store.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,17 +22,18 @@ CREDENTIAL = "edge-1-credential"
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteFleetStore]:
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteFleetStore]:
     opened = SQLiteFleetStore.in_directory(tmp_path)
-    opened.add_token(JoinToken("tok", "ab" * 32, NOW, NOW + timedelta(days=1), 5))
+    await opened.open()
+    await opened.add_token(JoinToken("tok", "ab" * 32, NOW, NOW + timedelta(days=1), 5))
     for agent_id, site in (("edge-1", "berlin"), ("edge-free", "")):
         enrolled = StoredAgent(
             agent_id, enrolled_at=NOW, token_id="tok",
             credential_sha256=sha256_hex(CREDENTIAL), site=site,
         )  # fmt: skip
-        assert opened.enroll("tok", NOW, enrolled)
+        assert await opened.enroll("tok", NOW, enrolled)
     yield opened
-    opened.close()
+    await opened.close()
 
 
 def hello(agent_id: str = "edge-1", *, token: str = CREDENTIAL, site: str = "munich") -> Hello:
@@ -48,17 +49,19 @@ def auth(
     return SessionAuthenticator(store, require_enrollment=enrollment, require_mtls=mtls)
 
 
-def test_an_enrolled_agent_with_its_credential_gets_in_at_its_enrolled_site(
+async def test_an_enrolled_agent_with_its_credential_gets_in_at_its_enrolled_site(
     store: SQLiteFleetStore,
 ) -> None:
-    accepted, enrolled = auth(store).authenticate(hello(site="munich"), None)
+    accepted, enrolled = await auth(store).authenticate(hello(site="munich"), None)
     assert enrolled is True
     assert accepted.site == "berlin"  # the site recorded at enrollment wins
     assert accepted.agent_id == "edge-1" and accepted.models == hello().models
 
 
-def test_an_agent_enrolled_without_a_site_keeps_the_one_it_says(store: SQLiteFleetStore) -> None:
-    accepted, enrolled = auth(store).authenticate(hello("edge-free", site="munich"), None)
+async def test_an_agent_enrolled_without_a_site_keeps_the_one_it_says(
+    store: SQLiteFleetStore,
+) -> None:
+    accepted, enrolled = await auth(store).authenticate(hello("edge-free", site="munich"), None)
     assert enrolled and accepted.site == "munich"
 
 
@@ -70,35 +73,35 @@ def test_an_agent_enrolled_without_a_site_keeps_the_one_it_says(store: SQLiteFle
         (CREDENTIAL + "x", "the credentials do not belong to agent 'edge-1'"),
     ],
 )
-def test_an_enrolled_agent_without_its_credential_is_refused(
+async def test_an_enrolled_agent_without_its_credential_is_refused(
     store: SQLiteFleetStore, token: str, message: str
 ) -> None:
     with pytest.raises(AuthenticationError, match=message):
-        auth(store).authenticate(hello(token=token), None)
+        await auth(store).authenticate(hello(token=token), None)
 
 
-def test_an_unenrolled_agent_is_let_in_only_when_enrollment_is_optional(
+async def test_an_unenrolled_agent_is_let_in_only_when_enrollment_is_optional(
     store: SQLiteFleetStore,
 ) -> None:
-    accepted, enrolled = auth(store).authenticate(hello("stranger", token=""), None)
+    accepted, enrolled = await auth(store).authenticate(hello("stranger", token=""), None)
     assert enrolled is False and accepted.site == "munich"
     with pytest.raises(AuthenticationError, match="'stranger' is not enrolled"):
-        auth(store, enrollment=True).authenticate(hello("stranger", token=""), None)
+        await auth(store, enrollment=True).authenticate(hello("stranger", token=""), None)
     # An agent that only ever said Hello (stored, not enrolled) is still not enrolled.
-    store.save_hello(hello("stranger", token=""), NOW)
+    await store.save_hello(hello("stranger", token=""), NOW)
     with pytest.raises(AuthenticationError, match="not enrolled"):
-        auth(store, enrollment=True).authenticate(hello("stranger", token=""), None)
+        await auth(store, enrollment=True).authenticate(hello("stranger", token=""), None)
 
 
-def test_mutual_tls_needs_a_certificate_for_the_same_agent(store: SQLiteFleetStore) -> None:
+async def test_mutual_tls_needs_a_certificate_for_the_same_agent(store: SQLiteFleetStore) -> None:
     with pytest.raises(AuthenticationError, match="requires mutual TLS"):
-        auth(store, mtls=True).authenticate(hello(), None)
+        await auth(store, mtls=True).authenticate(hello(), None)
     with pytest.raises(PermissionDeniedError, match="certificate is for agent 'edge-free'"):
-        auth(store, mtls=True).authenticate(hello(), "edge-free")
-    accepted, enrolled = auth(store, mtls=True).authenticate(hello(), "edge-1")
+        await auth(store, mtls=True).authenticate(hello(), "edge-free")
+    accepted, enrolled = await auth(store, mtls=True).authenticate(hello(), "edge-1")
     assert enrolled and accepted.site == "berlin"
 
 
-def test_a_certificate_does_not_replace_the_credential(store: SQLiteFleetStore) -> None:
+async def test_a_certificate_does_not_replace_the_credential(store: SQLiteFleetStore) -> None:
     with pytest.raises(AuthenticationError, match="do not belong"):
-        auth(store, mtls=True).authenticate(hello(token="forged"), "edge-1")
+        await auth(store, mtls=True).authenticate(hello(token="forged"), "edge-1")

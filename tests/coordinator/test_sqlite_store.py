@@ -1,10 +1,12 @@
-"""The SQLite fleet store: every FleetStore method, WAL, reopening, a second connection."""
+"""The SQLite fleet store: the tokens and agents tables, WAL, reopening, a second connection
+(the other tables: tests/coordinator/test_store_tables.py; timeouts and the worker thread:
+tests/coordinator/test_store_worker.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,10 +24,11 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteFleetStore]:
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteFleetStore]:
     opened = SQLiteFleetStore.in_directory(tmp_path)
+    await opened.open()
     yield opened
-    opened.close()
+    await opened.close()
 
 
 def token(token_id: str = "tok1", **changes: object) -> JoinToken:
@@ -70,45 +73,45 @@ def enrolled(agent_id: str = "agent-1", site: str = "") -> StoredAgent:
     )
 
 
-def test_it_is_a_fleet_store_in_wal_mode(store: SQLiteFleetStore, tmp_path: Path) -> None:
+async def test_it_is_a_fleet_store_in_wal_mode(store: SQLiteFleetStore, tmp_path: Path) -> None:
     _typed: FleetStore = store  # the Protocol is checked statically (mypy)
     assert store.path == tmp_path / DB_FILE
     with sqlite3.connect(store.path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_tokens_add_get_list_revoke(store: SQLiteFleetStore) -> None:
+async def test_tokens_add_get_list_revoke(store: SQLiteFleetStore) -> None:
     first = token("tok1", site="berlin", note="for the lab")
     second = token("tok2", created_at=NOW + timedelta(seconds=1), expires_at=None)
-    store.add_token(first)
-    store.add_token(second)
-    assert store.get_token("tok1") == first
-    assert store.get_token("nope") is None
-    assert store.list_tokens() == [first, second]  # oldest first
-    assert store.revoke_token("tok2") is True
-    assert store.revoke_token("nope") is False
-    revoked = store.get_token("tok2")
+    await store.add_token(first)
+    await store.add_token(second)
+    assert await store.get_token("tok1") == first
+    assert await store.get_token("nope") is None
+    assert await store.list_tokens() == [first, second]  # oldest first
+    assert await store.revoke_token("tok2") is True
+    assert await store.revoke_token("nope") is False
+    revoked = await store.get_token("tok2")
     assert revoked is not None and revoked.revoked and revoked.state(NOW) == "revoked"
 
 
-def test_a_duplicate_token_id_is_a_store_error(store: SQLiteFleetStore) -> None:
-    store.add_token(token())
+async def test_a_duplicate_token_id_is_a_store_error(store: SQLiteFleetStore) -> None:
+    await store.add_token(token())
     with pytest.raises(StoreError):
-        store.add_token(token())
+        await store.add_token(token())
 
 
-def test_enroll_uses_the_token_once_and_adds_the_agent(store: SQLiteFleetStore) -> None:
-    store.add_token(token(max_uses=2, site="berlin"))
-    assert store.enroll("tok1", NOW, enrolled("agent-1", site="berlin")) is True
-    used = store.get_token("tok1")
+async def test_enroll_uses_the_token_once_and_adds_the_agent(store: SQLiteFleetStore) -> None:
+    await store.add_token(token(max_uses=2, site="berlin"))
+    assert await store.enroll("tok1", NOW, enrolled("agent-1", site="berlin")) is True
+    used = await store.get_token("tok1")
     assert used is not None and used.uses == 1
-    agent = store.get_agent("agent-1")
+    agent = await store.get_agent("agent-1")
     assert agent is not None and agent.enrolled and agent.token_id == "tok1"
     assert agent.cert_serial == "1f2e" and agent.site == "berlin"
-    assert [s.name for s in store.list_sites()] == ["berlin"]
+    assert [s.name for s in await store.list_sites()] == ["berlin"]
     # The same id again: refused, and the token is not used up by the refusal.
-    assert store.enroll("tok1", NOW, enrolled("agent-1")) is False
-    again = store.get_token("tok1")
+    assert await store.enroll("tok1", NOW, enrolled("agent-1")) is False
+    again = await store.get_token("tok1")
     assert again is not None and again.uses == 1
 
 
@@ -121,113 +124,112 @@ def test_enroll_uses_the_token_once_and_adds_the_agent(store: SQLiteFleetStore) 
         (token(revoked=True), NOW),  # revoked
     ],
 )
-def test_enroll_refuses_an_unusable_token_and_changes_nothing(
+async def test_enroll_refuses_an_unusable_token_and_changes_nothing(
     store: SQLiteFleetStore, stored: JoinToken | None, when: datetime
 ) -> None:
     if stored is not None:
-        store.add_token(stored)
-    assert store.enroll("tok1", when, enrolled()) is False
-    assert store.get_agent("agent-1") is None
-    assert store.list_sites() == []
+        await store.add_token(stored)
+    assert await store.enroll("tok1", when, enrolled()) is False
+    assert await store.get_agent("agent-1") is None
+    assert await store.list_sites() == []
     if stored is not None:
-        assert store.get_token("tok1") == stored
+        assert await store.get_token("tok1") == stored
 
 
-def test_save_hello_creates_then_updates_an_agent(store: SQLiteFleetStore) -> None:
-    store.save_hello(hello(site="berlin"), NOW)
-    agent = store.get_agent("agent-1")
+async def test_save_hello_creates_then_updates_an_agent(store: SQLiteFleetStore) -> None:
+    await store.save_hello(hello(site="berlin"), NOW)
+    agent = await store.get_agent("agent-1")
     assert agent is not None and not agent.enrolled
     # Everything but the credential comes back.
     assert agent.hello == replace(hello(site="berlin"), token="")
     assert agent.last_seen == NOW and agent.site == "berlin"
     later = NOW + timedelta(minutes=5)
-    store.save_hello(hello(site="munich"), later)
-    agent = store.get_agent("agent-1")
+    await store.save_hello(hello(site="munich"), later)
+    agent = await store.get_agent("agent-1")
     assert agent is not None and agent.site == "munich" and agent.last_seen == later
-    assert [s.name for s in store.list_sites()] == ["berlin", "munich"]
+    assert [s.name for s in await store.list_sites()] == ["berlin", "munich"]
 
 
-def test_an_enrolled_agents_site_is_not_changed_by_its_hello(store: SQLiteFleetStore) -> None:
-    store.add_token(token(site="berlin"))
-    store.enroll("tok1", NOW, enrolled(site="berlin"))
-    store.save_hello(hello(site="elsewhere"), NOW)
-    agent = store.get_agent("agent-1")
+async def test_an_enrolled_agents_site_is_not_changed_by_its_hello(store: SQLiteFleetStore) -> None:
+    await store.add_token(token(site="berlin"))
+    await store.enroll("tok1", NOW, enrolled(site="berlin"))
+    await store.save_hello(hello(site="elsewhere"), NOW)
+    agent = await store.get_agent("agent-1")
     assert agent is not None and agent.site == "berlin" and agent.enrolled
     assert agent.hello is not None and agent.hello.site == "elsewhere"
 
 
-def test_last_seen_and_draining(store: SQLiteFleetStore) -> None:
-    store.save_hello(hello(), NOW)
-    store.save_last_seen("agent-1", NOW + timedelta(seconds=30))
-    assert store.set_draining("agent-1", True) is True
-    assert store.set_draining("ghost", True) is False
-    agent = store.get_agent("agent-1")
+async def test_last_seen_and_draining(store: SQLiteFleetStore) -> None:
+    await store.save_hello(hello(), NOW)
+    await store.save_last_seen("agent-1", NOW + timedelta(seconds=30))
+    assert await store.set_draining("agent-1", True) is True
+    assert await store.set_draining("ghost", True) is False
+    agent = await store.get_agent("agent-1")
     assert agent is not None and agent.draining
     assert agent.last_seen == NOW + timedelta(seconds=30)
-    store.set_draining("agent-1", False)
-    agent = store.get_agent("agent-1")
+    await store.set_draining("agent-1", False)
+    agent = await store.get_agent("agent-1")
     assert agent is not None and not agent.draining
 
 
-def test_list_agents_is_ordered_by_id(store: SQLiteFleetStore) -> None:
+async def test_list_agents_is_ordered_by_id(store: SQLiteFleetStore) -> None:
     for agent_id in ("c", "a", "b"):
-        store.save_hello(hello(agent_id), NOW)
-    assert [a.agent_id for a in store.list_agents()] == ["a", "b", "c"]
+        await store.save_hello(hello(agent_id), NOW)
+    assert [a.agent_id for a in await store.list_agents()] == ["a", "b", "c"]
 
 
-def test_reopening_keeps_everything(tmp_path: Path) -> None:
+async def test_reopening_keeps_everything(tmp_path: Path) -> None:
     first = SQLiteFleetStore.in_directory(tmp_path)
-    first.add_token(token())
-    first.enroll("tok1", NOW, enrolled())
-    first.save_hello(hello(), NOW)
-    first.set_draining("agent-1", True)
-    before = (first.list_tokens(), first.list_agents(), first.list_sites())
-    first.close()
+    await first.open()
+    await first.add_token(token())
+    await first.enroll("tok1", NOW, enrolled())
+    await first.save_hello(hello(), NOW)
+    await first.set_draining("agent-1", True)
+    before = (await first.list_tokens(), await first.list_agents(), await first.list_sites())
+    await first.close()
     reopened = SQLiteFleetStore.in_directory(tmp_path)
+    await reopened.open()
     try:
-        assert (reopened.list_tokens(), reopened.list_agents(), reopened.list_sites()) == before
+        after = (
+            await reopened.list_tokens(),
+            await reopened.list_agents(),
+            await reopened.list_sites(),
+        )
+        assert after == before
     finally:
-        reopened.close()
+        await reopened.close()
 
 
-def test_a_second_connection_sees_writes_and_enrollment_races_use_a_token_once(
+async def test_a_second_connection_sees_writes_and_enrollment_races_use_a_token_once(
     tmp_path: Path,
 ) -> None:
-    """The admin CLI opens the store while the coordinator has it open."""
+    """The admin CLI opens the store while the coordinator has it open: two stores, two
+    threads, one file."""
     coordinator = SQLiteFleetStore.in_directory(tmp_path)
     cli = SQLiteFleetStore.in_directory(tmp_path)
+    racers = [SQLiteFleetStore(coordinator.path) for _ in range(2)]
+    for opened in (coordinator, cli, *racers):
+        await opened.open()
     try:
-        cli.add_token(token(max_uses=1))
-        assert coordinator.get_token("tok1") is not None
-        results: list[bool] = []
-        barrier = threading.Barrier(2)
-
-        def race(store_path: Path, agent_id: str) -> None:
-            own = SQLiteFleetStore(store_path)
-            try:
-                barrier.wait()
-                results.append(own.enroll("tok1", NOW, enrolled(agent_id)))
-            finally:
-                own.close()
-
-        threads = [
-            threading.Thread(target=race, args=(coordinator.path, f"racer-{i}")) for i in range(2)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        await cli.add_token(token(max_uses=1))
+        assert await coordinator.get_token("tok1") is not None
+        results = await asyncio.gather(
+            *(own.enroll("tok1", NOW, enrolled(f"racer-{i}")) for i, own in enumerate(racers))
+        )
         assert sorted(results) == [False, True]
-        used = coordinator.get_token("tok1")
+        used = await coordinator.get_token("tok1")
         assert used is not None and used.uses == 1
-        assert len([a for a in cli.list_agents() if a.enrolled]) == 1
+        assert len([a for a in await cli.list_agents() if a.enrolled]) == 1
     finally:
-        coordinator.close()
-        cli.close()
+        for opened in (coordinator, cli, *racers):
+            await opened.close()
 
 
-def test_an_unopenable_database_is_a_store_error(tmp_path: Path) -> None:
+async def test_an_unopenable_database_is_a_store_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
+    store = SQLiteFleetStore(blocker / DB_FILE)
     with pytest.raises(StoreError, match="cannot open the fleet database"):
-        SQLiteFleetStore(blocker / DB_FILE)
+        await store.open()
+    with pytest.raises(StoreError, match="not open"):
+        await store.list_agents()

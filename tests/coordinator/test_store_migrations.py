@@ -8,11 +8,11 @@ enrolling, sites.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import subprocess
 import sys
-import threading
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,9 +23,10 @@ import pytest
 from coordinator.errors import StoreError
 from coordinator.fleet.records import Liveness
 from coordinator.fleet.registry import LiveFleetRegistry
-from coordinator.store import sqlite as sqlite_store
+from coordinator.store import migrations
 from coordinator.store.interface import AgentLastState, StoredAgent
-from coordinator.store.sqlite import DB_FILE, SCHEMA_VERSION, SQLiteFleetStore
+from coordinator.store.migrations import SCHEMA_VERSION
+from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
 from devtools.process import REPO_ROOT
 from edgefleet.contract import KeyUsage, LoadReport
 from tests.old_trees import COORDINATOR_BEFORE_VERSIONS, extract
@@ -98,23 +99,33 @@ def _as_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def test_a_database_written_before_versions_is_upgraded_and_keeps_its_rows(
+async def _opened(path: Path) -> SQLiteFleetStore:
+    store = SQLiteFleetStore(path)
+    await store.open()
+    return store
+
+
+async def _open_close(path: Path) -> None:
+    await (await _opened(path)).close()
+
+
+async def test_a_database_written_before_versions_is_upgraded_and_keeps_its_rows(
     tmp_path: Path,
 ) -> None:
     db, before = _written_by_old_code(tmp_path)
     with sqlite3.connect(db) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == 0
 
-    store = SQLiteFleetStore(db)
+    store = await _opened(db)
     try:
-        assert sqlite_store.schema_version(store._db) == SCHEMA_VERSION
+        assert await store.schema_version() == SCHEMA_VERSION
         # Every field the old code stored, unchanged (later versions add fields).
-        tokens = _as_json([asdict(t) for t in store.list_tokens()])
+        tokens = _as_json([asdict(t) for t in await store.list_tokens()])
         assert [
             {k: t[k] for k in old} for t, old in zip(tokens, before["tokens"], strict=True)
         ] == before["tokens"]
-        assert _as_json([asdict(s) for s in store.list_sites()]) == before["sites"]
-        agents = store.list_agents()
+        assert _as_json([asdict(s) for s in await store.list_sites()]) == before["sites"]
+        agents = await store.list_agents()
         # Everything the old code stored about each agent, its Hello included.
         for old, new in zip(before["agents"], agents, strict=True):
             new_view = _as_json(asdict(new))
@@ -128,33 +139,35 @@ def test_a_database_written_before_versions_is_upgraded_and_keeps_its_rows(
             assert [(m.name, m.version) for m in new.hello.models] == [
                 (m["name"], m["version"]) for m in old["hello"]["models"]
             ]
-        edge = store.get_agent("edge-1")
+        edge = await store.get_agent("edge-1")
         assert edge is not None and edge.enrolled and edge.credential_sha256 == "ef" * 32
         assert edge.hello is not None and edge.hello.location is not None
         assert edge.hello.location.lat == 52.52
 
         # The upgraded database works: the token's second use, and live states.
-        assert store.enroll("tok-berlin", NOW, _enrolled("edge-2")) is True
-        assert store.enroll("tok-old", NOW, _enrolled("edge-3")) is False  # still revoked
-        store.save_last_states([AgentLastState("edge-1", Liveness.LIVE, NOW, LoadReport())], NOW)
-        assert [s.agent_id for s in store.list_last_states()] == ["edge-1"]
+        assert await store.enroll("tok-berlin", NOW, _enrolled("edge-2")) is True
+        assert await store.enroll("tok-old", NOW, _enrolled("edge-3")) is False  # still revoked
+        await store.save_last_states(
+            [AgentLastState("edge-1", Liveness.LIVE, NOW, LoadReport())], NOW
+        )
+        assert [s.agent_id for s in await store.list_last_states()] == ["edge-1"]
     finally:
-        store.close()
+        await store.close()
 
 
-def test_agents_from_before_versions_restore_as_down_not_unconfirmed(tmp_path: Path) -> None:
+async def test_agents_from_before_versions_restore_as_down_not_unconfirmed(tmp_path: Path) -> None:
     """Nothing says they were alive when the old coordinator stopped: as before."""
     db, _ = _written_by_old_code(tmp_path)
-    store = SQLiteFleetStore(db)
+    store = await _opened(db)
     try:
-        registry = LiveFleetRegistry(store, clock=lambda: NOW)
+        registry = await LiveFleetRegistry.open(store, clock=lambda: NOW)
         assert {r.agent_id: r.liveness for r in registry.agents()} == {
             "edge-1": Liveness.DOWN,
             "loose-1": Liveness.DOWN,
         }
         assert registry.get("loose-1").draining
     finally:
-        store.close()
+        await store.close()
 
 
 def _columns(db: Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -168,70 +181,56 @@ def _columns(db: Path) -> dict[str, list[tuple[Any, ...]]]:
         return {t: raw.execute(f"PRAGMA table_info({t})").fetchall() for t in tables}
 
 
-def test_migration_1_gives_the_schema_the_old_code_wrote(tmp_path: Path) -> None:
+async def test_migration_1_gives_the_schema_the_old_code_wrote(tmp_path: Path) -> None:
     old_db, _ = _written_by_old_code(tmp_path)
     fresh = tmp_path / "fresh.db"
     with sqlite3.connect(fresh, isolation_level=None) as raw:
-        sqlite_store.MIGRATIONS[0](raw)
+        migrations.MIGRATIONS[0](raw)
     assert _columns(fresh) == _columns(old_db)
 
 
-def test_a_fresh_and_an_upgraded_database_have_the_same_schema(tmp_path: Path) -> None:
+async def test_a_fresh_and_an_upgraded_database_have_the_same_schema(tmp_path: Path) -> None:
     old_db, _ = _written_by_old_code(tmp_path)
-    SQLiteFleetStore(old_db).close()
+    await _open_close(old_db)
     fresh = tmp_path / "fresh" / DB_FILE
-    SQLiteFleetStore(fresh).close()
+    await _open_close(fresh)
     assert _columns(fresh) == _columns(old_db)
 
 
-def test_opening_again_or_concurrently_migrates_once(tmp_path: Path) -> None:
+async def test_opening_again_or_concurrently_migrates_once(tmp_path: Path) -> None:
     db = tmp_path / DB_FILE
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
-
-    def open_close() -> None:
-        try:
-            barrier.wait()
-            SQLiteFleetStore(db).close()
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_close) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
-    store = SQLiteFleetStore(db)
+    # Four stores, each on a thread of its own, migrating one new file at once.
+    await asyncio.gather(*(_open_close(db) for _ in range(4)))
+    store = await _opened(db)
     try:
-        assert sqlite_store.schema_version(store._db) == SCHEMA_VERSION
+        assert await store.schema_version() == SCHEMA_VERSION
     finally:
-        store.close()
+        await store.close()
 
 
-def test_a_database_from_a_newer_coordinator_is_refused(tmp_path: Path) -> None:
+async def test_a_database_from_a_newer_coordinator_is_refused(tmp_path: Path) -> None:
     db = tmp_path / DB_FILE
-    SQLiteFleetStore(db).close()
+    await _open_close(db)
     with sqlite3.connect(db) as raw:
         raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, newer than"):
-        SQLiteFleetStore(db)
+        await _opened(db)
 
 
-def test_a_failing_migration_changes_nothing(
+async def test_a_failing_migration_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = tmp_path / DB_FILE
-    SQLiteFleetStore(db).close()
+    await _open_close(db)
 
     def broken(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE half_done (x INTEGER)")
         conn.execute("ALTER TABLE no_such_table ADD COLUMN y INTEGER")
 
-    monkeypatch.setattr(sqlite_store, "MIGRATIONS", [*sqlite_store.MIGRATIONS, broken])
-    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, broken])
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(StoreError, match="no such table"):
-        SQLiteFleetStore(db)
+        await _opened(db)
     with sqlite3.connect(db) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert "half_done" not in [
@@ -239,22 +238,22 @@ def test_a_failing_migration_changes_nothing(
         ]
 
 
-def test_migration_numbers_must_follow_on() -> None:
+async def test_migration_numbers_must_follow_on() -> None:
     with pytest.raises(RuntimeError, match="the next free number is"):
 
-        @sqlite_store._migration(SCHEMA_VERSION + 2)
+        @migrations._migration(SCHEMA_VERSION + 2)
         def skipped(conn: sqlite3.Connection) -> None:
             """Never registered."""
 
-    assert len(sqlite_store.MIGRATIONS) == SCHEMA_VERSION
+    assert len(migrations.MIGRATIONS) == SCHEMA_VERSION
 
 
 def _enrolled(agent_id: str) -> StoredAgent:
     return StoredAgent(agent_id=agent_id, enrolled_at=NOW, token_id="tok-berlin", site="berlin")
 
 
-def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Path) -> None:
-    store = SQLiteFleetStore.in_directory(tmp_path)
+async def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Path) -> None:
+    store = await _opened(tmp_path / DB_FILE)
     try:
         report = LoadReport(
             waiting_sequences=3,
@@ -267,8 +266,8 @@ def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Pat
             AgentLastState("a", Liveness.LIVE, NOW, report),
             AgentLastState("b", Liveness.DOWN, NOW - timedelta(minutes=3), None),
         ]
-        store.save_last_states(states, NOW + timedelta(seconds=1))
-        saved = store.list_last_states()
+        await store.save_last_states(states, NOW + timedelta(seconds=1))
+        saved = await store.list_last_states()
         # per-key usage is per interval (the key's totals keep it), not saved state
         assert [(s.agent_id, s.liveness, s.last_seen, s.report) for s in saved] == [
             ("a", Liveness.LIVE, NOW, report._replace(key_usage=())),
@@ -276,20 +275,21 @@ def test_last_states_round_trip_and_tolerate_renamed_report_fields(tmp_path: Pat
         ]
         assert {s.saved_at for s in saved} == {NOW + timedelta(seconds=1)}
         # A row written by another version: one field renamed, a liveness unknown here.
-        store._db.execute(
-            "UPDATE agent_last_state SET report_fields = "
-            "'queue_depth,waiting_sequences,renamed_field', report_json = '[null, 5, 7]', "
-            "liveness = 'from-the-future' WHERE agent_id = 'a'"
-        )
-        (a, _) = store.list_last_states()
+        with sqlite3.connect(store.path) as raw:
+            raw.execute(
+                "UPDATE agent_last_state SET report_fields = "
+                "'queue_depth,waiting_sequences,renamed_field', report_json = '[null, 5, 7]', "
+                "liveness = 'from-the-future' WHERE agent_id = 'a'"
+            )
+        (a, _) = await store.list_last_states()
         assert a.report is not None and a.report.waiting_sequences == 5
         assert a.liveness is Liveness.DOWN
     finally:
-        store.close()
+        await store.close()
 
 
-def test_the_coordinator_refuses_a_newer_database_with_one_clear_line(tmp_path: Path) -> None:
-    SQLiteFleetStore.in_directory(tmp_path).close()
+async def test_the_coordinator_refuses_a_newer_database_with_one_clear_line(tmp_path: Path) -> None:
+    await _open_close(tmp_path / DB_FILE)
     with sqlite3.connect(tmp_path / DB_FILE) as raw:
         raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
     done = subprocess.run(

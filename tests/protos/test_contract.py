@@ -326,11 +326,15 @@ class _EnginesWithKnownLoad:
         return self._load
 
 
-def test_load_from_the_agents_sampler_to_the_coordinators_route_score(tmp_path: Path) -> None:
+async def test_load_from_the_agents_sampler_to_the_coordinators_route_score(
+    tmp_path: Path,
+) -> None:
     # Agent side: an engine with 4 running and 40 waiting sequences.
     busy = EngineLoad(running=4, waiting=40, kv_used_tokens=900, kv_used_fraction=0.3)
     idle = EngineLoad(running=1, waiting=0, kv_used_tokens=10, kv_used_fraction=0.01)
-    registry = LiveFleetRegistry(SQLiteFleetStore(tmp_path / "fleet.db"))
+    store = SQLiteFleetStore(tmp_path / "fleet.db")
+    await store.open()
+    registry = await LiveFleetRegistry.open(store)
     for agent_id, load in (("busy", busy), ("idle", idle)):
         sampler = LoadSampler(_EnginesWithKnownLoad(load), AgentMetrics(), AgentState())  # type: ignore[arg-type]
         wire = contract_pb.load_report_to_pb(sampler()).SerializeToString()
@@ -356,3 +360,5 @@ def test_load_from_the_agents_sampler_to_the_coordinators_route_score(tmp_path: 
     assert (by_id["busy"].score_parts["queue"], by_id["idle"].score_parts["queue"]) == (0.0, 1.0)
     assert by_id["busy"].score_parts["kv"] == pytest.approx(0.7)
     assert [a.agent_id for a in decision.agents] == ["idle", "busy"]
+    await registry.flush()
+    await store.close()

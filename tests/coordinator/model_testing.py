@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from coordinator_testing import hello
-
 from edgefleet import contract_pb
 from edgefleet.contract import (
     LoadReport,
@@ -22,6 +20,7 @@ from edgefleet.contract import (
     ModelStats,
 )
 from edgefleet.v1 import fleet_pb2 as pb
+from tests.coordinator.coordinator_testing import hello
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MANIFEST = REPO_ROOT / "models" / "artifacts" / "tiny-llama" / "manifest.json"

@@ -13,7 +13,6 @@ from typing import Any
 
 import grpc
 import pytest
-from coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN, MakeCoordinator
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -35,6 +34,7 @@ from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport
 from edgefleet.v1 import fleet_pb2 as pb
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN, MakeCoordinator
 
 pytestmark = pytest.mark.timeout(90)
 

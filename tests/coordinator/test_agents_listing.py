@@ -13,11 +13,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
 
 from coordinator.api import agents as agents_api
 from coordinator.api.app_keys import REGISTRY_KEY
 from edgefleet.contract import Hello, LoadedModel, Location
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
 
 pytestmark = pytest.mark.timeout(120)
 FLEET = 5000

@@ -12,7 +12,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
 
 from agent.auth.keys import KeyTable
 from agent.auth.startup import KeysApplier
@@ -26,6 +25,7 @@ from coordinator.store.interface import ApiKeyRecord
 from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.process import wait_until
 from edgefleet.contract import Hello, KeysSection, KeyUsage, LoadedModel, LoadReport
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from coordinator_testing import MakeCoordinator, hello
-from hello_flood import hello_flood, rss_bytes
 
 from coordinator.fleet.registry import LiveFleetRegistry
 from coordinator.identity.peer_rate_limit import PeerRateLimiter, peer_ip
@@ -22,6 +20,8 @@ from devtools.fleet import CoordinatorProcess
 from edgefleet.contract import Hello
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+from tests.coordinator.coordinator_testing import MakeCoordinator, hello
+from tests.coordinator.hello_flood import hello_flood, rss_bytes
 
 pytestmark = pytest.mark.timeout(120)
 

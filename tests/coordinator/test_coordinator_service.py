@@ -13,7 +13,6 @@ import grpc
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN
 
 from coordinator.api.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY, ROUTE_ROLES_KEY, TOKENS_KEY
 from coordinator.app import create_app
@@ -29,6 +28,7 @@ from edgefleet.contract import (
 )
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -4,7 +4,6 @@ and acknowledges its generation, the coordinator shows the acknowledgement."""
 from __future__ import annotations
 
 import pytest
-from coordinator_testing import MakeCoordinator
 
 from agent.control import CoordinatorSession
 from coordinator.api.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY
@@ -20,6 +19,7 @@ from edgefleet.contract import (
     OverflowTargetsSection,
     SectionGenerations,
 )
+from tests.coordinator.coordinator_testing import MakeCoordinator
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from coordinator_testing import MakeCoordinator, hello
 
 from coordinator.api.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
 from edgefleet.v1 import fleet_pb2 as pb
+from tests.coordinator.coordinator_testing import MakeCoordinator, hello
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -131,7 +131,8 @@ async def test_forged_agent_id_or_credentials_are_refused(
 
 async def _metrics(http_url: str) -> str:
     import aiohttp
-    from coordinator_testing import ADMIN_HEADERS
+
+    from tests.coordinator.coordinator_testing import ADMIN_HEADERS
 
     async with (
         aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,

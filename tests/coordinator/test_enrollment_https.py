@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx2
 import openai
-from coordinator_testing import MakeCoordinator
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -26,6 +25,7 @@ from agent.api.app import create_app
 from agent.config import load_config
 from agent.https import build_server_context, server_cert_files
 from edgefleet.tls import agent_server_name
+from tests.coordinator.coordinator_testing import MakeCoordinator
 
 TINY = "tiny-llama"
 

@@ -14,13 +14,13 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
 
 from agent.control import CoordinatorSession
 from coordinator.api.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport, Location
 from edgefleet.v1 import fleet_pb2 as pb
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
+
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
 
 pytestmark = pytest.mark.timeout(60)
 

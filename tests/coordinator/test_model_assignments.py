@@ -13,8 +13,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import ADMIN_HEADERS, MakeCoordinator
-from model_testing import RawAgent, inventory, make_artifact
 
 from coordinator.api.app_keys import (
     MODEL_ASSIGNMENTS_KEY,
@@ -32,6 +30,8 @@ from edgefleet.contract import (
 )
 from edgefleet.model_signing import verify_manifest
 from edgefleet.v1 import fleet_pb2 as pb
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator
+from tests.coordinator.model_testing import RawAgent, inventory, make_artifact
 
 pytestmark = pytest.mark.timeout(60)
 

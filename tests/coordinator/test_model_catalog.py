@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from model_testing import make_artifact
 
 from coordinator.app import create_app
 from coordinator.catalog.catalog import (
@@ -52,6 +51,7 @@ from edgefleet.model_signing import (
     sha256_hex,
     verify_manifest,
 )
+from tests.coordinator.model_testing import make_artifact
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,12 +17,12 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from model_testing import REPO_ROOT, RawAgent
 
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 from edgefleet.model_signing import decode_public_key, manifest_dir, verify_manifest
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+from tests.coordinator.model_testing import REPO_ROOT, RawAgent
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from coordinator_testing import MakeCoordinator
 
 from agent.control import CoordinatorSession
 from agent.overflow.service import OverflowService
@@ -25,6 +24,7 @@ from edgefleet.contract import (
     OverflowEndpoint,
     OverflowKind,
 )
+from tests.coordinator.coordinator_testing import MakeCoordinator
 
 pytestmark = pytest.mark.timeout(60)
 

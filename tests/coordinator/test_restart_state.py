@@ -17,18 +17,18 @@ from typing import Any
 
 import grpc
 import pytest
-from coordinator_testing import hello
 
 from coordinator.fleet.records import Liveness
 from coordinator.fleet.registry import LiveFleetRegistry
-from coordinator.store.last_state import AgentLastState
 from coordinator.routing.scorer import RouteQuery, RouteScorer
+from coordinator.store.last_state import AgentLastState
 from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+from tests.coordinator.coordinator_testing import hello
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from model_sync_standins import Selector, StandinAssignments, StandinCatalog
 
 from coordinator.fleet.registry import LiveFleetRegistry
 from coordinator.rollouts.engine import (
@@ -39,6 +38,7 @@ from edgefleet.contract import (
     ModelStats,
     SelfCheckResult,
 )
+from tests.coordinator.model_sync_standins import Selector, StandinAssignments, StandinCatalog
 
 BOUNDS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 MODEL, OLD, NEW = "smollm2", "1", "2"

@@ -20,7 +20,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from model_sync_standins import Selector, StandinAssignments, StandinCatalog
 
 from coordinator.access.admin_tokens import Role
 from coordinator.api.app_keys import ADMIN_TOKENS_KEY, AUDIT_KEY, REGISTRY_KEY, ROLLOUTS_KEY
@@ -36,6 +35,7 @@ from edgefleet.contract import (
     ModelStats,
     SelfCheckResult,
 )
+from tests.coordinator.model_sync_standins import Selector, StandinAssignments, StandinCatalog
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator, hello
 
 from coordinator.api.app_keys import REGISTRY_KEY
 from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
@@ -24,6 +23,7 @@ from coordinator.routing.scorer import (
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport, Location
 from edgefleet.v1 import fleet_pb2 as pb
+from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator, hello
 
 pytestmark = pytest.mark.timeout(30)
 

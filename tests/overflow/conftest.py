@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from overflow_fakes import FakeAnthropic, FakeOpenAI
-from overflow_testing import TINY, AgentFactory
 
 from agent.api.app import create_app
 from agent.auth.keys import KeyTable
 from agent.config import load_config
+from tests.overflow.overflow_fakes import FakeAnthropic, FakeOpenAI
+from tests.overflow.overflow_testing import TINY, AgentFactory
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp.test_utils import TestClient
-from overflow_fakes import FakeAnthropic, FakeOpenAI
 
 from agent.overflow.hook import OVERFLOW
 from agent.overflow.service import OverflowService
 from edgefleet.contract import OverflowTarget
+from tests.overflow.overflow_fakes import FakeAnthropic, FakeOpenAI
 
 BIG = "big-model"  # not loaded on the agents: every request for it is forwarded
 TINY = "tiny-llama"

@@ -12,8 +12,12 @@ from typing import Any
 import msgpack
 import pytest
 from aiohttp.test_utils import TestClient
-from overflow_fakes import FakeAnthropic, FakeOpenAI
-from overflow_testing import (
+
+from agent.api.app import REQUEST_LOG
+from agent.auth.keys import KeyTable, secret_digest
+from edgefleet.contract import ApiKey, OverflowApi, OverflowKind, OverflowTarget
+from tests.overflow.overflow_fakes import FakeAnthropic, FakeOpenAI
+from tests.overflow.overflow_testing import (
     BIG,
     TINY,
     AgentFactory,
@@ -23,10 +27,6 @@ from overflow_testing import (
     sse,
     url_of,
 )
-
-from agent.api.app import REQUEST_LOG
-from agent.auth.keys import KeyTable, secret_digest
-from edgefleet.contract import ApiKey, OverflowApi, OverflowKind, OverflowTarget
 
 POOL_KEY_ENV = "EDGEFLEET_TEST_POOL_KEY"
 ANT_KEY_ENV = "EDGEFLEET_TEST_ANTHROPIC_KEY"

@@ -16,12 +16,12 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from overflow_testing import TINY, AgentFactory, chat, set_targets, sse
 
 from benchmarks.llamacpp_build import describe
 from benchmarks.llamacpp_server import LlamaCppServer
 from edgefleet.contract import OverflowApi, OverflowEndpoint, OverflowKind, OverflowTarget
 from models.sources import SMOLLM2, locate
+from tests.overflow.overflow_testing import TINY, AgentFactory, chat, set_targets, sse
 
 # the first run on a machine builds llama.cpp: 5-8 min on 2 quiet cores, 24 min seen beside
 # other work

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import anthropic
 import openai
 import pytest
-from overflow_fakes import FakeAnthropic, FakeOpenAI
+
+from tests.overflow.overflow_fakes import FakeAnthropic, FakeOpenAI
 
 
 @pytest.fixture

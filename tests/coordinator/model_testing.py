@@ -20,10 +20,12 @@ from edgefleet.contract import (
     ModelStats,
 )
 from edgefleet.v1 import fleet_pb2 as pb
+from tests.conftest import ARTIFACTS
 from tests.coordinator.coordinator_testing import hello
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TINY_MANIFEST = REPO_ROOT / "models" / "artifacts" / "tiny-llama" / "manifest.json"
+# built by the tiny_artifacts fixture: a test that calls make_artifact uses it
+TINY_MANIFEST = ARTIFACTS / "tiny-llama" / "manifest.json"
 
 
 def make_artifact(

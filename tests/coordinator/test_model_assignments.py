@@ -33,7 +33,8 @@ from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator
 from tests.coordinator.model_testing import RawAgent, inventory, make_artifact
 
-pytestmark = pytest.mark.timeout(60)
+# make_artifact copies tiny-llama's build manifest: built (or found) first
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("tiny_artifacts")]
 
 
 async def test_rules_and_assignments_are_pushed_signed_with_peers(

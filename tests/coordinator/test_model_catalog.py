@@ -53,7 +53,8 @@ from edgefleet.model_signing import (
 )
 from tests.coordinator.model_testing import make_artifact
 
-pytestmark = pytest.mark.timeout(30)
+# make_artifact copies tiny-llama's build manifest: built (or found) first
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("tiny_artifacts")]
 
 
 @pytest.fixture

@@ -26,8 +26,6 @@ from tests.coordinator.model_testing import REPO_ROOT, RawAgent
 
 pytestmark = pytest.mark.timeout(120)
 
-TINY = REPO_ROOT / "models" / "artifacts" / "tiny-llama"
-
 
 def cli(coordinator: CoordinatorProcess, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "EDGEFLEET_ADMIN_TOKEN": coordinator.admin_token}
@@ -43,17 +41,20 @@ def cli_json(coordinator: CoordinatorProcess, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-async def test_publish_download_tamper_and_delete_over_the_cli(tmp_path: Path) -> None:
-    manifest = json.loads((TINY / "manifest.json").read_text())
+async def test_publish_download_tamper_and_delete_over_the_cli(
+    tmp_path: Path, tiny_artifacts: Path
+) -> None:
+    tiny = tiny_artifacts / "tiny-llama"
+    manifest = json.loads((tiny / "manifest.json").read_text())
     name, version = manifest["name"], manifest["version"]
     weights = next(f for f in manifest["files"] if f["path"] == "model.onnx")
     async with CoordinatorProcess(data_dir=tmp_path / "data", report_interval_ms=200) as c:
         # Publish the real artifact: every file uploaded once, verified, signed.
-        first = cli_json(c, "publish", str(TINY))
+        first = cli_json(c, "publish", str(tiny))
         assert first["created"] and first["ref"] == f"{name}@{version}"
         assert first["uploaded_bytes"] == sum(f["size"] for f in manifest["files"])
         # The same files as a second version: nothing to upload.
-        second = cli(c, "publish", str(TINY), "--version", "v2")
+        second = cli(c, "publish", str(tiny), "--version", "v2")
         assert second.returncode == 0, second.stderr
         assert "0.0 MB uploaded" in second.stdout and "uploading" not in second.stderr
         listing = cli(c, "list")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import annotated_types as at
@@ -372,5 +373,7 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
         node = nested
         for parent in parents:
             node = node.setdefault(parent, {})
-        node[name] = value
+        # A table-valued setting replaces a lower source's whole, as any value does (not a
+        # dict, so pydantic-settings does not merge the two).
+        node[name] = MappingProxyType(value) if isinstance(value, dict) else value
     return nested

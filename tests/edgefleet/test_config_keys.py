@@ -522,3 +522,10 @@ def test_a_key_set_twice_keeps_the_last_sources_value(tmp_path: Path) -> None:
     config = load_agent(path, environ=environ, overrides=overrides)
     assert (config.server.port, config.server.host) == (3, "file")
     assert (config.engine.max_running, config.engine.max_queue) == (3, 6)
+    # a table-valued setting is replaced whole, not merged with the file's
+    path.write_text("[redaction]\nmodels = { a = 'block' }\n")
+    for overrides in ({"redaction": {"models": {"b": "off"}}}, {"redaction.models": "b=off"}):
+        config = load_agent(path, environ={}, overrides=overrides)
+        assert config.redaction.models == {"b": RedactionMode.OFF}
+    config = load_agent(path, environ={"EDGEFLEET_AGENT_REDACTION__MODELS": "b=off"})
+    assert config.redaction.models == {"b": RedactionMode.OFF}

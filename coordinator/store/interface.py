@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from coordinator.errors import StoreError
 from coordinator.store.admin_tokens import AdminTokenRecord, AdminTokenTable
 from coordinator.store.agents import AgentTable, Site, StoredAgent
 from coordinator.store.api_keys import ApiKeyRecord, ApiKeyTable
@@ -42,9 +43,14 @@ __all__ = [
     "RequestRecord",
     "RuleRecord",
     "Site",
+    "StoreTimeoutError",
     "StoredAgent",
     "StoredRollout",
 ]
+
+
+class StoreTimeoutError(StoreError):
+    """A store call ran past its statement timeout and was stopped (nothing of it kept)."""
 
 
 class FleetStore(

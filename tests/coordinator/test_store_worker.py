@@ -21,9 +21,9 @@ import pytest
 
 from coordinator.api.app_keys import STORE_KEY
 from coordinator.errors import StoreError
+from coordinator.store.interface import StoreTimeoutError
 from coordinator.store.join_tokens import JoinToken
 from coordinator.store.sqlite import SQLiteFleetStore
-from coordinator.store.sqlite.worker import StoreTimeoutError
 from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
 

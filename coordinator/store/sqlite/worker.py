@@ -11,13 +11,13 @@ Statement timeout: SQLite has none of its own. Each call gets a deadline,
 ``statement_timeout_s`` (default :data:`STATEMENT_TIMEOUT_S`) from when it starts on the
 thread; a progress handler, run every :data:`PROGRESS_STEPS` virtual-machine
 instructions, interrupts the statement running past it (sqlite3 raises "interrupted"),
-the call's open transaction is rolled back and the caller gets :class:`StoreTimeoutError`
-saying which call and how long. Waiting for another connection's write lock (the admin
-CLI's, a backup's) is bounded by ``busy_timeout``, set to the same figure; it ends in
-"database is locked", a StoreError too. Python work inside ``fn`` between statements is
-not interrupted; the calls of this package do little of it. A few calls that may
-rightly run long (pruning millions of request records, a backup) take a longer deadline
-(``call_with_timeout``); opening (migrations) has none.
+the call's open transaction is rolled back and the caller gets ``StoreTimeoutError``
+(coordinator/store/interface.py) saying which call and how long. Waiting for another
+connection's write lock (the admin CLI's, a backup's) is bounded by ``busy_timeout``, set
+to the same figure; it ends in "database is locked", a StoreError too. Python work inside
+``fn`` between statements is not interrupted; the calls of this package do little of it.
+A few calls that may rightly run long (pruning millions of request records, a backup)
+take a longer deadline (``call_with_timeout``); opening (migrations) has none.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from coordinator.errors import StoreError
+from coordinator.store.interface import StoreTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +49,6 @@ PROGRESS_STEPS = 10_000
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class StoreTimeoutError(StoreError):
-    """A store call ran past its statement timeout and was interrupted (rolled back)."""
 
 
 @dataclass(slots=True)

@@ -95,7 +95,11 @@ def create_app(
     (tests pass stand-ins); by default this app's catalog and assignment layer.
     """
     data = config.data_path
-    fleet_store: FleetStore = SQLiteFleetStore.in_directory(data) if store is None else store
+    fleet_store: FleetStore = (
+        SQLiteFleetStore.in_directory(data, statement_timeout_s=config.store_statement_timeout_s)
+        if store is None
+        else store
+    )
     ca = CertificateAuthority.load_or_create(data / "ca")
     live_registry = LiveFleetRegistry(
         fleet_store,

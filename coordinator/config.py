@@ -107,6 +107,10 @@ class CoordinatorConfig(ProcessSettings):
     # --- persistence
     data_dir: str = Field(default="~/.local/share/edgefleet/coordinator", min_length=1)
     """Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded."""
+    store_statement_timeout_s: float = Field(default=5.0, gt=0, le=3600)
+    """How long one store call's statements may run before they are stopped (a StoreError,
+    nothing of the call kept), and how long a call waits for another connection's write
+    lock."""
 
     # --- enrollment and TLS
     tls: Switch = "auto"

@@ -41,7 +41,8 @@ from coordinator.store.interface import StoreTimeoutError
 logger = logging.getLogger(__name__)
 
 #: How long one store call's statements may run (seconds) before they are interrupted,
-#: and how long a call waits for another connection's write lock.
+#: and how long a call waits for another connection's write lock (the coordinator's
+#: ``store_statement_timeout_s``; offline commands use this default).
 STATEMENT_TIMEOUT_S = 5.0
 #: SQLite virtual-machine instructions between two checks of the deadline (a check is a
 #: Python call: about a microsecond every few tens of microseconds of SQL).

@@ -68,7 +68,10 @@ async def remove_agent(request: web.Request) -> web.Response:
 
 async def _set_draining(request: web.Request, draining: bool) -> web.Response:
     agent_id = request.match_info["agent_id"]
-    record = request.config_dict[REGISTRY_KEY].set_draining(agent_id, draining)
+    registry = request.config_dict[REGISTRY_KEY]
+    record = registry.set_draining(agent_id, draining)
+    # Answered once the flag is in the store, so a confirmed drain survives a crash.
+    await registry.flush()
     kind = "drain" if draining else "resume"
     sent = request.config_dict[GRPC_SERVER_KEY].servicer.send_command(
         agent_id, kind, f"{kind} requested by an operator"

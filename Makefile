@@ -4,11 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv models system-deps demo test lint bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
+.PHONY: venv models system-deps demo test test-fast lint bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
 
 help:
 	@echo "make demo   - set up, build the models (cached), start coordinator + 2 agents"
 	@echo "make test   - set up, build the models (cached), run the whole test suite"
+	@echo "make test-fast - the unit tests only: no real models, images, llama.cpp or slow tests"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - single-stream decode benchmark of the shipped model (JSON out)"
 	@echo "make image-cpu | image-coordinator | image-cuda | bundle - edge images (buildah) and the offline bundle"
@@ -40,6 +41,13 @@ system-deps:
 PYTEST_WORKERS ?= 2
 test: system-deps models
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+
+# the first loop: every unit test, deselecting by marker (tests/conftest.py sets them from a
+# test's folder and fixtures) what needs the real models, edge images, llama.cpp or minutes;
+# needs neither `make models` (the tiny model builds in seconds) nor `make system-deps`
+FAST_MARKERS := not e2e and not images and not llamacpp and not real_models and not slow
+test-fast: venv
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=10 -m "$(FAST_MARKERS)"
 
 lint: venv
 	$(BIN)/ruff check .

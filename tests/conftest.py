@@ -43,6 +43,37 @@ def real_artifacts() -> Path:
     return _ensure_built(REAL_MODELS)
 
 
+# What a test needs, as markers (declared in pyproject.toml), so that a run can leave it out
+# by name (`make test-fast` deselects all five; `make test` runs everything): by the folder a
+# test lives in, and by the fixtures it uses (directly or through other fixtures). A test
+# slow for itself (several seconds on a quiet machine: the durations `make test` prints)
+# says so by hand.
+FOLDER_MARKERS = {
+    "e2e": "e2e",  # real processes, most with the real quantized models
+    "edge_images": "images",  # buildah/podman images (the folder's fixtures need the tools)
+}
+FIXTURE_MARKERS = {
+    "real_artifacts": "real_models",  # the real quantized models: minutes to build
+    "llamacpp_server": "llamacpp",  # llama.cpp, built once per machine: minutes
+    "agent_image": "images",
+    "empty_agent_image": "images",
+    "coordinator_image": "images",
+    "tiny_out": "slow",  # a fresh tiny-llama conversion (tests/models): about 12 s
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
+    for item in items:
+        path = item.path.resolve()
+        folder = path.relative_to(here).parts[0] if path.is_relative_to(here) else ""
+        names = {FOLDER_MARKERS[folder]} if folder in FOLDER_MARKERS else set()
+        fixtures = getattr(item, "fixturenames", ())
+        names |= {marker for fixture, marker in FIXTURE_MARKERS.items() if fixture in fixtures}
+        for name in sorted(names):
+            item.add_marker(name)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A skipped test is a failing feature: fail the run when anything was skipped."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

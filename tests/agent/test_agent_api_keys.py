@@ -289,6 +289,7 @@ def test_refuses_to_serve_beyond_loopback_without_auth(host: str) -> None:
     check_auth_configured(insecure)  # the explicit switch lets it start
 
 
+@pytest.mark.slow
 def test_agent_process_on_0000_without_auth_exits(tmp_path: Path) -> None:
     """A real agent process bound to 0.0.0.0 with no keys refuses at once, saying why."""
     args = [sys.executable, "-m", "agent", "--host", "0.0.0.0", "--port", "0"]

@@ -269,6 +269,7 @@ def test_prefix_cache_keeps_within_its_budget_and_shares_blocks() -> None:
     assert cache.lookup(np.concatenate([[5], a[1:40]]))[0] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 21, 31])
 async def test_random_arrivals_cancellations_and_shared_prefixes_keep_every_output(
     tiny_artifacts: Path, seed: int

@@ -157,6 +157,7 @@ async def test_agent_appears_with_its_site_models_and_load() -> None:
             await session.stop()
 
 
+@pytest.mark.slow
 async def test_stopping_the_session_marks_the_agent_disconnected() -> None:
     async with CoordinatorProcess(report_interval_ms=200) as coordinator:
         session = fast_session(coordinator.grpc_target)
@@ -178,6 +179,7 @@ async def test_stopping_the_session_marks_the_agent_disconnected() -> None:
         assert "edgefleet_coordinator_connected_agents 0.0" in metrics
 
 
+@pytest.mark.slow
 async def test_the_agent_is_back_within_one_report_interval_of_the_coordinators_return() -> None:
     # The default backoff (initial 0.5 s) against a coordinator away for 6 s: uncapped
     # exponential backoff had grown to waits of 4-8 s by then.

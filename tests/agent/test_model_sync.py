@@ -386,6 +386,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 async def test_sigkill_mid_download_resumes_without_refetching(
     tiny_artifacts: Path,
     signer: ManifestSigner,
@@ -446,6 +447,7 @@ async def test_agents_at_one_site_fetch_one_copy_from_the_coordinator(
     assert sorted(from_peers) == [0, v1.total_bytes, v1.total_bytes]
 
 
+@pytest.mark.slow
 async def test_a_version_swapped_back_in_is_not_self_checked_again(
     tiny_artifacts: Path,
     signer: ManifestSigner,

@@ -66,6 +66,7 @@ class SessionServicer(pb_grpc.CoordinatorServicer):
                 self.reports.append(contract_pb.load_report_from_pb(message.load_report))
 
 
+@pytest.mark.slow
 async def test_agent_pins_the_welcome_key_syncs_acks_reports_and_cold_starts(
     tiny_artifacts: Path, tmp_path: Path
 ) -> None:

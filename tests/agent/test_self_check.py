@@ -35,6 +35,7 @@ def test_shipped_int4_passes_and_int8_variant_fails(real_artifacts: Path) -> Non
     print(f"self-check int4: {good.seconds:.1f} s, int8: {bad.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_tiny_model_checks_its_text_in_windows_of_its_context(tiny_artifacts: Path) -> None:
     """The gate's text is longer than the tiny model's 512-token context (its rotary cache
     ends there): the check scores it in windows, every token once, and passes."""

@@ -286,6 +286,7 @@ def test_a_short_bootstrap_token_is_refused() -> None:
             CoordinatorConfig(admin_token=short)
 
 
+@pytest.mark.slow
 def test_the_admin_token_flag_is_refused() -> None:
     for args in (["--admin-token", ADMIN_TOKEN], ["--set", f"admin_token={ADMIN_TOKEN}"]):
         done = subprocess.run(
@@ -310,6 +311,7 @@ def test_admin_token_file(tmp_path: Path) -> None:
         CoordinatorConfig(admin_token_file=str(path)).bootstrap_admin_token()
 
 
+@pytest.mark.slow
 async def test_a_running_coordinator_keeps_its_token_out_of_its_command_line(
     tmp_path: Path,
 ) -> None:

@@ -167,6 +167,7 @@ async def test_certificates_are_renewed_over_the_session(
     await agent.stop()
 
 
+@pytest.mark.slow
 async def test_an_agent_offline_past_its_certificates_expiry_comes_back_without_an_operator(
     tmp_path: Path,
 ) -> None:
@@ -266,6 +267,7 @@ def test_plaintext_beyond_loopback_needs_require_enrollment_off(tmp_path: Path) 
     assert CoordinatorConfig(grpc_host="0.0.0.0").enrollment_required
 
 
+@pytest.mark.slow
 async def test_backup_while_running_then_restore_onto_a_fresh_data_dir(tmp_path: Path) -> None:
     """TLS on: the restored CA must be the one the agent trusts, and its record known."""
     data = tmp_path / "coordinator"
@@ -415,6 +417,7 @@ async def test_revoking_a_token_with_agents_revokes_them_and_remove_deletes_the_
         await a.stop()
 
 
+@pytest.mark.slow
 async def test_the_cli_sets_revokes_and_removes_agents(
     make_coordinator: MakeCoordinator, tmp_path: Path
 ) -> None:

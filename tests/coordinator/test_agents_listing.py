@@ -71,6 +71,7 @@ async def test_healthz_answers_while_a_page_is_being_serialized(
     assert outcome == {"healthz_answered_meanwhile": True}
 
 
+@pytest.mark.slow
 async def test_agents_are_paginated_and_healthz_keeps_answering(
     make_coordinator: MakeCoordinator,
 ) -> None:

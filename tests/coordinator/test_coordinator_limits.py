@@ -135,6 +135,7 @@ async def test_enroll_is_rate_limited_per_peer(make_coordinator: MakeCoordinator
     await _session(coordinator.stub, hello("edge-honest"))  # sessions still served
 
 
+@pytest.mark.slow
 async def test_hello_flood_keeps_the_database_and_memory_bounded(tmp_path: Path) -> None:
     limits = ["--set=max_agents=100", "--set=grpc_max_concurrent_rpcs=1000"]
     async with CoordinatorProcess(data_dir=tmp_path, extra_args=limits) as coordinator:

@@ -46,6 +46,7 @@ def honest_session(target: str, agent_id: str, **kwargs: Any) -> CoordinatorSess
     )
 
 
+@pytest.mark.slow
 async def test_an_impostor_hello_for_a_live_agent_is_refused_and_routes_stay_honest(
     make_coordinator: MakeCoordinator,
 ) -> None:

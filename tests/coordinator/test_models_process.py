@@ -41,6 +41,7 @@ def cli_json(coordinator: CoordinatorProcess, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 async def test_publish_download_tamper_and_delete_over_the_cli(
     tmp_path: Path, tiny_artifacts: Path
 ) -> None:

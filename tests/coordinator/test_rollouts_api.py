@@ -208,6 +208,7 @@ async def _cli(running: Running, *args: str, role: str = "operator") -> tuple[in
     return process.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.slow
 async def test_cli(running: Running) -> None:
     code, out, err = await _cli(
         running, "start", "m@2", "--canary", "2", "--waves", "100", "--soak", "5m",

@@ -22,7 +22,10 @@ its CPU use (cores) with reports only, then with lookups too. Route latency twic
   so a starved client shows up as lag and not as coordinator latency.
 
 Garbage-collector pauses of the coordinator during the lookup window come from its
-``edgefleet_coordinator_gc_pause_seconds`` histogram. Every fake agent reads what the
+``edgefleet_coordinator_gc_pause_seconds`` histogram; the event loop's longest stall in
+each window from ``edgefleet_coordinator_event_loop_lag_seconds`` (how late a probe timer
+due every 10 ms ran: the upper bound of the highest bucket reached, and how many wake-ups
+were more than 20 ms late), measured inside the coordinator. Every fake agent reads what the
 coordinator pushes and acknowledges the section generations in its reports, as a real
 one does. Session setup time: from opening the Session to its Welcome, per agent, while
 all of them ramp up together. Writes benchmarks/results/coordinator_scale.json.
@@ -528,6 +531,19 @@ def _histogram_delta(
     return sorted(buckets), after.get(count_key, 0.0) - before.get(count_key, 0.0)
 
 
+def _longest_stall_ms(
+    before: dict[str, float], after: dict[str, float], name: str
+) -> tuple[float, int]:
+    """(upper bound in ms of the highest lag bucket reached between two scrapes, wake-ups
+    more than 20 ms late then); (0, 0) when the coordinator exports no such histogram."""
+    buckets, total = _histogram_delta(before, after, name)
+    if not total:
+        return 0.0, 0
+    bound = _server_quantile(buckets, total, 1.0)[0]
+    over = total - dict(buckets).get(0.02, total)
+    return bound * 1000, int(over)
+
+
 def _server_quantile(
     buckets: list[tuple[float, float]], total: float, q: float
 ) -> tuple[float, float]:
@@ -731,12 +747,13 @@ async def main(args: argparse.Namespace) -> int:
 
         process = psutil.Process(coordinator.pid)
         key = "edgefleet_coordinator_load_reports_total"
-        reports0 = await _metric(coordinator.http_url, key, coordinator.admin_headers)
+        prefix = "edgefleet_coordinator_"
+        reports0 = await _metric(coordinator.http_url, prefix, coordinator.admin_headers)
         pushed0 = sum(v.value for v in pushed)
         since = (process.cpu_times(), time.monotonic())
         await asyncio.sleep(args.duration)
         cores_reports = _cores(process, since)
-        reports1 = await _metric(coordinator.http_url, key, coordinator.admin_headers)
+        reports1 = await _metric(coordinator.http_url, prefix, coordinator.admin_headers)
         reports_per_s = (reports1.get(key, 0) - reports0.get(key, 0)) / args.duration
         keys_pushed_per_s = (sum(v.value for v in pushed) - pushed0) / args.duration
         print(
@@ -770,6 +787,9 @@ async def main(args: argparse.Namespace) -> int:
               - h0.get(f'{gc_name}_sum{{generation="2"}}', 0.0)) * 1000  # fmt: skip
     gc2_max = _server_quantile(gc2, gc2_count, 1.0)[0] * 1000 if gc2_count else 0.0
     expected_reports = args.agents / interval_s
+    lag = "edgefleet_coordinator_event_loop_lag_seconds"
+    stall_reports = _longest_stall_ms(reports0, reports1, lag)
+    stall_lookups = _longest_stall_ms(h0, h1, lag)
     print(
         f"route lookups: {lookups_per_s:.0f}/s; coordinator p50 {server_p50[1] * 1000:.3f} ms "
         f"p99 {server_p99[1] * 1000:.3f} ms (bucket <= {server_p99[0] * 1000:g} ms), "
@@ -779,6 +799,11 @@ async def main(args: argparse.Namespace) -> int:
         f"reports/s {reports_during:.0f}; full GCs {gc2_count:.0f} ({gc2_ms:.1f} ms in all); "
         f"coordinator waited for a CPU {h0['run_queue_wait_s'] * 1000:.0f} ms/s; "
         f"load average {h0['load_average_1m']:.2f}"
+    )
+    print(
+        f"event loop's longest stall: <= {stall_reports[0]:g} ms with reports only "
+        f"({stall_reports[1]} wake-ups over 20 ms late), <= {stall_lookups[0]:g} ms with "
+        f"lookups ({stall_lookups[1]} over 20 ms)"
     )
     figures: dict[str, Any] = {
         "mode": "secure" if args.secure else "plain",
@@ -799,6 +824,9 @@ async def main(args: argparse.Namespace) -> int:
         "reports_per_s_stored": round(reports_per_s, 1),
         "reports_per_s_stored_during_lookups": round(reports_during, 1),
         "reports_ratio_stored_to_expected": round(reports_per_s / expected_reports, 3),
+        "reports_ratio_stored_to_expected_during_lookups": round(
+            reports_during / expected_reports, 3
+        ),
         "coordinator_cores_reports_only": round(cores_reports, 3),
         "coordinator_cores_reports_and_lookups": round(cores_both, 3),
         "coordinator_cores_per_1000_reports_s": round(cores_reports / reports_per_s * 1000, 3)
@@ -828,6 +856,10 @@ async def main(args: argparse.Namespace) -> int:
         "coordinator_full_gc_count": int(gc2_count),
         "coordinator_full_gc_total_ms": round(gc2_ms, 1),
         "coordinator_full_gc_max_ms_bucket_bound": gc2_max,
+        "event_loop_longest_stall_ms_bucket_bound_reports_only": stall_reports[0],
+        "event_loop_stalls_over_20ms_reports_only": stall_reports[1],
+        "event_loop_longest_stall_ms_bucket_bound_with_lookups": stall_lookups[0],
+        "event_loop_stalls_over_20ms_with_lookups": stall_lookups[1],
         "machine_note": (
             "coordinator alone on one CPU; simulators (niced) and lookup client on the other"
             if pin
@@ -843,6 +875,14 @@ async def main(args: argparse.Namespace) -> int:
         "reports_ratio_stored_to_expected": target(
             figures["reports_ratio_stored_to_expected"], ">= 0.95",
             figures["reports_ratio_stored_to_expected"] >= 0.95,
+        ),
+        "reports_ratio_stored_to_expected_during_lookups": target(
+            figures["reports_ratio_stored_to_expected_during_lookups"], ">= 0.95",
+            figures["reports_ratio_stored_to_expected_during_lookups"] >= 0.95,
+        ),
+        "session_attempts_failed_during_ramp": target(
+            setup_figures["session_attempts_failed_during_ramp"], "== 0",
+            setup_figures["session_attempts_failed_during_ramp"] == 0,
         ),
         "coordinator_cores_reports_and_lookups": target(
             figures["coordinator_cores_reports_and_lookups"], "<= 1.0", cores_both <= 1.0

@@ -20,6 +20,7 @@ from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import ConfigError, ServerStartError
 from coordinator.gc_pauses import GcPauseRecorder, HeapSettler, settle_heap
 from coordinator.identity.ca import CertificateAuthority
+from coordinator.loop_lag import LoopLagProbe
 from edgefleet.http_limits import LimitedAppRunner
 from edgefleet.tls import (
     CertFiles,
@@ -87,6 +88,8 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
             grpc_server.enroll_address,
             "on" if grpc_server.tls else "off",
         )
+        lag_probe = LoopLagProbe(app[METRICS_KEY].event_loop_lag_seconds)
+        lag_probe.start()
         tasks = [asyncio.create_task(_settle_heap(app), name="heap-settler")]
         if reloader is not None:
             interval = 5.0
@@ -94,6 +97,7 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
         try:
             await stop.wait()
         finally:
+            lag_probe.stop()
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)

@@ -25,6 +25,12 @@ ROUTE_BUCKETS = (
 )  # fmt: skip
 MAX_TARGET_LABELS = 100
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Event-loop lag (coordinator.loop_lag): from an idle loop's millisecond to a stuck one,
+# fine enough between 10 ms and 1 s that the longest stall of a window is read closely.
+LOOP_LAG_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.0, 5.0, 10.0,
+)  # fmt: skip
 
 
 def display_status(record: AgentRecord) -> str:
@@ -128,6 +134,13 @@ class CoordinatorMetrics:
             "Garbage-collector pauses of the coordinator process, by generation.",
             ["generation"],
             buckets=GC_BUCKETS,
+            registry=self.registry,
+        )
+        self.event_loop_lag_seconds = Histogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 10 ms: how long agent sessions "
+            "and route lookups waited behind whatever held the loop.",
+            buckets=LOOP_LAG_BUCKETS,
             registry=self.registry,
         )
         self.enrollments = Counter(

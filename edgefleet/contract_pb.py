@@ -250,6 +250,10 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
 
 
 def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
+    # A coordinator converts thousands of reports a second, their lists mostly empty:
+    # an empty one costs no generator.
+    key_usage, inventory, model_stats = message.key_usage, message.inventory, message.model_stats
+    redactions, overflow_usage = message.redactions, message.overflow_usage
     return LoadReport(
         running_sequences=message.running_sequences,
         waiting_sequences=message.waiting_sequences,
@@ -262,11 +266,13 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         draining=message.draining,
         unhealthy_reason=message.unhealthy_reason,
         applied=section_generations_from_pb(message.applied),
-        key_usage=tuple(key_usage_from_pb(u) for u in message.key_usage),
-        inventory=tuple(model_inventory_from_pb(m) for m in message.inventory),
-        model_stats=tuple(model_stats_from_pb(m) for m in message.model_stats),
-        redactions=tuple(sorted(message.redactions.items())),
-        overflow_usage=tuple(overflow_usage_from_pb(u) for u in message.overflow_usage),
+        key_usage=tuple([key_usage_from_pb(u) for u in key_usage]) if key_usage else (),
+        inventory=tuple([model_inventory_from_pb(m) for m in inventory]) if inventory else (),
+        model_stats=tuple([model_stats_from_pb(m) for m in model_stats]) if model_stats else (),
+        redactions=tuple(sorted(redactions.items())) if redactions else (),
+        overflow_usage=(
+            tuple([overflow_usage_from_pb(u) for u in overflow_usage]) if overflow_usage else ()
+        ),
     )
 
 

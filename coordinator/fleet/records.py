@@ -81,6 +81,26 @@ class AgentRecord:
         loaded, or (an agent that reports no inventory) those its Hello lists."""
         return served_models(self.hello, self.last_report)
 
+    def reported(self, report: LoadReport, now: datetime) -> AgentRecord:
+        """This record once ``report`` arrived at ``now``: its last report, seen then, live.
+
+        ``dataclasses.replace(self, last_report=report, last_seen=now, liveness=LIVE)``
+        made directly, at half the cost (a coordinator makes thousands a second); the
+        fields in their declared order (a test compares it with ``replace``)."""
+        return AgentRecord(
+            self.hello,
+            self.status,
+            self.session_id,
+            self.connected_since,
+            now,
+            report,
+            self.bye_reason,
+            Liveness.LIVE,
+            self.draining,
+            self.enrolled,
+            self.desired,
+        )
+
     def serves(self, name: str, version: str | None = None) -> bool:
         """It serves ``name`` (at ``version``, when given)."""
         return any(

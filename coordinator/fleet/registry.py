@@ -270,9 +270,7 @@ class LiveFleetRegistry:
             before = served_models(record.hello, record.last_report)
             if served_models(record.hello, report) != before:  # re-index what it serves
                 self._index.put(routing_hello(record.hello, report))
-        self._agents[agent_id] = replace(
-            record, last_report=report, last_seen=self._clock(), liveness=Liveness.LIVE
-        )
+        self._agents[agent_id] = record.reported(report, self._clock())
 
     def record_bye(self, agent_id: str, session_id: str, reason: str) -> None:
         record = self._current(agent_id, session_id)

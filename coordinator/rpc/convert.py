@@ -124,8 +124,10 @@ MAX_HISTOGRAM_BUCKETS = 64
 
 def check_model_reports(message: pb.LoadReport) -> None:
     """Caps on a LoadReport's inventory and model stats; raises ProtocolError."""
-    for field_name, entries in (("inventory", message.inventory),
-                                ("model_stats", message.model_stats)):  # fmt: skip
+    inventory, model_stats = message.inventory, message.model_stats
+    if not inventory and not model_stats:
+        return  # most reports: nothing to check
+    for field_name, entries in (("inventory", inventory), ("model_stats", model_stats)):
         if len(entries) > MAX_INVENTORY:
             raise ProtocolError(
                 f"LoadReport.{field_name} has {len(entries)} entries; at most {MAX_INVENTORY}"
@@ -195,19 +197,21 @@ def load_report_from_pb(
     if len(message.unhealthy_reason) > 1000:
         raise ProtocolError("LoadReport.unhealthy_reason is longer than 1000 characters")
     check_model_reports(message)
-    if len(message.redactions) > 32 or any(
-        not _REDACTION_TYPE.fullmatch(name) for name in message.redactions
+    redactions = message.redactions
+    if redactions and (
+        len(redactions) > 32 or any(not _REDACTION_TYPE.fullmatch(name) for name in redactions)
     ):
         raise ProtocolError(
             "LoadReport.redactions holds more than 32 types or a type name that is not 1-32 "
             "upper-case letters, digits and underscores"
         )
-    if len(message.overflow_usage) > MAX_OVERFLOW_USAGE:
+    overflow_usage = message.overflow_usage
+    if len(overflow_usage) > MAX_OVERFLOW_USAGE:
         raise ProtocolError(
-            f"LoadReport.overflow_usage has {len(message.overflow_usage)} entries; at most "
+            f"LoadReport.overflow_usage has {len(overflow_usage)} entries; at most "
             f"{MAX_OVERFLOW_USAGE}"
         )
-    for index, usage in enumerate(message.overflow_usage):
+    for index, usage in enumerate(overflow_usage):
         where = f"LoadReport.overflow_usage[{index}]"
         _check_length(usage.target, MAX_MODEL_FIELD_CHARS, f"{where}.target")
         if usage.failed > usage.requests:
@@ -215,14 +219,21 @@ def load_report_from_pb(
         if not (math.isfinite(usage.cost) and usage.cost >= 0.0):
             raise ProtocolError(f"{where}.cost {usage.cost} is not a cost")
     report = contract_pb.load_report_from_pb(message)
-    clamped = report._replace(
+    if (
+        report.tokens_per_second <= limits.tokens_per_second
+        and report.running_sequences <= limits.sequences
+        and report.waiting_sequences <= limits.sequences
+        and report.kv_cache_used_tokens <= limits.kv_cache_tokens
+        and report.free_memory_bytes <= limits.memory_bytes
+    ):
+        return report  # nothing to clamp (every honest report)
+    return report._replace(
         tokens_per_second=min(report.tokens_per_second, limits.tokens_per_second),
         running_sequences=min(report.running_sequences, limits.sequences),
         waiting_sequences=min(report.waiting_sequences, limits.sequences),
         kv_cache_used_tokens=min(report.kv_cache_used_tokens, limits.kv_cache_tokens),
         free_memory_bytes=min(report.free_memory_bytes, limits.memory_bytes),
     )
-    return report if clamped == report else clamped
 
 
 def welcome_to_pb(

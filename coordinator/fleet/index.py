@@ -4,14 +4,20 @@ The index holds agent ids and places only; it changes when an agent's Hello does
 (models, site, location), never on load reports. Places are bucketed in 1-degree
 cells, per model, so a lookup never intersects sets; the nearest agents are found by
 scanning rings of cells outwards and ranking what was found by a cheap planar
-(equirectangular) distance on coordinates stored as plain floats.
+(equirectangular) distance on coordinates stored next to the ids in their cell, in
+arrays of doubles: a lookup reads a few hundred places from contiguous memory, not from
+as many objects strewn over a large heap (in a coordinator serving 5,000 agents the
+lookup took three times as long that way). The cells of a ring are computed once per
+(cell, radius) and kept (``_ring``: a bounded cache).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
+from array import array
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -26,6 +32,30 @@ def cell_of(location: Location) -> Cell:
     return math.floor(location.lat), math.floor(location.lon)
 
 
+class _Cell:
+    """The placed agents serving one model in one cell: their ids, and their latitudes
+    and longitudes at the same positions."""
+
+    __slots__ = ("ids", "lats", "lons")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.lats = array("d")
+        self.lons = array("d")
+
+    def add(self, agent_id: str, lat: float, lon: float) -> None:
+        self.ids.append(agent_id)
+        self.lats.append(lat)
+        self.lons.append(lon)
+
+    def discard(self, agent_id: str) -> None:
+        try:
+            at = self.ids.index(agent_id)
+        except ValueError:
+            return
+        del self.ids[at], self.lats[at], self.lons[at]
+
+
 class FleetIndex:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
@@ -33,8 +63,8 @@ class FleetIndex:
         self._by_model: dict[str, set[str]] = {}
         # site -> agent ids there
         self._by_site: dict[str, set[str]] = {}
-        # model -> cell -> agent ids serving the model in that cell
-        self._cells: dict[str, dict[Cell, set[str]]] = {}
+        # model -> cell -> the agents serving the model there, with their places
+        self._cells: dict[str, dict[Cell, _Cell]] = {}
         # model -> agent ids serving it without a location
         self._unplaced: dict[str, set[str]] = {}
         # agent id -> (lat, lon) for placed agents
@@ -58,7 +88,11 @@ class FleetIndex:
             if where is None:
                 _add(self._unplaced, model, agent_id)
             else:
-                _add(self._cells.setdefault(model, {}), cell_of(where), agent_id)
+                cells = self._cells.setdefault(model, {})
+                here = cells.get(cell := cell_of(where))
+                if here is None:
+                    here = cells[cell] = _Cell()
+                here.add(agent_id, where.lat, where.lon)
 
     def remove(self, agent_id: str) -> None:
         hello = self._hellos.pop(agent_id, None)
@@ -73,7 +107,12 @@ class FleetIndex:
             else:
                 cells = self._cells.get(model)
                 if cells is not None:
-                    _discard(cells, cell_of(hello.location), agent_id)
+                    cell = cell_of(hello.location)
+                    here = cells.get(cell)
+                    if here is not None:
+                        here.discard(agent_id)
+                        if not here.ids:
+                            del cells[cell]
                     if not cells:
                         del self._cells[model]
 
@@ -122,11 +161,13 @@ class FleetIndex:
         distance. None when that means scanning more cells than there are agents.
         """
         cells = self._cells.get(model, {})
-        places = self._places
         lat, lon = location.lat, location.lon
         cos_lat = max(math.cos(math.radians(lat)), 1e-6)
         lat0, lon0 = cell_of(location)
-        ranked: list[tuple[float, str]] = []
+        # The agents found so far and their planar distances, side by side (floats in a
+        # list: no tuple per agent).
+        ids: list[str] = []
+        dists: list[float] = []
         looked = 0
         for ring in range(_MAX_RING + 1):
             ring_cells = _ring(lat0, lon0, ring)
@@ -134,14 +175,16 @@ class FleetIndex:
             if looked > 4 * serving:
                 return None
             for cell in ring_cells:
-                ids = cells.get(cell)
-                if not ids:
-                    continue
-                for agent_id in ids:
-                    p = places[agent_id]
-                    dlon = (p[1] - lon + 180.0) % 360.0 - 180.0
-                    ranked.append(((p[0] - lat) ** 2 + (dlon * cos_lat) ** 2, agent_id))
-            if len(ranked) < pool:
+                here = cells.get(cell)
+                if here is not None:
+                    ids += here.ids
+                    # _planar, inlined: a lookup measures hundreds of agents
+                    dists += [
+                        (dlat := la - lat) * dlat
+                        + (dlon := ((lo - lon + 180.0) % 360.0 - 180.0) * cos_lat) * dlon
+                        for la, lo in zip(here.lats, here.lons, strict=True)
+                    ]
+            if len(dists) < pool:
                 continue
             # Nearest point outside the scanned square of cells (planar units).
             outside = min(
@@ -150,11 +193,12 @@ class FleetIndex:
                 (lon - (lon0 - ring)) * cos_lat,
                 (lon0 + ring + 1 - lon) * cos_lat,
             )
-            best = heapq.nsmallest(pool, ranked)
-            if best[-1][0] <= outside * outside:
-                return [agent_id for _, agent_id in best]
-            ranked = best if ring * 2 + 1 < 360 else ranked
-        return [agent_id for _, agent_id in heapq.nsmallest(pool, ranked)]
+            best = _nearest_of(ids, dists, pool)
+            if dists[best[-1]] <= outside * outside:
+                return [ids[i] for i in best]
+            if ring * 2 + 1 < 360 and len(dists) > 4 * pool:  # only the best can be kept
+                ids, dists = [ids[i] for i in best], [dists[i] for i in best]
+        return [ids[i] for i in _nearest_of(ids, dists, pool)]
 
     def nearest(self, ids: Iterable[str], location: Location, count: int) -> list[str]:
         """The ``count`` placed ids nearest to ``location``, nearest first (planar distance)."""
@@ -162,23 +206,45 @@ class FleetIndex:
         cos_lat = math.cos(math.radians(lat))
         places = self._places
         ranked = [
-            (
-                (p[0] - lat) ** 2 + (((p[1] - lon + 180.0) % 360.0 - 180.0) * cos_lat) ** 2,
-                agent_id,
-            )
+            (_planar(p, lat, lon, cos_lat), agent_id)
             for agent_id in ids
             if (p := places.get(agent_id)) is not None
         ]
         return [agent_id for _, agent_id in heapq.nsmallest(count, ranked)]
 
 
+def _nearest_of(ids: list[str], dists: list[float], count: int) -> list[int]:
+    """The positions of the ``count`` smallest distances, smallest first; equal distances
+    by agent id (the order of (distance, id) pairs), so the answer is the same whatever
+    order the agents were found in. Sorted by C's sort, keyed by the list itself."""
+    order = sorted(range(len(dists)), key=dists.__getitem__)
+    if len(order) > count and dists[order[count - 1]] == dists[order[count]]:
+        # a tie across the cut: the tied ones in (distance, id) order
+        edge = dists[order[count - 1]]
+        inside = [i for i in order if dists[i] < edge]
+        tied = sorted((i for i in order if dists[i] == edge), key=ids.__getitem__)
+        return inside + tied[: count - len(inside)]
+    return order[:count]
+
+
+def _planar(place: tuple[float, float], lat: float, lon: float, cos_lat: float) -> float:
+    """Squared equirectangular distance (degrees of latitude) between ``place`` and
+    (lat, lon), longitudes wrapped across the antimeridian; ``cos_lat``: cos(lat)."""
+    dlat = place[0] - lat
+    dlon = ((place[1] - lon + 180.0) % 360.0 - 180.0) * cos_lat
+    return dlat * dlat + dlon * dlon
+
+
 def _model_names(hello: Hello) -> set[str]:
     return {m.name for m in hello.models}
 
 
-def _ring(lat0: int, lon0: int, radius: int) -> list[Cell]:
+@functools.lru_cache(maxsize=8192)
+def _ring(lat0: int, lon0: int, radius: int) -> tuple[Cell, ...]:
+    """The cells at Chebyshev distance ``radius`` from (lat0, lon0), clipped at the poles
+    and wrapped across the antimeridian (the same for every lookup: cached)."""
     if radius == 0:
-        return [(lat0, lon0)]
+        return ((lat0, lon0),)
     cells: list[Cell] = []
     for dlat in range(-radius, radius + 1):
         lat = lat0 + dlat
@@ -189,7 +255,7 @@ def _ring(lat0: int, lon0: int, radius: int) -> list[Cell]:
         else:
             lons = range(lon0 - radius, lon0 + radius + 1, 2 * radius)
         cells.extend((lat, _wrap_lon(lon)) for lon in lons)
-    return cells
+    return tuple(cells)
 
 
 def _wrap_lon(lon: int) -> int:

@@ -45,7 +45,6 @@ Default weights (config ``route_weight_*``) and why:
 
 from __future__ import annotations
 
-import heapq
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -142,7 +141,7 @@ class RouteDecision:
 
 
 def great_circle_km(a: Location, b: Location) -> float:
-    """Haversine distance between two points."""
+    """Haversine distance between two points (``RouteScorer._score`` inlines it)."""
     lat1, lat2 = math.radians(a.lat), math.radians(b.lat)
     dlat = lat2 - lat1
     dlon = math.radians(b.lon - a.lon)
@@ -150,26 +149,18 @@ def great_circle_km(a: Location, b: Location) -> float:
     return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
 
 
-@dataclass(slots=True)
-class _Candidate:
-    record: AgentRecord
-    # Running + waiting sequences.
-    load: int
-    kv: float
-    wait_ms: float
-    proximity: float = 0.0
-    distance_km: float | None = None
-    # The queue and wait terms of the score (each 0..1, higher is better).
-    queue: float = 0.0
-    wait: float = 0.0
-    score: float = 0.0
+# An agent that passed the filters, with what its score uses: its record, its load
+# (running + waiting sequences), KV-cache fraction and predicted wait (ms).
+_Candidate = tuple[AgentRecord, int, float, float]
 
 
 class RouteScorer:
     """Filters and scores agents for one query (pure: no I/O, no clock).
 
-    Every candidate is scored as plain floats; the answer's ``RankedAgent`` objects
-    (with their parts) are built only for the ``limit`` best.
+    Every candidate is scored as plain floats in tuples; the answer's ``RankedAgent``
+    objects (with their parts) are built only for the ``limit`` best. A lookup scores
+    dozens of candidates: the per-candidate code is kept to plain local arithmetic (no
+    objects made but a tuple, no calls but math's).
     """
 
     def __init__(self, policy: RoutePolicy | None = None) -> None:
@@ -179,23 +170,53 @@ class RouteScorer:
         policy = self.policy
         excluded: dict[str, int] = {}
         candidates: list[_Candidate] = []
+        add = candidates.append
+        why: str
+        model, version, exclude, max_wait_ms = (
+            query.model, query.version, query.exclude, query.max_wait_ms,
+        )  # fmt: skip
+        saturation_queue, saturation_kv = (
+            policy.saturation_queue_depth, policy.saturation_kv_fraction,
+        )  # fmt: skip
+        down = Liveness.DOWN
         for record in records:
-            why = self._exclusion(record, query)
-            if why is None:
-                report = record.last_report
-                waiting = 0 if report is None else report.waiting_sequences
-                load = 0 if report is None else report.running_sequences + waiting
-                kv = 0.0 if report is None else report.kv_cache_used_fraction
-                if waiting >= policy.saturation_queue_depth or kv >= policy.saturation_kv_fraction:
+            # excluded (the first reason that applies), saturated, or a candidate
+            report = record.last_report
+            hello = record.hello
+            if record.liveness is down:
+                why = "down"
+            elif report is not None and report.unhealthy_reason:
+                why = "unhealthy"
+            elif record.draining or (report is not None and report.draining):
+                why = "draining"
+            elif hello.agent_id in exclude:
+                why = "excluded_by_client"
+            elif not hello.http_url:
+                why = "no_http_url"
+            else:
+                # record.serves(model, version), without a call per candidate
+                for m in hello.models if report is None or not report.inventory else record.served:
+                    if m.name == model and (version is None or m.version == version):
+                        break
+                else:
+                    excluded["model_not_loaded"] = excluded.get("model_not_loaded", 0) + 1
+                    continue
+                if report is None:
+                    waiting, load, kv = 0, 0, 0.0
+                else:
+                    waiting = report.waiting_sequences
+                    load = report.running_sequences + waiting
+                    kv = report.kv_cache_used_fraction
+                if waiting >= saturation_queue or kv >= saturation_kv:
                     why = "saturated"
                 else:
-                    wait_ms = self._predicted_wait_ms(record, waiting)
-                    if query.max_wait_ms and wait_ms > query.max_wait_ms:
+                    wait_ms = self._predicted_wait_ms(record, waiting) if waiting else 0.0
+                    if max_wait_ms and wait_ms > max_wait_ms:
                         why = "over_max_wait"
                     else:
-                        candidates.append(_Candidate(record, load, kv, wait_ms))
-            if why is not None:
-                excluded[why] = excluded.get(why, 0) + 1
+                        add((record, load, kv, wait_ms))
+                        continue
+            excluded[why] = excluded.get(why, 0) + 1
 
         limit = query.limit or policy.limit
         ranked = self._score(candidates, query, limit)
@@ -210,21 +231,6 @@ class RouteScorer:
         if left_out:
             reason += f"; left out: {left_out}"
         return RouteDecision(agents=tuple(ranked), reason=reason, excluded=excluded)
-
-    def _exclusion(self, record: AgentRecord, query: RouteQuery) -> str | None:
-        if record.liveness is Liveness.DOWN:
-            return "down"
-        if record.unhealthy_reason:
-            return "unhealthy"
-        if record.draining or (record.last_report is not None and record.last_report.draining):
-            return "draining"
-        if record.agent_id in query.exclude:
-            return "excluded_by_client"
-        if not record.hello.http_url:
-            return "no_http_url"
-        if not record.serves(query.model, query.version):
-            return "model_not_loaded"
-        return None
 
     def _predicted_wait_ms(self, record: AgentRecord, waiting: int) -> float:
         if waiting == 0:
@@ -247,61 +253,94 @@ class RouteScorer:
         policy, weights = self.policy, self.policy.weights
         w_proximity, w_queue = weights.proximity / weights.total, weights.queue / weights.total
         w_kv, w_wait = weights.kv / weights.total, weights.wait / weights.total
-        lowest = min(c.load for c in candidates)
-        spread = max(c.load for c in candidates) - lowest
+        loads = [c[1] for c in candidates]
+        lowest = min(loads)
+        spread = max(loads) - lowest
         client, site, rtts = query.location, query.site, query.client_rtt_ms
-        unplaced: list[_Candidate] = []
+        rtt_scale_ms, distance_scale_km = policy.rtt_scale_ms, policy.distance_scale_km
+        radians, sin, cos, asin, sqrt = math.radians, math.sin, math.cos, math.asin, math.sqrt
+        demoted = _DEMOTED
+        # great_circle_km, with the client's terms computed once (the same arithmetic)
+        lat1 = cos1 = client_lon = 0.0
+        if client is not None:
+            lat1 = radians(client.lat)
+            cos1 = cos(lat1)
+            client_lon = client.lon
+        diameter_km = 2 * EARTH_RADIUS_KM
         distances: list[float] = []
-        for c in candidates:
-            hello = c.record.hello
-            if client is not None and hello.location is not None:
-                c.distance_km = great_circle_km(client, hello.location)
-                distances.append(c.distance_km)
+        # (record, kv, wait_ms, distance_km, proximity (None: place unknown), queue, wait)
+        rows: list[tuple[AgentRecord, float, float, float | None, float | None, float, float]] = []
+        # (-score, agent id, row): sorted, best first and ties by agent id
+        keyed: list[tuple[float, str, int]] = []
+        unplaced = False
+        for record, load, kv, wait_ms in candidates:
+            hello = record.hello
+            where = hello.location
+            distance_km: float | None = None
+            if client is not None and where is not None:
+                lat2 = radians(where.lat)
+                dlat = lat2 - lat1
+                dlon = radians(where.lon - client_lon)
+                h = sin(dlat / 2) ** 2 + cos1 * cos(lat2) * sin(dlon / 2) ** 2
+                distance_km = diameter_km * asin(min(1.0, sqrt(h)))
+                distances.append(distance_km)
             rtt = rtts.get(hello.agent_id) if rtts else None
+            proximity: float | None
             if rtt is not None:
-                c.proximity = 1.0 / (1.0 + max(rtt, 0.0) / policy.rtt_scale_ms)
+                proximity = 1.0 / (1.0 + max(rtt, 0.0) / rtt_scale_ms)
             elif site and hello.site == site:
-                c.proximity = SAME_SITE
-            elif c.distance_km is not None:
-                c.proximity = self._distance_proximity(c.distance_km)
+                proximity = SAME_SITE
+            elif distance_km is not None:
+                proximity = OTHER_SITE_MAX / (1.0 + distance_km / distance_scale_km)
             else:
-                unplaced.append(c)
-            c.queue = 1.0 if spread == 0 else (lowest + spread - c.load) / spread
-            c.wait = 1.0 / (1.0 + c.wait_ms / 1000.0)
+                proximity = None  # neutral, once every known distance is in
+                unplaced = True
+            queue = 1.0 if spread == 0 else (lowest + spread - load) / spread
+            wait = 1.0 / (1.0 + wait_ms / 1000.0)
+            if proximity is not None:
+                score = (
+                    w_proximity * proximity + w_queue * queue + w_kv * (1.0 - kv) + w_wait * wait
+                )
+                if record.liveness in demoted:
+                    score *= SUSPECT_FACTOR
+                keyed.append((-score, hello.agent_id, len(rows)))
+            rows.append((record, kv, wait_ms, distance_km, proximity, queue, wait))
         # An unknown place counts as the median known distance: neutral, not far.
-        neutral = (
-            self._distance_proximity(statistics.median(distances))
-            if distances
-            else UNKNOWN_PROXIMITY
-        )
-        for c in unplaced:
-            c.proximity = neutral
-        for c in candidates:
-            c.score = (
-                w_proximity * c.proximity
-                + w_queue * c.queue
-                + w_kv * (1.0 - c.kv)
-                + w_wait * c.wait
-            )
-            if c.record.liveness in _DEMOTED:
-                c.score *= SUSPECT_FACTOR
-        best = heapq.nsmallest(limit, candidates, key=lambda c: (-c.score, c.record.agent_id))
+        neutral = UNKNOWN_PROXIMITY
+        if unplaced:
+            if distances:
+                neutral = self._distance_proximity(statistics.median(distances))
+            for i, (record, kv, _, _, proximity, queue, wait) in enumerate(rows):
+                if proximity is None:
+                    score = (
+                        w_proximity * neutral + w_queue * queue + w_kv * (1.0 - kv) + w_wait * wait
+                    )
+                    if record.liveness in demoted:
+                        score *= SUSPECT_FACTOR
+                    keyed.append((-score, record.hello.agent_id, i))
+        keyed.sort()  # best first, ties by agent id (then by place in the list)
         ranked: list[RankedAgent] = []
-        for c in best:
-            hello = c.record.hello
-            parts = {"proximity": c.proximity, "queue": c.queue, "kv": 1.0 - c.kv, "wait": c.wait}
-            if c.record.liveness in _DEMOTED:
-                parts[f"{c.record.liveness.value}_factor"] = SUSPECT_FACTOR
+        for negative, _, i in keyed[:limit]:
+            record, kv, wait_ms, distance_km, proximity, queue, wait = rows[i]
+            hello = record.hello
+            parts = {
+                "proximity": neutral if proximity is None else proximity,
+                "queue": queue,
+                "kv": 1.0 - kv,
+                "wait": wait,
+            }
+            if record.liveness in demoted:
+                parts[f"{record.liveness.value}_factor"] = SUSPECT_FACTOR
             ranked.append(
                 RankedAgent(
                     agent_id=hello.agent_id,
                     http_url=hello.http_url,
                     site=hello.site,
-                    score=c.score,
+                    score=-negative,
                     score_parts=parts,
-                    liveness=c.record.liveness,
-                    distance_km=c.distance_km,
-                    predicted_wait_ms=c.wait_ms,
+                    liveness=record.liveness,
+                    distance_km=distance_km,
+                    predicted_wait_ms=wait_ms,
                 )
             )
         return ranked

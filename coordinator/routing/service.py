@@ -92,7 +92,7 @@ class Router:
         return decision
 
     def _route(self, query: RouteQuery, client_ip: str) -> RouteDecision:
-        if not query.site and client_ip:
+        if not query.site and client_ip and self._networks:
             query = replace(query, site=site_of(client_ip, self._networks))
         index = self._registry.index
         ids = index.candidates(

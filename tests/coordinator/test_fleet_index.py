@@ -154,3 +154,23 @@ def test_locations_across_the_antimeridian_are_near() -> None:
     index.put(hello("west", Location(10.0, -179.9)))
     got = index.candidates("m", site="", location=Location(10.0, 179.5), pool=2)
     assert got == {"east", "west"}
+
+
+def test_agents_at_one_place_are_cut_by_id_as_the_nearest_are() -> None:
+    """A site's agents often share one place: when the pool ends among them, the ones
+    taken are those with the smallest ids, whatever order they were indexed in (as
+    nearest() ranks (distance, id) pairs); and agents leaving a cell keep it consistent."""
+    rng = random.Random(5)
+    places = [Location(rng.uniform(36.0, 60.0), rng.uniform(-9.0, 30.0)) for _ in range(40)]
+    fleet = [hello(f"a{i:04d}", places[i % 40]) for i in range(1200)]
+    rng.shuffle(fleet)
+    index = FleetIndex()
+    for h in fleet:
+        index.put(h)
+    for h in fleet[::7]:  # gone: their cells must not offer them
+        index.remove(h.agent_id)
+    left = [h.agent_id for h in fleet if h not in fleet[::7]]
+    for i in range(60):
+        client = places[i % 40] if i % 2 else Location(rng.uniform(36.0, 60.0), 10.0)
+        got = index.candidates("m", site="", location=client, pool=45)
+        assert got == set(index.nearest(left, client, 45))

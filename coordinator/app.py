@@ -306,7 +306,7 @@ async def _overflow_distribution(app: web.Application) -> AsyncIterator[None]:
     period_s = app[CONFIG_KEY].report_interval_ms / 1000.0
 
     async def tick() -> None:
-        distributor.tick()
+        await distributor.tick()
 
     async with periodic_task("overflow targets", period_s, tick):
         yield

@@ -1,0 +1,124 @@
+"""The overflow distributor's tick over a large fleet: pushes only what changed, makes no
+new peer targets for peers that did not change, and lets the event loop serve while it
+works (coordinator.routing.overflow.OverflowDistributor)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
+from coordinator.routing.overflow import (
+    TICK_SLICE,
+    OverflowDistributor,
+    OverflowTargetsFile,
+    peers_by_site,
+)
+from edgefleet.contract import (
+    DesiredState,
+    Hello,
+    LoadedModel,
+    LoadReport,
+    OverflowTargetsSection,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+NOW = datetime(2026, 12, 2, tzinfo=UTC)
+
+
+def record(i: int, *, waiting: int = 1) -> AgentRecord:
+    return AgentRecord(
+        hello=Hello(
+            agent_id=f"a{i:05d}",
+            site=f"s{i % 100}",
+            http_url=f"http://10.0.{i % 250}.{i // 250}:8000",
+            models=(LoadedModel("m", "v1"),),
+        ),
+        status=AgentStatus.CONNECTED,
+        session_id="s",
+        connected_since=NOW,
+        last_seen=NOW,
+        last_report=LoadReport(waiting_sequences=waiting),
+    )
+
+
+class Fleet:
+    """The registry's side: records, and the sections set on them (as set_section does)."""
+
+    def __init__(self, count: int) -> None:
+        self.records = {r.agent_id: r for r in (record(i) for i in range(count))}
+        self.pushed: list[str] = []
+
+    def agents(self) -> list[AgentRecord]:
+        return [self.records[k] for k in sorted(self.records)]
+
+    def set_section(self, agent_id: str, section: OverflowTargetsSection) -> None:
+        held = self.records[agent_id]
+        desired = held.desired.with_section(replace(section, generation=len(self.pushed) + 1))
+        self.records[agent_id] = replace(held, desired=desired)
+        self.pushed.append(agent_id)
+
+
+def distributor(fleet: Fleet) -> OverflowDistributor:
+    return OverflowDistributor(
+        OverflowTargetsFile(), fleet.agents, fleet.set_section, saturation_queue_depth=64
+    )
+
+
+async def test_a_second_tick_over_an_unchanged_fleet_pushes_nothing() -> None:
+    fleet = Fleet(3 * TICK_SLICE)
+    targets = distributor(fleet)
+    assert await targets.tick() == len(fleet.records)
+    first = {a: r.desired.overflow_targets for a, r in fleet.records.items()}
+    # what each agent got: its site's other agents, most room first
+    sites = peers_by_site(list(fleet.records.values()), 64)
+    some = fleet.records["a00007"]
+    got = first["a00007"]
+    assert got is not None
+    assert got.targets == tuple(t for t in sites["s7"] if t.name != "a00007")
+    # new records (new reports), the same Hellos and room: nothing to push
+    for agent_id, held in list(fleet.records.items()):
+        fleet.records[agent_id] = held.reported(LoadReport(waiting_sequences=2), NOW)
+    assert await targets.tick() == 0
+    assert fleet.records["a00007"].desired.overflow_targets is got
+    # a peer that is no longer live leaves the lists of the others at its site (its own
+    # list is the same)
+    fleet.records["a00107"] = replace(fleet.records["a00107"], liveness=Liveness.SUSPECT)
+    others = {a for a, r in fleet.records.items() if r.hello.site == "s7" and a != "a00107"}
+    pushed = len(fleet.pushed)
+    assert await targets.tick() == len(others)
+    assert set(fleet.pushed[pushed:]) == others
+    now = fleet.records["a00007"].desired.overflow_targets
+    assert now is not None and "a00107" not in {t.name for t in now.targets}
+    assert some.hello is fleet.records["a00007"].hello
+
+
+async def test_a_tick_lets_the_event_loop_serve_while_it_works() -> None:
+    fleet = Fleet(4 * TICK_SLICE)
+    targets = distributor(fleet)
+    ran: list[int] = []
+
+    async def other() -> None:
+        while True:
+            ran.append(len(fleet.pushed))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    try:
+        await targets.tick()
+    finally:
+        task.cancel()
+    # the other task ran between the pushes, not only before and after them
+    assert any(0 < pushed < len(fleet.records) for pushed in ran)
+
+
+def test_no_section_when_the_agent_wants_none_and_never_had_one() -> None:
+    fleet = Fleet(1)  # alone at its site, no cloud targets
+    targets = distributor(fleet)
+    assert asyncio.run(targets.tick()) == 0
+    assert fleet.records["a00000"].desired == DesiredState()

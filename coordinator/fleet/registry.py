@@ -342,6 +342,8 @@ class LiveFleetRegistry:
         self.remove_stale_unenrolled(now)
         changed: list[AgentRecord] = []
         expired: list[AgentRecord] = []
+        # silent for down_after (suspect_after) or longer: last seen at or before these
+        down_before, suspect_before = now - self._down_after, now - self._suspect_after
         for agent_id, record in self._agents.items():
             if record.liveness is Liveness.DOWN:
                 continue
@@ -351,10 +353,10 @@ class LiveFleetRegistry:
                     self._agents[agent_id] = record
                     expired.append(record)
                 continue
-            silent = now - record.last_seen
-            if silent >= self._down_after:
+            last_seen = record.last_seen
+            if last_seen <= down_before:
                 liveness = Liveness.DOWN
-            elif silent >= self._suspect_after or record.status is AgentStatus.DISCONNECTED:
+            elif last_seen <= suspect_before or record.status is AgentStatus.DISCONNECTED:
                 # a session that ended without a Bye (a crash, a cut link): ranked after
                 # every live agent at once, not after two missed reports; still routed, as
                 # it may be serving its site, until its reports are overdue

@@ -18,7 +18,7 @@ from coordinator.api.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, METRICS
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import ConfigError, ServerStartError
-from coordinator.gc_pauses import GcPauseRecorder, HeapSettler, settle_heap
+from coordinator.gc_pauses import FREEZE_EVERY_S, GcPauseRecorder, HeapSettler, settle_heap
 from coordinator.identity.ca import CertificateAuthority
 from coordinator.loop_lag import LoopLagProbe
 from edgefleet.http_limits import LimitedAppRunner
@@ -141,8 +141,8 @@ def http_tls(config: CoordinatorConfig) -> tuple[ssl.SSLContext | None, Certific
         raise ConfigError(f"cannot serve HTTPS on the HTTP port: {exc}") from exc
 
 
-async def _settle_heap(app: web.Application, period_s: float = 5.0) -> None:
-    """Keep long-lived session objects out of the collector's way as the fleet grows."""
+async def _settle_heap(app: web.Application, period_s: float = FREEZE_EVERY_S) -> None:
+    """Keep long-lived objects out of the collector's way (``HeapSettler``)."""
     settler = HeapSettler()
     registry = app[REGISTRY_KEY]
     while True:

@@ -7,6 +7,7 @@ its app (coordinator/app.py)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -31,4 +32,12 @@ def run_offline(
         finally:
             await store.close()
 
-    return asyncio.run(main())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    # Synchronous code called on a thread that runs an event loop (an async test, a tool
+    # built on one): asyncio.run cannot nest, so the work gets a thread and a loop of its
+    # own, and this thread waits for it as any blocking call would.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-offline") as pool:
+        return pool.submit(asyncio.run, main()).result()

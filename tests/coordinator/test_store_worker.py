@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -23,6 +24,7 @@ from coordinator.api.app_keys import STORE_KEY
 from coordinator.errors import StoreError
 from coordinator.store.interface import StoreTimeoutError
 from coordinator.store.join_tokens import JoinToken
+from coordinator.store.offline import run_offline
 from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
@@ -168,3 +170,13 @@ async def _get(
 ) -> tuple[int, dict[str, object]]:
     async with http.get(url, headers=headers) as response:
         return response.status, await response.json()
+
+
+async def test_run_offline_works_from_code_called_inside_an_event_loop(tmp_path: Path) -> None:
+    """A synchronous caller on a thread with a running loop (an async test building an
+    image's model set): asyncio.run cannot nest there, so the work runs on a thread."""
+
+    async def count_agents(store: Any) -> int:
+        return len(await store.list_agents())
+
+    assert run_offline(tmp_path / "data", count_agents) == 0

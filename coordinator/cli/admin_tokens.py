@@ -14,10 +14,10 @@ from typing import Any
 from coordinator.access.admin_tokens import AdminTokens, Role
 from coordinator.access.audit import AuditLog
 from coordinator.cli.audit import cli_actor
-from coordinator.cli.client import AdminClient, AdminRequestError
+from coordinator.cli.client import AdminClient
+from coordinator.cli.database import on_database
 from coordinator.config import CoordinatorConfig
 from coordinator.store.interface import FleetStore
-from coordinator.store.offline import run_offline
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -39,10 +39,7 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
 
 
 def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
-    try:
-        return run_offline(data_dir, lambda store: _on_store(args, store))
-    except ValueError as exc:
-        raise AdminRequestError(str(exc)) from exc
+    return on_database(data_dir, lambda store: _on_store(args, store))
 
 
 async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:

@@ -14,11 +14,11 @@ from typing import Any
 
 from coordinator.access.api_keys import PRIORITIES, ApiKeys
 from coordinator.api.views import api_key_json
-from coordinator.cli.client import AdminClient, AdminRequestError
+from coordinator.cli.client import AdminClient
+from coordinator.cli.database import on_database
 from coordinator.cli.durations import parse_duration
 from coordinator.config import CoordinatorConfig
 from coordinator.store.interface import FleetStore
-from coordinator.store.offline import run_offline
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -52,10 +52,7 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
 
 
 def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
-    try:
-        return run_offline(data_dir, lambda store: _on_store(args, store))
-    except ValueError as exc:
-        raise AdminRequestError(str(exc)) from exc
+    return on_database(data_dir, lambda store: _on_store(args, store))
 
 
 async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:

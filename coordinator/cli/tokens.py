@@ -14,13 +14,13 @@ from typing import Any
 from coordinator.api.views import token_json
 from coordinator.cli.audit import record_cli_change
 from coordinator.cli.client import AdminClient, AdminRequestError
+from coordinator.cli.database import on_database
 from coordinator.cli.durations import parse_duration
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ProtocolError
 from coordinator.identity.join_tokens import JoinTokens
 from coordinator.rpc.convert import location_checked
 from coordinator.store.interface import FleetStore
-from coordinator.store.offline import run_offline
 from edgefleet.contract import Location
 
 
@@ -61,10 +61,7 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
 
 def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
     location = _location(args) if args.action == "create" else None
-    try:
-        return run_offline(data_dir, lambda store: _on_store(args, store, location))
-    except ValueError as exc:
-        raise AdminRequestError(str(exc)) from exc
+    return on_database(data_dir, lambda store: _on_store(args, store, location))
 
 
 async def _on_store(args: argparse.Namespace, store: FleetStore, location: Location | None) -> Any:

@@ -179,6 +179,7 @@ class RouteScorer:
             policy.saturation_queue_depth, policy.saturation_kv_fraction,
         )  # fmt: skip
         down = Liveness.DOWN
+        expected_tokens = policy.expected_tokens
         for record in records:
             # excluded (the first reason that applies), saturated, or a candidate
             report = record.last_report
@@ -189,7 +190,7 @@ class RouteScorer:
                 why = "unhealthy"
             elif record.draining or (report is not None and report.draining):
                 why = "draining"
-            elif hello.agent_id in exclude:
+            elif exclude and hello.agent_id in exclude:
                 why = "excluded_by_client"
             elif not hello.http_url:
                 why = "no_http_url"
@@ -210,7 +211,14 @@ class RouteScorer:
                 if waiting >= saturation_queue or kv >= saturation_kv:
                     why = "saturated"
                 else:
-                    wait_ms = self._predicted_wait_ms(record, waiting) if waiting else 0.0
+                    # predicted wait (the module doc's wait part)
+                    wait_ms = 0.0
+                    if waiting:
+                        rate = 0.0 if report is None else report.tokens_per_second
+                        if rate <= 0:
+                            wait_ms = waiting * UNKNOWN_RATE_WAIT_MS
+                        else:
+                            wait_ms = waiting * expected_tokens / rate * 1000.0
                     if max_wait_ms and wait_ms > max_wait_ms:
                         why = "over_max_wait"
                     else:
@@ -231,15 +239,6 @@ class RouteScorer:
         if left_out:
             reason += f"; left out: {left_out}"
         return RouteDecision(agents=tuple(ranked), reason=reason, excluded=excluded)
-
-    def _predicted_wait_ms(self, record: AgentRecord, waiting: int) -> float:
-        if waiting == 0:
-            return 0.0
-        report = record.last_report
-        rate = 0.0 if report is None else report.tokens_per_second
-        if rate <= 0:
-            return waiting * UNKNOWN_RATE_WAIT_MS
-        return waiting * self.policy.expected_tokens / rate * 1000.0
 
     def _distance_proximity(self, distance_km: float) -> float:
         return OTHER_SITE_MAX / (1.0 + distance_km / self.policy.distance_scale_km)

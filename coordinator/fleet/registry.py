@@ -443,6 +443,8 @@ class LiveFleetRegistry:
 
     def remove_stale_unenrolled(self, now: datetime | None = None) -> list[str]:
         """Forget never-enrolled agents disconnected for ``stale_unenrolled_after_s``."""
+        if self._connected == len(self._agents):
+            return []  # every agent is connected (each sweep asks: no pass over the fleet)
         cutoff = (self._clock() if now is None else now) - self._stale_after
         stale = [
             agent_id

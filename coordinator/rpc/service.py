@@ -73,10 +73,26 @@ _SERVER_OPTIONS = [
 ]
 
 
+# gRPC's default for grpc.server.max_pending_requests_hard_limit.
+_GRPC_PENDING_HARD_LIMIT = 3000
+
+
 def server_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
-    """The gRPC server's channel arguments: keepalive, stream and message-size caps."""
+    """The gRPC server's channel arguments: keepalive, stream and message-size caps.
+
+    gRPC holds a call it received until the application asks for the next one (the
+    asyncio server asks for one per turn of its event loop), and by default refuses new
+    calls at random once 1,000 are waiting and all of them past 3,000. A fleet that
+    connects at once (5,000 agents in a few seconds, as after a coordinator restart)
+    crosses that while the loop is busy: sessions failed with CANCELLED, or INTERNAL when
+    the agent's first write raced the refusal. Now as many may wait as the server admits
+    (``grpc_max_concurrent_rpcs``, which refuses the rest with RESOURCE_EXHAUSTED once it
+    picks them up), and never fewer than gRPC's own hard limit."""
+    waiting = max(config.grpc_max_concurrent_rpcs, _GRPC_PENDING_HARD_LIMIT)
     return [
         *_SERVER_OPTIONS,
+        ("grpc.server.max_pending_requests", waiting),
+        ("grpc.server.max_pending_requests_hard_limit", waiting),
         ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
         ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
         ("grpc.max_send_message_length", config.grpc_max_message_bytes),

@@ -16,7 +16,7 @@
 #   iproute2 util-linux   `ip` and `unshare` (network namespaces with only loopback)
 #   uidmap                podman's user namespaces
 #   nginx-light           the fixed upstream of benchmarks/overflow_overhead.py
-#   curl                  the README runbook's commands (tests/edge_images/test_runbook.py)
+#   curl                  the site runbook's commands (tests/edge_images/test_runbook.py)
 # Add a package here (with its reason) when a test needs one.
 #
 # `system_deps.sh arm64` (make image-cpu-arm64) adds what building the arm64 image on x86-64

@@ -6,7 +6,8 @@ cgroup v1/v2 layout), the ``cgroupfs`` manager (no systemd here) and explicit fi
 process limits (podman's default raises RLIMIT_NOFILE above what this sandbox allows). Podman
 schedules healthchecks with systemd timers; without systemd it logs that it cannot, and
 ``podman healthcheck run NAME`` runs the image's probe on demand.
-With that environment, the plain ``podman run ...`` of the README's runbook works as is.
+With that environment, the plain ``podman run ...`` of the site runbook
+(docs/operators/runbook.md) works as is.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The first test loop (`make test-fast`, README "Tests"): plain `pytest` imports the tests
-as `python -m pytest` does, and the markers that leave out what needs the real models, edge
-images or llama.cpp are set from a test's folder and fixtures (tests/conftest.py)."""
+"""The first test loop (`make test-fast`, docs/development/testing.md): plain `pytest`
+imports the tests as `python -m pytest` does, and the markers that leave out what needs the
+real models, edge images or llama.cpp are set from a test's folder and fixtures
+(tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ refused; so is one past its ``expires_at_unix``.
 
 Rate limits are token buckets per key: ``requests_per_minute`` and ``tokens_per_minute``
 are this agent's share of the key's fleet-wide budget (the coordinator splits and
-rebalances it; see the README). A bucket holds one minute's budget and refills
+rebalances it; see docs/operators/keys.md). A bucket holds one minute's budget and refills
 continuously, so a key may burst up to a minute's share at once.
 """
 

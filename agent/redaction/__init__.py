@@ -1,4 +1,4 @@
-"""Personal data redaction at the edge (see REDACTION in the README).
+"""Personal data redaction at the edge (see docs/operators/redaction.md).
 
 Nothing that leaves the site (overflow requests, their continuations and tool-call
 arguments, and the agent's logs) carries the personal values found here: they become typed

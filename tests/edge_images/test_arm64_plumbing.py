@@ -1,8 +1,9 @@
 """The arm64 image's plumbing, checked cheaply in CI (which never builds arm64: emulated,
-it takes minutes; `make image-cpu-arm64` does, README has its figures): cache keys and
-names differ by architecture while amd64's stay as they were, the pip download platform
-tags, the buildah platform arguments (a real arm64 `FROM scratch` image, no RUN step, so no
-emulation), and clear errors for an unknown architecture or a missing qemu registration."""
+it takes minutes; `make image-cpu-arm64` does, docs/operators/images.md has its figures):
+cache keys and names differ by architecture while amd64's stay as they were, the pip
+download platform tags, the buildah platform arguments (a real arm64 `FROM scratch` image,
+no RUN step, so no emulation), and clear errors for an unknown architecture or a missing
+qemu registration."""
 
 from __future__ import annotations
 

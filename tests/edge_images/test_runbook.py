@@ -1,10 +1,10 @@
-"""The README's site runbook, extracted verbatim and run in order: the coordinator and the
-agent images started as deployed (podman, read-only root, one state volume, their own user
-and entrypoint) in a network namespace with only loopback; the agent enrolls over mutual
-TLS, appears in the fleet view and serves a chat request with an API key and the real
-model from the signed set baked into the image; a second site's agent, from the image
-built with ``--models none``, syncs the version the coordinator publishes and deploys. Then,
-on the first running agent: its user, its read-only root, its writable state volume,
+"""The site runbook (docs/operators/runbook.md), extracted verbatim and run in order: the
+coordinator and the agent images started as deployed (podman, read-only root, one state
+volume, their own user and entrypoint) in a network namespace with only loopback; the agent
+enrolls over mutual TLS, appears in the fleet view and serves a chat request with an API key
+and the real model from the signed set baked into the image; a second site's agent, from the
+image built with ``--models none``, syncs the version the coordinator publishes and deploys.
+Then, on the first running agent: its user, its read-only root, its writable state volume,
 its health probe, and a SIGTERM during a streamed request that it finishes before exiting 0.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from edge_images.images import STATE, UID, ImageBuild
 from edge_images.netns import run_in_netns
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "operators" / "runbook.md"
 MARK = "@@runbook-block-done@@"
 
 
@@ -27,8 +27,8 @@ def baked_version(image: ImageBuild, name: str) -> str:
 
 
 def runbook_blocks() -> list[str]:
-    """The ```bash blocks between the README's runbook markers, as written."""
-    text = README.read_text()
+    """The ```bash blocks between the runbook page's markers, as written."""
+    text = RUNBOOK.read_text()
     start, end = text.index("<!-- runbook:start -->"), text.index("<!-- runbook:end -->")
     blocks = re.findall(r"```bash\n(.*?)```", text[start:end], flags=re.S)
     assert len(blocks) >= 4, "the runbook lost its steps"

@@ -4,13 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv models system-deps demo test test-fast lint bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
+.PHONY: venv models system-deps demo test test-fast lint docs bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
 
 help:
 	@echo "make demo   - set up, build the models (cached), start coordinator + 2 agents"
 	@echo "make test   - set up, build the models (cached), run the whole test suite"
 	@echo "make test-fast - the unit tests only: no real models, images, llama.cpp or slow tests"
 	@echo "make lint   - ruff and mypy"
+	@echo "make docs   - regenerate the reference pages from the code, build the docs site into site/"
 	@echo "make bench  - single-stream decode benchmark of the shipped model (JSON out)"
 	@echo "make image-cpu | image-coordinator | image-cuda | bundle - edge images (buildah) and the offline bundle"
 	@echo "make image-cpu-arm64 - the arm64 CPU agent image, built and checked under qemu-user emulation"
@@ -53,13 +54,19 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy agent coordinator models devtools benchmarks edgefleet edgefleet_client edge_images
 
+# the docs site (mkdocs.yml, docs/): the reference pages regenerated from the code first
+# (devtools/docs_reference.py), then built offline and strict into site/ (gitignored)
+docs: venv
+	$(BIN)/python -m devtools.docs_reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+
 bench: models
 	$(BIN)/python -m benchmarks.single_stream
 
 clean-models:
 	rm -rf models/artifacts
 
-# Edge images (edge_images/; README "Edge images and site deployment"): built with
+# Edge images (edge_images/; docs/operators/images.md): built with
 # mmdebstrap + buildah, no registry or Docker engine; cached under ~/.cache/edgefleet/images.
 # devtools/system_deps.sh installs buildah, mmdebstrap and podman when missing.
 image-cpu: models
@@ -71,8 +78,8 @@ image-coordinator: venv
 	$(BIN)/python -m edge_images build coordinator
 
 # The arm64 CPU agent image, built on x86-64 under Debian's qemu-user emulation (slow: not
-# part of `make test`; README has its figures). system_deps.sh's arm64 argument installs
-# qemu-user-static and binfmt-support. Builds, then checks the image's architecture
+# part of `make test`; docs/operators/images.md has its figures). system_deps.sh's arm64
+# argument installs qemu-user-static and binfmt-support. Builds, then checks the image's architecture
 # (config, both archives, uname -m inside), that ONNX Runtime lists CPUExecutionProvider
 # and that the agent, started as the image starts it, answers a chat completion.
 image-cpu-arm64: models

@@ -1,4 +1,5 @@
-"""The fleet index: candidates by model, site and place (exact nearest, re-indexing)."""
+"""The fleet index: candidates by model, site and place (exact nearest by great-circle
+distance, re-indexing)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def random_fleet(count: int, seed: int = 3) -> list[Hello]:
     ]
 
 
-def test_candidates_are_exactly_the_nearest_pool_by_planar_distance() -> None:
+def test_candidates_are_exactly_the_nearest_pool() -> None:
     fleet = random_fleet(3000)
     index = FleetIndex()
     for h in fleet:
@@ -55,7 +56,7 @@ def test_candidates_are_exactly_the_nearest_pool_by_planar_distance() -> None:
         assert got == set(expected)
 
 
-def test_nearest_by_planar_distance_agrees_with_great_circle_on_a_city_scale() -> None:
+def test_nearest_agrees_with_great_circle_on_a_city_scale() -> None:
     index = FleetIndex()
     places = {
         "berlin": Location(52.52, 13.405),
@@ -98,13 +99,31 @@ def test_the_clients_site_is_always_a_candidate() -> None:
     assert len(index.candidates("m", site="nowhere", location=None, pool=10)) == len(fleet) + 1
 
 
-def test_small_or_sparse_fleets_are_scored_whole() -> None:
+def test_small_fleets_are_scored_whole_and_sparse_ones_by_the_nearest() -> None:
     index = FleetIndex()
     index.put(hello("a", Location(0.0, 0.0)))
     index.put(hello("b", Location(60.0, 170.0)))
     index.put(hello("c", None))
     assert index.candidates("m", site="", location=Location(1.0, 1.0), pool=64) == {"a", "b", "c"}
-    assert index.candidates("m", site="", location=Location(1.0, 1.0), pool=1) == {"a", "b", "c"}
+    # a fleet spread over the globe: the nearest, and the one of unknown place
+    assert index.candidates("m", site="", location=Location(1.0, 1.0), pool=1) == {"a", "c"}
+    assert index.candidates("m", site="", location=Location(59.0, -179.0), pool=1) == {"b", "c"}
+
+
+def test_the_nearest_are_found_by_great_circle_distance_not_on_a_flat_map() -> None:
+    """Near the pole, a degree of longitude is short: on a flat (lat, lon) map, scaled at
+    the client's latitude, the agent half a world of longitude away looks farther than
+    the one 2.5 degrees of latitude away, but over the pole it is the nearer."""
+    index = FleetIndex()
+    index.put(hello("same-meridian", Location(86.5, 0.0)))
+    index.put(hello("across-the-pole", Location(89.0, 180.0)))
+    for i in range(10):
+        index.put(hello(f"far{i}", Location(-50.0, i * 10.0)))
+    client = Location(89.0, 0.0)
+    assert index.candidates("m", site="", location=client, pool=1) == {"across-the-pole"}
+    assert great_circle_km(client, Location(89.0, 180.0)) < great_circle_km(
+        client, Location(86.5, 0.0)
+    )
 
 
 def test_agents_of_unknown_place_always_take_part() -> None:

@@ -395,9 +395,11 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpars
     return found
 
 
-def cli_section(parser: argparse.ArgumentParser, level: int = 2) -> str:
-    """A parser and its subcommands, depth first."""
-    out = [f"{'#' * level} `{parser.prog}` {{#{slug(parser.prog)}}}\n"]
+def cli_section(parser: argparse.ArgumentParser, level: int = 2, title: str = "") -> str:
+    """A parser and its subcommands, depth first (``title``: after the prog, in the
+    heading and its anchor, for two parsers with one prog)."""
+    heading = f"`{parser.prog}`" + (f" ({title})" if title else "")
+    out = [f"{'#' * level} {heading} {{#{slug(parser.prog + ' ' + title)}}}\n"]
     if parser.description:
         out.append(" ".join(parser.description.split()) + "\n")
     out.append("```text\n" + _usage(parser) + "\n```\n")
@@ -438,9 +440,15 @@ def cli_section(parser: argparse.ArgumentParser, level: int = 2) -> str:
     return "\n".join(out)
 
 
-def cli_page(title: str, intro: str, parsers: Sequence[argparse.ArgumentParser]) -> str:
+def cli_page(
+    title: str,
+    intro: str,
+    parsers: Sequence[argparse.ArgumentParser | tuple[argparse.ArgumentParser, str]],
+) -> str:
     body = [f"# {title}\n", intro.strip() + "\n"]
-    body += [cli_section(p) for p in parsers]
+    for item in parsers:
+        parser, named = item if isinstance(item, tuple) else (item, "")
+        body.append(cli_section(parser, title=named))
     return "\n".join(body)
 
 
@@ -542,7 +550,7 @@ def pages() -> dict[str, str]:
             "database or, with `--url`, through its admin API. Guides: [the coordinator]"
             "(../operators/coordinator.md), [catalog](../operators/catalog.md), "
             "[rollouts](../operators/rollouts.md).",
-            [coordinator_parser(), _admin_parser(), rollouts_parser()],
+            [coordinator_parser(), (_admin_parser(), "operator commands"), rollouts_parser()],
         ),
     )
     found["cli-tools.md"] = page(

@@ -23,12 +23,15 @@ class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.ids: set[str] = set()
+        self.duplicate_ids: list[str] = []
         self.links: list[tuple[str, str]] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         for name, value in attrs:
             if value is None:
                 continue
+            if name == "id" and value in self.ids:
+                self.duplicate_ids.append(value)
             if name in ("id", "name") and (name == "id" or tag == "a"):
                 self.ids.add(value)
             if name in ("href", "src"):
@@ -46,7 +49,7 @@ def build(site: Path) -> subprocess.CompletedProcess[str]:
 
 def broken_links(site: Path) -> list[str]:
     """Every internal link of the site's HTML that names a missing file or anchor, and
-    every asset (script, stylesheet, image) loaded from elsewhere."""
+    every asset (script, stylesheet, image) loaded from elsewhere; ids used twice."""
     parsed: dict[Path, _Page] = {}
 
     def page(path: Path) -> _Page:
@@ -59,6 +62,7 @@ def broken_links(site: Path) -> list[str]:
     problems = []
     for html in sorted(site.rglob("*.html")):
         where = html.relative_to(site)
+        problems += [f"{where}: two elements with id {dup!r}" for dup in page(html).duplicate_ids]
         for tag, link in page(html).links:
             parts = urlsplit(link)
             if parts.scheme or link.startswith("//"):
@@ -111,8 +115,9 @@ def test_the_link_check_finds_a_broken_link_and_anchor(tmp_path: Path) -> None:
         '<a href="a/#nowhere">missing anchor</a><a href="#top" id="top">self</a>'
         '<script src="https://cdn.example/x.js"></script><a href="https://example.org">ok</a>'
     )
-    (tmp_path / "a" / "index.html").write_text('<h2 id="here">Here</h2>')
+    (tmp_path / "a" / "index.html").write_text('<h2 id="here">Here</h2><p id="here"></p>')
     assert broken_links(tmp_path) == [
+        "a/index.html: two elements with id 'here'",
         "index.html: b/ -> no such file",
         "index.html: a/#nowhere -> no anchor #nowhere",
         "index.html: <script> loads https://cdn.example/x.js from elsewhere",

@@ -12,7 +12,9 @@ every state-changing request made with the cookie also requires an ``Origin`` he
 to the coordinator's own origin (SameSite=Strict plus an Origin check: CSRF-safe).
 
 Static files (``coordinator/api/static/``: vanilla JS and CSS, no build step, nothing from
-a CDN) are served with a Content-Security-Policy limited to the coordinator's origin.
+a CDN; the map and chart libraries and the world atlas vendored under ``static/vendor/``
+with their licences and a manifest of hashes) are served with a Content-Security-Policy
+limited to the coordinator's origin (no inline script or style, no eval).
 
 Live data: ``FleetEvents`` takes every accepted load report (the fleet series and the
 "changed agents" set) and every liveness change; a flusher sends the changed agents'
@@ -62,6 +64,14 @@ _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
 
 
 _FILES = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file() and p.suffix in _TYPES}
+# Third-party files the page uses (map, charts), committed with their licences and
+# MANIFEST.json (sha256 of each; python -m devtools.dashboard_vendor writes them).
+VENDOR_DIR = STATIC_DIR / "vendor"
+_VENDOR_FILES = {
+    p.name: p
+    for p in (VENDOR_DIR.iterdir() if VENDOR_DIR.is_dir() else ())
+    if p.is_file() and p.suffix in _TYPES and p.name != "MANIFEST.json"
+}
 
 
 # ------------------------------------------------------------------ sessions
@@ -157,7 +167,8 @@ async def dashboard_file(request: web.Request) -> web.StreamResponse:
     """A static file of the dashboard (index.html for the folder itself)."""
     name = request.match_info.get("name", "") or "index.html"
     # Only the files of the folder, by their exact names (nothing built from the request).
-    path = _FILES.get(name)
+    files = _VENDOR_FILES if request.path.startswith("/dashboard/vendor/") else _FILES
+    path = files.get(name)
     if path is None:
         return error_response(
             404, f"Invalid URL (GET {request.path})", type_="invalid_request_error",
@@ -235,6 +246,22 @@ async def fleet_series(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
+async def agent_series(request: web.Request) -> web.Response:
+    """One agent's last hour at 10 s resolution (its own reports: tokens/s, requests and
+    failures/s, queue, TTFT), and the step still filling; 404 for an agent the
+    coordinator neither knows nor has a history of."""
+    agent_id = request.match_info["agent_id"]
+    events = request.config_dict[EVENTS_KEY]
+    if agent_id not in events.agent_series and not events.knows(agent_id):
+        return error_response(404, f"No agent {agent_id!r}.", type_="invalid_request_error",
+                              code="agent_not_found")  # fmt: skip
+    points, current = events.agent_series.history(agent_id)
+    return web.json_response(
+        {"object": "agent_series", "agent_id": agent_id, "step_s": 10, "points": points,
+         "current": current}
+    )  # fmt: skip
+
+
 async def fleet_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: ``agents`` (rows of changed agents, each with the report's
     receive time) and ``point`` (each closed 10 s bucket of the fleet series). A client
@@ -269,12 +296,14 @@ async def fleet_events(request: web.Request) -> web.StreamResponse:
 DASHBOARD_ROUTES = [
     web.get("/dashboard/", dashboard_file),
     web.get("/dashboard/{name}", dashboard_file),
+    web.get("/dashboard/vendor/{name}", dashboard_file),
     web.post(SESSION_PATH, sign_in),
     web.delete(SESSION_PATH, sign_out),
 ]
 DASHBOARD_ROUTE_ROLES: dict[tuple[str, str], Role | None] = {
     ("GET", "/dashboard/"): None,
     ("GET", "/dashboard/{name}"): None,
+    ("GET", "/dashboard/vendor/{name}"): None,
     ("POST", SESSION_PATH): None,
     ("DELETE", SESSION_PATH): None,
 }

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from coordinator.api.views import agent_json
 from coordinator.fleet.records import AgentRecord
-from coordinator.fleet.series import FleetSeries
+from coordinator.fleet.series import AgentSeries, FleetSeries
 from edgefleet.contract import LoadReport
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class FleetEvents:
         report_interval_ms: int,
     ) -> None:
         self.series = series
+        self.agent_series = AgentSeries()  # each agent's own hour (the agent page)
         self._agent_view = agent_view
         self._interval_ms = report_interval_ms
         self._dirty: dict[str, float] = {}  # agent id -> receive time (unix ms)
@@ -49,8 +50,13 @@ class FleetEvents:
     def on_report(self, agent_id: str, report: LoadReport) -> None:
         """Called for every accepted load report (on the event loop)."""
         self.series.record(report, agent_id)
+        self.agent_series.record(agent_id, report)
         if self._subscribers:
             self._dirty.setdefault(agent_id, time.time() * 1000.0)
+
+    def knows(self, agent_id: str) -> bool:
+        """The registry has a record of the agent."""
+        return self._agent_view(agent_id) is not None
 
     def on_change(self, agent_id: str) -> None:
         """An agent's state changed without a report (liveness, drain, bye)."""
@@ -96,6 +102,7 @@ class FleetEvents:
         for agent_id, received_ms in dirty.items():
             record = self._agent_view(agent_id)
             if record is None:
+                self.agent_series.forget(agent_id)
                 rows.append({"agent_id": agent_id, "removed": True, "received_ms": received_ms})
                 continue
             rows.append(agent_json(record, now, self._interval_ms) | {"received_ms": received_ms})

@@ -263,6 +263,31 @@ _SCHEMAS: dict[str, Any] = {
             "current": {"$ref": "#/components/schemas/FleetPoint"},
         },
     },
+    "AgentSeries": {
+        "type": "object",
+        "description": "One agent's last hour at 10 s resolution, from its own load reports.",
+        "properties": {
+            "agent_id": {"type": "string"},
+            "step_s": {"type": "integer"},
+            "points": {"type": "array", "items": {"$ref": "#/components/schemas/AgentPoint"}},
+            "current": {"oneOf": [{"$ref": "#/components/schemas/AgentPoint"}, {"type": "null"}]},
+        },
+    },
+    "AgentPoint": {
+        "type": "object",
+        "description": "One 10 s step of an agent (rates per second over the step); every "
+        "figure null in a step without a report, TTFT null without an observation.",
+        "required": ["t"],
+        "properties": {
+            "t": {"type": "number", "description": "the step's start, POSIX seconds"},
+            "requests_per_s": _NULLABLE_NUM,
+            "failed_per_s": _NULLABLE_NUM,
+            "tokens_per_s": {**_NULLABLE_NUM, "description": "completion tokens per second"},
+            "queue": {**_NULLABLE_NUM, "description": "waiting sequences, the most reported"},
+            "ttft_p50_s": _NULLABLE_NUM,
+            "ttft_p99_s": _NULLABLE_NUM,
+        },
+    },
     "FleetPoint": {
         "type": "object",
         "description": "One 10 s bucket of fleet totals (rates per second over the bucket).",
@@ -540,6 +565,7 @@ _STATIC = {
     "text/html": {"schema": {"type": "string"}},
     "text/javascript": {"schema": {"type": "string"}},
     "text/css": {"schema": {"type": "string"}},
+    "application/json": {"schema": {"type": "object"}},
 }
 _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ("GET", "/v1/agents"): (
@@ -731,8 +757,10 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ),
     ("GET", "/v1/admin/fleet/series"): ([], None, "200", "FleetSeries"),
     ("GET", "/v1/admin/fleet/events"): ([], None, "200", _EVENTS),
+    ("GET", "/v1/admin/agents/{agent_id}/series"): ([_p("agent_id")], None, "200", "AgentSeries"),
     ("GET", "/dashboard/"): ([], None, "200", {"text/html": {"schema": {"type": "string"}}}),
     ("GET", "/dashboard/{name}"): ([_p("name")], None, "200", _STATIC),
+    ("GET", "/dashboard/vendor/{name}"): ([_p("name")], None, "200", _STATIC),
     ("POST", "/v1/dashboard/session"): ([], "DashboardSignIn", "201", "DashboardSession"),
     ("DELETE", "/v1/dashboard/session"): ([], None, "200", "DashboardSession"),
 }
@@ -741,6 +769,8 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
 _SUMMARIES = {
     ("GET", "/dashboard/"): "The operator dashboard's page (public; its data needs a session)",
     ("GET", "/dashboard/{name}"): "The dashboard's static files: script and style (public)",
+    ("GET", "/dashboard/vendor/{name}"): "The dashboard's vendored libraries and world atlas "
+    "(public; their licences and hashes in the source tree)",
     ("POST", "/v1/dashboard/session"): "Sign in to the dashboard with an admin token: "
     "answers an HttpOnly, SameSite=Strict session cookie (public)",
     ("DELETE", "/v1/dashboard/session"): "Sign out of the dashboard (public)",

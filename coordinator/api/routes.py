@@ -37,6 +37,7 @@ from coordinator.api.authz import ADMIN_PREFIX, AdminRoute
 from coordinator.api.dashboard import (
     DASHBOARD_ROUTE_ROLES,
     DASHBOARD_ROUTES,
+    agent_series,
     fleet_events,
     fleet_series,
 )
@@ -123,6 +124,8 @@ ADMIN_ROUTES: list[AdminRoute] = [
                "Abort a rollout (moved agents go back unless rollback is false)"),
     AdminRoute("GET", "/fleet/series", fleet_series, Role.VIEWER,
                "The fleet's last hour at 10 s resolution (merged TTFT histograms)"),
+    AdminRoute("GET", "/agents/{agent_id}/series", agent_series, Role.VIEWER,
+               "One agent's last hour at 10 s resolution (tokens/s, failures, queue, TTFT)"),
     AdminRoute("GET", "/fleet/events", fleet_events, Role.VIEWER,
                "Live fleet events (server-sent events: changed agents, series points)"),
 ]  # fmt: skip

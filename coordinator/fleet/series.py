@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -218,3 +219,138 @@ class FleetSeries:
     def current(self) -> dict[str, Any]:
         """The bucket still filling (for totals shown before it closes)."""
         return self._current.point()
+
+
+# ------------------------------------------------------------------ per agent
+
+# What an agent's history keeps per 10 s step (the dashboard's agent page): rates per
+# second over the step, the longest queue (waiting sequences) any report of the step
+# gave, and TTFT percentiles of the agent's merged histograms in the step.
+AGENT_FIELDS = (
+    "requests_per_s", "failed_per_s", "tokens_per_s", "queue", "ttft_p50_s", "ttft_p99_s",
+)  # fmt: skip
+# Agents with a history (the oldest-started dropped beyond it): 6 float32 a step, an hour
+# of steps, about 8.6 kB an agent (86 MB at the bound).
+MAX_AGENT_SERIES = 10_000
+
+
+def _figure(value: float) -> float | None:
+    """A stored float32 as JSON: 6 significant digits (not its binary noise); NaN: None."""
+    return None if math.isnan(value) else float(f"{value:.6g}")
+
+
+class _AgentHistory:
+    """One agent's last hour: a ring of HOUR_POINTS steps of AGENT_FIELDS as float32
+    (NaN: no report in that step), and the step still filling."""
+
+    __slots__ = ("closed", "failed", "first", "queue", "requests", "ring", "start", "tokens",
+                 "ttft")  # fmt: skip
+
+    def __init__(self, start: int) -> None:
+        self.first = start  # the first step with a report
+        self.closed = start - STEP_S  # the newest closed step
+        self.ring = array("f", [math.nan]) * (HOUR_POINTS * len(AGENT_FIELDS))
+        self._open(start)
+
+    def _open(self, start: int) -> None:
+        self.start = start
+        self.requests = self.failed = self.tokens = self.queue = 0
+        self.ttft: dict[float, int] = {}
+
+    def _values(self) -> tuple[float, ...]:
+        finite = sorted(b for b in self.ttft if b != math.inf)
+        counts = [self.ttft[b] for b in finite] + [self.ttft.get(math.inf, 0)]
+        p50 = histogram_quantile(finite, counts, 0.5)
+        p99 = histogram_quantile(finite, counts, 0.99)
+        return (self.requests / STEP_S, self.failed / STEP_S, self.tokens / STEP_S,
+                float(self.queue), math.nan if p50 is None else p50,
+                math.nan if p99 is None else p99)  # fmt: skip
+
+    def _write(self, start: int, values: tuple[float, ...]) -> None:
+        at = (start // STEP_S) % HOUR_POINTS * len(AGENT_FIELDS)
+        self.ring[at : at + len(AGENT_FIELDS)] = array("f", values)
+
+    def roll(self, now_start: int) -> None:
+        """Close the filling step if ``now_start`` is past it; steps without a report
+        between it and now are written as NaN (shown as gaps)."""
+        if self.start >= now_start:
+            return
+        self._write(self.start, self._values())
+        gap = (now_start - self.start) // STEP_S - 1
+        if gap >= HOUR_POINTS:  # nothing of the last hour but that step
+            self.ring = array("f", [math.nan]) * (HOUR_POINTS * len(AGENT_FIELDS))
+            self.first = now_start
+        else:
+            nans = (math.nan,) * len(AGENT_FIELDS)
+            for k in range(gap):
+                self._write(self.start + (k + 1) * STEP_S, nans)
+        self.closed = now_start - STEP_S
+        self._open(now_start)
+
+    def add(self, report: LoadReport) -> None:
+        self.queue = max(self.queue, report.waiting_sequences)
+        for stats in report.model_stats:
+            self.requests += stats.requests
+            self.failed += stats.failed
+            self.tokens += stats.completion_tokens
+            bounds, counts = stats.ttft_seconds.upper_bounds, stats.ttft_seconds.counts
+            for i, count in enumerate(counts):
+                bound = bounds[i] if i < len(bounds) else math.inf
+                self.ttft[bound] = self.ttft.get(bound, 0) + max(0, count)
+
+    def points(self) -> list[dict[str, Any]]:
+        width = len(AGENT_FIELDS)
+        out = []
+        for start in range(max(self.first, self.closed - (HOUR_POINTS - 1) * STEP_S),
+                           self.closed + 1, STEP_S):  # fmt: skip
+            at = (start // STEP_S) % HOUR_POINTS * width
+            point: dict[str, Any] = {"t": start}
+            for name, value in zip(AGENT_FIELDS, self.ring[at : at + width], strict=True):
+                point[name] = _figure(value)
+            out.append(point)
+        return out
+
+    def current(self) -> dict[str, Any]:
+        values = self._values()
+        return {"t": self.start} | {
+            name: _figure(v) for name, v in zip(AGENT_FIELDS, values, strict=True)
+        }
+
+
+class AgentSeries:
+    """Each agent's last hour at STEP_S resolution, from its own load reports (AGENT_FIELDS;
+    the fleet's totals are FleetSeries). Steps close lazily, at the agent's next report or
+    when its history is read."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._agents: dict[str, _AgentHistory] = {}
+
+    def record(self, agent_id: str, report: LoadReport) -> None:
+        start = int(self._clock() // STEP_S) * STEP_S
+        history = self._agents.get(agent_id)
+        if history is None:
+            if len(self._agents) >= MAX_AGENT_SERIES:
+                del self._agents[next(iter(self._agents))]  # the oldest-started
+            history = self._agents[agent_id] = _AgentHistory(start)
+        else:
+            history.roll(start)
+        history.add(report)
+
+    def forget(self, agent_id: str) -> None:
+        self._agents.pop(agent_id, None)
+
+    def __contains__(self, agent_id: object) -> bool:
+        return agent_id in self._agents
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def history(self, agent_id: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """(the closed steps of the last hour, oldest first; the step still filling), each
+        a dict of ``t`` and AGENT_FIELDS (None: no report, or no TTFT observation)."""
+        history = self._agents.get(agent_id)
+        if history is None:
+            return [], None
+        history.roll(int(self._clock() // STEP_S) * STEP_S)
+        return history.points(), history.current()

@@ -37,7 +37,7 @@ ADMIN_TOKEN = "s3cret-admin-token-of-32-chars-at-least"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {("GET", "/v1/route"), ("GET", "/healthz"), ("GET", "/openapi.json")} | {
     # The dashboard's page and files, and its sign-in/out (coordinator.api.dashboard).
-    ("GET", "/dashboard/"), ("GET", "/dashboard/{name}"),
+    ("GET", "/dashboard/"), ("GET", "/dashboard/{name}"), ("GET", "/dashboard/vendor/{name}"),
     ("POST", "/v1/dashboard/session"), ("DELETE", "/v1/dashboard/session"),
 }  # fmt: skip
 SAMPLE_SHA256 = "0" * 64

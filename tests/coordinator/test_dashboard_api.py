@@ -15,10 +15,18 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from coordinator.api.dashboard import COOKIE, CSP, DashboardSessions
+from coordinator.api.dashboard import COOKIE, CSP, VENDOR_DIR, DashboardSessions
+from coordinator.api.events import EVENTS_KEY
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
-from coordinator.fleet.series import HOUR_POINTS, STEP_S, FleetSeries, histogram_quantile
+from coordinator.fleet.series import (
+    HOUR_POINTS,
+    MAX_AGENT_SERIES,
+    STEP_S,
+    AgentSeries,
+    FleetSeries,
+    histogram_quantile,
+)
 from edgefleet.contract import Histogram, KeyUsage, LoadReport, ModelStats, OverflowUsage
 
 pytestmark = pytest.mark.timeout(60)
@@ -135,6 +143,80 @@ def test_the_series_keeps_one_hour_without_holes_and_tells_subscribers() -> None
     assert all(p["requests_per_s"] == 0 for p in points)
     assert points[-1]["t"] == int(clock.now // STEP_S) * STEP_S - STEP_S
     assert len(seen) == 5
+
+
+def test_each_agent_has_its_own_hour_of_tokens_queue_ttft_and_errors() -> None:
+    clock = Clock(1_000_000.0)  # a step boundary
+    series = AgentSeries(clock=clock)
+    stats = ModelStats("m", "v1", requests=4, failed=1, completion_tokens=50,
+                       ttft_seconds=_histogram([0.015, 0.015, 0.015, 0.4]))  # fmt: skip
+    series.record("a", LoadReport(waiting_sequences=7, model_stats=(stats,)))
+    series.record("a", LoadReport(waiting_sequences=3))  # the step keeps the most waiting
+    series.record("b", LoadReport(waiting_sequences=1))
+    points, current = series.history("a")
+    assert points == [] and current is not None and current["queue"] == 7
+    clock.now += STEP_S
+    series.record("a", LoadReport(waiting_sequences=0))
+    clock.now += 3 * STEP_S  # two steps without a report from "a", then one with
+    series.record("a", LoadReport(waiting_sequences=2, model_stats=(stats,)))
+    clock.now += STEP_S
+    points, current = series.history("a")
+    assert [p["t"] for p in points] == [1_000_000 + i * STEP_S for i in range(5)]
+    first = points[0]
+    assert first["requests_per_s"] == 0.4 and first["failed_per_s"] == 0.1
+    assert first["tokens_per_s"] == 5.0 and first["queue"] == 7.0
+    # TTFT from the agent's histogram: 3 of 4 in (0.01, 0.02], one in (0.2, 0.5]
+    assert first["ttft_p50_s"] == pytest.approx(0.01 + 0.01 * (2 / 3), rel=1e-5)
+    assert first["ttft_p99_s"] == pytest.approx(0.2 + 0.3 * (0.96 / 1), rel=1e-5)
+    assert points[1]["queue"] == 0 and points[1]["ttft_p50_s"] is None  # a report, no request
+    assert all(v is None for p in points[2:4] for k, v in p.items() if k != "t")  # gaps
+    assert points[4]["queue"] == 2 and points[4]["tokens_per_s"] == 5.0
+    assert series.history("b")[0] == [{"t": 1_000_000, "requests_per_s": 0.0,
+        "failed_per_s": 0.0, "tokens_per_s": 0.0, "queue": 1.0, "ttft_p50_s": None,
+        "ttft_p99_s": None}] + [dict.fromkeys(("requests_per_s", "failed_per_s",
+        "tokens_per_s", "queue", "ttft_p50_s", "ttft_p99_s")) | {"t": 1_000_000 + i * STEP_S}
+        for i in range(1, 5)]  # fmt: skip
+    assert series.history("nobody") == ([], None)
+    # An hour keeps HOUR_POINTS steps; asleep for longer, only the last step's report.
+    for _ in range(HOUR_POINTS + 20):
+        clock.now += STEP_S
+        series.record("a", LoadReport(waiting_sequences=1))
+    points, _ = series.history("a")
+    assert len(points) == HOUR_POINTS and all(p["queue"] == 1 for p in points)
+    clock.now += 3 * HOUR_POINTS * STEP_S
+    series.record("a", LoadReport(waiting_sequences=9))
+    clock.now += STEP_S
+    assert [p["queue"] for p in series.history("a")[0]] == [9]
+    series.forget("a")
+    assert "a" not in series and len(series) == 1
+
+
+def test_agent_histories_are_bounded() -> None:
+    series = AgentSeries(clock=Clock())
+    for i in range(MAX_AGENT_SERIES + 5):
+        series.record(f"agent-{i}", LoadReport())
+    assert len(series) == MAX_AGENT_SERIES
+    assert "agent-0" not in series and f"agent-{MAX_AGENT_SERIES + 4}" in series
+
+
+async def test_the_agent_series_route_answers_an_agents_steps(
+    client: Callable[[], Awaitable[Client]],
+) -> None:
+    c = await client()
+    events = cast(Any, c.server.app)[EVENTS_KEY]
+    stats = ModelStats("m", "v1", requests=10, completion_tokens=30)
+    events.agent_series._clock = lambda: 1_000_000.0
+    events.on_report("edge-1", LoadReport(waiting_sequences=4, model_stats=(stats,)))
+    events.agent_series._clock = lambda: 1_000_000.0 + STEP_S
+    bearer = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    status, body, _ = await c.call("GET", "/v1/admin/agents/edge-1/series", headers=bearer)
+    assert status == 200, body
+    assert body["object"] == "agent_series" and body["step_s"] == STEP_S
+    assert body["points"][0]["tokens_per_s"] == 3.0 and body["points"][0]["queue"] == 4.0
+    status, body, _ = await c.call("GET", "/v1/admin/agents/nobody/series", headers=bearer)
+    assert status == 404 and body["error"]["code"] == "agent_not_found"
+    status, _, _ = await c.call("GET", "/v1/admin/agents/edge-1/series")
+    assert status == 401
 
 
 async def test_sessions_expire_and_end_with_their_token() -> None:
@@ -263,6 +345,11 @@ async def test_static_files_carry_a_self_only_csp_and_nothing_else_is_served(
         ("/dashboard/", "text/html"),
         ("/dashboard/app.js", "text/javascript"),
         ("/dashboard/style.css", "text/css"),
+        ("/dashboard/map.js", "text/javascript"),
+        ("/dashboard/charts.js", "text/javascript"),
+        ("/dashboard/vendor/d3-geo.min.js", "text/javascript"),
+        ("/dashboard/vendor/uPlot.min.css", "text/css"),
+        ("/dashboard/vendor/countries-110m.json", "application/json"),
     ):
         status, text, response = await c.call("GET", path)
         assert status == 200 and response.content_type == kind
@@ -270,6 +357,12 @@ async def test_static_files_carry_a_self_only_csp_and_nothing_else_is_served(
         assert "default-src 'self'" in CSP and "script-src 'self'" in CSP
         assert response.headers["X-Content-Type-Options"] == "nosniff"
         # Nothing from elsewhere (the SVG namespace name is a name, not a fetch).
+        if "/vendor/" in path:  # the committed bytes, as the manifest hashes them
+            committed = (VENDOR_DIR / path.rsplit("/", 1)[1]).read_bytes()
+            assert (text if isinstance(text, str) else "").encode() == committed or (
+                text == json.loads(committed)
+            )
+            continue
         assert "https://" not in text
         assert text.replace("http://www.w3.org/2000/svg", "").count("http://") == 0
     for path in (
@@ -278,6 +371,11 @@ async def test_static_files_carry_a_self_only_csp_and_nothing_else_is_served(
         "/dashboard/nope.js",
         "/dashboard/%2e%2e%2fconfig.py",
         "/dashboard/" + "0" * 300,  # longer than a file name may be
+        "/dashboard/vendor/MANIFEST.json",  # the source tree's, not the page's
+        "/dashboard/vendor/LICENSE.uplot.txt",
+        "/dashboard/vendor/..%2Fapp.js",
+        "/dashboard/vendor/app.js",  # each folder's own files only
+        "/dashboard/d3-geo.min.js",
     ):
         status, _body, _ = await c.call("GET", path)
         assert status == 404, path

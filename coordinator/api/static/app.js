@@ -7,7 +7,6 @@
 
 const ROLES = { viewer: 1, operator: 2, admin: 3 };
 const PAGE = 50;
-const SVGNS = "http://www.w3.org/2000/svg";
 const state = {
   role: null,
   agents: new Map(),      // agent_id -> agent JSON (GET /v1/agents shape)
@@ -70,8 +69,7 @@ function sessionEnded() {
   state.agents = new Map();
   state.points = [];
   $("agent-rows").replaceChildren();
-  for (const dot of dotsById.values()) dot.remove();
-  dotsById.clear();
+  if (fleetMap) fleetMap.clear();
   $("nav").hidden = true;
   $("sign-out").hidden = true;
   $("who").textContent = "";
@@ -152,6 +150,7 @@ function fillRow(tr, a) {
   const cells = tr.children;
   cells[0].firstChild.textContent = a.agent_id;
   cells[1].textContent = a.site || "";
+  cells[1].title = a.site || "";
   cells[2].textContent = status;
   cells[2].className = `status ${status}`;
   const numbers = [
@@ -214,60 +213,13 @@ function renderTable() {
   }
 }
 
-// Equirectangular projection of the whole earth onto the 720x360 map.
-function project(lat, lon) { return [(lon + 180) * 2, (90 - lat) * 2]; }
-
-function drawGrid() {
-  const svg = $("map");
-  for (let lon = -180; lon <= 180; lon += 30) {
-    const line = document.createElementNS(SVGNS, "line");
-    const [x] = project(0, lon);
-    line.setAttribute("x1", x); line.setAttribute("x2", x);
-    line.setAttribute("y1", 0); line.setAttribute("y2", 360);
-    line.setAttribute("class", "grid");
-    svg.appendChild(line);
-  }
-  for (let lat = -60; lat <= 60; lat += 30) {
-    const line = document.createElementNS(SVGNS, "line");
-    const [, y] = project(lat, 0);
-    line.setAttribute("x1", 0); line.setAttribute("x2", 720);
-    line.setAttribute("y1", y); line.setAttribute("y2", y);
-    line.setAttribute("class", "grid");
-    svg.appendChild(line);
-  }
-  const dots = document.createElementNS(SVGNS, "g");
-  dots.setAttribute("id", "map-dots");
-  svg.appendChild(dots);
-}
-
-const dotsById = new Map();
-
-function updateDot(a) {
-  const group = $("map-dots");
-  let dot = dotsById.get(a.agent_id);
-  if (!a.location) {
-    if (dot) { dot.remove(); dotsById.delete(a.agent_id); }
-    return;
-  }
-  if (!dot) {
-    dot = document.createElementNS(SVGNS, "circle");
-    dot.setAttribute("r", "4");
-    dot.appendChild(document.createElementNS(SVGNS, "title"));
-    dot.addEventListener("click", () => { location.hash = `#agent/${encodeURIComponent(a.agent_id)}`; });
-    group.appendChild(dot);
-    dotsById.set(a.agent_id, dot);
-  }
-  const [x, y] = project(a.location.lat, a.location.lon);
-  const status = agentStatus(a);
-  dot.setAttribute("cx", x.toFixed(1));
-  dot.setAttribute("cy", y.toFixed(1));
-  dot.setAttribute("class", status);
-  dot.setAttribute("data-agent", a.agent_id);
-  dot.firstChild.textContent = `${a.agent_id} (${a.site || "no site"}): ${status}`;
-}
+// The map (map.js): made in init(), fed every agent; redrawn once a frame at most, and
+// only when an agent's place, status or site changed.
+let fleetMap = null;
 
 function renderMap() {
-  for (const a of state.agents.values()) updateDot(a);
+  for (const a of state.agents.values()) fleetMap.set(a);
+  fleetMap.render();
 }
 
 async function loadAgents() {
@@ -300,14 +252,13 @@ function applyAgentRows(message) {
   for (const a of message.agents) {
     if (a.removed) {
       state.agents.delete(a.agent_id);
-      const dot = dotsById.get(a.agent_id);
-      if (dot) { dot.remove(); dotsById.delete(a.agent_id); }
+      fleetMap.remove(a.agent_id);
       reorder = true;
       continue;
     }
     const known = state.agents.has(a.agent_id);
     state.agents.set(a.agent_id, a);
-    updateDot(a);
+    if (fleetMap.set(a)) fleetMap.schedule();
     const tr = state.rows.get(a.agent_id);
     if (tr) {
       fillRow(tr, a);
@@ -357,56 +308,6 @@ function renderTotals() {
   box.replaceChildren(...nodes);
 }
 
-function chart(title, series, unit, id) {
-  // series: [[label, values(number|null)[]], ...] over state.points. Labels may come from
-  // agents (redaction types, overflow targets): textContent only.
-  const box = el("div", null, "chart");
-  if (id) box.id = id;
-  box.appendChild(el("h3", title));
-  const svg = document.createElementNS(SVGNS, "svg");
-  svg.setAttribute("viewBox", "0 0 360 100");
-  svg.setAttribute("preserveAspectRatio", "none");
-  svg.setAttribute("role", "img");
-  const label = document.createElementNS(SVGNS, "title");
-  label.textContent = title;
-  svg.appendChild(label);
-  let max = 0;
-  for (const [, values] of series) for (const v of values) if (v !== null && v > max) max = v;
-  const axis = document.createElementNS(SVGNS, "line");
-  axis.setAttribute("x1", 0); axis.setAttribute("x2", 360); axis.setAttribute("y1", 99); axis.setAttribute("y2", 99);
-  axis.setAttribute("class", "axis");
-  svg.appendChild(axis);
-  series.forEach(([, values], index) => {
-    const n = values.length;
-    const coords = [];
-    values.forEach((v, i) => {
-      if (v === null) return;
-      const x = n <= 1 ? 360 : (360 * i) / (n - 1);
-      const y = max > 0 ? 98 - (96 * v) / max : 98;
-      coords.push(`${x.toFixed(1)},${y.toFixed(1)}`);
-    });
-    const line = document.createElementNS(SVGNS, "polyline");
-    line.setAttribute("points", coords.join(" "));
-    line.setAttribute("class", `s${index % 4}`);
-    svg.appendChild(line);
-  });
-  box.appendChild(svg);
-  const legend = el("ul", null, "legend");
-  series.forEach(([name, values], index) => {
-    const last = values.length ? values[values.length - 1] : null;
-    let peak = 0;
-    for (const v of values) if (v !== null && v > peak) peak = v;
-    const item = el("li");
-    item.appendChild(el("span", null, `swatch s${index % 4}`));
-    item.appendChild(el("span", String(name), "series-name"));
-    item.appendChild(el("span", `: ${last === null ? "-" : `${last.toFixed(3)}${unit}`} now, peak ${peak.toFixed(3)}${unit}`));
-    legend.appendChild(item);
-  });
-  box.appendChild(legend);
-  box.appendChild(el("p", `Max ${max.toFixed(3)}${unit}, ${state.points.length} points of 10 s.`));
-  return box;
-}
-
 // At most this many keyed series per chart (the biggest over the hour; the rest summed).
 const MAX_KEYED = 8;
 const MAX_KEY_CHARS = 64;
@@ -435,24 +336,57 @@ function keyedSeries(field) {
   return out;
 }
 
+// Chart groups (charts.js) of the fleet metrics, overflow and agent views.
+let fleetCharts = null, overflowCharts = null, agentCharts = null;
+
 function renderCharts() {
   const pts = state.points;
-  const col = (f) => pts.map((p) => p[f]);
-  const zero = () => [["none yet", col("reports").map(() => 0)]];
-  $("charts").replaceChildren(
-    chart("Requests/s", [["requests", col("requests_per_s")], ["failed", col("failed_per_s")]], "/s"),
-    chart("Tokens/s", [["completion", col("tokens_per_s")], ["prompt", col("prompt_tokens_per_s")]], "/s"),
-    chart("TTFT (merged histograms)", [["p50", col("ttft_p50_s")], ["p99", col("ttft_p99_s")]], " s"),
-    chart("Rejections/s", [["rejected", col("rejections_per_s")]], "/s"),
-  );
-  const overflow = keyedSeries("overflow_per_s");
-  const cost = keyedSeries("overflow_cost");
-  const redactions = keyedSeries("redactions_per_s");
-  $("overflow-charts").replaceChildren(
-    chart("Overflow requests/s by target", overflow.length ? overflow : zero(), "/s", "chart-overflow"),
-    chart("Overflow cost by target (per 10 s)", cost.length ? cost : zero(), "", "chart-overflow-cost"),
-    chart("Redactions/s by type", redactions.length ? redactions : zero(), "/s", "chart-redactions"),
-  );
+  const xs = pts.map((p) => p.t);
+  const col = (f, scale = 1) => pts.map((p) => (p[f] === null || p[f] === undefined ? null : p[f] * scale));
+  const zero = () => [["none yet", pts.map(() => 0)]];
+  if (currentView() === "series") {
+    fleetCharts.chart({ id: "chart-requests", title: "Requests per second", unit: "req/s", axis: "requests/s" })
+      .update(xs, [["requests", col("requests_per_s")], ["failed", col("failed_per_s")]]);
+    fleetCharts.chart({ id: "chart-tokens", title: "Tokens per second", unit: "tok/s", axis: "tokens/s" })
+      .update(xs, [["completion", col("tokens_per_s")], ["prompt", col("prompt_tokens_per_s")]]);
+    fleetCharts.chart({ id: "chart-ttft", title: "Time to first token (merged histograms)", unit: "ms", axis: "TTFT (ms)" })
+      .update(xs, [["p50", col("ttft_p50_s", 1000)], ["p99", col("ttft_p99_s", 1000)]]);
+    fleetCharts.chart({ id: "chart-rejections", title: "Rejections per second (rate limits)", unit: "req/s", axis: "rejected/s" })
+      .update(xs, [["rejected", col("rejections_per_s")]]);
+  } else if (currentView() === "overflow") {
+    const overflow = keyedSeries("overflow_per_s");
+    const cost = keyedSeries("overflow_cost");
+    const redactions = keyedSeries("redactions_per_s");
+    overflowCharts.chart({ id: "chart-overflow", title: "Overflow requests per second, by target", unit: "req/s", axis: "requests/s" })
+      .update(xs, overflow.length ? overflow : zero());
+    overflowCharts.chart({ id: "chart-overflow-cost", title: "Overflow cost per 10 s, by target (targets' prices)", unit: "", axis: "cost per 10 s" })
+      .update(xs, cost.length ? cost : zero());
+    overflowCharts.chart({ id: "chart-redactions", title: "Redactions per second, by type", unit: "/s", axis: "values redacted/s" })
+      .update(xs, redactions.length ? redactions : zero());
+  }
+}
+
+// The agent page's history: GET /v1/admin/agents/{id}/series (the agent's own reports).
+async function renderAgentCharts(agentId) {
+  let data;
+  try { data = await api("GET", `/v1/admin/agents/${encodeURIComponent(agentId)}/series`); }
+  catch (error) { $("agent-series-note").textContent = `No history: ${error.message}`; return; }
+  if (state.detailId !== agentId) return;
+  state.agentSeries = data;
+  const pts = data.points;
+  const xs = pts.map((p) => p.t);
+  const col = (f, scale = 1) => pts.map((p) => (p[f] === null || p[f] === undefined ? null : p[f] * scale));
+  $("agent-series-note").textContent = pts.length
+    ? `${pts.length} steps of 10 s from this agent's own reports; gaps: no report in that step.`
+    : "No closed 10 s step yet: the first appears within 10 s of the agent's first report.";
+  agentCharts.chart({ id: "chart-agent-tokens", title: "Tokens per second (completion)", unit: "tok/s", axis: "tokens/s" })
+    .update(xs, [["completion", col("tokens_per_s")]]);
+  agentCharts.chart({ id: "chart-agent-queue", title: "Queue (waiting, most per step)", unit: "seq", axis: "sequences" })
+    .update(xs, [["queue", col("queue")]]);
+  agentCharts.chart({ id: "chart-agent-ttft", title: "Time to first token", unit: "ms", axis: "TTFT (ms)" })
+    .update(xs, [["p50", col("ttft_p50_s", 1000)], ["p99", col("ttft_p99_s", 1000)]]);
+  agentCharts.chart({ id: "chart-agent-errors", title: "Requests and errors per second", unit: "req/s", axis: "requests/s" })
+    .update(xs, [["requests", col("requests_per_s")], ["failed", col("failed_per_s")]]);
 }
 
 async function loadSeries() {
@@ -470,6 +404,7 @@ function connectEvents() {
     state.points.push(JSON.parse(event.data));
     if (state.points.length > 360) state.points.shift();
     if (currentView() === "series" || currentView() === "overflow") renderCharts();
+    else if (currentView() === "agent" && state.detailId) renderAgentCharts(state.detailId);
     renderTotals();
   });
   source.addEventListener("ready", () => setStatus("Live updates connected."));
@@ -491,7 +426,7 @@ function renderDetail(a) {
     ["URL", a.http_url || ""], ["Agent version", a.agent_version || ""],
     ["Connected since", a.connected_since || "disconnected"], ["Last report", a.last_seen || ""],
     ["Queue", load.waiting_sequences ?? ""], ["Running", load.running_sequences ?? ""],
-    ["Tokens/s", load.tokens_per_second ?? ""],
+    ["Tokens/s", load.tokens_per_second !== undefined ? load.tokens_per_second.toFixed(1) : ""],
     ["KV cache", load.kv_cache_used_fraction !== undefined ? `${Math.round(load.kv_cache_used_fraction * 100)}%` : ""],
     ["Requests (total / failed)", load.requests_total !== undefined ? `${load.requests_total} / ${load.requests_failed_total}` : ""],
     ["Execution providers", ((a.hardware && a.hardware.execution_providers) || []).join(", ")],
@@ -543,7 +478,9 @@ async function showAgent(agentId) {
     renderDetail(a);
   } catch (error) {
     setStatus(`Could not load agent: ${error.message}`);
+    return;
   }
+  await renderAgentCharts(agentId);
 }
 
 async function drainOrResume(kind) {
@@ -851,7 +788,8 @@ async function start() {
   let me;
   // The fleet and the series are asked for at once with whoami (one round trip, not two);
   // signed out, they are refused like it and nothing is shown.
-  const data = Promise.all([loadAgents(), loadSeries()]);
+  const data = Promise.all([loadAgents(), loadSeries(), fleetMap.atlas === "loaded" ? null
+    : fleetMap.loadAtlas("/dashboard/vendor/countries-110m.json")]);
   data.catch(() => {});
   try { me = await api("GET", "/v1/admin/whoami"); }
   catch (error) {
@@ -880,7 +818,21 @@ async function start() {
 }
 
 function init() {
-  drawGrid();
+  fleetMap = new FleetMap($("map"), {
+    statusOf: agentStatus,
+    onOpen: (id) => { location.hash = `#agent/${encodeURIComponent(id)}`; },
+  });
+  state.map = fleetMap;
+  fleetCharts = new ChartGroup($("charts"));
+  overflowCharts = new ChartGroup($("overflow-charts"));
+  agentCharts = new ChartGroup($("agent-charts"));
+  state.charts = { fleet: fleetCharts, overflow: overflowCharts, agent: agentCharts };
+  let resizing = false;
+  window.addEventListener("resize", () => {
+    if (resizing) return;
+    resizing = true;
+    requestAnimationFrame(() => { resizing = false; for (const g of [fleetCharts, overflowCharts, agentCharts]) g.resize(); });
+  });
   $("signin-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const input = $("signin-token");

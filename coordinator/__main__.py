@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
@@ -17,6 +16,7 @@ from coordinator.config import (
     log_level_number,
 )
 from coordinator.errors import ConfigError, CoordinatorError
+from coordinator.event_loop import runner_for
 from coordinator.server import serve
 from edgefleet.config_loading import add_arguments, overrides_from_args
 
@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        asyncio.run(serve(config))
+        loop_name, run = runner_for(config.event_loop)
+        logger.info("event loop: %s", loop_name)
+        run(serve(config))
     except CoordinatorError as exc:
         logger.error("%s", exc)
         return 1

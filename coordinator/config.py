@@ -26,6 +26,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from coordinator.errors import ConfigError
+from coordinator.event_loop import EventLoopChoice
 from coordinator.routing.scorer import RoutePolicy
 from edgefleet.config_loading import Flag, ProcessSettings, Switch, Upper, load_settings
 from edgefleet.http_limits import HttpLimits
@@ -72,6 +73,8 @@ class CoordinatorConfig(ProcessSettings):
     they reconnect; 0: not at all."""
     log_level: Annotated[LogLevel, Upper] = "INFO"
     """Level of the coordinator's log (DEBUG, INFO, WARNING, ERROR, CRITICAL)."""
+    event_loop: EventLoopChoice = "auto"
+    """The event loop: auto (uvloop when installed, else asyncio's), uvloop, or asyncio."""
 
     # --- HTTP server limits (edgefleet/http_limits.py)
     http_header_timeout_s: float = Field(default=_HTTP.header_timeout_s, gt=0, le=3600)

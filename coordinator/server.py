@@ -18,6 +18,7 @@ from coordinator.api.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, METRICS
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import ConfigError, ServerStartError
+from coordinator.event_loop import running_loop_name
 from coordinator.gc_pauses import FREEZE_EVERY_S, GcPauseRecorder, HeapSettler, settle_heap
 from coordinator.identity.ca import CertificateAuthority
 from coordinator.loop_lag import LoopLagProbe
@@ -88,6 +89,7 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
             grpc_server.enroll_address,
             "on" if grpc_server.tls else "off",
         )
+        app[METRICS_KEY].event_loop_info.labels(loop=running_loop_name()).set(1)
         lag_probe = LoopLagProbe(app[METRICS_KEY].event_loop_lag_seconds)
         lag_probe.start()
         tasks = [asyncio.create_task(_settle_heap(app), name="heap-settler")]

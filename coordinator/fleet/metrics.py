@@ -143,6 +143,12 @@ class CoordinatorMetrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=self.registry,
         )
+        self.event_loop_info = Gauge(
+            f"{PREFIX}_event_loop_info",
+            "The event loop the coordinator runs on (uvloop or asyncio): 1 for the one in use.",
+            ["loop"],
+            registry=self.registry,
+        )
         self.enrollments = Counter(
             f"{PREFIX}_enrollments",
             "Enroll calls, by result (ok or the refusal reason).",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,12 @@ from coordinator.store.write_behind import WriteBehind
 from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
 
 logger = logging.getLogger(__name__)
+
+# Agents named one by one per sweep when their liveness changes (or between two sweeps,
+# when they come back); the rest are counted in one line. When a whole fleet falls silent
+# at once (a cut network, a coordinator starved of CPU) and comes back, thousands of lines
+# a second would only add to the load that caused it.
+LOG_EACH = 10
 
 Clock = Callable[[], datetime]
 
@@ -158,6 +165,8 @@ class LiveFleetRegistry:
     ) -> None:
         self._store = store
         self._clock = clock
+        # "live again" lines logged since the last sweep, and those counted instead
+        self._back_logged = self._back_unlogged = 0
         self._writes = WriteBehind("fleet registry")
         self._generations = GenerationCounter(
             store.reserve_generations, demand=lambda: len(self._agents)
@@ -247,7 +256,7 @@ class LiveFleetRegistry:
         if previous is None or routing_hello(previous.hello, kept) != routing_hello(hello, kept):
             self._index.put(routing_hello(hello, kept))
         if previous is not None and previous.liveness is not Liveness.LIVE:
-            logger.info("agent %s is live again (was %s)", hello.agent_id, previous.liveness)
+            self._log_live_again(hello.agent_id, previous.liveness)
         self._writes.submit(
             lambda: self._store.save_hello(hello, now), f"agent {hello.agent_id}'s Hello"
         )
@@ -258,7 +267,7 @@ class LiveFleetRegistry:
         if record is None:
             return
         if record.liveness is not Liveness.LIVE:
-            logger.info("agent %s is live again (was %s)", agent_id, record.liveness)
+            self._log_live_again(agent_id, record.liveness)
         if report.unhealthy_reason != record.unhealthy_reason:
             if report.unhealthy_reason:
                 logger.warning(
@@ -337,8 +346,18 @@ class LiveFleetRegistry:
         logger.info("agent %s %s", agent_id, "draining" if draining else "resumed")
         return record
 
+    def _log_live_again(self, agent_id: str, was: Liveness) -> None:
+        if self._back_logged < LOG_EACH:
+            self._back_logged += 1
+            logger.info("agent %s is live again (was %s)", agent_id, was)
+        else:
+            self._back_unlogged += 1
+
     def sweep(self) -> list[AgentRecord]:
         now = self._clock()
+        if self._back_unlogged:
+            logger.info("and %d more agents live again", self._back_unlogged)
+        self._back_logged = self._back_unlogged = 0
         self.remove_stale_unenrolled(now)
         changed: list[AgentRecord] = []
         expired: list[AgentRecord] = []
@@ -367,7 +386,7 @@ class LiveFleetRegistry:
                 record = replace(record, liveness=liveness)
                 self._agents[agent_id] = record
                 changed.append(record)
-        for record in changed:
+        for record in changed[:LOG_EACH]:
             logger.warning(
                 "agent %s is %s: no report for %.1f s%s",
                 record.agent_id,
@@ -376,6 +395,13 @@ class LiveFleetRegistry:
                 " (its session ended without a Bye)"
                 if record.status is AgentStatus.DISCONNECTED
                 else "",
+            )
+        if len(changed) > LOG_EACH:
+            more = Counter(str(r.liveness) for r in changed[LOG_EACH:])
+            logger.warning(
+                "and %d more agents: %s",
+                len(changed) - LOG_EACH,
+                ", ".join(f"{n} {liveness}" for liveness, n in sorted(more.items())),
             )
         if expired:
             logger.warning(

@@ -17,7 +17,7 @@ from coordinator.fleet.registry import LiveFleetRegistry
 from coordinator.identity.peer_rate_limit import PeerRateLimiter, peer_ip
 from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
-from edgefleet.contract import Hello
+from edgefleet.contract import Hello, LoadReport
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 from tests.coordinator.coordinator_testing import MakeCoordinator, hello
@@ -195,3 +195,37 @@ async def test_rpcs_beyond_the_cap_are_refused_and_held_sessions_go_on(
     for call in flood:
         call.cancel()
     honest.cancel()
+
+
+async def test_a_fleet_falling_silent_at_once_is_logged_in_a_few_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """400 agents silent at once (a cut link, a starved coordinator), then back: the first
+    few named, the rest counted, not 800 lines adding to the load that caused them."""
+    from coordinator.fleet.records import Liveness
+    from coordinator.fleet.registry import LOG_EACH
+
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    store = SQLiteFleetStore.in_directory(tmp_path)
+    await store.open()
+    try:
+        registry = await LiveFleetRegistry.open(store, clock=lambda: now[0])
+        sessions = {f"a{i:03d}": registry.open_session(_hello(f"a{i:03d}")) for i in range(400)}
+        caplog.set_level("INFO", logger="coordinator.fleet.registry")
+        caplog.clear()
+        now[0] += timedelta(seconds=5)  # two report intervals missed
+        assert len(registry.sweep()) == 400
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == LOG_EACH + 1
+        assert lines[-1] == f"and {400 - LOG_EACH} more agents: {400 - LOG_EACH} suspect"
+        caplog.clear()
+        for agent_id, session_id in sessions.items():
+            registry.record_report(agent_id, session_id, LoadReport())
+        registry.sweep()
+        lines = [r.getMessage() for r in caplog.records]
+        assert sum("is live again (was suspect)" in line for line in lines) == LOG_EACH
+        assert lines[-1] == f"and {400 - LOG_EACH} more agents live again"
+        assert all(r.liveness is Liveness.LIVE for r in registry.agents())
+        await registry.flush()
+    finally:
+        await store.close()

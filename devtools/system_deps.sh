@@ -17,6 +17,8 @@
 #   uidmap                podman's user namespaces
 #   nginx-light           the fixed upstream of benchmarks/overflow_overhead.py
 #   curl                  the site runbook's commands (tests/edge_images/test_runbook.py)
+#   postgresql            the coordinator's PostgreSQL store: its tests start a throwaway
+#                         cluster with its initdb and pg_ctl (tests/postgres_cluster.py)
 # Add a package here (with its reason) when a test needs one.
 #
 # `system_deps.sh arm64` (make image-cpu-arm64) adds what building the arm64 image on x86-64
@@ -24,7 +26,7 @@
 #   qemu-user-static binfmt-support   qemu-aarch64 registered with binfmt_misc, so
 #                                     mmdebstrap and buildah run arm64 programs emulated
 set -eu
-PACKAGES="chromium prometheus buildah mmdebstrap podman runc python3 python3-venv iproute2 util-linux uidmap nginx-light curl"
+PACKAGES="chromium prometheus buildah mmdebstrap podman runc python3 python3-venv iproute2 util-linux uidmap nginx-light curl postgresql"
 case "${1:-}" in
   "") ;;
   arm64) PACKAGES="$PACKAGES qemu-user-static binfmt-support" ;;

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from devtools.process import ServiceProcess, forget_exited, started_processes
+from tests.postgres_cluster import ClusterError, PostgresCluster
 from tests.server_logs import report_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,3 +110,27 @@ def pytest_runtest_makereport(
             # a section, not in longrepr: plugins may replace that (schemathesis does)
             report.sections.append((f"server log: {title}", text))
     return report
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL server (tests/postgres_cluster.py) for this session (one per
+    xdist worker), stopped and deleted at its end. Its directory is under the system's
+    temporary directory, not pytest's (which only root may enter; the server runs as
+    postgres). It never skips: a server that cannot start fails the tests that need it,
+    saying why."""
+    try:
+        cluster = PostgresCluster.start()
+    except ClusterError as exc:
+        failure = str(exc)
+    else:
+        yield cluster
+        cluster.stop()
+        return
+    pytest.fail(failure, pytrace=False)
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: PostgresCluster) -> str:
+    """The URL of a fresh, empty database on the test cluster."""
+    return postgres_cluster.create_database()

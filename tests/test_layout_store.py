@@ -64,15 +64,23 @@ def test_no_module_outside_the_store_imports_a_database_driver() -> None:
     )
 
 
-def test_the_store_itself_is_where_sqlite_is_used() -> None:
-    """The walk sees the store's own imports: a check that cannot fail proves nothing."""
-    inside = [
-        name
+def test_the_store_itself_is_where_sqlite_and_psycopg_are_used() -> None:
+    """The walk sees the store's own imports: a check that cannot fail proves nothing.
+    PostgreSQL's driver stays inside its backend's package, SQLite's outside it."""
+    inside = {
+        name.split(".")[0]: path
         for path in product_modules()
         if path.is_relative_to(STORE)
         for _, name in drivers_imported(path.read_text(encoding="utf-8"))
-    ]
-    assert "sqlite3" in inside
+    }
+    assert {"sqlite3", "psycopg", "psycopg_pool"} <= set(inside)
+    postgres = STORE / "postgres"
+    for path in product_modules():
+        if path.is_relative_to(STORE):
+            names = {n.split(".")[0] for _, n in drivers_imported(path.read_text("utf-8"))}
+            in_postgres = path.is_relative_to(postgres)
+            assert in_postgres or not names & {"psycopg", "psycopg_pool", "asyncpg"}, path
+            assert not in_postgres or "sqlite3" not in names, path
 
 
 @pytest.mark.parametrize(

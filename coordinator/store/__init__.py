@@ -13,7 +13,12 @@ What lives here:
 - ``sqlite/``: the default backend, ``SQLiteFleetStore``: one module per resource with its
   SQL, all run on one thread that owns the connection (``sqlite/worker.py``: off the event
   loop, each call within a statement timeout, StoreError past it);
+- ``postgres/``: the second backend, ``PostgresFleetStore`` (psycopg 3 and psycopg_pool;
+  ``postgres/pool.py``: every call within a statement and lock timeout and a client-side
+  deadline; ``postgres/migrations.py``: its own numbered history, run under an advisory
+  lock), for fleets that outgrow one machine (``store_url = "postgresql://..."``);
 - ``migrations.py``: the SQLite schema's numbered history (``PRAGMA user_version``);
+- ``report_json.py``: a load report as both backends keep it in ``agent_last_state``;
 - ``write_behind.py``: for callers that change state in synchronous code (the fleet
   registry): the change in memory at once, its write queued in order, flushed at
   shutdown;
@@ -26,10 +31,11 @@ Nothing outside this package imports a database driver (tests/test_layout_store.
 Services hold the store (or the table protocols they need) and await its methods; what
 they read on hot paths (route lookups, load reports, sessions opening) they keep in memory.
 
-Adding a backend (PostgreSQL next): a package beside ``sqlite/`` with a class that
-implements ``FleetStore`` (a mixin per resource module, as ``sqlite/`` does; each method
-one statement or one transaction, bounded by a statement timeout, raising StoreError for
-what fails), its own migrations to the same tables, and the choice of backend where the
-store is made (``coordinator/app.py``, ``offline.py``). tests/coordinator/test_sqlite_store.py
-and tests/coordinator/test_store_worker.py are what it has to pass too.
+Adding a backend: a package beside ``sqlite/`` and ``postgres/`` with a class that
+implements ``FleetStore`` (a mixin per resource module; each method one statement or one
+transaction, bounded by a statement timeout, raising StoreError for what fails), its own
+migrations to the same tables, and the choice of backend where the store is made
+(``coordinator/app.py``, ``offline.py``). The conformance suite
+(tests/coordinator/test_store_conformance*.py, parametrized over the backends by
+tests/coordinator/store_backends.py) is what it has to pass.
 """

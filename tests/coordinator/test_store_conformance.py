@@ -1,12 +1,14 @@
-"""The SQLite fleet store: the tokens and agents tables, WAL, reopening, a second connection
-(the other tables: tests/coordinator/test_store_tables.py; timeouts and the worker thread:
-tests/coordinator/test_store_worker.py)."""
+"""The fleet store's conformance suite: every test runs on both backends (SQLite and
+PostgreSQL: the ``store`` fixtures of tests/coordinator/store_backends.py), so what passes
+on one passes on the other. The tokens and agents tables, reopening, a second connection
+and racing enrollments; the other tables: tests/coordinator/test_store_conformance_tables.py;
+what only one backend has (SQLite's WAL and worker thread: test_store_worker.py;
+PostgreSQL's timeouts, migrations and audit trigger: test_postgres_store.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,20 +17,17 @@ import pytest
 
 from coordinator.errors import StoreError
 from coordinator.store.interface import FleetStore, JoinToken, StoredAgent
+from coordinator.store.postgres import PostgresFleetStore
 from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
 from edgefleet.contract import Hardware, Hello, LoadedModel, Location
+from tests.coordinator.store_backends import StoreFactory, backend, store, store_factory
 
 pytestmark = pytest.mark.timeout(30)
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteFleetStore]:
-    opened = SQLiteFleetStore.in_directory(tmp_path)
-    await opened.open()
-    yield opened
-    await opened.close()
+__all__ = ["backend", "store", "store_factory"]  # fixtures
 
 
 def token(token_id: str = "tok1", **changes: object) -> JoinToken:
@@ -73,14 +72,23 @@ def enrolled(agent_id: str = "agent-1", site: str = "") -> StoredAgent:
     )
 
 
-async def test_it_is_a_fleet_store_in_wal_mode(store: SQLiteFleetStore, tmp_path: Path) -> None:
-    _typed: FleetStore = store  # the Protocol is checked statically (mypy)
-    assert store.path == tmp_path / DB_FILE
-    with sqlite3.connect(store.path) as db:
-        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+async def test_each_backend_is_a_fleet_store(tmp_path: Path) -> None:
+    _sqlite: FleetStore = SQLiteFleetStore.in_directory(tmp_path)  # the Protocol is checked
+    _postgres: FleetStore = PostgresFleetStore("postgresql://u@h/db")  # statically (mypy)
 
 
-async def test_tokens_add_get_list_revoke(store: SQLiteFleetStore) -> None:
+async def test_sqlite_keeps_its_file_in_wal_mode(tmp_path: Path) -> None:
+    store = SQLiteFleetStore.in_directory(tmp_path)
+    await store.open()
+    try:
+        assert store.path == tmp_path / DB_FILE
+        with sqlite3.connect(store.path) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        await store.close()
+
+
+async def test_tokens_add_get_list_revoke(store: FleetStore) -> None:
     first = token("tok1", site="berlin", note="for the lab")
     second = token("tok2", created_at=NOW + timedelta(seconds=1), expires_at=None)
     await store.add_token(first)
@@ -94,13 +102,13 @@ async def test_tokens_add_get_list_revoke(store: SQLiteFleetStore) -> None:
     assert revoked is not None and revoked.revoked and revoked.state(NOW) == "revoked"
 
 
-async def test_a_duplicate_token_id_is_a_store_error(store: SQLiteFleetStore) -> None:
+async def test_a_duplicate_token_id_is_a_store_error(store: FleetStore) -> None:
     await store.add_token(token())
     with pytest.raises(StoreError):
         await store.add_token(token())
 
 
-async def test_enroll_uses_the_token_once_and_adds_the_agent(store: SQLiteFleetStore) -> None:
+async def test_enroll_uses_the_token_once_and_adds_the_agent(store: FleetStore) -> None:
     await store.add_token(token(max_uses=2, site="berlin"))
     assert await store.enroll("tok1", NOW, enrolled("agent-1", site="berlin")) is True
     used = await store.get_token("tok1")
@@ -125,7 +133,7 @@ async def test_enroll_uses_the_token_once_and_adds_the_agent(store: SQLiteFleetS
     ],
 )
 async def test_enroll_refuses_an_unusable_token_and_changes_nothing(
-    store: SQLiteFleetStore, stored: JoinToken | None, when: datetime
+    store: FleetStore, stored: JoinToken | None, when: datetime
 ) -> None:
     if stored is not None:
         await store.add_token(stored)
@@ -136,7 +144,7 @@ async def test_enroll_refuses_an_unusable_token_and_changes_nothing(
         assert await store.get_token("tok1") == stored
 
 
-async def test_save_hello_creates_then_updates_an_agent(store: SQLiteFleetStore) -> None:
+async def test_save_hello_creates_then_updates_an_agent(store: FleetStore) -> None:
     await store.save_hello(hello(site="berlin"), NOW)
     agent = await store.get_agent("agent-1")
     assert agent is not None and not agent.enrolled
@@ -150,7 +158,7 @@ async def test_save_hello_creates_then_updates_an_agent(store: SQLiteFleetStore)
     assert [s.name for s in await store.list_sites()] == ["berlin", "munich"]
 
 
-async def test_an_enrolled_agents_site_is_not_changed_by_its_hello(store: SQLiteFleetStore) -> None:
+async def test_an_enrolled_agents_site_is_not_changed_by_its_hello(store: FleetStore) -> None:
     await store.add_token(token(site="berlin"))
     await store.enroll("tok1", NOW, enrolled(site="berlin"))
     await store.save_hello(hello(site="elsewhere"), NOW)
@@ -159,7 +167,7 @@ async def test_an_enrolled_agents_site_is_not_changed_by_its_hello(store: SQLite
     assert agent.hello is not None and agent.hello.site == "elsewhere"
 
 
-async def test_last_seen_and_draining(store: SQLiteFleetStore) -> None:
+async def test_last_seen_and_draining(store: FleetStore) -> None:
     await store.save_hello(hello(), NOW)
     await store.save_last_seen("agent-1", NOW + timedelta(seconds=30))
     assert await store.set_draining("agent-1", True) is True
@@ -172,14 +180,14 @@ async def test_last_seen_and_draining(store: SQLiteFleetStore) -> None:
     assert agent is not None and not agent.draining
 
 
-async def test_list_agents_is_ordered_by_id(store: SQLiteFleetStore) -> None:
+async def test_list_agents_is_ordered_by_id(store: FleetStore) -> None:
     for agent_id in ("c", "a", "b"):
         await store.save_hello(hello(agent_id), NOW)
     assert [a.agent_id for a in await store.list_agents()] == ["a", "b", "c"]
 
 
-async def test_reopening_keeps_everything(tmp_path: Path) -> None:
-    first = SQLiteFleetStore.in_directory(tmp_path)
+async def test_reopening_keeps_everything(store_factory: StoreFactory) -> None:
+    first = store_factory()
     await first.open()
     await first.add_token(token())
     await first.enroll("tok1", NOW, enrolled())
@@ -187,7 +195,7 @@ async def test_reopening_keeps_everything(tmp_path: Path) -> None:
     await first.set_draining("agent-1", True)
     before = (await first.list_tokens(), await first.list_agents(), await first.list_sites())
     await first.close()
-    reopened = SQLiteFleetStore.in_directory(tmp_path)
+    reopened = store_factory()
     await reopened.open()
     try:
         after = (
@@ -201,13 +209,13 @@ async def test_reopening_keeps_everything(tmp_path: Path) -> None:
 
 
 async def test_a_second_connection_sees_writes_and_enrollment_races_use_a_token_once(
-    tmp_path: Path,
+    store_factory: StoreFactory,
 ) -> None:
-    """The admin CLI opens the store while the coordinator has it open: two stores, two
-    threads, one file."""
-    coordinator = SQLiteFleetStore.in_directory(tmp_path)
-    cli = SQLiteFleetStore.in_directory(tmp_path)
-    racers = [SQLiteFleetStore(coordinator.path) for _ in range(2)]
+    """The admin CLI opens the store while the coordinator has it open (two stores, one
+    database), and enrollments race on separate connections."""
+    coordinator = store_factory()
+    cli = store_factory()
+    racers = [store_factory() for _ in range(8)]
     for opened in (coordinator, cli, *racers):
         await opened.open()
     try:
@@ -216,7 +224,7 @@ async def test_a_second_connection_sees_writes_and_enrollment_races_use_a_token_
         results = await asyncio.gather(
             *(own.enroll("tok1", NOW, enrolled(f"racer-{i}")) for i, own in enumerate(racers))
         )
-        assert sorted(results) == [False, True]
+        assert sorted(results) == [False] * 7 + [True]
         used = await coordinator.get_token("tok1")
         assert used is not None and used.uses == 1
         assert len([a for a in await cli.list_agents() if a.enrolled]) == 1

@@ -1,0 +1,161 @@
+"""A throwaway PostgreSQL cluster for tests: Debian's ``postgresql`` server (installed by
+devtools/system_deps.sh), started once per test session (per xdist worker) in a temporary
+directory, on a free loopback port, and stopped at the end.
+
+``initdb`` refuses to run as root, so as root the server's tools run as the ``postgres``
+user (``runuser``), which owns the cluster's directory. The cluster trusts local
+connections (it listens on 127.0.0.1 only, and lives as long as the test run) and runs
+without fsync. Nothing here skips: a server that cannot start is an error naming what
+failed, with the end of the server's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+#: The database user the tests connect as (the cluster's superuser).
+USER = "postgres"
+#: Where Debian puts each major version's server programs.
+DEBIAN_LIB = Path("/usr/lib/postgresql")
+START_TIMEOUT_S = 60
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not be set up (the message says what and why)."""
+
+
+def server_bin_dir() -> Path:
+    """The newest installed server's bin directory (with initdb and pg_ctl)."""
+    candidates = sorted(
+        (p for p in DEBIAN_LIB.glob("*/bin") if (p / "initdb").exists()),
+        key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0),
+    )
+    if candidates:
+        return candidates[-1]
+    initdb = shutil.which("initdb")
+    if initdb is not None:
+        return Path(initdb).parent
+    raise ClusterError(
+        f"no PostgreSQL server found (no {DEBIAN_LIB}/*/bin/initdb, no initdb on PATH): "
+        "install Debian's postgresql (devtools/system_deps.sh does; `make system-deps`)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class PostgresCluster:
+    """One running test cluster; ``url(database)`` to connect, ``create_database()`` for a
+    fresh database per test."""
+
+    root: Path
+    port: int
+    bin_dir: Path
+    _names: count[int] = field(default_factory=count)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "server.log"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def start(cls, parent: Path | None = None) -> PostgresCluster:
+        root = Path(tempfile.mkdtemp(prefix="edgefleet-pg-", dir=parent))
+        cluster = cls(root=root, port=free_port(), bin_dir=server_bin_dir())
+        try:
+            cluster._init_and_start()
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _init_and_start(self) -> None:
+        as_root = os.geteuid() == 0
+        if as_root:
+            try:
+                owner = pwd.getpwnam(USER)
+            except KeyError as exc:
+                raise ClusterError(
+                    f"running as root, and there is no '{USER}' user to run initdb as "
+                    "(Debian's postgresql package creates it)"
+                ) from exc
+            os.chown(self.root, owner.pw_uid, owner.pw_gid)
+        self._tool(
+            "initdb", "-D", str(self.data_dir), "-A", "trust", "-U", USER, "-E", "UTF8",
+            "--no-sync", "--no-instructions",
+        )  # fmt: skip
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._tool(
+            "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w",
+            "-t", str(START_TIMEOUT_S), "-o", options, "start",
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and delete its directory; idempotent."""
+        if (self.data_dir / "postmaster.pid").exists():
+            # already gone: the directory goes anyway
+            with contextlib.suppress(ClusterError):
+                self._tool("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _tool(self, name: str, *args: str) -> str:
+        command = [str(self.bin_dir / name), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", USER, "--", *command]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=START_TIMEOUT_S + 30,
+                cwd=self.root,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ClusterError(f"PostgreSQL test cluster: {name} did not run: {exc}") from exc
+        if done.returncode != 0:
+            raise ClusterError(
+                f"PostgreSQL test cluster: {' '.join(command)} exited {done.returncode}:\n"
+                f"{done.stdout}{done.stderr}{self._log_tail()}"
+            )
+        return done.stdout
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "server log (last lines):\n" + "\n".join(text.splitlines()[-lines:])
+
+    # ------------------------------------------------------------ databases
+
+    def create_database(self) -> str:
+        """A new, empty database; its URL."""
+        name = f"test_{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as db:
+            db.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self.url(name)

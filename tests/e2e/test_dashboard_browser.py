@@ -53,8 +53,8 @@ class Fleet:
     def url(self) -> str:
         return self.coordinator.http_url
 
-    async def page(self, token: str | None = None) -> Any:
-        context = await self.browser.new_context(viewport={"width": 1300, "height": 900})
+    async def page(self, token: str | None = None, width: int = 1300, height: int = 900) -> Any:
+        context = await self.browser.new_context(viewport={"width": width, "height": height})
         page = await context.new_page()
         page.on(
             "dialog", lambda d: (self.dialogs.append(d.message), asyncio.ensure_future(d.dismiss()))
@@ -151,20 +151,177 @@ async def test_signed_out_the_page_shows_nothing_and_actions_are_refused(fleet: 
     assert (await fleet.api("GET", "/v1/admin/tokens"))[1]["data"] == tokens_before
 
 
+async def _marker_place(page: Any, agent_id: str) -> dict[str, Any]:
+    """Where the page drew an agent's marker: its screen point inverted through the page's
+    projection and view (lon, lat), and the country whose outline holds that point."""
+    return dict(
+        await page.evaluate(
+            r"""(id) => {
+              const map = window.edgefleet.map;
+              const node = document.querySelector(`#map-markers [data-agent="${id}"]`);
+              const [, sx, sy] = node.getAttribute("transform")
+                .match(/translate\(([-\d.]+),([-\d.]+)\)/).map(Number);
+              const [bx, by] = map.toBase(sx, sy);
+              const country = [...document.querySelectorAll("#map-land path.country")]
+                .find((p) => p.isPointInFill(new DOMPoint(bx, by)));
+              return {lonlat: map.projection.invert([bx, by]), screen: [sx, sy],
+                      country: country ? country.dataset.name : null,
+                      label: (node.querySelector("text.label") || {}).textContent || null,
+                      status: node.getAttribute("class")};
+            }""",
+            agent_id,
+        )
+    )
+
+
+async def test_the_map_draws_countries_and_places_markers_where_the_agents_are(
+    fleet: Fleet,
+) -> None:
+    page = await fleet.page(fleet.coordinator.admin_token, width=1280, height=800)
+    await poll(page, "window.edgefleet.map.atlas === 'loaded'")
+    await poll(page, "document.querySelectorAll('#map-markers .marker').length === 2")
+    # Natural Earth's 1:110m countries, one outline each, and their borders.
+    countries = await page.evaluate(
+        "[...document.querySelectorAll('#map-land path.country')].map(p => p.dataset.name)"
+    )
+    assert len(countries) >= 170 and {"France", "Japan", "Brazil"} <= set(countries)
+    assert await page.evaluate("document.querySelector('#map-land path.border').getTotalLength()")
+    names = await page.evaluate(
+        "[...document.querySelectorAll('#map-names text')].map(t => t.textContent)"
+    )
+    assert "Russia" in names and "Brazil" in names  # the big ones are named
+    # Each marker lies where its agent is: inverted through the projection, and inside
+    # the outline of the country of its place; labelled with the agent's id.
+    paris = await _marker_place(page, "edge-paris")
+    assert paris["lonlat"] == [pytest.approx(2.35, abs=0.05), pytest.approx(48.85, abs=0.05)]
+    assert paris["country"] == "France" and paris["label"] == "edge-paris"
+    assert paris["status"] == "marker live"
+    tokyo = await _marker_place(page, "edge-tokyo")
+    assert tokyo["lonlat"] == [pytest.approx(139.69, abs=0.05), pytest.approx(35.68, abs=0.05)]
+    assert tokyo["country"] == "Japan"
+    await page.screenshot(path=str(SHOTS / "map.png"))
+    # Zoom (the wheel over Paris, then the button) and pan (a drag): the markers stay on
+    # their places, further apart.
+    box = await page.evaluate(
+        "(() => { const r = document.getElementById('map').getBoundingClientRect();"
+        " return [r.left, r.top, r.width, r.height]; })()"
+    )
+    scale = box[2] / 960
+    x, y = box[0] + paris["screen"][0] * scale, box[1] + paris["screen"][1] * scale
+    await page.mouse.move(x, y)
+    await page.mouse.wheel(0, -400)  # the wheel over Paris keeps Paris under the pointer
+    await poll(page, "window.edgefleet.map.k > 2")
+    await asyncio.sleep(0.1)
+    at = (await _marker_place(page, "edge-paris"))["screen"]
+    assert (box[0] + at[0] * scale, box[1] + at[1] * scale) == (
+        pytest.approx(x, abs=2),
+        pytest.approx(y, abs=2),
+    )
+    await page.mouse.down()
+    await page.mouse.move(x + 60, y + 30, steps=5)
+    await page.mouse.up()
+    await asyncio.sleep(0.1)
+    zoomed = await _marker_place(page, "edge-paris")
+    assert zoomed["lonlat"] == [pytest.approx(2.35, abs=0.05), pytest.approx(48.85, abs=0.05)]
+    assert zoomed["country"] == "France"
+    assert zoomed["screen"] == [pytest.approx(at[0] + 60 / scale, abs=2),
+                                pytest.approx(at[1] + 30 / scale, abs=2)]  # fmt: skip
+    k = await page.evaluate("window.edgefleet.map.k")
+    await page.click("#map-zoom-in")
+    await poll(page, f"window.edgefleet.map.k === Math.min(48, {k} * 2)")
+    await page.click("#map-reset")
+    await poll(page, "window.edgefleet.map.k === 1")
+    # Agents sharing a place merge into one numbered cluster, coloured by the worst.
+    await page.evaluate(
+        """() => {
+          const map = window.edgefleet.map;
+          for (let i = 0; i < 5; i++) {
+            map.set({agent_id: `near-${i}`, site: "paris", location: {lat: 48.85 + i * 0.01,
+                     lon: 2.35}, liveness: i === 4 ? "down" : "live"});
+          }
+          map.render();
+        }"""
+    )
+    cluster = await page.evaluate(
+        "[...document.querySelectorAll('#map-markers .cluster')].map(c =>"
+        " [c.dataset.count, c.getAttribute('class'), c.querySelector('text.count').textContent,"
+        " c.querySelector('title').textContent])"
+    )
+    assert len(cluster) == 1 and cluster[0][0] == "6" and cluster[0][2] == "6", cluster
+    assert cluster[0][1] == "cluster down" and "edge-paris" in cluster[0][3]
+    assert await page.evaluate("document.querySelector('[data-agent=\"near-0\"]')") is None
+    await page.screenshot(path=str(SHOTS / "map-cluster.png"))
+
+
+async def test_the_fleet_table_fits_1280_px_and_breaks_no_word(fleet: Fleet) -> None:
+    page = await fleet.page(fleet.coordinator.admin_token, width=1280, height=800)
+    await poll(page, "document.querySelectorAll('#agent-rows tr').length >= 2")
+    # Beside the real agents, one with the demo's long model versions and providers (the
+    # test fleet's own are short): rendered by the page as any agent is.
+    await page.evaluate(
+        """() => {
+          const real = window.edgefleet.agents.get("edge-paris");
+          window.edgefleet.agents.set("edge-amsterdam-long", {...real,
+            agent_id: "edge-amsterdam-long", site: "amsterdam-science-park",
+            hardware: {...real.hardware, execution_providers: ["AzureExecutionProvider",
+              "CPUExecutionProvider"]},
+            load: {...real.load, inventory: [
+              {name: "all-minilm-l6-v2", version: "int8-252f3159a656", state: "loaded"},
+              {name: "smollm2-135m-instruct", version: "int4-b9715715a4c2", state: "loaded"}]}});
+          renderTable();
+        }"""
+    )
+    await poll(page, "document.querySelectorAll('#agent-rows tr').length >= 3")
+    layout = await page.evaluate(
+        r"""() => {
+          const lines = (node, start, end) => {
+            const range = document.createRange();
+            range.setStart(node, start); range.setEnd(node, end);
+            return new Set([...range.getClientRects()].filter((r) => r.width > 0)
+              .map((r) => Math.round(r.top))).size;
+          };
+          const broken = [];
+          const table = document.getElementById("agents");
+          for (const cell of table.querySelectorAll("th, td")) {
+            const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+            for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+              const header = cell.tagName === "TH";
+              // a header on one line; in a cell, no word split but at a hyphen
+              const words = header ? [[0, node.length]] : [...node.data.matchAll(/[^\s-]+/g)]
+                .map((m) => [m.index, m.index + m[0].length]);
+              for (const [start, end] of words) {
+                if (end > start && lines(node, start, end) > 1) {
+                  broken.push(node.data.slice(start, end));
+                }
+              }
+            }
+          }
+          return {broken, table: table.getBoundingClientRect().right,
+                  page: document.documentElement.scrollWidth, viewport: window.innerWidth,
+                  headerHeights: [...table.querySelectorAll("th")]
+                    .map((th) => th.getBoundingClientRect().height)};
+        }"""
+    )
+    assert layout["viewport"] == 1280
+    assert layout["broken"] == [], layout
+    assert layout["table"] <= 1280 and layout["page"] <= 1280, layout
+    assert max(layout["headerHeights"]) < 1.6 * min(layout["headerHeights"]), layout
+    await page.screenshot(path=str(SHOTS / "fleet-1280.png"))
+
+
 async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_down(
     fleet: Fleet,
 ) -> None:
     page = await fleet.page(fleet.coordinator.admin_token)
     await poll(page, "document.querySelectorAll('#agent-rows tr').length === 2")
-    await poll(page, "document.querySelectorAll('#map-dots circle').length === 2")
+    await poll(page, "document.querySelectorAll('#map-markers .marker').length === 2")
     rows = await _rows(page)
     assert rows["edge-paris"][1] == "paris" and rows["edge-paris"][2] == "live"
     assert "tiny-llama" in rows["edge-tokyo"][7]
-    paris = await page.evaluate(
-        "[...document.querySelectorAll('#map-dots circle')].find(c =>"
-        " c.dataset.agent === 'edge-paris').getAttribute('cx')"
-    )
-    assert float(paris) == pytest.approx((2.35 + 180) * 2, abs=0.1)
+    assert (await _marker_place(page, "edge-paris"))["lonlat"] == [
+        pytest.approx(2.35, abs=0.05),
+        pytest.approx(48.85, abs=0.05),
+    ]
     # The HttpOnly cookie is invisible to the page's script; over HTTPS it is Secure.
     assert await page.evaluate("document.cookie") == ""
     cookies = await page.context.cookies()
@@ -216,11 +373,8 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
     )
     assert title.startswith("last report: "), title
     assert await page.evaluate("window.__sameDocument === true")
-    dot = await page.evaluate(
-        "document.querySelector('#map-dots circle[data-agent=\"edge-tokyo\"]')"
-        ".getAttribute('class')"
-    )
-    assert dot == "down"
+    await poll(page, "document.querySelector('#map-markers [data-agent=\"edge-tokyo\"]')"
+                     ".classList.contains('down')")  # fmt: skip
     # ... nor on its own page: "-" for its load, the last report on hover
     await page.goto(f"{fleet.url}/dashboard/#agent/edge-tokyo")
     await page.wait_for_selector("#view-agent:not([hidden])")
@@ -237,6 +391,133 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
     await page.goto(f"{fleet.url}/dashboard/#series")
     await page.wait_for_selector("#view-series:not([hidden])")
     await page.screenshot(path=str(SHOTS / "metrics.png"), full_page=True)
+
+
+_CHART = r"""([group, id]) => {
+  const u = window.edgefleet.charts[group].charts.get(id).plot;
+  return {time: u.scales.x.time, axes: u.axes.map((a) => a.label),
+          series: u.series.map((s) => s.label), data: u.data.map((d) => Array.from(d)),
+          canvas: u.ctx.canvas.width > 0};
+}"""
+_HOVER = r"""async ([group, id, index]) => {
+  const u = window.edgefleet.charts[group].charts.get(id).plot;
+  const box = u.over.getBoundingClientRect();
+  return [box.left + u.valToPos(u.data[0][index], "x"), box.top + box.height / 2];
+}"""
+_LEGEND = r"""([group, id]) => [...window.edgefleet.charts[group].charts.get(id).plotBox
+  .querySelectorAll(".u-legend .u-series")].map((tr) =>
+  [tr.querySelector(".u-label").textContent, tr.querySelector(".u-value").textContent])"""
+
+
+async def _hover_legend(page: Any, group: str, chart: str, index: int) -> dict[str, str]:
+    """The chart's legend with the mouse over step ``index``: {series: value text}."""
+    x, y = await page.evaluate(_HOVER, [group, chart, index])
+    await page.mouse.move(x, y)
+    await asyncio.sleep(0.1)
+    return dict(await page.evaluate(_LEGEND, [group, chart]))
+
+
+def _figure(text: str, unit: str) -> float:
+    number, shown_unit = text.split(" ", 1)
+    assert shown_unit == unit, text
+    return float(number)
+
+
+async def test_charts_have_time_axes_units_and_hover_values_that_match_the_series_api(
+    fleet: Fleet,
+) -> None:
+    agent = fleet.agents["edge-paris"]
+    async with aiohttp.ClientSession(headers=agent.headers(fleet.api_key)) as http:
+        for _ in range(3):  # requests with a first token: TTFT, tokens
+            async with http.post(
+                agent.url + "/v1/chat/completions", ssl=fleet.coordinator.ca_context(),
+                json={"model": "tiny-llama", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "hi"}]},
+            ) as response:  # fmt: skip
+                assert response.status == 200
+    page = await fleet.page(fleet.coordinator.admin_token, width=1280, height=800)
+    await page.goto(f"{fleet.url}/dashboard/#series")
+    # the 10 s step holding them closes and reaches the page (SSE)
+    await poll(page, "window.edgefleet.points.some(p => p.ttft_p99_s !== null)", timeout_s=30)
+    await poll(page, "window.edgefleet.charts.fleet.charts.size === 4")
+    charts = {
+        "chart-requests": (["requests/s"], ["requests", "failed"], "req/s", 1),
+        "chart-tokens": (["tokens/s"], ["completion", "prompt"], "tok/s", 1),
+        "chart-ttft": (["TTFT (ms)"], ["p50", "p99"], "ms", 1000),
+        "chart-rejections": (["rejected/s"], ["rejected"], "req/s", 1),
+    }
+    fields = {
+        "chart-requests": ["requests_per_s", "failed_per_s"],
+        "chart-tokens": ["tokens_per_s", "prompt_tokens_per_s"],
+        "chart-ttft": ["ttft_p50_s", "ttft_p99_s"],
+        "chart-rejections": ["rejections_per_s"],
+    }
+    status, api = await fleet.api("GET", "/v1/admin/fleet/series")
+    assert status == 200
+    by_time = {p["t"]: p for p in api["points"]}
+    for chart, (axis, names, unit, scale) in charts.items():
+        shown = await page.evaluate(_CHART, ["fleet", chart])
+        # a time axis and a y axis named with its unit; a legend of every series
+        assert shown["time"] is True and shown["canvas"]
+        assert shown["axes"] == ["Time (local)", *axis]
+        assert shown["series"] == ["Time", *names]
+        # the same steps and values as the series API (which may have closed one more)
+        xs = shown["data"][0]
+        assert xs and all(t in by_time for t in xs)
+        for column, field in zip(shown["data"][1:], fields[chart], strict=True):
+            expected = [by_time[t][field] for t in xs]
+            assert column == [None if v is None else pytest.approx(v * scale) for v in expected]
+        legend = dict(await page.evaluate(_LEGEND, ["fleet", chart]))  # the newest step
+        assert all(legend[n] == "-" or legend[n].endswith(f" {unit}") for n in names), legend
+    # Hovering a step shows its values, with units, as the API gives them.
+    xs = (await page.evaluate(_CHART, ["fleet", "chart-requests"]))["data"][0]
+    busiest = max(range(len(xs)), key=lambda i: by_time[xs[i]]["requests_per_s"])
+    legend = await _hover_legend(page, "fleet", "chart-requests", busiest)
+    assert _figure(legend["requests"], "req/s") == pytest.approx(
+        by_time[xs[busiest]]["requests_per_s"], rel=1e-3
+    )
+    assert legend["Time"] != "-"
+    with_ttft = [i for i, t in enumerate(xs) if by_time[t]["ttft_p99_s"] is not None]
+    assert with_ttft
+    legend = await _hover_legend(page, "fleet", "chart-ttft", with_ttft[-1])
+    assert _figure(legend["p99"], "ms") == pytest.approx(
+        by_time[xs[with_ttft[-1]]]["ttft_p99_s"] * 1000, rel=1e-3
+    )
+    await page.screenshot(path=str(SHOTS / "metrics-1280.png"))
+
+    # The agent page: its own history, as GET /v1/admin/agents/{id}/series gives it.
+    await page.goto(f"{fleet.url}/dashboard/#agent/edge-paris")
+    await poll(page, "window.edgefleet.charts.agent.charts.size === 4", timeout_s=20)
+    status, api = await fleet.api("GET", "/v1/admin/agents/edge-paris/series")
+    assert status == 200 and api["points"]
+    by_time = {p["t"]: p for p in api["points"]}
+    agent_charts = {
+        "chart-agent-tokens": (["tokens/s"], {"completion": "tokens_per_s"}, "tok/s", 1),
+        "chart-agent-queue": (["sequences"], {"queue": "queue"}, "seq", 1),
+        "chart-agent-ttft": (["TTFT (ms)"], {"p50": "ttft_p50_s", "p99": "ttft_p99_s"}, "ms",
+                             1000),
+        "chart-agent-errors": (["requests/s"], {"requests": "requests_per_s",
+                                                "failed": "failed_per_s"}, "req/s", 1),
+    }  # fmt: skip
+    for chart, (axis, series, unit, scale) in agent_charts.items():
+        shown = await page.evaluate(_CHART, ["agent", chart])
+        assert shown["time"] is True and shown["axes"] == ["Time (local)", *axis]
+        assert shown["series"] == ["Time", *series]
+        xs = shown["data"][0]
+        assert xs and all(t in by_time for t in xs)
+        for column, field in zip(shown["data"][1:], series.values(), strict=True):
+            expected = [by_time[t][field] for t in xs]
+            assert column == [None if v is None else pytest.approx(v * scale) for v in expected]
+        legend = dict(await page.evaluate(_LEGEND, ["agent", chart]))
+        assert all(legend[n] == "-" or legend[n].endswith(f" {unit}") for n in series), legend
+    xs = (await page.evaluate(_CHART, ["agent", "chart-agent-tokens"]))["data"][0]
+    busiest = max(range(len(xs)), key=lambda i: by_time[xs[i]]["tokens_per_s"] or 0)
+    legend = await _hover_legend(page, "agent", "chart-agent-tokens", busiest)
+    assert _figure(legend["completion"], "tok/s") == pytest.approx(
+        by_time[xs[busiest]]["tokens_per_s"], rel=1e-3
+    )
+    assert by_time[xs[busiest]]["tokens_per_s"] > 0  # the requests sent above
+    await page.screenshot(path=str(SHOTS / "agent-1280.png"), full_page=True)
 
 
 async def test_a_join_token_made_on_the_page_enrolls_an_agent_whose_hostile_site_stays_text(
@@ -275,8 +556,9 @@ async def test_a_join_token_made_on_the_page_enrolls_an_agent_whose_hostile_site
         rows = await _rows(page)
         assert rows["edge-xss"][1] == XSS  # shown as the text it is
         assert await page.evaluate("document.querySelectorAll('img').length") == 0
+        await poll(page, "document.querySelector('#map-markers [data-agent=\"edge-xss\"]')")
         title = await page.evaluate(
-            "document.querySelector('#map-dots circle[data-agent=\"edge-xss\"]').textContent"
+            "document.querySelector('#map-markers [data-agent=\"edge-xss\"]').textContent"
         )
         assert XSS in title
         await page.goto(f"{fleet.url}/dashboard/#agent/edge-xss")

@@ -144,6 +144,23 @@ function filtered() {
   return out;
 }
 
+// A comma-separated list as one line per item; an item wraps only after an "@" (between a
+// model's name and its version), never inside a name. Rebuilt only when the text changed.
+function fillList(cell, text) {
+  if (cell.dataset.text === text) return;
+  cell.dataset.text = text;
+  const items = text ? text.split(", ") : [];
+  cell.replaceChildren(...items.map((item, i) => {
+    const line = el("span", null, "item");
+    const parts = (i < items.length - 1 ? `${item},` : item).split("@");
+    parts.forEach((part, j) => {
+      if (j > 0) line.appendChild(document.createElement("wbr"));
+      line.appendChild(el("span", j < parts.length - 1 ? `${part}@` : part, "word"));
+    });
+    return line;
+  }));
+}
+
 function fillRow(tr, a) {
   const load = a.load || {};
   const status = agentStatus(a);
@@ -165,10 +182,10 @@ function fillRow(tr, a) {
     cells[3 + i].textContent = stale ? "-" : String(value);
     cells[3 + i].title = stale ? `last report: ${value}` : "";
   });
-  cells[7].textContent = modelsText(a);
+  fillList(cells[7], modelsText(a));
   const age = reportAgeS(a);
   cells[8].textContent = Number.isFinite(age) ? `${age.toFixed(0)} s` : "never";
-  cells[9].textContent = ((a.hardware && a.hardware.execution_providers) || []).join(", ");
+  fillList(cells[9], ((a.hardware && a.hardware.execution_providers) || []).join(", "));
 }
 
 function newRow(a) {
@@ -359,9 +376,9 @@ function renderCharts() {
     const redactions = keyedSeries("redactions_per_s");
     overflowCharts.chart({ id: "chart-overflow", title: "Overflow requests per second, by target", unit: "req/s", axis: "requests/s" })
       .update(xs, overflow.length ? overflow : zero());
-    overflowCharts.chart({ id: "chart-overflow-cost", title: "Overflow cost per 10 s, by target (targets' prices)", unit: "", axis: "cost per 10 s" })
+    overflowCharts.chart({ id: "chart-overflow-cost", title: "Overflow cost per 10 s, by target", unit: "", axis: "cost per 10 s" })
       .update(xs, cost.length ? cost : zero());
-    overflowCharts.chart({ id: "chart-redactions", title: "Redactions per second, by type", unit: "/s", axis: "values redacted/s" })
+    overflowCharts.chart({ id: "chart-redactions", title: "Redactions per second, by type", unit: "values/s", axis: "redacted/s" })
       .update(xs, redactions.length ? redactions : zero());
   }
 }

@@ -66,7 +66,6 @@ from coordinator.routing.service import Router
 from coordinator.rpc.convert import LoadLimits
 from coordinator.rpc.service import CoordinatorServicer, GrpcServer
 from coordinator.store.interface import FleetStore
-from coordinator.store.sqlite import SQLiteFleetStore
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +85,9 @@ def create_app(
     """Build the coordinator's web.Application.
 
     Loads or creates the CA and the model-signing key. Starting the app (AppRunner.setup
-    / a test server) opens the store (SQLite in ``config.data_dir`` unless one is given),
-    loads what the services keep in memory from it (the agents on record, the model
+    / a test server) opens the store (SQLite in ``config.data_dir``, or PostgreSQL at
+    ``config.store_url``, unless one is given), loads what the services keep in memory
+    from it (the agents on record, the model
     catalog and assignments, the API keys, active rollouts), then starts the gRPC
     server, the liveness sweep and the periodic save of the agents' live state; cleaning
     it up ends agent sessions, stops the gRPC server, writes what is queued and the live
@@ -95,11 +95,7 @@ def create_app(
     (tests pass stand-ins); by default this app's catalog and assignment layer.
     """
     data = config.data_path
-    fleet_store: FleetStore = (
-        SQLiteFleetStore.in_directory(data, statement_timeout_s=config.store_statement_timeout_s)
-        if store is None
-        else store
-    )
+    fleet_store: FleetStore = config.store_location().open_store() if store is None else store
     ca = CertificateAuthority.load_or_create(data / "ca")
     live_registry = LiveFleetRegistry(
         fleet_store,

@@ -28,6 +28,7 @@ from pydantic_settings import SettingsConfigDict
 from coordinator.errors import ConfigError
 from coordinator.event_loop import EventLoopChoice
 from coordinator.routing.scorer import RoutePolicy
+from coordinator.store.location import StoreLocation, check_store_url
 from edgefleet.config_loading import Flag, ProcessSettings, Switch, Upper, load_settings
 from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import DEFAULT_GRPC_PORT, default_enroll_port
@@ -110,6 +111,20 @@ class CoordinatorConfig(ProcessSettings):
     # --- persistence
     data_dir: str = Field(default="~/.local/share/edgefleet/coordinator", min_length=1)
     """Directory for the SQLite database (fleet.db) and the CA (ca/); "~" is expanded."""
+    store_url: str = Field(default="", max_length=2048)
+    """The fleet database: empty for SQLite in data_dir (fleet.db), or
+    postgresql://USER@HOST:PORT/DATABASE for PostgreSQL (the CA, signing key and model blobs
+    stay in data_dir). Never with the password in it: store_password or
+    store_password_file."""
+    store_password: str = Field(default="", repr=False)
+    """The PostgreSQL password: from the environment (EDGEFLEET_COORDINATOR_STORE_PASSWORD)
+    or the config file, never a flag. Empty: store_password_file, else libpq's own
+    (~/.pgpass, PGPASSWORD) or none."""
+    store_password_file: str = ""
+    """A file holding the PostgreSQL password (first line; keep it 0600). Used when
+    store_password is empty."""
+    store_max_connections: int = Field(default=10, ge=1, le=1000)
+    """PostgreSQL connections the coordinator keeps open at most (its pool)."""
     store_statement_timeout_s: float = Field(default=5.0, gt=0, le=3600)
     """How long one store call's statements may run before they are stopped (a StoreError,
     nothing of the call kept), and how long a call waits for another connection's write
@@ -234,6 +249,11 @@ class CoordinatorConfig(ProcessSettings):
         parse_site_networks(value)  # ValueError names the bad entry
         return value
 
+    @field_validator("store_url")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        return check_store_url(value)
+
     @field_validator("admin_token")
     @classmethod
     def _admin_token_strong(cls, value: str) -> str:
@@ -294,6 +314,32 @@ class CoordinatorConfig(ProcessSettings):
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
 
+    def store_location(self) -> StoreLocation:
+        """Where the fleet store is (SQLite in data_dir, or PostgreSQL at store_url), with
+        the password read now (ConfigError when its file cannot be read)."""
+        return StoreLocation(
+            data_dir=self.data_path,
+            url=self.store_url,
+            password=self._store_password() if self.store_url else "",
+            statement_timeout_s=self.store_statement_timeout_s,
+            max_connections=self.store_max_connections,
+        )
+
+    def _store_password(self) -> str:
+        if self.store_password or not self.store_password_file:
+            return self.store_password
+        path = Path(self.store_password_file).expanduser()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            mode = path.stat().st_mode
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read store_password_file {path}: {exc}") from exc
+        if mode & 0o077:
+            logging.getLogger(__name__).warning(
+                "store_password_file %s is readable by other users (chmod 600 it)", path
+            )
+        return lines[0].strip() if lines else ""
+
     def http_limits(self) -> HttpLimits:
         return HttpLimits(
             header_timeout_s=self.http_header_timeout_s,
@@ -348,6 +394,12 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+STORE_PASSWORD_FLAG_REFUSED = (
+    "the store password cannot be given as a flag (anyone on the host can read a process's "
+    f"flags in /proc/PID/cmdline): set {ENV_PREFIX}STORE_PASSWORD in the environment, or "
+    "store_password_file = PATH (a 0600 file) in the config file"
+)
+
 ADMIN_TOKEN_FLAG_REFUSED = (
     "the admin token cannot be given as a flag (anyone on the host can read a process's "
     f"flags in /proc/PID/cmdline): set {ENV_PREFIX}ADMIN_TOKEN in the environment, or "
@@ -380,10 +432,13 @@ def load_config(
 ) -> CoordinatorConfig:
     """Defaults < ``path`` (or ``$EDGEFLEET_COORDINATOR_CONFIG``) < environment < flags.
 
-    The admin token may not come from a flag (``--set admin_token=...``): refused.
+    The admin token and the store password may not come from a flag (``--set
+    admin_token=...``): refused.
     """
     if overrides and overrides.get("admin_token"):
         raise ConfigError(ADMIN_TOKEN_FLAG_REFUSED)
+    if overrides and overrides.get("store_password"):
+        raise ConfigError(STORE_PASSWORD_FLAG_REFUSED)
     return load_settings(
         CoordinatorConfig,
         error=ConfigError,

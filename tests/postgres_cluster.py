@@ -4,9 +4,10 @@ directory, on a free loopback port, and stopped at the end.
 
 ``initdb`` refuses to run as root, so as root the server's tools run as the ``postgres``
 user (``runuser``), which owns the cluster's directory. The cluster trusts local
-connections (it listens on 127.0.0.1 only, and lives as long as the test run) and runs
-without fsync. Nothing here skips: a server that cannot start is an error naming what
-failed, with the end of the server's log.
+connections of its superuser (it listens on 127.0.0.1 only, and lives as long as the test
+run; other roles need their password: ``create_role``) and runs without fsync. Nothing
+here skips: a server that cannot start is an error naming what failed, with the end of
+the server's log.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ USER = "postgres"
 #: Where Debian puts each major version's server programs.
 DEBIAN_LIB = Path("/usr/lib/postgresql")
 START_TIMEOUT_S = 60
+HBA = f"""\
+local all {USER} trust
+host  all {USER} 127.0.0.1/32 trust
+local all all scram-sha-256
+host  all all 127.0.0.1/32 scram-sha-256
+"""
 
 
 class ClusterError(RuntimeError):
@@ -109,6 +116,9 @@ class PostgresCluster:
             "initdb", "-D", str(self.data_dir), "-A", "trust", "-U", USER, "-E", "UTF8",
             "--no-sync", "--no-instructions",
         )  # fmt: skip
+        # The superuser without a password (the tests' own connections); every other role
+        # with one (tests of the store's password handling create such roles).
+        (self.data_dir / "pg_hba.conf").write_text(HBA)
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
@@ -153,9 +163,24 @@ class PostgresCluster:
 
     # ------------------------------------------------------------ databases
 
-    def create_database(self) -> str:
-        """A new, empty database; its URL."""
+    def create_database(self, owner: str = USER) -> str:
+        """A new, empty database (owned by ``owner``); its URL (as the superuser)."""
         name = f"test_{os.getpid()}_{next(self._names)}"
         with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as db:
-            db.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            db.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(owner)
+                )
+            )
         return self.url(name)
+
+    def create_role(self, name: str, password: str) -> None:
+        """A login role that must give ``password`` (scram-sha-256), once per cluster."""
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as db:
+            exists = db.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+            if exists is None:
+                db.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                        sql.Identifier(name), sql.Literal(password)
+                    )
+                )

@@ -10,7 +10,6 @@ import getpass
 import os
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from coordinator.access.audit import AuditLog, to_jsonl
@@ -18,6 +17,7 @@ from coordinator.cli.client import AdminClient
 from coordinator.config import CoordinatorConfig
 from coordinator.store.audit import AuditTable
 from coordinator.store.interface import FleetStore
+from coordinator.store.location import StoreLocation
 from coordinator.store.offline import run_offline
 
 _PAGE = 10_000
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
         since = f"&since={args.since}" if args.since else ""
         sys.stdout.write(client.text(f"/v1/admin/audit?format=jsonl{since}"))
         return 0
-    return _export(args, config.data_path)
+    return _export(args, config.store_location())
 
 
 def cli_actor() -> str:
@@ -54,7 +54,7 @@ async def record_cli_change(store: AuditTable, action: str, target: str, detail:
                                  detail=detail)  # fmt: skip
 
 
-def _export(args: argparse.Namespace, data_dir: Path) -> int:
+def _export(args: argparse.Namespace, where: StoreLocation) -> int:
     since = None
     if args.since:
         try:
@@ -75,4 +75,4 @@ def _export(args: argparse.Namespace, data_dir: Path) -> int:
                 return 0
             after = page[-1].seq
 
-    return run_offline(data_dir, export)
+    return run_offline(where, export)

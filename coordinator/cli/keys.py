@@ -9,7 +9,6 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from coordinator.access.api_keys import PRIORITIES, ApiKeys
@@ -19,6 +18,7 @@ from coordinator.cli.database import on_database
 from coordinator.cli.durations import parse_duration
 from coordinator.config import CoordinatorConfig
 from coordinator.store.interface import FleetStore
+from coordinator.store.location import StoreLocation
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -46,13 +46,13 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
 
 
 def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient) -> int:
-    result = _over_http(args, client) if args.url else _in_database(args, config.data_path)
+    result = _over_http(args, client) if args.url else _in_database(args, config.store_location())
     _print(args, result)
     return 0
 
 
-def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
-    return on_database(data_dir, lambda store: _on_store(args, store))
+def _in_database(args: argparse.Namespace, where: StoreLocation) -> Any:
+    return on_database(where, lambda store: _on_store(args, store))
 
 
 async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:

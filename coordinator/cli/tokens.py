@@ -8,7 +8,6 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from coordinator.api.views import token_json
@@ -21,6 +20,7 @@ from coordinator.errors import ProtocolError
 from coordinator.identity.join_tokens import JoinTokens
 from coordinator.rpc.convert import location_checked
 from coordinator.store.interface import FleetStore
+from coordinator.store.location import StoreLocation
 from edgefleet.contract import Location
 
 
@@ -54,14 +54,14 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
 
 
 def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient) -> int:
-    result = _over_http(args, client) if args.url else _in_database(args, config.data_path)
+    result = _over_http(args, client) if args.url else _in_database(args, config.store_location())
     _print(args, result)
     return 0
 
 
-def _in_database(args: argparse.Namespace, data_dir: Path) -> Any:
+def _in_database(args: argparse.Namespace, where: StoreLocation) -> Any:
     location = _location(args) if args.action == "create" else None
-    return on_database(data_dir, lambda store: _on_store(args, store, location))
+    return on_database(where, lambda store: _on_store(args, store, location))
 
 
 async def _on_store(args: argparse.Namespace, store: FleetStore, location: Location | None) -> Any:

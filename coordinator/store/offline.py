@@ -1,6 +1,7 @@
 """The store for commands that run without the coordinator's event loop (the CLI's
-database commands, backups, building a model set for an image): ``run_offline(data_dir,
-work)`` opens the store in ``data_dir``, awaits ``work(store)`` in a loop of its own
+database commands, backups, building a model set for an image): ``run_offline(where,
+work)`` opens the store ``where`` says (a data directory's SQLite file, or a
+``StoreLocation``: coordinator/store/location.py), awaits ``work(store)`` in a loop of its own
 (``asyncio.run``) and closes the store again. The coordinator itself opens its store in
 its app (coordinator/app.py)."""
 
@@ -13,19 +14,23 @@ from pathlib import Path
 from typing import TypeVar
 
 from coordinator.store.interface import FleetStore
-from coordinator.store.sqlite import SQLiteFleetStore
+from coordinator.store.location import StoreLocation
 
 T = TypeVar("T")
 
 
 def run_offline(
-    data_dir: Path, work: Callable[[FleetStore], Awaitable[T]], *, migrate: bool = True
+    where: Path | StoreLocation,
+    work: Callable[[FleetStore], Awaitable[T]],
+    *,
+    migrate: bool = True,
 ) -> T:
-    """``work(store)`` on the store in ``data_dir``, from synchronous code; ``migrate``
-    False leaves the schema as it is."""
+    """``work(store)`` on the store ``where`` says (a Path: SQLite in that data directory),
+    from synchronous code; ``migrate`` False leaves the schema as it is."""
+    location = where if isinstance(where, StoreLocation) else StoreLocation(data_dir=where)
 
     async def main() -> T:
-        store = SQLiteFleetStore.in_directory(data_dir, migrate=migrate)
+        store = location.open_store(migrate=migrate)
         await store.open()
         try:
             return await work(store)

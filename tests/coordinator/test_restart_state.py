@@ -213,12 +213,18 @@ async def route(coordinator: CoordinatorProcess) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 async def test_a_restarted_coordinator_routes_to_the_agents_it_had(
-    data_dir: Path, stop: signal.Signals
+    data_dir: Path, stop: signal.Signals, backend: str, request: pytest.FixtureRequest
 ) -> None:
+    """On either store: SQLite in data_dir, or PostgreSQL at store_url (data_dir then
+    keeps only the CA and keys)."""
+    env = {}
+    if backend == "postgres":
+        env["EDGEFLEET_COORDINATOR_STORE_URL"] = request.getfixturevalue("postgres_url")
     agent_ids = ["edge-a", "edge-b", "edge-c"]
-    first = CoordinatorProcess(report_interval_ms=200, data_dir=data_dir)
+    first = CoordinatorProcess(report_interval_ms=200, data_dir=data_dir, env=env)
     await first.start()
     try:
         async with sessions(first.grpc_target, agent_ids):
@@ -236,7 +242,9 @@ async def test_a_restarted_coordinator_routes_to_the_agents_it_had(
     finally:
         await first.kill()
 
-    async with CoordinatorProcess(report_interval_ms=200, data_dir=data_dir) as second:
+    if backend == "postgres":
+        assert not (data_dir / "fleet.db").exists()  # the store was PostgreSQL's
+    async with CoordinatorProcess(report_interval_ms=200, data_dir=data_dir, env=env) as second:
         # At once, before any agent is back: every agent, unconfirmed, none "down".
         body = await route(second)
         assert sorted(a["agent_id"] for a in body["agents"]) == agent_ids, body

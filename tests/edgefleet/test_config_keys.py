@@ -89,7 +89,9 @@ COORDINATOR_DEFAULTS: dict[str, Any] = {
     "grpc_max_concurrent_rpcs": 25000, "grpc_max_concurrent_streams": 256,
     "grpc_max_message_bytes": 4194304, "enroll_rate_per_minute": 30.0, "enroll_burst": 10,
     "max_agents": 20000, "stale_unenrolled_after_s": 3600.0,
-    "data_dir": "~/.local/share/edgefleet/coordinator", "store_statement_timeout_s": 5.0,
+    "data_dir": "~/.local/share/edgefleet/coordinator", "store_url": "",
+    "store_password": "", "store_password_file": "", "store_max_connections": 10,
+    "store_statement_timeout_s": 5.0,
     "tls": "auto", "enroll_port": 50052,
     "tls_server_names": "", "require_enrollment": "auto", "agent_cert_days": 7.0,
     "agent_cert_grace_days": 90.0, "check_agent_url_host": True,
@@ -216,6 +218,7 @@ SPECIAL: dict[str, Any] = {
     "redaction.models": {"llm-a": RedactionMode.BLOCK},
     "site_networks": "10.0.0.0/8=lab",
     "admin_token": "A" * 40,
+    "store_url": "postgresql://fleet@db.example:5432/fleet",
 }
 # Keys that are only valid together with another.
 COMPANIONS: dict[str, dict[str, Any]] = {
@@ -342,7 +345,7 @@ def test_every_key_loads_from_file_environment_and_set(
     assert values(process.load(environ=environ))[key] == value
 
     argv = [arg for k, v in settings.items() for arg in ("--set", f"{k}={as_text(v)}")]
-    if key == "admin_token":  # never a flag: refused
+    if key in ("admin_token", "store_password"):  # never a flag: refused
         with pytest.raises(process.error, match="cannot be given as a flag"):
             process.load(environ={}, overrides=from_flags(process, argv))
         return
@@ -501,6 +504,24 @@ def test_unrelated_and_lower_case_environment_is_ignored() -> None:
             "the admin token cannot be given as a flag (anyone on the host can read a process's "
             "flags in /proc/PID/cmdline): set EDGEFLEET_COORDINATOR_ADMIN_TOKEN in the "
             "environment, or admin_token_file = PATH (a 0600 file) in the config file",
+        ),
+        (
+            COORDINATOR, {}, ["--set", "store_password=hunter2"],
+            "the store password cannot be given as a flag (anyone on the host can read a "
+            "process's flags in /proc/PID/cmdline): set EDGEFLEET_COORDINATOR_STORE_PASSWORD "
+            "in the environment, or store_password_file = PATH (a 0600 file) in the config file",
+        ),
+        (
+            COORDINATOR, {"STORE_URL": "postgresql://fleet:hunter2@db/fleet"}, [],
+            "environment variable EDGEFLEET_COORDINATOR_STORE_URL: store_url: store_url must "
+            "not hold the password (it would show in logs and in /proc/PID/cmdline): set "
+            "store_password in the environment, or store_password_file",
+        ),
+        (
+            COORDINATOR, {"STORE_URL": "mysql://db/fleet"}, [],
+            "environment variable EDGEFLEET_COORDINATOR_STORE_URL: store_url: store_url must be "
+            "empty (SQLite in data_dir) or postgresql://USER@HOST:PORT/DB, got a URL with "
+            "scheme 'mysql'",
         ),
     ],
     ids=lambda value: value.name if isinstance(value, Process) else None,

@@ -314,13 +314,15 @@ class CoordinatorConfig(ProcessSettings):
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
 
-    def store_location(self) -> StoreLocation:
-        """Where the fleet store is (SQLite in data_dir, or PostgreSQL at store_url), with
-        the password read now (ConfigError when its file cannot be read)."""
+    def store_location(self, url: str | None = None) -> StoreLocation:
+        """Where the fleet store is (SQLite in data_dir, or PostgreSQL at store_url, or at
+        ``url`` when given), with the password read now (ConfigError when its file cannot
+        be read)."""
+        url = self.store_url if url is None else url
         return StoreLocation(
             data_dir=self.data_path,
-            url=self.store_url,
-            password=self._store_password() if self.store_url else "",
+            url=url,
+            password=self._store_password() if url else "",
             statement_timeout_s=self.store_statement_timeout_s,
             max_connections=self.store_max_connections,
         )

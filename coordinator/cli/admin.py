@@ -1,4 +1,4 @@
-"""``python -m coordinator tokens|keys|agents|admin-tokens|audit|backup|restore|models ...``:
+"""``python -m coordinator tokens|keys|agents|admin-tokens|audit|backup|restore|models|store``:
 the operator commands, one module per command group (``rollouts ...``: cli/rollouts.py,
 with a parser of its own).
 
@@ -11,6 +11,7 @@ with a parser of its own).
 | ``audit export`` | cli/audit.py | the database, or ``--url`` |
 | ``backup``, ``restore`` | cli/backup.py | the data directory (restore: coordinator stopped) |
 | ``models`` | cli/models.py | the running coordinator |
+| ``store migrate`` | cli/store.py | a SQLite data directory into an empty PostgreSQL database |
 
 The database is the configured ``data_dir``'s (``--data-dir``, ``--config``); whoever can
 read the data directory already holds every secret. What the CLI changes there is written
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coordinator.cli import admin_tokens, agents, audit, backup, keys, models, tokens
+from coordinator.cli import admin_tokens, agents, audit, backup, keys, models, store, tokens
 from coordinator.cli.client import AdminClient, AdminRequestError, add_client_arguments
 from coordinator.config import CoordinatorConfig, load_config
 from coordinator.errors import ConfigError, CoordinatorError
@@ -47,6 +48,7 @@ _GROUPS: dict[str, tuple[Callable[[Any], list[argparse.ArgumentParser]], Run]] =
     "admin-tokens": (admin_tokens.add_commands, admin_tokens.run),
     "audit": (audit.add_commands, audit.run),
     "models": (models.add_commands, models.run),
+    "store": (store.add_commands, store.run),
 }
 _RUN: dict[str, Run] = {name: run for name, (_, run) in _GROUPS.items()} | {"restore": backup.run}
 ADMIN_COMMANDS = tuple(_RUN)

@@ -45,9 +45,15 @@ class Coordinator:
 MakeCoordinator = Callable[..., Awaitable[Coordinator]]
 
 
-async def coordinator_factory(tmp_path: Path) -> AsyncIterator[MakeCoordinator]:
+async def coordinator_factory(
+    tmp_path: Path, new_database: Callable[[], str] | None = None
+) -> AsyncIterator[MakeCoordinator]:
+    """``make(**settings)`` builds and starts a coordinator. With ``new_database`` (a fresh
+    PostgreSQL database's URL per call) each data_dir gets a database of its own as its
+    store_url (the same one again when a test restarts a coordinator on that data_dir)."""
     servers: list[TestServer] = []
     channels: list[Any] = []
+    databases: dict[str, str] = {}
 
     async def make(**settings: Any) -> Coordinator:
         defaults: dict[str, Any] = {
@@ -59,6 +65,9 @@ async def coordinator_factory(tmp_path: Path) -> AsyncIterator[MakeCoordinator]:
             "data_dir": str(tmp_path / f"coordinator-{len(servers)}"),
             "admin_token": TEST_ADMIN_TOKEN,
         }
+        if new_database is not None and "store_url" not in settings:
+            data_dir = str((defaults | settings)["data_dir"])
+            defaults["store_url"] = databases.setdefault(data_dir, new_database())
         app = create_app(CoordinatorConfig(**(defaults | settings)))
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()

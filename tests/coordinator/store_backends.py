@@ -43,3 +43,10 @@ async def store(store_factory: StoreFactory) -> AsyncIterator[FleetStore]:
     await opened.open()
     yield opened
     await opened.close()
+
+
+def on_both_stores(metafunc: pytest.Metafunc) -> None:
+    """``pytest_generate_tests = on_both_stores`` in a test module: its tests that use the
+    ``make_coordinator`` fixture (tests/coordinator/conftest.py) run once per backend."""
+    if "make_coordinator" in metafunc.fixturenames:
+        metafunc.parametrize("make_coordinator", BACKENDS, indirect=True)

@@ -35,8 +35,11 @@ from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport
 from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, TEST_ADMIN_TOKEN, MakeCoordinator
+from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(90)
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 DAY_S = 86_400.0
 IDENTITY = Hello(

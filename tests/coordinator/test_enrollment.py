@@ -12,8 +12,11 @@ import pytest
 from coordinator.api.app_keys import REGISTRY_KEY, STORE_KEY, TOKENS_KEY
 from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import MakeCoordinator, hello
+from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(30)
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 
 async def enroll(

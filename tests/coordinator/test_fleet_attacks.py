@@ -21,8 +21,11 @@ from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport, Location
 from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
+from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(60)
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 HONEST_URL = "http://127.0.0.1:8001"
 IMPOSTOR_URL = "http://127.0.0.1:9999"

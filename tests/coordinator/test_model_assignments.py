@@ -32,9 +32,12 @@ from edgefleet.model_signing import verify_manifest
 from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator
 from tests.coordinator.model_testing import RawAgent, inventory, make_artifact
+from tests.coordinator.store_backends import on_both_stores
 
 # make_artifact copies tiny-llama's build manifest: built (or found) first
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("tiny_artifacts")]
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 
 async def test_rules_and_assignments_are_pushed_signed_with_peers(

@@ -10,7 +10,6 @@ interface is MODELSYNC.md's). Time is a clock the tests advance: no sleeping for
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +27,6 @@ from coordinator.rollouts.gates import (
     check_stats,
 )
 from coordinator.rollouts.model import PolicyError, RolloutPolicy, RolloutState
-from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import (
     Hello,
     Histogram,
@@ -39,6 +37,9 @@ from edgefleet.contract import (
     SelfCheckResult,
 )
 from tests.coordinator.model_sync_standins import Selector, StandinAssignments, StandinCatalog
+from tests.coordinator.store_backends import StoreFactory, backend, store_factory
+
+__all__ = ["backend", "store_factory"]  # fixtures: every test runs on both stores
 
 BOUNDS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 MODEL, OLD, NEW = "smollm2", "1", "2"
@@ -71,9 +72,9 @@ class Fleet:
     assignments: StandinAssignments
     engine: RolloutEngine
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.store = SQLiteFleetStore.in_directory(tmp_path)
+    def __init__(self, make_store: StoreFactory) -> None:
+        self.make_store = make_store
+        self.store = make_store()
         self.stores = [self.store]
         self.sessions: dict[str, str] = {}
         self.catalog = StandinCatalog((MODEL, OLD), (MODEL, NEW), (MODEL, "3"))
@@ -81,8 +82,8 @@ class Fleet:
         self.audited: list[tuple[str, str, str]] = []
 
     @classmethod
-    async def create(cls, tmp_path: Path, agents: int, sites: int = 1) -> Fleet:
-        fleet = cls(tmp_path)
+    async def create(cls, make_store: StoreFactory, agents: int, sites: int = 1) -> Fleet:
+        fleet = cls(make_store)
         await fleet.store.open()
         fleet.registry = await LiveFleetRegistry.open(fleet.store)
         for i in range(agents):
@@ -96,7 +97,7 @@ class Fleet:
 
     async def new_engine(self) -> RolloutEngine:
         """An engine as a (re)started coordinator makes it: a store of its own."""
-        store = SQLiteFleetStore.in_directory(self.tmp_path)
+        store = self.make_store()
         await store.open()
         self.stores.append(store)
         self.audited = []
@@ -154,8 +155,9 @@ class Fleet:
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    made = await Fleet.create(tmp_path, agents=10)
+async def fleet(store_factory: StoreFactory) -> AsyncIterator[Fleet]:
+    """On each store backend (tests/coordinator/store_backends.py)."""
+    made = await Fleet.create(store_factory, agents=10)
     yield made
     await made.close()
 
@@ -443,8 +445,8 @@ async def test_start_is_refused_clearly(fleet: Fleet) -> None:
         await fleet.engine.start(policy())
 
 
-async def test_selector_limits_the_rollout(tmp_path: Path) -> None:
-    fleet = await Fleet.create(tmp_path, agents=6, sites=3)
+async def test_selector_limits_the_rollout(store_factory: StoreFactory) -> None:
+    fleet = await Fleet.create(store_factory, agents=6, sites=3)
     try:
         rollout = await fleet.engine.start(policy(selector={"sites": ["site-1"]}, canary_count=5))
         assert rollout.plan == [["a01", "a04"]]

@@ -19,6 +19,21 @@ function chartTime(t) {
   return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
 }
 
+// Dots on values in runs of one or two between gaps (too short a line to see), unless
+// uPlot already dots every point (few of them on the chart's width).
+function isolatedPoints(u, seriesIdx, show) {
+  if (show) return null;
+  const d = u.data[seriesIdx];
+  const dots = [];
+  let run = [];
+  for (let i = 0; i <= d.length; i++) {
+    if (i < d.length && d[i] !== null && d[i] !== undefined) { run.push(i); continue; }
+    if (run.length && run.length <= 2) dots.push(...run);
+    run = [];
+  }
+  return dots.length ? dots : null;
+}
+
 class TimeChart {
   // spec: {id, title, unit, axis (the y axis' name), series: [label, ...]}
   constructor(parent, spec) {
@@ -58,7 +73,8 @@ class TimeChart {
         { label: "Time", value: (u, t) => chartTime(t) },
         ...labels.map((label, i) => ({
           label, stroke: CHART_COLOURS[i % CHART_COLOURS.length], width: 1.5,
-          value: (u, v) => chartValue(v, unit), points: { size: 4 },
+          value: (u, v) => chartValue(v, unit),
+          points: { size: 6, fill: CHART_COLOURS[i % CHART_COLOURS.length], filter: isolatedPoints },
         })),
       ],
       axes: [

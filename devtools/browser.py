@@ -73,6 +73,13 @@ async def first_render_ms(page: Any) -> float:
     return float(await page.evaluate(f"{entries}[0].startTime"))
 
 
+async def mark_ms(page: Any, name: str) -> float:
+    """Navigation start to the page's performance mark ``name`` (waits for it)."""
+    entries = f"performance.getEntriesByName({name!r})"
+    await poll(page, f"{entries}.length > 0")
+    return float(await page.evaluate(f"{entries}[0].startTime"))
+
+
 async def poll(page: Any, expression: str, timeout_s: float = 30.0) -> Any:
     """Evaluate ``expression`` until it is truthy (page.wait_for_function evaluates
     strings with eval, which the dashboard's CSP refuses, as it should)."""

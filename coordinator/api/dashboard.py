@@ -25,6 +25,7 @@ coordinator received the report (the dashboard measures paint latency against it
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import time
@@ -175,10 +176,16 @@ async def dashboard_file(request: web.Request) -> web.StreamResponse:
             code="not_found",
         )  # fmt: skip
     body = await asyncio.to_thread(path.read_bytes)
-    return web.Response(
-        body=body,
-        headers=_headers({"Content-Type": f"{_TYPES[path.suffix]}; charset=utf-8"}),
-    )
+    headers = {"Content-Type": f"{_TYPES[path.suffix]}; charset=utf-8"}
+    if path.suffix != ".html":
+        # Scripts, styles and the atlas: kept by the browser but asked again each time
+        # (a 304 while the bytes are the same), so a reload parses cached code and an
+        # upgrade is seen at once. The page itself is never stored.
+        etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+        headers |= {"Cache-Control": "no-cache", "ETag": etag}
+        if etag in request.headers.get("If-None-Match", ""):
+            return web.Response(status=304, headers=_headers(headers))
+    return web.Response(body=body, headers=_headers(headers))
 
 
 async def sign_in(request: web.Request) -> web.Response:

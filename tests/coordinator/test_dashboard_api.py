@@ -357,6 +357,14 @@ async def test_static_files_carry_a_self_only_csp_and_nothing_else_is_served(
         assert "default-src 'self'" in CSP and "script-src 'self'" in CSP
         assert response.headers["X-Content-Type-Options"] == "nosniff"
         # Nothing from elsewhere (the SVG namespace name is a name, not a fetch).
+        if kind == "text/html":
+            assert response.headers["Cache-Control"] == "no-store"
+        else:  # kept by the browser, revalidated by its ETag on each load
+            assert response.headers["Cache-Control"] == "no-cache"
+            etag = response.headers["ETag"]
+            again, _, revalidated = await c.call("GET", path, headers={"If-None-Match": etag})
+            assert again == 304 and revalidated.headers["Content-Security-Policy"] == CSP
+            assert (await c.call("GET", path, headers={"If-None-Match": '"other"'}))[0] == 200
         if "/vendor/" in path:  # the committed bytes, as the manifest hashes them
             committed = (VENDOR_DIR / path.rsplit("/", 1)[1]).read_bytes()
             assert (text if isinstance(text, str) else "").encode() == committed or (

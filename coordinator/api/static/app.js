@@ -233,6 +233,7 @@ function renderTable() {
 // The map (map.js): made in init(), fed every agent; redrawn once a frame at most, and
 // only when an agent's place, status or site changed.
 let fleetMap = null;
+const ATLAS = "/dashboard/vendor/countries-110m.json";
 
 function renderMap() {
   for (const a of state.agents.values()) fleetMap.set(a);
@@ -805,8 +806,8 @@ async function start() {
   let me;
   // The fleet and the series are asked for at once with whoami (one round trip, not two);
   // signed out, they are refused like it and nothing is shown.
-  const data = Promise.all([loadAgents(), loadSeries(), fleetMap.atlas === "loaded" ? null
-    : fleetMap.loadAtlas("/dashboard/vendor/countries-110m.json")]);
+  // (index.html preloads both: they are on the way while the scripts load.)
+  const data = Promise.all([loadAgents(), loadSeries()]);
   data.catch(() => {});
   try { me = await api("GET", "/v1/admin/whoami"); }
   catch (error) {
@@ -823,6 +824,8 @@ async function start() {
   $("nav").hidden = false;
   $("sign-out").hidden = false;
   setStatus("Loading the fleet.");
+  // The land arrives with the fleet and is drawn right after it: the agents first.
+  const atlas = fleetMap.atlas === "loaded" ? null : fleetMap.fetchAtlas(ATLAS);
   await data;
   renderMap();
   renderTotals();
@@ -830,6 +833,7 @@ async function start() {
   requestAnimationFrame(() => setTimeout(() => {
     performance.mark("edgefleet-first-render");
     setStatus(`${state.agents.size} agents.`);
+    if (atlas) atlas.then((topology) => fleetMap.drawAtlas(topology));
   }, 0));
   connectEvents();
 }

@@ -53,31 +53,39 @@ class FleetMap {
     this.bindEvents();
   }
 
-  async loadAtlas(url) {
+  // The atlas as JSON (fetched while the fleet loads; drawn after it: drawAtlas).
+  async fetchAtlas(url) {
     try {
       const response = await fetch(url, { credentials: "same-origin" });
       if (!response.ok) throw new Error(`${response.status}`);
-      const topology = await response.json();
-      const features = topojson.feature(topology, topology.objects.countries).features;
-      const fragment = document.createDocumentFragment();
-      const countries = [];
-      for (const f of features) {
-        const name = (f.properties && f.properties.name) || "";
-        const node = svgNode("path", { class: "country", d: this.path(f), "data-name": name });
-        node.appendChild(svgNode("title", {}, name));
-        fragment.appendChild(node);
-        const [x, y] = this.path.centroid(f);
-        if (name && Number.isFinite(x)) countries.push({ name, x, y, area: this.path.area(f) });
-      }
-      const borders = topojson.mesh(topology, topology.objects.countries, (a, b) => a !== b);
-      fragment.appendChild(svgNode("path", { class: "border", d: this.path(borders) }));
-      this.land.replaceChildren(fragment);
-      countries.sort((a, b) => b.area - a.area);
-      this.countries = countries;
-      this.atlas = "loaded";
+      return await response.json();
     } catch (error) {
       this.atlas = `failed: ${error.message}`;
+      return null;
     }
+  }
+
+  // Country outlines, borders and the names' places from world-atlas' TopoJSON.
+  drawAtlas(topology) {
+    if (!topology || this.atlas === "loaded") return;
+    const features = topojson.feature(topology, topology.objects.countries).features;
+    const fragment = document.createDocumentFragment();
+    const countries = [];
+    for (const f of features) {
+      const name = (f.properties && f.properties.name) || "";
+      const node = svgNode("path", { class: "country", d: this.path(f), "data-name": name });
+      node.appendChild(svgNode("title", {}, name));
+      fragment.appendChild(node);
+      const [x, y] = this.path.centroid(f);
+      if (name && Number.isFinite(x)) countries.push({ name, x, y, area: this.path.area(f) });
+    }
+    const borders = topojson.mesh(topology, topology.objects.countries, (a, b) => a !== b);
+    fragment.appendChild(svgNode("path", { class: "border", d: this.path(borders) }));
+    this.land.replaceChildren(fragment);
+    countries.sort((a, b) => b.area - a.area);
+    this.countries = countries;
+    this.atlas = "loaded";
+    performance.mark("edgefleet-atlas-drawn");
     this.schedule();
   }
 

@@ -1,5 +1,6 @@
 """``python -m coordinator backup DIR`` (works while the coordinator runs) and ``restore
-DIR`` (wants it stopped): coordinator.store.backup says what a backup holds."""
+DIR`` (wants it stopped): coordinator.store.backup says what a backup holds. On PostgreSQL
+(``store_url`` set) both refuse and say what to do instead (pg_dump, and data_dir)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from typing import Any
 
 from coordinator.cli.client import AdminClient
 from coordinator.config import CoordinatorConfig
-from coordinator.store.backup import backup, restore
+from coordinator.store.backup import BackupError, backup, restore
+
+#: What backup and restore say on a coordinator whose store is PostgreSQL.
+POSTGRES_BACKUP = (
+    "the fleet database is on PostgreSQL (store_url): back it up with pg_dump and restore "
+    "it with pg_restore (docs/operators/postgresql.md), and copy data_dir (the CA, the "
+    "model-signing key, the model blobs) with it; backup and restore here are for SQLite "
+    "installations"
+)
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -30,6 +39,8 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
 
 
 def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient) -> int:
+    if config.store_url:
+        raise BackupError(POSTGRES_BACKUP)
     if args.command == "backup":
         result = backup(config.data_path, args.directory)
     else:

@@ -17,6 +17,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -91,15 +92,37 @@ class PostgresCluster:
     # ------------------------------------------------------------ lifecycle
 
     @classmethod
-    def start(cls, parent: Path | None = None) -> PostgresCluster:
-        root = Path(tempfile.mkdtemp(prefix="edgefleet-pg-", dir=parent))
-        cluster = cls(root=root, port=free_port(), bin_dir=server_bin_dir())
-        try:
-            cluster._init_and_start()
-        except BaseException:
-            cluster.stop()
-            raise
-        return cluster
+    def start(cls, parent: Path | None = None, attempts: int = 3) -> PostgresCluster:
+        """A running cluster; a free port can be taken between choosing and binding it
+        (xdist workers start theirs at once), so a failed start is tried again on another."""
+        for attempt in range(1, attempts + 1):
+            root = Path(tempfile.mkdtemp(prefix="edgefleet-pg-", dir=parent))
+            cluster = cls(root=root, port=free_port(), bin_dir=server_bin_dir())
+            try:
+                cluster._init_and_start()
+            except ClusterError:
+                cluster.stop()
+                if attempt == attempts:
+                    raise
+                continue
+            except BaseException:
+                cluster.stop()
+                raise
+            return cluster
+        raise AssertionError("unreachable")
+
+    def restart(self) -> None:
+        """Start the server (again, after ``stop_server``: same directory, same port)."""
+        self._tool(
+            "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w",
+            "-t", str(START_TIMEOUT_S), "-o", self._options(), "start",
+        )  # fmt: skip
+
+    def stop_server(self) -> None:
+        """Stop the server, keep its files: fast shutdown, which ends every client's
+        connection (an outage, as clients see it). Not immediate: with
+        synchronous_commit off that would lose the last commits, as a crash does."""
+        self._tool("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
 
     def _init_and_start(self) -> None:
         as_root = os.geteuid() == 0
@@ -119,21 +142,24 @@ class PostgresCluster:
         # The superuser without a password (the tests' own connections); every other role
         # with one (tests of the store's password handling create such roles).
         (self.data_dir / "pg_hba.conf").write_text(HBA)
-        options = (
+        self.restart()
+
+    def _options(self) -> str:
+        return (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
-        self._tool(
-            "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w",
-            "-t", str(START_TIMEOUT_S), "-o", options, "start",
-        )  # fmt: skip
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete its directory; idempotent."""
-        if (self.data_dir / "postmaster.pid").exists():
-            # already gone: the directory goes anyway
-            with contextlib.suppress(ClusterError):
+        pid_file = self.data_dir / "postmaster.pid"
+        if pid_file.exists():
+            try:
                 self._tool("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+            except ClusterError:
+                # pg_ctl could not stop it: end the server this cluster started, by its pid
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGQUIT)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _tool(self, name: str, *args: str) -> str:

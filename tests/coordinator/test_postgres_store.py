@@ -20,7 +20,7 @@ from coordinator.errors import StoreError
 from coordinator.store.interface import JoinToken, StoreTimeoutError
 from coordinator.store.postgres import SCHEMA_VERSION, PostgresFleetStore, display_url
 from coordinator.store.postgres.pool import Connection
-from tests.postgres_cluster import free_port
+from tests.postgres_cluster import PostgresCluster, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,3 +136,39 @@ async def test_an_unreachable_server_is_a_store_error_that_never_shows_the_passw
     assert "pa55-w0rd" not in str(e.value) and "pa55-w0rd" not in repr(e.value.__cause__)
     assert "pa55-w0rd" not in caplog.text
     assert display_url("postgresql://u:secret@db:5433/fleet") == "postgresql://u@db:5433/fleet"
+
+
+async def test_a_server_that_goes_away_fails_calls_fast_and_is_used_again_when_back() -> None:
+    """A cluster of its own, stopped as a crash looks (immediate shutdown) and started
+    again: while it is away every call fails within its timeouts (never hangs); when it is
+    back the pool replaces the connections it lost, and the same store object works on,
+    no reopening."""
+    cluster = await asyncio.to_thread(PostgresCluster.start)
+    try:
+        url = await asyncio.to_thread(cluster.create_database)
+        store = PostgresFleetStore(url, statement_timeout_s=1)
+        await store.open()
+        try:
+            await store.add_token(JoinToken("tok1", "ab" * 32, NOW, None, 1))
+            await asyncio.to_thread(cluster.stop_server)
+            for _ in range(3):
+                started = time.monotonic()
+                with pytest.raises(StoreError):
+                    await store.get_token("tok1")
+                assert time.monotonic() - started < 5
+            await asyncio.to_thread(cluster.restart)
+            started = time.monotonic()
+            while True:
+                try:
+                    back = await store.get_token("tok1")
+                    break
+                except StoreError:
+                    assert time.monotonic() - started < 30, "the store never came back"
+                    await asyncio.sleep(0.2)
+            assert back is not None
+            await store.add_token(JoinToken("tok2", "ab" * 32, NOW, None, 1))
+            assert [t.token_id for t in await store.list_tokens()] == ["tok1", "tok2"]
+        finally:
+            await store.close()
+    finally:
+        await asyncio.to_thread(cluster.stop)

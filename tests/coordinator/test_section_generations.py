@@ -32,6 +32,9 @@ from edgefleet.contract import (
     OverflowTargetsSection,
     SectionGenerations,
 )
+from tests.coordinator.store_backends import StoreFactory, backend, store_factory
+
+__all__ = ["backend", "store_factory"]  # fixtures: the counter's tests run on both stores
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,11 +153,11 @@ async def test_a_saved_report_this_version_cannot_read_does_not_stop_the_migrati
 
 
 async def test_generations_go_on_above_every_block_after_restarts_and_a_clock_gone_back(
-    tmp_path: Path,
+    store_factory: StoreFactory,
 ) -> None:
     """Each coordinator start is a new counter on the same store; the third one's clock is
     a day behind the first's."""
-    store = SQLiteFleetStore(tmp_path / DB_FILE)
+    store = store_factory()
     await store.open()
     try:
         clock = [now_ms()]
@@ -173,10 +176,10 @@ async def test_generations_go_on_above_every_block_after_restarts_and_a_clock_go
         await store.close()
 
 
-async def test_the_counter_never_falls_behind_the_clock(tmp_path: Path) -> None:
+async def test_the_counter_never_falls_behind_the_clock(store_factory: StoreFactory) -> None:
     """A database restored from a backup holds the counter as it was then: the clock, moved
     on since, keeps the next generations above what agents were sent after the backup."""
-    store = SQLiteFleetStore(tmp_path / DB_FILE)
+    store = store_factory()
     await store.open()
     try:
         backed_up = GenerationCounter(store.reserve_generations)
@@ -190,13 +193,13 @@ async def test_the_counter_never_falls_behind_the_clock(tmp_path: Path) -> None:
 
 
 async def test_every_section_the_registry_sets_takes_the_stores_next_generation(
-    tmp_path: Path,
+    store_factory: StoreFactory,
 ) -> None:
     """Whatever generation a section comes with (the distributors send 0), the registry
     gives it the next of the counter, so a restarted coordinator's are newer."""
     held: list[int] = []
     for _ in range(2):  # a coordinator and the one restarted on its database
-        store = SQLiteFleetStore(tmp_path / DB_FILE)
+        store = store_factory()
         await store.open()
         try:
             registry = await LiveFleetRegistry.open(store)
@@ -217,11 +220,13 @@ async def test_every_section_the_registry_sets_takes_the_stores_next_generation(
     assert held[-1] < 10**15  # nor taken from the section
 
 
-async def test_the_next_block_is_reserved_ahead_and_grows_with_the_fleet(tmp_path: Path) -> None:
+async def test_the_next_block_is_reserved_ahead_and_grows_with_the_fleet(
+    store_factory: StoreFactory,
+) -> None:
     """next() never waits for the store: the next block is written while the current one
     still lasts, and a fleet-wide push in one go (a section for each of 3,000 agents)
     finds enough reserved. With nothing reserved (the store not answering) it raises."""
-    store = SQLiteFleetStore(tmp_path / DB_FILE)
+    store = store_factory()
     await store.open()
     try:
         agents = [10]

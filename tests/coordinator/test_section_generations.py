@@ -163,9 +163,11 @@ async def test_generations_go_on_above_every_block_after_restarts_and_a_clock_go
         clock = [now_ms()]
         handed: list[int] = []
         for back in (0, 0, DAY_MS):
-            counter = GenerationCounter(
-                store.reserve_generations, block=4, clock_ms=lambda back=back: clock[0] - back
-            )
+
+            def clock_ms(back: int = back) -> int:
+                return clock[0] - back
+
+            counter = GenerationCounter(store.reserve_generations, block=4, clock_ms=clock_ms)
             await counter.start()
             for _ in range(6):  # past the end of a block
                 handed.append(counter.next())

@@ -9,10 +9,41 @@ const MAP_W = 960;
 const MAP_H = 400;
 const MAP_NS = "http://www.w3.org/2000/svg";
 const MAP_MAX_ZOOM = 48;
-const CLUSTER_PX = 18;      // markers in the same 18 px cell of the screen form a cluster
+const CLUSTER_CELL = 40;    // the clustering's lookup grid, px (more than a cluster's reach)
 const MAX_LABELS = 150;     // marker labels placed (the rest: their title on hover)
 const MAX_NAMES = 80;       // country names placed
 const STATUS_RANK = { live: 0, draining: 1, suspect: 2, down: 3 };
+
+// A marker's radius on screen: one agent, or a cluster of n (growing slowly with n).
+function markerRadius(n) { return n === 1 ? 5 : Math.min(16, 8 + 2 * Math.log2(n)); }
+
+// Clusters whose circles overlap once grown are merged (a few passes; skipped for a
+// view with very many clusters, where the circles are small and far apart anyway).
+function mergeOverlapping(groups) {
+  if (groups.length > 400) return;
+  for (let pass = 0; pass < 4; pass++) {
+    let merged = false;
+    for (let i = 0; i < groups.length; i++) {
+      const a = groups[i];
+      if (!a.ids.length) continue;
+      for (let j = i + 1; j < groups.length; j++) {
+        const b = groups[j];
+        if (!b.ids.length) continue;
+        const d = Math.hypot(a.sx / a.ids.length - b.sx / b.ids.length, a.sy / a.ids.length - b.sy / b.ids.length);
+        if (d >= markerRadius(a.ids.length) + markerRadius(b.ids.length)) continue;
+        a.ids.push(...b.ids); a.sx += b.sx; a.sy += b.sy;
+        for (const site of b.sites) a.sites.add(site);
+        if (STATUS_RANK[b.worst] > STATUS_RANK[a.worst]) a.worst = b.worst;
+        b.ids = [];
+        merged = true;
+      }
+    }
+    if (!merged) break;
+  }
+  let kept = 0;
+  for (const g of groups) if (g.ids.length) groups[kept++] = g;
+  groups.length = kept;
+}
 
 function svgNode(tag, attrs, text) {
   const node = document.createElementNS(MAP_NS, tag);
@@ -120,17 +151,35 @@ class FleetMap {
   render() {
     const { k, x, y } = this;
     this.view.setAttribute("transform", `translate(${x.toFixed(2)},${y.toFixed(2)}) scale(${k.toFixed(4)})`);
+    // Greedy clustering on screen: a marker joins the nearest cluster whose circle (grown
+    // by it) would touch it, else starts its own. Clusters are found through a grid of
+    // CLUSTER_CELL px cells, so the pass is linear in the agents.
     const cells = new Map();
     const groups = [];
     for (const [id, p] of this.points) {
       const sx = p.x * k + x, sy = p.y * k + y;
-      if (sx < -CLUSTER_PX || sx > MAP_W + CLUSTER_PX || sy < -CLUSTER_PX || sy > MAP_H + CLUSTER_PX) continue;
-      const key = `${Math.floor(sx / CLUSTER_PX)},${Math.floor(sy / CLUSTER_PX)}`;
-      let g = cells.get(key);
-      if (!g) { g = { ids: [], sx: 0, sy: 0, worst: "live", sites: new Set() }; cells.set(key, g); groups.push(g); }
-      g.ids.push(id); g.sx += sx; g.sy += sy; g.sites.add(p.site);
-      if (STATUS_RANK[p.status] > STATUS_RANK[g.worst]) g.worst = p.status;
+      if (sx < -CLUSTER_CELL || sx > MAP_W + CLUSTER_CELL || sy < -CLUSTER_CELL || sy > MAP_H + CLUSTER_CELL) continue;
+      const cx = Math.floor(sx / CLUSTER_CELL), cy = Math.floor(sy / CLUSTER_CELL);
+      let best = null, bestD = Infinity;
+      for (let i = cx - 1; i <= cx + 1; i++) {
+        for (let j = cy - 1; j <= cy + 1; j++) {
+          for (const g of cells.get(`${i},${j}`) || []) {
+            const d = Math.hypot(g.sx / g.ids.length - sx, g.sy / g.ids.length - sy);
+            if (d < markerRadius(g.ids.length + 1) + 6 && d < bestD) { best = g; bestD = d; }
+          }
+        }
+      }
+      if (!best) {
+        best = { ids: [], sx: 0, sy: 0, worst: "live", sites: new Set() };
+        groups.push(best);
+        const key = `${cx},${cy}`;
+        if (!cells.has(key)) cells.set(key, []);
+        cells.get(key).push(best);
+      }
+      best.ids.push(id); best.sx += sx; best.sy += sy; best.sites.add(p.site);
+      if (STATUS_RANK[p.status] > STATUS_RANK[best.worst]) best.worst = p.status;
     }
+    mergeOverlapping(groups);
     const boxes = new Boxes();
     const fragment = document.createDocumentFragment();
     // Clusters first, then the biggest: they get their labels before single markers.
@@ -139,7 +188,7 @@ class FleetMap {
     for (const g of groups) {
       const n = g.ids.length;
       const cx = g.sx / n, cy = g.sy / n;
-      const r = n === 1 ? 5 : Math.min(16, 8 + 2 * Math.log2(n));
+      const r = markerRadius(n);
       const node = svgNode("g", { transform: `translate(${cx.toFixed(1)},${cy.toFixed(1)})` });
       const statuses = n === 1 ? this.points.get(g.ids[0]).status : g.worst;
       node.appendChild(svgNode("circle", { r }));

@@ -34,7 +34,6 @@ from coordinator.store.backup import backup, restore
 from coordinator.store.catalog import CatalogVersion
 from coordinator.store.interface import AgentLastState, FleetStore
 from coordinator.store.offline import run_offline
-from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import (
     Hello,
     LoadReport,
@@ -52,14 +51,18 @@ from edgefleet.model_signing import (
     verify_manifest,
 )
 from tests.coordinator.model_testing import make_artifact
+from tests.coordinator.store_backends import StoreFactory, backend, store_factory
 
 # make_artifact copies tiny-llama's build manifest: built (or found) first
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("tiny_artifacts")]
 
+__all__ = ["backend", "store_factory"]  # fixtures: catalog tests run on both stores
+
 
 @pytest.fixture
-async def catalog(tmp_path: Path) -> AsyncIterator[ModelCatalog]:
-    store = SQLiteFleetStore.in_directory(tmp_path / "data")
+async def catalog(tmp_path: Path, store_factory: StoreFactory) -> AsyncIterator[ModelCatalog]:
+    """On each store backend (tests/coordinator/store_backends.py)."""
+    store = store_factory()
     await store.open()
     opened = ModelCatalog.in_directory(store, tmp_path / "data")
     await opened.load()
@@ -254,8 +257,10 @@ def test_backup_and_restore_keep_the_signing_key_and_blobs(tmp_path: Path) -> No
     assert all(again.blobs.has(f["sha256"]) for f in restored.files())
 
 
-async def test_the_inventory_in_a_saved_load_report_survives_a_restart(tmp_path: Path) -> None:
-    store = SQLiteFleetStore.in_directory(tmp_path)
+async def test_the_inventory_in_a_saved_load_report_survives_a_restart(
+    store_factory: StoreFactory,
+) -> None:
+    store = store_factory()
     await store.open()
     await store.save_hello(Hello(agent_id="edge-1"), datetime.now(UTC))
     check = SelfCheckResult(passed=False, perplexity=22.7, perplexity_ratio=1.75, detail="ppl")
@@ -270,7 +275,7 @@ async def test_the_inventory_in_a_saved_load_report_survives_a_restart(tmp_path:
     state = AgentLastState("edge-1", Liveness.LIVE, datetime.now(UTC), report)
     await store.save_last_states([state], datetime.now(UTC))
     await store.close()
-    reopened = SQLiteFleetStore.in_directory(tmp_path)
+    reopened = store_factory()
     await reopened.open()
     (saved,) = await reopened.list_last_states()
     await reopened.close()

@@ -4,26 +4,28 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from coordinator.errors import AuthenticationError, PermissionDeniedError
 from coordinator.identity.join_tokens import sha256_hex
 from coordinator.identity.session_auth import SessionAuthenticator
-from coordinator.store.interface import JoinToken, StoredAgent
-from coordinator.store.sqlite import SQLiteFleetStore
+from coordinator.store.interface import FleetStore, JoinToken, StoredAgent
 from edgefleet.contract import Hello, LoadedModel
+from tests.coordinator.store_backends import StoreFactory, backend, store_factory
 
 pytestmark = pytest.mark.timeout(10)
+
+__all__ = ["backend", "store_factory"]  # fixtures: every test runs on both stores
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CREDENTIAL = "edge-1-credential"
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteFleetStore]:
-    opened = SQLiteFleetStore.in_directory(tmp_path)
+async def store(store_factory: StoreFactory) -> AsyncIterator[FleetStore]:
+    """On each store backend (tests/coordinator/store_backends.py)."""
+    opened = store_factory()
     await opened.open()
     await opened.add_token(JoinToken("tok", "ab" * 32, NOW, NOW + timedelta(days=1), 5))
     for agent_id, site in (("edge-1", "berlin"), ("edge-free", "")):
@@ -44,13 +46,13 @@ def hello(agent_id: str = "edge-1", *, token: str = CREDENTIAL, site: str = "mun
 
 
 def auth(
-    store: SQLiteFleetStore, *, enrollment: bool = False, mtls: bool = False
+    store: FleetStore, *, enrollment: bool = False, mtls: bool = False
 ) -> SessionAuthenticator:
     return SessionAuthenticator(store, require_enrollment=enrollment, require_mtls=mtls)
 
 
 async def test_an_enrolled_agent_with_its_credential_gets_in_at_its_enrolled_site(
-    store: SQLiteFleetStore,
+    store: FleetStore,
 ) -> None:
     accepted, enrolled = await auth(store).authenticate(hello(site="munich"), None)
     assert enrolled is True
@@ -59,7 +61,7 @@ async def test_an_enrolled_agent_with_its_credential_gets_in_at_its_enrolled_sit
 
 
 async def test_an_agent_enrolled_without_a_site_keeps_the_one_it_says(
-    store: SQLiteFleetStore,
+    store: FleetStore,
 ) -> None:
     accepted, enrolled = await auth(store).authenticate(hello("edge-free", site="munich"), None)
     assert enrolled and accepted.site == "munich"
@@ -74,14 +76,14 @@ async def test_an_agent_enrolled_without_a_site_keeps_the_one_it_says(
     ],
 )
 async def test_an_enrolled_agent_without_its_credential_is_refused(
-    store: SQLiteFleetStore, token: str, message: str
+    store: FleetStore, token: str, message: str
 ) -> None:
     with pytest.raises(AuthenticationError, match=message):
         await auth(store).authenticate(hello(token=token), None)
 
 
 async def test_an_unenrolled_agent_is_let_in_only_when_enrollment_is_optional(
-    store: SQLiteFleetStore,
+    store: FleetStore,
 ) -> None:
     accepted, enrolled = await auth(store).authenticate(hello("stranger", token=""), None)
     assert enrolled is False and accepted.site == "munich"
@@ -93,7 +95,7 @@ async def test_an_unenrolled_agent_is_let_in_only_when_enrollment_is_optional(
         await auth(store, enrollment=True).authenticate(hello("stranger", token=""), None)
 
 
-async def test_mutual_tls_needs_a_certificate_for_the_same_agent(store: SQLiteFleetStore) -> None:
+async def test_mutual_tls_needs_a_certificate_for_the_same_agent(store: FleetStore) -> None:
     with pytest.raises(AuthenticationError, match="requires mutual TLS"):
         await auth(store, mtls=True).authenticate(hello(), None)
     with pytest.raises(PermissionDeniedError, match="certificate is for agent 'edge-free'"):
@@ -102,6 +104,6 @@ async def test_mutual_tls_needs_a_certificate_for_the_same_agent(store: SQLiteFl
     assert enrolled and accepted.site == "berlin"
 
 
-async def test_a_certificate_does_not_replace_the_credential(store: SQLiteFleetStore) -> None:
+async def test_a_certificate_does_not_replace_the_credential(store: FleetStore) -> None:
     with pytest.raises(AuthenticationError, match="do not belong"):
         await auth(store, mtls=True).authenticate(hello(token="forged"), "edge-1")

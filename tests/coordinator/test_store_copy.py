@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agent.enrollment import Enroller
 from coordinator.errors import StoreError
 from coordinator.fleet.records import Liveness
 from coordinator.store.copy import copy_sqlite_to_postgres
@@ -36,6 +38,7 @@ from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadReport, Location
+from tests.coordinator.test_agent_lifecycle import _admin, session
 from tests.coordinator.test_restart_state import route, sessions
 from tests.coordinator.test_store_conformance_tables import api_key, catalog_version, enrolled
 
@@ -227,3 +230,63 @@ async def test_a_copy_that_does_not_verify_is_rolled_back(
         assert await postgres.count_request_records() == 0
     finally:
         await postgres.close()
+
+
+@pytest.mark.slow
+async def test_an_enrolled_agent_reconnects_after_the_move_without_enrolling_again(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """TLS on, the agent enrolled with a join token: moved to PostgreSQL (same data_dir: the
+    same CA), the coordinator takes the agent's session back with its saved credentials
+    and certificate; its token is used once, and there is no token to use again."""
+    data, state = tmp_path / "coordinator", tmp_path / "agent-state"
+    tls = ["--tls", "on", "--enroll-port", "0"]
+    first = CoordinatorProcess(report_interval_ms=200, data_dir=data, extra_args=tls)
+    await first.start()
+    try:
+        token = _admin(data, "tokens", "create", "--uses", "1").strip()
+        enroller = Enroller(
+            first.enroll_target, token, state_dir=state, requested_name="edge-1", tls=True,
+            ca_pem=(data / "ca" / "ca.pem").read_bytes(),
+        )  # fmt: skip
+        agent = session(first.grpc_target, enroller)
+        await agent.start()
+        await wait_until(lambda: agent.connected, timeout_s=15, message="connected")
+    finally:
+        await first.terminate()
+    try:
+        await wait_until(lambda: not agent.connected, message="coordinator gone")
+        done = migrate_command(data, postgres_url)
+        assert done.returncode == 0, done.stderr
+        env = {"EDGEFLEET_COORDINATOR_STORE_URL": postgres_url}
+        second = CoordinatorProcess(
+            grpc_port=first.grpc_port, report_interval_ms=200, data_dir=data, extra_args=tls,
+            env=env,
+        )  # fmt: skip
+        await second.start()
+        try:
+            opened = agent.sessions_opened
+            await wait_until(
+                lambda: agent.connected and agent.sessions_opened > opened,
+                timeout_s=20,
+                message="the agent reconnects to the coordinator on PostgreSQL",
+            )
+            agents = await second.agents()
+            assert [(a["agent_id"], a["enrolled"], a["status"]) for a in agents] == [
+                ("edge-1", True, "connected")
+            ]
+            listed = json.loads(_admin_env(env, data, "tokens", "list", "--json"))["data"]
+            assert [(t["uses"], t["max_uses"], t["state"]) for t in listed] == [(1, 1, "exhausted")]
+        finally:
+            await second.terminate()
+    finally:
+        await agent.stop()
+
+
+def _admin_env(env: dict[str, str], data: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", *args, "--data-dir", str(data)],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -18,8 +18,11 @@ from coordinator.api import agents as agents_api
 from coordinator.api.app_keys import REGISTRY_KEY
 from edgefleet.contract import Hello, LoadedModel, Location
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
+from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(120)
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 FLEET = 5000
 
 

@@ -20,8 +20,11 @@ from edgefleet.contract import (
     SectionGenerations,
 )
 from tests.coordinator.coordinator_testing import MakeCoordinator
+from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(30)
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 HELLO = Hello(agent_id="edge-1", site="lab", models=(LoadedModel("m", "v1"),))
 

@@ -14,6 +14,10 @@ import aiohttp
 
 from coordinator.api.app_keys import STORE_KEY
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
+from tests.coordinator.store_backends import on_both_stores
+
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 
 async def test_the_drain_answer_waits_for_the_store_write(

@@ -26,6 +26,10 @@ from agent.config import load_config
 from agent.https import build_server_context, server_cert_files
 from edgefleet.tls import agent_server_name
 from tests.coordinator.coordinator_testing import MakeCoordinator
+from tests.coordinator.store_backends import on_both_stores
+
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 TINY = "tiny-llama"
 

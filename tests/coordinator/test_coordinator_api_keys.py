@@ -22,12 +22,14 @@ from coordinator.access.api_keys import FLOOR
 from coordinator.api.app_keys import CONFIG_KEY, KEY_DISTRIBUTOR_KEY
 from coordinator.identity.join_tokens import sha256_hex
 from coordinator.store.interface import ApiKeyRecord
-from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.process import wait_until
 from edgefleet.contract import Hello, KeysSection, KeyUsage, LoadedModel, LoadReport
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
+from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(60)
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 
 async def admin(c: Coordinator, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -148,8 +150,9 @@ async def test_a_stored_cap_beyond_the_wire_reaches_agents_as_the_largest_it_car
         _, honest = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "honest"})
         await wait_until(lambda: accepts(agent.table, honest["secret"]), message="key pushed")
         secret = "ef-0ld0ld0ld0ld-" + "x" * 43
-        store = SQLiteFleetStore.in_directory(Path(coordinator.app[CONFIG_KEY].data_dir))
-        await store.open()  # the CLI's own connection, beside the coordinator's
+        # the CLI's own connection, beside the coordinator's (SQLite or PostgreSQL)
+        store = coordinator.app[CONFIG_KEY].store_location().open_store()
+        await store.open()
         try:
             await store.add_api_key(ApiKeyRecord(
                 key_id="0ld0ld0ld0ld", secret_sha256=sha256_hex(secret),
@@ -212,7 +215,7 @@ def test_cli_mints_into_the_database_and_never_stores_the_secret(
 
 
 async def test_revocation_reaches_a_connected_agent_within_one_report_interval(
-    coordinator: Coordinator, tmp_path: Path
+    coordinator: Coordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     interval_s = 1.0
     async with Agent(coordinator, "edge-1", tmp_path / "a1") as agent:
@@ -226,7 +229,9 @@ async def test_revocation_reaches_a_connected_agent_within_one_report_interval(
         assert accepts(agent.table, honest["secret"])  # the other key keeps working
 
         # Revoked straight in the database (the CLI without --url): the coordinator's
-        # periodic refresh pushes it.
+        # periodic refresh pushes it. The CLI finds the database as the coordinator does.
+        if store_url := coordinator.app[CONFIG_KEY].store_url:
+            monkeypatch.setenv("EDGEFLEET_COORDINATOR_STORE_URL", store_url)
         _, by_db = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "db"})
         await wait_until(lambda: accepts(agent.table, by_db["secret"]))
         started = time.monotonic()

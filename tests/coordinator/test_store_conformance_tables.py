@@ -58,7 +58,9 @@ def api_key(key_id: str, seconds: int = 0, **changes: object) -> ApiKeyRecord:
 
 
 async def test_api_keys_revocation_and_usage_totals(store: FleetStore) -> None:
-    first, second = api_key("key_1"), api_key("key_2", seconds=1, expires_at=None, models=())
+    # 2**40: SQLite's integers are 64-bit, so are the other backend's
+    first = api_key("key_1")
+    second = api_key("key_2", seconds=1, expires_at=None, models=(), max_tokens_per_request=2**40)
     await store.add_api_key(first)
     await store.add_api_key(second)
     assert await store.list_api_keys() == [first, second]

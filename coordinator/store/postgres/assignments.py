@@ -1,16 +1,13 @@
 """Tables ``model_rules`` and ``model_assignments`` in PostgreSQL.
 
-Replacing a rule is one transaction that deletes the old row and inserts the new: the new
-rule gets the next identity value (newer: larger), and a racing replacement of the same
-(name, selector) waits on the row lock, then on the unique index; the loser retries once
-against the committed winner."""
+Replacing a rule is one transaction that deletes the old row and inserts the new one (the
+next identity value: newer, larger), under a transaction-scoped advisory lock on the
+(name, selector): racing replacements of one rule take turns, and the last one stays."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-
-from psycopg import errors as pg_errors
 
 from coordinator.store.assignments import AssignmentRecord, RuleRecord
 from coordinator.store.postgres.base import PostgresTable
@@ -44,24 +41,22 @@ class PostgresAssignments(PostgresTable):
 async def _set_rule(
     db: Connection, name: str, selector: str, version: str, rollout_id: str, set_at: datetime
 ) -> int:
-    for attempt in (1, 2):
-        try:
-            async with db.transaction():
-                await db.execute(
-                    "DELETE FROM model_rules WHERE name = %s AND selector = %s",
-                    (name, selector),
-                )
-                cursor = await db.execute(
-                    "INSERT INTO model_rules (name, selector, version, rollout_id, set_at)"
-                    " VALUES (%s, %s, %s, %s, %s) RETURNING seq",
-                    (name, selector, version, rollout_id, set_at),
-                )
-                row = await cursor.fetchone()
-                return 0 if row is None else int(row["seq"])
-        except pg_errors.UniqueViolation:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    async with db.transaction():
+        # Replacements of one (name, selector) take turns: delete, then insert the new row.
+        await db.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s, 0))",
+            (name, selector),
+        )
+        await db.execute(
+            "DELETE FROM model_rules WHERE name = %s AND selector = %s", (name, selector)
+        )
+        cursor = await db.execute(
+            "INSERT INTO model_rules (name, selector, version, rollout_id, set_at)"
+            " VALUES (%s, %s, %s, %s, %s) RETURNING seq",
+            (name, selector, version, rollout_id, set_at),
+        )
+        row = await cursor.fetchone()
+    return 0 if row is None else int(row["seq"])
 
 
 async def _delete_rule(db: Connection, name: str, selector: str) -> None:

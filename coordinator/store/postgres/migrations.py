@@ -2,7 +2,8 @@
 
 The same tables as the SQLite backend's (coordinator/store/migrations.py), with
 PostgreSQL's types: ``timestamptz`` for times, ``boolean`` for flags, ``bytea`` for signed
-bytes, identity columns for sequence numbers. Migration 1 is the schema as the SQLite
+bytes, ``bigint`` for every integer (SQLite's are 64-bit: a value SQLite takes, this
+backend takes too), identity columns for sequence numbers. Migration 1 is the schema as the SQLite
 backend had it at its version 8, when this backend was added; from then on each backend
 keeps a history of its own.
 
@@ -63,8 +64,8 @@ _SCHEMA_1 = [
         secret_sha256 text NOT NULL,
         created_at    timestamptz NOT NULL,
         expires_at    timestamptz,
-        max_uses      integer NOT NULL,
-        uses          integer NOT NULL DEFAULT 0,
+        max_uses      bigint NOT NULL,
+        uses          bigint NOT NULL DEFAULT 0,
         site          text NOT NULL DEFAULT '',
         revoked       boolean NOT NULL DEFAULT false,
         note          text NOT NULL DEFAULT '',
@@ -130,7 +131,7 @@ _SCHEMA_1 = [
         target     text NOT NULL DEFAULT '',
         peer       text NOT NULL DEFAULT '',
         outcome    text NOT NULL,
-        status     integer NOT NULL DEFAULT 0,
+        status     bigint NOT NULL DEFAULT 0,
         detail     text NOT NULL DEFAULT ''
     )""",
     "CREATE INDEX audit_log_at ON audit_log (at)",
@@ -158,7 +159,7 @@ _SCHEMA_1 = [
         ttft_ms           double precision,
         served_by         text NOT NULL DEFAULT '',
         endpoint          text NOT NULL DEFAULT '',
-        status            integer NOT NULL DEFAULT 0,
+        status            bigint NOT NULL DEFAULT 0,
         dropped           bigint NOT NULL DEFAULT 0,
         PRIMARY KEY (agent_id, seq)
     )""",
@@ -171,7 +172,7 @@ _SCHEMA_1 = [
         models_json            text NOT NULL DEFAULT '[]',
         allow_cloud            boolean NOT NULL DEFAULT false,
         max_priority           text NOT NULL DEFAULT 'normal',
-        max_tokens_per_request integer NOT NULL DEFAULT 0,
+        max_tokens_per_request bigint NOT NULL DEFAULT 0,
         requests_per_minute    double precision NOT NULL DEFAULT 0,
         tokens_per_minute      double precision NOT NULL DEFAULT 0,
         expires_at             timestamptz,

@@ -44,7 +44,7 @@ async def _add(db: Connection, rows: list[tuple[object, ...]]) -> int:
         f"INSERT INTO request_records ({_COLUMNS}) SELECT * FROM unnest("
         "%s::text[], %s::bigint[], %s::float8[], %s::float8[], %s::text[], %s::text[],"
         " %s::text[], %s::bigint[], %s::bigint[], %s::float8[], %s::float8[], %s::text[],"
-        " %s::text[], %s::integer[], %s::bigint[]) ON CONFLICT (agent_id, seq) DO NOTHING",
+        " %s::text[], %s::bigint[], %s::bigint[]) ON CONFLICT (agent_id, seq) DO NOTHING",
         [list(column) for column in columns],
     )
     return cursor.rowcount

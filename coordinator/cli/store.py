@@ -17,7 +17,6 @@ from typing import Any
 from coordinator.cli.client import AdminClient
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
-from coordinator.store.copy import copy_sqlite_to_postgres
 from coordinator.store.location import check_store_url
 
 
@@ -55,6 +54,9 @@ def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient
     def progress(line: str) -> None:
         if not args.json:
             print(line, file=sys.stderr)
+
+    # psycopg only when asked to copy: a SQLite-only install (no postgres extra) runs
+    from coordinator.store.copy import copy_sqlite_to_postgres
 
     report = copy_sqlite_to_postgres(data_dir, config.store_location(target), progress=progress)
     if args.json:

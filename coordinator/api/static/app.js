@@ -317,13 +317,18 @@ function renderTotals() {
     ["TTFT p99 (10 s)", last && last.ttft_p99_s !== null ? `${(last.ttft_p99_s * 1000).toFixed(0)} ms` : "-"],
   ];
   const box = $("totals");
-  const nodes = items.map(([label, value]) => {
-    const div = el("div");
-    div.appendChild(el("span", label));
-    div.appendChild(el("strong", value));
-    return div;
+  if (box.children.length !== items.length) {
+    box.replaceChildren(...items.map(([label]) => {
+      const div = el("div");
+      div.append(el("span", label), el("strong", ""));
+      return div;
+    }));
+  }
+  // Only the figures that changed are written (this runs up to once a frame).
+  items.forEach(([, value], i) => {
+    const strong = box.children[i].lastChild;
+    if (strong.textContent !== String(value)) strong.textContent = String(value);
   });
-  box.replaceChildren(...nodes);
 }
 
 // At most this many keyed series per chart (the biggest over the hour; the rest summed).

@@ -428,7 +428,8 @@ class _Connection:
 def _lookups(
     http_url: str, rate: float, warmup_s: float, seconds: float, warm: Any, out: Any
 ) -> None:
-    """Open-loop lookups; puts (latencies s, schedule lags s, failures, CPU s) on ``out``.
+    """Open-loop lookups; puts (latencies s, schedule lags s, failures by why, CPU s) on
+    ``out``.
 
     The first ``warmup_s`` (connections opening, caches filling) are not measured;
     ``warm`` is set when measuring starts.
@@ -436,19 +437,22 @@ def _lookups(
     parts = urlsplit(http_url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
 
-    async def run() -> tuple[list[float], list[float], int, float]:
+    async def run() -> tuple[list[float], list[float], dict[str, int], float]:
         rng = random.Random(7)
         latencies: list[float] = []
         lags: list[float] = []
-        failures = 0
+        failed: dict[str, int] = {}  # why -> how many lookups failed so
         idle: list[_Connection] = []
 
         measuring = False
 
+        def fail(why: str) -> None:
+            failed[why] = failed.get(why, 0) + 1
+
         async def one(due: float) -> None:
-            nonlocal failures
             lat, lon = _agent_place(rng)
             path = f"/v1/route?model={rng.choice(MODELS)}&lat={lat:.4f}&lon={lon:.4f}"
+            reused = bool(idle)
             connection = (
                 idle.pop() if idle else _Connection(*await asyncio.open_connection(host, port))
             )
@@ -457,9 +461,23 @@ def _lookups(
             if counted:
                 lags.append(max(0.0, time.monotonic() - due))
             try:
-                status, _ = await connection.get(host, path)
-            except (OSError, asyncio.IncompleteReadError, ValueError):
-                failures += 1
+                try:
+                    status, _ = await connection.get(host, path)
+                except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
+                    # a kept-alive connection the server closed while idle (its header
+                    # timeout), before any byte of an answer: retried once on a new
+                    # connection, as HTTP clients do for an idempotent request
+                    partial = getattr(exc, "partial", b"")
+                    if not reused or partial:
+                        raise
+                    connection.writer.close()
+                    failed["retried: kept-alive connection closed by the server"] = (
+                        failed.get("retried: kept-alive connection closed by the server", 0) + 1
+                    )
+                    connection = _Connection(*await asyncio.open_connection(host, port))
+                    status, _ = await connection.get(host, path)
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                fail(f"{type(exc).__name__}: {str(exc)[:60]}")
                 connection.writer.close()
                 return
             elapsed = time.perf_counter() - t0
@@ -469,7 +487,7 @@ def _lookups(
             if status == 200:
                 latencies.append(elapsed)
             else:
-                failures += 1
+                fail(f"HTTP {status}")
 
         pending: set[asyncio.Task[None]] = set()
         due = time.monotonic()
@@ -489,7 +507,7 @@ def _lookups(
         cpu = time.process_time() - cpu0
         for connection in idle:
             connection.writer.close()
-        return latencies, lags, failures, cpu
+        return latencies, lags, failed, cpu
 
     out.put(asyncio.run(run()))
 
@@ -564,7 +582,11 @@ def _server_quantile(
 async def _measure_lookups(
     coordinator: CoordinatorProcess, rate: float, seconds: float, cpus: set[int] | None
 ) -> tuple[
-    tuple[list[float], list[float], int, float], dict[str, float], dict[str, float], float, float
+    tuple[list[float], list[float], dict[str, int], float],
+    dict[str, float],
+    dict[str, float],
+    float,
+    float,
 ]:
     """Runs the lookup process; returns its results, metric scrapes and the window (s)."""
     ctx = mp.get_context("spawn")
@@ -763,7 +785,10 @@ async def main(args: argparse.Namespace) -> int:
 
         print(f"lookups at {args.lookups_per_s:g}/s for {args.duration:g} s under that load")
         measured = await _measure_lookups(coordinator, args.lookups_per_s, args.duration, load_cpus)
-        (latencies, lags, failures, client_cpu_s), h0, h1, window, cores_both = measured
+        (latencies, lags, failed, client_cpu_s), h0, h1, window, cores_both = measured
+        retried = {k: v for k, v in failed.items() if k.startswith("retried")}
+        failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
+        failures = sum(failed.values())
         reports_during = (h1.get(key, 0) - h0.get(key, 0)) / window
         connected_end = await connected()
         rss_mb = process.memory_info().rss / 2**20
@@ -838,6 +863,8 @@ async def main(args: argparse.Namespace) -> int:
         "lookups_per_s_requested": args.lookups_per_s,
         "lookups_per_s_achieved": round(lookups_per_s, 1),
         "lookup_failures": failures,
+        "lookup_failures_why": failed,
+        "lookups_retried_on_a_closed_idle_connection": sum(retried.values()),
         "route_server_lookups_observed": int(total),
         "route_server_mean_ms": round(server_mean, 3),
         "route_server_p50_ms": round(server_p50[1] * 1000, 3),

@@ -143,6 +143,10 @@ class PostgresPool:
             self._closed = True
             raise
         self._opened = True
+        logger.info(
+            "fleet database %s: open (PostgreSQL, %d connections at most, statement and "
+            "lock timeout %g s)", self.name, self._pool.max_size, self.statement_timeout_s,
+        )  # fmt: skip
 
     async def close(self) -> None:
         """Wait for the calls under way, then close every connection (idempotent)."""

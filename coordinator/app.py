@@ -192,9 +192,17 @@ def create_app(
     add_routes(app)
     # First: the store opens (and the services load from it) before anything serves, and
     # closes after everything else stopped.
+    loads: list[Callable[[], Awaitable[None]]] = []
+    if store is None:  # the configured store: once open, data_dir says where it is
+
+        async def remember_backend() -> None:
+            config.store_location().remember_backend()
+
+        loads.append(remember_backend)
     app.cleanup_ctx.append(
         _store(
             fleet_store,
+            *loads,
             live_registry.load,
             catalog.load,
             assignments.load,

@@ -9,6 +9,8 @@ without it says what to install.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,6 +20,10 @@ from coordinator.store.interface import FleetStore
 
 #: The URL schemes that choose PostgreSQL (libpq's).
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+#: In data_dir, written by a coordinator serving on PostgreSQL: which database this
+#: installation's fleet is in, so that a command or a restart that forgot store_url is
+#: refused instead of opening (or creating) an empty SQLite fleet beside it.
+MARKER_NAME = "store.json"
 #: The default statement timeout and pool size (the config's defaults).
 STATEMENT_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 10
@@ -57,9 +63,50 @@ class StoreLocation:
         """ "sqlite" or "postgresql"."""
         return "postgresql" if self.url else "sqlite"
 
-    def open_store(self, *, migrate: bool = True) -> FleetStore:
-        """The store here, not opened yet (``await store.open()``)."""
+    @property
+    def marker(self) -> Path:
+        return self.data_dir / MARKER_NAME
+
+    def shown_url(self) -> str:
+        """The URL as logs may show it: scheme, user, host, port and database only."""
+        parts = urlsplit(self.url)
+        return (
+            f"{parts.scheme}://{parts.username or ''}@{parts.hostname or ''}"
+            + (f":{parts.port}" if parts.port else "")
+            + parts.path
+        )
+
+    def remember_backend(self) -> None:
+        """Record in data_dir that this installation's fleet is in PostgreSQL (a no-op on
+        SQLite); ``open_store`` on SQLite there is refused from then on."""
         if not self.url:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        record = {"backend": "postgresql", "url": self.shown_url()}
+        partial = self.marker.with_suffix(".partial")
+        partial.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(partial, self.marker)
+
+    def _refuse_if_moved(self) -> None:
+        try:
+            record = json.loads(self.marker.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{self.marker} cannot be read ({exc}): remove it or fix it") from exc
+        if isinstance(record, dict) and record.get("backend") == "postgresql":
+            raise StoreError(
+                f"data_dir {self.data_dir} belongs to a coordinator whose fleet database is in "
+                f"PostgreSQL ({record.get('url', '?')}, recorded in {self.marker}): set "
+                "store_url (config file or EDGEFLEET_COORDINATOR_STORE_URL) and its password "
+                f"to reach it; to go back to SQLite on purpose, remove {self.marker}"
+            )
+
+    def open_store(self, *, migrate: bool = True) -> FleetStore:
+        """The store here, not opened yet (``await store.open()``). SQLite is refused in a
+        data_dir whose installation moved to PostgreSQL (``remember_backend``)."""
+        if not self.url:
+            self._refuse_if_moved()
             from coordinator.store.sqlite import SQLiteFleetStore
 
             return SQLiteFleetStore.in_directory(

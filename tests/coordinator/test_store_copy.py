@@ -37,7 +37,7 @@ from coordinator.store.postgres import PostgresFleetStore
 from coordinator.store.postgres.bulk import PostgresBulk
 from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
-from devtools.process import wait_until
+from devtools.process import ProcessStartError, wait_until
 from edgefleet.contract import Hello, LoadReport, Location
 from tests.coordinator.test_agent_lifecycle import _admin, session
 from tests.coordinator.test_restart_state import route, sessions
@@ -201,6 +201,20 @@ async def test_a_coordinator_moved_from_sqlite_to_postgres_routes_to_its_agents(
             body = await route(second)
             assert body["agents"][0]["agent_id"] == "edge-b"
             assert body["agents"][0]["liveness"] == "live"
+
+    # data_dir now says where the fleet is: forgetting store_url is refused, not answered
+    # from an empty SQLite fleet beside it, by the CLI and by a restart alike
+    assert json.loads((data_dir / "store.json").read_text())["backend"] == "postgresql"
+    forgot = subprocess.run(
+        [sys.executable, "-m", "coordinator", "tokens", "list", "--data-dir", str(data_dir)],
+        env={k: v for k, v in os.environ.items() if not k.startswith("EDGEFLEET_")},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert forgot.returncode != 0
+    assert "fleet database is in PostgreSQL" in forgot.stderr, forgot.stderr
+    with pytest.raises(ProcessStartError, match="fleet database is in PostgreSQL"):
+        async with CoordinatorProcess(report_interval_ms=200, data_dir=data_dir):
+            pass
 
 
 async def test_a_copy_that_does_not_verify_is_rolled_back(

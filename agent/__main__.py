@@ -67,6 +67,23 @@ from edgefleet.tls import CertificateReloader
 log = logging.getLogger("agent")
 
 
+# The explicit opt-outs of a secure default: flag -> (dotted key, the value it sets, help).
+# Read by build_parser and overrides_from_args, and by the docs' configuration reference.
+INSECURE_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "--insecure-no-tls": (
+        "server.tls",
+        "off",
+        "serve plain HTTP even beyond loopback (server.tls = off): keys and prompts "
+        "travel unencrypted; for a trusted network only",
+    ),
+    "--insecure-no-auth": (
+        "auth.insecure_no_auth",
+        True,
+        "serve without API keys even beyond loopback (auth.insecure_no_auth)",
+    ),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-agent",
@@ -75,27 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
         "environment variables < flags.",
     )
     add_arguments(parser, AgentConfig, FLAGS, example="engine.default_max_tokens=128")
-    parser.add_argument(
-        "--insecure-no-tls",
-        action="store_true",
-        help="serve plain HTTP even beyond loopback (server.tls = off): keys and prompts "
-        "travel unencrypted; for a trusted network only",
-    )
-    parser.add_argument(
-        "--insecure-no-auth",
-        action="store_true",
-        help="serve without API keys even beyond loopback (auth.insecure_no_auth)",
-    )
+    for flag, (_, _, help_text) in INSECURE_FLAGS.items():
+        parser.add_argument(flag, action="store_true", help=help_text)
     return parser
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Dotted key -> value for the flags given; ValueError for a malformed ``--set``."""
     overrides = config_loading.overrides_from_args(args, FLAGS)
-    if getattr(args, "insecure_no_tls", False):
-        overrides["server.tls"] = "off"
-    if getattr(args, "insecure_no_auth", False):
-        overrides["auth.insecure_no_auth"] = True
+    for flag, (key, value, _) in INSECURE_FLAGS.items():
+        if getattr(args, flag.removeprefix("--").replace("-", "_"), False):
+            overrides[key] = value
     return overrides
 
 

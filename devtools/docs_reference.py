@@ -277,6 +277,18 @@ def field_default(info: FieldInfo) -> Any:
     return info.default
 
 
+def _opt_out_flags(flags: Sequence[Any]) -> dict[str, str]:
+    """Dotted key -> its flags, for the keys the agent's opt-out flags set (agent/__main__.py
+    ``INSECURE_FLAGS``), after the key's own named flag when it has one."""
+    from agent.__main__ import INSECURE_FLAGS
+
+    named = {f.key: f.flag for f in flags}
+    found: dict[str, str] = {}
+    for flag, (key, _, _) in INSECURE_FLAGS.items():
+        found[key] = ", ".join(f for f in (named.get(key), flag) if f)
+    return found
+
+
 def config_page(
     model: type[BaseModel],
     flags: Sequence[Any],
@@ -510,10 +522,7 @@ def pages() -> dict[str, str]:
             "sections are tables) < environment variables < flags; `--set section.key=value` "
             "reaches every key. Lists are comma-separated in the environment and in `--set`. "
             "Guide: [the agent](../operators/agent.md).",
-            extra_flags={
-                "server.tls": "--tls, --insecure-no-tls",
-                "auth.insecure_no_auth": "--insecure-no-auth",
-            },
+            extra_flags=_opt_out_flags(AGENT_FLAGS),
         ),
     )
     found["coordinator-config.md"] = page(

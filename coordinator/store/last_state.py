@@ -4,12 +4,13 @@ snapshots (the registry's ``save_last_states``), never per report."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from coordinator.fleet.records import Liveness
+from coordinator.store.report_json import report_from_json
 from edgefleet.contract import LoadReport
 
 
@@ -35,3 +36,19 @@ class LastStateTable(Protocol):
     async def list_last_states(self) -> list[AgentLastState]:
         """Every saved live state, ordered by agent id."""
         ...
+
+
+def last_state_from_row(row: Mapping[str, Any]) -> AgentLastState:
+    """An ``agent_last_state`` row as either backend reads it (POSIX seconds, the report as
+    coordinator/store/report_json.py writes it); an unknown liveness reads as down."""
+    try:
+        liveness = Liveness(row["liveness"])
+    except ValueError:
+        liveness = Liveness.DOWN
+    return AgentLastState(
+        agent_id=row["agent_id"],
+        liveness=liveness,
+        last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
+        report=report_from_json(row["agent_id"], row["report_fields"], row["report_json"]),
+        saved_at=datetime.fromtimestamp(row["saved_at"], UTC),
+    )

@@ -4,7 +4,8 @@ body holds is coordinator/rollouts/model.py's ``Rollout.json()``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,3 +34,16 @@ class RolloutTable(Protocol):
         ...
 
     async def count_rollouts_by_state(self) -> dict[str, int]: ...
+
+
+def rollout_from_row(row: Mapping[str, Any]) -> StoredRollout:
+    """A ``rollouts`` row as either backend reads it (columns by name)."""
+    return StoredRollout(
+        rollout_id=row["rollout_id"],
+        model=row["model"],
+        version=row["version"],
+        state=row["state"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        body=json.loads(row["body_json"]),
+    )

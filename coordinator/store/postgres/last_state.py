@@ -5,13 +5,12 @@ once per row: coordinator/store/report_json.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
-from coordinator.fleet.records import Liveness
-from coordinator.store.last_state import AgentLastState
+from coordinator.store.last_state import AgentLastState, last_state_from_row
 from coordinator.store.postgres.base import PostgresTable
 from coordinator.store.postgres.pool import Connection
-from coordinator.store.report_json import REPORT_FIELDS, report_from_json, report_to_json
+from coordinator.store.report_json import REPORT_FIELDS, report_to_json
 
 
 class PostgresLastStates(PostgresTable):
@@ -48,19 +47,4 @@ async def _save_last_states(
 
 async def _list_last_states(db: Connection) -> list[AgentLastState]:
     cursor = await db.execute('SELECT * FROM agent_last_state ORDER BY agent_id COLLATE "C"')
-    states = []
-    for row in await cursor.fetchall():
-        try:
-            liveness = Liveness(row["liveness"])
-        except ValueError:
-            liveness = Liveness.DOWN
-        states.append(
-            AgentLastState(
-                agent_id=row["agent_id"],
-                liveness=liveness,
-                last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
-                report=report_from_json(row["agent_id"], row["report_fields"], row["report_json"]),
-                saved_at=datetime.fromtimestamp(row["saved_at"], UTC),
-            )
-        )
-    return states
+    return [last_state_from_row(row) for row in await cursor.fetchall()]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from coordinator.store.postgres.base import PostgresTable
 from coordinator.store.postgres.pool import Connection
-from coordinator.store.rollouts import StoredRollout
+from coordinator.store.rollouts import StoredRollout, rollout_from_row
 
 
 class PostgresRollouts(PostgresTable):
@@ -39,7 +38,7 @@ async def _save(db: Connection, r: StoredRollout) -> None:
 async def _get(db: Connection, rollout_id: str) -> StoredRollout | None:
     cursor = await db.execute("SELECT * FROM rollouts WHERE rollout_id = %s", (rollout_id,))
     row = await cursor.fetchone()
-    return None if row is None else _rollout(row)
+    return None if row is None else rollout_from_row(row)
 
 
 async def _list(db: Connection, states: list[str], limit: int) -> list[StoredRollout]:
@@ -48,21 +47,9 @@ async def _list(db: Connection, states: list[str], limit: int) -> list[StoredRol
         " ORDER BY created_at DESC LIMIT %s",
         (states, states, limit),
     )
-    return [_rollout(r) for r in await cursor.fetchall()]
+    return [rollout_from_row(r) for r in await cursor.fetchall()]
 
 
 async def _counts(db: Connection) -> dict[str, int]:
     cursor = await db.execute("SELECT state, count(*) AS n FROM rollouts GROUP BY state")
     return {r["state"]: int(r["n"]) for r in await cursor.fetchall()}
-
-
-def _rollout(row: dict[str, Any]) -> StoredRollout:
-    return StoredRollout(
-        rollout_id=row["rollout_id"],
-        model=row["model"],
-        version=row["version"],
-        state=row["state"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        body=json.loads(row["body_json"]),
-    )

@@ -6,11 +6,10 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
-from coordinator.fleet.records import Liveness
-from coordinator.store.last_state import AgentLastState
-from coordinator.store.report_json import REPORT_FIELDS, report_from_json, report_to_json
+from coordinator.store.last_state import AgentLastState, last_state_from_row
+from coordinator.store.report_json import REPORT_FIELDS, report_to_json
 from coordinator.store.sqlite.base import SQLiteTable
 from coordinator.store.sqlite.worker import write
 
@@ -46,19 +45,5 @@ def _save_last_states(
 
 
 def _list_last_states(db: sqlite3.Connection) -> list[AgentLastState]:
-    states = []
-    for row in db.execute("SELECT * FROM agent_last_state ORDER BY agent_id"):
-        try:
-            liveness = Liveness(row["liveness"])
-        except ValueError:
-            liveness = Liveness.DOWN
-        states.append(
-            AgentLastState(
-                agent_id=row["agent_id"],
-                liveness=liveness,
-                last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
-                report=report_from_json(row["agent_id"], row["report_fields"], row["report_json"]),
-                saved_at=datetime.fromtimestamp(row["saved_at"], UTC),
-            )
-        )
-    return states
+    rows = db.execute("SELECT * FROM agent_last_state ORDER BY agent_id")
+    return [last_state_from_row(row) for row in rows]

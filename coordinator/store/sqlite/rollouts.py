@@ -6,7 +6,7 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
-from coordinator.store.rollouts import StoredRollout
+from coordinator.store.rollouts import StoredRollout, rollout_from_row
 from coordinator.store.sqlite.base import SQLiteTable
 from coordinator.store.sqlite.worker import write
 
@@ -39,7 +39,7 @@ def _save(db: sqlite3.Connection, r: StoredRollout) -> None:
 
 def _get(db: sqlite3.Connection, rollout_id: str) -> StoredRollout | None:
     row = db.execute("SELECT * FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
-    return None if row is None else _rollout(row)
+    return None if row is None else rollout_from_row(row)
 
 
 def _list(db: sqlite3.Connection, states: list[str], limit: int) -> list[StoredRollout]:
@@ -51,21 +51,9 @@ def _list(db: sqlite3.Connection, states: list[str], limit: int) -> list[StoredR
         )
     else:
         rows = db.execute("SELECT * FROM rollouts ORDER BY created_at DESC LIMIT ?", (limit,))
-    return [_rollout(r) for r in rows]
+    return [rollout_from_row(r) for r in rows]
 
 
 def _counts(db: sqlite3.Connection) -> dict[str, int]:
     rows = db.execute("SELECT state, COUNT(*) AS n FROM rollouts GROUP BY state")
     return {r["state"]: int(r["n"]) for r in rows}
-
-
-def _rollout(row: sqlite3.Row) -> StoredRollout:
-    return StoredRollout(
-        rollout_id=row["rollout_id"],
-        model=row["model"],
-        version=row["version"],
-        state=row["state"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        body=json.loads(row["body_json"]),
-    )

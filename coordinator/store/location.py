@@ -67,22 +67,15 @@ class StoreLocation:
     def marker(self) -> Path:
         return self.data_dir / MARKER_NAME
 
-    def shown_url(self) -> str:
-        """The URL as logs may show it: scheme, user, host, port and database only."""
-        parts = urlsplit(self.url)
-        return (
-            f"{parts.scheme}://{parts.username or ''}@{parts.hostname or ''}"
-            + (f":{parts.port}" if parts.port else "")
-            + parts.path
-        )
-
     def remember_backend(self) -> None:
         """Record in data_dir that this installation's fleet is in PostgreSQL (a no-op on
         SQLite); ``open_store`` on SQLite there is refused from then on."""
         if not self.url:
             return
+        from coordinator.store.postgres import display_url  # PostgreSQL in use: installed
+
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        record = {"backend": "postgresql", "url": self.shown_url()}
+        record = {"backend": "postgresql", "url": display_url(self.url)}
         partial = self.marker.with_suffix(".partial")
         partial.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(partial, self.marker)

@@ -39,11 +39,7 @@ from coordinator.store.postgres.pool import (
 from coordinator.store.postgres.request_records import PostgresRequestRecords
 from coordinator.store.postgres.rollouts import PostgresRollouts
 
-__all__ = ["SCHEMA_VERSION", "PostgresFleetStore", "display_url", "is_postgres_url"]
-
-
-def is_postgres_url(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
+__all__ = ["SCHEMA_VERSION", "PostgresFleetStore", "display_url"]
 
 
 class PostgresFleetStore(

@@ -31,6 +31,7 @@ from coordinator.api.app_keys import (
     REPORT_HOOKS_KEY,
     ROUTE_ROLES_KEY,
     ROUTER_KEY,
+    STORE_HEALTH_KEY,
     STORE_KEY,
     TOKENS_KEY,
 )
@@ -65,6 +66,7 @@ from coordinator.routing.overflow import (
 from coordinator.routing.service import Router
 from coordinator.rpc.convert import LoadLimits
 from coordinator.rpc.service import CoordinatorServicer, GrpcServer
+from coordinator.store.health import PROBE_PERIOD_S, StoreHealth
 from coordinator.store.interface import FleetStore
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,12 @@ def create_app(
     admin_tokens = AdminTokens(fleet_store, bootstrap_token=config.bootstrap_admin_token())
     records = RequestRecordStore(fleet_store, max_rows=config.request_records_max_rows)
     metrics = CoordinatorMetrics(registry)
+    audit = AuditLog(fleet_store)
+    store_health = _store_health(fleet_store, config)
+    live_registry.writes.watched_by(store_health)
+    records.watched_by(store_health)
+    audit.kept.watched_by(store_health)
+    store_health.register_metrics(metrics.registry)
     events = FleetEvents(FleetSeries(), _finder(registry), config.report_interval_ms)
     router = Router.from_config(registry, config, metrics)
     api_keys = ApiKeys(fleet_store)
@@ -174,7 +182,8 @@ def create_app(
     app[TOKENS_KEY] = tokens
     app[ROUTER_KEY] = router
     app[ADMIN_TOKENS_KEY] = admin_tokens
-    app[AUDIT_KEY] = AuditLog(fleet_store)
+    app[AUDIT_KEY] = audit
+    app[STORE_HEALTH_KEY] = store_health
     app[RECORDS_KEY] = records
     app[ROUTE_ROLES_KEY] = route_roles()
     app[OPENAPI_KEY] = _openapi_json()
@@ -211,6 +220,7 @@ def create_app(
         )
     )
     # Between the store and the gRPC server: the last save runs once sessions ended.
+    app.cleanup_ctx.append(_store_probe)
     app.cleanup_ctx.append(_last_state_saver)
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
@@ -230,6 +240,29 @@ def _finder(registry: FleetRegistry) -> Callable[[str], AgentRecord | None]:
         return found[0] if found else None
 
     return find
+
+
+def _store_health(store: FleetStore, config: CoordinatorConfig) -> StoreHealth:
+    database = getattr(store, "name", "") or str(getattr(store, "path", ""))
+    postgres = "postgres" in type(store).__name__.lower()
+    return StoreHealth(
+        store,
+        "postgresql" if postgres else "sqlite",
+        database,
+        probe_timeout_s=min(PROBE_PERIOD_S, config.store_statement_timeout_s),
+    )
+
+
+async def _store_probe(app: web.Application) -> AsyncIterator[None]:
+    """A cheap round trip to the database every PROBE_PERIOD_S (``/healthz``, metrics)."""
+    health = app[STORE_HEALTH_KEY]
+    await health.probe()
+    async with periodic_task("fleet database probe", PROBE_PERIOD_S, health.probe):
+        yield
+
+
+# How long a stopping coordinator waits for the database to take its kept writes.
+SHUTDOWN_WRITE_WAIT_S = 10.0
 
 
 def _store(
@@ -271,7 +304,19 @@ async def _last_state_saver(app: web.Application) -> AsyncIterator[None]:
         async with periodic_task("last-state saver", period_s, save):
             yield
     finally:
-        await registry.flush()  # sessions opened and ended until now
+        # sessions opened and ended until now, request records, audit entries kept
+        health = app[STORE_HEALTH_KEY]
+        for flushed, what in (
+            (await registry.flush(SHUTDOWN_WRITE_WAIT_S), "fleet registry writes"),
+            (await app[RECORDS_KEY].flush(SHUTDOWN_WRITE_WAIT_S), "request records"),
+            (await app[AUDIT_KEY].kept.flush(SHUTDOWN_WRITE_WAIT_S), "audit entries"),
+        ):
+            if not flushed:
+                logger.error(
+                    "stopping with %s still waiting for the fleet database (%d kept writes "
+                    "in all, now lost; request records stay in the agents' spools)",
+                    what, health.pending_writes(),
+                )  # fmt: skip
         try:
             saved = await registry.save_last_states(SAVE_BATCH)
         except StoreError as exc:

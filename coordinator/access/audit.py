@@ -12,6 +12,11 @@ Refused attempts are recorded too, but at most ``REFUSALS_PER_S`` per second on
 average (a burst of ``REFUSAL_BURST``), so an unauthenticated flood cannot grow the
 database without bound; the refusals left out are counted in the next refusal
 recorded (``detail``) and in a metric.
+
+While the fleet database is away, an entry that cannot be appended is kept, with its
+time, in a queue (``coordinator.store.write_behind``) and appended once it is back, in
+order; so is every entry after it until the queue is empty. The request it records is
+answered as it would be (a refused caller still gets 401), not failed for the audit.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 
 from coordinator.store.audit import AuditEntry, AuditTable
+from coordinator.store.interface import StoreUnavailableError
+from coordinator.store.write_behind import WriteBehind
 
 __all__ = ["MAX_PAGE", "AuditEntry", "AuditLog", "to_jsonl"]
 
@@ -41,6 +48,8 @@ class AuditLog:
 
     def __init__(self, store: AuditTable) -> None:
         self._store = store
+        #: Entries kept while the database is away, appended in order once it is back.
+        self.kept = WriteBehind("audit log", max_pending=10_000)
         self._tokens = float(REFUSAL_BURST)
         self._refill_at = time.monotonic()
         #: Refusals not recorded because of the rate cap (since start).
@@ -60,11 +69,22 @@ class AuditLog:
         peer: str = "",
         detail: str = "",
     ) -> None:
-        await self._store.append_audit(
+        fields = dict(
             at=datetime.now(UTC), actor_id=_clip(actor_id), actor_name=_clip(actor_name),
             role=role, action=_clip(action), target=_clip(target), peer=_clip(peer),
             outcome=outcome, status=status, detail=_clip(detail),
         )  # fmt: skip
+
+        async def write() -> None:
+            await self._store.append_audit(**fields)  # type: ignore[arg-type]
+
+        if self.kept.pending():  # after the entries kept before it
+            self.kept.submit(write, f"the audit entry {action}")
+            return
+        try:
+            await write()
+        except StoreUnavailableError:
+            self.kept.submit(write, f"the audit entry {action}")
 
     async def append_refusal(self, **fields: object) -> bool:
         """Record a refused attempt unless over the rate cap; True when recorded."""

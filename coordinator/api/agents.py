@@ -27,6 +27,7 @@ from coordinator.api.events import EVENTS_KEY
 from coordinator.api.views import agent_json, stored_agent_json
 from coordinator.fleet.records import AgentRecord
 from coordinator.identity.join_tokens import check_http_url
+from coordinator.store.interface import StoreUnavailableError
 
 
 async def set_agent(request: web.Request) -> web.Response:
@@ -71,7 +72,12 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
     registry = request.config_dict[REGISTRY_KEY]
     record = registry.set_draining(agent_id, draining)
     # Answered once the flag is in the store, so a confirmed drain survives a crash.
-    await registry.flush()
+    limit_s = request.config_dict[CONFIG_KEY].store_statement_timeout_s
+    if not await registry.flush(limit_s):
+        raise StoreUnavailableError(
+            f"agent {agent_id}: the {'drain' if draining else 'resume'} is in effect on this "
+            "coordinator but not yet saved; it is written when the database is back"
+        )
     kind = "drain" if draining else "resume"
     sent = request.config_dict[GRPC_SERVER_KEY].servicer.send_command(
         agent_id, kind, f"{kind} requested by an operator"

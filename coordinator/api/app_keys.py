@@ -19,6 +19,7 @@ from coordinator.identity.join_tokens import JoinTokens
 from coordinator.rollouts.engine import RolloutEngine
 from coordinator.routing.service import Router
 from coordinator.rpc.service import GrpcServer
+from coordinator.store.health import StoreHealth
 from coordinator.store.interface import FleetStore
 
 CONFIG_KEY = web.AppKey("config", CoordinatorConfig)
@@ -26,6 +27,7 @@ REGISTRY_KEY = web.AppKey("registry", FleetRegistry)
 METRICS_KEY = web.AppKey("metrics", CoordinatorMetrics)
 GRPC_SERVER_KEY = web.AppKey("grpc_server", GrpcServer)
 STORE_KEY = web.AppKey("store", FleetStore)
+STORE_HEALTH_KEY = web.AppKey("store_health", StoreHealth)
 TOKENS_KEY = web.AppKey("tokens", JoinTokens)
 ROUTER_KEY = web.AppKey("router", Router)
 ADMIN_TOKENS_KEY = web.AppKey("admin_tokens", AdminTokens)

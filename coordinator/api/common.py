@@ -18,10 +18,12 @@ from coordinator.api.app_keys import (
 )
 from coordinator.errors import (
     ProtocolError,
+    StoreError,
     UnknownAgentError,
     UnknownTokenRefError,
 )
 from coordinator.rpc.convert import location_checked
+from coordinator.store.health import RETRY_AFTER_S
 from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
@@ -165,12 +167,30 @@ def exception_response(request: web.Request, exc: Exception) -> web.Response:
         return error_response(
             400, str(exc), type_="invalid_request_error", code="invalid_parameter", param=exc.param
         )
+    if isinstance(exc, StoreError):
+        return store_unavailable(request, exc)
     logger.error("unhandled error serving %s %s", request.method, request.path, exc_info=exc)
     return error_response(
         500,
         "The coordinator had an error while processing your request.",
         type_="server_error",
         code="internal_error",
+    )
+
+
+def store_unavailable(request: web.Request, exc: StoreError) -> web.Response:
+    """503 for a request that needed the fleet database while it was away or too slow
+    (the store's calls end within their timeouts: this never waits longer)."""
+    logger.warning("%s %s: the fleet database is unavailable: %s", request.method,
+                   request.path, exc)  # fmt: skip
+    return error_response(
+        503,
+        f"The fleet database is unavailable, so this request could not be completed; "
+        f"retry in {RETRY_AFTER_S} s. Route lookups and connected agents are not affected. "
+        f"({str(exc)[:300]})",
+        type_="server_error",
+        code="store_unavailable",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
 

@@ -9,14 +9,20 @@ from coordinator.api.app_keys import (
     GRPC_SERVER_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
+    STORE_HEALTH_KEY,
 )
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """The coordinator's health: ``status`` "ok", or "degraded" while the fleet database
+    is away or slow (route lookups and sessions carry on from memory; ``store`` says more).
+    Answered from memory: it never waits for the database."""
     grpc_server = request.app[GRPC_SERVER_KEY]
+    store = request.app[STORE_HEALTH_KEY]
     return web.json_response(
         {
-            "status": "ok",
+            "status": store.status,
+            "store": store.json(),
             "grpc": grpc_server.address if grpc_server.port is not None else None,
             "connected_agents": request.app[REGISTRY_KEY].connected_count(),
             "tls": grpc_server.tls,

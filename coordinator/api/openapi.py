@@ -114,9 +114,30 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Health": {
         "type": "object",
-        "required": ["status", "connected_agents"],
+        "required": ["status", "connected_agents", "store"],
         "properties": {
-            "status": {"const": "ok"},
+            "status": {
+                "enum": ["ok", "degraded"],
+                "description": "degraded while the fleet database is away or slow",
+            },
+            "store": {
+                "type": "object",
+                "description": "The fleet database's health (coordinator/store/health.py)",
+                "required": ["status", "backend"],
+                "properties": {
+                    "status": {"enum": ["ok", "degraded"]},
+                    "backend": {"enum": ["sqlite", "postgresql"]},
+                    "database": {"type": "string"},
+                    "latency_ms": {"type": ["number", "null"]},
+                    "last_error": _NULLABLE_STR,
+                    "last_error_at": _NULLABLE_STR,
+                    "last_ok_at": _NULLABLE_STR,
+                    "down_since": _NULLABLE_STR,
+                    "outages": {"type": "integer"},
+                    "pending_writes": {"type": "integer"},
+                    "dropped_writes": {"type": "integer"},
+                },
+            },
             "grpc": _NULLABLE_STR,
             "connected_agents": {"type": "integer"},
             "tls": {"type": "boolean"},
@@ -835,6 +856,11 @@ def openapi_document(
             operation["security"] = [{"bearer": []}]
             responses["401"] = {"description": "No or unknown token", "content": _json("Error")}
             responses["403"] = {"description": "Role too low", "content": _json("Error")}
+            responses["503"] = {
+                "description": "The fleet database is unavailable (code store_unavailable; "
+                "Retry-After says when to try again)",
+                "content": _json("Error"),
+            }
         if body is not None:
             operation["requestBody"] = {"required": False, "content": _json(body)}
             responses["413"] = {"description": "Body over the limit", "content": _json("Error")}

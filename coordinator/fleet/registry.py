@@ -32,6 +32,7 @@ from coordinator.fleet.records import (
 )
 from coordinator.store.agents import AgentTable, StoredAgent
 from coordinator.store.generations import GenerationCounter, GenerationTable
+from coordinator.store.interface import StoreUnavailableError
 from coordinator.store.last_state import AgentLastState, LastStateTable
 from coordinator.store.write_behind import WriteBehind
 from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 # at once (a cut network, a coordinator starved of CPU) and comes back, thousands of lines
 # a second would only add to the load that caused it.
 LOG_EACH = 10
+# How long a save of the live state waits for the registry's queued writes.
+SAVE_WAIT_S = 10.0
 
 Clock = Callable[[], datetime]
 
@@ -135,9 +138,10 @@ class FleetRegistry(Protocol):
         store transaction per ``batch_size`` agents; the number written."""
         ...
 
-    async def flush(self) -> None:
+    async def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every store write queued so far (sessions opened and closed,
-        draining flags, agents forgotten) is written."""
+        draining flags, agents forgotten) is written; False when ``timeout_s`` passed
+        first (the database away: the writes stay queued)."""
         ...
 
 
@@ -202,9 +206,16 @@ class LiveFleetRegistry:
         self._restore(stored, states, now)
         await self._generations.start()
 
-    async def flush(self) -> None:
-        await self._writes.flush()
+    @property
+    def writes(self) -> WriteBehind:
+        """The queue of this registry's store writes."""
+        return self._writes
+
+    async def flush(self, timeout_s: float | None = None) -> bool:
+        if not await self._writes.flush(timeout_s):
+            return False
         await self._generations.close()
+        return True
 
     @property
     def index(self) -> FleetIndex:
@@ -545,8 +556,13 @@ class LiveFleetRegistry:
 
     async def save_last_states(self, batch_size: int = 500) -> int:
         # Writes queued before the snapshot land before it (a Hello's "live" must not
-        # overwrite the "down" of a Bye that came after it).
-        await self._writes.flush()
+        # overwrite the "down" of a Bye that came after it); while the database is away
+        # they wait, and so does this save (tried again next period).
+        if not await self._writes.flush(SAVE_WAIT_S):
+            raise StoreUnavailableError(
+                f"{self._writes.pending()} queued writes are still waiting for the fleet "
+                "database; the live state is saved after them"
+            )
         changed: list[AgentLastState] = []
         fingerprints: list[tuple[str, tuple[datetime, str]]] = []
         saved = self._saved

@@ -17,17 +17,26 @@ audit log, unlike these records, is never pruned).
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from coordinator.errors import ProtocolError
+from coordinator.errors import ProtocolError, StoreError
+from coordinator.store.interface import StoreUnavailableError
 from coordinator.store.request_records import RequestRecord, RequestRecordTable
+from coordinator.store.write_behind import FIRST_RETRY_S, MAX_RETRY_S, REFUSED_ATTEMPTS
 from edgefleet.contract import RecordsAck, RequestRecords
+
+if TYPE_CHECKING:
+    from coordinator.store.health import StoreHealth
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +46,10 @@ MAX_STRING = 256
 MAX_SEQ = 2**62
 _MAX_INT = 2**40
 _MAX_MS = 1e9
+#: Records kept in memory at most while the database is away (about 300 bytes each).
+MAX_PENDING_ROWS = 200_000
+#: Records written in one transaction at most when several batches wait.
+ROWS_PER_WRITE = 5_000
 
 _STRINGS = ("key_id", "model", "version", "served_by", "endpoint")
 _INTS = ("prompt_tokens", "completion_tokens", "status", "gap")
@@ -122,25 +135,82 @@ def decode_batch(batch: RequestRecords) -> list[Any]:
     return records
 
 
-class RequestRecordStore:
-    """Stores validated records; ``accept`` answers the ack. ``await load()`` first."""
+@dataclass(slots=True)
+class _Kept:
+    """A batch validated and waiting for its write; ``done`` answers it once written."""
 
-    def __init__(self, store: RequestRecordTable, *, max_rows: int = 5_000_000) -> None:
+    agent_id: str
+    session: str
+    rows: list[RequestRecord]
+    result: BatchResult
+    done: Callable[[BatchResult], None]
+
+
+class RequestRecordStore:
+    """Stores validated records; ``accept`` answers the ack. ``await load()`` first.
+
+    A session's batches go through ``submit``: validated at once (a ProtocolError for the
+    session), then written by one task, in order, several batches a transaction, and
+    acknowledged (``done``) only once written: an acknowledged record is in the database.
+    While the database is away or too slow, the batches wait in memory (up to
+    ``max_pending_rows`` records) and are written when it is back; the agents keep serving
+    and keep their records in their spools meanwhile. Past that bound a session's batch,
+    and every later one of that session, is left unacknowledged (counted: ``deferred``,
+    logged): the agent still holds those records, and once the kept ones are written the
+    session is ended (``resend``), so that the agent reconnects and sends them again.
+    """
+
+    name = "request records"
+
+    def __init__(
+        self,
+        store: RequestRecordTable,
+        *,
+        max_rows: int = 5_000_000,
+        max_pending_rows: int = MAX_PENDING_ROWS,
+        health: StoreHealth | None = None,
+    ) -> None:
         self._store = store
         self.max_rows = max_rows
+        self.max_pending_rows = max_pending_rows
+        self._health = health
         self._rows = 0
         #: Records refused as invalid since start.
         self.invalid = 0
+        #: Records left unacknowledged for the bound (the agents send them again).
+        self.deferred = 0
+        #: Records given up: the database refused them (not for being away).
+        self._dropped = 0
+        self._kept: deque[_Kept] = deque()
+        self._kept_rows = 0
+        self._deferred_sessions: dict[tuple[str, str], None] = {}
+        self._writer: asyncio.Task[None] | None = None
+        self._resend: Callable[[str, str], None] | None = None
+
+    def bind(self, resend: Callable[[str, str], None]) -> None:
+        """``resend(agent_id, session)`` ends a session whose records were deferred."""
+        self._resend = resend
+
+    def watched_by(self, health: StoreHealth) -> None:
+        self._health = health
+        health.watch(self)
+
+    def pending(self) -> int:
+        """Records kept in memory, not yet written."""
+        return self._kept_rows
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
 
     async def load(self) -> None:
         """Count the records on record (the cap is checked against the count)."""
         self._rows = await self._store.count_request_records()
 
-    async def accept(self, agent_id: str, batch: RequestRecords) -> BatchResult:
-        """Store a batch from ``agent_id``; raises ProtocolError for an unusable batch."""
+    def _validated(self, agent_id: str, batch: RequestRecords) -> tuple[list[Any], BatchResult]:
         records = decode_batch(batch)
         if not records:
-            return BatchResult(None, 0, 0)
+            return [], BatchResult(None, 0, 0)
         now = time.time()
         rows = []
         invalid = 0
@@ -157,8 +227,6 @@ class RequestRecordStore:
                 record.get("served_by", ""), record.get("endpoint", ""),
                 record.get("status", 0), record.get("gap", 0),
             ))  # fmt: skip
-        stored = await self._store.add_request_records(rows)
-        self._rows += stored
         self.invalid += invalid
         if invalid:
             logger.warning("agent %s sent %d invalid request records (skipped)", agent_id,
@@ -166,14 +234,145 @@ class RequestRecordStore:
         if batch.dropped:
             logger.warning("agent %s lost %d request records (its spool was full)", agent_id,
                            batch.dropped)  # fmt: skip
-        pruned = await self._prune() if self._rows > self.max_rows else 0
-        return BatchResult(
+        result = BatchResult(
             RecordsAck(batch.first_seq + len(records) - 1),
-            stored,
+            len(rows),
             invalid,
             lost_at_agent=batch.dropped,
-            pruned=pruned,
         )
+        return rows, result
+
+    async def accept(self, agent_id: str, batch: RequestRecords) -> BatchResult:
+        """Store a batch from ``agent_id`` now; raises ProtocolError for an unusable batch,
+        StoreError when the database cannot take it."""
+        rows, result = self._validated(agent_id, batch)
+        if result.ack is None:
+            return result
+        stored = await self._store.add_request_records(rows)
+        self._rows += stored
+        pruned = await self._prune() if self._rows > self.max_rows else 0
+        return replace(result, stored=stored, pruned=pruned)
+
+    def submit(
+        self,
+        agent_id: str,
+        session: str,
+        batch: RequestRecords,
+        done: Callable[[BatchResult], None],
+    ) -> None:
+        """Validate a batch of ``session`` now (ProtocolError for an unusable one) and
+        write it behind; ``done(result)`` once written (its ack), in the order submitted."""
+        rows, result = self._validated(agent_id, batch)
+        if result.ack is None:
+            return
+        key = (agent_id, session)
+        if key in self._deferred_sessions or (
+            self._kept and self._kept_rows + len(rows) > self.max_pending_rows
+        ):
+            count = result.ack.through_seq - batch.first_seq + 1
+            self.deferred += count
+            if key not in self._deferred_sessions:
+                self._deferred_sessions[key] = None
+                logger.error(
+                    "request records: %d are waiting for the fleet database, the most kept; "
+                    "agent %s's records from %d on stay in its spool (sent again on its next "
+                    "session, which starts once the database is back)",
+                    self._kept_rows, agent_id, batch.first_seq,
+                )  # fmt: skip
+            return
+        self._kept.append(_Kept(agent_id, session, rows, result, done))
+        self._kept_rows += len(rows)
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_kept(), name="request-records-writer"
+            )
+
+    async def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every batch submitted so far is written; False past ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._writer is not None:
+                    await asyncio.shield(self._writer)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _write_kept(self) -> None:
+        pause = FIRST_RETRY_S
+        refused = 0
+        try:
+            while self._kept:
+                group = [self._kept[0]]
+                size = len(group[0].rows)
+                for kept in itertools.islice(self._kept, 1, None):
+                    if size + len(kept.rows) > ROWS_PER_WRITE:
+                        break
+                    group.append(kept)
+                    size += len(kept.rows)
+                try:
+                    stored = await self._store.add_request_records(
+                        [row for kept in group for row in kept.rows]
+                    )
+                except StoreUnavailableError as exc:
+                    if self._health is not None:
+                        self._health.failed(exc)
+                    if pause == FIRST_RETRY_S:
+                        logger.warning("request records: %d kept until the fleet database "
+                                       "answers: %s", self._kept_rows, exc)  # fmt: skip
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, MAX_RETRY_S)
+                    continue
+                except StoreError as exc:
+                    refused += 1
+                    if refused < REFUSED_ATTEMPTS:
+                        await asyncio.sleep(FIRST_RETRY_S)
+                        continue
+                    # never acknowledged: the agents still hold them (sent again)
+                    self._dropped += size
+                    logger.error("request records: the fleet database refused %d records "
+                                 "%d times, left to the agents' spools: %s", size, refused,
+                                 exc)  # fmt: skip
+                    for kept in group:
+                        self._deferred_sessions[(kept.agent_id, kept.session)] = None
+                    stored = -1
+                if pause != FIRST_RETRY_S and self._health is not None:
+                    self._health.succeeded()
+                pause, refused = FIRST_RETRY_S, 0
+                for _ in group:
+                    self._kept.popleft()
+                self._kept_rows -= size
+                if stored < 0:
+                    continue
+                self._rows += stored
+                pruned = await self._prune_quietly() if self._rows > self.max_rows else 0
+                for kept in group:
+                    try:
+                        kept.done(replace(kept.result, pruned=pruned))
+                    except Exception:
+                        logger.exception("request records: acknowledging a batch failed")
+                    pruned = 0
+            self._resend_deferred()
+        finally:
+            self._writer = None
+
+    async def _prune_quietly(self) -> int:
+        try:
+            return await self._prune()
+        except StoreError as exc:  # tried again after the next write
+            logger.warning("request records: could not prune: %s", exc)
+            return 0
+
+    def _resend_deferred(self) -> None:
+        """Everything kept is written: the sessions whose records were left unacknowledged
+        end, so that their agents send them again."""
+        deferred, self._deferred_sessions = self._deferred_sessions, {}
+        if not deferred:
+            return
+        logger.warning("request records: ending %d sessions so that their agents send the "
+                       "records left in their spools again", len(deferred))  # fmt: skip
+        for agent_id, session in deferred:
+            if self._resend is not None:
+                self._resend(agent_id, session)
 
     async def _prune(self) -> int:
         """Remove the oldest tenth beyond the cap; returns how many rows went."""

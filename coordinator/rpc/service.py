@@ -32,11 +32,12 @@ from coordinator.errors import (
     ServerStartError,
     SessionTakenError,
     SiteMismatchError,
+    StoreError,
 )
 from coordinator.fleet.metrics import CoordinatorMetrics
 from coordinator.fleet.registry import FleetRegistry
 from coordinator.fleet.report_hooks import ReportHooks
-from coordinator.fleet.request_records import RequestRecordStore
+from coordinator.fleet.request_records import BatchResult, RequestRecordStore
 from coordinator.identity.ca import CertificateAuthority, certificate_serial
 from coordinator.identity.enrollment import EnrollmentService
 from coordinator.identity.peer_rate_limit import PeerRateLimiter, peer_ip
@@ -55,6 +56,12 @@ from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
+
+_STORE_AWAY = (
+    "the coordinator's fleet database is unavailable for now, so new sessions and "
+    "enrollments cannot be checked; retry in a few seconds (sessions already open and "
+    "route lookups are not affected)"
+)
 
 # HTTP/2 keepalive: notice dead peers on idle connections; let agents ping us.
 _SERVER_OPTIONS = [
@@ -173,6 +180,8 @@ class CoordinatorServicer:
         every accepted load report. ``model_signing_key``: the public key sent in
         EnrollResponse and Welcome."""
         self._records = records
+        if records is not None:
+            records.bind(self._resend_records)
         self._registry = registry
         self._metrics = metrics
         self._router = router
@@ -214,6 +223,12 @@ class CoordinatorServicer:
                 exc,
             )
             await context.abort(_status_for(exc), str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        except StoreError as exc:
+            self._metrics.enrollments.labels(result="store_unavailable").inc()
+            logger.warning("could not enroll from %s: the fleet database is unavailable: %s",
+                           context.peer(), exc)  # fmt: skip
+            await context.abort(grpc.StatusCode.UNAVAILABLE, _STORE_AWAY)
             raise AssertionError("unreachable: context.abort raises") from exc
         self._metrics.enrollments.labels(result="ok").inc()
         response = pb.EnrollResponse(
@@ -257,6 +272,14 @@ class CoordinatorServicer:
                 "refused session for agent %s from %s: %s", hello.agent_id, context.peer(), exc
             )
             await context.abort(_status_for(exc), str(exc))
+            raise AssertionError("unreachable: context.abort raises") from exc
+        except StoreError as exc:
+            # Sessions already open never need the database; a new one is authenticated
+            # against it (credentials, revocations), so it waits until the database is back.
+            self._metrics.sessions_rejected.labels(reason="store_unavailable").inc()
+            logger.warning("could not open a session for agent %s: the fleet database is "
+                           "unavailable: %s", hello.agent_id, exc)  # fmt: skip
+            await context.abort(grpc.StatusCode.UNAVAILABLE, _STORE_AWAY)
             raise AssertionError("unreachable: context.abort raises") from exc
         except FleetFullError as exc:
             self._metrics.sessions_rejected.labels(reason="fleet_full").inc()
@@ -437,23 +460,36 @@ class CoordinatorServicer:
                 raise ProtocolError("empty AgentMessage (no body set)")
 
     async def _store_records(self, live: _LiveSession, message: pb.RequestRecords) -> None:
-        """Store a batch of request records and acknowledge it (fleet.request_records)."""
+        """Hand a batch of request records to be written (fleet.request_records), and
+        acknowledge it once written: the session's reader never waits for the database
+        (its load reports keep coming while the database is slow or away)."""
         if self._records is None:
             return
         batch = contract_pb.request_records_from_pb(message)
-        result = await self._records.accept(live.agent_id, batch)  # ProtocolError ends it
         counter = self._metrics.request_records
-        for outcome, count in (
-            ("stored", result.stored),
-            ("invalid", result.invalid),
-            ("lost_at_agent", result.lost_at_agent),
-            ("pruned", result.pruned),
-        ):
-            if count:
-                counter.labels(outcome=outcome).inc(count)
-        if result.ack is not None:
-            ack = contract_pb.records_ack_to_pb(result.ack)
-            live.outbox.put_nowait(pb.CoordinatorMessage(records_ack=ack))
+
+        def written(result: BatchResult) -> None:
+            for outcome, count in (
+                ("stored", result.stored),
+                ("invalid", result.invalid),
+                ("lost_at_agent", result.lost_at_agent),
+                ("pruned", result.pruned),
+            ):
+                if count:
+                    counter.labels(outcome=outcome).inc(count)
+            if result.ack is not None:
+                ack = contract_pb.records_ack_to_pb(result.ack)
+                live.outbox.put_nowait(pb.CoordinatorMessage(records_ack=ack))
+
+        # ProtocolError (an unusable batch) ends the session
+        self._records.submit(live.agent_id, live.session_id, batch, written)
+
+    def _resend_records(self, agent_id: str, session_id: str) -> None:
+        """End a session whose request records were left unacknowledged (the kept ones'
+        bound), so that its agent reconnects and sends them again."""
+        live = self._live.get(agent_id)
+        if live is not None and live.session_id == session_id:
+            live.outbox.put_nowait(None)
 
     async def _renew(self, live: _LiveSession, csr_pem: str) -> None:
         """Answer RenewCertificate with CertificateIssued (enrolled sessions only)."""

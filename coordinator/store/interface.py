@@ -44,12 +44,18 @@ __all__ = [
     "RuleRecord",
     "Site",
     "StoreTimeoutError",
+    "StoreUnavailableError",
     "StoredAgent",
     "StoredRollout",
 ]
 
 
-class StoreTimeoutError(StoreError):
+class StoreUnavailableError(StoreError):
+    """The database did not answer: unreachable, restarting, or too slow (a call that is
+    worth trying again later, unlike one the database refused)."""
+
+
+class StoreTimeoutError(StoreUnavailableError):
     """A store call ran past its statement timeout and was stopped (nothing of it kept)."""
 
 
@@ -76,6 +82,10 @@ class FleetStore(
 
     async def close(self) -> None:
         """Finish the calls under way and disconnect (idempotent)."""
+        ...
+
+    async def ping(self) -> None:
+        """One cheap round trip to the database (``SELECT 1``); StoreError when it fails."""
         ...
 
     async def backup_to(self, path: Path) -> int:

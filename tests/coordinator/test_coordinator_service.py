@@ -280,6 +280,7 @@ async def test_health_and_metrics(coordinator: Running) -> None:
     status, _, _ = await coordinator.get("/healthz")
     assert status == 200
     health = await coordinator.get_json("/healthz")
+    store = health.pop("store")
     assert health == {
         "status": "ok",
         "grpc": coordinator.grpc_target,
@@ -287,6 +288,11 @@ async def test_health_and_metrics(coordinator: Running) -> None:
         "tls": False,
         "enroll": coordinator.grpc_target,
     }
+    # the fleet database's health: probed at start, answered from memory
+    assert store["status"] == "ok" and store["backend"] == "sqlite"
+    assert store["database"].endswith("fleet.db")
+    assert store["latency_ms"] is not None and store["latency_ms"] < 1000
+    assert (store["last_error"], store["pending_writes"], store["dropped_writes"]) == (None, 0, 0)
     status, content_type, text = await coordinator.get("/metrics")
     assert status == 200 and content_type.startswith("text/plain")
     for name in (
@@ -295,6 +301,9 @@ async def test_health_and_metrics(coordinator: Running) -> None:
         "edgefleet_coordinator_sessions_total",
         "edgefleet_coordinator_load_reports_total",
         "edgefleet_coordinator_http_requests_total",
+        'edgefleet_coordinator_store_up{backend="sqlite"} 1.0',
+        'edgefleet_coordinator_store_pending_writes{queue="request records"} 0.0',
+        "edgefleet_coordinator_store_latency_seconds",
     ):
         assert f"\n{name}" in text
     assert all(

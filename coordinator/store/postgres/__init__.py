@@ -110,9 +110,16 @@ class PostgresFleetStore(
     async def schema_version(self) -> int:
         return await self._pool.call(schema_version)
 
+    async def ping(self) -> None:
+        await self._pool.call(_select_one)
+
     async def backup_to(self, path: Path) -> int:
         raise StoreError(
-            f"the fleet database {self.name} is on PostgreSQL: back it up with pg_dump "
-            "(docs/operators/postgresql.md), and data_dir (the CA, the signing key, the "
-            "model blobs) with `python -m coordinator backup`"
+            f"the fleet database {self.name} is on PostgreSQL: a file copy of it is "
+            "SQLite's; `python -m coordinator backup` dumps it with pg_dump "
+            "(coordinator/store/postgres/dump.py)"
         )
+
+
+async def _select_one(db: Connection) -> None:
+    await db.execute("SELECT 1")

@@ -34,7 +34,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 
 from coordinator.errors import StoreError
-from coordinator.store.interface import StoreTimeoutError
+from coordinator.store.interface import StoreTimeoutError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -216,5 +216,7 @@ class PostgresPool:
                 f"{self.statement_timeout_s:g} s (the server is unreachable, or every "
                 "connection is busy)"
             ) from exc
+        except psycopg.OperationalError as exc:  # the connection failed or was lost
+            raise StoreUnavailableError(f"fleet database {self.name}: {name}: {exc}") from exc
         except psycopg.Error as exc:
             raise StoreError(f"fleet database {self.name}: {name}: {exc}") from exc

@@ -92,10 +92,17 @@ class SQLiteFleetStore(
     async def schema_version(self) -> int:
         return await self._worker.call(_schema_version)
 
+    async def ping(self) -> None:
+        await self._worker.call(_select_one)
+
     async def backup_to(self, path: Path) -> int:
         """A consistent copy of the database (SQLite's online backup), even while in use;
         the copy's schema version."""
         return await self._worker.call_with_timeout(BACKUP_TIMEOUT_S, _backup, path)
+
+
+def _select_one(db: sqlite3.Connection) -> None:
+    db.execute("SELECT 1").fetchone()
 
 
 def _schema_version(db: sqlite3.Connection) -> int:

@@ -5,9 +5,6 @@ role that must give it, on the test cluster), shown in no message and no repr.""
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -82,18 +79,3 @@ def test_a_wrong_password_is_refused_and_never_shown(
     with pytest.raises(StoreError, match="password authentication failed") as refused:
         run_offline(config.store_location(), lambda store: store.list_agents())
     assert wrong not in str(refused.value) and wrong not in caplog.text
-
-
-@pytest.mark.parametrize("command", ["backup", "restore"])
-def test_backup_and_restore_on_postgres_say_what_to_do_instead(
-    tmp_path: Path, postgres_url: str, command: str
-) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "coordinator", command, str(tmp_path / "backup"),
-         "--data-dir", str(tmp_path / "data")],
-        env={**os.environ, "EDGEFLEET_COORDINATOR_STORE_URL": postgres_url},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 1
-    assert "the fleet database is on PostgreSQL (store_url): back it up with pg_dump" in done.stderr
-    assert not (tmp_path / "backup").exists()

@@ -118,11 +118,12 @@ class PostgresCluster:
             "-t", str(START_TIMEOUT_S), "-o", self._options(), "start",
         )  # fmt: skip
 
-    def stop_server(self) -> None:
+    def stop_server(self, mode: str = "fast") -> None:
         """Stop the server, keep its files: fast shutdown, which ends every client's
-        connection (an outage, as clients see it). Not immediate: with
-        synchronous_commit off that would lose the last commits, as a crash does."""
-        self._tool("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+        connection (an outage, as clients see it). Not immediate by default: with
+        synchronous_commit off (this cluster's default) that would lose the last commits,
+        as a crash does; ``mode="immediate"`` for a database that sets it on."""
+        self._tool("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "stop")
 
     def _init_and_start(self) -> None:
         as_root = os.geteuid() == 0

@@ -78,7 +78,7 @@ class AuditLog:
         async def write() -> None:
             await self._store.append_audit(**fields)  # type: ignore[arg-type]
 
-        if self.kept.pending():  # after the entries kept before it
+        if self.kept.pending() or not self.kept.store_up():  # after those kept before it
             self.kept.submit(write, f"the audit entry {action}")
             return
         try:

@@ -15,6 +15,7 @@ from aiohttp import web
 from coordinator.access.admin_tokens import Caller
 from coordinator.api.app_keys import (
     METRICS_KEY,
+    STORE_HEALTH_KEY,
 )
 from coordinator.errors import (
     ProtocolError,
@@ -24,6 +25,7 @@ from coordinator.errors import (
 )
 from coordinator.rpc.convert import location_checked
 from coordinator.store.health import RETRY_AFTER_S
+from coordinator.store.interface import StoreUnavailableError
 from edgefleet.contract import Location
 
 logger = logging.getLogger(__name__)
@@ -183,6 +185,8 @@ def store_unavailable(request: web.Request, exc: StoreError) -> web.Response:
     (the store's calls end within their timeouts: this never waits longer)."""
     logger.warning("%s %s: the fleet database is unavailable: %s", request.method,
                    request.path, exc)  # fmt: skip
+    if isinstance(exc, StoreUnavailableError):  # known at once, not at the next probe
+        request.config_dict[STORE_HEALTH_KEY].failed(exc)
     return error_response(
         503,
         f"The fleet database is unavailable, so this request could not be completed; "

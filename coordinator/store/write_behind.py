@@ -77,6 +77,11 @@ class WriteBehind:
         """Writes given up since start (the bound hit, or refused by the database)."""
         return self._dropped
 
+    def store_up(self) -> bool:
+        """Whether the database answered last (as far as the health it reports to knows):
+        a caller may queue at once rather than wait for a call that will fail."""
+        return self._health is None or self._health.up
+
     def watched_by(self, health: StoreHealth) -> None:
         """Report failures and successes to ``health``, which counts this queue."""
         self._health = health

@@ -116,6 +116,8 @@ class PostgresPool:
         )
         self._opened = False
         self._closed = False
+        # Calls whose callers stopped waiting (their deadline), still being cancelled.
+        self._abandoned: set[asyncio.Future[Any]] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -154,6 +156,12 @@ class PostgresPool:
             return
         self._closed = True
         await self._pool.close()
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        """An abandoned call ended (its outcome no longer awaited by anyone)."""
+        self._abandoned.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: it was reported to its caller as a timeout
 
     @property
     def running(self) -> bool:
@@ -196,10 +204,26 @@ class PostgresPool:
         if not self.running:
             raise StoreError(f"the fleet database {self.name} is not open ({name})")
         limit = self.statement_timeout_s if timeout_s is None else timeout_s
+
+        async def in_connection() -> T:
+            async with self._pool.connection() as db:
+                return await work(db)
+
+        # The call runs as a task of its own that the caller stops waiting for at the
+        # deadline: cancelled, psycopg asks the server to cancel the query and waits for
+        # it (up to 10 s more against a server that answers nothing at all, a hung or
+        # SIGSTOPped one), holding its connection meanwhile; the caller is not held.
+        task = asyncio.ensure_future(in_connection())
         try:
-            async with asyncio.timeout(limit + self.statement_timeout_s + CLIENT_GRACE_S):
-                async with self._pool.connection() as db:
-                    return await work(db)
+            try:
+                async with asyncio.timeout(limit + self.statement_timeout_s + CLIENT_GRACE_S):
+                    return await asyncio.shield(task)
+            except BaseException:
+                if not task.done():
+                    task.cancel()
+                    self._abandoned.add(task)
+                    task.add_done_callback(self._forget)
+                raise
         except (pg_errors.QueryCanceled, pg_errors.LockNotAvailable) as exc:
             raise StoreTimeoutError(
                 f"fleet database {self.name}: {name} ran past the statement timeout of "

@@ -3,6 +3,11 @@ a good enough token, loopback is no credential, and admin actions are audited.
 
 Routes are enumerated from the app's own router, so a route added later (anywhere) is
 checked too: it must be in the role table (``route_roles``) and the OpenAPI document.
+
+The tests whose outcome the store decides (tokens minted, revoked and checked, every admin
+handler past the gate, the audit log and its append-only guard, a token minted by the CLI
+on the database used by a running coordinator) run on SQLite and on PostgreSQL
+(``ON_BOTH``); the gate's own refusals, SQLite's run only.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psycopg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -28,10 +34,16 @@ from coordinator.api.routes import api_document, route_roles
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError
-from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
+from coordinator.store.postgres import PostgresFleetStore
+from coordinator.store.sqlite import DB_FILE
 from devtools.fleet import CoordinatorProcess
+from tests.coordinator.store_backends import BACKENDS, StoreFactory, backend, store_factory
+from tests.postgres_cluster import PostgresCluster
 
 pytestmark = pytest.mark.timeout(60)
+__all__ = ["backend", "store_factory"]  # fixtures
+#: ``start`` on each store backend (indirect: the fixture makes the database).
+ON_BOTH = pytest.mark.parametrize("start", BACKENDS, indirect=True)
 
 ADMIN_TOKEN = "s3cret-admin-token-of-32-chars-at-least"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -59,8 +71,8 @@ def bearer(token: str) -> dict[str, str]:
 
 
 class Running:
-    def __init__(self, app: web.Application, server: TestServer) -> None:
-        self.app, self.server = app, server
+    def __init__(self, app: web.Application, server: TestServer, config: CoordinatorConfig) -> None:
+        self.app, self.server, self.config = app, server, config
 
     def routes(self) -> list[tuple[str, str]]:
         return sorted(
@@ -106,10 +118,19 @@ class Running:
 
 
 @pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
+async def start(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
+    """``start(**settings)``: a coordinator in-process; on PostgreSQL (``ON_BOTH``) each on
+    a fresh database of the test cluster."""
     servers: list[TestServer] = []
+    cluster: PostgresCluster | None = None
+    if getattr(request, "param", "sqlite") == "postgres":
+        cluster = request.getfixturevalue("postgres_cluster")
 
     async def make(*, remote: str | None = None, **settings: Any) -> Running:
+        if cluster is not None:
+            settings.setdefault("store_url", cluster.create_database())
         config = CoordinatorConfig(
             grpc_port=0, http_port=0, enroll_port=0,
             data_dir=str(tmp_path / f"c{len(servers)}"), **settings,
@@ -120,7 +141,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Running
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()
         servers.append(server)
-        return Running(app, server)
+        return Running(app, server, config)
 
     yield make
     for server in servers:
@@ -192,6 +213,7 @@ async def test_loopback_is_no_credential(start: Callable[..., Awaitable[Running]
         assert (await local.call("GET", path, {}))[0] == 200
 
 
+@ON_BOTH
 async def test_the_right_token_is_let_through_on_every_guarded_route(
     start: Callable[..., Awaitable[Running]],
 ) -> None:
@@ -203,6 +225,7 @@ async def test_the_right_token_is_let_through_on_every_guarded_route(
     assert len(await c.app[TOKENS_KEY].list()) == 1
 
 
+@ON_BOTH
 async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Running]]) -> None:
     c = await start(admin_token=ADMIN_TOKEN)
     tokens = {}
@@ -240,6 +263,7 @@ async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Runnin
     assert (await c.call("GET", "/v1/agents", bearer(tokens["operator"])))[0] == 200
 
 
+@ON_BOTH
 async def test_audit_records_who_what_where_and_outcome(
     start: Callable[..., Awaitable[Running]], tmp_path: Path
 ) -> None:
@@ -264,16 +288,25 @@ async def test_audit_records_who_what_where_and_outcome(
     assert entries[1]["target"] == "agent_id=ghost" and entries[1]["role"] == "operator"
     assert minted["token"] not in text and ADMIN_TOKEN not in text
     # Append-only, in the database itself.
-    db = sqlite3.connect(tmp_path / "c0" / DB_FILE)
-    for sql in ("UPDATE audit_log SET outcome = 'ok'", "DELETE FROM audit_log"):
-        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-            db.execute(sql)
-    db.close()
+    url = c.config.store_url
+    statements = ("UPDATE audit_log SET outcome = 'ok'", "DELETE FROM audit_log")
+    if not url:
+        db = sqlite3.connect(tmp_path / "c0" / DB_FILE)
+        for sql in statements:
+            with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+                db.execute(sql)
+        db.close()
+    else:
+        with psycopg.connect(url, autocommit=True) as pg:  # as the database's owner
+            for sql in (*statements, "TRUNCATE audit_log"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+                    pg.execute(sql)
     # The CLI exports the same JSON lines.
     done = subprocess.run(
         [sys.executable, "-m", "coordinator", "audit", "export", "--data-dir",
          str(tmp_path / "c0")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True,
+        env={**os.environ, "EDGEFLEET_COORDINATOR_STORE_URL": url},
     )  # fmt: skip
     assert [json.loads(line)["seq"] for line in done.stdout.splitlines()] == [
         e["seq"] for e in entries
@@ -312,11 +345,15 @@ def test_admin_token_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_running_coordinator_keeps_its_token_out_of_its_command_line(
-    tmp_path: Path,
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
     """Before: ``--admin-token TOKEN`` put it in /proc/PID/cmdline for every local user."""
-    async with CoordinatorProcess(data_dir=tmp_path / "data") as coordinator:
+    env = {}
+    if backend == "postgres":
+        env["EDGEFLEET_COORDINATOR_STORE_URL"] = request.getfixturevalue("postgres_url")
+    async with CoordinatorProcess(data_dir=tmp_path / "data", env=env) as coordinator:
         cmdline = Path(f"/proc/{coordinator.pid}/cmdline").read_bytes()
         assert coordinator.admin_token.encode() not in cmdline
         assert (await coordinator.get_json("/v1/admin/whoami"))["role"] == "admin"
@@ -325,7 +362,7 @@ async def test_a_running_coordinator_keeps_its_token_out_of_its_command_line(
             [sys.executable, "-m", "coordinator", "admin-tokens", "mint", "--role", "viewer",
              "--name", "grafana", "--data-dir", str(tmp_path / "data"), "--json"],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True,
-            env={**os.environ},
+            env={**os.environ, **env},
         )  # fmt: skip
         viewer = json.loads(done.stdout)["token"]
         async with aiohttp.ClientSession(headers=bearer(viewer)) as http:
@@ -340,13 +377,22 @@ async def test_a_running_coordinator_keeps_its_token_out_of_its_command_line(
             assert response.status == 401
 
 
-async def test_admin_tokens_table_keeps_only_digests(tmp_path: Path) -> None:
-    store = SQLiteFleetStore.in_directory(tmp_path)
+async def test_admin_tokens_table_keeps_only_digests(
+    store_factory: StoreFactory, backend: str, tmp_path: Path
+) -> None:
+    store = store_factory()
     await store.open()
     try:
         tokens = AdminTokens(store)
         minted = await tokens.mint(Role.ADMIN, "ci")
-        raw = (tmp_path / DB_FILE).read_bytes() + (tmp_path / (DB_FILE + "-wal")).read_bytes()
+        if backend == "sqlite":
+            raw = (tmp_path / DB_FILE).read_bytes() + (tmp_path / (DB_FILE + "-wal")).read_bytes()
+        else:  # every row of the table as text, every column
+            assert isinstance(store, PostgresFleetStore)
+            with psycopg.connect(store.url) as pg:
+                rows = pg.execute("SELECT t::text FROM admin_tokens AS t").fetchall()
+            raw = "".join(row[0] for row in rows).encode()
+            assert minted.record.token_id in raw.decode()  # the rows are there
         assert minted.token.split(".")[1].encode() not in raw
         assert await tokens.check(minted.token) is not None
         last = "B" if minted.token.endswith("A") else "A"  # always a different token

@@ -1,7 +1,8 @@
 """Bounds on what agents and strangers can make the coordinator hold: Hello sizes, the
 number of agents, stale never-enrolled records, Enroll attempts per peer, and the Hello
 flood replayed against a real process (database size and memory bounded, an honest agent
-served throughout)."""
+served throughout). On both store backends: the tests that start a coordinator or open a
+store run on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
+import psycopg
 import pytest
 
 from coordinator.api.app_keys import REGISTRY_KEY
 from coordinator.fleet.records import AgentStatus
 from coordinator.fleet.registry import LiveFleetRegistry
 from coordinator.identity.peer_rate_limit import PeerRateLimiter, peer_ip
-from coordinator.store.sqlite import SQLiteFleetStore
 from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadReport
@@ -25,8 +26,28 @@ from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
 from tests.coordinator.coordinator_testing import MakeCoordinator, hello
 from tests.coordinator.hello_flood import hello_flood, rss_bytes
+from tests.coordinator.store_backends import (
+    BACKENDS,
+    StoreFactory,
+    backend,
+    on_both_stores,
+    store_factory,
+)
+from tests.postgres_cluster import PostgresCluster
 
 pytestmark = pytest.mark.timeout(120)
+#: Refused before anything is stored: SQLite's run is enough.
+STORE_FREE = {"test_an_oversized_hello_is_refused_naming_the_field"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test that starts a coordinator runs on SQLite and on PostgreSQL, but those
+    whose outcome no store call decides (STORE_FREE)."""
+    if metafunc.function.__name__ not in STORE_FREE:
+        on_both_stores(metafunc)
+
+
+__all__ = ["backend", "store_factory"]  # fixtures
 
 
 async def _session(stub: pb_grpc.CoordinatorStub, message: pb.AgentMessage) -> object:
@@ -92,9 +113,11 @@ def _hello(agent_id: str) -> Hello:
     return Hello(agent_id=agent_id, site="lab", http_url="http://127.0.0.1:8001")
 
 
-async def test_stale_never_enrolled_agents_are_removed_by_the_sweep(tmp_path: Path) -> None:
+async def test_stale_never_enrolled_agents_are_removed_by_the_sweep(
+    store_factory: StoreFactory,
+) -> None:
     now = [datetime(2026, 1, 1, tzinfo=UTC)]
-    store = SQLiteFleetStore.in_directory(tmp_path)
+    store = store_factory()
     await store.open()
     try:
         registry = await LiveFleetRegistry.open(
@@ -144,22 +167,39 @@ async def test_enroll_is_rate_limited_per_peer(make_coordinator: MakeCoordinator
 
 
 @pytest.mark.slow
-async def test_hello_flood_keeps_the_database_and_memory_bounded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_hello_flood_keeps_the_database_and_memory_bounded(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     limits = ["--set=max_agents=100", "--set=grpc_max_concurrent_rpcs=1000"]
-    async with CoordinatorProcess(data_dir=tmp_path, extra_args=limits) as coordinator:
+    env: dict[str, str] = {}
+    if backend == "postgres":
+        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+        env["EDGEFLEET_COORDINATOR_STORE_URL"] = cluster.create_database()
+
+    def database_bytes() -> int:
+        if backend == "sqlite":
+            return sum(os.path.getsize(p) for p in tmp_path.glob("fleet.db*"))
+        with psycopg.connect(env["EDGEFLEET_COORDINATOR_STORE_URL"]) as db:
+            row = db.execute("SELECT pg_database_size(current_database())").fetchone()
+        return int(row[0]) if row else 0
+
+    async with CoordinatorProcess(data_dir=tmp_path, extra_args=limits, env=env) as coordinator:
         channel = grpc.aio.insecure_channel(coordinator.grpc_target)
         stub = pb_grpc.CoordinatorStub(channel)
         honest = await _session(stub, hello("edge-honest"))
         rss_before = rss_bytes(coordinator.pid)
+        # SQLite's file starts near empty; a PostgreSQL database holds its catalogs (MBs)
+        db_before = 0 if backend == "sqlite" else database_bytes()
         # 310 sessions with 40 KB Hellos (what grew fleet.db to 43 MB), then 310 within caps
         oversized = await hello_flood(coordinator.grpc_target, 310, models=100, chars=100)
         fitting = await hello_flood(coordinator.grpc_target, 310, models=20, chars=20)
         await asyncio.sleep(1)
-        db = sum(os.path.getsize(p) for p in tmp_path.glob("fleet.db*"))
+        db = database_bytes() - db_before
         rss = rss_bytes(coordinator.pid)
         print(
             f"oversized: {oversized.welcomed} welcomed, {oversized.refused}; fitting: "
-            f"{fitting.welcomed} welcomed, {fitting.refused}; fleet.db* {db} bytes; "
+            f"{fitting.welcomed} welcomed, {fitting.refused}; the database grew {db} bytes; "
             f"rss {rss_before >> 20} -> {rss >> 20} MiB"
         )
         assert oversized.welcomed == 0
@@ -171,7 +211,7 @@ async def test_hello_flood_keeps_the_database_and_memory_bounded(tmp_path: Path)
         assert "edge-honest" in {a.agent_id for a in answer.agents}
         honest.cancel()  # type: ignore[attr-defined]
         await channel.close()
-    async with CoordinatorProcess(data_dir=tmp_path, extra_args=limits) as restarted:
+    async with CoordinatorProcess(data_dir=tmp_path, extra_args=limits, env=env) as restarted:
         agents = await restarted.agents()
         print(f"after restart: {len(agents)} agents, rss {rss_bytes(restarted.pid) >> 20} MiB")
         assert len(agents) <= 100
@@ -206,7 +246,7 @@ async def test_rpcs_beyond_the_cap_are_refused_and_held_sessions_go_on(
 
 
 async def test_a_fleet_falling_silent_at_once_is_logged_in_a_few_lines(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store_factory: StoreFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """400 agents silent at once (a cut link, a starved coordinator), then back: the first
     few named, the rest counted, not 800 lines adding to the load that caused them."""
@@ -214,7 +254,7 @@ async def test_a_fleet_falling_silent_at_once_is_logged_in_a_few_lines(
     from coordinator.fleet.registry import LOG_EACH
 
     now = [datetime(2026, 1, 1, tzinfo=UTC)]
-    store = SQLiteFleetStore.in_directory(tmp_path)
+    store = store_factory()
     await store.open()
     try:
         registry = await LiveFleetRegistry.open(store, clock=lambda: now[0])

@@ -24,8 +24,11 @@ from devtools.process import wait_until
 from edgefleet.contract import Hello, LoadedModel, LoadReport, Location
 from edgefleet.v1 import fleet_pb2 as pb
 from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator, hello
+from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(30)
+# Each test that starts a coordinator runs on SQLite and on PostgreSQL.
+pytest_generate_tests = on_both_stores
 
 BERLIN = Location(52.52, 13.405)
 POTSDAM = Location(52.39, 13.06)

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from coordinator.errors import FleetFullError, SessionTakenError, UnknownAgentError
 from coordinator.fleet.index import FleetIndex
+from coordinator.fleet.load_table import LoadTable, TableRecords
 from coordinator.fleet.records import (
     AgentRecord,
     AgentStatus,
@@ -60,6 +61,11 @@ class FleetRegistry(Protocol):
     @property
     def index(self) -> FleetIndex:
         """Candidate lookup by model, site and place."""
+        ...
+
+    @property
+    def load_table(self) -> LoadTable:
+        """Every agent's routing inputs in columns (the router's fast path)."""
         ...
 
     def open_session(self, hello: Hello, *, enrolled: bool = False) -> str:
@@ -183,7 +189,9 @@ class LiveFleetRegistry:
         interval = timedelta(milliseconds=report_interval_ms)
         self._suspect_after = interval * suspect_after_reports
         self._down_after = interval * down_after_reports
-        self._agents: dict[str, AgentRecord] = {}
+        # every record stored here is mirrored into the router's load table
+        self._table = LoadTable()
+        self._agents: dict[str, AgentRecord] = TableRecords(self._table)
         self._connected = 0
         self._index = FleetIndex()
         # What was last saved of each agent's live state, to skip unchanged agents.
@@ -220,6 +228,10 @@ class LiveFleetRegistry:
     @property
     def index(self) -> FleetIndex:
         return self._index
+
+    @property
+    def load_table(self) -> LoadTable:
+        return self._table
 
     def open_session(self, hello: Hello, *, enrolled: bool = False) -> str:
         now = self._clock()

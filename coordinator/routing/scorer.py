@@ -50,6 +50,9 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from coordinator.fleet.load_table import EXCLUDED, ROUTABLE, SATURATED, LoadTable
 from coordinator.fleet.records import AgentRecord, Liveness
 from edgefleet.contract import Location, OverflowTarget
 
@@ -149,6 +152,15 @@ def great_circle_km(a: Location, b: Location) -> float:
     return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
 
 
+def predicted_wait_ms(waiting: int, rate: float, expected_tokens: int) -> float:
+    """The module doc's predicted wait: ``waiting`` sequences at ``rate`` tokens/s."""
+    if not waiting:
+        return 0.0
+    if rate <= 0:
+        return waiting * UNKNOWN_RATE_WAIT_MS
+    return waiting * expected_tokens / rate * 1000.0
+
+
 # An agent that passed the filters, with what its score uses: its record, its load
 # (running + waiting sequences), KV-cache fraction and predicted wait (ms).
 _Candidate = tuple[AgentRecord, int, float, float]
@@ -211,14 +223,10 @@ class RouteScorer:
                 if waiting >= saturation_queue or kv >= saturation_kv:
                     why = "saturated"
                 else:
-                    # predicted wait (the module doc's wait part)
                     wait_ms = 0.0
                     if waiting:
                         rate = 0.0 if report is None else report.tokens_per_second
-                        if rate <= 0:
-                            wait_ms = waiting * UNKNOWN_RATE_WAIT_MS
-                        else:
-                            wait_ms = waiting * expected_tokens / rate * 1000.0
+                        wait_ms = predicted_wait_ms(waiting, rate, expected_tokens)
                     if max_wait_ms and wait_ms > max_wait_ms:
                         why = "over_max_wait"
                     else:
@@ -226,35 +234,135 @@ class RouteScorer:
                         continue
             excluded[why] = excluded.get(why, 0) + 1
 
+        ranked = self._score(candidates, query, query.limit or policy.limit)
+        return _decision(ranked, len(candidates), excluded, query)
+
+    def derive(self, waiting: int, load: int, kv: float, rate: float) -> tuple[int, float, float]:
+        """What this policy makes of one load report, for the load table (``Derive``):
+        saturated or not, the predicted wait, and the score's KV and wait terms."""
+        policy = self.policy
+        if waiting >= policy.saturation_queue_depth or kv >= policy.saturation_kv_fraction:
+            return SATURATED, 0.0, 0.0
+        wait_ms = predicted_wait_ms(waiting, rate, policy.expected_tokens)
+        weights = policy.weights
+        rest = weights.kv / weights.total * (1.0 - kv) + weights.wait / weights.total * (
+            1.0 / (1.0 + wait_ms / 1000.0)
+        )
+        return ROUTABLE, wait_ms, rest
+
+    def rank_rows(
+        self, table: LoadTable, agent_ids: Iterable[str], query: RouteQuery
+    ) -> RouteDecision | None:
+        """``rank(records of agent_ids, query)``, read from the load table's columns: the
+        same decision (the same agents and scores, bit for bit, the same counts and
+        reason), at a fraction of the cost. None when the query asks for what only
+        ``rank`` does (a pinned version, excluded agents, measured round trips, or a
+        client place with candidates of unknown place), or when the table is not derived
+        by this scorer's policy (``LoadTable.derive_with``): then call ``rank``.
+
+        The filters and scores are computed in numpy over every candidate; the few that
+        can be among the ``limit`` best (those within a hair of the cut: the sums are
+        grouped differently, and numpy's sine may differ from math's in the last bit)
+        are then scored again by ``_score``, in Python, against the loads of the whole
+        set, so the order and the numbers returned are ``rank``'s own."""
+        if (
+            table.derived_for is not self.policy
+            or query.version is not None
+            or query.exclude
+            or query.client_rtt_ms
+        ):
+            return None
+        rows = table.rows_of(agent_ids)
+        client = query.location
+        policy = self.policy
+        code = table.code[rows]
+        excluded: dict[str, int] = {}
+        for at, count in enumerate(np.bincount(code, minlength=len(EXCLUDED)).tolist()):
+            if at != ROUTABLE and count:
+                excluded[EXCLUDED[at]] = count
+        fit = code == ROUTABLE
+        if query.max_wait_ms:
+            over = fit & (table.wait_ms[rows] > query.max_wait_ms)
+            if over.any():
+                excluded["over_max_wait"] = int(np.count_nonzero(over))
+                fit &= ~over
+        rows = rows[fit]
+        n = len(rows)
+        if not n:
+            return _decision([], 0, excluded, query)
+        weights = policy.weights
+        load = table.load[rows]
+        lowest = load.min()
+        spread = load.max() - lowest
+        score = table.rest[rows]
+        w_queue = weights.queue / weights.total
+        score += w_queue if spread == 0 else w_queue * ((lowest + spread - load) / spread)
+        records = table.records
+        neutral: float | None = None
+        if client is None:
+            proximity = np.full(n, UNKNOWN_PROXIMITY)
+        else:
+            lat1 = math.radians(client.lat)
+            dlat = table.lat[rows] - lat1
+            dlon = np.radians(table.lon[rows] - client.lon)
+            h = np.sin(dlat / 2) ** 2 + math.cos(lat1) * table.cos_lat[rows] * np.sin(dlon / 2) ** 2
+            distance_km = 2 * EARTH_RADIUS_KM * np.arcsin(np.minimum(1.0, np.sqrt(h)))
+            proximity = OTHER_SITE_MAX / (1.0 + distance_km / policy.distance_scale_km)
+            placed = table.placed[rows]
+            if not placed.all():
+                # an unknown place counts as the median known distance, taken exactly as
+                # _score takes it (in Python, over every placed candidate)
+                neutral = UNKNOWN_PROXIMITY
+                if placed.any():
+                    median = statistics.median(
+                        great_circle_km(client, records[row].hello.location)
+                        for row in rows[placed].tolist()
+                    )
+                    neutral = self._distance_proximity(median)
+                proximity[~placed] = neutral
+        if query.site:
+            proximity[table.site[rows] == table.site_code(query.site)] = SAME_SITE
+        score += weights.proximity / weights.total * proximity
+        score *= table.factor[rows]
         limit = query.limit or policy.limit
-        ranked = self._score(candidates, query, limit)
-        wanted = query.model if query.version is None else f"{query.model}@{query.version}"
-        left_out = ", ".join(f"{n} {why}" for why, n in sorted(excluded.items()))
-        if not ranked:
-            reason = f"no edge agent can take {wanted} now"
-            return RouteDecision(
-                agents=(), reason=reason + (f" ({left_out})" if left_out else ""), excluded=excluded
-            )
-        reason = f"{len(candidates)} agent(s) can take {wanted}; ranked by proximity and load"
-        if left_out:
-            reason += f"; left out: {left_out}"
-        return RouteDecision(agents=tuple(ranked), reason=reason, excluded=excluded)
+        near = rows
+        if n > limit:
+            cut = -np.partition(-score, limit - 1)[limit - 1]
+            near = rows[score >= cut - _HAIR]
+        kv, wait_ms = table.kv, table.wait_ms
+        best: list[_Candidate] = [
+            (records[row], int(load), float(kv[row]), float(wait_ms[row]))
+            for row, load in zip(near.tolist(), table.load[near].tolist(), strict=True)
+        ]
+        ranked = self._score(best, query, limit, loads=(int(lowest), int(spread)), neutral=neutral)
+        return _decision(ranked, n, excluded, query)
 
     def _distance_proximity(self, distance_km: float) -> float:
         return OTHER_SITE_MAX / (1.0 + distance_km / self.policy.distance_scale_km)
 
     def _score(
-        self, candidates: list[_Candidate], query: RouteQuery, limit: int
+        self,
+        candidates: list[_Candidate],
+        query: RouteQuery,
+        limit: int,
+        loads: tuple[int, int] | None = None,
+        neutral: float | None = None,
     ) -> list[RankedAgent]:
-        """The ``limit`` best candidates, best first (ties by agent id)."""
+        """The ``limit`` best candidates, best first (ties by agent id). When
+        ``candidates`` are the best of a larger set (``rank_rows``), that set's ``loads``
+        (the lowest load and the spread to normalize by) and ``neutral`` proximity (for
+        an unknown place); by default, those of ``candidates``."""
         if not candidates:
             return []
         policy, weights = self.policy, self.policy.weights
         w_proximity, w_queue = weights.proximity / weights.total, weights.queue / weights.total
         w_kv, w_wait = weights.kv / weights.total, weights.wait / weights.total
-        loads = [c[1] for c in candidates]
-        lowest = min(loads)
-        spread = max(loads) - lowest
+        if loads is None:
+            every = [c[1] for c in candidates]
+            lowest = min(every)
+            spread = max(every) - lowest
+        else:
+            lowest, spread = loads
         client, site, rtts = query.location, query.site, query.client_rtt_ms
         rtt_scale_ms, distance_scale_km = policy.rtt_scale_ms, policy.distance_scale_km
         radians, sin, cos, asin, sqrt = math.radians, math.sin, math.cos, math.asin, math.sqrt
@@ -305,10 +413,11 @@ class RouteScorer:
                 keyed.append((-score, hello.agent_id, len(rows)))
             rows.append((record, kv, wait_ms, distance_km, proximity, queue, wait))
         # An unknown place counts as the median known distance: neutral, not far.
-        neutral = UNKNOWN_PROXIMITY
-        if unplaced:
-            if distances:
+        if neutral is None:
+            neutral = UNKNOWN_PROXIMITY
+            if unplaced and distances:
                 neutral = self._distance_proximity(statistics.median(distances))
+        if unplaced:
             for i, (record, kv, _, _, proximity, queue, wait) in enumerate(rows):
                 if proximity is None:
                     score = (
@@ -343,3 +452,24 @@ class RouteScorer:
                 )
             )
         return ranked
+
+
+# Scores this close to the cut of the ``limit`` best are scored again in Python
+# (``rank_rows``): far above the last-bit differences of numpy's and math's sine.
+_HAIR = 1e-9
+
+
+def _decision(
+    ranked: list[RankedAgent], candidates: int, excluded: dict[str, int], query: RouteQuery
+) -> RouteDecision:
+    wanted = query.model if query.version is None else f"{query.model}@{query.version}"
+    left_out = ", ".join(f"{n} {why}" for why, n in sorted(excluded.items()))
+    if not ranked:
+        reason = f"no edge agent can take {wanted} now"
+        return RouteDecision(
+            agents=(), reason=reason + (f" ({left_out})" if left_out else ""), excluded=excluded
+        )
+    reason = f"{candidates} agent(s) can take {wanted}; ranked by proximity and load"
+    if left_out:
+        reason += f"; left out: {left_out}"
+    return RouteDecision(agents=tuple(ranked), reason=reason, excluded=excluded)

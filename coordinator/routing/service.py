@@ -22,6 +22,7 @@ from coordinator.fleet.records import AgentRecord, Liveness
 from coordinator.fleet.registry import FleetRegistry
 from coordinator.routing.overflow import OverflowPolicy, overflow_policy_for
 from coordinator.routing.scorer import (
+    SUSPECT_FACTOR,
     RouteDecision,
     RoutePolicy,
     RouteQuery,
@@ -71,6 +72,8 @@ class Router:
         self._metrics = metrics
         self._networks = parse_site_networks(site_networks)
         self._pool = candidate_pool
+        # the load table's columns derived by this scorer's policy: rank_rows' fast path
+        registry.load_table.derive_with(scorer.policy, scorer.derive, SUSPECT_FACTOR)
 
     @classmethod
     def from_config(
@@ -98,12 +101,11 @@ class Router:
         ids = index.candidates(
             query.model, site=query.site, location=query.location, pool=self._pool
         )
-        at_site = self._registry.find(ids)
-        decision = self._scorer.rank(at_site, query)
+        decision = self._rank(ids, query)
         if not decision.agents and query.site:
             decision = self._beyond_site(query, ids, decision)
         elif query.site:
-            decision = self._with_fallbacks(query, ids, at_site, decision)
+            decision = self._with_fallbacks(query, ids, decision)
         if decision.agents:
             return decision
         target = self._overflow.target_for(query.model)
@@ -113,12 +115,16 @@ class Router:
             decision, overflow=target, reason=decision.reason + f"; overflow to {target.name}"
         )
 
+    def _rank(self, ids: set[str], query: RouteQuery) -> RouteDecision:
+        """The scorer's decision over ``ids``: from the load table's columns when the
+        query allows (``RouteScorer.rank_rows``), else from the records."""
+        decision = self._scorer.rank_rows(self._registry.load_table, ids, query)
+        if decision is None:
+            decision = self._scorer.rank(self._registry.find(ids), query)
+        return decision
+
     def _with_fallbacks(
-        self,
-        query: RouteQuery,
-        tried: set[str],
-        at_site: list[AgentRecord],
-        decision: RouteDecision,
+        self, query: RouteQuery, tried: set[str], decision: RouteDecision
     ) -> RouteDecision:
         """The site's answer, with the nearest live agents beyond it when the site has fewer
         than ``MIN_LIVE_AT_SITE`` live ones: site live, then fallbacks, then site suspect."""
@@ -126,16 +132,14 @@ class Router:
         if len(live) >= MIN_LIVE_AT_SITE:
             return decision
         # "nearest": to the client when it said where it is, else to its site's agents
-        location = query.location or _place_of(at_site)
+        location = query.location or _place_of(self._registry.find(tried))
         others = self._registry.index.candidates(
             query.model, site="", location=location, pool=self._pool
         )
         others -= tried
         if not others:
             return decision
-        elsewhere = self._scorer.rank(
-            self._registry.find(others), replace(query, site="", location=location, limit=0)
-        )
+        elsewhere = self._rank(others, replace(query, site="", location=location, limit=0))
         fallbacks = [a for a in elsewhere.agents if a.liveness is Liveness.LIVE]
         fallbacks = fallbacks[:SITE_FALLBACKS]
         if not fallbacks:
@@ -161,7 +165,7 @@ class Router:
         others -= tried
         if not others:
             return at_site
-        elsewhere = self._scorer.rank(self._registry.find(others), query)
+        elsewhere = self._rank(others, query)
         left_out = ", ".join(f"{n} {why}" for why, n in sorted(at_site.excluded.items()))
         note = f"no agent at site {query.site!r} can take {query.model} now"
         note += f" ({left_out})" if left_out else ""

@@ -48,6 +48,18 @@ of the KEYS_WITH_BUDGETS keys with fleet-wide budgets runs at scale; keys sectio
 received per second are counted at the agents. Route lookups stay plain HTTP on
 loopback (the coordinator's ``http_tls = auto``: off on loopback). Writes
 benchmarks/results/coordinator_scale_secure.json.
+
+    .venv/bin/python -m benchmarks.coordinator_scale --store postgresql --agents 5000
+
+``--store postgresql`` runs the coordinator on PostgreSQL (``store_url``): on a throwaway
+cluster started on this machine for the run (tests/postgres_cluster.py: Debian's server,
+fsync and synchronous_commit off, so its disk costs little), or on ``--store-url`` (its
+password, if any, from ``EDGEFLEET_COORDINATOR_STORE_PASSWORD``). PostgreSQL's cores are
+reported next to the coordinator's for both windows: the CPU time of the server's
+processes (the postmaster listening on the URL's port and its children: backends,
+writers) over the window, when the server runs on this machine; with ``--pin`` they share
+the load generators' CPUs, not the coordinator's. Results go to ``..._postgres.json``
+(``--results NAME`` to choose).
 """
 
 from __future__ import annotations
@@ -79,6 +91,7 @@ from devtools.fleet import CoordinatorProcess
 from edgefleet.contract import CONTRACT_MINOR
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
+from tests.postgres_cluster import PostgresCluster
 
 MODELS = ("smollm2-135m", "qwen2.5-0.5b")
 AGENTS_PER_CHANNEL = 250
@@ -579,8 +592,16 @@ def _server_quantile(
     return float("inf"), float("inf")
 
 
+#: ``sample()`` at a window's start returns ``cores()`` for its end (another process's CPU).
+Sampler = Callable[[], Callable[[], float | None]]
+
+
 async def _measure_lookups(
-    coordinator: CoordinatorProcess, rate: float, seconds: float, cpus: set[int] | None
+    coordinator: CoordinatorProcess,
+    rate: float,
+    seconds: float,
+    cpus: set[int] | None,
+    also: Sampler | None = None,
 ) -> tuple[
     tuple[list[float], list[float], dict[str, int], float],
     dict[str, float],
@@ -588,7 +609,8 @@ async def _measure_lookups(
     float,
     float,
 ]:
-    """Runs the lookup process; returns its results, metric scrapes and the window (s)."""
+    """Runs the lookup process; returns its results, metric scrapes and the window (s).
+    ``also``: another process's cores over the same window, put in ``before["also_cores"]``."""
     ctx = mp.get_context("spawn")
     out, warm = ctx.Queue(), ctx.Event()
     proc = ctx.Process(
@@ -603,9 +625,12 @@ async def _measure_lookups(
         coordinator.http_url, "edgefleet_coordinator_", coordinator.admin_headers
     )
     since = (process.cpu_times(), time.monotonic())
+    also_cores = also() if also is not None else None
     waited = _run_queue_wait_s(coordinator.pid)
     result = await asyncio.to_thread(out.get)
     cores = _cores(process, since)
+    also_used = also_cores() if also_cores is not None else None
+    before["also_cores"] = float("nan") if also_used is None else also_used
     window = time.monotonic() - since[1]
     before["run_queue_wait_s"] = (_run_queue_wait_s(coordinator.pid) - waited) / window
     before["load_average_1m"] = os.getloadavg()[0]
@@ -638,6 +663,78 @@ def _cores(process: Any, since: tuple[Any, float]) -> float:
     return float((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0)
 
 
+class _Postgres:
+    """The PostgreSQL server a run uses: a throwaway cluster (``cluster``) or ``--store-url``;
+    ``server`` is its postmaster when it runs on this machine (None: not measured)."""
+
+    def __init__(self, url: str, cluster: PostgresCluster | None) -> None:
+        self.url, self.cluster = url, cluster
+        self.server = _postmaster(url, cluster)
+
+    def processes(self) -> list[Any]:
+        if self.server is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [self.server, *self.server.children(recursive=True)]
+        return []
+
+    def cpu_s(self) -> tuple[dict[int, float], float]:
+        """(CPU seconds of each live server process, those of the postmaster's children
+        that ended: it reaps them, the kernel adds their time to its children's)."""
+        live: dict[int, float] = {}
+        ended = 0.0
+        for proc in self.processes():
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                live[proc.pid] = times.user + times.system
+                if proc is self.server:
+                    ended = times.children_user + times.children_system
+        return live, ended
+
+    def sample(self) -> Callable[[], float | None]:
+        """CPU of the server's processes from now; the returned call gives cores until then:
+        live processes' time since (whole for those started since), plus that of children
+        that ended since (their time before the window taken off)."""
+        (before, ended_before), started = self.cpu_s(), time.monotonic()
+
+        def cores() -> float | None:
+            if self.server is None:
+                return None
+            after, ended_after = self.cpu_s()
+            used = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+            used += ended_after - ended_before
+            used -= sum(cpu for pid, cpu in before.items() if pid not in after)
+            return used / (time.monotonic() - started)
+
+        return cores
+
+    def pin(self, cpus: set[int]) -> None:
+        """The server's processes on ``cpus`` (backends it forks later inherit it)."""
+        for proc in self.processes():
+            with contextlib.suppress(psutil.Error, OSError):
+                _pin(proc.pid, cpus)
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+
+
+def _postmaster(url: str, cluster: PostgresCluster | None) -> Any:
+    """The postmaster of the server at ``url`` when it runs here: the cluster's
+    (postmaster.pid), else the process listening on the URL's port on this machine."""
+    if cluster is not None:
+        with contextlib.suppress(OSError, ValueError, IndexError, psutil.Error):
+            pid = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
+            return psutil.Process(pid)
+    port = urlsplit(url).port or 5432
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            listening = conn.status == psutil.CONN_LISTEN and conn.laddr
+            if listening and conn.laddr.port == port and conn.pid is not None:
+                return psutil.Process(conn.pid)
+    return None
+
+
 async def _mint_keys(coordinator: CoordinatorProcess) -> list[str]:
     """KEYS API keys through the admin API (as an operator would); returns their ids."""
     ids = []
@@ -653,7 +750,6 @@ async def _mint_keys(coordinator: CoordinatorProcess) -> list[str]:
 
 
 async def main(args: argparse.Namespace) -> int:
-    interval_s = args.interval_ms / 1000.0
     all_cpus = sorted(os.sched_getaffinity(0))
     pin = args.pin if args.pin is not None else len(all_cpus) >= 2
     coordinator_cpus = {all_cpus[0]} if pin else None
@@ -667,13 +763,44 @@ async def main(args: argparse.Namespace) -> int:
                       "--set", "enroll_rate_per_minute=1000000",
                       "--set", "enroll_burst=100000"]  # fmt: skip
     setup_figures: dict[str, Any] = {}
+    postgres: _Postgres | None = None
+    if args.store == "postgresql":
+        if args.store_url:
+            postgres = _Postgres(args.store_url, None)
+        else:
+            cluster = await asyncio.to_thread(PostgresCluster.start)
+            postgres = _Postgres(await asyncio.to_thread(cluster.create_database), cluster)
+        extra_args += ["--set", f"store_url={postgres.url}"]  # no password in it
+        where = "this machine" if postgres.server is not None else "elsewhere: not measured"
+        print(f"store: PostgreSQL at {postgres.url} ({where})")
+    try:
+        return await _run(args, extra_args, setup_figures, postgres, pin, coordinator_cpus,
+                          load_cpus)  # fmt: skip
+    finally:
+        if postgres is not None:
+            postgres.stop()
+
+
+async def _run(
+    args: argparse.Namespace,
+    extra_args: list[str],
+    setup_figures: dict[str, Any],
+    postgres: _Postgres | None,
+    pin: bool,
+    coordinator_cpus: set[int] | None,
+    load_cpus: set[int] | None,
+) -> int:
+    interval_s = args.interval_ms / 1000.0
     async with CoordinatorProcess(
         report_interval_ms=args.interval_ms, extra_args=extra_args
     ) as coordinator:
         if pin and coordinator_cpus and load_cpus:
             _pin(coordinator.pid, coordinator_cpus)
             _pin(os.getpid(), load_cpus)
-            print(f"coordinator on CPU {sorted(coordinator_cpus)}, load on {sorted(load_cpus)}")
+            if postgres is not None:
+                postgres.pin(load_cpus)
+            print(f"coordinator on CPU {sorted(coordinator_cpus)}, load on {sorted(load_cpus)}"
+                  + (" with PostgreSQL" if postgres is not None else ""))  # fmt: skip
         print(f"coordinator up at {coordinator.grpc_target}; registering {args.agents} agents")
         ctx = mp.get_context("spawn")
         sim_out = ctx.Queue()
@@ -773,18 +900,25 @@ async def main(args: argparse.Namespace) -> int:
         reports0 = await _metric(coordinator.http_url, prefix, coordinator.admin_headers)
         pushed0 = sum(v.value for v in pushed)
         since = (process.cpu_times(), time.monotonic())
+        postgres_cores = postgres.sample() if postgres is not None else None
         await asyncio.sleep(args.duration)
         cores_reports = _cores(process, since)
+        pg_cores_reports = postgres_cores() if postgres_cores is not None else None
         reports1 = await _metric(coordinator.http_url, prefix, coordinator.admin_headers)
         reports_per_s = (reports1.get(key, 0) - reports0.get(key, 0)) / args.duration
         keys_pushed_per_s = (sum(v.value for v in pushed) - pushed0) / args.duration
         print(
             f"  reports/s {reports_per_s:.0f}, coordinator CPU {cores_reports:.2f} cores, "
             f"keys sections pushed/s {keys_pushed_per_s:.0f}"
-        )
+            + (f", PostgreSQL CPU {pg_cores_reports:.2f} cores" if pg_cores_reports is not None
+               else "")
+        )  # fmt: skip
 
         print(f"lookups at {args.lookups_per_s:g}/s for {args.duration:g} s under that load")
-        measured = await _measure_lookups(coordinator, args.lookups_per_s, args.duration, load_cpus)
+        measured = await _measure_lookups(
+            coordinator, args.lookups_per_s, args.duration, load_cpus,
+            also=postgres.sample if postgres is not None else None,
+        )  # fmt: skip
         (latencies, lags, failed, client_cpu_s), h0, h1, window, cores_both = measured
         retried = {k: v for k, v in failed.items() if k.startswith("retried")}
         failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
@@ -797,6 +931,7 @@ async def main(args: argparse.Namespace) -> int:
         for sim in sims:
             sim.join(5)
 
+    pg_cores_both = h0.pop("also_cores", float("nan"))
     lookups_per_s = len(latencies) / args.duration
     p50, p99 = _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000
     lag_p99 = _percentile(lags, 0.99) * 1000
@@ -832,6 +967,7 @@ async def main(args: argparse.Namespace) -> int:
     )
     figures: dict[str, Any] = {
         "mode": "secure" if args.secure else "plain",
+        "store": args.store,
         "session_transport": (
             "mutual TLS, one connection per agent with its own client certificate"
             if args.secure
@@ -858,6 +994,7 @@ async def main(args: argparse.Namespace) -> int:
         if reports_per_s
         else None,
         "coordinator_rss_mb": round(rss_mb, 1),
+        **_postgres_figures(postgres, pg_cores_reports, pg_cores_both),
         "keys_sections_pushed_per_s": round(keys_pushed_per_s, 1),
         **setup_figures,
         "lookups_per_s_requested": args.lookups_per_s,
@@ -924,9 +1061,34 @@ async def main(args: argparse.Namespace) -> int:
         "route_client_p99_ms": target(figures["route_client_p99_ms"], "< 5", p99 < 5),
     }  # fmt: skip
     name = "coordinator_scale_secure" if args.secure else "coordinator_scale"
+    name = args.results or (name + ("_postgres" if postgres is not None else ""))
     path = write_results(name, figures, targets)
     print(f"wrote {path}")
     return 0
+
+
+def _postgres_figures(
+    postgres: _Postgres | None, reports_only: float | None, with_lookups: float
+) -> dict[str, Any]:
+    if postgres is None:
+        return {}
+    measured = postgres.server is not None
+    return {
+        "postgres_server": (
+            "throwaway cluster on this machine (tests/postgres_cluster.py: fsync and "
+            "synchronous_commit off)"
+            if postgres.cluster is not None
+            else "--store-url" + (" (on this machine)" if measured else " (not on this machine)")
+        ),
+        "postgres_cores_reports_only": None if reports_only is None else round(reports_only, 3),
+        "postgres_cores_reports_and_lookups": (
+            round(with_lookups, 3) if measured and with_lookups == with_lookups else None
+        ),
+        "postgres_cores_measure": (
+            "CPU time of the postmaster and its child processes (backends, writers) over the "
+            "window, those that ended within it included"
+        ),
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -951,7 +1113,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--simulator-nice", type=int, default=10, help="niceness of the simulators when pinned"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "postgresql"),
+        default=None,
+        help="the coordinator's store (default sqlite; postgresql: a throwaway cluster here, "
+        "or --store-url)",
+    )
+    parser.add_argument(
+        "--store-url",
+        default="",
+        help="postgresql://USER@HOST:PORT/DB to run on (implies --store postgresql; password "
+        "from EDGEFLEET_COORDINATOR_STORE_PASSWORD)",
+    )
+    parser.add_argument(
+        "--results",
+        default="",
+        metavar="NAME",
+        help="write benchmarks/results/NAME.json (default: coordinator_scale[_secure][_postgres])",
+    )
+    args = parser.parse_args(argv)
+    if args.store is None:
+        args.store = "postgresql" if args.store_url else "sqlite"
+    elif args.store_url and args.store != "postgresql":
+        parser.error("--store-url names PostgreSQL: use it with --store postgresql")
+    return args
 
 
 if __name__ == "__main__":

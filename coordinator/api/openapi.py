@@ -136,6 +136,7 @@ _SCHEMAS: dict[str, Any] = {
                     "outages": {"type": "integer"},
                     "pending_writes": {"type": "integer"},
                     "dropped_writes": {"type": "integer"},
+                    "deferred_writes": {"type": "integer"},
                 },
             },
             "grpc": _NULLABLE_STR,

@@ -141,6 +141,11 @@ class StoreHealth:
     def dropped_writes(self) -> dict[str, int]:
         return {w.name: w.dropped for w in self._writers}
 
+    def deferred_writes(self) -> dict[str, int]:
+        """Writes left to their senders for a bound (request records the agents still hold
+        and send again), by queue."""
+        return {w.name: int(getattr(w, "deferred", 0)) for w in self._writers}
+
     @property
     def status(self) -> str:
         return "ok" if self.up else "degraded"
@@ -159,6 +164,7 @@ class StoreHealth:
             "outages": self.outages,
             "pending_writes": self.pending_writes(),
             "dropped_writes": sum(self.dropped_writes().values()),
+            "deferred_writes": sum(self.deferred_writes().values()),
         }
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
@@ -211,6 +217,15 @@ class _StoreCollector(Collector):
         for name, count in health.dropped_writes().items():
             dropped.add_metric([name], float(count))
         yield dropped
+        deferred = CounterMetricFamily(
+            f"{prefix}_writes_deferred",
+            "Writes left to their senders because a queue's bound was hit (request records "
+            "stay in the agents' spools and are sent again), by queue.",
+            labels=["queue"],
+        )
+        for name, count in health.deferred_writes().items():
+            deferred.add_metric([name], float(count))
+        yield deferred
         outages = CounterMetricFamily(
             f"{prefix}_outages", "Times the fleet database stopped answering since start."
         )

@@ -643,3 +643,32 @@ async def test_accessibility_audit_finds_no_serious_violations(fleet: Fleet) -> 
             found[view] = serious
     (SHOTS / "axe.json").write_text(json.dumps(found, indent=2))
     assert found == {}
+
+
+async def test_the_header_shows_the_fleet_databases_health(fleet: Fleet) -> None:
+    page = await fleet.page(fleet.coordinator.admin_token)
+    await poll(page, "document.getElementById('store-health').dataset.status === 'ok'")
+    shown = await page.text_content("#store-health")
+    assert shown is not None and shown.startswith("Database (SQLite): ok, ")
+    assert shown.endswith(" ms")
+    # The database away (as /healthz says it then: tests/coordinator/test_store_outage.py
+    # shows the coordinator's side): the header says so, in the "down" colour.
+    status, health = await fleet.api("GET", "/healthz")
+    assert status == 200
+    health["status"] = "degraded"
+    health["store"] |= {
+        "status": "degraded", "last_error": "connection refused", "pending_writes": 42,
+        "down_since": "2026-12-02T06:00:00.000Z",
+    }  # fmt: skip
+    await page.route(
+        "**/healthz",
+        lambda route: asyncio.ensure_future(route.fulfill(json=health)),
+    )
+    await poll(page, "document.getElementById('store-health').dataset.status === 'degraded'")
+    shown = await page.text_content("#store-health")
+    assert shown is not None and shown.startswith("Database (SQLite) unavailable since ")
+    assert "42 writes kept" in shown
+    assert await page.get_attribute("#store-health", "title") == "connection refused"
+    colour = await page.evaluate("getComputedStyle(document.getElementById('store-health')).color")
+    assert colour == "rgb(176, 0, 32)"  # --down
+    await page.close()

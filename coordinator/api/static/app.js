@@ -843,7 +843,36 @@ async function start() {
   connectEvents();
 }
 
+// The fleet database's health (GET /healthz, public), in the header: its backend and
+// round trip, or since when it is unavailable and how many writes wait for it.
+async function showStoreHealth() {
+  const element = $("store-health");
+  let store;
+  try {
+    const response = await fetch("/healthz", { credentials: "same-origin" });
+    store = (await response.json()).store;
+  } catch (error) {
+    return;  // the coordinator itself is unreachable: the events stream says so
+  }
+  if (!store) return;
+  const backend = store.backend === "postgresql" ? "PostgreSQL" : "SQLite";
+  element.hidden = false;
+  element.dataset.status = store.status;
+  if (store.status === "ok") {
+    const latency = store.latency_ms === null ? "" : `, ${store.latency_ms.toFixed(1)} ms`;
+    const pending = store.pending_writes ? `, ${store.pending_writes} writes catching up` : "";
+    element.textContent = `Database (${backend}): ok${latency}${pending}`;
+    element.title = store.last_error ? `last error ${store.last_error_at}: ${store.last_error}` : "";
+  } else {
+    const since = store.down_since ? ` since ${new Date(store.down_since).toLocaleTimeString()}` : "";
+    element.textContent = `Database (${backend}) unavailable${since}: ${store.pending_writes} writes kept; agents and routing carry on`;
+    element.title = store.last_error || "";
+  }
+}
+
 function init() {
+  showStoreHealth();
+  setInterval(() => { if (!document.hidden) showStoreHealth(); }, 2000);
   fleetMap = new FleetMap($("map"), {
     statusOf: agentStatus,
     onOpen: (id) => { location.hash = `#agent/${encodeURIComponent(id)}`; },

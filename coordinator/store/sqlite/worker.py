@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from coordinator.errors import StoreError
-from coordinator.store.interface import StoreTimeoutError
+from coordinator.store.interface import StoreTimeoutError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +184,15 @@ class SQLiteWorker:
                     f"fleet database {self.path}: {call.name} ran past the statement timeout "
                     f"of {call.timeout_s:g} s and was stopped (nothing of it was written)"
                 ) from exc
+            if _locked(exc):  # another process's write lock, held past busy_timeout
+                raise StoreTimeoutError(
+                    f"fleet database {self.path}: {call.name}: {exc} (another process holds "
+                    f"its write lock longer than the statement timeout of {call.timeout_s:g} s)"
+                ) from exc
+            if _unreadable(exc):  # the disk or the file is away
+                raise StoreUnavailableError(
+                    f"fleet database {self.path}: {call.name}: {exc}"
+                ) from exc
             raise StoreError(f"fleet database {self.path}: {call.name}: {exc}") from exc
         except BaseException:
             _roll_back(db)
@@ -235,3 +244,16 @@ def write(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         _roll_back(db)
         raise
     db.execute("COMMIT")
+
+
+def _locked(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "database is locked" in str(exc) or "database is busy" in str(exc)
+    )
+
+
+def _unreadable(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "disk I/O error" in text or "unable to open database file" in text
+    )

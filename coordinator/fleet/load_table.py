@@ -22,6 +22,11 @@ number stays valid for as long as its agent is on record. Columns:
     the part of the score that depends on nothing but the agent (its KV and wait terms).
 ``factor``
     1, or the scorer's factor for a suspect or unconfirmed agent.
+``seen``, ``watch``
+    For the liveness sweep (``sweep_candidates``): when it was last seen (POSIX
+    seconds), and whether the sweep need look at it: never (down), when it has been
+    silent long enough (live or suspect, connected), or always (unconfirmed, or its
+    session ended).
 ``site``
     Its site as a small integer (``site_code``); ``placed``, ``lat`` (radians),
     ``cos_lat`` and ``lon`` (degrees): its place, as the scorer's haversine uses it.
@@ -35,7 +40,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import numpy.typing as npt
 
-from coordinator.fleet.records import AgentRecord, Liveness
+from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
 from edgefleet.contract import Hello
 
 ROUTABLE = 0
@@ -43,6 +48,8 @@ ROUTABLE = 0
 EXCLUDED = ("", "down", "unhealthy", "draining", "no_http_url", "saturated")
 _DOWN, _UNHEALTHY, _DRAINING, _NO_URL, SATURATED = 1, 2, 3, 4, 5
 _DEMOTED = frozenset({Liveness.SUSPECT, Liveness.UNCONFIRMED})
+# ``watch``: the sweep never looks at the agent, when it is silent long enough, always
+_UNWATCHED, _WHEN_SILENT, _ALWAYS = 0, 1, 2
 
 #: The router's policy applied to one report: (waiting, load, KV fraction, tokens/s)
 #: -> (``ROUTABLE`` or ``SATURATED``, predicted wait ms, the agent-only score part).
@@ -75,6 +82,8 @@ class LoadTable:
         self.wait_ms: Floats = np.zeros(n)
         self.rest: Floats = np.zeros(n)
         self.factor: Floats = np.ones(n)
+        self.seen: Floats = np.zeros(n)
+        self.watch = np.zeros(n, np.int8)
         self.site = np.full(n, -1, np.int32)
         self.placed = np.zeros(n, np.bool_)
         self.lat: Floats = np.zeros(n)
@@ -84,8 +93,8 @@ class LoadTable:
     def __len__(self) -> int:
         return len(self.row)
 
-    _COLUMNS = ("code", "load", "kv", "wait_ms", "rest", "factor", "site", "placed", "lat",
-                "cos_lat", "lon")  # fmt: skip
+    _COLUMNS = ("code", "load", "kv", "wait_ms", "rest", "factor", "seen", "watch", "site",
+                "placed", "lat", "cos_lat", "lon")  # fmt: skip
 
     def derive_with(self, policy: object, derive: Derive, demoted_factor: float) -> None:
         """Fill ``wait_ms``, ``rest``, saturation and ``factor`` by ``derive`` from now on
@@ -139,7 +148,15 @@ class LoadTable:
             code = _DRAINING
         elif not hello.http_url:
             code = _NO_URL
-        self.factor[at] = self._demoted_factor if record.liveness in _DEMOTED else 1.0
+        liveness = record.liveness
+        self.factor[at] = self._demoted_factor if liveness in _DEMOTED else 1.0
+        self.seen[at] = record.last_seen.timestamp()
+        if liveness is Liveness.DOWN:
+            self.watch[at] = _UNWATCHED
+        elif liveness is Liveness.UNCONFIRMED or record.status is not AgentStatus.CONNECTED:
+            self.watch[at] = _ALWAYS
+        else:
+            self.watch[at] = _WHEN_SILENT
         if report is None:
             waiting = load = 0
             kv = rate = 0.0
@@ -160,7 +177,21 @@ class LoadTable:
             return
         self.records[at] = self._hellos[at] = None
         self.code[at] = _DOWN  # never read through ``row``; kept unroutable all the same
+        self.watch[at] = _UNWATCHED
         self._free.append(at)
+
+    def sweep_candidates(self, silent_since: float) -> list[str]:
+        """The agents the liveness sweep must look at: every one it ever looks at
+        (unconfirmed, or without a session) and those not seen after ``silent_since``
+        (POSIX seconds; give it a little late, as timestamps round); never a down one.
+        A superset: the sweep decides each one exactly, from its record."""
+        n = len(self.records)
+        watch = self.watch[:n]
+        rows = np.flatnonzero(
+            (watch == _ALWAYS) | ((watch == _WHEN_SILENT) & (self.seen[:n] <= silent_since))
+        )
+        records = self.records
+        return [records[row].agent_id for row in rows.tolist()]  # type: ignore[union-attr]
 
     def site_code(self, site: str) -> int:
         """``site`` as the ``site`` column holds it (``NO_SITE``: no agent there)."""

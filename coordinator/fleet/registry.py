@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 LOG_EACH = 10
 # How long a save of the live state waits for the registry's queued writes.
 SAVE_WAIT_S = 10.0
+# The sweep asks the load table for agents silent since a little after the suspect
+# cut: its timestamps are floats, the records' datetimes exact (see sweep()).
+SEEN_SLACK_S = 0.001
 
 Clock = Callable[[], datetime]
 
@@ -386,7 +389,11 @@ class LiveFleetRegistry:
         expired: list[AgentRecord] = []
         # silent for down_after (suspect_after) or longer: last seen at or before these
         down_before, suspect_before = now - self._down_after, now - self._suspect_after
-        for agent_id, record in self._agents.items():
+        # the agents that can change (a pass in numpy: looking at every record, in
+        # Python, held the event loop 8-20 ms every quarter interval on 5,000 agents)
+        agents = self._agents
+        for agent_id in self._table.sweep_candidates(suspect_before.timestamp() + SEEN_SLACK_S):
+            record = agents[agent_id]
             if record.liveness is Liveness.DOWN:
                 continue
             if record.liveness is Liveness.UNCONFIRMED:

@@ -1,5 +1,7 @@
-"""The router's fast path (``RouteScorer.rank_rows`` over the registry's load table)
-answers exactly as scoring the records does, through every kind of registry change.
+"""The registry's load table: the router's fast path (``RouteScorer.rank_rows``)
+answers exactly as scoring the records does, through every kind of registry change, and
+the liveness sweep, which looks only at the agents the table names, changes every agent
+it should.
 
 A real registry on a real SQLite store is put through sessions, reports (loaded,
 saturated, unhealthy, draining, with inventories), operator drains, missed reports
@@ -19,6 +21,7 @@ import pytest
 
 from coordinator.config import CoordinatorConfig
 from coordinator.fleet.metrics import CoordinatorMetrics
+from coordinator.fleet.records import AgentStatus, Liveness
 from coordinator.fleet.registry import LiveFleetRegistry
 from coordinator.routing.scorer import RouteDecision, RouteQuery, RouteScorer
 from coordinator.routing.service import Router
@@ -206,3 +209,59 @@ def test_the_fast_path_is_off_for_a_table_derived_by_another_policy() -> None:
     table.derive_with(other.policy, other.derive, 0.5)
     assert mine.rank_rows(table, [], RouteQuery(model="m1")) is None
     assert other.rank_rows(table, [], RouteQuery(model="m1")) is not None
+
+
+def _expected_liveness(
+    registry: LiveFleetRegistry, now: datetime, down_after: timedelta, suspect_after: timedelta
+) -> dict[str, str]:
+    """What a sweep at ``now`` makes of every record: the sweep's rule, over every
+    agent (the sweep itself only looks at those the load table names)."""
+    expected = {}
+    for record in registry.agents():
+        liveness = record.liveness
+        if liveness is Liveness.UNCONFIRMED or liveness is Liveness.DOWN:
+            pass  # (no unconfirmed agents here: nothing restored)
+        elif record.last_seen <= now - down_after:
+            liveness = Liveness.DOWN
+        elif record.last_seen <= now - suspect_after or record.status is AgentStatus.DISCONNECTED:
+            liveness = Liveness.SUSPECT
+        expected[record.agent_id] = liveness.value
+    return expected
+
+
+async def test_the_sweep_changes_every_agent_it_should_and_no_other(tmp_path: Path) -> None:
+    """The sweep looks only at the agents the load table names: each step, what it
+    leaves behind must equal the rule applied to every record (silences ending exactly
+    at the cut included: the table's float timestamps must not lose one)."""
+    rng = random.Random(7)
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    store = SQLiteFleetStore.in_directory(tmp_path)
+    await store.open()
+    try:
+        registry = await LiveFleetRegistry.open(
+            store, report_interval_ms=1000, clock=lambda: now[0]
+        )
+        down_after, suspect_after = timedelta(seconds=5), timedelta(seconds=2)
+        sessions = {
+            f"a{i:03d}": registry.open_session(_hello(rng, f"a{i:03d}")) for i in range(300)
+        }
+        changed = 0
+        for _ in range(40):
+            # time moves by whole and odd amounts, so some silences end exactly on the cut
+            now[0] += rng.choice(
+                (timedelta(milliseconds=250), timedelta(seconds=1), timedelta(microseconds=333_333))
+            )
+            for agent_id, session_id in list(sessions.items()):
+                roll = rng.random()
+                if roll < 0.5:
+                    registry.record_report(agent_id, session_id, _report(rng))
+                elif roll < 0.51:
+                    registry.close_session(agent_id, session_id)
+                elif roll < 0.52 and registry.get(agent_id).status is AgentStatus.DISCONNECTED:
+                    sessions[agent_id] = registry.open_session(_hello(rng, agent_id))
+            expected = _expected_liveness(registry, now[0], down_after, suspect_after)
+            changed += len(registry.sweep())
+            assert {r.agent_id: r.liveness.value for r in registry.agents()} == expected
+        assert changed > 100  # agents went suspect and down, and came back
+    finally:
+        await store.close()

@@ -118,6 +118,13 @@ def _models_input(
     return signed_model_set(models, serve, signing_key=signing_key)
 
 
+def _extras(target: str) -> tuple[str, ...]:
+    """The coordinator's image holds the PostgreSQL driver (the ``postgres`` extra: psycopg
+    with its own libpq, psycopg_pool), so it runs with ``store_url = "postgresql://..."``;
+    its own wheelhouse and base (the agents' images do not carry it)."""
+    return ("postgres",) if target == "coordinator" else ()
+
+
 def _ort_package(target: str) -> dict[str, str] | None:
     if target == "agent-cuda":
         return {"onnxruntime": f"onnxruntime-gpu[cuda,cudnn]=={cuda_ort_version()}"}
@@ -251,7 +258,7 @@ def _build_image(
     rootfs = build_rootfs(arch=arch)
     if rootfs.built_s is not None:
         steps["rootfs"] = rootfs.built_s
-    house = build_wheelhouse(replace=_ort_package(target), arch=arch)
+    house = build_wheelhouse(extras=_extras(target), replace=_ort_package(target), arch=arch)
     if house.built_s is not None:
         steps["wheelhouse"] = house.built_s
     model_set = _models_input(models, serve, signing_key)

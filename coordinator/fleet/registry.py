@@ -13,6 +13,7 @@ after live agents) until they reconnect or ``restart_grace_s`` ends, the rest as
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections import Counter
@@ -50,6 +51,9 @@ SAVE_WAIT_S = 10.0
 # The sweep asks the load table for agents silent since a little after the suspect
 # cut: its timestamps are floats, the records' datetimes exact (see sweep()).
 SEEN_SLACK_S = 0.001
+# Agents the live-state save looks at before it lets the event loop serve (the whole
+# fleet at once held it 10-35 ms every save on 5,000 agents).
+SNAPSHOT_SLICE = 500
 
 Clock = Callable[[], datetime]
 
@@ -585,13 +589,20 @@ class LiveFleetRegistry:
         changed: list[AgentLastState] = []
         fingerprints: list[tuple[str, tuple[datetime, str]]] = []
         saved = self._saved
-        for agent_id, record in self._agents.items():
-            fingerprint = (record.last_seen, record.liveness.value)
-            if saved.get(agent_id) != fingerprint:
-                changed.append(
-                    AgentLastState(agent_id, record.liveness, record.last_seen, record.last_report)
-                )
-                fingerprints.append((agent_id, fingerprint))
+        records = list(self._agents.values())  # immutable: each agent's state as of now
+        for start in range(0, len(records), SNAPSHOT_SLICE):
+            if start:
+                await asyncio.sleep(0)  # let lookups and reports in between slices
+            for record in records[start : start + SNAPSHOT_SLICE]:
+                agent_id = record.agent_id
+                fingerprint = (record.last_seen, record.liveness.value)
+                if saved.get(agent_id) != fingerprint:
+                    changed.append(
+                        AgentLastState(
+                            agent_id, record.liveness, record.last_seen, record.last_report
+                        )
+                    )
+                    fingerprints.append((agent_id, fingerprint))
         written = 0
         for start in range(0, len(changed), batch_size):
             batch = changed[start : start + batch_size]

@@ -1,8 +1,18 @@
-"""benchmarks/coordinator_scale's reading of the coordinator's event-loop lag histogram."""
+"""benchmarks/coordinator_scale's reading of the coordinator's event-loop lag histogram, and
+of PostgreSQL's cores (``--store postgresql``) on a real server."""
 
 from __future__ import annotations
 
-from benchmarks.coordinator_scale import _longest_stall_ms
+import time
+from collections.abc import Callable
+
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import psycopg
+
+from benchmarks.coordinator_scale import _longest_stall_ms, _Postgres
+from tests.postgres_cluster import PostgresCluster
+
+BUSY = "SELECT count(*) FROM generate_series(1, 2000000)"
 
 NAME = "edgefleet_coordinator_event_loop_lag_seconds"
 
@@ -23,3 +33,45 @@ def test_the_longest_stall_is_the_highest_bucket_reached_in_the_window() -> None
 
 def test_no_lag_histogram_reads_as_nothing() -> None:
     assert _longest_stall_ms({}, {}, NAME) == (0.0, 0)
+
+
+def test_postgres_cores_count_the_backends_that_ended_within_the_window(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """A connection's backend that did work and exited inside the window counts (through the
+    postmaster's reaped children), as does one still open; nothing much when idle."""
+    url = postgres_cluster.create_database()
+    server = _Postgres(url, postgres_cluster)
+    assert server.server is not None and server.server.name() == "postgres"
+
+    def cpu_s(work: Callable[[], object]) -> float:
+        """The server's CPU seconds while ``work`` runs (cores times the window)."""
+        started, sample = time.monotonic(), server.sample()
+        work()
+        cores = sample()
+        assert cores is not None
+        return cores * (time.monotonic() - started)
+
+    def brief() -> None:
+        """A query on a connection of its own, whose backend has exited (and been reaped)
+        when this returns."""
+        with psycopg.connect(url) as connection:
+            connection.execute(BUSY).fetchall()
+            row = connection.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(row[0]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    with psycopg.connect(url) as kept:
+        kept.execute(BUSY).fetchall()  # before any window: never counted
+        idle = cpu_s(lambda: time.sleep(0.2))
+        one = cpu_s(lambda: kept.execute(BUSY).fetchall())
+
+        def both_queries() -> None:
+            kept.execute(BUSY).fetchall()
+            brief()
+
+        both = cpu_s(both_queries)
+    assert idle < 0.05 < one
+    assert both > 1.6 * one, (one, both)  # the ended backend's query counted too

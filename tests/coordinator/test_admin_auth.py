@@ -229,12 +229,12 @@ async def test_the_right_token_is_let_through_on_every_guarded_route(
 async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Running]]) -> None:
     c = await start(admin_token=ADMIN_TOKEN)
     tokens = {}
-    for role in ("viewer", "operator", "admin"):
+    for label in ("viewer", "operator", "admin"):
         status, body = await c.call(
-            "POST", "/v1/admin/admin-tokens", bearer(ADMIN_TOKEN), {"role": role, "name": role}
+            "POST", "/v1/admin/admin-tokens", bearer(ADMIN_TOKEN), {"role": label, "name": label}
         )
-        assert status == 201 and body["role"] == role and body["token"].startswith("efa_")
-        tokens[role] = body["token"]
+        assert status == 201 and body["role"] == label and body["token"].startswith("efa_")
+        tokens[label] = body["token"]
     table = route_roles()
     for role_name, token in tokens.items():
         role = Role.parse(role_name)

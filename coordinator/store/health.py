@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from coordinator.errors import StoreError
+from coordinator.store.interface import StoreTimeoutError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,10 @@ class StoreHealth:
         self.up = True
         #: The last probe's round trip (seconds); None before the first.
         self.latency_s: float | None = None
+        #: The last failure's text (logged), and its kind: what /healthz tells anyone who
+        #: asks (``ERROR_KINDS``).
         self.last_error = ""
+        self.last_error_kind = ""
         self.last_error_at: float | None = None
         self.last_ok_at: float | None = None
         #: Since when the database has not answered (None while it does).
@@ -99,9 +103,11 @@ class StoreHealth:
             async with asyncio.timeout(self.probe_timeout_s):
                 await self._store.ping()
         except TimeoutError:
-            self.failed(f"no answer to SELECT 1 within {self.probe_timeout_s:g} s")
+            self.failed(
+                StoreTimeoutError(f"no answer to SELECT 1 within {self.probe_timeout_s:g} s")
+            )
         except StoreError as exc:
-            self.failed(str(exc))
+            self.failed(exc)
         else:
             self.latency_s = time.perf_counter() - started
             self.succeeded()
@@ -110,6 +116,7 @@ class StoreHealth:
         """A call to the database failed (the probe, or a kept write)."""
         now = self._clock()
         self.last_error = str(error)[:500]
+        self.last_error_kind = error_kind(error)
         self.last_error_at = now
         if self.up:
             self.up = False
@@ -151,13 +158,14 @@ class StoreHealth:
         return "ok" if self.up else "degraded"
 
     def json(self) -> dict[str, Any]:
-        """The ``store`` object of ``/healthz``."""
+        """The ``store`` object of ``/healthz``, which answers anyone on the network: what
+        the database failed with as a kind (``ERROR_KINDS``), not the driver's text, and
+        not which database (host, port, role or file path); the log has both."""
         return {
             "status": self.status,
             "backend": self.backend,
-            "database": self.database,
             "latency_ms": None if self.latency_s is None else round(self.latency_s * 1000, 2),
-            "last_error": self.last_error or None,
+            "last_error": self.last_error_kind or None,
             "last_error_at": _iso(self.last_error_at),
             "last_ok_at": _iso(self.last_ok_at),
             "down_since": _iso(self.down_since),
@@ -169,6 +177,24 @@ class StoreHealth:
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         registry.register(_StoreCollector(self))
+
+
+#: What /healthz says a failure was, whatever the driver's words (which name hosts, ports,
+#: roles and files).
+ERROR_KINDS = {
+    "timeout": "no answer within the statement timeout",
+    "unavailable": "database unreachable or not accepting connections",
+    "refused": "the database refused a statement",
+}
+
+
+def error_kind(error: str | BaseException) -> str:
+    """The ``ERROR_KINDS`` text for ``error`` (a plain string counts as refused)."""
+    if isinstance(error, StoreTimeoutError | TimeoutError):
+        return ERROR_KINDS["timeout"]
+    if isinstance(error, StoreUnavailableError | OSError):
+        return ERROR_KINDS["unavailable"]
+    return ERROR_KINDS["refused"]
 
 
 def _iso(at: float | None) -> str | None:

@@ -233,16 +233,73 @@ class CacheConfig(Settings):
     """Byte budget; least recently used entries go beyond it."""
 
 
+def _join_targets(value: Any) -> Any:
+    """A TOML array (or any list) of coordinator addresses, as the one comma-separated text
+    that the environment and flags give."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v).strip() for v in value)
+    return value.strip() if isinstance(value, str) else value
+
+
+def split_targets(value: str) -> tuple[str, ...]:
+    """The entries of a comma-separated coordinator address list ("" has none)."""
+    return tuple(v.strip() for v in value.split(",")) if value.strip() else ()
+
+
+# gRPC target schemes passed to gRPC as they are (no host:port check).
+_GRPC_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
+
+
+def target_problem(entry: str) -> str | None:
+    """Why ``entry`` is no coordinator address (``host:port``, ``[v6]:port``, a bare host
+    (gRPC's default port) or a gRPC target with a scheme); None when it is one."""
+    if not entry:
+        return "an empty entry"
+    if any(c.isspace() for c in entry):
+        return "a space inside"
+    if entry.startswith(_GRPC_SCHEMES):
+        return None
+    if entry.startswith("["):
+        host, close, rest = entry[1:].partition("]")
+        if not close or not host or (rest and not rest.startswith(":")):
+            return "an IPv6 address must be written [address]:port"
+        port = rest[1:] if rest else None
+    elif entry.count(":") > 1:
+        return "an IPv6 address must be written [address]:port"
+    else:
+        host, sep, port_text = entry.partition(":")
+        if not host:
+            return "no host"
+        port = port_text if sep else None
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        return f"port {port!r} is not a number from 1 to 65535"
+    return None
+
+
+def _check_targets(key: str, value: str) -> None:
+    for entry in split_targets(value):
+        if (why := target_problem(entry)) is not None:
+            raise ValueError(f"coordinator.{key}: {entry!r} is not host:port ({why})")
+
+
+Targets = Annotated[str, BeforeValidator(_join_targets)]
+
+
 class CoordinatorLinkConfig(Settings):
     """The link to the coordinator: where it is, enrollment, TLS, the credentials kept."""
 
-    target: str = ""
-    """host:port of the coordinator's gRPC API; empty runs standalone."""
+    target: Targets = ""
+    """host:port of the coordinator's gRPC API; empty runs standalone. Several coordinators
+    serving one fleet: a list (a TOML array, comma-separated in the environment or a flag),
+    or a DNS name with several addresses (each one a
+    coordinator, looked up at every connect); the agent moves to the next one when its
+    session breaks or a connect fails, and waits only after all of them failed."""
     join_token: str = Field(default="", repr=False)
     """Token for the first enrollment (then the credentials are kept); empty: no enrollment."""
-    enroll_target: str = ""
+    enroll_target: Targets = ""
     """host:port of the coordinator's Enroll port; empty: the target, or with TLS the
-    target's port + 1 (the coordinator's default enroll_port)."""
+    target's port + 1 (the coordinator's default enroll_port). With several targets: one
+    address for all of them, or a list of the same length (each target's, in order)."""
     tls: bool = False
     """TLS to the coordinator (mutual TLS on the session once enrolled)."""
     ca_file: str = ""
@@ -255,19 +312,52 @@ class CoordinatorLinkConfig(Settings):
     within about 0.25 s of its coordinator)."""
 
     @property
+    def targets(self) -> tuple[str, ...]:
+        """The coordinators' addresses, in the order given."""
+        return split_targets(self.target)
+
+    @property
     def enrollment_target(self) -> str:
-        """Where Enroll goes: ``enroll_target``, else derived from ``target``."""
-        return self.enroll_target or enrollment_target(self.target, tls=self.tls)
+        """Where Enroll goes for the first target: ``enroll_target``, else derived from it."""
+        targets = self.targets
+        return self.enrollment_target_for(targets[0] if targets else "")
+
+    def enrollment_target_for(self, target: str) -> str:
+        """Where Enroll goes for the session ``target`` (one of ``targets``): its
+        ``enroll_target`` (the one for all, or the one in its place), else derived from it."""
+        enroll = split_targets(self.enroll_target)
+        if len(enroll) > 1 and target in self.targets:
+            return enroll[self.targets.index(target)]
+        if enroll:
+            return enroll[0]
+        return enrollment_target(target, tls=self.tls)
+
+    @model_validator(mode="after")
+    def _targets_are_addresses(self) -> Self:
+        _check_targets("target", self.target)
+        _check_targets("enroll_target", self.enroll_target)
+        enroll, targets = split_targets(self.enroll_target), self.targets
+        if len(enroll) > 1 and len(enroll) != len(targets):
+            raise ValueError(
+                f"coordinator.enroll_target lists {len(enroll)} addresses for "
+                f"{len(targets)} targets: give one for all, or one per target in order"
+            )
+        return self
 
     @model_validator(mode="after")
     def _enroll_port_is_not_the_session_port(self) -> Self:
-        if self.tls and self.join_token and self.enroll_target == self.target != "":
-            raise ValueError(
-                f"coordinator.enroll_target {self.enroll_target} is the coordinator's "
-                "mutual-TLS session port, where enrollment cannot succeed; with TLS the "
-                "coordinator serves Enroll on its enroll_port: set coordinator.enroll_target "
-                f"to {enrollment_target(self.target, tls=True)} (or leave it empty for that)"
-            )
+        if not (self.tls and self.join_token):
+            return self
+        for target in self.targets:
+            enroll = self.enrollment_target_for(target)
+            if split_targets(self.enroll_target) and enroll == target:
+                raise ValueError(
+                    f"coordinator.enroll_target {enroll} is the coordinator's "
+                    "mutual-TLS session port, where enrollment cannot succeed; with TLS the "
+                    "coordinator serves Enroll on its enroll_port: set "
+                    f"coordinator.enroll_target to {enrollment_target(target, tls=True)} "
+                    "(or leave it empty for that)"
+                )
         return self
 
 
@@ -429,7 +519,7 @@ FLAGS = (
     Flag("--threads", "engine.intra_op_threads", "N"),
     Flag("--execution-provider", "engine.execution_provider", "auto|cpu|cuda"),
     Flag("--max-context-tokens", "engine.max_context_tokens", "N"),
-    Flag("--coordinator", "coordinator.target", "HOST:PORT"),
+    Flag("--coordinator", "coordinator.target", "HOST:PORT[,HOST:PORT...]"),
     Flag("--agent-id", "identity.agent_id", "ID"),
     Flag("--site", "identity.site", "SITE"),
     Flag("--lat", "identity.latitude", "DEGREES"),

@@ -5,7 +5,13 @@ import pytest
 
 from agent.__main__ import build_parser, main, overrides_from_args
 from agent.api.serving_common import GenerationLimits
-from agent.config import AgentConfig, EmbeddingsConfig, EngineConfig, load_config
+from agent.config import (
+    AgentConfig,
+    CoordinatorLinkConfig,
+    EmbeddingsConfig,
+    EngineConfig,
+    load_config,
+)
 from agent.engine.continuous_batcher import BatcherConfig
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.ort_session import SessionConfig
@@ -187,3 +193,50 @@ def test_cli_reports_bad_config_in_one_line_and_exits_2(
         "edgefleet-agent: error: environment variable EDGEFLEET_AGENT_ENGINE__MAX_QUEUE: "
         "engine.max_queue: got '0', expected an integer >= 1\n"
     )
+
+
+def test_several_coordinators_from_a_toml_array_the_environment_or_flags(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text("[coordinator]\ntarget = ['coord-a:50051', 'coord-b:50051']\n")
+    from_file = load_config(path, environ={}).coordinator
+    assert from_file.targets == ("coord-a:50051", "coord-b:50051")
+    env = {"EDGEFLEET_AGENT_COORDINATOR__TARGET": "coord-a:50051, coord-b:50051"}
+    assert load_config(environ=env).coordinator.targets == from_file.targets
+    args = build_parser().parse_args(["--coordinator", "coord-a:50051,coord-b:50051"])
+    from_flags = load_config(environ={}, overrides=overrides_from_args(args)).coordinator
+    assert from_flags.targets == from_file.targets
+    # one target, as always: the same text, one entry
+    one = load_config(environ={}, overrides={"coordinator": {"target": "c:1"}}).coordinator
+    assert (one.target, one.targets) == ("c:1", ("c:1",))
+    assert load_config(environ={}).coordinator.targets == ()
+
+
+def test_each_enroll_target_goes_with_its_target() -> None:
+    def link(**values: object) -> CoordinatorLinkConfig:
+        overrides = {"coordinator": {"target": "a.lan:50051,b.lan:7000", **values}}
+        return load_config(environ={}, overrides=overrides).coordinator
+
+    both = link(tls=True)
+    assert [both.enrollment_target_for(t) for t in both.targets] == ["a.lan:50052", "b.lan:7001"]
+    listed = link(tls=True, enroll_target="a.lan:9,b.lan:10")
+    assert [listed.enrollment_target_for(t) for t in listed.targets] == ["a.lan:9", "b.lan:10"]
+    one = link(tls=True, enroll_target="lb.lan:9")
+    assert [one.enrollment_target_for(t) for t in one.targets] == ["lb.lan:9", "lb.lan:9"]
+    with pytest.raises(ConfigError, match="lists 3 addresses for 2 targets"):
+        link(enroll_target="a:1,b:2,c:3")
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("coord-a:50051,coord-b:99999", "'coord-b:99999' is not host:port (port '99999'"),
+        ("coord-a:50051,,coord-b:1", "'' is not host:port (an empty entry)"),
+        ("coord-a:50051,::1:50051", "'::1:50051' is not host:port (an IPv6 address must be"),
+        ("coord-a:x", "'coord-a:x' is not host:port (port 'x'"),
+        (":50051", "':50051' is not host:port (no host)"),
+    ],
+)
+def test_a_bad_coordinator_target_is_named(value: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=r"coordinator\.target") as info:
+        load_config(environ={"EDGEFLEET_AGENT_COORDINATOR__TARGET": value})
+    assert named in str(info.value)

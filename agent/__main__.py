@@ -202,13 +202,20 @@ async def enroll_before_serving(config: AgentConfig) -> Enroller | None:
     enroller = build_enroller(config, requested)
     if enroller is None:
         return None  # no join token: server_cert_files says what is missing
-    try:
-        credentials = await enroller.ensure()  # EnrollmentRefusedError is a FatalError
-    except EnrollmentUnavailableError as exc:
+    unavailable: list[str] = []
+    for target in c.targets:  # several coordinators: the next one when one is away
+        enroller.target = c.enrollment_target_for(target)
+        try:
+            credentials = await enroller.ensure()  # EnrollmentRefusedError is a FatalError
+        except EnrollmentUnavailableError as exc:
+            unavailable.append(str(exc))
+            continue
+        break
+    else:
         raise FatalError(
-            f"{exc}; this agent needs its certificate from enrollment before it can serve "
-            "HTTPS (it exits so that its supervisor retries)"
-        ) from None
+            f"{'; '.join(unavailable)}; this agent needs its certificate from enrollment "
+            "before it can serve HTTPS (it exits so that its supervisor retries)"
+        )
     log.info("enrolled as %s before serving HTTPS (certificate in %s)",
              credentials.agent_id, state_dir_of(config))  # fmt: skip
     return enroller
@@ -240,8 +247,8 @@ class DesiredStateApplier:
 def infrastructure_hosts(config: AgentConfig) -> list[str]:
     """Hosts the operator configured (this agent's, its coordinator's): kept in logs."""
     hosts = [config.server.host, urlsplit(config.server.public_url).hostname or ""]
-    target = config.coordinator.target
-    hosts.append(target.rsplit(":", 1)[0].strip("[]") if target else "")
+    for target in config.coordinator.targets:
+        hosts.append(target.rsplit(":", 1)[0].strip("[]"))
     return [h for h in hosts if h]
 
 
@@ -301,7 +308,7 @@ async def serve(config: AgentConfig) -> None:
             prepare_sync(sync, public_url, session_enroller, agent_id)
         keys_applier = KeysApplier(keys, last_keys_path(config)) if keys.enabled else None
         session = CoordinatorSession(
-            config.coordinator.target,
+            config.coordinator.targets,
             lambda: build_identity(config, registry, agent_id, public_url),  # models change
             LoadSampler(
                 registry,
@@ -321,6 +328,8 @@ async def serve(config: AgentConfig) -> None:
             models_applied=None if sync is None else (lambda: sync.applied_generation),
             on_command=state.apply,
             max_backoff_s=config.coordinator.max_backoff_s,
+            enroll_target_for=config.coordinator.enrollment_target_for,
+            on_coordinator=metrics.set_coordinator,
             request_log=app[REQUEST_LOG].open(
                 Path(config.coordinator.state_dir).expanduser() / "request-log" / agent_id,
                 agent_id,

@@ -100,11 +100,25 @@ class AgentMetrics:
         self.cache_hits = Counter(
             "edgefleet_agent_cache_hits", "Responses served from the response cache", registry=r
         )
+        self.coordinator = Gauge(
+            "edgefleet_agent_coordinator",
+            "1 for the coordinator this agent's session is open with (the target as "
+            "configured, with the address when a name stands for several); none while "
+            "disconnected",
+            ["target"],
+            registry=r,
+        )
         self.cache_misses = Counter(
             "edgefleet_agent_cache_misses",
             "Cacheable requests not found in the response cache",
             registry=r,
         )
+
+    def set_coordinator(self, target: str | None) -> None:
+        """The session opened with ``target``; None: it ended."""
+        self.coordinator.clear()
+        if target is not None:
+            self.coordinator.labels(target).set(1)
 
     # the engine's listener interface (agent.engine.interface.BatcherListener)
 

@@ -7,14 +7,24 @@ report), and it starts again from the beginning after a session that opened. Whi
 waits after failing to reach the coordinator, the agent probes the coordinator's TCP
 port and reconnects as soon as the port answers again, after a short jitter, instead of
 sleeping out the rest of the delay.
+
+With several coordinators (``coordinator.target`` a list, or a name with several
+addresses) a round tries each of them once, the last one that worked first
+(:func:`round_order`), moving on at once; the delay comes only after a whole round failed,
+and the wait then ends as soon as any of the ports that were closed opens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import random
+import socket
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
 
 
 class ReconnectBackoff:
@@ -44,6 +54,66 @@ def host_port(target: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One coordinator to try: ``entry`` as configured, ``target`` what gRPC connects to
+    (the entry, or one of the addresses its name resolved to) and, for an address,
+    ``server_name``: the name its TLS certificate is checked against."""
+
+    entry: str
+    target: str
+    server_name: str = ""
+
+    @property
+    def label(self) -> str:
+        """How logs and metrics name it: the entry, with the address when resolved."""
+        return self.entry if self.target == self.entry else f"{self.entry} ({self.target})"
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def resolve(entries: Sequence[str]) -> list[Candidate]:
+    """The coordinators behind ``entries``: a ``host:port`` whose name resolves to several
+    addresses is one candidate per address (looked up now: DNS may have changed since the
+    last round); anything else (an IP address, a name with one address or none, a gRPC
+    target with a scheme) is itself, left to gRPC as before."""
+    loop = asyncio.get_running_loop()
+    found: list[Candidate] = []
+    for entry in entries:
+        parsed = host_port(entry) if ":" in entry and "://" not in entry else None
+        if parsed is None or entry.startswith(("dns:", "ipv4:", "ipv6:")) or _is_ip(parsed[0]):
+            found.append(Candidate(entry, entry))
+            continue
+        host, port = parsed
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            infos = []
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if len(addresses) <= 1:
+            found.append(Candidate(entry, entry))
+            continue
+        for address in addresses:
+            target = f"ipv6:[{address}]:{port}" if ":" in address else f"ipv4:{address}:{port}"
+            found.append(Candidate(entry, target, server_name=host))
+    return found
+
+
+def round_order(candidates: Sequence[Candidate], preferred: Candidate | None) -> list[Candidate]:
+    """``candidates`` starting with ``preferred`` (the last that worked), in their order."""
+    items = list(candidates)
+    if preferred in items:
+        start = items.index(preferred)
+        items = items[start:] + items[:start]
+    return items
+
+
 async def port_open(host: str, port: int, timeout_s: float) -> bool:
     """True when a TCP connection to host:port succeeds within ``timeout_s``."""
     try:
@@ -57,32 +127,47 @@ async def port_open(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
+def _probes(
+    probe: tuple[str, int] | Sequence[tuple[str, int]] | None,
+) -> list[tuple[str, int]]:
+    if probe is None:
+        return []
+    if isinstance(probe[0], str):
+        return [cast(tuple[str, int], probe)]
+    return list(cast(Sequence[tuple[str, int]], probe))
+
+
 async def wait_to_retry(
     stopping: asyncio.Event,
     delay_s: float,
     *,
-    probe: tuple[str, int] | None,
+    probe: tuple[str, int] | Sequence[tuple[str, int]] | None,
     probe_interval_s: float,
     rng: random.Random,
 ) -> None:
-    """Wait ``delay_s``, or less: until ``stopping`` is set, or the probed port comes back.
+    """Wait ``delay_s``, or less: until ``stopping`` is set, or a probed port comes back.
 
-    With ``probe``, the port is tried every ``probe_interval_s``; when it was closed and
-    then opens, the wait ends after a random fraction of ``probe_interval_s``. A port
-    that is open from the first try does not shorten the wait (the coordinator is
-    there and failed us for another reason: retrying at once would only hammer it).
+    With ``probe`` (one ``(host, port)`` or several), the ports are tried every
+    ``probe_interval_s``; when one was closed and then opens, the wait ends after a random
+    fraction of ``probe_interval_s``. Ports that are all open from the first try do not
+    shorten the wait (the coordinators are there and failed us for another reason:
+    retrying at once would only hammer them).
     """
     deadline = time.monotonic() + delay_s
-    if probe is not None:
-        host, port = probe
+    probes = _probes(probe)
+    if probes:
         first = True
+        closed: set[tuple[str, int]] = set()
         while (left := deadline - time.monotonic()) > 0 and not stopping.is_set():
-            if await port_open(host, port, min(probe_interval_s, left)):
-                if first:
-                    break
+            timeout_s = min(probe_interval_s, left)
+            answers = await asyncio.gather(*(port_open(h, p, timeout_s) for h, p in probes))
+            if first and all(answers):
+                break
+            if any(ok and where in closed for where, ok in zip(probes, answers, strict=True)):
                 left = min(left, rng.uniform(0.0, probe_interval_s))
                 deadline = time.monotonic() + left
                 break
+            closed = {where for where, ok in zip(probes, answers, strict=True) if not ok}
             first = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(

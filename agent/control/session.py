@@ -8,6 +8,10 @@ coordinator names in ``Welcome``, and keeps the ``DesiredState`` sections and
 reconnects (``agent.control.reconnect``: backoff capped at one report interval, reset
 after every session, and a port probe that reconnects as soon as the coordinator is
 back); it never raises into the agent, which keeps serving with its last-known state.
+With several coordinators (a list of targets, or a name with several addresses) a broken
+session or a failed connect moves on to the next one at once; the backoff comes only after
+each of them was tried once (``agent.control.reconnect.round_order``), and the next
+round starts with the one that worked last. ``coordinator`` names the one in use.
 With an ``Enroller`` it enrolls (or loads saved credentials) before each session, sends
 the enrolled agent id and credentials in Hello (and what the operator fixed: site,
 location, URL) and, with TLS, connects with the client certificate. Once two thirds of
@@ -33,13 +37,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import grpc
 
-from agent.control.reconnect import ReconnectBackoff, host_port, wait_to_retry
+from agent.control.reconnect import (
+    Candidate,
+    ReconnectBackoff,
+    host_port,
+    resolve,
+    round_order,
+    wait_to_retry,
+)
 from agent.enrollment import Enroller, EnrollmentUnavailableError
 from agent.errors import FatalError
 from agent.request_log import RequestLog
@@ -107,7 +118,7 @@ class CoordinatorSession:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         identity: IdentityProvider,
         load: LoadProvider,
         *,
@@ -123,18 +134,35 @@ class CoordinatorSession:
         request_log: RequestLog | None = None,
         on_signing_key: Callable[[bytes], None] | None = None,
         models_applied: Callable[[], int] | None = None,
+        enroll_target_for: Callable[[str], str] | None = None,
+        on_coordinator: Callable[[str | None], None] | None = None,
     ) -> None:
-        """``max_backoff_s`` caps the delay between attempts; None: the report interval in
-        use (the coordinator's once welcomed). ``probe_interval_s``: how often the port of
-        an unreachable coordinator is tried while waiting (see agent.control.reconnect).
+        """``target``: one coordinator, or several (a sequence, or comma-separated), tried
+        in turn. ``max_backoff_s`` caps the delay between attempts; None: the report
+        interval in use (the coordinator's once welcomed). ``probe_interval_s``: how often
+        the port of an unreachable coordinator is tried while waiting (see
+        agent.control.reconnect). ``enroll_target_for``: the Enroll address for a target
+        (the enroller's is used as it is without). ``on_coordinator``: called with the
+        coordinator a session opened with, and None when it ended.
         """
-        if not target:
+        targets = tuple(
+            t.strip() for t in (target.split(",") if isinstance(target, str) else target)
+        )
+        if not targets or not all(targets):
             raise ValueError("target must be a gRPC target such as 'coordinator:50051'")
         if not 0 < initial_backoff_s <= (max_backoff_s or initial_backoff_s):
             raise ValueError("need 0 < initial_backoff_s <= max_backoff_s")
         if min(default_report_interval_s, connect_timeout_s, probe_interval_s) <= 0:
             raise ValueError("intervals and timeouts must be positive")
-        self.target = target
+        #: The coordinators, as configured (a name may stand for several addresses).
+        self.targets = targets
+        #: The coordinator last tried (the one in use while connected).
+        self.target = targets[0]
+        #: The coordinator of the open session, named as in logs; None while disconnected.
+        self.coordinator: str | None = None
+        self._candidate = Candidate(targets[0], targets[0])
+        self._enroll_target_for = enroll_target_for
+        self._on_coordinator = on_coordinator
         self._identity = identity
         self._load = load
         self._enroller = enroller
@@ -144,7 +172,6 @@ class CoordinatorSession:
         self._backoff = ReconnectBackoff(initial_backoff_s, self._rng)
         self._max_backoff_s = max_backoff_s
         self._probe_interval_s = probe_interval_s
-        self._probe = host_port(target)
         self._connect_timeout_s = connect_timeout_s
         self._request_log = request_log
         # v1.3: Welcome's model-signing key (pinned when none is); and, with model sync,
@@ -176,6 +203,8 @@ class CoordinatorSession:
         # The coordinator said our Hello contradicts what the operator fixed: re-enroll
         # with the credential before the next session to learn the fixed values.
         self._refresh_identity = False
+        # The coordinator of the last session opened (to say when the agent moved).
+        self._coordinator_used: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -187,7 +216,9 @@ class CoordinatorSession:
         if self._task is not None and not self._task.done():
             return
         self._stopping.clear()
-        self._task = asyncio.create_task(self._run(), name=f"coordinator-session-{self.target}")
+        self._task = asyncio.create_task(
+            self._run(), name=f"coordinator-session-{','.join(self.targets)}"
+        )
 
     async def stop(self, timeout_s: float = 2.0) -> None:
         """Say Bye, close the stream and wait for the task (cancel it after ``timeout_s``)."""
@@ -206,27 +237,33 @@ class CoordinatorSession:
     # ----------------------------------------------------------------- internals
 
     async def _run(self) -> None:
-        failures = 0
+        failures = 0  # rounds in a row in which no session opened
+        preferred: Candidate | None = None  # the coordinator that worked last
         while not self._stopping.is_set():
-            opened_before = self.sessions_opened
-            rejected = unreachable = False
-            try:
-                await self._run_session()
-                reason = "coordinator closed the session"
-            except _SessionLost as exc:
-                reason, rejected, unreachable = str(exc), exc.rejected, exc.unreachable
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.exception("coordinator session failed unexpectedly")
-                reason = f"{type(exc).__name__}: {exc}"
-            finally:
-                self.session_id = None
-            if self._stopping.is_set():
-                return
-            self.last_error = reason
-            # A session that opened resets the backoff: the next attempt comes quickly.
-            failures = 0 if self.sessions_opened > opened_before else failures + 1
+            order = round_order(await resolve(self.targets), preferred)
+            opened_in_round = rejected = False
+            probes: list[tuple[str, int]] = []
+            reason = ""
+            for index, candidate in enumerate(order):
+                opened, reason, rejected, unreachable = await self._attempt(candidate)
+                if self._stopping.is_set():
+                    return
+                self.last_error = reason
+                if opened:
+                    opened_in_round, preferred = True, candidate
+                if unreachable and (where := host_port(candidate.target)) is not None:
+                    probes.append(where)
+                if index + 1 < len(order):
+                    # another coordinator not tried in this round: at once
+                    logger.log(
+                        logging.ERROR if rejected else logging.WARNING,
+                        "coordinator session with %s ended: %s; trying %s now",
+                        candidate.label,
+                        reason,
+                        order[index + 1].label,
+                    )
+            # A round with a session that opened resets the backoff: the next comes quickly.
+            failures = 0 if opened_in_round else failures + 1
             delay = self._backoff.delay(failures, self.max_backoff_s)
             if rejected:
                 level = logging.ERROR
@@ -235,17 +272,38 @@ class CoordinatorSession:
             logger.log(
                 level,
                 "coordinator session with %s ended: %s; reconnecting in %.1f s",
-                self.target,
+                self._candidate.label if len(order) == 1 else "every coordinator",
                 reason,
                 delay,
             )
             await wait_to_retry(
                 self._stopping,
                 delay,
-                probe=self._probe if unreachable else None,
+                probe=probes or None,
                 probe_interval_s=self._probe_interval_s,
                 rng=self._rng,
             )
+
+    async def _attempt(self, candidate: Candidate) -> tuple[bool, str, bool, bool]:
+        """One session with ``candidate``: (opened, why it ended, rejected, unreachable)."""
+        self._candidate, self.target = candidate, candidate.entry
+        opened_before = self.sessions_opened
+        rejected = unreachable = False
+        try:
+            await self._run_session()
+            reason = "coordinator closed the session"
+        except _SessionLost as exc:
+            reason, rejected, unreachable = str(exc), exc.rejected, exc.unreachable
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("coordinator session failed unexpectedly")
+            reason = f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.session_id is not None:
+                _notify(self._on_coordinator, None)
+            self.session_id = self.coordinator = None
+        return self.sessions_opened > opened_before, reason, rejected, unreachable
 
     @property
     def max_backoff_s(self) -> float:
@@ -253,9 +311,13 @@ class CoordinatorSession:
         return self._max_backoff_s or self.report_interval_s
 
     def _channel(self, credentials: grpc.ChannelCredentials | None) -> Any:
+        target = self._candidate.target
         if credentials is None:
-            return grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
-        return grpc.aio.secure_channel(self.target, credentials, options=_CHANNEL_OPTIONS)
+            return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        options: list[tuple[str, Any]] = list(_CHANNEL_OPTIONS)
+        if self._candidate.server_name:  # an address of a name: its certificate names the name
+            options.append(("grpc.ssl_target_name_override", self._candidate.server_name))
+        return grpc.aio.secure_channel(target, credentials, options=options)
 
     async def _session_identity(self) -> tuple[Hello, grpc.ChannelCredentials | None]:
         """Who to say we are, and how to connect (enrolling first when configured).
@@ -266,6 +328,8 @@ class CoordinatorSession:
         identity = self._identity()
         if self._enroller is None:
             return identity, None
+        if self._enroll_target_for is not None:
+            self._enroller.target = self._enroll_target_for(self._candidate.entry)
         try:
             if self._refresh_identity:
                 self._refresh_identity = False
@@ -316,7 +380,7 @@ class CoordinatorSession:
                 first = await call.read()
         except TimeoutError:
             raise _SessionLost(
-                f"no Welcome within {self._connect_timeout_s:g} s from {self.target}"
+                f"no Welcome within {self._connect_timeout_s:g} s from {self._candidate.label}"
             ) from None
         if first is grpc.aio.EOF:
             raise _SessionLost("coordinator closed the stream before Welcome")
@@ -326,14 +390,19 @@ class CoordinatorSession:
         if welcome.report_interval_ms > 0:
             self.report_interval_s = welcome.report_interval_ms / 1000.0
         self.session_id = welcome.session_id
+        previous, self.coordinator = self._coordinator_used, self._candidate.label
+        self._coordinator_used = self.coordinator
+        _notify(self._on_coordinator, self.coordinator)
         if welcome.model_signing_key:
             _notify(self._on_signing_key, welcome.model_signing_key)
         self._records_sent_through = 0 if self._request_log is None else self._request_log.acked
         self.sessions_opened += 1
         self.last_error = None
+        if previous is not None and previous != self.coordinator:
+            logger.warning("moved to coordinator %s (from %s)", self.coordinator, previous)
         logger.info(
             "connected to coordinator %s (session %s, contract v1.%d, report every %.1f s)",
-            self.target,
+            self.coordinator,
             welcome.session_id,
             welcome.contract_minor,
             self.report_interval_s,

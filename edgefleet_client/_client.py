@@ -7,6 +7,10 @@
     client = fleet.openai()          # an openai.OpenAI that fails over between agents
     fleet.base_url()                 # or just the best agent's OpenAI base URL
 
+Several coordinators serving one fleet: ``coordinator_url=["https://coord-a:8080",
+"https://coord-b:8080"]`` (or the same comma-separated); a lookup that cannot reach one, or
+gets a 5xx, asks the next, and later lookups start with the one that answered last.
+
 With ``cache_path``, the last discovered agents are kept on disk; when the coordinator
 cannot be reached, the client keeps using the agents it discovered last (in memory, or from
 that file after a restart). A streamed completion that breaks after some tokens resumes on
@@ -36,7 +40,7 @@ from edgefleet_client._exceptions import DiscoveryError
 from edgefleet_client._mdns import browse_mdns
 from edgefleet_client._models import Agent
 from edgefleet_client._probe import probe_all
-from edgefleet_client._route import route_lookup
+from edgefleet_client._route import coordinator_urls, route_lookup_first
 from edgefleet_client._trust import (
     agent_ssl_context,
     coordinator_ssl_context,
@@ -57,7 +61,7 @@ class FleetClient:
         self,
         model: str,
         *,
-        coordinator_url: str = "",
+        coordinator_url: str | Sequence[str] = "",
         site: str = "",
         lat: float | None = None,
         lon: float | None = None,
@@ -72,11 +76,13 @@ class FleetClient:
         allow_insecure_agents: bool = False,
         api_key: str | None = None,
     ) -> None:
-        """``api_key``: the fleet API key sent to agents (``Authorization: Bearer``);
-        default ``$EDGEFLEET_API_KEY``."""
+        """``coordinator_url``: one coordinator, or several (a list, or comma-separated),
+        asked in turn. ``api_key``: the fleet API key sent to agents (``Authorization:
+        Bearer``); default ``$EDGEFLEET_API_KEY``."""
         self.model = model
         self._api_key = api_key if api_key is not None else os.environ.get("EDGEFLEET_API_KEY", "")
-        self.coordinator_url = coordinator_url
+        #: The coordinators, the one that answered last first.
+        self.coordinator_urls = coordinator_urls(coordinator_url)
         self._site, self._lat, self._lon = site, lat, lon
         self._mdns_timeout_s = mdns_timeout_s
         self._mdns_interfaces = tuple(mdns_interfaces)
@@ -93,6 +99,21 @@ class FleetClient:
         self.ca_pem = load_ca_pem(ca_file, ca_pem)
         self.allow_insecure_agents = allow_insecure_agents
         self._coordinator_ssl = coordinator_ssl_context(self.ca_pem)
+
+    @property
+    def coordinator_url(self) -> str:
+        """The coordinator asked first (the one that answered last); "" for none."""
+        return self.coordinator_urls[0] if self.coordinator_urls else ""
+
+    def _route(self, **kwargs: Any) -> list[Agent]:
+        """A route lookup on the coordinators, the one that answered last first."""
+        urls = self.coordinator_urls
+        url, found = route_lookup_first(urls, **kwargs)
+        if url != urls[0]:
+            logger.warning("coordinator %s did not answer; asking %s first now", urls[0], url)
+            at = urls.index(url)
+            self.coordinator_urls = urls[at:] + urls[:at]
+        return found
 
     def _trusted(self, agents: list[Agent], where: str) -> list[Agent]:
         """The agents that may get requests; the others are skipped, with the reason logged.
@@ -118,10 +139,9 @@ class FleetClient:
 
     def discover(self) -> list[Agent]:
         """Look agents up (coordinator, else mDNS), probe their RTT, rank them; best first."""
-        if self.coordinator_url:
-            found = route_lookup(
-                self.coordinator_url,
-                self.model,
+        if self.coordinator_urls:
+            found = self._route(
+                model=self.model,
                 site=self._site,
                 lat=self._lat,
                 lon=self._lon,
@@ -132,9 +152,8 @@ class FleetClient:
             if probed:
                 # Ask again with our own RTTs: the coordinator folds them into proximity.
                 rtts = {a.agent_id: a.rtt_ms for a in probed if a.rtt_ms is not None}
-                ranked = route_lookup(
-                    self.coordinator_url,
-                    self.model,
+                ranked = self._route(
+                    model=self.model,
                     site=self._site,
                     lat=self._lat,
                     lon=self._lon,

@@ -9,7 +9,8 @@ What lives here:
   ``generations`` (the desired-state section counter, and ``GenerationCounter`` over it),
   ``last_state`` (the agents' live state snapshots), ``admin_tokens``, ``audit``,
   ``catalog`` (published model versions), ``assignments`` (model rules and per-agent
-  choices), ``request_records``, ``rollouts``;
+  choices), ``request_records``, ``rollouts``, ``membership`` (coordinators sharing the
+  database, the leader lease and its fencing);
 - ``sqlite/``: the default backend, ``SQLiteFleetStore``: one module per resource with its
   SQL, all run on one thread that owns the connection (``sqlite/worker.py``: off the event
   loop, each call within a statement timeout, StoreError past it);

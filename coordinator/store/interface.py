@@ -3,7 +3,7 @@
 Each resource has its module in ``coordinator/store/`` with its records and its table
 protocol (``join_tokens``, ``agents``, ``api_keys``, ``generations``, ``last_state``,
 ``admin_tokens``, ``audit``, ``catalog``, ``assignments``, ``request_records``,
-``rollouts``); ``FleetStore`` is all of them plus opening, closing and backing up.
+``rollouts``, ``membership``); ``FleetStore`` is all of them plus opening, closing and backing up.
 ``coordinator.store.sqlite.SQLiteFleetStore`` is the default implementation. Every method
 is one statement or one transaction, awaited: a backend runs them off the event loop
 (SQLite on a thread of its own) and bounds each by a statement timeout (StoreError
@@ -28,6 +28,13 @@ from coordinator.store.catalog import CatalogTable, CatalogVersion
 from coordinator.store.generations import GenerationTable
 from coordinator.store.join_tokens import JoinToken, JoinTokenTable
 from coordinator.store.last_state import AgentLastState, LastStateTable
+from coordinator.store.membership import (
+    CoordinatorMember,
+    LeaseFence,
+    LeaseLostError,
+    LeaseState,
+    MembershipTable,
+)
 from coordinator.store.request_records import RequestRecord, RequestRecordTable
 from coordinator.store.rollouts import RolloutTable, StoredRollout
 
@@ -38,8 +45,12 @@ __all__ = [
     "AssignmentRecord",
     "AuditEntry",
     "CatalogVersion",
+    "CoordinatorMember",
     "FleetStore",
     "JoinToken",
+    "LeaseFence",
+    "LeaseLostError",
+    "LeaseState",
     "RequestRecord",
     "RuleRecord",
     "Site",
@@ -71,6 +82,7 @@ class FleetStore(
     AssignmentTable,
     RequestRecordTable,
     RolloutTable,
+    MembershipTable,
     Protocol,
 ):
     """Durable coordinator state. Awaited methods; none blocks the event loop."""

@@ -17,7 +17,8 @@ Tables, and the module of ``coordinator/store/`` that reads and writes each:
   (request_records): migration 3;
 - ``model_versions``, ``model_files`` (catalog), ``model_rules``, ``model_assignments``
   (assignments): migration 6;
-- ``rollouts`` (rollouts): migration 7.
+- ``rollouts`` (rollouts): migration 7;
+- ``coordinators``, ``leases`` (membership): migration 9.
 """
 
 from __future__ import annotations
@@ -328,6 +329,31 @@ def _newest_generation_on_record(db: sqlite3.Connection, now_s: float) -> int:
         except (AttributeError, KeyError, TypeError, ValueError):
             continue  # a report this version cannot read holds no generation it can use
     return newest
+
+
+@_migration(9)
+def _coordinators_and_leases(db: sqlite3.Connection) -> None:
+    """Coordinators sharing the database and the leases they hold (store/membership.py):
+    times as POSIX seconds by the database's clock."""
+    db.execute("""
+        CREATE TABLE coordinators (
+            coordinator_id TEXT PRIMARY KEY,
+            incarnation    TEXT NOT NULL,
+            grpc_address   TEXT NOT NULL,
+            http_address   TEXT NOT NULL,
+            version        TEXT NOT NULL,
+            started_at     REAL NOT NULL,
+            heartbeat_at   REAL NOT NULL
+        )""")  # fmt: skip
+    db.execute("""
+        CREATE TABLE leases (
+            name        TEXT PRIMARY KEY,
+            holder      TEXT NOT NULL,
+            incarnation TEXT NOT NULL,
+            epoch       INTEGER NOT NULL,
+            acquired_at REAL NOT NULL,
+            expires_at  REAL NOT NULL
+        )""")  # fmt: skip
 
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from coordinator.store.membership import LeaseFence
+
 
 @dataclass(frozen=True, slots=True)
 class StoredRollout:
@@ -23,8 +25,12 @@ class StoredRollout:
 
 
 class RolloutTable(Protocol):
-    async def save_rollout(self, rollout: StoredRollout) -> None:
-        """Add the rollout, or replace its state, update time and body."""
+    async def save_rollout(
+        self, rollout: StoredRollout, *, fence: LeaseFence | None = None
+    ) -> None:
+        """Add the rollout, or replace its state, update time and body. With ``fence``: only
+        while that lease is still held at that epoch, unexpired (checked in the same
+        statement, by the database's clock); else ``LeaseLostError`` and nothing written."""
         ...
 
     async def get_rollout(self, rollout_id: str) -> StoredRollout | None: ...

@@ -28,6 +28,7 @@ from coordinator.store.postgres.catalog import PostgresCatalog
 from coordinator.store.postgres.generations import PostgresGenerations
 from coordinator.store.postgres.join_tokens import PostgresJoinTokens
 from coordinator.store.postgres.last_state import PostgresLastStates
+from coordinator.store.postgres.membership import PostgresMembership
 from coordinator.store.postgres.migrations import SCHEMA_VERSION, migrate, schema_version
 from coordinator.store.postgres.pool import (
     MAX_CONNECTIONS,
@@ -54,6 +55,7 @@ class PostgresFleetStore(
     PostgresAssignments,
     PostgresRequestRecords,
     PostgresRollouts,
+    PostgresMembership,
 ):
     """FleetStore backed by PostgreSQL; ``await open()`` before the first call.
 

@@ -260,6 +260,31 @@ async def _schema_of_sqlite_version_8(db: Connection) -> None:
     )
 
 
+@_migration(2)
+async def _coordinators_and_leases(db: Connection) -> None:
+    """Coordinators sharing the database and the leases they hold (store/membership.py):
+    times by the server's clock."""
+    await db.execute("""
+        CREATE TABLE coordinators (
+            coordinator_id text PRIMARY KEY,
+            incarnation    text NOT NULL,
+            grpc_address   text NOT NULL,
+            http_address   text NOT NULL,
+            version        text NOT NULL,
+            started_at     timestamptz NOT NULL,
+            heartbeat_at   timestamptz NOT NULL
+        )""")  # fmt: skip
+    await db.execute("""
+        CREATE TABLE leases (
+            name        text PRIMARY KEY,
+            holder      text NOT NULL,
+            incarnation text NOT NULL,
+            epoch       bigint NOT NULL,
+            acquired_at timestamptz NOT NULL,
+            expires_at  timestamptz NOT NULL
+        )""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -23,6 +23,7 @@ from coordinator.store.sqlite.catalog import SQLiteCatalog
 from coordinator.store.sqlite.generations import SQLiteGenerations
 from coordinator.store.sqlite.join_tokens import SQLiteJoinTokens
 from coordinator.store.sqlite.last_state import SQLiteLastStates
+from coordinator.store.sqlite.membership import SQLiteMembership
 from coordinator.store.sqlite.request_records import SQLiteRequestRecords
 from coordinator.store.sqlite.rollouts import SQLiteRollouts
 from coordinator.store.sqlite.worker import STATEMENT_TIMEOUT_S, SQLiteWorker
@@ -45,6 +46,7 @@ class SQLiteFleetStore(
     SQLiteAssignments,
     SQLiteRequestRecords,
     SQLiteRollouts,
+    SQLiteMembership,
 ):
     """FleetStore backed by SQLite; ``await open()`` before the first call.
 

@@ -6,14 +6,18 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
+from coordinator.store.membership import LeaseFence
 from coordinator.store.rollouts import StoredRollout, rollout_from_row
 from coordinator.store.sqlite.base import SQLiteTable
+from coordinator.store.sqlite.membership import check_fence
 from coordinator.store.sqlite.worker import write
 
 
 class SQLiteRollouts(SQLiteTable):
-    async def save_rollout(self, rollout: StoredRollout) -> None:
-        await self._worker.call(_save, rollout)
+    async def save_rollout(
+        self, rollout: StoredRollout, *, fence: LeaseFence | None = None
+    ) -> None:
+        await self._worker.call(_save, rollout, fence)
 
     async def get_rollout(self, rollout_id: str) -> StoredRollout | None:
         return await self._worker.call(_get, rollout_id)
@@ -25,9 +29,11 @@ class SQLiteRollouts(SQLiteTable):
         return await self._worker.call(_counts)
 
 
-def _save(db: sqlite3.Connection, r: StoredRollout) -> None:
+def _save(db: sqlite3.Connection, r: StoredRollout, fence: LeaseFence | None) -> None:
     body = json.dumps(r.body, separators=(",", ":"))
     with write(db):
+        if fence is not None:
+            check_fence(db, fence)  # under the write lock: no takeover in between
         db.execute(
             "INSERT INTO rollouts (rollout_id, model, version, state, created_at, "
             "updated_at, body_json) VALUES (?, ?, ?, ?, ?, ?, ?) "

@@ -19,6 +19,7 @@ from coordinator.api.app_keys import (
     API_KEYS_KEY,
     AUDIT_KEY,
     BLOB_BASE_URL_KEY,
+    CLUSTER_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
     KEY_DISTRIBUTOR_KEY,
@@ -44,6 +45,7 @@ from coordinator.api.routes import add_routes, api_document, route_roles
 from coordinator.background import periodic_task
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selector
 from coordinator.catalog.catalog import ModelCatalog
+from coordinator.cluster.membership import ClusterMembership, default_coordinator_id
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import StoreError
 from coordinator.fleet.lifecycle import AgentLifecycle
@@ -198,6 +200,18 @@ def create_app(
     app[REPORT_HOOKS_KEY] = report_hooks
     app[BLOB_BASE_URL_KEY] = blob_base_url
     app[EVENTS_KEY] = events
+    grpc_server = app[GRPC_SERVER_KEY]
+    cluster = ClusterMembership(
+        fleet_store,
+        config.coordinator_id or default_coordinator_id(data),
+        lease_s=config.leader_lease_s,
+        addresses=lambda: (
+            grpc_server.address if grpc_server.port is not None else "",
+            blob_base_url.http_url(),
+        ),
+    )
+    cluster.register_metrics(metrics.registry)
+    app[CLUSTER_KEY] = cluster
     app[SESSIONS_KEY] = DashboardSessions(admin_tokens.check, ttl_s=config.dashboard_session_ttl_s)
     add_routes(app)
     # First: the store opens (and the services load from it) before anything serves, and
@@ -222,6 +236,7 @@ def create_app(
     )
     # Between the store and the gRPC server: the last save runs once sessions ended.
     app.cleanup_ctx.append(_store_probe)
+    app.cleanup_ctx.append(_membership)
     app.cleanup_ctx.append(_last_state_saver)
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
@@ -260,6 +275,21 @@ async def _store_probe(app: web.Application) -> AsyncIterator[None]:
     await health.probe()
     async with periodic_task("fleet database probe", PROBE_PERIOD_S, health.probe):
         yield
+
+
+async def _membership(app: web.Application) -> AsyncIterator[None]:
+    """Heartbeat through the database and hold (or wait for) the leader lease, every
+    coordinator_heartbeat_s; at a clean stop, give the lease up and sign off. Nothing runs
+    under the lease yet (the rollout engine and sweeps run on every coordinator)."""
+    cluster = app[CLUSTER_KEY]
+    await cluster.step()
+    try:
+        async with periodic_task(
+            "coordinator membership", app[CONFIG_KEY].coordinator_heartbeat_s, cluster.step
+        ):
+            yield
+    finally:
+        await cluster.stop()
 
 
 # How long a stopping coordinator waits for the database to take its kept writes.

@@ -130,6 +130,18 @@ class CoordinatorConfig(ProcessSettings):
     nothing of the call kept), and how long a call waits for another connection's write
     lock."""
 
+    # --- several coordinators on one database (coordinator/cluster/membership.py)
+    coordinator_id: str = Field(default="", max_length=200)
+    """This coordinator's name among those sharing the fleet database (its heartbeat, the
+    leader lease). Empty: the machine's name and a hash of data_dir's full path."""
+    coordinator_heartbeat_s: float = Field(default=1.0, gt=0, le=60)
+    """How often this coordinator records itself as alive and renews (or tries to take) the
+    leader lease."""
+    leader_lease_s: float = Field(default=5.0, gt=0, le=600)
+    """How long the leader lease holds after a renewal, and how long a coordinator counts
+    as alive after its last heartbeat, both by the database's clock; at least twice
+    coordinator_heartbeat_s."""
+
     # --- enrollment and TLS
     tls: Switch = "auto"
     """TLS on the gRPC ports. "auto": unless grpc_host is loopback; "on": always; "off":
@@ -285,6 +297,12 @@ class CoordinatorConfig(ProcessSettings):
                 "grpc_max_concurrent_rpcs must be greater than max_agents (each connected "
                 f"agent holds one Session RPC), got {self.grpc_max_concurrent_rpcs} <= "
                 f"{self.max_agents}"
+            )
+        if self.leader_lease_s < 2 * self.coordinator_heartbeat_s:
+            raise ValueError(
+                "leader_lease_s must be at least twice coordinator_heartbeat_s (a lease "
+                f"renewed that seldom would lapse), got {self.leader_lease_s} < "
+                f"2 x {self.coordinator_heartbeat_s}"
             )
         weights = (self.route_weight_proximity, self.route_weight_queue, self.route_weight_kv)
         if sum(weights) + self.route_weight_wait <= 0:

@@ -9,6 +9,7 @@ from coordinator.access.api_keys import ApiKeys, KeyDistributor
 from coordinator.access.audit import AuditLog
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments
 from coordinator.catalog.catalog import ModelCatalog
+from coordinator.cluster.membership import ClusterMembership
 from coordinator.config import CoordinatorConfig
 from coordinator.fleet.lifecycle import AgentLifecycle
 from coordinator.fleet.metrics import CoordinatorMetrics
@@ -44,3 +45,4 @@ MODEL_ASSIGNMENTS_KEY = web.AppKey("model_assignments", ModelAssignments)
 REPORT_HOOKS_KEY = web.AppKey("report_hooks", ReportHooks)
 BLOB_BASE_URL_KEY = web.AppKey("blob_base_url", BlobBaseUrl)
 ROLLOUTS_KEY = web.AppKey("rollouts", RolloutEngine)
+CLUSTER_KEY = web.AppKey("cluster", ClusterMembership)

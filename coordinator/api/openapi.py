@@ -143,6 +143,20 @@ _SCHEMAS: dict[str, Any] = {
             "connected_agents": {"type": "integer"},
             "tls": {"type": "boolean"},
             "enroll": _NULLABLE_STR,
+            "coordinator": {
+                "type": "object",
+                "description": "This coordinator among those sharing the fleet database "
+                "(coordinator/cluster/membership.py)",
+                "required": ["id", "members_alive", "is_leader", "leader", "lease_epoch"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "members_alive": {"type": "integer"},
+                    "is_leader": {"type": "boolean"},
+                    "leader": _NULLABLE_STR,
+                    "lease_epoch": {"type": "integer"},
+                    "duplicate_id": {"type": "boolean"},
+                },
+            },
         },
     },
     "JoinToken": {

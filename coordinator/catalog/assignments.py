@@ -86,6 +86,10 @@ class BlobBaseUrl:
     def __call__(self) -> str:
         return self._fixed or self._derived
 
+    def http_url(self) -> str:
+        """This coordinator's own HTTP address (scheme, host, port), whatever the blobs'."""
+        return self._derived.removesuffix(BLOB_PATH)
+
 
 def _base(scheme: str, host: str, port: int) -> str:
     if host in ("0.0.0.0", "::", ""):

@@ -281,6 +281,10 @@ async def test_health_and_metrics(coordinator: Running) -> None:
     assert status == 200
     health = await coordinator.get_json("/healthz")
     store = health.pop("store")
+    # the one coordinator on its SQLite database: alone, and leading
+    cluster = health.pop("coordinator")
+    assert (cluster["members_alive"], cluster["is_leader"], cluster["lease_epoch"]) == (1, True, 1)
+    assert cluster["leader"] == cluster["id"] != ""
     assert health == {
         "status": "ok",
         "grpc": coordinator.grpc_target,
@@ -304,6 +308,9 @@ async def test_health_and_metrics(coordinator: Running) -> None:
         'edgefleet_coordinator_store_up{backend="sqlite"} 1.0',
         'edgefleet_coordinator_store_pending_writes{queue="request records"} 0.0',
         "edgefleet_coordinator_store_latency_seconds",
+        "edgefleet_coordinator_members 1.0",
+        "edgefleet_coordinator_is_leader 1.0",
+        "edgefleet_coordinator_lease_epoch 1.0",
     ):
         assert f"\n{name}" in text
     assert all(

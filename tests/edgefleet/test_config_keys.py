@@ -92,6 +92,7 @@ COORDINATOR_DEFAULTS: dict[str, Any] = {
     "data_dir": "~/.local/share/edgefleet/coordinator", "store_url": "",
     "store_password": "", "store_password_file": "", "store_max_connections": 10,
     "store_statement_timeout_s": 5.0,
+    "coordinator_id": "", "coordinator_heartbeat_s": 1.0, "leader_lease_s": 5.0,
     "tls": "auto", "enroll_port": 50052,
     "tls_server_names": "", "require_enrollment": "auto", "agent_cert_days": 7.0,
     "agent_cert_grace_days": 90.0, "check_agent_url_host": True,

@@ -115,7 +115,8 @@ async def test_the_session_moves_past_dead_coordinators_at_once_over_mutual_tls(
         try:
             await wait_until(lambda: session.connected, timeout_s=15, message="connected")
             # enrollment (a key, a CSR, one Enroll call) and the session, with no backoff
-            assert time.monotonic() - started < 1.5
+            # between the three tries: one backoff here is 2 s at least
+            assert time.monotonic() - started < 1.9
             here = f"localhost:{port} (ipv4:127.0.0.1:{port})"
             assert session.coordinator == here
             assert (

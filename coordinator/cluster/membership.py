@@ -223,7 +223,12 @@ class ClusterMembership:
                 await self._store.remove_member(self.coordinator_id, self.incarnation)
         except (StoreError, TimeoutError) as exc:
             logger.warning("coordinator membership: could not sign off: %s", exc)
-        self._log_change()
+        if fence is not None:
+            logger.info(
+                "coordinator %s gave up the leader lease (epoch %d)",
+                self.coordinator_id, fence.epoch,
+            )  # fmt: skip
+        self._was_leader = False
 
     # ---------------------------------------------------------------- metrics
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 from coordinator.cluster.membership import LEADER_LEASE, ClusterMembership
@@ -26,6 +27,7 @@ from coordinator.store.interface import (
     LeaseLostError,
     StoredRollout,
 )
+from coordinator.store.postgres import PostgresFleetStore
 from coordinator.store.postgres import migrations as postgres_migrations
 from tests.coordinator.store_backends import StoreFactory, backend, store_factory
 
@@ -250,3 +252,44 @@ async def test_two_coordinators_one_leads_and_a_paused_leader_steps_down(
     await a.step()
     assert (a.is_leader, a.epoch) == (True, 3)
     assert [m.coordinator_id for m in a.members] == ["coord-a"]
+
+
+async def test_on_postgresql_a_fenced_write_racing_a_takeover_is_ordered_by_the_lease_row(
+    postgres_url: str,
+) -> None:
+    """The share lock of the lease row in a fenced write: a takeover under way (another
+    coordinator's transaction that moved the lease, not committed yet) holds the fenced
+    write up, and once committed the write sees it and is refused; a snapshot read alone
+    would have let it through (the lease had not expired)."""
+    a = PostgresFleetStore(postgres_url)
+    await a.open()
+    try:
+        led = await a.acquire_lease(LEADER_LEASE, "coord-a", "ia", 30.0)
+        async with await psycopg.AsyncConnection.connect(postgres_url) as other:
+            await other.execute(
+                "UPDATE leases SET holder = 'coord-b', incarnation = 'ib', epoch = epoch + 1,"
+                " expires_at = clock_timestamp() + interval '30 seconds' WHERE name = %s",
+                (LEADER_LEASE,),
+            )
+            write = asyncio.ensure_future(a.save_rollout(rollout("running", 2.0), fence=led.fence))
+            await asyncio.sleep(0.5)
+            assert not write.done()  # waits for the takeover to commit or roll back
+            await other.commit()
+            with pytest.raises(LeaseLostError):
+                await write
+        assert await a.get_rollout("ro_1") is None
+        # and a change of the lease row (a takeover, a release) waits for a fenced write
+        lease = await a.acquire_lease(LEADER_LEASE, "coord-b", "ib", 30.0)
+        async with await psycopg.AsyncConnection.connect(postgres_url) as writer:
+            await writer.execute(
+                "SELECT 1 FROM leases WHERE name = %s AND epoch = %s FOR SHARE",
+                (LEADER_LEASE, lease.epoch),
+            )
+            release = asyncio.ensure_future(a.release_lease(lease.fence))
+            await asyncio.sleep(0.5)
+            assert not release.done()
+            await writer.commit()
+            await release
+        assert not await a.lease_valid(lease.fence)
+    finally:
+        await a.close()

@@ -345,9 +345,15 @@ class RequestRecordStore:
                     continue
                 self._rows += stored
                 pruned = await self._prune_quietly() if self._rows > self.max_rows else 0
+                # the database says how many of the group's rows were new (records sent
+                # again after a lost ack are not stored twice): the batches' counts add up
+                # to that, as ``accept``'s do, so the stored metric counts no duplicate
+                left = stored
                 for kept in group:
+                    new = min(left, len(kept.rows))
+                    left -= new
                     try:
-                        kept.done(replace(kept.result, pruned=pruned))
+                        kept.done(replace(kept.result, stored=new, pruned=pruned))
                     except Exception:
                         logger.exception("request records: acknowledging a batch failed")
                     pruned = 0

@@ -202,9 +202,10 @@ async def test_the_map_draws_countries_and_places_markers_where_the_agents_are(
     await page.screenshot(path=str(SHOTS / "map.png"))
     # Zoom (the wheel over Paris, then the button) and pan (a drag): the markers stay on
     # their places, further apart.
-    box = await page.evaluate(
-        "(() => { const r = document.getElementById('map').getBoundingClientRect();"
-        " return [r.left, r.top, r.width, r.height]; })()"
+    box = await page.evaluate(  # the SVG's content box (inside its border): the viewBox's
+        "(() => { const m = document.getElementById('map'), r = m.getBoundingClientRect();"
+        " return [r.left + m.clientLeft, r.top + m.clientTop, m.clientWidth, m.clientHeight];"
+        " })()"
     )
     scale = box[2] / 960
     x, y = box[0] + paris["screen"][0] * scale, box[1] + paris["screen"][1] * scale

@@ -856,7 +856,6 @@ async function showStoreHealth() {
   }
   if (!store) return;
   const backend = store.backend === "postgresql" ? "PostgreSQL" : "SQLite";
-  element.hidden = false;
   element.dataset.status = store.status;
   if (store.status === "ok") {
     const latency = store.latency_ms === null ? "" : `, ${store.latency_ms.toFixed(1)} ms`;

@@ -245,9 +245,13 @@ class FleetMap {
   // The map's base coordinates (before zoom and pan) of a screen point of the SVG.
   toBase(sx, sy) { return [(sx - this.x) / this.k, (sy - this.y) / this.k]; }
 
+  // The map's coordinates of where ``event`` points: measured from the SVG's content box
+  // (inside its border), which the viewBox fills.
   svgPoint(event) {
-    const box = this.svg.getBoundingClientRect();
-    return [((event.clientX - box.left) * MAP_W) / box.width, ((event.clientY - box.top) * MAP_H) / box.height];
+    const svg = this.svg;
+    const box = svg.getBoundingClientRect();
+    const left = box.left + svg.clientLeft, top = box.top + svg.clientTop;
+    return [((event.clientX - left) * MAP_W) / svg.clientWidth, ((event.clientY - top) * MAP_H) / svg.clientHeight];
   }
 
   zoomAt(sx, sy, factor) {
@@ -283,12 +287,11 @@ class FleetMap {
     });
     svg.addEventListener("pointermove", (event) => {
       if (!drag) return;
-      const box = svg.getBoundingClientRect();
       const dx = event.clientX - drag.px, dy = event.clientY - drag.py;
       if (!moved && Math.hypot(dx, dy) < 4) return;
       if (!moved) { moved = true; svg.setPointerCapture(event.pointerId); svg.classList.add("dragging"); }
-      this.x = drag.x + (dx * MAP_W) / box.width;
-      this.y = drag.y + (dy * MAP_H) / box.height;
+      this.x = drag.x + (dx * MAP_W) / svg.clientWidth;
+      this.y = drag.y + (dy * MAP_H) / svg.clientHeight;
       this.clamp();
       this.schedule();
     });

@@ -25,6 +25,7 @@ from coordinator.store.api_keys import ApiKeyRecord, ApiKeyTable
 from coordinator.store.assignments import AssignmentRecord, AssignmentTable, RuleRecord
 from coordinator.store.audit import AuditEntry, AuditTable
 from coordinator.store.catalog import CatalogTable, CatalogVersion
+from coordinator.store.changes import ChangeTable
 from coordinator.store.generations import GenerationTable
 from coordinator.store.join_tokens import JoinToken, JoinTokenTable
 from coordinator.store.last_state import AgentLastState, LastStateTable
@@ -83,6 +84,7 @@ class FleetStore(
     RequestRecordTable,
     RolloutTable,
     MembershipTable,
+    ChangeTable,
     Protocol,
 ):
     """Durable coordinator state. Awaited methods; none blocks the event loop."""

@@ -356,6 +356,32 @@ def _coordinators_and_leases(db: sqlite3.Connection) -> None:
         )""")  # fmt: skip
 
 
+@_migration(10)
+def _changes_and_dashboard_sessions(db: sqlite3.Connection) -> None:
+    """The change feed (store/changes.py: what one coordinator changed, for the others to
+    apply) and dashboard sign-ins kept in the database (a hash of the session id, never
+    the admin token), so a sign-in outlives the coordinator that made it. Times as POSIX
+    seconds by the database's clock."""
+    db.execute("""
+        CREATE TABLE changes (
+            seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind    TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            detail  TEXT NOT NULL,
+            origin  TEXT NOT NULL,
+            at      REAL NOT NULL
+        )""")  # fmt: skip
+    db.execute("CREATE INDEX changes_at ON changes (at)")
+    db.execute("""
+        CREATE TABLE dashboard_sessions (
+            session_hash TEXT PRIMARY KEY,
+            token_id     TEXT NOT NULL,
+            created_at   REAL NOT NULL,
+            expires_at   REAL NOT NULL
+        )""")  # fmt: skip
+    db.execute("CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

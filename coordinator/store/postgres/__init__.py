@@ -25,6 +25,7 @@ from coordinator.store.postgres.api_keys import PostgresApiKeys
 from coordinator.store.postgres.assignments import PostgresAssignments
 from coordinator.store.postgres.audit import PostgresAudit
 from coordinator.store.postgres.catalog import PostgresCatalog
+from coordinator.store.postgres.changes import PostgresChanges
 from coordinator.store.postgres.generations import PostgresGenerations
 from coordinator.store.postgres.join_tokens import PostgresJoinTokens
 from coordinator.store.postgres.last_state import PostgresLastStates
@@ -56,6 +57,7 @@ class PostgresFleetStore(
     PostgresRequestRecords,
     PostgresRollouts,
     PostgresMembership,
+    PostgresChanges,
 ):
     """FleetStore backed by PostgreSQL; ``await open()`` before the first call.
 
@@ -107,6 +109,7 @@ class PostgresFleetStore(
         await self._pool.open(setup)
 
     async def close(self) -> None:
+        await self.close_listener()
         await self._pool.close()
 
     async def schema_version(self) -> int:

@@ -285,6 +285,30 @@ async def _coordinators_and_leases(db: Connection) -> None:
         )""")  # fmt: skip
 
 
+@_migration(3)
+async def _changes_and_dashboard_sessions(db: Connection) -> None:
+    """The change feed (store/changes.py) and dashboard sign-ins kept in the database (a
+    hash of the session id, never the admin token); times by the server's clock."""
+    await db.execute("""
+        CREATE TABLE changes (
+            seq     bigserial PRIMARY KEY,
+            kind    text NOT NULL,
+            subject text NOT NULL,
+            detail  text NOT NULL,
+            origin  text NOT NULL,
+            at      timestamptz NOT NULL
+        )""")  # fmt: skip
+    await db.execute("CREATE INDEX changes_at ON changes (at)")
+    await db.execute("""
+        CREATE TABLE dashboard_sessions (
+            session_hash text PRIMARY KEY,
+            token_id     text NOT NULL,
+            created_at   timestamptz NOT NULL,
+            expires_at   timestamptz NOT NULL
+        )""")  # fmt: skip
+    await db.execute("CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

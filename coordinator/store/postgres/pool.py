@@ -163,6 +163,16 @@ class PostgresPool:
         if not task.cancelled():
             task.exception()  # retrieved: it was reported to its caller as a timeout
 
+    async def connect(self) -> Connection:
+        """A connection of its own, outside the pool (autocommit, the pool's settings): for
+        a listener that holds it. StoreUnavailableError when the server cannot be reached."""
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, row_factory=dict_row
+            )
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"cannot connect to {self.name}: {exc}") from exc
+
     @property
     def running(self) -> bool:
         return self._opened and not self._closed

@@ -20,6 +20,7 @@ from coordinator.store.sqlite.api_keys import SQLiteApiKeys
 from coordinator.store.sqlite.assignments import SQLiteAssignments
 from coordinator.store.sqlite.audit import SQLiteAudit
 from coordinator.store.sqlite.catalog import SQLiteCatalog
+from coordinator.store.sqlite.changes import SQLiteChanges
 from coordinator.store.sqlite.generations import SQLiteGenerations
 from coordinator.store.sqlite.join_tokens import SQLiteJoinTokens
 from coordinator.store.sqlite.last_state import SQLiteLastStates
@@ -47,6 +48,7 @@ class SQLiteFleetStore(
     SQLiteRequestRecords,
     SQLiteRollouts,
     SQLiteMembership,
+    SQLiteChanges,
 ):
     """FleetStore backed by SQLite; ``await open()`` before the first call.
 

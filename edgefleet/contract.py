@@ -317,6 +317,9 @@ class Welcome:
     contract_minor: int = CONTRACT_MINOR
     # The coordinator's model-signing public key, raw 32 bytes (v1.3; empty: none).
     model_signing_key: bytes = b""
+    # The gRPC addresses (host:port) of the coordinators alive now, this one first (v1.3,
+    # added within the minor; empty: none known). Unchecked here: the agent checks each.
+    coordinators: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -444,6 +444,7 @@ def welcome_to_pb(welcome: Welcome) -> pb.Welcome:
         report_interval_ms=welcome.report_interval_ms,
         contract_minor=welcome.contract_minor,
         model_signing_key=welcome.model_signing_key,
+        coordinators=welcome.coordinators,
     )
 
 
@@ -453,6 +454,7 @@ def welcome_from_pb(message: pb.Welcome) -> Welcome:
         report_interval_ms=message.report_interval_ms,
         contract_minor=message.contract_minor,
         model_signing_key=message.model_signing_key,
+        coordinators=tuple(message.coordinators),
     )
 
 

@@ -316,16 +316,18 @@ class RecordsAck(_message.Message):
     def __init__(self, through_seq: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "report_interval_ms", "contract_minor", "model_signing_key")
+    __slots__ = ("session_id", "report_interval_ms", "contract_minor", "model_signing_key", "coordinators")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     CONTRACT_MINOR_FIELD_NUMBER: _ClassVar[int]
     MODEL_SIGNING_KEY_FIELD_NUMBER: _ClassVar[int]
+    COORDINATORS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     report_interval_ms: int
     contract_minor: int
     model_signing_key: bytes
-    def __init__(self, session_id: _Optional[str] = ..., report_interval_ms: _Optional[int] = ..., contract_minor: _Optional[int] = ..., model_signing_key: _Optional[bytes] = ...) -> None: ...
+    coordinators: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., report_interval_ms: _Optional[int] = ..., contract_minor: _Optional[int] = ..., model_signing_key: _Optional[bytes] = ..., coordinators: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelTarget(_message.Message):
     __slots__ = ("name", "version", "artifact_url", "sha256", "manifest", "signature", "peer_urls", "rollout_id")

@@ -262,6 +262,12 @@ STATE = DesiredState(
         ),
         (Welcome("s-1", 2000), contract_pb.welcome_to_pb, contract_pb.welcome_from_pb, pb.Welcome),
         (
+            Welcome("s-1", 2000, coordinators=("10.0.0.1:50051", "[fd00::2]:50051")),
+            contract_pb.welcome_to_pb,
+            contract_pb.welcome_from_pb,
+            pb.Welcome,
+        ),
+        (
             contract.RenewCertificate("-----BEGIN CERTIFICATE REQUEST-----"),
             contract_pb.renew_certificate_to_pb,
             contract_pb.renew_certificate_from_pb,

@@ -206,12 +206,13 @@ def create_app(
         config.coordinator_id or default_coordinator_id(data),
         lease_s=config.leader_lease_s,
         addresses=lambda: (
-            grpc_server.address if grpc_server.port is not None else "",
+            grpc_server.dial_address if grpc_server.port is not None else "",
             blob_base_url.http_url(),
         ),
     )
     cluster.register_metrics(metrics.registry)
     app[CLUSTER_KEY] = cluster
+    servicer.bind_coordinators(cluster.grpc_addresses)  # Welcome.coordinators
     app[SESSIONS_KEY] = DashboardSessions(admin_tokens.check, ttl_s=config.dashboard_session_ttl_s)
     add_routes(app)
     # First: the store opens (and the services load from it) before anything serves, and

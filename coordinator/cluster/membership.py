@@ -59,6 +59,26 @@ def default_coordinator_id(data_dir: Path) -> str:
     return f"{socket.gethostname()}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
+#: Hosts that name every interface of the machine that listens: no address to dial.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def dialable(address: str) -> bool:
+    """False for a gRPC address another machine cannot dial (wildcard or empty host)."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep) and host not in _WILDCARD_HOSTS and port.isdigit()
+
+
+def dial_address(host: str, port: int) -> str:
+    """``host:port`` as agents dial it: a wildcard host (listening on every interface) as
+    the machine's name (which the coordinator's gRPC certificate names), IPv6 in brackets."""
+    if host in _WILDCARD_HOSTS:
+        host = socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
 def coordinator_version() -> str:
     try:
         return package_version("edgefleet")
@@ -131,6 +151,21 @@ class ClusterMembership:
 
     def alive(self) -> list[CoordinatorMember]:
         return [m for m in self.members if m.alive]
+
+    def grpc_addresses(self) -> list[str]:
+        """What Welcome.coordinators says: the gRPC addresses of the coordinators alive as
+        last read, this one first, each once. A coordinator alone (SQLite, or the only one
+        alive) lists itself; before its first read of the members, or when its own address
+        is not known yet, only what it knows. Addresses a peer cannot dial (a wildcard or
+        empty host, recorded by a coordinator that listens on every interface and knew no
+        better) are left out."""
+        own = self._addresses()[0]
+        found = [own] if own and dialable(own) else []
+        for member in self.alive():
+            address = member.grpc_address
+            if address and address not in found and dialable(address):
+                found.append(address)
+        return found
 
     def json(self) -> dict[str, object]:
         """``/healthz``'s ``coordinator`` object. /healthz answers anyone: the ids, not the

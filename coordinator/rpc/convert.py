@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
@@ -237,12 +238,17 @@ def load_report_from_pb(
 
 
 def welcome_to_pb(
-    session_id: str, report_interval_ms: int, model_signing_key: bytes = b""
+    session_id: str,
+    report_interval_ms: int,
+    model_signing_key: bytes = b"",
+    *,
+    coordinators: Sequence[str] = (),
 ) -> pb.CoordinatorMessage:
     welcome = Welcome(
         session_id=session_id,
         report_interval_ms=report_interval_ms,
         model_signing_key=model_signing_key,
+        coordinators=tuple(coordinators),
     )
     return pb.CoordinatorMessage(welcome=contract_pb.welcome_to_pb(welcome))
 

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +21,7 @@ import grpc
 from coordinator import GRPC_HARDENED
 from coordinator.access.api_keys import KeyDistributor
 from coordinator.catalog.assignments import ModelAssignments
+from coordinator.cluster.membership import dial_address
 from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import (
     AgentRevokedError,
@@ -173,12 +174,15 @@ class CoordinatorServicer:
         models: ModelAssignments | None = None,
         report_hooks: ReportHooks | None = None,
         model_signing_key: bytes = b"",
+        coordinators: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         """``keys``: gives each agent its API keys section when it connects and takes the
         per-key usage of its load reports (no keys are pushed without it). ``models``:
         sets each agent's models section when it connects. ``report_hooks``: called with
         every accepted load report. ``model_signing_key``: the public key sent in
-        EnrollResponse and Welcome."""
+        EnrollResponse and Welcome. ``coordinators``: the gRPC addresses of the coordinators
+        alive now, sent in every Welcome (``bind_coordinators`` sets it later; none without
+        it)."""
         self._records = records
         if records is not None:
             records.bind(self._resend_records)
@@ -196,6 +200,23 @@ class CoordinatorServicer:
         self._models = models
         self._report_hooks = report_hooks
         self._model_signing_key = model_signing_key
+        self._coordinators = coordinators
+
+    def bind_coordinators(self, coordinators: Callable[[], Sequence[str]]) -> None:
+        """Where Welcome.coordinators comes from (the cluster membership, made after the
+        servicer)."""
+        self._coordinators = coordinators
+
+    def _coordinators_now(self) -> tuple[str, ...]:
+        """Welcome.coordinators: what the membership says now; none when it fails (a
+        Welcome never waits on it, nor fails for it)."""
+        if self._coordinators is None:
+            return ()
+        try:
+            return tuple(self._coordinators())
+        except Exception:
+            logger.exception("could not list the coordinators for Welcome")
+            return ()
 
     # ------------------------------------------------------------------ RPCs
 
@@ -311,7 +332,10 @@ class CoordinatorServicer:
         reader.add_done_callback(lambda _: live.outbox.put_nowait(None))
         try:
             yield proto_convert.welcome_to_pb(
-                session_id, self._report_interval_ms, self._model_signing_key
+                session_id,
+                self._report_interval_ms,
+                self._model_signing_key,
+                coordinators=self._coordinators_now(),
             )
             yield proto_convert.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
             if self._registry.get(hello.agent_id).draining:
@@ -544,6 +568,12 @@ class GrpcServer:
     @property
     def address(self) -> str:
         return f"{self._config.grpc_host}:{self.port}"
+
+    @property
+    def dial_address(self) -> str:
+        """The Session port as agents dial it (a wildcard grpc_host as the machine's name,
+        IPv6 in brackets): what this coordinator's membership record and Welcome give."""
+        return dial_address(self._config.grpc_host, self.port or 0)
 
     @property
     def enroll_address(self) -> str:

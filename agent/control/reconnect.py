@@ -12,6 +12,11 @@ With several coordinators (``coordinator.target`` a list, or a name with several
 addresses) a round tries each of them once, the last one that worked first
 (:func:`round_order`), moving on at once; the delay comes only after a whole round failed,
 and the wait then ends as soon as any of the ports that were closed opens.
+
+Coordinators learned from Welcome (``Welcome.coordinators``: the ones alive when the
+session opened) join the rotation after the configured ones (:func:`learned_targets`):
+each checked as ``host:port``, at most :data:`MAX_LEARNED` of them, a bad entry ignored
+with a log line. The configured targets always stay.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import contextlib
 import ipaddress
 import random
+import re
 import socket
 import time
 from collections.abc import Sequence
@@ -103,6 +109,66 @@ async def resolve(entries: Sequence[str]) -> list[Candidate]:
             target = f"ipv6:[{address}]:{port}" if ":" in address else f"ipv4:{address}:{port}"
             found.append(Candidate(entry, target, server_name=host))
     return found
+
+
+#: The most coordinators an agent takes from one Welcome (beyond its configured ones).
+MAX_LEARNED = 16
+# A learned address's host: a DNS name or an IPv4 address (IPv6 comes in brackets).
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?")
+# Hosts that name no machine to dial (a listener's "every interface").
+_WILDCARDS = frozenset({"0.0.0.0", "::"})
+# The longest address taken: a DNS name's 253 characters, a colon and a port.
+_MAX_ADDRESS = 253 + 6
+
+
+def learned_address_problem(entry: str) -> str | None:
+    """Why ``entry`` (from a coordinator's Welcome) is no ``host:port`` to dial; None when it
+    is one. Stricter than a configured target: a port is required, and no gRPC scheme
+    (``unix:``, ``dns:``, ...) is taken from the network."""
+    if not entry:
+        return "an empty entry"
+    if len(entry) > _MAX_ADDRESS:
+        return f"longer than {_MAX_ADDRESS} characters"
+    if entry.startswith("["):
+        host, close, rest = entry[1:].partition("]")
+        if not close or not rest.startswith(":"):
+            return "an IPv6 address must be written [address]:port"
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "not an IPv6 address in the brackets"
+        port = rest[1:]
+    else:
+        host, sep, port = entry.partition(":")
+        if not sep:
+            return "no port"
+        if not _HOST.fullmatch(host):
+            return "the host is no DNS name or IPv4 address"
+    if host in _WILDCARDS:
+        return "a wildcard address (every interface), not one to dial"
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
+        return f"port {port[:8]!r} is not a number from 1 to 65535"
+    return None
+
+
+def learned_targets(
+    configured: Sequence[str], listed: Sequence[str], limit: int = MAX_LEARNED
+) -> tuple[tuple[str, ...], list[str]]:
+    """The coordinators to add to ``configured`` from a Welcome's list ``listed``: each
+    valid address once, none already configured, at most ``limit``; and why each entry
+    left out was (one line each, for the log)."""
+    learned: list[str] = []
+    problems: list[str] = []
+    for entry in listed:
+        if (why := learned_address_problem(entry)) is not None:
+            problems.append(f"{entry[:80]!r}: {why}")
+        elif entry in configured or entry in learned:
+            continue
+        elif len(learned) >= limit:
+            problems.append(f"{entry!r}: beyond the {limit} coordinators taken from a Welcome")
+        else:
+            learned.append(entry)
+    return tuple(learned), problems
 
 
 def round_order(candidates: Sequence[Candidate], preferred: Candidate | None) -> list[Candidate]:

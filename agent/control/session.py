@@ -12,6 +12,11 @@ With several coordinators (a list of targets, or a name with several addresses) 
 session or a failed connect moves on to the next one at once; the backoff comes only after
 each of them was tried once (``agent.control.reconnect.round_order``), and the next
 round starts with the one that worked last. ``coordinator`` names the one in use.
+Each Welcome lists the coordinators alive then (``Welcome.coordinators``); the agent adds
+them to its rotation after the configured ones (``learned``, checked entry by entry,
+bounded: ``agent.control.reconnect.learned_targets``), so it can move to a coordinator it
+was never configured with. A later Welcome's list replaces them; an empty one (a
+coordinator that knows of none, or predates the field) leaves them as they are.
 With an ``Enroller`` it enrolls (or loads saved credentials) before each session, sends
 the enrolled agent id and credentials in Hello (and what the operator fixed: site,
 location, URL) and, with TLS, connects with the client certificate. Once two thirds of
@@ -47,6 +52,7 @@ from agent.control.reconnect import (
     Candidate,
     ReconnectBackoff,
     host_port,
+    learned_targets,
     resolve,
     round_order,
     wait_to_retry,
@@ -156,6 +162,9 @@ class CoordinatorSession:
             raise ValueError("intervals and timeouts must be positive")
         #: The coordinators, as configured (a name may stand for several addresses).
         self.targets = targets
+        #: The coordinators learned from the last Welcome that listed any (valid, bounded,
+        #: none of ``targets``): tried after the configured ones.
+        self.learned: tuple[str, ...] = ()
         #: The coordinator last tried (the one in use while connected).
         self.target = targets[0]
         #: The coordinator of the open session, named as in logs; None while disconnected.
@@ -240,17 +249,22 @@ class CoordinatorSession:
         failures = 0  # rounds in a row in which no session opened
         preferred: Candidate | None = None  # the coordinator that worked last
         while not self._stopping.is_set():
-            order = round_order(await resolve(self.targets), preferred)
+            learned = self.learned
+            order = round_order(await resolve(self.targets + learned), preferred)
             opened_in_round = rejected = False
             probes: list[tuple[str, int]] = []
             reason = ""
-            for index, candidate in enumerate(order):
+            for index, candidate in enumerate(order):  # order grows with what is learned
                 opened, reason, rejected, unreachable = await self._attempt(candidate)
                 if self._stopping.is_set():
                     return
                 self.last_error = reason
                 if opened:
                     opened_in_round, preferred = True, candidate
+                if self.learned != learned:  # a Welcome named others: tried in this round
+                    new = [e for e in self.learned if e not in learned]
+                    learned = self.learned
+                    order += [c for c in await resolve(new) if c not in order]
                 if unreachable and (where := host_port(candidate.target)) is not None:
                     probes.append(where)
                 if index + 1 < len(order):
@@ -395,6 +409,8 @@ class CoordinatorSession:
         _notify(self._on_coordinator, self.coordinator)
         if welcome.model_signing_key:
             _notify(self._on_signing_key, welcome.model_signing_key)
+        if welcome.coordinators:
+            self._learn(welcome.coordinators)
         self._records_sent_through = 0 if self._request_log is None else self._request_log.acked
         self.sessions_opened += 1
         self.last_error = None
@@ -407,6 +423,21 @@ class CoordinatorSession:
             welcome.contract_minor,
             self.report_interval_s,
         )
+
+    def _learn(self, listed: Sequence[str]) -> None:
+        """Take the coordinators a Welcome lists as ``learned`` (garbage left out, logged)."""
+        learned, problems = learned_targets(self.targets, listed)
+        for problem in problems:
+            logger.warning(
+                "ignoring a coordinator address in %s's Welcome: %s", self._candidate.label, problem
+            )
+        if learned != self.learned:
+            logger.info(
+                "coordinators learned from %s: %s",
+                self._candidate.label,
+                ", ".join(learned) or "none beyond those configured",
+            )
+            self.learned = learned
 
     async def _exchange(self, call: Any) -> None:
         self._renewal_pending = False

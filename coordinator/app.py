@@ -213,7 +213,9 @@ def create_app(
     cluster.register_metrics(metrics.registry)
     app[CLUSTER_KEY] = cluster
     servicer.bind_coordinators(cluster.grpc_addresses)  # Welcome.coordinators
-    app[SESSIONS_KEY] = DashboardSessions(admin_tokens.check, ttl_s=config.dashboard_session_ttl_s)
+    app[SESSIONS_KEY] = DashboardSessions(
+        fleet_store, admin_tokens, ttl_s=config.dashboard_session_ttl_s
+    )
     add_routes(app)
     # First: the store opens (and the services load from it) before anything serves, and
     # closes after everything else stopped.

@@ -172,7 +172,7 @@ class CoordinatorConfig(ProcessSettings):
     max_agent_sequences: int = Field(default=10_000, ge=1)
     """An agent's reported sequence counts are clamped to this."""
     dashboard_session_ttl_s: int = Field(default=8 * 3600, ge=60, le=7 * 86_400)
-    """Dashboard sign-in sessions (server-side, in memory) last this long."""
+    """Dashboard sign-in sessions (kept in the database as a hash) last this long."""
     http_tls: Switch = "auto"
     """HTTPS on the HTTP port. "auto": on unless http_host is loopback; "on": always; "off":
     plain HTTP (dev only). The certificate is http_tls_cert_file/http_tls_key_file when

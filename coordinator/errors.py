@@ -13,6 +13,7 @@
           ├── UnknownAgentError      a lookup named an agent the registry does not know
           ├── UnknownTokenRefError   an admin command named a join token that does not exist
           ├── FleetFullError         a new agent id beyond ``max_agents``
+          ├── SignInsFullError       a dashboard sign-in beyond ``MAX_SESSIONS`` live ones
           └── EnrollmentError        a join token or an agent credential was refused
                ├── UnknownTokenError        no such token (or a wrong secret)
                ├── TokenExpiredError        past its expiry
@@ -159,6 +160,10 @@ class UnknownApiKeyError(RecoverableError):
 
 class FleetFullError(RecoverableError):
     """A Hello for a new agent id when the registry already holds ``max_agents``."""
+
+
+class SignInsFullError(RecoverableError):
+    """A dashboard sign-in when the database already keeps the most live sign-ins."""
 
 
 class SigningKeyError(FatalError):

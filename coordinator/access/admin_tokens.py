@@ -6,6 +6,12 @@ is hashed and its digest compared as bytes in constant time. One more token, the
 bootstrap admin token, comes from ``admin_token_file`` or
 ``$EDGEFLEET_COORDINATOR_ADMIN_TOKEN`` (never a flag); it has the admin role and is
 compared as bytes in constant time too. Being on loopback grants nothing.
+
+What is kept beyond a request for a caller (a dashboard sign-in) is the token's id, never
+the token (``kept_id``); ``check_id`` turns that id back into a caller while the token is
+still valid, reading its name and role from the store each time. The bootstrap token's
+kept id carries a fingerprint of it (a slow salted hash), so that sign-ins made with a
+bootstrap token are refused once the coordinator is given another one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ _TOKEN = re.compile(r"^efa_(?P<id>[0-9a-f]{12})\.(?P<secret>[A-Za-z0-9_-]{43})$"
 MIN_TOKEN_LENGTH = 32
 MAX_NAME_LENGTH = 64
 BOOTSTRAP_ID = "bootstrap"
+_MINTED_ID = re.compile(r"^[0-9a-f]{12}$")
+# The bootstrap token's fingerprint in a kept id: PBKDF2-SHA256 of it (computed once).
+_FINGERPRINT_SALT = b"edgefleet bootstrap admin token fingerprint"
+_FINGERPRINT_ROUNDS = 100_000
 
 
 class UnknownAdminTokenError(UnknownTokenRefError):
@@ -120,6 +130,7 @@ class AdminTokens:
             raise ValueError(f"the bootstrap admin token needs {MIN_TOKEN_LENGTH}+ characters")
         self._store = store
         self._bootstrap = _as_bytes(bootstrap_token) if bootstrap_token else b""
+        self._bootstrap_kept_id = ""  # computed on first use (a slow hash)
 
     async def mint(self, role: Role, name: str, *, created_by: str = "") -> NewAdminToken:
         name = check_name(name)
@@ -161,6 +172,35 @@ class AdminTokens:
         if not hmac.compare_digest(digest, stored) or found is None:
             return None
         return Caller(match["id"], found.name, Role.parse(found.role))
+
+    def kept_id(self, caller: Caller) -> str:
+        """The id to keep for the token a caller presented (``check_id`` takes it back):
+        a minted token's id; for the bootstrap token ``bootstrap.`` and its fingerprint."""
+        if caller.token_id != BOOTSTRAP_ID:
+            return caller.token_id
+        if not self._bootstrap_kept_id:
+            fingerprint = hashlib.pbkdf2_hmac(
+                "sha256", self._bootstrap, _FINGERPRINT_SALT, _FINGERPRINT_ROUNDS
+            )
+            self._bootstrap_kept_id = f"{BOOTSTRAP_ID}.{fingerprint[:16].hex()}"
+        return self._bootstrap_kept_id
+
+    async def check_id(self, token_id: str) -> Caller | None:
+        """The caller of the token ``kept_id`` named, read now; None once the token is
+        revoked or unknown, or (the bootstrap token) this coordinator has another one or
+        none. The name and role are the token's as they are now."""
+        if token_id.startswith(f"{BOOTSTRAP_ID}."):
+            if not self._bootstrap:
+                return None
+            bootstrap = Caller(BOOTSTRAP_ID, "bootstrap", Role.ADMIN)
+            expected = self.kept_id(bootstrap).encode()
+            return bootstrap if hmac.compare_digest(token_id.encode(), expected) else None
+        if _MINTED_ID.match(token_id) is None:
+            return None
+        found = await self._store.get_admin_token(token_id)
+        if found is None or found.revoked_at is not None:
+            return None
+        return Caller(token_id, found.name, Role.parse(found.role))
 
 
 def _token(record: AdminTokenRecord) -> AdminToken:

@@ -9,6 +9,7 @@ from coordinator.api.app_keys import (
     ADMIN_TOKENS_KEY,
 )
 from coordinator.api.common import CALLER_KEY, InvalidParameter, json_body
+from coordinator.api.dashboard import SESSIONS_KEY
 
 
 async def mint_admin_token(request: web.Request) -> web.Response:
@@ -39,6 +40,8 @@ async def list_admin_tokens(request: web.Request) -> web.Response:
 
 async def revoke_admin_token(request: web.Request) -> web.Response:
     record = await request.config_dict[ADMIN_TOKENS_KEY].revoke(request.match_info["token_id"])
+    # Its dashboard sign-ins end now (each request checks the token too).
+    await request.config_dict[SESSIONS_KEY].end_token(record.token_id)
     return web.json_response(record.json())
 
 

@@ -3,10 +3,13 @@ fleet time series and a live event stream (SSE).
 
 Sign-in: ``POST /v1/dashboard/session`` with ``{"token": "<admin token>"}`` checks the
 token (``AdminTokens.check``) and answers a random session id in an ``HttpOnly;
-SameSite=Strict`` cookie (``Secure`` over HTTPS). The session is kept server-side only
-(in memory: a coordinator restart signs everyone out) with an expiry; the token never
-reaches the page's script, localStorage or a URL. Each request with the cookie re-checks
-the token, so revoking the admin token ends its sessions at once. The ``authorize``
+SameSite=Strict`` cookie (``Secure`` over HTTPS). The sign-in is kept in the database
+(``DashboardSessions``: a hash of the session id, the admin token's id and the expiry,
+never the session id or the token), so it survives a coordinator restart or kill and every
+coordinator sharing the database honours it; the token never reaches the page's script,
+localStorage or a URL. Each request with the cookie reads the sign-in and the token's
+record, so signing out or revoking the admin token ends the session at once, on every
+coordinator. The ``authorize``
 middleware (coordinator.api.authz) takes the session as it takes a bearer token, and for
 every state-changing request made with the cookie also requires an ``Origin`` header equal
 to the coordinator's own origin (SameSite=Strict plus an Origin check: CSRF-safe).
@@ -28,18 +31,17 @@ import asyncio
 import hashlib
 import logging
 import secrets
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
-from coordinator.access.admin_tokens import Caller, Role
+from coordinator.access.admin_tokens import AdminTokens, Caller, Role
 from coordinator.api.app_keys import AUDIT_KEY
 from coordinator.api.common import InvalidParameter, error_response, json_body
 from coordinator.api.events import EVENTS_KEY
+from coordinator.errors import SignInsFullError
 from coordinator.identity.peer_rate_limit import PeerRateLimiter
+from coordinator.store.changes import ChangeTable
 
 logger = logging.getLogger(__name__)
 
@@ -78,62 +80,68 @@ _VENDOR_FILES = {
 # ------------------------------------------------------------------ sessions
 
 
-@dataclass(slots=True)
-class _Session:
-    token: str
-    expires: float
+def session_hash(session_id: str) -> str:
+    """What the database keeps of a session id: its SHA-256 (hex)."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class DashboardSessions:
-    """Server-side sessions: session id -> (admin token, expiry)."""
+    """Dashboard sign-ins, kept in the store (table ``dashboard_sessions``): the SHA-256
+    of the session id, the id of the admin token signed in with (``AdminTokens.kept_id``)
+    and the expiry, by the database's clock. Neither the session id nor the token is
+    kept, so the table grants nothing to whoever reads it. A sign-in outlives the
+    coordinator that made it (a restart, a SIGKILL) and is honoured by every coordinator
+    sharing the database.
 
-    def __init__(
-        self,
-        check: Callable[[str], Awaitable[Caller | None]],
-        *,
-        ttl_s: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._check = check
+    Nothing is cached in the process: each request with the cookie reads its row and the
+    token's record (two reads by primary key), so a sign-out, an expiry or a revocation
+    of the token takes effect at once on every coordinator. Expired rows are deleted at
+    each sign-in, a revoked token's rows when it is revoked (``end_token``). At most
+    MAX_SESSIONS live sign-ins: a sign-in beyond them first ends the older sign-ins of
+    its own token, and is refused (SignInsFullError) when that does not make room."""
+
+    def __init__(self, store: ChangeTable, tokens: AdminTokens, *, ttl_s: float) -> None:
+        self._store = store
+        self._tokens = tokens
         self.ttl_s = ttl_s
-        self._clock = clock
-        self._sessions: dict[str, _Session] = {}
         self.sign_in_limiter = PeerRateLimiter(10 / 60.0, 10)
 
     async def open(self, token: str) -> tuple[str, Caller] | None:
-        caller = await self._check(token)
+        """Sign in with an admin token: a new session id and its caller; None when the
+        token is not a valid one. SignInsFullError when no room can be made."""
+        caller = await self._tokens.check(token)
         if caller is None:
             return None
-        self._expire()
-        if len(self._sessions) >= MAX_SESSIONS:  # drop the oldest-expiring
-            oldest = min(self._sessions, key=lambda s: self._sessions[s].expires)
-            del self._sessions[oldest]
+        token_id = self._tokens.kept_id(caller)
+        await self._store.delete_dashboard_sessions(expired=True)
+        if await self._store.count_dashboard_sessions() >= MAX_SESSIONS:
+            ended = await self._store.delete_dashboard_sessions(token_id=token_id)
+            logger.warning("dashboard sign-ins full: ended %d of token %s", ended, caller.token_id)
+            if await self._store.count_dashboard_sessions() >= MAX_SESSIONS:
+                raise SignInsFullError(f"the database keeps {MAX_SESSIONS} dashboard sign-ins")
         session_id = secrets.token_urlsafe(32)
-        self._sessions[session_id] = _Session(token, self._clock() + self.ttl_s)
+        await self._store.create_dashboard_session(session_hash(session_id), token_id, self.ttl_s)
         return session_id, caller
 
     async def caller(self, session_id: str) -> Caller | None:
-        session = self._sessions.get(session_id)
-        if session is None:
+        """The caller a session id stands for, read now; None when it is not a live
+        sign-in or its token is no longer valid."""
+        kept = await self._store.get_dashboard_session(session_hash(session_id))
+        if kept is None:  # never made, signed out or expired
             return None
-        if session.expires <= self._clock():
-            del self._sessions[session_id]
-            return None
-        caller = await self._check(session.token)  # a revoked token ends its sessions
-        if caller is None:
-            self._sessions.pop(session_id, None)
-        return caller
+        return await self._tokens.check_id(kept.token_id)  # None once the token is revoked
 
-    def close(self, session_id: str) -> bool:
-        return self._sessions.pop(session_id, None) is not None
+    async def close(self, session_id: str) -> bool:
+        """Sign out; False when there was no such sign-in."""
+        return await self._store.delete_dashboard_session(session_hash(session_id))
 
-    def __len__(self) -> int:
-        return len(self._sessions)
+    async def end_token(self, token_id: str) -> int:
+        """End every sign-in of a (revoked) minted admin token; how many."""
+        return await self._store.delete_dashboard_sessions(token_id=token_id)
 
-    def _expire(self) -> None:
-        now = self._clock()
-        for session_id in [s for s, v in self._sessions.items() if v.expires <= now]:
-            del self._sessions[session_id]
+    async def count(self) -> int:
+        """Live sign-ins in the database (of every coordinator sharing it)."""
+        return await self._store.count_dashboard_sessions()
 
 
 def same_origin(request: web.Request) -> bool:
@@ -205,7 +213,11 @@ async def sign_in(request: web.Request) -> web.Response:
     token = body.get("token")
     if not isinstance(token, str) or not token or len(token) > 1024:
         raise InvalidParameter("token", "token must be an admin token (a non-empty string)")
-    opened = await sessions.open(token.strip())
+    try:
+        opened = await sessions.open(token.strip())
+    except SignInsFullError:
+        return error_response(503, "Too many dashboard sign-ins; try again later.",
+                              type_="server_error", code="too_many_sign_ins")  # fmt: skip
     audit = request.config_dict[AUDIT_KEY]
     if opened is None:
         await audit.append_refusal(
@@ -238,7 +250,7 @@ async def sign_out(request: web.Request) -> web.Response:
         return error_response(403, "Sign-out from another origin is refused.",
                               type_="permission_error", code="cross_origin")  # fmt: skip
     session_id = request.cookies.get(COOKIE, "")
-    closed = bool(session_id) and request.config_dict[SESSIONS_KEY].close(session_id)
+    closed = bool(session_id) and await request.config_dict[SESSIONS_KEY].close(session_id)
     response = web.json_response({"object": "dashboard_session", "signed_out": closed})
     response.del_cookie(COOKIE, path="/")
     return response

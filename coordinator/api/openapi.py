@@ -822,7 +822,8 @@ _SUMMARIES = {
 
 
 # Answers beyond the common ones (400, 404, 405, 401/403, 413), by route: rollouts in
-# another state; the dashboard's sign-in (a wrong token, another origin, too many tries).
+# another state; the dashboard's sign-in (a wrong token, another origin, too many tries,
+# too many live sign-ins).
 _EXTRA_RESPONSES: dict[tuple[str, str], dict[str, str]] = {
     (method, path): {
         "409": "The rollout or the model is in another state (one rollout per model)",
@@ -834,6 +835,7 @@ _EXTRA_RESPONSES: dict[tuple[str, str], dict[str, str]] = {
         "401": "Not a valid admin token",
         "403": "Sent from another origin",
         "429": "Too many sign-in attempts",
+        "503": "The database keeps the most live sign-ins",
     },
     ("DELETE", "/v1/dashboard/session"): {"403": "Sent from another origin"},
 }

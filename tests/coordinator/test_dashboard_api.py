@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from coordinator.api.dashboard import COOKIE, CSP, VENDOR_DIR, DashboardSessions
+from coordinator.api.dashboard import COOKIE, CSP, VENDOR_DIR
 from coordinator.api.events import EVENTS_KEY
 from coordinator.app import create_app
 from coordinator.config import CoordinatorConfig
@@ -217,29 +217,6 @@ async def test_the_agent_series_route_answers_an_agents_steps(
     assert status == 404 and body["error"]["code"] == "agent_not_found"
     status, _, _ = await c.call("GET", "/v1/admin/agents/edge-1/series")
     assert status == 401
-
-
-async def test_sessions_expire_and_end_with_their_token() -> None:
-    clock = Clock()
-    valid = {"good"}
-    from coordinator.access.admin_tokens import Caller, Role
-
-    async def check(token: str) -> Caller | None:
-        return Caller("id", "op", Role.OPERATOR) if token in valid else None
-
-    sessions = DashboardSessions(check, ttl_s=60, clock=clock)
-    assert await sessions.open("bad") is None
-    opened = await sessions.open("good")
-    assert opened is not None
-    session_id, caller = opened
-    assert len(session_id) >= 40 and caller.role is Role.OPERATOR
-    assert await sessions.caller(session_id) == caller
-    clock.now += 61
-    assert await sessions.caller(session_id) is None  # expired
-    session_id, _ = await sessions.open("good") or ("", None)
-    valid.clear()  # the admin token was revoked
-    assert await sessions.caller(session_id) is None
-    assert len(sessions) == 0
 
 
 class Client:

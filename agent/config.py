@@ -293,7 +293,10 @@ class CoordinatorLinkConfig(Settings):
     serving one fleet: a list (a TOML array, comma-separated in the environment or a flag),
     or a DNS name with several addresses (each one a
     coordinator, looked up at every connect); the agent moves to the next one when its
-    session breaks or a connect fails, and waits only after all of them failed."""
+    session breaks or a connect fails, and waits only after all of them failed. Each
+    coordinator's Welcome names the coordinators alive then; the agent tries those after
+    these (which always stay), so an agent that reached one finds the others (give it
+    several, or a name, to start while one is down)."""
     join_token: str = Field(default="", repr=False)
     """Token for the first enrollment (then the credentials are kept); empty: no enrollment."""
     enroll_target: Targets = ""

@@ -12,9 +12,11 @@ sync their models from its catalog.
   the fleet series and the page charts EMAIL under "Redactions by type", beside the
   pool's overflow cost;
 - axe-core finds nothing serious in those three views;
-- sessions live in the coordinator's memory: a coordinator with the page open stops
-  cleanly on SIGTERM, and after its restart the open page goes back to its sign-in form
-  by itself; signing in again works.
+- sessions are kept in the coordinator's database: a coordinator with the page open stops
+  cleanly on SIGTERM, and after its restart the open page's live stream reconnects,
+  still signed in; restarted with another bootstrap admin token (the page signed in with
+  the old one), the open page goes back to its sign-in form by itself; signing in again
+  works.
 
 The fleet runs as beyond loopback: the coordinator with TLS (the dashboard, admin API and
 model files over HTTPS, enrollment required), agents enrolled with join tokens, API keys
@@ -428,28 +430,43 @@ async def test_the_catalog_rollouts_and_overflow_views_pass_an_accessibility_aud
     assert found == {}
 
 
-async def test_a_coordinator_restart_ends_the_session_and_the_page_asks_to_sign_in(
+async def test_a_restart_keeps_the_session_and_a_new_bootstrap_token_ends_it(
     fleet: Fleet,
 ) -> None:
     page = await fleet.page()
     await poll(page, "document.querySelectorAll('#agent-rows tr').length === 2")
-    old = fleet.coordinator
-    # SIGTERM: the open page's event stream does not hold the shutdown (a clean exit,
-    # not the SIGKILL that terminate() sends after 10 s).
-    assert await old.terminate() == 0
-    # The same HTTPS certificate, as the operator's files (a start without them issues a
-    # new one from the fleet CA, which a browser trusting the CA would take as well).
-    cert = old.data_dir / "tls"
-    fleet.coordinator = CoordinatorProcess(
-        grpc_port=old.grpc_port, http_port=int(old.http_url.rsplit(":", 1)[1]),
-        report_interval_ms=400, data_dir=old.data_dir, tls=True, enroll_port=old.enroll_port,
-        extra_args=[*fleet.coordinator_args,
-                    "--set", f"http_tls_cert_file={cert / 'http.crt'}",
-                    "--set", f"http_tls_key_file={cert / 'http.key'}"],
-        env={ADMIN_TOKEN_ENV: old.admin_token},
-    )  # fmt: skip
-    await fleet.coordinator.start()
-    # No reload: the live stream breaks, reconnects, is refused; the page signs out.
+
+    async def restart(env: dict[str, str]) -> None:
+        old = fleet.coordinator
+        # SIGTERM: the open page's event stream does not hold the shutdown (a clean exit,
+        # not the SIGKILL that terminate() sends after 10 s).
+        assert await old.terminate() == 0
+        # The same HTTPS certificate, as the operator's files (a start without them issues
+        # a new one from the fleet CA, which a browser trusting the CA would take as well).
+        cert = old.data_dir / "tls"
+        fleet.coordinator = CoordinatorProcess(
+            grpc_port=old.grpc_port, http_port=int(old.http_url.rsplit(":", 1)[1]),
+            report_interval_ms=400, data_dir=old.data_dir, tls=True,
+            enroll_port=old.enroll_port,
+            extra_args=[*fleet.coordinator_args,
+                        "--set", f"http_tls_cert_file={cert / 'http.crt'}",
+                        "--set", f"http_tls_key_file={cert / 'http.key'}"],
+            env=env,
+        )  # fmt: skip
+        await fleet.coordinator.start()
+
+    # The same bootstrap token: the sign-in is in the database; no reload, the live stream
+    # breaks and reconnects (a new "ready" event), still signed in.
+    await page.evaluate("document.getElementById('status-line').textContent = ''")
+    await restart({ADMIN_TOKEN_ENV: fleet.coordinator.admin_token})
+    await poll(page, "document.getElementById('status-line').textContent"
+                     " === 'Live updates connected.'", timeout_s=20)  # fmt: skip
+    assert await page.is_hidden("#view-signin") and not await page.is_hidden("#nav")
+    assert await page.evaluate("fetch('/v1/admin/whoami').then((r) => r.status)") == 200
+    assert (await _text(page, "#who")).endswith("(admin)")
+
+    # Another bootstrap token: the page signed in with the old one is refused and signs out.
+    await restart({})
     await poll(page, "!document.getElementById('view-signin').hidden", timeout_s=20)
     assert await page.is_hidden("#nav") and await page.is_hidden("#view-fleet")
     assert await page.evaluate("document.querySelectorAll('#agent-rows tr').length") == 0

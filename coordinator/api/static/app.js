@@ -60,8 +60,8 @@ async function api(method, path, body) {
   return data;
 }
 
-// Sessions live in the coordinator's memory: a restart, the admin token's revocation or
-// the session's expiry ends one. The next refused request brings the sign-in form back
+// Sessions are kept in the coordinator's database (a restart keeps them): a sign-out, the
+// admin token's revocation (or a new bootstrap token) or the session's expiry ends one. The next refused request brings the sign-in form back
 // (and drops what the page held), rather than a page of stale data and failing buttons.
 function sessionEnded() {
   state.role = null;
@@ -74,7 +74,7 @@ function sessionEnded() {
   $("sign-out").hidden = true;
   $("who").textContent = "";
   route();
-  setStatus("Your session has ended (signed out, expired, its token revoked or the coordinator restarted): sign in again.");
+  setStatus("Your session has ended (signed out, expired, its token revoked or replaced): sign in again.");
 }
 
 // ------------------------------------------------------------------ agents
@@ -433,7 +433,8 @@ function connectEvents() {
   source.addEventListener("ready", () => setStatus("Live updates connected."));
   source.onerror = () => {
     setStatus("Live updates interrupted; reconnecting.");
-    // A restarted coordinator forgot the session: whoami says so (401: sessionEnded).
+    // A session ended meanwhile (signed out elsewhere, its token revoked or replaced):
+    // whoami says so (401: sessionEnded); a restarted coordinator still knows it.
     api("GET", "/v1/admin/whoami").catch(() => {});
   };
 }

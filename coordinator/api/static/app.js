@@ -61,8 +61,9 @@ async function api(method, path, body) {
 }
 
 // Sessions are kept in the coordinator's database (a restart keeps them): a sign-out, the
-// admin token's revocation (or a new bootstrap token) or the session's expiry ends one. The next refused request brings the sign-in form back
-// (and drops what the page held), rather than a page of stale data and failing buttons.
+// admin token's revocation (or a new bootstrap token) or the session's expiry ends one.
+// The next refused request brings the sign-in form back (and drops what the page held),
+// rather than a page of stale data and failing buttons.
 function sessionEnded() {
   state.role = null;
   if (state.events) { state.events.close(); state.events = null; }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -19,6 +20,7 @@ from coordinator.api.app_keys import (
     API_KEYS_KEY,
     AUDIT_KEY,
     BLOB_BASE_URL_KEY,
+    CHANGES_KEY,
     CLUSTER_KEY,
     CONFIG_KEY,
     GRPC_SERVER_KEY,
@@ -45,6 +47,7 @@ from coordinator.api.routes import add_routes, api_document, route_roles
 from coordinator.background import periodic_task
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selector
 from coordinator.catalog.catalog import ModelCatalog
+from coordinator.cluster.changes import KIND_AGENT, KIND_API_KEYS, ChangeFeed
 from coordinator.cluster.membership import ClusterMembership, default_coordinator_id
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import StoreError
@@ -69,6 +72,7 @@ from coordinator.routing.overflow import (
 from coordinator.routing.service import Router
 from coordinator.rpc.convert import LoadLimits
 from coordinator.rpc.service import CoordinatorServicer, GrpcServer
+from coordinator.store.changes import Change
 from coordinator.store.health import PROBE_PERIOD_S, StoreHealth
 from coordinator.store.interface import FleetStore
 
@@ -194,7 +198,6 @@ def create_app(
     app[KEY_DISTRIBUTOR_KEY] = distributor
     app[OVERFLOW_DISTRIBUTOR_KEY] = overflow
     app[GRPC_SERVER_KEY] = GrpcServer(config, servicer, ca)
-    app[LIFECYCLE_KEY] = AgentLifecycle(fleet_store, registry, servicer)
     app[MODEL_CATALOG_KEY] = catalog
     app[MODEL_ASSIGNMENTS_KEY] = assignments
     app[REPORT_HOOKS_KEY] = report_hooks
@@ -213,6 +216,19 @@ def create_app(
     cluster.register_metrics(metrics.registry)
     app[CLUSTER_KEY] = cluster
     servicer.bind_coordinators(cluster.grpc_addresses)  # Welcome.coordinators
+    changes = ChangeFeed(fleet_store, cluster.incarnation)
+    changes.register_metrics(metrics.registry)
+    app[CHANGES_KEY] = changes
+    lifecycle = AgentLifecycle(
+        fleet_store, registry, servicer, changes=changes, on_change=events.on_change
+    )
+    app[LIFECYCLE_KEY] = lifecycle
+
+    async def reload_keys(change: Change) -> None:
+        await distributor.refresh(force=True)
+
+    changes.on(KIND_API_KEYS, reload_keys)
+    changes.on(KIND_AGENT, lifecycle.apply_change)
     app[SESSIONS_KEY] = DashboardSessions(
         fleet_store, admin_tokens, ttl_s=config.dashboard_session_ttl_s
     )
@@ -244,6 +260,7 @@ def create_app(
     app.cleanup_ctx.append(_grpc_server)
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
+    app.cleanup_ctx.append(_change_feed)
     app.cleanup_ctx.append(_overflow_distribution)
     if rollouts is None:
         rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
@@ -293,6 +310,28 @@ async def _membership(app: web.Application) -> AsyncIterator[None]:
             yield
     finally:
         await cluster.stop()
+
+
+#: How often a coordinator prunes the change feed's old rows (seconds).
+CHANGE_PRUNE_PERIOD_S = 600.0
+
+
+async def _change_feed(app: web.Application) -> AsyncIterator[None]:
+    """Apply what other coordinators on the database changed (coordinator/cluster/
+    changes.py), from the newest change on record at start; prune old changes."""
+    feed = app[CHANGES_KEY]
+    try:
+        await feed.start()
+    except StoreError as exc:  # the database is out: read from the start of what is kept
+        logger.warning("change feed: could not read the newest change: %s", exc)
+    task = asyncio.create_task(feed.run(), name="change feed")
+    try:
+        async with periodic_task("change feed pruning", CHANGE_PRUNE_PERIOD_S, feed.prune):
+            yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 # How long a stopping coordinator waits for the database to take its kept writes.

@@ -16,6 +16,7 @@ from coordinator.api.app_keys import (
     GRPC_SERVER_KEY,
     LIFECYCLE_KEY,
     REGISTRY_KEY,
+    STORE_KEY,
 )
 from coordinator.api.common import (
     InvalidParameter,
@@ -25,6 +26,7 @@ from coordinator.api.common import (
 )
 from coordinator.api.events import EVENTS_KEY
 from coordinator.api.views import agent_json, stored_agent_json
+from coordinator.errors import UnknownAgentError
 from coordinator.fleet.records import AgentRecord
 from coordinator.identity.join_tokens import check_http_url
 from coordinator.store.interface import StoreUnavailableError
@@ -70,18 +72,29 @@ async def remove_agent(request: web.Request) -> web.Response:
 async def _set_draining(request: web.Request, draining: bool) -> web.Response:
     agent_id = request.match_info["agent_id"]
     registry = request.config_dict[REGISTRY_KEY]
-    record = registry.set_draining(agent_id, draining)
+    kind = "drain" if draining else "resume"
+    try:
+        record: AgentRecord | None = registry.set_draining(agent_id, draining)
+    except UnknownAgentError:
+        # Not seen by this coordinator (its session is on another one, since this one
+        # started): the flag goes to the store, and the change feed tells the others.
+        if not await request.config_dict[STORE_KEY].set_draining(agent_id, draining):
+            raise
+        record = None
     # Answered once the flag is in the store, so a confirmed drain survives a crash.
     limit_s = request.config_dict[CONFIG_KEY].store_statement_timeout_s
-    if not await registry.flush(limit_s):
+    if record is not None and not await registry.flush(limit_s):
         raise StoreUnavailableError(
-            f"agent {agent_id}: the {'drain' if draining else 'resume'} is in effect on this "
+            f"agent {agent_id}: the {kind} is in effect on this "
             "coordinator but not yet saved; it is written when the database is back"
         )
-    kind = "drain" if draining else "resume"
     sent = request.config_dict[GRPC_SERVER_KEY].servicer.send_command(
         agent_id, kind, f"{kind} requested by an operator"
     )
+    await request.config_dict[LIFECYCLE_KEY].publish(agent_id, kind)
+    if record is None:
+        stored = await request.config_dict[STORE_KEY].get_agent(agent_id)
+        return web.json_response(stored_agent_json(stored, agent_id) | {"command_sent": sent})
     interval_ms = request.config_dict[CONFIG_KEY].report_interval_ms
     request.config_dict[EVENTS_KEY].on_change(agent_id)
     view = agent_json(record, datetime.now(UTC), interval_ms)

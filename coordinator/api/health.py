@@ -6,6 +6,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from coordinator.api.app_keys import (
+    CHANGES_KEY,
     CLUSTER_KEY,
     GRPC_SERVER_KEY,
     METRICS_KEY,
@@ -28,7 +29,8 @@ async def healthz(request: web.Request) -> web.Response:
             "connected_agents": request.app[REGISTRY_KEY].connected_count(),
             "tls": grpc_server.tls,
             "enroll": grpc_server.enroll_address if grpc_server.port is not None else None,
-            "coordinator": request.app[CLUSTER_KEY].json(),
+            "coordinator": request.app[CLUSTER_KEY].json()
+            | {"change_feed": request.app[CHANGES_KEY].json()},
         }
     )
 

@@ -11,11 +11,13 @@ from aiohttp import web
 from coordinator.access.api_keys import MAX_TOKENS_PER_REQUEST, PRIORITIES
 from coordinator.api.app_keys import (
     API_KEYS_KEY,
+    CHANGES_KEY,
     KEY_DISTRIBUTOR_KEY,
 )
 from coordinator.api.common import InvalidParameter, error_response, int_field, json_body
 from coordinator.api.join_tokens import TEN_YEARS_S
 from coordinator.api.views import api_key_json
+from coordinator.cluster.changes import KIND_API_KEYS
 from coordinator.errors import UnknownApiKeyError
 
 
@@ -71,6 +73,7 @@ async def mint_key(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise InvalidParameter("body", str(exc)) from None
     pushed = await request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    await request.config_dict[CHANGES_KEY].publish(KIND_API_KEYS, minted.record.key_id, "minted")
     data = api_key_json(minted.record, datetime.now(UTC))
     return web.json_response(data | {"secret": minted.secret, "agents_updated": pushed}, status=201)
 
@@ -103,5 +106,6 @@ async def revoke_key(request: web.Request) -> web.Response:
     except UnknownApiKeyError as exc:
         return _key_not_found(exc)
     pushed = await request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    await request.config_dict[CHANGES_KEY].publish(KIND_API_KEYS, record.key_id, "revoked")
     data = api_key_json(record, datetime.now(UTC))
     return web.json_response(data | {"agents_updated": pushed})

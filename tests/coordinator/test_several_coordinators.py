@@ -57,10 +57,10 @@ def join_token(data_dir: Path, store_url: str, http_url: str) -> str:
 
 @asynccontextmanager
 async def two_coordinators(
-    tmp_path: Path, store_url: str
+    tmp_path: Path, store_url: str, report_interval_s: float = REPORT_INTERVAL_S
 ) -> AsyncIterator[tuple[CoordinatorProcess, CoordinatorProcess]]:
     env = {"EDGEFLEET_COORDINATOR_STORE_URL": store_url}
-    interval_ms = int(REPORT_INTERVAL_S * 1000)
+    interval_ms = int(report_interval_s * 1000)
     first = CoordinatorProcess(
         report_interval_ms=interval_ms, tls=True, data_dir=tmp_path / "a", env=env
     )

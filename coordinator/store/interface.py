@@ -28,6 +28,7 @@ from coordinator.store.catalog import CatalogTable, CatalogVersion
 from coordinator.store.changes import ChangeTable
 from coordinator.store.generations import GenerationTable
 from coordinator.store.join_tokens import JoinToken, JoinTokenTable
+from coordinator.store.key_demand import KeyDemandTable
 from coordinator.store.last_state import AgentLastState, LastStateTable
 from coordinator.store.membership import (
     CoordinatorMember,
@@ -85,6 +86,7 @@ class FleetStore(
     RolloutTable,
     MembershipTable,
     ChangeTable,
+    KeyDemandTable,
     Protocol,
 ):
     """Durable coordinator state. Awaited methods; none blocks the event loop."""

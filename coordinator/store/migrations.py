@@ -382,6 +382,23 @@ def _changes_and_dashboard_sessions(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at)")
 
 
+@_migration(11)
+def _key_demand(db: sqlite3.Connection) -> None:
+    """Each coordinator's smoothed per-key demand and agent count (store/key_demand.py),
+    so API-key budgets are split over the whole fleet; times as POSIX seconds by the
+    database's clock."""
+    db.execute("""
+        CREATE TABLE key_demand (
+            coordinator_id TEXT NOT NULL,
+            key_id         TEXT NOT NULL,
+            agents         INTEGER NOT NULL,
+            request_rate   REAL NOT NULL,
+            token_rate     REAL NOT NULL,
+            updated_at     REAL NOT NULL,
+            PRIMARY KEY (coordinator_id, key_id)
+        )""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

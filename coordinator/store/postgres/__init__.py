@@ -28,6 +28,7 @@ from coordinator.store.postgres.catalog import PostgresCatalog
 from coordinator.store.postgres.changes import PostgresChanges
 from coordinator.store.postgres.generations import PostgresGenerations
 from coordinator.store.postgres.join_tokens import PostgresJoinTokens
+from coordinator.store.postgres.key_demand import PostgresKeyDemand
 from coordinator.store.postgres.last_state import PostgresLastStates
 from coordinator.store.postgres.membership import PostgresMembership
 from coordinator.store.postgres.migrations import SCHEMA_VERSION, migrate, schema_version
@@ -58,6 +59,7 @@ class PostgresFleetStore(
     PostgresRollouts,
     PostgresMembership,
     PostgresChanges,
+    PostgresKeyDemand,
 ):
     """FleetStore backed by PostgreSQL; ``await open()`` before the first call.
 

@@ -309,6 +309,21 @@ async def _changes_and_dashboard_sessions(db: Connection) -> None:
     await db.execute("CREATE INDEX dashboard_sessions_expiry ON dashboard_sessions (expires_at)")
 
 
+@_migration(4)
+async def _key_demand(db: Connection) -> None:
+    """Each coordinator's smoothed per-key demand and agent count (store/key_demand.py)."""
+    await db.execute("""
+        CREATE TABLE key_demand (
+            coordinator_id text NOT NULL,
+            key_id         text NOT NULL,
+            agents         integer NOT NULL,
+            request_rate   double precision NOT NULL,
+            token_rate     double precision NOT NULL,
+            updated_at     timestamptz NOT NULL,
+            PRIMARY KEY (coordinator_id, key_id)
+        )""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

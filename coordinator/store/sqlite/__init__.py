@@ -23,6 +23,7 @@ from coordinator.store.sqlite.catalog import SQLiteCatalog
 from coordinator.store.sqlite.changes import SQLiteChanges
 from coordinator.store.sqlite.generations import SQLiteGenerations
 from coordinator.store.sqlite.join_tokens import SQLiteJoinTokens
+from coordinator.store.sqlite.key_demand import SQLiteKeyDemand
 from coordinator.store.sqlite.last_state import SQLiteLastStates
 from coordinator.store.sqlite.membership import SQLiteMembership
 from coordinator.store.sqlite.request_records import SQLiteRequestRecords
@@ -49,6 +50,7 @@ class SQLiteFleetStore(
     SQLiteRollouts,
     SQLiteMembership,
     SQLiteChanges,
+    SQLiteKeyDemand,
 ):
     """FleetStore backed by SQLite; ``await open()`` before the first call.
 

@@ -215,6 +215,7 @@ def create_app(
     )
     cluster.register_metrics(metrics.registry)
     app[CLUSTER_KEY] = cluster
+    distributor.share_fleet_wide(fleet_store, cluster.coordinator_id)
     servicer.bind_coordinators(cluster.grpc_addresses)  # Welcome.coordinators
     changes = ChangeFeed(fleet_store, cluster.incarnation)
     changes.register_metrics(metrics.registry)

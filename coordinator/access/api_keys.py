@@ -34,6 +34,12 @@ re-sent about 1,150 sections a second before this cap). Consequences: a key can 
 exceed its budget by what the agents' buckets held (each bucket holds one minute of its
 share) when shares move, and a client that moves to an agent with a small share is
 refused sooner, until the next rebalance (within a report interval or two).
+
+With several coordinators on one database (``share_fleet_wide``), ``n`` and the total
+demand are the whole fleet's: each coordinator writes its agent count and its agents'
+smoothed demand per key every tick and reads the others' (coordinator/store/
+key_demand.py), so the shares its agents get, added to the shares the others' agents
+get, still sum to the budget (never the budget once per coordinator).
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from coordinator.errors import UnknownApiKeyError
+from coordinator.errors import StoreError, UnknownApiKeyError
 from coordinator.identity.join_tokens import sha256_hex
 from coordinator.store.api_keys import ApiKeyRecord, ApiKeyTable
+from coordinator.store.key_demand import FleetDemand, KeyDemandTable
 from edgefleet.contract import ApiKey, KeysSection, KeyUsage
 
 logger = logging.getLogger(__name__)
@@ -200,6 +207,17 @@ class KeyDistributor:
         self._unsaved: dict[str, list[int]] = {}
         self._totals: dict[str, tuple[float, float]] = {}
         self._agent_count = 0
+        # Several coordinators: where demand is exchanged, and the others' as last read.
+        self._fleet: KeyDemandTable | None = None
+        self._coordinator_id = ""
+        self._fresh_s = 0.0
+        self.others = FleetDemand()
+
+    def share_fleet_wide(self, table: KeyDemandTable, coordinator_id: str) -> None:
+        """Split budgets over every coordinator's agents: exchange demand through
+        ``table`` each tick, as ``coordinator_id``."""
+        self._fleet = table
+        self._coordinator_id = coordinator_id
 
     async def load(self) -> None:
         """Read the keys from the store (before agents connect)."""
@@ -227,8 +245,12 @@ class KeyDistributor:
                 total = totals.setdefault(key_id, [0.0, 0.0])
                 total[0] += demand.request_rate
                 total[1] += demand.token_rate
+        for key_id, (requests, tokens) in self.others.demand.items():
+            total = totals.setdefault(key_id, [0.0, 0.0])
+            total[0] += requests
+            total[1] += tokens
         self._totals = {k: (v[0], v[1]) for k, v in totals.items()}
-        self._agent_count = len(agents)
+        self._agent_count = len(agents) + self.others.agents
         self._shared.clear()
 
     def _templates(self) -> list[ApiKey]:
@@ -298,7 +320,7 @@ class KeyDistributor:
         if not self._known_ids:
             return
         # Demand totals from the last refresh: a reconnect storm costs O(keys) per agent.
-        keys = self._shares(agent_id, max(len(self._connected()), 1))
+        keys = self._shares(agent_id, max(len(self._connected()) + self.others.agents, 1))
         current = self._current_section(agent_id)
         if current is None or not _close(current.keys, keys):
             self._set_section(agent_id, self._section(keys))
@@ -345,15 +367,16 @@ class KeyDistributor:
         budgets = any(k.requests_per_minute or k.tokens_per_minute for k in self._active)
         if not changed and not budgets:
             return 0  # nothing to share: connecting agents got the set in on_connect
+        n = self._agent_count  # the fleet's (this coordinator's and the others')
         if changed:
             for agent_id in agents:
-                keys = self._shares(agent_id, len(agents))
+                keys = self._shares(agent_id, n)
                 self._push(agent_id, self._section(keys))
                 self._pushed[agent_id] = keys
             return len(agents)
         moved: list[tuple[float, str, tuple[ApiKey, ...]]] = []
         for agent_id in agents:
-            keys = self._shares(agent_id, len(agents))
+            keys = self._shares(agent_id, n)
             old = self._pushed.get(agent_id)
             if not _close(old, keys):
                 moved.append((_largest_move(old, keys), agent_id, keys))
@@ -377,7 +400,31 @@ class KeyDistributor:
                 )
                 demand.requests = demand.tokens = 0
         await self.save_usage()
+        if self._fleet is not None:
+            await self._exchange_demand(interval_s)
         return await self.refresh()
+
+    async def _exchange_demand(self, interval_s: float) -> None:
+        """Write this coordinator's agent count and demand; read the others' (fresh
+        within three report intervals). On a store error the others' last read stays."""
+        assert self._fleet is not None
+        agents = set(self._connected())
+        mine: dict[str, list[float]] = {}
+        for agent_id, by_key in self._demand.items():
+            if agent_id in agents:
+                for key_id, demand in by_key.items():
+                    total = mine.setdefault(key_id, [0.0, 0.0])
+                    total[0] += demand.request_rate
+                    total[1] += demand.token_rate
+        try:
+            await self._fleet.save_key_demand(
+                self._coordinator_id, len(agents), {k: (v[0], v[1]) for k, v in mine.items()}
+            )
+            self.others = await self._fleet.other_key_demand(
+                self._coordinator_id, max(3.0 * interval_s, 3.0)
+            )
+        except StoreError as exc:
+            logger.warning("API key demand: could not exchange with the others: %s", exc)
 
     async def save_usage(self) -> None:
         unsaved, self._unsaved = self._unsaved, {}

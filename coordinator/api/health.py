@@ -11,6 +11,7 @@ from coordinator.api.app_keys import (
     GRPC_SERVER_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
+    ROLLOUTS_KEY,
     STORE_HEALTH_KEY,
 )
 
@@ -21,6 +22,7 @@ async def healthz(request: web.Request) -> web.Response:
     Answered from memory: it never waits for the database."""
     grpc_server = request.app[GRPC_SERVER_KEY]
     store = request.app[STORE_HEALTH_KEY]
+    rollouts = request.app.get(ROLLOUTS_KEY)
     return web.json_response(
         {
             "status": store.status,
@@ -30,7 +32,11 @@ async def healthz(request: web.Request) -> web.Response:
             "tls": grpc_server.tls,
             "enroll": grpc_server.enroll_address if grpc_server.port is not None else None,
             "coordinator": request.app[CLUSTER_KEY].json()
-            | {"change_feed": request.app[CHANGES_KEY].json()},
+            | {
+                "change_feed": request.app[CHANGES_KEY].json(),
+                # the rollout engine runs here (this coordinator leads): issue 24
+                "rollout_engine_active": rollouts is not None and rollouts.active,
+            },
         }
     )
 

@@ -25,6 +25,20 @@ rollouts; ``tick()`` drives them (the app awaits it every report interval); ``on
 is the ReportHooks callback that collects ModelStats (in memory: no store call). Operator
 actions and ticks take turns (one lock): each awaits its store writes and assignment
 changes, and none sees another half done.
+
+Only the leader runs rollouts (issue 24). Given a ``leadership`` (the app's
+``ClusterMembership``), the engine is *active* only while that coordinator holds the
+leader lease: on each tick it looks at the lease's fence; a new tenure (an epoch it has not
+loaded under) reloads the running and paused rollouts from the store, each at its stored
+step with its stored soak start (so the soak goes on where the old leader left it, and a
+soak already over passes at the next tick). Every rollout write carries the fence
+(``save_rollout(..., fence=...)``): a refused one (``LeaseLostError``) stops the engine at
+once (the membership is told, nothing in memory is kept, no further write or push) until
+it leads again. Before every push of model sections (assign, clear, set_rule) the engine
+checks that the fence is still the one it loaded under, which a leader paused past its
+lease knows on waking by its own monotonic clock. An inactive engine answers reads from
+the store and refuses actions with :class:`NotLeaderError` (the HTTP API forwards them to
+the leader). Without a ``leadership`` (tests, a bare engine) it always leads, unfenced.
 """
 
 from __future__ import annotations
@@ -51,6 +65,7 @@ from coordinator.rollouts.gates import (
     evaluate_gate,
 )
 from coordinator.rollouts.model import Rollout, RolloutPolicy, RolloutState, SelectorSpec
+from coordinator.store.membership import LeaseFence, LeaseLostError
 from coordinator.store.rollouts import RolloutTable
 from edgefleet.contract import LoadReport, ModelInventory, ModelStats
 
@@ -105,6 +120,15 @@ class AssignmentsView(Protocol):
     def desired_for(self, agent_id: str) -> Mapping[str, AssignmentView]: ...
 
 
+class Leadership(Protocol):
+    """What the engine needs of ``coordinator.cluster.membership.ClusterMembership``."""
+
+    @property
+    def fence(self) -> LeaseFence | None: ...
+
+    def lost(self, exc: LeaseLostError) -> None: ...
+
+
 SelectorFactory = Callable[..., SelectorView]
 # audit(action, target, detail): an entry in the audit log by the coordinator itself.
 AuditHook = Callable[[str, str, str], Awaitable[None]]
@@ -138,6 +162,13 @@ class RolloutConflictError(RolloutError):
 class UnknownVersionError(RolloutError):
     status = 404
     code = "model_version_not_found"
+
+
+class NotLeaderError(RolloutError):
+    """This coordinator does not lead (or stopped leading): rollouts run on the leader."""
+
+    status = 503
+    code = "not_leader"
 
 
 # ------------------------------------------------------------------ baseline window
@@ -197,8 +228,17 @@ class RolloutEngine:
         registry: FleetRegistry,
         clock: Callable[[], float] = time.time,
         audit: AuditHook | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self._store = store
+        self._leadership = leadership
+        # Whether this engine runs rollouts now, and the fence it loaded them under (None
+        # without a leadership: unfenced writes).
+        self._leading = False
+        self._fence: LeaseFence | None = None
+        #: Times this engine took over (loaded the rollouts for a new tenure) / stood down.
+        self.takeovers = 0
+        self.stand_downs = 0
         self._catalog = catalog
         self._assignments = assignments
         self._selector_factory = selector_factory
@@ -220,8 +260,71 @@ class RolloutEngine:
         self.invalid_stats = 0
         self.rollbacks = 0
 
+    @property
+    def active(self) -> bool:
+        """Whether this engine runs the rollouts now (this coordinator leads)."""
+        return self._leading
+
     async def load(self) -> None:
-        """Resume the rollouts the store holds as running or paused."""
+        """Resume the rollouts the store holds as running or paused (with a leadership:
+        only when this coordinator leads; else just the counts, and ``tick`` takes over
+        once it leads)."""
+        if self._leadership is None:
+            await self._load()
+            self._leading = True
+        elif not await self._lead():
+            self._counts = Counter(await self._store.count_rollouts_by_state())
+
+    async def _lead(self) -> bool:
+        """Whether this engine may run rollouts now: stands down when the lease is gone,
+        (re)loads the rollouts from the store on a new tenure."""
+        if self._leadership is None:
+            return self._leading
+        fence = self._leadership.fence
+        if fence is not None and self._leading and fence == self._fence:
+            return True
+        if self._leading:
+            self._stand_down("this coordinator no longer leads")
+        if fence is None:
+            return False
+        self._fence = fence
+        await self._load()  # a StoreError leaves it inactive: tried again next tick
+        self._leading = True
+        self.takeovers += 1
+        logger.info("rollout engine active: this coordinator leads (epoch %d), %d rollouts "
+                    "resumed from the store", fence.epoch, len(self._active))  # fmt: skip
+        return True
+
+    def _stand_down(self, why: str) -> None:
+        """Stop at once: forget the rollouts in memory (the store has them; the next
+        leader, or this one leading again, loads them)."""
+        if self._leading:
+            self.stand_downs += 1
+            logger.warning("rollout engine stopped: %s (%d rollouts left to the leader)",
+                           why, len(self._active))  # fmt: skip
+        self._leading = False
+        self._fence = None
+        self._active.clear()
+        self._stored_state.clear()
+        self._step_sets.clear()
+        self._moved_sets.clear()
+        self._dirty.clear()
+
+    def _check_lead(self) -> None:
+        """Raise NotLeaderError unless the lease is still the one the rollouts were loaded
+        under (before each push of model sections, and each write)."""
+        if self._leadership is None:
+            return
+        if not self._leading or self._leadership.fence != self._fence:
+            self._stand_down("the leader lease is no longer this coordinator's")
+            raise NotLeaderError("this coordinator no longer leads; rollouts run on the leader")
+
+    async def _load(self) -> None:
+        self._active.clear()
+        self._stored_state.clear()
+        self._step_sets.clear()
+        self._moved_sets.clear()
+        self._dirty.clear()
         active = (RolloutState.RUNNING.value, RolloutState.PAUSED.value)
         stored = await self._store.list_rollouts(states=active, limit=1_000_000)
         self._counts = Counter(await self._store.count_rollouts_by_state())
@@ -259,6 +362,7 @@ class RolloutEngine:
     async def start(self, policy: RolloutPolicy, *, created_by: str = "") -> Rollout:
         """Plan a rollout and move its canary; raises RolloutError."""
         async with self._turn:
+            await self._require_lead()
             return await self._start(policy, created_by)
 
     async def _start(self, policy: RolloutPolicy, created_by: str) -> Rollout:
@@ -309,8 +413,13 @@ class RolloutEngine:
                     len(rollout.plan), previous or "nothing")  # fmt: skip
         return rollout
 
+    async def _require_lead(self) -> None:
+        if not await self._lead():
+            raise NotLeaderError("this coordinator does not lead; rollouts run on the leader")
+
     async def pause(self, rollout_id: str) -> Rollout:
         async with self._turn:
+            await self._require_lead()
             rollout = await self._active_one(rollout_id)
             if rollout.state == RolloutState.RUNNING:
                 now = self._clock()
@@ -321,6 +430,7 @@ class RolloutEngine:
 
     async def resume(self, rollout_id: str) -> Rollout:
         async with self._turn:
+            await self._require_lead()
             rollout = await self._active_one(rollout_id)
             if rollout.state == RolloutState.PAUSED:
                 now = self._clock()
@@ -333,6 +443,7 @@ class RolloutEngine:
 
     async def abort(self, rollout_id: str, *, rollback: bool = True, reason: str = "") -> Rollout:
         async with self._turn:
+            await self._require_lead()
             rollout = await self._active_one(rollout_id)
             now = self._clock()
             detail = reason or "aborted by an operator"
@@ -379,8 +490,13 @@ class RolloutEngine:
     # -------------------------------------------------------------- the clock
 
     async def tick(self) -> TickResult:
-        """Move, judge, complete or roll back every running rollout; save what changed."""
+        """Move, judge, complete or roll back every running rollout; save what changed.
+        Not leading: nothing but the counts (from the store); a lease lost meanwhile
+        stops it at once (NotLeaderError)."""
         async with self._turn:
+            if not await self._lead():
+                self._counts = Counter(await self._store.count_rollouts_by_state())
+                return TickResult()
             return await self._tick()
 
     async def _tick(self) -> TickResult:
@@ -411,10 +527,12 @@ class RolloutEngine:
             elif gate.verdict == Verdict.PASS:
                 passed.append(rollout.rollout_id)
                 rollout.note(now, "step_passed", step=rollout.step, gate=gate.json())
-                if self._audit is not None:
-                    await self._audit("rollout step passed", rollout.rollout_id,
-                                      f"step {rollout.step}: {gate.requests} requests")  # fmt: skip
+                # audited once the step's outcome is saved (fenced): a leader that lost
+                # its lease meanwhile audits nothing, and its successor passes it once
+                audit = f"step {rollout.step}: {gate.requests} requests"
                 if rollout.step + 1 >= len(rollout.plan):
+                    await self._save(rollout, now)
+                    await self._audit_step_passed(rollout, audit)
                     await self._complete(rollout, now)
                     completed.append(rollout.rollout_id)
                 else:
@@ -422,6 +540,7 @@ class RolloutEngine:
                     rollout.step_started_at = None
                     rollout.step_stats = StepStats()
                     await self._move_step(rollout, now)
+                    await self._audit_step_passed(rollout, audit)
                     moved.append(rollout.rollout_id)
             else:
                 rollout.detail = "waiting: " + "; ".join(gate.reasons)
@@ -431,6 +550,10 @@ class RolloutEngine:
                 await self._save(changed, now)
         self._dirty.clear()
         return TickResult(tuple(moved), tuple(passed), tuple(completed), tuple(rolled_back))
+
+    async def _audit_step_passed(self, rollout: Rollout, detail: str) -> None:
+        if self._audit is not None:
+            await self._audit("rollout step passed", rollout.rollout_id, detail)
 
     def gate(self, rollout: Rollout, now: float | None = None) -> GateResult:
         """The current step's gate as it stands."""
@@ -493,6 +616,11 @@ class RolloutEngine:
         return None
 
     async def _move_step(self, rollout: Rollout, now: float) -> None:
+        # Saved (fenced) before any push: a leader that lost its lease learns it here and
+        # moves nobody; a rollout stored with its step not started yet is moved (again:
+        # the same assignment) by whichever coordinator leads next.
+        rollout.step_started_at = None
+        await self._save(rollout, now)
         agents = rollout.current_agents()
         await self._assignments.assign(agents, rollout.model, rollout.version, rollout.rollout_id)
         rollout.step_started_at = now
@@ -503,6 +631,7 @@ class RolloutEngine:
         await self._save(rollout, now)
 
     async def _complete(self, rollout: Rollout, now: float) -> None:
+        await self._save(rollout, now)  # fenced, before any push (see _move_step)
         spec = rollout.policy.selector
         selector = self._selector_factory(
             sites=spec.sites, labels=spec.labels, agent_ids=spec.agent_ids
@@ -531,6 +660,7 @@ class RolloutEngine:
         moved = rollout.moved_agents()
         if not moved:
             return moved
+        await self._save(rollout, self._clock())  # fenced, before any push (see _move_step)
         await self._assignments.clear(moved, rollout.model)
         back: dict[str, list[str]] = {}
         for agent_id in moved:
@@ -555,8 +685,16 @@ class RolloutEngine:
             await self._audit(f"rollout {state.value}", rollout.rollout_id, detail)
 
     async def _save(self, rollout: Rollout, now: float) -> None:
+        self._check_lead()
         rollout.updated_at = now
-        await self._store.save_rollout(rollout.stored())
+        try:
+            await self._store.save_rollout(rollout.stored(), fence=self._fence)
+        except LeaseLostError as exc:
+            # another coordinator leads now: stop at once, nothing more written or pushed
+            if self._leadership is not None:
+                self._leadership.lost(exc)
+            self._stand_down(f"a rollout write was refused ({exc})")
+            raise NotLeaderError(f"this coordinator no longer leads: {exc}") from exc
         self._dirty.discard(rollout.rollout_id)
         before = self._stored_state.get(rollout.rollout_id)
         if before != rollout.state.value:

@@ -1,6 +1,8 @@
 """Puts the rollout engine into a coordinator app: the app's store, the ReportHooks
 callback, the tick every report interval, audit entries for what it does on its own, and
-its ``/metrics`` families.
+its ``/metrics`` families. The app's ``ClusterMembership`` (``app[CLUSTER_KEY]``) is the
+engine's leadership: it runs rollouts only while this coordinator holds the leader lease,
+its writes fenced by it (coordinator/rollouts/engine.py).
 
 ``create_app(config, rollouts=RolloutDeps(...))`` calls :func:`install_rollouts` (the
 collaborators are given, the engine creates none; with the model catalog merged,
@@ -20,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from coordinator.api.app_keys import (
     AUDIT_KEY,
+    CLUSTER_KEY,
     CONFIG_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
@@ -28,7 +31,13 @@ from coordinator.api.app_keys import (
 )
 from coordinator.background import periodic_task
 from coordinator.fleet.metrics import PREFIX
-from coordinator.rollouts.engine import AssignmentsView, CatalogView, RolloutEngine, SelectorFactory
+from coordinator.rollouts.engine import (
+    AssignmentsView,
+    CatalogView,
+    NotLeaderError,
+    RolloutEngine,
+    SelectorFactory,
+)
 from coordinator.rollouts.model import RolloutState
 from edgefleet.contract import LoadReport
 
@@ -63,6 +72,20 @@ class RolloutMetrics(Collector):
         )
         invalid.add_metric([], float(self._engine.invalid_stats))
         yield invalid
+        active = GaugeMetricFamily(
+            f"{PREFIX}_rollout_engine_active",
+            "1 while the rollout engine runs here (this coordinator holds the leader lease), "
+            "else 0.",
+        )
+        active.add_metric([], 1.0 if self._engine.active else 0.0)
+        yield active
+        takeovers = CounterMetricFamily(
+            f"{PREFIX}_rollout_engine_takeovers",
+            "Times the rollout engine here took the rollouts over from the store (a new "
+            "tenure of the leader lease), since start.",
+        )
+        takeovers.add_metric([], float(self._engine.takeovers))
+        yield takeovers
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +120,7 @@ def install_rollouts(app: web.Application, deps: RolloutDeps) -> RolloutEngine:
         registry=app[REGISTRY_KEY],
         clock=deps.clock,
         audit=audit,
+        leadership=app.get(CLUSTER_KEY),
     )
     app[ROLLOUTS_KEY] = engine
     deps.add_report_hook(engine.on_report)
@@ -104,10 +128,14 @@ def install_rollouts(app: web.Application, deps: RolloutDeps) -> RolloutEngine:
     period_s = config.report_interval_ms / 1000.0
 
     async def tick() -> None:
-        await engine.tick()
+        try:
+            await engine.tick()
+        except NotLeaderError as exc:  # stopped at once; loads again once it leads
+            logger.warning("rollouts: %s", exc)
 
     async def run(app: web.Application) -> AsyncIterator[None]:
-        # After the app's store opened (its cleanup context comes first).
+        # After the app's store opened and the membership's first step (their cleanup
+        # contexts come first): a leader resumes the rollouts at once.
         await engine.load()
         async with periodic_task("rollouts", period_s, tick):
             yield

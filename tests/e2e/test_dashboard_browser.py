@@ -673,3 +673,25 @@ async def test_the_header_shows_the_fleet_databases_health(fleet: Fleet) -> None
     colour = await page.evaluate("getComputedStyle(document.getElementById('store-health')).color")
     assert colour == "rgb(176, 0, 32)"  # --down
     await page.close()
+
+
+async def test_the_header_shows_the_coordinators_and_the_leader(fleet: Fleet) -> None:
+    """One coordinator (SQLite): it leads. Several (as /healthz says it on PostgreSQL):
+    how many are alive and which one leads; none while the lease changes hands (in the
+    "down" colour)."""
+    page = await fleet.page(fleet.coordinator.admin_token)
+    await poll(page, "document.getElementById('coordinator-health').dataset.status === 'ok'")
+    assert await page.text_content("#coordinator-health") == "Coordinators: 1 alive, this one leads"
+    status, health = await fleet.api("GET", "/healthz")
+    assert status == 200
+    health["coordinator"] |= {"members_alive": 3, "is_leader": False, "leader": "coord-b"}
+    await page.route("**/healthz", lambda route: asyncio.ensure_future(route.fulfill(json=health)))
+    await poll(
+        page,
+        "document.getElementById('coordinator-health').textContent"
+        " === 'Coordinators: 3 alive, leader coord-b'",
+    )
+    health["coordinator"] |= {"members_alive": 2, "leader": None}
+    await poll(page, "document.getElementById('coordinator-health').dataset.status === 'degraded'")
+    assert await page.text_content("#coordinator-health") == "Coordinators: 2 alive, no leader now"
+    await page.close()

@@ -849,13 +849,14 @@ async function start() {
 // round trip, or since when it is unavailable and how many writes wait for it.
 async function showStoreHealth() {
   const element = $("store-health");
-  let store;
+  let store, coordinator;
   try {
     const response = await fetch("/healthz", { credentials: "same-origin" });
-    store = (await response.json()).store;
+    ({ store, coordinator } = await response.json());
   } catch (error) {
     return;  // the coordinator itself is unreachable: the events stream says so
   }
+  if (coordinator) showCoordinators(coordinator);
   if (!store) return;
   const backend = store.backend === "postgresql" ? "PostgreSQL" : "SQLite";
   element.dataset.status = store.status;
@@ -869,6 +870,21 @@ async function showStoreHealth() {
     element.textContent = `Database (${backend}) unavailable${since}: ${store.pending_writes} writes kept; agents and routing carry on`;
     element.title = store.last_error || "";
   }
+}
+
+// The coordinators sharing the database (/healthz's coordinator object): how many are
+// alive and which one leads (this one, another, or none while a lease changes hands).
+function showCoordinators(coordinator) {
+  const element = $("coordinator-health");
+  const alive = coordinator.members_alive;
+  let leader;
+  if (coordinator.is_leader) leader = "this one leads";
+  else if (coordinator.leader) leader = `leader ${coordinator.leader}`;
+  else leader = "no leader now";
+  const feed = coordinator.change_feed && !coordinator.change_feed.ok ? "; change feed failing" : "";
+  element.dataset.status = coordinator.leader || coordinator.is_leader ? "ok" : "degraded";
+  element.textContent = `Coordinators: ${alive} alive, ${leader}${feed}`;
+  element.title = `this coordinator: ${coordinator.id}, lease epoch ${coordinator.lease_epoch}`;
 }
 
 function init() {

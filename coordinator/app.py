@@ -47,7 +47,7 @@ from coordinator.api.routes import add_routes, api_document, route_roles
 from coordinator.background import periodic_task
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selector
 from coordinator.catalog.catalog import ModelCatalog
-from coordinator.cluster.changes import KIND_AGENT, KIND_API_KEYS, ChangeFeed
+from coordinator.cluster.changes import KIND_AGENT, KIND_API_KEYS, KIND_MODELS, ChangeFeed
 from coordinator.cluster.membership import ClusterMembership, default_coordinator_id
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import StoreError
@@ -172,7 +172,7 @@ def create_app(
         report_hooks=report_hooks,
         model_signing_key=catalog.public_key,
     )
-    assignments.bind(servicer.set_section)
+    assignments.bind(servicer.set_section, servicer.connected_agent_ids)
     distributor.bind(servicer.set_keys_section, servicer.connected_agent_ids)
     overflow = OverflowDistributor(
         targets_file_for(config),
@@ -230,6 +230,9 @@ def create_app(
 
     changes.on(KIND_API_KEYS, reload_keys)
     changes.on(KIND_AGENT, lifecycle.apply_change)
+    catalog.bind_changes(functools.partial(changes.publish, KIND_MODELS))
+    assignments.bind_changes(functools.partial(changes.publish, KIND_MODELS))
+    changes.on(KIND_MODELS, assignments.apply_change)
     app[SESSIONS_KEY] = DashboardSessions(
         fleet_store, admin_tokens, ttl_s=config.dashboard_session_ttl_s
     )

@@ -18,6 +18,11 @@ hold or are fetching that version, and the rollout id) and pushed on their live 
 when it connects (``on_connect``). A section is pushed only when it differs from the one
 the agent has.
 
+Several coordinators on one database: each change made here is told to the others
+(``bind_changes``: the change feed, coordinator/cluster/changes.py); ``apply_change`` is
+their end: read the catalog or the rules and assignments again, and push the sections of
+the agents whose sessions are there that changed.
+
 Site peers: connected agents at the same site whose latest inventory lists the version
 as on disk, loading, checking or loaded (first), or downloading (after them); at most
 ``MAX_PEERS``. When an agent's holdings change (its reports, through ``on_report``), the
@@ -35,12 +40,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from coordinator.catalog.catalog import ModelCatalog
+from coordinator.catalog.catalog import CATALOG_CHANGES, ModelCatalog, Notify
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ModelCatalogError, UnknownAgentError
 from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
 from coordinator.fleet.registry import FleetRegistry
-from coordinator.store.assignments import AssignmentRecord, AssignmentTable
+from coordinator.store.assignments import AssignmentRecord, AssignmentTable, RuleRecord
+from coordinator.store.changes import Change
 from edgefleet.contract import (
     LoadReport,
     ModelInventoryState,
@@ -68,6 +74,9 @@ FETCHING = frozenset({ModelInventoryState.DOWNLOADING})
 BLOB_PATH = "/v1/blobs"
 
 Push = Callable[[str, Section], object]
+#: The ``detail`` of a rules or assignments change told to the other coordinators
+#: (subject: the model's name, or name@version when one is set).
+ASSIGNMENT_CHANGES = ("rule", "rule_cleared", "assigned", "assignment_cleared")
 
 
 class BlobBaseUrl:
@@ -208,6 +217,8 @@ class ModelAssignments:
         self._labels_of = labels_of
         self._clock = clock
         self._push: Push | None = None
+        self._connected: Callable[[], Iterable[str]] | None = None
+        self._notify: Notify | None = None
         # name -> rules for it, oldest first (the last match wins).
         self._rules: dict[str, list[Rule]] = {}
         # agent id -> name -> explicit assignment.
@@ -217,14 +228,25 @@ class ModelAssignments:
         # One change at a time: each writes the store, then memory, then pushes.
         self._changing = asyncio.Lock()
 
-    def bind(self, push: Push) -> None:
-        """``push(agent_id, section)`` sets a section and sends it on the live session."""
+    def bind(self, push: Push, connected: Callable[[], Iterable[str]] | None = None) -> None:
+        """``push(agent_id, section)`` sets a section and sends it on the live session;
+        ``connected()``: the agents whose sessions are here (``apply_change`` pushes to
+        those only)."""
         self._push = push
+        self._connected = connected
+
+    def bind_changes(self, notify: Notify) -> None:
+        """After each change made here: ``notify(subject, detail)`` (ASSIGNMENT_CHANGES)."""
+        self._notify = notify
 
     async def load(self) -> None:
-        self._rules.clear()
-        self._explicit.clear()
-        for row in await self._store.list_model_rules():
+        self._replace(
+            await self._store.list_model_rules(), await self._store.list_model_assignments()
+        )
+
+    def _replace(self, rows: Iterable[RuleRecord], assigned: Iterable[AssignmentRecord]) -> None:
+        rules: dict[str, list[Rule]] = {}
+        for row in rows:
             rule = Rule(
                 seq=row.seq,
                 name=row.name,
@@ -233,11 +255,43 @@ class ModelAssignments:
                 rollout_id=row.rollout_id,
                 set_at=row.set_at,
             )
-            self._rules.setdefault(rule.name, []).append(rule)
-        for a in await self._store.list_model_assignments():
-            self._explicit.setdefault(a.agent_id, {})[a.name] = Assignment(
+            rules.setdefault(rule.name, []).append(rule)
+        explicit: dict[str, dict[str, Assignment]] = {}
+        for a in assigned:
+            explicit.setdefault(a.agent_id, {})[a.name] = Assignment(
                 a.name, a.version, a.rollout_id
             )
+        self._rules, self._explicit = rules, explicit
+
+    async def apply_change(self, change: Change) -> None:
+        """A change another coordinator made (the change feed's ``models`` kind): read
+        the catalog (a version published, deprecated or deleted) or the rules and
+        assignments again from the store, then push the sections that changed of the
+        agents whose sessions are here."""
+        if change.detail in CATALOG_CHANGES:
+            await self._catalog.reload()
+        async with self._changing:
+            if change.detail not in CATALOG_CHANGES:
+                self._replace(
+                    await self._store.list_model_rules(),
+                    await self._store.list_model_assignments(),
+                )
+                if self._unknown_versions():  # a catalog change not read here (yet)
+                    await self._catalog.reload()
+            here = None if self._connected is None else self._connected()
+            pushed = self.refresh(here)
+        if pushed:
+            logger.info("model %s %s (another coordinator): pushed to %s", change.subject,
+                        change.detail, ", ".join(pushed))  # fmt: skip
+
+    def _unknown_versions(self) -> bool:
+        wanted = {(r.name, r.version) for rules in self._rules.values() for r in rules}
+        wanted |= {(a.name, a.version) for held in self._explicit.values() for a in held.values()}
+        return any(self._catalog.get(name, version) is None for name, version in wanted)
+
+    async def _told(self, subject: str, detail: str) -> None:
+        if self._notify is not None:
+            await self._notify(subject, detail)
 
     # ------------------------------------------------------------------ changing
 
@@ -255,7 +309,9 @@ class ModelAssignments:
             rules.append(Rule(seq, name, selector, version, rollout_id, now))
             self._rules[name] = rules
             logger.info("model rule: %s -> %s@%s", key, name, version)
-            return self.refresh(self._matching(selector))
+            pushed = self.refresh(self._matching(selector))
+        await self._told(f"{name}@{version}", "rule")
+        return pushed
 
     async def clear_rule(self, selector: Selector, name: str) -> list[str]:
         """Drop the rule for exactly this selector and name (agents fall back to older
@@ -266,7 +322,9 @@ class ModelAssignments:
             self._rules[name] = [r for r in self._rules.get(name, []) if r.selector.key() != key]
             if not self._rules[name]:
                 del self._rules[name]
-            return self.refresh(self._matching(selector))
+            pushed = self.refresh(self._matching(selector))
+        await self._told(name, "rule_cleared")
+        return pushed
 
     def rules(self, name: str | None = None) -> list[Rule]:
         names = sorted(self._rules) if name is None else [name]
@@ -287,7 +345,9 @@ class ModelAssignments:
                 self._explicit.setdefault(agent_id, {})[name] = Assignment(
                     name, version, rollout_id
                 )
-            return self.refresh(ids)
+            pushed = self.refresh(ids)
+        await self._told(f"{name}@{version}", "assigned")
+        return pushed
 
     async def clear(self, agent_ids: Iterable[str], name: str) -> list[str]:
         """Drop explicit assignments (the rules apply again)."""
@@ -300,7 +360,9 @@ class ModelAssignments:
                     held.pop(name, None)
                     if not held:
                         del self._explicit[agent_id]
-            return self.refresh(ids)
+            pushed = self.refresh(ids)
+        await self._told(name, "assignment_cleared")
+        return pushed
 
     def _check_version(self, name: str, version: str) -> None:
         try:

@@ -18,9 +18,11 @@ its name says. Deleting a version removes the blobs no other version lists.
 The versions are kept in the store (coordinator/store/catalog.py: tables ``model_versions``
 and ``model_files``) and, all of them, in memory: a catalog holds a handful of versions of
 a few KiB each, and reading them (each agent's ModelsSection, built as agents connect and
-report) must not wait for the store. The coordinator is the catalog's only writer (the
-CLI's ``models`` commands go through its admin API); every change is written to the store
-first, then to memory.
+report) must not wait for the store. The coordinators are the catalog's only writers (the
+CLI's ``models`` commands go through an admin API); every change is written to the store
+first, then to memory, then told to the other coordinators on the database (``bind_changes``:
+the change feed, coordinator/cluster/changes.py), which ``reload`` it. Blobs are not
+shared: each coordinator's blob store holds what was uploaded to it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,6 +77,11 @@ TMP_DIR = "tmp"
 #: A manifest larger than this is refused (the real ones are a few KiB).
 MAX_MANIFEST_BYTES = 1 << 20
 _CHUNK = 1 << 20
+#: The ``detail`` of a catalog change told to the other coordinators (subject: name@version).
+CATALOG_CHANGES = ("published", "deprecated", "undeprecated", "deleted")
+
+#: ``notify(subject, detail)``: tell the other coordinators (the change feed's publish).
+Notify = Callable[[str, str], Awaitable[object]]
 
 
 def load_signer(data_dir: Path) -> ManifestSigner:
@@ -271,6 +278,15 @@ class ModelCatalog:
         self._files: dict[str, int] = {}
         # One change at a time: each checks memory, writes the store, then memory.
         self._changing = asyncio.Lock()
+        self._notify: Notify | None = None
+
+    def bind_changes(self, notify: Notify) -> None:
+        """After each change made here: ``notify(name@version, detail)`` (CATALOG_CHANGES)."""
+        self._notify = notify
+
+    async def _told(self, ref: str, detail: str) -> None:
+        if self._notify is not None:
+            await self._notify(ref, detail)
 
     @classmethod
     def in_directory(cls, store: CatalogTable, data_dir: Path) -> ModelCatalog:
@@ -278,9 +294,17 @@ class ModelCatalog:
 
     async def load(self) -> None:
         """Read every published version from the store."""
-        self._versions.clear()
-        self._files.clear()
-        for version in await self._store.list_model_versions():
+        self._replace(await self._store.list_model_versions())
+
+    async def reload(self) -> None:
+        """Read every version again (another coordinator changed the catalog): memory
+        becomes what the store holds, in one step, between this coordinator's changes."""
+        async with self._changing:
+            self._replace(await self._store.list_model_versions())
+
+    def _replace(self, stored: Iterable[CatalogVersion]) -> None:
+        self._versions, self._files = {}, {}
+        for version in stored:
             self._remember(version)
 
     @property
@@ -332,7 +356,10 @@ class ModelCatalog:
         under a published name@version is refused (ModelVersionExistsError).
         """
         async with self._changing:
-            return await self._publish(manifest, name=name, version=version)
+            published = await self._publish(manifest, name=name, version=version)
+        if published.created:
+            await self._told(published.version.ref, "published")
+        return published
 
     async def _publish(self, manifest: bytes, *, name: str | None, version: str | None
                        ) -> Published:  # fmt: skip
@@ -400,7 +427,8 @@ class ModelCatalog:
             if not await self._store.set_model_deprecated(name, version, deprecated):
                 raise UnknownModelVersionError(f"no model version {found.ref} in the catalog")
             changed = self._versions[(name, version)] = replace(found, deprecated=deprecated)
-            return changed
+        await self._told(changed.ref, "deprecated" if deprecated else "undeprecated")
+        return changed
 
     async def delete(self, name: str, version: str, *, in_use_by: Iterable[str] = ()) -> list[str]:
         """Remove a version and the blobs no other version lists; returns those blobs.
@@ -409,7 +437,10 @@ class ModelCatalog:
         any refuses the delete.
         """
         async with self._changing:
-            return await self._delete(self.require(name, version), in_use_by)
+            found = self.require(name, version)
+            orphans = await self._delete(found, in_use_by)
+        await self._told(found.ref, "deleted")
+        return orphans
 
     async def _delete(self, found: CatalogVersion, in_use_by: Iterable[str]) -> list[str]:
         name, version = found.name, found.version

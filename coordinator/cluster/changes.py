@@ -3,14 +3,17 @@
 A coordinator serves the agents whose sessions are on it. When an operator changes
 something through coordinator A that B and C hold in memory or must act on for their own
 agents (an API key minted or revoked; an agent drained, resumed, revoked, removed or
-given a fixed site), A applies it to its own sessions at once and ``publish``es a row to
-the change feed (coordinator/store/changes.py). Every coordinator runs ``run()``: it
-waits for a notice (PostgreSQL's ``NOTIFY``) or ``catch_up_s`` at most, reads the rows
-after the last it applied, in order, and hands each one not its own to the handler of
-its kind; the handler rebuilds and pushes the sections of the agents whose sessions are
-here. A notice lost while the listener reconnects costs at most ``catch_up_s``; a feed
-row lost with its database write (the coordinator died between the two) is covered by
-the periodic refreshes that already reload keys every report interval.
+given a fixed site; a model version published, deprecated or deleted, a model rule set or
+cleared, an explicit assignment made or cleared), A applies it to its own sessions at
+once and ``publish``es a row to the change feed (coordinator/store/changes.py). Every
+coordinator runs ``run()``: it waits for a notice (PostgreSQL's ``NOTIFY``) or
+``catch_up_s`` at most, reads the rows after the last it applied, in order, and hands
+each one not its own to the handler of its kind; the handler rebuilds and pushes the
+sections of the agents whose sessions are here. A notice lost while the listener
+reconnects costs at most ``catch_up_s``; a feed row lost with its database write (the
+coordinator died between the two) is covered by the periodic refreshes that already
+reload keys every report interval (not for models: the next models change, or a restart,
+reads them again).
 
 The feed starts from the newest row on record when the coordinator starts: what came
 before is in the state it loaded. Rows are pruned after ``retention_s``.
@@ -41,6 +44,11 @@ KIND_API_KEYS = "api_keys"
 #: remove or set): the coordinator its session is on acts on it.
 KIND_AGENT = "agent"
 AGENT_ACTIONS = ("drain", "resume", "revoke", "remove", "set")
+#: The model catalog, or the rules and explicit assignments, changed (subject: name@version,
+#: or the name; detail: coordinator/catalog/catalog.py's CATALOG_CHANGES or assignments.py's
+#: ASSIGNMENT_CHANGES): every coordinator reads what changed again and pushes the models
+#: sections of its agents whose desired models changed.
+KIND_MODELS = "models"
 
 #: How long a coordinator goes without reading the feed when no notice comes (seconds).
 CATCH_UP_S = 1.0
@@ -201,7 +209,7 @@ class _FeedCollector(Collector):
             "Changes made through other coordinators and applied here, by kind and outcome.",
             labels=["kind", "outcome"],
         )
-        for kind in sorted({*feed.applied, *feed.failed, KIND_API_KEYS, KIND_AGENT}):
+        for kind in sorted({*feed.applied, *feed.failed, KIND_API_KEYS, KIND_AGENT, KIND_MODELS}):
             applied.add_metric([kind, "ok"], feed.applied.get(kind, 0))
             applied.add_metric([kind, "failed"], feed.failed.get(kind, 0))
         yield applied

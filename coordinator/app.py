@@ -230,6 +230,12 @@ def create_app(
 
     changes.on(KIND_API_KEYS, reload_keys)
     changes.on(KIND_AGENT, lifecycle.apply_change)
+
+    async def claimed(agent_id: str, epoch: int) -> None:
+        if len(cluster.alive()) > 1:  # a coordinator alone holds no stale session elsewhere
+            await lifecycle.publish(agent_id, f"claimed {cluster.coordinator_id} {epoch}")
+
+    servicer.bind_ownership(fleet_store, cluster.coordinator_id, claimed)
     catalog.bind_changes(functools.partial(changes.publish, KIND_MODELS))
     assignments.bind_changes(functools.partial(changes.publish, KIND_MODELS))
     changes.on(KIND_MODELS, assignments.apply_change)
@@ -265,6 +271,7 @@ def create_app(
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
     app.cleanup_ctx.append(_change_feed)
+    app.cleanup_ctx.append(_ownership_check)
     app.cleanup_ctx.append(_overflow_distribution)
     if rollouts is None:
         rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
@@ -318,6 +325,23 @@ async def _membership(app: web.Application) -> AsyncIterator[None]:
 
 #: How often a coordinator prunes the change feed's old rows (seconds).
 CHANGE_PRUNE_PERIOD_S = 600.0
+
+
+async def _ownership_check(app: web.Application) -> AsyncIterator[None]:
+    """Every report interval: end the sessions here whose agents another coordinator owns
+    now (coordinator/store/ownership.py), for when the change feed's notice was lost."""
+    servicer = app[GRPC_SERVER_KEY].servicer
+
+    async def check() -> None:
+        try:
+            await servicer.check_ownership()
+        except StoreError as exc:
+            logger.warning("could not check which agents this coordinator still owns: %s", exc)
+
+    async with periodic_task(
+        "session ownership check", app[CONFIG_KEY].report_interval_ms / 1000.0, check
+    ):
+        yield
 
 
 async def _change_feed(app: web.Application) -> AsyncIterator[None]:

@@ -41,9 +41,10 @@ logger = logging.getLogger(__name__)
 #: keys and pushes its agents' keys sections.
 KIND_API_KEYS = "api_keys"
 #: An operator action on one agent (subject: its id; detail: drain, resume, revoke,
-#: remove or set): the coordinator its session is on acts on it.
+#: remove or set): the coordinator its session is on acts on it. Also "claimed OWNER
+#: EPOCH": its session opened on coordinator OWNER (a stale one elsewhere ends).
 KIND_AGENT = "agent"
-AGENT_ACTIONS = ("drain", "resume", "revoke", "remove", "set")
+AGENT_ACTIONS = ("drain", "resume", "revoke", "remove", "set", "claimed")
 #: The model catalog, or the rules and explicit assignments, changed (subject: name@version,
 #: or the name; detail: coordinator/catalog/catalog.py's CATALOG_CHANGES or assignments.py's
 #: ASSIGNMENT_CHANGES): every coordinator reads what changed again and pushes the models

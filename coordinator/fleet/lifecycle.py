@@ -14,7 +14,9 @@ With several coordinators on one database, the agent's session may be on another
 each action is published to the change feed (coordinator/cluster/changes.py), and the
 coordinator holding the session acts on it (``apply_change``): ends the session for
 ``set``, ``revoke`` and ``remove``; for ``drain`` and ``resume`` (which the HTTP handler
-makes) sets the flag in its registry and sends the agent the command.
+makes) sets the flag in its registry and sends the agent the command. A session opened
+on one coordinator is published as ``claimed OWNER EPOCH``: a coordinator still holding
+an older session for that agent ends it (coordinator/store/ownership.py).
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class AgentLifecycle:
         """What another coordinator did to an agent, applied to its session here (if it
         is here: every coordinator gets every change)."""
         agent_id, action = change.subject, change.detail
+        if action.startswith("claimed "):  # "claimed OWNER EPOCH": its session moved
+            _, owner, epoch = action.split(" ", 2)
+            self._servicer.end_superseded(agent_id, owner, int(epoch))
+            return
         if action in ("drain", "resume"):
             draining = action == "drain"
             try:

@@ -88,6 +88,12 @@ class CoordinatorMetrics:
             "Control sessions accepted (Hello answered with Welcome).",
             registry=self.registry,
         )
+        self.sessions_superseded = Counter(
+            f"{PREFIX}_sessions_superseded",
+            "Sessions ended here because the agent's session moved to another coordinator "
+            "(a stale session: coordinator/store/ownership.py).",
+            registry=self.registry,
+        )
         self.sessions_rejected = Counter(
             f"{PREFIX}_sessions_rejected",
             "Control sessions refused, by reason.",

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +50,7 @@ from coordinator.identity.session_auth import (
 )
 from coordinator.routing.service import Router
 from coordinator.rpc import convert as proto_convert
+from coordinator.store.ownership import OwnershipTable
 from edgefleet import contract_pb
 from edgefleet.contract import CommandKind, DesiredState, Hello, OverflowUsage, Section
 from edgefleet.tls import GRPC_CIPHER_SUITES, GRPC_CIPHER_SUITES_ENV
@@ -117,6 +118,8 @@ class _LiveSession:
     outbox: asyncio.Queue[pb.CoordinatorMessage | None] = field(default_factory=asyncio.Queue)
     # Set when an operator revoked the agent: the stream ends with PERMISSION_DENIED.
     revoked: str = ""
+    # Its ownership epoch (coordinator/store/ownership.py); 0: not claimed (no database).
+    epoch: int = 0
 
 
 def _status_for(error: EnrollmentError) -> grpc.StatusCode:
@@ -201,6 +204,66 @@ class CoordinatorServicer:
         self._report_hooks = report_hooks
         self._model_signing_key = model_signing_key
         self._coordinators = coordinators
+        self._ownership: OwnershipTable | None = None
+        self._coordinator_id = ""
+        self._on_claim: Callable[[str, int], Awaitable[None]] | None = None
+
+    def bind_ownership(
+        self,
+        store: OwnershipTable,
+        coordinator_id: str,
+        on_claim: Callable[[str, int], Awaitable[None]] | None = None,
+    ) -> None:
+        """Claim each agent whose session opens here (as ``coordinator_id``, epoch bumped
+        in ``store``) and tell ``on_claim(agent_id, epoch)`` (the change feed: another
+        coordinator holding a stale session for it ends it at once)."""
+        self._ownership = store
+        self._coordinator_id = coordinator_id
+        self._on_claim = on_claim
+
+    async def _claim(self, live: _LiveSession) -> None:
+        if self._ownership is None:
+            return
+        try:
+            live.epoch = await self._ownership.claim_agent(live.agent_id, self._coordinator_id)
+        except StoreError as exc:  # the session stands; the periodic check skips it
+            logger.warning("agent %s: could not record this coordinator as its owner: %s",
+                           live.agent_id, exc)  # fmt: skip
+            return
+        if self._on_claim is not None:
+            await self._on_claim(live.agent_id, live.epoch)
+
+    def end_superseded(self, agent_id: str, owner: str, epoch: int) -> bool:
+        """The agent is owned by ``owner`` at ``epoch``: end this coordinator's session
+        for it when that session is older (a stale one: the agent moved on). True when
+        one was ended."""
+        live = self._live.get(agent_id)
+        if live is None or live.epoch == 0:
+            return False
+        if owner == self._coordinator_id and epoch <= live.epoch:
+            return False
+        if epoch < live.epoch:
+            return False  # an older claim arriving late: this session is the newer one
+        logger.warning(
+            "agent %s: its session moved to coordinator %s (epoch %d); ending the stale "
+            "session here (epoch %d)", agent_id, owner, epoch, live.epoch,
+        )  # fmt: skip
+        self._metrics.sessions_superseded.inc()
+        live.outbox.put_nowait(None)
+        return True
+
+    async def check_ownership(self) -> int:
+        """End the sessions here whose agents another coordinator owns now, or at a newer
+        epoch (what the change feed may have missed); how many were ended."""
+        if self._ownership is None or not self._live:
+            return 0
+        live = {a: s.epoch for a, s in self._live.items() if s.epoch}
+        owners = await self._ownership.agent_owners(live)
+        return sum(
+            self.end_superseded(agent_id, *owners[agent_id])
+            for agent_id in live
+            if agent_id in owners
+        )
 
     def bind_coordinators(self, coordinators: Callable[[], Sequence[str]]) -> None:
         """Where Welcome.coordinators comes from (the cluster membership, made after the
@@ -313,6 +376,7 @@ class CoordinatorServicer:
         if replaced is not None:
             replaced.outbox.put_nowait(None)
         self._live[hello.agent_id] = live
+        await self._claim(live)
         if self._keys is not None:
             self._keys.on_connect(hello.agent_id)  # sent with the full desired state below
         if self._models is not None:

@@ -37,6 +37,7 @@ from coordinator.store.membership import (
     LeaseState,
     MembershipTable,
 )
+from coordinator.store.ownership import OwnershipTable
 from coordinator.store.request_records import RequestRecord, RequestRecordTable
 from coordinator.store.rollouts import RolloutTable, StoredRollout
 
@@ -87,6 +88,7 @@ class FleetStore(
     MembershipTable,
     ChangeTable,
     KeyDemandTable,
+    OwnershipTable,
     Protocol,
 ):
     """Durable coordinator state. Awaited methods; none blocks the event loop."""

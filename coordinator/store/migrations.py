@@ -399,6 +399,19 @@ def _key_demand(db: sqlite3.Connection) -> None:
         )""")  # fmt: skip
 
 
+@_migration(12)
+def _agent_owners(db: sqlite3.Connection) -> None:
+    """Which coordinator an agent's session is on, with an epoch bumped at every session
+    open (store/ownership.py)."""
+    db.execute("""
+        CREATE TABLE agent_owners (
+            agent_id       TEXT PRIMARY KEY,
+            coordinator_id TEXT NOT NULL,
+            epoch          INTEGER NOT NULL,
+            claimed_at     REAL NOT NULL
+        )""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -32,6 +32,7 @@ from coordinator.store.postgres.key_demand import PostgresKeyDemand
 from coordinator.store.postgres.last_state import PostgresLastStates
 from coordinator.store.postgres.membership import PostgresMembership
 from coordinator.store.postgres.migrations import SCHEMA_VERSION, migrate, schema_version
+from coordinator.store.postgres.ownership import PostgresOwnership
 from coordinator.store.postgres.pool import (
     MAX_CONNECTIONS,
     STATEMENT_TIMEOUT_S,
@@ -60,6 +61,7 @@ class PostgresFleetStore(
     PostgresMembership,
     PostgresChanges,
     PostgresKeyDemand,
+    PostgresOwnership,
 ):
     """FleetStore backed by PostgreSQL; ``await open()`` before the first call.
 

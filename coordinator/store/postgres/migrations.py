@@ -324,6 +324,18 @@ async def _key_demand(db: Connection) -> None:
         )""")  # fmt: skip
 
 
+@_migration(5)
+async def _agent_owners(db: Connection) -> None:
+    """Which coordinator an agent's session is on, with an epoch (store/ownership.py)."""
+    await db.execute("""
+        CREATE TABLE agent_owners (
+            agent_id       text PRIMARY KEY,
+            coordinator_id text NOT NULL,
+            epoch          bigint NOT NULL,
+            claimed_at     timestamptz NOT NULL
+        )""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

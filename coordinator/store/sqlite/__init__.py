@@ -26,6 +26,7 @@ from coordinator.store.sqlite.join_tokens import SQLiteJoinTokens
 from coordinator.store.sqlite.key_demand import SQLiteKeyDemand
 from coordinator.store.sqlite.last_state import SQLiteLastStates
 from coordinator.store.sqlite.membership import SQLiteMembership
+from coordinator.store.sqlite.ownership import SQLiteOwnership
 from coordinator.store.sqlite.request_records import SQLiteRequestRecords
 from coordinator.store.sqlite.rollouts import SQLiteRollouts
 from coordinator.store.sqlite.worker import STATEMENT_TIMEOUT_S, SQLiteWorker
@@ -51,6 +52,7 @@ class SQLiteFleetStore(
     SQLiteMembership,
     SQLiteChanges,
     SQLiteKeyDemand,
+    SQLiteOwnership,
 ):
     """FleetStore backed by SQLite; ``await open()`` before the first call.
 

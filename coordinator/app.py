@@ -272,6 +272,7 @@ def create_app(
     app.cleanup_ctx.append(_key_distribution)
     app.cleanup_ctx.append(_change_feed)
     app.cleanup_ctx.append(_ownership_check)
+    app.cleanup_ctx.append(_leader_jobs)
     app.cleanup_ctx.append(_overflow_distribution)
     if rollouts is None:
         rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
@@ -310,8 +311,8 @@ async def _store_probe(app: web.Application) -> AsyncIterator[None]:
 
 async def _membership(app: web.Application) -> AsyncIterator[None]:
     """Heartbeat through the database and hold (or wait for) the leader lease, every
-    coordinator_heartbeat_s; at a clean stop, give the lease up and sign off. Nothing runs
-    under the lease yet (the rollout engine and sweeps run on every coordinator)."""
+    coordinator_heartbeat_s; at a clean stop, give the lease up and sign off. Under the
+    lease run the rollout engine (coordinator/rollouts/engine.py) and ``_leader_jobs``."""
     cluster = app[CLUSTER_KEY]
     await cluster.step()
     try:
@@ -323,8 +324,31 @@ async def _membership(app: web.Application) -> AsyncIterator[None]:
         await cluster.stop()
 
 
-#: How often a coordinator prunes the change feed's old rows (seconds).
+#: How often the leader prunes the change feed's old rows and the request records past
+#: their cap (seconds).
 CHANGE_PRUNE_PERIOD_S = 600.0
+
+
+async def _leader_jobs(app: web.Application) -> AsyncIterator[None]:
+    """The fleet-wide housekeeping, run by the leader only (issue 24): pruning the change
+    feed's old rows and the request records past their cap (the other coordinators write
+    records but never prune them), and forgetting never-enrolled agents long gone
+    (``_liveness_sweep``). Every coordinator still sweeps the liveness of its own agents'
+    sessions, and the rollout engine runs under the same lease (its writes fenced)."""
+    cluster, feed, records = app[CLUSTER_KEY], app[CHANGES_KEY], app[RECORDS_KEY]
+    records.prunes = lambda: cluster.is_leader
+
+    async def prune() -> None:
+        if not cluster.is_leader:
+            return
+        await feed.prune()
+        try:
+            await records.prune_if_over()
+        except StoreError as exc:  # tried again next period
+            logger.warning("request records: could not prune: %s", exc)
+
+    async with periodic_task("leader pruning", CHANGE_PRUNE_PERIOD_S, prune):
+        yield
 
 
 async def _ownership_check(app: web.Application) -> AsyncIterator[None]:
@@ -346,7 +370,8 @@ async def _ownership_check(app: web.Application) -> AsyncIterator[None]:
 
 async def _change_feed(app: web.Application) -> AsyncIterator[None]:
     """Apply what other coordinators on the database changed (coordinator/cluster/
-    changes.py), from the newest change on record at start; prune old changes."""
+    changes.py), from the newest change on record at start (the leader prunes old
+    changes: ``_leader_jobs``)."""
     feed = app[CHANGES_KEY]
     try:
         await feed.start()
@@ -354,8 +379,7 @@ async def _change_feed(app: web.Application) -> AsyncIterator[None]:
         logger.warning("change feed: could not read the newest change: %s", exc)
     task = asyncio.create_task(feed.run(), name="change feed")
     try:
-        async with periodic_task("change feed pruning", CHANGE_PRUNE_PERIOD_S, feed.prune):
-            yield
+        yield
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -438,12 +462,15 @@ async def _grpc_server(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
-    """Re-evaluate liveness a few times per report interval."""
+    """Re-evaluate liveness a few times per report interval: on every coordinator (each
+    sweeps its own view of the agents); forgetting never-enrolled agents long gone (a
+    database delete) is the leader's only."""
     registry, metrics = app[REGISTRY_KEY], app[METRICS_KEY]
     period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 / 4
+    cluster = app[CLUSTER_KEY]
 
     async def sweep() -> None:
-        for record in registry.sweep():
+        for record in registry.sweep(forget_stale=cluster.is_leader):
             metrics.liveness_changes.labels(liveness=record.liveness.value).inc()
             app[EVENTS_KEY].on_change(record.agent_id)
 

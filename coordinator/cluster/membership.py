@@ -14,8 +14,10 @@ it no longer leads, before it hears from the database; and a write it makes as l
 carries ``fence`` (the lease's name, holder and epoch), which the database refuses once
 another coordinator took over (``LeaseLostError``), whatever this one believes.
 
-Nothing runs under the lease yet: the rollout engine, the sweeps of orphaned agents and
-pruning still run on every coordinator (issue 24 moves them under it).
+What runs under the lease (issue 24): the rollout engine (its writes carry ``fence``;
+coordinator/rollouts/engine.py) and the fleet-wide housekeeping (coordinator/app.py
+``_leader_jobs``: pruning the change feed and request records, forgetting never-enrolled
+agents long gone). The liveness sweep of each coordinator's own view runs everywhere.
 """
 
 from __future__ import annotations

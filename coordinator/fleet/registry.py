@@ -124,9 +124,11 @@ class FleetRegistry(Protocol):
         """Drain (or resume) an agent; raises UnknownAgentError."""
         ...
 
-    def sweep(self) -> list[AgentRecord]:
+    def sweep(self, *, forget_stale: bool = True) -> list[AgentRecord]:
         """Update liveness from the time since each agent's last message (an agent whose
-        session ended without a Bye is suspect at once).
+        session ended without a Bye is suspect at once). ``forget_stale``: also forget
+        (and delete from the database) never-enrolled agents disconnected for
+        ``stale_unenrolled_after_s``: a fleet-wide job, the leader's only (issue 24).
 
         Returns the records whose liveness changed.
         """
@@ -383,12 +385,13 @@ class LiveFleetRegistry:
         else:
             self._back_unlogged += 1
 
-    def sweep(self) -> list[AgentRecord]:
+    def sweep(self, *, forget_stale: bool = True) -> list[AgentRecord]:
         now = self._clock()
         if self._back_unlogged:
             logger.info("and %d more agents live again", self._back_unlogged)
         self._back_logged = self._back_unlogged = 0
-        self.remove_stale_unenrolled(now)
+        if forget_stale:
+            self.remove_stale_unenrolled(now)
         changed: list[AgentRecord] = []
         expired: list[AgentRecord] = []
         # silent for down_after (suspect_after) or longer: last seen at or before these

@@ -186,6 +186,9 @@ class RequestRecordStore:
         self._deferred_sessions: dict[tuple[str, str], None] = {}
         self._writer: asyncio.Task[None] | None = None
         self._resend: Callable[[str, str], None] | None = None
+        #: Whether this coordinator prunes the table (the leader only, issue 24: two
+        #: coordinators pruning at once would each remove "the oldest tenth").
+        self.prunes: Callable[[], bool] = lambda: True
 
     def bind(self, resend: Callable[[str, str], None]) -> None:
         """``resend(agent_id, session)`` ends a session whose records were deferred."""
@@ -250,7 +253,7 @@ class RequestRecordStore:
             return result
         stored = await self._store.add_request_records(rows)
         self._rows += stored
-        pruned = await self._prune() if self._rows > self.max_rows else 0
+        pruned = await self._prune() if self._rows > self.max_rows and self.prunes() else 0
         return replace(result, stored=stored, pruned=pruned)
 
     def submit(
@@ -344,7 +347,8 @@ class RequestRecordStore:
                 if stored < 0:
                     continue
                 self._rows += stored
-                pruned = await self._prune_quietly() if self._rows > self.max_rows else 0
+                over = self._rows > self.max_rows and self.prunes()
+                pruned = await self._prune_quietly() if over else 0
                 # the database says how many of the group's rows were new (records sent
                 # again after a lost ack are not stored twice): the batches' counts add up
                 # to that, as ``accept``'s do, so the stored metric counts no duplicate
@@ -379,6 +383,12 @@ class RequestRecordStore:
         for agent_id, session in deferred:
             if self._resend is not None:
                 self._resend(agent_id, session)
+
+    async def prune_if_over(self) -> int:
+        """Count the table's rows (every coordinator's) and prune it when over its cap: the
+        leader's periodic job, which also covers the records the others wrote."""
+        self._rows = await self._store.count_request_records()
+        return await self._prune() if self._rows > self.max_rows else 0
 
     async def _prune(self) -> int:
         """Remove the oldest tenth beyond the cap; returns how many rows went."""

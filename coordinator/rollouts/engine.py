@@ -49,7 +49,7 @@ import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from coordinator.errors import RecoverableError
@@ -291,6 +291,21 @@ class RolloutEngine:
         await self._load()  # a StoreError leaves it inactive: tried again next tick
         self._leading = True
         self.takeovers += 1
+        # The agents each rollout moved desire its version here too (the previous leader
+        # assigned them through its own assignment layer; they may reconnect here).
+        for rollout in list(self._active.values()):
+            moved = rollout.moved_agents()
+            if not moved:
+                continue
+            self._check_lead()
+            try:
+                await self._assignments.assign(
+                    moved, rollout.model, rollout.version, rollout.rollout_id
+                )
+            except Exception as exc:  # the rollout goes on: its gate waits for them
+                logger.warning("rollout %s: could not assign %s@%s to its %d moved agents "
+                               "here: %s", rollout.rollout_id, rollout.model, rollout.version,
+                               len(moved), exc)  # fmt: skip
         logger.info("rollout engine active: this coordinator leads (epoch %d), %d rollouts "
                     "resumed from the store", fence.epoch, len(self._active))  # fmt: skip
         return True
@@ -687,8 +702,12 @@ class RolloutEngine:
     async def _save(self, rollout: Rollout, now: float) -> None:
         self._check_lead()
         rollout.updated_at = now
+        stored = rollout.stored()
+        if self._fence is not None:  # which leader wrote it (operators, tests)
+            saved_by = {"coordinator_id": self._fence.holder, "epoch": self._fence.epoch}
+            stored = replace(stored, body={**stored.body, "saved_by": saved_by})
         try:
-            await self._store.save_rollout(rollout.stored(), fence=self._fence)
+            await self._store.save_rollout(stored, fence=self._fence)
         except LeaseLostError as exc:
             # another coordinator leads now: stop at once, nothing more written or pushed
             if self._leadership is not None:

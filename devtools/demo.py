@@ -35,12 +35,15 @@ from typing import Any
 import aiohttp
 import openai
 
+from coordinator.catalog.catalog import SIGNING_KEY_FILE
 from coordinator.cli.client import ADMIN_TOKEN_ENV
+from devtools.fleet import ADMIN_TOKEN_ENV as FLEET_ADMIN_TOKEN_ENV
 from devtools.fleet import AgentProcess, CoordinatorProcess, wait_key_accepted
 from devtools.process import ProcessStartError, wait_until
 
 LLM = "smollm2-135m-instruct"
 EMBEDDER = "all-minilm-l6-v2"
+STORE_URL_ENV = "EDGEFLEET_COORDINATOR_STORE_URL"
 SITES = [("edge-paris", 48.8566, 2.3522), ("edge-berlin", 52.52, 13.405)]
 
 
@@ -115,29 +118,92 @@ async def wait_synced(agents: list[AgentProcess], timeout_s: float) -> None:
     raise TimeoutError(f"the agents did not sync their models within {timeout_s:.0f} s")
 
 
-async def run(args: argparse.Namespace) -> int:
+def _port(first: int, i: int) -> int:
+    return first + i if first else 0
+
+
+async def start_coordinators(
+    args: argparse.Namespace, state: Path, started: list[Any]
+) -> list[CoordinatorProcess]:
+    """One coordinator on SQLite; or ``--coordinators N`` on a throwaway PostgreSQL server,
+    the others provisioned with the first's fleet CA, model-signing key and admin token
+    (docs/operators/postgresql.md), each with its own data_dir, ports one apart."""
     # Enrollment required even on loopback: only agents with a join token get in.
-    coordinator = CoordinatorProcess(
-        grpc_port=args.grpc_port,
-        http_port=args.http_port,
-        report_interval_ms=2000,
-        extra_args=["--set", "require_enrollment=on"],
-    )
-    state = Path(tempfile.mkdtemp(prefix="edgefleet-demo-agents-"))
-    agents: list[AgentProcess] = []
-    started: list[CoordinatorProcess | AgentProcess] = []
-    try:
+    common: dict[str, Any] = {
+        "report_interval_ms": 2000,
+        "extra_args": ["--set", "require_enrollment=on"],
+    }
+    if args.coordinators == 1:
+        coordinator = CoordinatorProcess(
+            grpc_port=args.grpc_port, http_port=args.http_port, **common
+        )
         say(f"starting coordinator (gRPC 127.0.0.1:{args.grpc_port}, HTTP :{args.http_port}) ...")
         await coordinator.start()
         started.append(coordinator)
+        return [coordinator]
+    from tests.postgres_cluster import PostgresCluster  # the test suite's throwaway server
+
+    say(f"starting a throwaway PostgreSQL server for {args.coordinators} coordinators ...")
+    cluster = await asyncio.to_thread(PostgresCluster.start)
+    started.append(cluster)
+    url = await asyncio.to_thread(cluster.create_database)
+    os.environ[STORE_URL_ENV] = url  # for the coordinators and the CLI (join tokens)
+    coordinators: list[CoordinatorProcess] = []
+    for i in range(args.coordinators):
+        data_dir = state / f"coordinator-{i + 1}"
+        env = {STORE_URL_ENV: url}
+        if coordinators:  # provisioned like the first (never generated per coordinator)
+            first = coordinators[0]
+            data_dir.mkdir(parents=True)
+            shutil.copytree(first.data_dir / "ca", data_dir / "ca")
+            shutil.copy2(first.data_dir / SIGNING_KEY_FILE, data_dir / SIGNING_KEY_FILE)
+            env[FLEET_ADMIN_TOKEN_ENV] = first.admin_token
+        coordinator = CoordinatorProcess(
+            grpc_port=_port(args.grpc_port, i), http_port=_port(args.http_port, i),
+            data_dir=data_dir, env=env, **common,
+        )  # fmt: skip
+        await coordinator.start()
+        started.append(coordinator)
+        coordinators.append(coordinator)
+        say(f"  coordinator {i + 1}: gRPC {coordinator.grpc_target}, {coordinator.http_url}")
+    return coordinators
+
+
+async def publish_to_the_others(coordinators: list[CoordinatorProcess], models_dir: str) -> None:
+    """Model files are kept per coordinator: the others get them too, once each has read
+    the first's catalog change from the database (its change feed)."""
+    for other in coordinators[1:]:
+        for name in (LLM, EMBEDDER):
+            version = artifact_version(models_dir, name)
+
+            async def listed(path: str = f"/v1/admin/models/{name}/{version}") -> bool:
+                try:
+                    await other.get_json(path)  # noqa: B023 (awaited within this iteration)
+                except aiohttp.ClientResponseError:
+                    return False  # not read from the database yet
+                return True
+
+            await wait_until(listed, timeout_s=30, message=f"{name} listed by {other.http_url}")
+            await coordinator_cli(other, "models", "publish", str(Path(models_dir) / name))
+        say(f"  the model files are on {other.http_url} too")
+
+
+async def run(args: argparse.Namespace) -> int:
+    state = Path(tempfile.mkdtemp(prefix="edgefleet-demo-agents-"))
+    agents: list[AgentProcess] = []
+    started: list[Any] = []
+    try:
+        coordinators = await start_coordinators(args, state, started)
+        coordinator = coordinators[0]
         await publish_and_deploy(coordinator, args.models_dir)
+        await publish_to_the_others(coordinators, args.models_dir)
         for i, (site, lat, lon) in enumerate(SITES):
             token = coordinator.mint_join_token(site, lat, lon)
             agents.append(
                 AgentProcess(
                     port=args.agent_port + i if args.agent_port else 0,
                     models_dir=args.models_dir,  # not read: models.source = store
-                    coordinator=coordinator.grpc_target,
+                    coordinator=",".join(c.grpc_target for c in coordinators),
                     agent_id=site,
                     site=site,
                     lat=lat,
@@ -181,8 +247,10 @@ async def run(args: argparse.Namespace) -> int:
         say("edgefleet is running (authentication on):")
         for agent in agents:
             say(f"  agent {agent.agent_id:12s} OpenAI API  {agent.url}/v1   (pid {agent.pid})")
-        say(f"  coordinator        fleet view  {coordinator.http_url}/v1/agents   "
-            f"(gRPC {coordinator.grpc_target}, pid {coordinator.pid})")  # fmt: skip
+        for i, c in enumerate(coordinators):
+            name = "coordinator" if len(coordinators) == 1 else f"coordinator {i + 1}"
+            say(f"  {name:18s} fleet view  {c.http_url}/v1/agents   "
+                f"(gRPC {c.grpc_target}, pid {c.pid})")  # fmt: skip
         say("\ncredentials (shown once; copy them now: the key is stored only as a digest):")
         say(f"  API key      {api_key}")
         say("               for the agents' OpenAI API: the openai SDK's api_key, or the")
@@ -206,6 +274,11 @@ async def run(args: argparse.Namespace) -> int:
             if not refused:
                 say("check failed: an agent answered a request without the API key")
             return 0 if refused and "Paris" in (reply.choices[0].message.content or "") else 1
+        if len(coordinators) > 1:
+            say("\nseveral coordinators on one PostgreSQL database: kill one and watch the agents")
+            say(f"  kill -9 {coordinators[0].pid}    # coordinator 1; its agents move within a "
+                "report interval")  # fmt: skip
+            say(f"  curl -s {coordinators[1].http_url}/healthz   # members alive, the leader")
         say("\nCtrl-C stops everything.")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -216,12 +289,16 @@ async def run(args: argparse.Namespace) -> int:
     except (ProcessStartError, TimeoutError) as exc:
         say(f"demo failed: {exc}")
         for proc in started:
-            say("".join(list(proc.log)[-20:]))
+            if isinstance(proc, CoordinatorProcess | AgentProcess):
+                say("".join(list(proc.log)[-20:]))
         return 1
     finally:
         for proc in reversed(started):
             with contextlib.suppress(Exception):
-                await proc.terminate()
+                if isinstance(proc, CoordinatorProcess | AgentProcess):
+                    await proc.terminate()
+                else:  # the throwaway PostgreSQL server
+                    await asyncio.to_thread(proc.stop)
         shutil.rmtree(state, ignore_errors=True)
         say("stopped.")
 
@@ -237,9 +314,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per agent")
     parser.add_argument("--check", action="store_true", help="exit after the sample request")
     parser.add_argument(
+        "--coordinators", type=int, default=1,
+        help="coordinators (more than 1: on a throwaway PostgreSQL server; ports one apart)",
+    )  # fmt: skip
+    parser.add_argument(
         "--sync-timeout", type=float, default=900, help="seconds for the agents to sync models"
     )
     args = parser.parse_args(argv)
+    if not 1 <= args.coordinators <= 5:
+        parser.error("--coordinators: 1 to 5")
     return asyncio.run(run(args))
 
 

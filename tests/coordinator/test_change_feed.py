@@ -17,9 +17,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from devtools.fleet import AgentProcess, CoordinatorProcess, free_port
+from devtools.fleet import CoordinatorProcess
 from devtools.process import wait_until
-from tests.coordinator.test_several_coordinators import join_token, two_coordinators
+from tests.coordinator.test_several_coordinators import (
+    fleet_agent,
+    two_coordinators,
+    wait_connected_only_to,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -55,30 +59,10 @@ async def test_changes_through_one_coordinator_reach_agents_on_another(
         first,
         second,
     ):
-        port = free_port()
-        url = f"https://127.0.0.1:{port}"
-        agent = AgentProcess(
-            port=port, coordinator=second.grpc_target,
-            agent_id="edge-1", site="lab", lat=48.85, lon=2.35,
-            join_token=join_token(first.data_dir, postgres_url, url),
-            state_dir=tmp_path / "agent", models_dir=str(tiny_artifacts), serve=["tiny-llama"],
-            extra_args=[
-                "--set", "server.tls=on",
-                "--set", "coordinator.tls=true",
-                "--set", f"coordinator.enroll_target={second.enroll_target}",
-                "--set", f"coordinator.ca_file={first.ca_file}",
-            ],
-            ssl_context=first.ca_context(),
-        )  # fmt: skip
+        agent = fleet_agent(tmp_path, postgres_url, tiny_artifacts, first, [second])
         await agent.start()
         try:
-
-            async def on_second() -> bool:
-                return [(a["agent_id"], a["status"]) for a in await second.agents()] == [
-                    ("edge-1", "connected")
-                ]
-
-            await wait_until(on_second, timeout_s=20, message="the agent's session on B")
+            await wait_connected_only_to(second)
 
             # An API key minted through A: accepted by the agent on B.
             minted = await _admin(first, "POST", "/v1/admin/keys", name="through-a")

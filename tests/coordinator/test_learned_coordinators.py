@@ -15,13 +15,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from devtools.fleet import AgentProcess, free_port
 from devtools.process import wait_until
 from tests.coordinator.test_several_coordinators import (
     REPORT_INTERVAL_S,
     SLACK_S,
     coordinator_of,
-    join_token,
+    fleet_agent,
     two_coordinators,
 )
 
@@ -47,21 +46,7 @@ async def test_an_agent_given_one_coordinator_moves_to_one_it_learned_from_welco
         # each records its address at the heartbeat after its gRPC port opened (1 s)
         await wait_until(both_recorded, timeout_s=15, message="both coordinators recorded")
         await asyncio.sleep(1.5)  # and the first read the members back since
-        port = free_port()
-        url = f"https://127.0.0.1:{port}"
-        agent = AgentProcess(
-            port=port, coordinator=first.grpc_target,  # only the first
-            agent_id="edge-1", site="lab", lat=48.85, lon=2.35,
-            join_token=join_token(first.data_dir, postgres_url, url),
-            state_dir=tmp_path / "agent", models_dir=str(tiny_artifacts), serve=["tiny-llama"],
-            extra_args=[
-                "--set", "server.tls=on",
-                "--set", "coordinator.tls=true",
-                "--set", f"coordinator.enroll_target={first.enroll_target}",
-                "--set", f"coordinator.ca_file={first.ca_file}",
-            ],
-            ssl_context=first.ca_context(),
-        )  # fmt: skip
+        agent = fleet_agent(tmp_path, postgres_url, tiny_artifacts, first, [first])
         await agent.start()
         try:
             api_key = await first.api_key_for([agent])

@@ -31,11 +31,15 @@ import pytest
 from coordinator.api.app_keys import MODEL_ASSIGNMENTS_KEY, MODEL_CATALOG_KEY
 from coordinator.catalog.assignments import Selector
 from coordinator.catalog.catalog import SIGNING_KEY_FILE
-from devtools.fleet import AgentProcess, CoordinatorProcess, free_port
+from devtools.fleet import CoordinatorProcess
 from devtools.process import get_json, wait_until
 from tests.coordinator.coordinator_testing import MakeCoordinator
 from tests.coordinator.model_testing import REPO_ROOT, RawAgent, make_artifact
-from tests.coordinator.test_several_coordinators import join_token, two_coordinators
+from tests.coordinator.test_several_coordinators import (
+    fleet_agent,
+    two_coordinators,
+    wait_connected_only_to,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -93,30 +97,10 @@ async def test_model_changes_through_one_coordinator_reach_agents_on_another(
         first,
         second,
     ):
-        port = free_port()
-        url = f"https://127.0.0.1:{port}"
-        agent = AgentProcess(
-            port=port, coordinator=second.grpc_target,
-            agent_id="edge-1", site="lab", lat=48.85, lon=2.35,
-            join_token=join_token(first.data_dir, postgres_url, url),
-            state_dir=tmp_path / "agent", models_dir=str(tiny_artifacts), serve=[NAME],
-            extra_args=[
-                "--set", "server.tls=on",
-                "--set", "coordinator.tls=true",
-                "--set", f"coordinator.enroll_target={second.enroll_target}",
-                "--set", f"coordinator.ca_file={first.ca_file}",
-            ],
-            ssl_context=first.ca_context(),
-        )  # fmt: skip
+        agent = fleet_agent(tmp_path, postgres_url, tiny_artifacts, first, [second], serve=NAME)
         await agent.start()
         try:
-
-            async def on_second() -> bool:
-                return [(a["agent_id"], a["status"]) for a in await second.agents()] == [
-                    ("edge-1", "connected")
-                ]
-
-            await wait_until(on_second, timeout_s=20, message="the agent's session on B")
+            await wait_connected_only_to(second)
             api_key = await first.api_key_for([agent])
 
             async def serving() -> str | None:

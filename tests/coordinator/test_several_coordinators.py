@@ -55,6 +55,42 @@ def join_token(data_dir: Path, store_url: str, http_url: str) -> str:
     return done.stdout.strip()
 
 
+def fleet_agent(
+    tmp_path: Path,
+    store_url: str,
+    models_dir: Path,
+    first: CoordinatorProcess,
+    targets: list[CoordinatorProcess],
+    serve: str = "tiny-llama",
+) -> AgentProcess:
+    """A real agent (TLS, enrolled with a join token minted on ``first``'s database) given
+    the gRPC and enrollment addresses of ``targets`` only, in that order."""
+    port = free_port()
+    return AgentProcess(
+        port=port, coordinator=",".join(c.grpc_target for c in targets),
+        agent_id="edge-1", site="lab", lat=48.85, lon=2.35,
+        join_token=join_token(first.data_dir, store_url, f"https://127.0.0.1:{port}"),
+        state_dir=tmp_path / "agent", models_dir=str(models_dir), serve=[serve],
+        extra_args=[
+            "--set", "server.tls=on",
+            "--set", "coordinator.tls=true",
+            "--set", "coordinator.enroll_target=" + ",".join(c.enroll_target for c in targets),
+            "--set", f"coordinator.ca_file={first.ca_file}",
+        ],
+        ssl_context=first.ca_context(),
+    )  # fmt: skip
+
+
+async def wait_connected_only_to(coordinator: CoordinatorProcess) -> None:
+    """Until ``coordinator`` lists the agent edge-1, and only it, as connected."""
+
+    async def connected() -> bool:
+        listed = await coordinator.agents()
+        return [(a["agent_id"], a["status"]) for a in listed] == [("edge-1", "connected")]
+
+    await wait_until(connected, timeout_s=20, message=f"the agent's session on {coordinator}")
+
+
 @asynccontextmanager
 async def two_coordinators(
     tmp_path: Path, store_url: str, report_interval_s: float = REPORT_INTERVAL_S
@@ -97,21 +133,7 @@ async def test_an_agent_moves_to_the_other_coordinator_within_a_report_interval(
     tmp_path: Path, postgres_url: str, tiny_artifacts: Path
 ) -> None:
     async with two_coordinators(tmp_path, postgres_url) as (first, second):
-        port = free_port()
-        url = f"https://127.0.0.1:{port}"
-        agent = AgentProcess(
-            port=port, coordinator=f"{first.grpc_target},{second.grpc_target}",
-            agent_id="edge-1", site="lab", lat=48.85, lon=2.35,
-            join_token=join_token(first.data_dir, postgres_url, url),
-            state_dir=tmp_path / "agent", models_dir=str(tiny_artifacts), serve=["tiny-llama"],
-            extra_args=[
-                "--set", "server.tls=on",
-                "--set", "coordinator.tls=true",
-                "--set", f"coordinator.enroll_target={first.enroll_target},{second.enroll_target}",
-                "--set", f"coordinator.ca_file={first.ca_file}",
-            ],
-            ssl_context=first.ca_context(),
-        )  # fmt: skip
+        agent = fleet_agent(tmp_path, postgres_url, tiny_artifacts, first, [first, second])
         await agent.start()
         try:
             api_key = await first.api_key_for([agent])

@@ -1,6 +1,8 @@
 """Published model versions as stored (tables ``model_versions`` and ``model_files``): the
 signed manifests and the files each lists. The blobs themselves are files under the data
-directory (coordinator/catalog/catalog.py), not rows."""
+directory (coordinator/catalog/catalog.py), not rows. Table ``model_holders``: which
+coordinators sharing the database hold every blob of a version (coordinator/catalog/
+replication.py writes it; a row goes with its version)."""
 
 from __future__ import annotations
 
@@ -76,6 +78,18 @@ class CatalogTable(Protocol):
         ...
 
     async def delete_model_version(self, name: str, version: str) -> list[str]:
-        """Remove a version and its file rows; the sha256 of each file no other version
-        lists any more (its blob can go)."""
+        """Remove a version, its file rows and its holder rows; the sha256 of each file no
+        other version lists any more (its blob can go)."""
+        ...
+
+    async def set_model_holder(
+        self, name: str, version: str, coordinator_id: str, holds: bool
+    ) -> bool:
+        """Record that ``coordinator_id`` holds every blob of the version (``holds``), or
+        no longer does. False (nothing recorded) when there is no such version: a holder
+        row never outlives its version."""
+        ...
+
+    async def list_model_holders(self) -> dict[tuple[str, str], list[str]]:
+        """(name, version) -> the coordinators recorded as holding it, sorted."""
         ...

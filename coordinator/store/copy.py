@@ -41,7 +41,8 @@ from coordinator.store.sqlite.export import SQLiteReader, reading
 
 #: Every table copied, parents before children (model_files names model_versions). Not
 #: copied: what running coordinators keep for each other (coordinators, leases, changes,
-#: dashboard_sessions, key_demand, agent_owners), which a cut-over starts without.
+#: dashboard_sessions, key_demand, agent_owners, model_holders), which a cut-over starts
+#: without.
 TABLES = (
     "join_tokens", "agents", "sites", "revoked_certificates", "removed_agents",
     "agent_last_state", "admin_tokens", "audit_log", "request_records", "api_keys",

@@ -18,7 +18,8 @@ Tables, and the module of ``coordinator/store/`` that reads and writes each:
 - ``model_versions``, ``model_files`` (catalog), ``model_rules``, ``model_assignments``
   (assignments): migration 6;
 - ``rollouts`` (rollouts): migration 7;
-- ``coordinators``, ``leases`` (membership): migration 9.
+- ``coordinators``, ``leases`` (membership): migration 9;
+- ``model_holders`` (catalog): migration 13.
 """
 
 from __future__ import annotations
@@ -409,6 +410,21 @@ def _agent_owners(db: sqlite3.Connection) -> None:
             coordinator_id TEXT NOT NULL,
             epoch          INTEGER NOT NULL,
             claimed_at     REAL NOT NULL
+        )""")  # fmt: skip
+
+
+@_migration(13)
+def _model_holders(db: sqlite3.Connection) -> None:
+    """Which coordinators hold every blob of a model version (store/catalog.py; one
+    coordinator on SQLite); times as POSIX seconds by the database's clock."""
+    db.execute("""
+        CREATE TABLE model_holders (
+            name           TEXT NOT NULL,
+            version        TEXT NOT NULL,
+            coordinator_id TEXT NOT NULL,
+            held_at        REAL NOT NULL,
+            PRIMARY KEY (name, version, coordinator_id),
+            FOREIGN KEY (name, version) REFERENCES model_versions (name, version)
         )""")  # fmt: skip
 
 

@@ -170,6 +170,48 @@ async def test_catalog_versions_and_the_blobs_a_deletion_frees(store: FleetStore
         await store.add_model_version(v2)
 
 
+async def test_model_holders_go_with_their_version(store_factory: StoreFactory) -> None:
+    """Which coordinators hold a version's blobs: recorded by each (on its own connection,
+    as coordinators sharing the database do), forgotten one by one, never recorded for a
+    version that is not (or no longer) published, and gone with the version."""
+    first, second = store_factory(), store_factory()
+    await first.open()
+    await second.open()
+    try:
+        await _holders(first, second)
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def _holders(first: FleetStore, second: FleetStore) -> None:
+    v1 = catalog_version("llm-a", "v1", {"model.onnx": b"one"})
+    v2 = catalog_version("llm-a", "v2", {"model.onnx": b"two"}, 1)
+    for version in (v1, v2):
+        await first.add_model_version(version)
+    assert await first.list_model_holders() == {}
+    assert await first.set_model_holder("llm-a", "v1", "coord-b", True) is True
+    results = await asyncio.gather(
+        first.set_model_holder("llm-a", "v1", "coord-a", True),
+        second.set_model_holder("llm-a", "v1", "coord-c", True),
+        second.set_model_holder("llm-a", "v2", "coord-c", True),
+        second.set_model_holder("llm-a", "v1", "coord-b", True),  # again: one row
+    )
+    assert results == [True] * 4
+    assert await second.list_model_holders() == {
+        ("llm-a", "v1"): ["coord-a", "coord-b", "coord-c"], ("llm-a", "v2"): ["coord-c"],
+    }  # fmt: skip
+    assert await second.set_model_holder("llm-a", "v1", "coord-b", False) is True
+    assert await first.set_model_holder("llm-a", "v9", "coord-a", True) is False
+    assert await first.list_model_holders() == {
+        ("llm-a", "v1"): ["coord-a", "coord-c"], ("llm-a", "v2"): ["coord-c"],
+    }  # fmt: skip
+    await first.delete_model_version("llm-a", "v1")
+    assert await second.list_model_holders() == {("llm-a", "v2"): ["coord-c"]}
+    assert await second.set_model_holder("llm-a", "v1", "coord-c", True) is False
+    assert await first.list_model_holders() == {("llm-a", "v2"): ["coord-c"]}
+
+
 async def test_rules_and_assignments(store: FleetStore) -> None:
     first = await store.set_model_rule("llm-a", '{"site":"berlin"}', "v1", "", NOW)
     second = await store.set_model_rule("llm-a", "{}", "v1", "ro_1", NOW)

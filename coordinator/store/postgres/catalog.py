@@ -26,6 +26,14 @@ class PostgresCatalog(PostgresTable):
     async def delete_model_version(self, name: str, version: str) -> list[str]:
         return await self._pool.call(_delete_model_version, name, version)
 
+    async def set_model_holder(
+        self, name: str, version: str, coordinator_id: str, holds: bool
+    ) -> bool:
+        return await self._pool.call(_set_model_holder, name, version, coordinator_id, holds)
+
+    async def list_model_holders(self) -> dict[tuple[str, str], list[str]]:
+        return await self._pool.call(_list_model_holders)
+
 
 async def _add_model_version(db: Connection, v: CatalogVersion, files: list[FileRow]) -> None:
     async with db.transaction():
@@ -67,6 +75,9 @@ async def _delete_model_version(db: Connection, name: str, version: str) -> list
         )
         gone = sorted({r["sha256"] for r in await cursor.fetchall()})
         await db.execute(
+            "DELETE FROM model_holders WHERE name = %s AND version = %s", (name, version)
+        )
+        await db.execute(
             "DELETE FROM model_versions WHERE name = %s AND version = %s", (name, version)
         )
         if not gone:
@@ -76,6 +87,37 @@ async def _delete_model_version(db: Connection, name: str, version: str) -> list
         )
         still = {r["sha256"] for r in await cursor.fetchall()}
     return [sha for sha in gone if sha not in still]
+
+
+async def _set_model_holder(
+    db: Connection, name: str, version: str, coordinator_id: str, holds: bool
+) -> bool:
+    if not holds:
+        await db.execute(
+            "DELETE FROM model_holders WHERE name = %s AND version = %s AND coordinator_id = %s",
+            (name, version, coordinator_id),
+        )
+        return True
+    # Only while the version exists (its row is share-locked by the foreign key's check).
+    cursor = await db.execute(
+        "INSERT INTO model_holders (name, version, coordinator_id, held_at)"
+        " SELECT name, version, %s, now() FROM model_versions"
+        " WHERE name = %s AND version = %s"
+        " ON CONFLICT (name, version, coordinator_id) DO UPDATE SET held_at = excluded.held_at",
+        (coordinator_id, name, version),
+    )
+    return cursor.rowcount == 1
+
+
+async def _list_model_holders(db: Connection) -> dict[tuple[str, str], list[str]]:
+    cursor = await db.execute(
+        'SELECT name, version, coordinator_id FROM model_holders'
+        ' ORDER BY name COLLATE "C", version COLLATE "C", coordinator_id COLLATE "C"'
+    )
+    found: dict[tuple[str, str], list[str]] = {}
+    for row in await cursor.fetchall():
+        found.setdefault((row["name"], row["version"]), []).append(row["coordinator_id"])
+    return found
 
 
 def _version(row: dict[str, Any]) -> CatalogVersion:

@@ -336,6 +336,20 @@ async def _agent_owners(db: Connection) -> None:
         )""")  # fmt: skip
 
 
+@_migration(6)
+async def _model_holders(db: Connection) -> None:
+    """Which coordinators hold every blob of a model version (store/catalog.py)."""
+    await db.execute("""
+        CREATE TABLE model_holders (
+            name           text NOT NULL,
+            version        text NOT NULL,
+            coordinator_id text NOT NULL,
+            held_at        timestamptz NOT NULL,
+            PRIMARY KEY (name, version, coordinator_id),
+            FOREIGN KEY (name, version) REFERENCES model_versions (name, version)
+        )""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

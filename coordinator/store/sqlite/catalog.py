@@ -25,6 +25,14 @@ class SQLiteCatalog(SQLiteTable):
     async def delete_model_version(self, name: str, version: str) -> list[str]:
         return await self._worker.call(_delete_model_version, name, version)
 
+    async def set_model_holder(
+        self, name: str, version: str, coordinator_id: str, holds: bool
+    ) -> bool:
+        return await self._worker.call(_set_model_holder, name, version, coordinator_id, holds)
+
+    async def list_model_holders(self) -> dict[tuple[str, str], list[str]]:
+        return await self._worker.call(_list_model_holders)
+
 
 def _add_model_version(
     db: sqlite3.Connection, v: CatalogVersion, files: list[tuple[str, str, str, str, int]]
@@ -66,9 +74,42 @@ def _delete_model_version(db: sqlite3.Connection, name: str, version: str) -> li
             (name, version),
         ).fetchall()
         db.execute("DELETE FROM model_files WHERE name = ? AND version = ?", (name, version))
+        db.execute("DELETE FROM model_holders WHERE name = ? AND version = ?", (name, version))
         db.execute("DELETE FROM model_versions WHERE name = ? AND version = ?", (name, version))
         still = "SELECT 1 FROM model_files WHERE sha256 = ? LIMIT 1"
         return [r[0] for r in rows if db.execute(still, (r[0],)).fetchone() is None]
+
+
+def _set_model_holder(
+    db: sqlite3.Connection, name: str, version: str, coordinator_id: str, holds: bool
+) -> bool:
+    with write(db):
+        if not holds:
+            db.execute(
+                "DELETE FROM model_holders WHERE name = ? AND version = ? AND coordinator_id = ?",
+                (name, version, coordinator_id),
+            )
+            return True
+        cursor = db.execute(
+            "INSERT INTO model_holders (name, version, coordinator_id, held_at)"
+            " SELECT name, version, ?, (julianday('now') - 2440587.5) * 86400.0"
+            " FROM model_versions"
+            " WHERE name = ? AND version = ?"
+            " ON CONFLICT (name, version, coordinator_id) DO UPDATE SET held_at = excluded.held_at",
+            (coordinator_id, name, version),
+        )
+        return cursor.rowcount == 1
+
+
+def _list_model_holders(db: sqlite3.Connection) -> dict[tuple[str, str], list[str]]:
+    found: dict[tuple[str, str], list[str]] = {}
+    rows = db.execute(
+        "SELECT name, version, coordinator_id FROM model_holders"
+        " ORDER BY name, version, coordinator_id"
+    )
+    for row in rows:
+        found.setdefault((row[0], row[1]), []).append(row[2])
+    return found
 
 
 def _version(row: sqlite3.Row) -> CatalogVersion:

@@ -236,6 +236,17 @@ def create_app(
             await lifecycle.publish(agent_id, f"claimed {cluster.coordinator_id} {epoch}")
 
     servicer.bind_ownership(fleet_store, cluster.coordinator_id, claimed)
+
+    # A database other coordinators may share (now, or before this one started: an agent
+    # may come from one since gone): each session starts on generations reserved after it
+    # opened. SQLite has one coordinator, whose blocks are always the newest.
+    shared_store = "postgres" in type(fleet_store).__name__.lower()
+
+    async def fresh_generations(agent_id: str) -> None:
+        if shared_store or len(cluster.alive()) > 1:
+            await live_registry.fresh_generations(agent_id)
+
+    servicer.bind_fresh_generations(fresh_generations)
     catalog.bind_changes(functools.partial(changes.publish, KIND_MODELS))
     assignments.bind_changes(functools.partial(changes.publish, KIND_MODELS))
     changes.on(KIND_MODELS, assignments.apply_change)

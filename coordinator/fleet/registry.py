@@ -223,6 +223,19 @@ class LiveFleetRegistry:
         self._restore(stored, states, now)
         await self._generations.start()
 
+    async def fresh_generations(self, agent_id: str) -> None:
+        """The agent's session opened here with other coordinators alive: hand out only
+        generations reserved from now on (coordinator/store/generations.py), and give
+        every section it is about to be sent one of them, so none is older than what its
+        previous coordinator sent it."""
+        if not await self._generations.fresh():
+            return
+        record = self._agents.get(agent_id)
+        if record is None:
+            return
+        for section in record.desired.sections():
+            self.set_section(agent_id, section)
+
     @property
     def writes(self) -> WriteBehind:
         """The queue of this registry's store writes."""

@@ -207,6 +207,13 @@ class CoordinatorServicer:
         self._ownership: OwnershipTable | None = None
         self._coordinator_id = ""
         self._on_claim: Callable[[str, int], Awaitable[None]] | None = None
+        self._fresh_generations: Callable[[str], Awaitable[None]] | None = None
+
+    def bind_fresh_generations(self, fresh: Callable[[str], Awaitable[None]]) -> None:
+        """Awaited as each session opens, before its desired state is built and sent:
+        ``fresh(agent_id)`` makes its section generations newer than any another
+        coordinator sent it (coordinator/store/generations.py)."""
+        self._fresh_generations = fresh
 
     def bind_ownership(
         self,
@@ -377,6 +384,12 @@ class CoordinatorServicer:
             replaced.outbox.put_nowait(None)
         self._live[hello.agent_id] = live
         await self._claim(live)
+        if self._fresh_generations is not None:
+            try:
+                await self._fresh_generations(hello.agent_id)
+            except StoreError as exc:  # the session stands; its sections may be ignored
+                logger.warning("agent %s: could not reserve fresh section generations: %s",
+                               hello.agent_id, exc)  # fmt: skip
         if self._keys is not None:
             self._keys.on_connect(hello.agent_id)  # sent with the full desired state below
         if self._models is not None:

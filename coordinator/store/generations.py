@@ -23,9 +23,18 @@ task of its own, once less than half of what it wants to hold is left. What it w
 hold grows with the fleet (``demand``: four generations per agent, at least ``BLOCK``),
 so a fleet-wide push made in one go (a section for every agent) never runs out before
 the next block is written; only a store that does not answer at all for that long makes
-``next()`` raise StoreError. Several coordinators sharing one store would each hold
-blocks of their own, so an agent moving between them could meet an older one: they
-would need ``block=1`` and no reserve ahead. One coordinator owns a store today.
+``next()`` raise StoreError.
+
+Several coordinators sharing one store each hold blocks of their own, so an agent whose
+session moves from B to A could meet an older generation on A (A's block was reserved
+before B's) and ignore A's sections. So a coordinator calls ``fresh()`` when a session
+opens while other coordinators are alive: it waits for a block reserved *after* the call
+began (one reservation serves every session opening meanwhile) and drops the older ones.
+Every generation the agent gets from this session is then above any reserved, by any
+coordinator, before it opened, and so above any it was sent by its previous session
+(whose coordinator reserved those before the agent left it). The generations come from
+the database's one counter; a coordinator's block only lets it hand them out without a
+round trip.
 """
 
 from __future__ import annotations
@@ -83,16 +92,38 @@ class GenerationCounter:
         self._block = block
         self._clock_ms = clock_ms
         self._demand = demand
-        # Reserved ranges [next, end), oldest first: each starts above the one before.
+        # Reserved ranges [next, end, reservation number), oldest first: each starts above
+        # the one before.
         self._blocks: deque[list[int]] = deque()
         self._refill: asyncio.Task[None] | None = None
+        # Reservations started so far (``fresh`` waits for one started after it was called).
+        self._started = 0
 
     def _wanted(self) -> int:
         return max(self._block, PER_AGENT * self._demand())
 
     def remaining(self) -> int:
         """Generations reserved and not handed out yet."""
-        return sum(end - first for first, end in self._blocks)
+        return sum(end - first for first, end, _ in self._blocks)
+
+    async def fresh(self) -> bool:
+        """Hand out from now on only generations reserved after this call began (see the
+        module doc: a session opening with other coordinators alive). False when the store
+        did not write one (logged; the older blocks are kept meanwhile)."""
+        before = self._started
+        for _ in range(2):  # a reservation already under way began before: one more
+            if self._refill is None:
+                self._schedule_refill()
+            refill = self._refill
+            assert refill is not None
+            await asyncio.shield(refill)
+            if self._blocks and self._blocks[-1][2] > before:
+                while self._blocks[0][2] <= before:
+                    self._blocks.popleft()
+                return True
+            if self._started > before and self._refill is None:
+                return False  # the reservation this call waited for failed
+        return False
 
     async def start(self) -> None:
         """Reserve the first block (raises StoreError when the store cannot write it)."""
@@ -142,10 +173,12 @@ class GenerationCounter:
 
     async def _reserve_block(self) -> None:
         count = self._wanted()
+        self._started += 1
+        number = self._started
         first = await self._reserve(count, self._clock_ms())
         if self._blocks and first < self._blocks[-1][1]:
             raise StoreError(f"the store reserved generation {first}, below ones already held")
-        self._blocks.append([first, first + count])
+        self._blocks.append([first, first + count, number])
 
     async def close(self) -> None:
         """Wait for a reservation under way (nothing else is left to write)."""

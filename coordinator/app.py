@@ -7,8 +7,10 @@ import contextlib
 import functools
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 
 from aiohttp import web
 
@@ -20,6 +22,7 @@ from coordinator.api.app_keys import (
     API_KEYS_KEY,
     AUDIT_KEY,
     BLOB_BASE_URL_KEY,
+    BLOB_REPLICATOR_KEY,
     CHANGES_KEY,
     CLUSTER_KEY,
     CONFIG_KEY,
@@ -47,6 +50,7 @@ from coordinator.api.routes import add_routes, api_document, route_roles
 from coordinator.background import periodic_task
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selector
 from coordinator.catalog.catalog import ModelCatalog
+from coordinator.catalog.replication import BlobReplicator, Peer, PeerCredential
 from coordinator.cluster.changes import KIND_AGENT, KIND_API_KEYS, KIND_MODELS, ChangeFeed
 from coordinator.cluster.membership import ClusterMembership, default_coordinator_id
 from coordinator.config import CoordinatorConfig
@@ -249,7 +253,25 @@ def create_app(
     servicer.bind_fresh_generations(fresh_generations)
     catalog.bind_changes(functools.partial(changes.publish, KIND_MODELS))
     assignments.bind_changes(functools.partial(changes.publish, KIND_MODELS))
-    changes.on(KIND_MODELS, assignments.apply_change)
+    replicator = BlobReplicator(
+        catalog,
+        fleet_store,
+        cluster.coordinator_id,
+        lambda: [
+            Peer(m.coordinator_id, m.http_address) for m in cluster.alive() if m.http_address
+        ],
+        PeerCredential.from_signer(catalog.signer, cluster.coordinator_id),
+        ssl_context=functools.partial(_peer_ssl_context, data / "ca" / "ca.pem"),
+    )
+    replicator.register_metrics(metrics.registry)
+    app[BLOB_REPLICATOR_KEY] = replicator
+
+    async def models_changed(change: Change) -> None:
+        before = catalog.versions()
+        await assignments.apply_change(change)
+        await replicator.on_change(change, before)
+
+    changes.on(KIND_MODELS, models_changed)
     app[SESSIONS_KEY] = DashboardSessions(
         fleet_store, admin_tokens, ttl_s=config.dashboard_session_ttl_s
     )
@@ -282,6 +304,7 @@ def create_app(
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
     app.cleanup_ctx.append(_change_feed)
+    app.cleanup_ctx.append(_blob_replication)
     app.cleanup_ctx.append(_ownership_check)
     app.cleanup_ctx.append(_leader_jobs)
     app.cleanup_ctx.append(_overflow_distribution)
@@ -395,6 +418,37 @@ async def _change_feed(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+#: How often a coordinator checks that it holds every blob of every listed version
+#: (what a failed fetch left out is fetched again; seconds).
+BLOB_CHECK_PERIOD_S = 60.0
+
+
+def _peer_ssl_context(fleet_ca: Path) -> ssl.SSLContext:
+    """Peer coordinators' HTTPS certificates are the fleet CA's (shared by all of them)."""
+    context = ssl.create_default_context()
+    if fleet_ca.is_file():
+        context.load_verify_locations(cafile=str(fleet_ca))
+    return context
+
+
+async def _blob_replication(app: web.Application) -> AsyncIterator[None]:
+    """Fetch from peer coordinators the blobs of listed versions this one lacks: at start
+    (in the background: nothing waits for it), then every BLOB_CHECK_PERIOD_S (a version
+    a change-feed fetch could not complete), and record what it holds
+    (coordinator/catalog/replication.py)."""
+    replicator = app[BLOB_REPLICATOR_KEY]
+    replicator.start_background(replicator.sync_all, "replicate model blobs")
+
+    async def check() -> None:
+        await replicator.sync_all()
+
+    try:
+        async with periodic_task("model blob check", BLOB_CHECK_PERIOD_S, check):
+            yield
+    finally:
+        await replicator.close()
 
 
 # How long a stopping coordinator waits for the database to take its kept writes.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import re
 from pathlib import Path
 
@@ -95,6 +96,13 @@ class ManifestSigner:
 
     def sign(self, manifest: bytes) -> bytes:
         return self._key.sign(manifest)
+
+    def derive_secret(self, label: bytes) -> bytes:
+        """A secret of its own for ``label`` (HMAC-SHA256 keyed by the private key):
+        whoever holds this key (every coordinator of a fleet) derives the same one, and
+        nothing derived reveals the key or signs anything."""
+        raw = self._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        return hmac.new(raw, b"edgefleet derived secret\0" + label, hashlib.sha256).digest()
 
 
 def verify_manifest(public_key: bytes, manifest: bytes, signature: bytes) -> None:

@@ -127,6 +127,10 @@ class BlobFetcher:
         #: often (a peer still fetching it is waited for as long as it keeps fetching).
         self.peer_wait_s = peer_wait_s
         self.peer_poll_s = 0.25
+        #: How long a coordinator that is fetching the blob from a peer coordinator (503
+        #: with FETCHING_HEADER) is asked again, and how often.
+        self.coordinator_wait_s = 120.0
+        self.coordinator_poll_s = 2.0
         #: Blobs whose bytes are arriving now (peers asking for them get 503 + header).
         self.downloading: set[str] = set()
         # A blob being fetched once, however many versions ask for it.
@@ -192,7 +196,8 @@ class BlobFetcher:
         wait_for_peers: bool,
     ) -> None:
         """Peers first, then the coordinator. A peer that is fetching the blob itself (503)
-        is asked again every ``peer_poll_s`` for as long as it keeps fetching; one that
+        is asked again every ``peer_poll_s`` for as long as it keeps fetching (a
+        coordinator fetching it from a peer coordinator: ``coordinator_wait_s``); one that
         does not have it (404) is asked again for ``peer_wait_s`` when ``wait_for_peers``
         (this agent is not its site's first: the first fetches from the coordinator, the
         others from it). A peer that fails otherwise or sends wrong bytes is dropped."""
@@ -224,12 +229,26 @@ class BlobFetcher:
                 break
             await asyncio.sleep(self.peer_poll_s)
         for source in others:
-            try:
-                await self._fetch_from(source, sha256, size, progress)
-                return
-            except Exception as exc:
-                if not self._failed(source, sha256, exc, reasons):
-                    raise
+            # A coordinator that lists the version but is fetching the blob from a peer
+            # coordinator itself answers 503 + FETCHING_HEADER: asked again for as long
+            # as it keeps saying so, ``coordinator_wait_s`` at most.
+            waited_until = time.monotonic() + self.coordinator_wait_s
+            while True:
+                try:
+                    await self._fetch_from(source, sha256, size, progress)
+                    return
+                except PeerFetchingError as exc:
+                    if time.monotonic() < waited_until:
+                        log.info("blob %s: coordinator %s is fetching it from a peer "
+                                 "coordinator; asking again", sha256[:12],
+                                 source.base_url)  # fmt: skip
+                        await asyncio.sleep(self.coordinator_poll_s)
+                        continue
+                    self._failed(source, sha256, exc, reasons)
+                except Exception as exc:
+                    if not self._failed(source, sha256, exc, reasons):
+                        raise
+                break
         raise ModelSyncError(f"blob {sha256[:12]} could not be fetched: {'; '.join(reasons)}")
 
     def _failed(self, source: BlobSource, sha256: str, exc: Exception, reasons: list[str]) -> bool:

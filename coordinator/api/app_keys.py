@@ -9,6 +9,7 @@ from coordinator.access.api_keys import ApiKeys, KeyDistributor
 from coordinator.access.audit import AuditLog
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments
 from coordinator.catalog.catalog import ModelCatalog
+from coordinator.catalog.replication import BlobReplicator
 from coordinator.cluster.changes import ChangeFeed
 from coordinator.cluster.membership import ClusterMembership
 from coordinator.config import CoordinatorConfig
@@ -48,3 +49,4 @@ BLOB_BASE_URL_KEY = web.AppKey("blob_base_url", BlobBaseUrl)
 ROLLOUTS_KEY = web.AppKey("rollouts", RolloutEngine)
 CLUSTER_KEY = web.AppKey("cluster", ClusterMembership)
 CHANGES_KEY = web.AppKey("changes", ChangeFeed)
+BLOB_REPLICATOR_KEY = web.AppKey("blob_replicator", BlobReplicator)

@@ -23,6 +23,7 @@ from coordinator.api.dashboard import (
 from coordinator.api.models import (
     AGENT_ROUTES,
     agent_may_read,
+    peer_may_read,
 )
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
             )
     if caller is None and key in AGENT_ROUTES and await agent_may_read(request):
         return await handler(request)  # an agent with its own credential (model_http)
+    if caller is None and key in AGENT_ROUTES and peer_may_read(request):
+        return await handler(request)  # a peer coordinator (catalog/replication.py)
     if caller is None:
         return await _refuse(
             request,

@@ -13,7 +13,15 @@ may read them: a viewer (or higher) admin token, or an agent:
 An agent that never enrolled gets blobs without a credential only where the coordinator
 lets it open a Session without one (``require_enrollment`` resolves to off: loopback
 development setups), and only while that session is live. Being on loopback grants
-nothing by itself. Site peers serve the same path from their own stores.
+nothing by itself. Site peers serve the same path from their own stores. Peer
+coordinators read blobs with a peer token (header ``Edgefleet-Peer``,
+coordinator/catalog/replication.py), which grants nothing else.
+
+A blob a listed version names that this coordinator lacks (another coordinator published
+it, and it has not arrived yet) is fetched from a peer coordinator while the agent's
+request waits (``LAZY_WAIT_S`` at most); else the answer is 503 with
+``X-Edgefleet-Fetching: 1`` and ``Retry-After`` (ask again), never a 404. A peer's own
+request is never passed on (no loops): it gets the 404.
 
 Admin routes (``ADMIN_ROUTES`` in ``coordinator.api.routes`` lists them with their role):
 list, show, publish (manifest + blobs uploaded first, only those the coordinator lacks),
@@ -33,6 +41,7 @@ from typing import Any
 from aiohttp import web
 
 from coordinator.api.app_keys import (
+    BLOB_REPLICATOR_KEY,
     CONFIG_KEY,
     METRICS_KEY,
     MODEL_ASSIGNMENTS_KEY,
@@ -42,7 +51,8 @@ from coordinator.api.app_keys import (
 )
 from coordinator.api.common import InvalidParameter, error_response, json_body
 from coordinator.catalog.assignments import BLOB_PATH, Selector
-from coordinator.errors import ModelCatalogError, UnknownAgentError
+from coordinator.catalog.replication import FETCHING_HEADER, LAZY_WAIT_S, PEER_HEADER
+from coordinator.errors import ModelCatalogError, StoreError, UnknownAgentError
 from coordinator.fleet.records import AgentStatus, valid_agent_id
 from coordinator.identity.join_tokens import sha256_hex
 from edgefleet.blob_http import RangeNotSatisfiable, send_blob
@@ -55,6 +65,8 @@ BLOB_ROUTE = BLOB_PATH + "/sha256/{sha256}"
 #: Routes an agent may read with its own credential instead of an admin token.
 AGENT_ROUTES = frozenset({("GET", BLOB_ROUTE)})
 _BLOB_HEADERS = {"Cache-Control": "public, immutable"}
+#: The peer coordinator a blob request came from (its token checked).
+PEER_KEY = web.RequestKey("edgefleet_peer", str)
 _UPLOAD_CHUNK = 1 << 20
 # An upload whose body stalls this long is dropped (s).
 UPLOAD_IDLE_S = 60.0
@@ -86,6 +98,19 @@ async def agent_may_read(request: web.Request) -> bool:
     return record.status is AgentStatus.CONNECTED and not record.enrolled
 
 
+def peer_may_read(request: web.Request) -> bool:
+    """The request carries a good peer coordinator token (it may read blobs only)."""
+    token = request.headers.get(PEER_HEADER, "")
+    replicator = request.config_dict.get(BLOB_REPLICATOR_KEY)
+    if not token or replicator is None:
+        return False
+    peer = replicator.credential.check(token)
+    if peer is None:
+        return False
+    request[PEER_KEY] = peer
+    return True
+
+
 # ------------------------------------------------------------------ blobs
 
 
@@ -109,6 +134,26 @@ async def get_blob(request: web.Request) -> web.StreamResponse:
     sent = request.config_dict[METRICS_KEY].blob_bytes_sent.labels(
         reader="agent" if AGENT_ID_HEADER in request.headers else "admin"
     )
+    replicator = request.config_dict.get(BLOB_REPLICATOR_KEY)
+    if (
+        replicator is not None
+        and PEER_KEY not in request
+        and not path.exists()
+        and (size := request.config_dict[MODEL_CATALOG_KEY].blob_size(sha)) is not None
+    ):
+        # Listed but not here yet (published through another coordinator): fetch it from
+        # a peer while the agent waits, or tell it to ask again; never a 404.
+        try:
+            async with asyncio.timeout(LAZY_WAIT_S):
+                held = await replicator.ensure(sha, size)
+        except TimeoutError:
+            held = False
+        if not held:
+            return error_response(
+                503, f"blob {sha} is being fetched from another coordinator: ask again",
+                type_="server_error", code="blob_fetching",
+                headers={FETCHING_HEADER: "1", "Retry-After": "2"},
+            )  # fmt: skip
     try:
         return await send_blob(request, path, sha, extra_headers=_BLOB_HEADERS, on_bytes=sent.inc)
     except FileNotFoundError:
@@ -135,8 +180,17 @@ async def list_models(request: web.Request) -> web.Response:
     name = request.query.get("name") or None
     assignments = request.config_dict[MODEL_ASSIGNMENTS_KEY]
     data = []
+    replicator = request.config_dict.get(BLOB_REPLICATOR_KEY)
+    holders = None
+    if replicator is not None:
+        try:
+            holders = await replicator.holders()
+        except StoreError:  # the listing answers from memory; only this needs the database
+            holders = None
     for item in catalog.versions(name):
         view = item.json()
+        if holders is not None:  # the live coordinators holding every blob
+            view["held_by"] = len(holders.get((item.name, item.version), []))
         view["desired_by"] = len(assignments.agents_desiring(item.name, item.version))
         view["loaded_on"] = len(assignments.agents_holding(item.name, item.version))
         data.append(view)
@@ -156,6 +210,9 @@ async def show_model(request: web.Request) -> web.Response:
         return catalog_error(exc)
     assignments = request.config_dict[MODEL_ASSIGNMENTS_KEY]
     view = item.json(with_manifest=True)
+    replicator = request.config_dict.get(BLOB_REPLICATOR_KEY)
+    if replicator is not None:
+        view["held_by"] = (await replicator.holders()).get((name, version), [])
     view["desired_by"] = sorted(assignments.agents_desiring(name, version))
     view["loaded_on"] = sorted(assignments.agents_holding(name, version))
     return web.json_response(view)
@@ -246,9 +303,23 @@ async def publish_model(request: web.Request) -> web.Response:
         )
     except ModelCatalogError as exc:
         return catalog_error(exc)
-    view = published.version.json() | {
+    warnings = list(published.warnings)
+    replication: dict[str, int] = {}
+    replicator = request.config_dict.get(BLOB_REPLICATOR_KEY)
+    if replicator is not None:
+        # Complete once a second live coordinator holds every blob too (or every one
+        # alive does, when fewer): bounded by publish_wait_s.
+        held, wanted = await replicator.wait_held(published.version)
+        replication = {"held_by": held, "held_by_wanted": wanted}
+        if held < wanted:
+            warnings.append(
+                f"{published.version.ref}: only {held} of the {wanted} coordinators wanted "
+                f"hold its files after {replicator.publish_wait_s:g} s; the others fetch "
+                "them from a peer that holds them (see the coordinators' logs)"
+            )
+    view = published.version.json() | replication | {
         "created": published.created,
-        "warnings": list(published.warnings),
+        "warnings": warnings,
     }
     return web.json_response(view, status=201 if published.created else 200)
 

@@ -442,6 +442,10 @@ _SCHEMAS |= {
             "signature_b64": {"type": "string", "contentEncoding": "base64"},
             "desired_by": {},
             "loaded_on": {},
+            "held_by": {"description": "the live coordinators holding every file: how many "
+                        "(list, publish) or their ids (show)"},
+            "held_by_wanted": {"type": "integer", "description": "publish: how many were "
+                               "waited for (2, or every coordinator alive when fewer)"},
             "created": {"type": "boolean"},
             "warnings": {"type": "array", "items": {"type": "string"}},
         },

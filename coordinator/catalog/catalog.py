@@ -21,8 +21,9 @@ a few KiB each, and reading them (each agent's ModelsSection, built as agents co
 report) must not wait for the store. The coordinators are the catalog's only writers (the
 CLI's ``models`` commands go through an admin API); every change is written to the store
 first, then to memory, then told to the other coordinators on the database (``bind_changes``:
-the change feed, coordinator/cluster/changes.py), which ``reload`` it. Blobs are not
-shared: each coordinator's blob store holds what was uploaded to it.
+the change feed, coordinator/cluster/changes.py), which ``reload`` it. Blobs live in each
+coordinator's own blob store; one that lacks a blob a listed version names fetches it
+from a peer coordinator (coordinator/catalog/replication.py).
 """
 
 from __future__ import annotations
@@ -344,6 +345,16 @@ class ModelCatalog:
     def referenced(self, sha256: str) -> bool:
         """Some published version lists a file with this sha256."""
         return sha256 in self._files
+
+    def blob_size(self, sha256: str) -> int | None:
+        """The size a published version lists for this blob; None when none lists it."""
+        if sha256 not in self._files:
+            return None
+        for version in self._versions.values():
+            for entry in version.files():
+                if entry["sha256"] == sha256:
+                    return int(entry["size"])
+        return None
 
     # ------------------------------------------------------------------ changing
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.catalog.catalog import CatalogVersion, parse_manifest, write_signed_set
+from coordinator.catalog.replication import PUBLISH_WAIT_S
 from coordinator.cli.client import AdminClient, AdminRequestError
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ModelCatalogError
@@ -152,7 +153,9 @@ def publish(client: AdminClient, directory: Path, *, name: str | None, version: 
         body["name"] = name
     if version:
         body["version"] = version
-    result = client.call("POST", "/v1/admin/models", body)
+    # The coordinator answers once a second live coordinator holds the files too (or after
+    # PUBLISH_WAIT_S: coordinator/catalog/replication.py).
+    result = client.call("POST", "/v1/admin/models", body, timeout=PUBLISH_WAIT_S + 30.0)
     for warning in result.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     result["uploaded_bytes"] = uploaded
@@ -202,17 +205,21 @@ def _print(args: argparse.Namespace, result: Any) -> None:
     action = args.action
     if action == "list":
         print(f"{'MODEL@VERSION':<48}{'SIZE MB':>9}  {'GATE':<6}{'DEPR':<6}{'DESIRED':>8}"
-              f"{'LOADED':>8}  PUBLISHED")  # fmt: skip
+              f"{'LOADED':>8}{'HELD':>6}  PUBLISHED")  # fmt: skip
         for v in result["data"]:
             print(f"{v['ref']:<48}{v['size_bytes'] / 1e6:>9.1f}  "
                   f"{'ok' if v['gate_passed'] else 'FAIL':<6}{'yes' if v['deprecated'] else '-':<6}"
-                  f"{v['desired_by']:>8}{v['loaded_on']:>8}  {v['published_at']}")  # fmt: skip
+                  f"{v['desired_by']:>8}{v['loaded_on']:>8}{v.get('held_by', '-'):>6}  "
+                  f"{v['published_at']}")  # fmt: skip
     elif action == "publish":
         state = "published" if result["created"] else "already published"
         gate = "gate passed" if result["gate_passed"] else "gate FAILED"
         print(f"{result['ref']} {state} (manifest sha256 {result['sha256'][:12]}, "
               f"{result['files']} files, {result['uploaded_bytes'] / 1e6:.1f} MB uploaded, "
               f"{gate})")  # fmt: skip
+        if "held_by" in result:
+            print(f"  files held by {result['held_by']} coordinator(s) "
+                  f"({result['held_by_wanted']} wanted)")  # fmt: skip
     elif action == "export":
         print(f"exported {', '.join(result['versions']) or 'nothing'} to {result['root']} "
               f"({result['blobs_written']} blobs written)")  # fmt: skip

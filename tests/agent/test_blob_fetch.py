@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from agent.errors import ModelSyncError
-from agent.sync.fetch import BlobFetcher, BlobSource
+from agent.sync.fetch import FETCHING_HEADER, BlobFetcher, BlobSource
 from agent.sync.store import ModelStore
 from coordinator.identity.ca import CertificateAuthority
 from edgefleet.blob_http import send_blob
@@ -280,3 +280,39 @@ async def test_a_complete_part_is_committed_without_asking_again(
         await fetcher.close()
         assert asked == expected
         assert store.blob(blob.sha256).read_bytes() == blob.data
+
+
+async def test_a_coordinator_fetching_the_blob_from_a_peer_coordinator_is_asked_again(
+    tmp_path: Path, blob: Blob, serve: Callable[..., Awaitable[str]]
+) -> None:
+    """A coordinator that lists the version but is still fetching the blob from another
+    coordinator answers 503 with X-Edgefleet-Fetching: the agent asks again (for
+    ``coordinator_wait_s`` at most) instead of failing the version."""
+    asked = []
+
+    async def fetching_at_first(request: web.Request) -> web.StreamResponse:
+        asked.append(time.monotonic())
+        if len(asked) < 3:
+            headers = {FETCHING_HEADER: "1", "Retry-After": "2"}
+            return web.json_response({"error": {"code": "blob_fetching"}}, status=503,
+                                     headers=headers)  # fmt: skip
+        return await send_blob(request, blob.path, blob.sha256)
+
+    store = ModelStore(tmp_path / "store")
+    fetcher = BlobFetcher(store)
+    fetcher.coordinator_poll_s = 0.05
+    source = [BlobSource(await serve(fetching_at_first), "coordinator")]
+    await fetcher.fetch(blob.sha256, len(blob.data), source, ignore)
+    await fetcher.close()
+    assert store.has_blob(blob.sha256, len(blob.data)) and len(asked) == 3
+
+    # Still fetching past coordinator_wait_s: the fetch fails (the version is FAILED, and
+    # a later section tries again), having asked more than once.
+    asked.clear()
+    other = ModelStore(tmp_path / "other")
+    fetcher = BlobFetcher(other)
+    fetcher.coordinator_poll_s, fetcher.coordinator_wait_s = 0.05, 0.0
+    with pytest.raises(ModelSyncError, match="fetching"):
+        await fetcher.fetch(blob.sha256, len(blob.data), source, ignore)
+    await fetcher.close()
+    assert len(asked) == 1 and not other.has_blob(blob.sha256, len(blob.data))

@@ -2,9 +2,10 @@
 
 Two coordinators serve one fleet on one PostgreSQL database (TLS, API keys required, as
 shipped); a real agent's session is on B only, serving tiny-llama from its directory.
-Through A (its admin API, the operator's ``models`` CLI): versions published are in B's
-catalog; a rule deploying one is told to the agent on B, which fetches it from B's blob
-store (uploaded there too: blob stores are per coordinator) and serves it; a newer rule
+Through A only (its admin API, the operator's ``models`` CLI): versions published are in
+B's catalog, and in B's blob store (fetched from A: the publish completes once both hold
+the files, and says so); a rule deploying one is told to the agent on B, which fetches it
+from B's blob store and serves it; a newer rule
 for that agent alone is told to it; a version deprecated is deprecated on B. Each within
 1.5 s at a 5 s report interval: only the change feed is this fast (and nothing periodic
 reloads rules on B at all).
@@ -117,18 +118,22 @@ async def test_model_changes_through_one_coordinator_reach_agents_on_another(
                 listed = {item["model"] for item in health.get("model_sync", [])}
                 return f"{NAME}@{version}" in listed or await serving() == version
 
-            # Two versions published through A (the tiny model's files under new names):
-            # in B's catalog too.
+            # Two versions published through A only (the tiny model's files under new
+            # names): in B's catalog too, and B fetched their files from A (over A's HTTPS
+            # API, with its peer token) before A's publish completed.
             for version in ("v2", "v3"):
-                assert (await _publish(first, tiny_artifacts / NAME, version))["created"]
+                published = await _publish(first, tiny_artifacts / NAME, version)
+                assert published["created"]
+                assert (published["held_by"], published["held_by_wanted"]) == (2, 2)
 
                 async def in_second_catalog(version: str = version) -> bool:
                     return version in await _versions_on(second)
 
                 await _within(in_second_catalog, f"{NAME}@{version} published through A on B")
-                # The operator uploads the files to B as well (the same publish: B already
-                # has the version, so only the blobs it lacks travel).
-                assert not (await _publish(second, tiny_artifacts / NAME, version))["created"]
+            listing = await second.get_json(f"/v1/admin/models?name={NAME}")
+            assert [v["held_by"] for v in listing["data"]] == [2, 2]
+            fetched = _metric(await _metrics(second), "edgefleet_coordinator_peer_blob_bytes_total")
+            assert fetched >= listing["data"][0]["size_bytes"]
 
             # Deployed through A to the whole fleet: the agent on B is told, fetches the
             # version from B and serves it.
@@ -169,6 +174,10 @@ async def test_model_changes_through_one_coordinator_reach_agents_on_another(
             ), [line for line in metrics.splitlines() if "changes_applied" in line]
         finally:
             await agent.terminate()
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def _metrics(coordinator: CoordinatorProcess) -> str:

@@ -73,8 +73,11 @@ def artifact_version(models_dir: str, name: str) -> str:
 async def publish_and_deploy(coordinator: CoordinatorProcess, models_dir: str) -> None:
     for name in (LLM, EMBEDDER):
         version = artifact_version(models_dir, name)
-        await coordinator_cli(coordinator, "models", "publish", str(Path(models_dir) / name))
+        out = await coordinator_cli(coordinator, "models", "publish", str(Path(models_dir) / name))
         say(f"published {name}@{version} to the coordinator's catalog (signed)")
+        held = [line.strip() for line in out.splitlines() if "held by" in line]
+        if held:  # with several coordinators: the others fetch the files from it
+            say(f"  {held[0]}")
         await coordinator_cli(coordinator, "models", "deploy", f"{name}@{version}")
         say(f"deployed {name}@{version} to the whole fleet")
 
@@ -169,25 +172,6 @@ async def start_coordinators(
     return coordinators
 
 
-async def publish_to_the_others(coordinators: list[CoordinatorProcess], models_dir: str) -> None:
-    """Model files are kept per coordinator: the others get them too, once each has read
-    the first's catalog change from the database (its change feed)."""
-    for other in coordinators[1:]:
-        for name in (LLM, EMBEDDER):
-            version = artifact_version(models_dir, name)
-
-            async def listed(path: str = f"/v1/admin/models/{name}/{version}") -> bool:
-                try:
-                    await other.get_json(path)  # noqa: B023 (awaited within this iteration)
-                except aiohttp.ClientResponseError:
-                    return False  # not read from the database yet
-                return True
-
-            await wait_until(listed, timeout_s=30, message=f"{name} listed by {other.http_url}")
-            await coordinator_cli(other, "models", "publish", str(Path(models_dir) / name))
-        say(f"  the model files are on {other.http_url} too")
-
-
 async def run(args: argparse.Namespace) -> int:
     state = Path(tempfile.mkdtemp(prefix="edgefleet-demo-agents-"))
     agents: list[AgentProcess] = []
@@ -195,15 +179,21 @@ async def run(args: argparse.Namespace) -> int:
     try:
         coordinators = await start_coordinators(args, state, started)
         coordinator = coordinators[0]
+        # Published once, through the first: the others fetch the files from it (a
+        # publish completes once a second coordinator holds them).
         await publish_and_deploy(coordinator, args.models_dir)
-        await publish_to_the_others(coordinators, args.models_dir)
         for i, (site, lat, lon) in enumerate(SITES):
             token = coordinator.mint_join_token(site, lat, lon)
             agents.append(
                 AgentProcess(
                     port=args.agent_port + i if args.agent_port else 0,
                     models_dir=args.models_dir,  # not read: models.source = store
-                    coordinator=",".join(c.grpc_target for c in coordinators),
+                    # every coordinator, agent i's list starting at coordinator i: with
+                    # several, the agents' sessions (and model downloads) are spread
+                    coordinator=",".join(
+                        c.grpc_target for c in coordinators[i % len(coordinators):]
+                        + coordinators[: i % len(coordinators)]
+                    ),
                     agent_id=site,
                     site=site,
                     lat=lat,
@@ -219,12 +209,27 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.gather(*(a.start() for a in agents))
         started.extend(agents)
 
+        where: dict[str, int] = {}  # agent id -> the coordinator its session is on
+
         async def all_registered() -> bool:
-            listed = await coordinator.agents()
-            return sum(1 for a in listed if a.get("status") == "connected") >= len(agents)
+            ids = {}  # coordinator id -> its number
+            for n, c in enumerate(coordinators, 1):
+                ids[(await c.get_json("/healthz")).get("coordinator", {}).get("id")] = n
+            for n, c in enumerate(coordinators, 1):
+                for a in await c.agents():
+                    if a.get("status") != "connected":
+                        continue
+                    owner = ids.get(a.get("coordinator"), n)  # as the fleet view says
+                    where.setdefault(a["agent_id"], owner)
+            return len(where) >= len(agents)
 
         await wait_until(all_registered, timeout_s=30, message="agents to register")
-        say("both agents registered with the coordinator; they sync their models:")
+        if len(coordinators) == 1:
+            say("both agents registered with the coordinator; they sync their models:")
+        else:
+            say("both agents registered (" + ", ".join(
+                f"{a} on coordinator {n}" for a, n in sorted(where.items())
+            ) + "); they sync their models, each from its own coordinator:")  # fmt: skip
         await wait_synced(agents, args.sync_timeout)
 
         api_key = await coordinator.mint_api_key("demo")

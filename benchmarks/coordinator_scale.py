@@ -73,7 +73,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -86,6 +86,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from agent.control.reconnect import ReconnectBackoff
 from benchmarks.results_file import target, write_results
 from devtools.fleet import CoordinatorProcess
 from edgefleet.contract import CONTRACT_MINOR
@@ -140,10 +141,16 @@ class _Stats:
         self.failures: dict[str, int] = {}
         # multiprocessing Value: keys sections received, read by the main process.
         self.pushed = pushed
+        # sessions opened on another coordinator than the agent's previous one, and
+        # sessions that broke after their Welcome (not failed attempts)
+        self.moves = 0
+        self.sessions_broken = 0
+        # called with (agent id, the key ids of a keys section) as each one arrives
+        self.on_keys: Callable[[str, set[str]], None] | None = None
 
 
 async def _fake_agent(
-    channel_of: Callable[[], Any],
+    channel_of: Callable[[], Any] | Sequence[Callable[[], Any]],
     agent_id: str,
     interval_s: float,
     stop: float,
@@ -151,27 +158,62 @@ async def _fake_agent(
     token: str = "",
     key_ids: tuple[str, ...] = (),
     own_channel: bool = False,
+    hello_models: Sequence[str] | None = None,
+    on_report: Callable[[], object] | None = None,
 ) -> int:
-    """One agent: a session like a real one, reconnecting with backoff when it fails.
+    """One agent: a session like a real one, reconnecting as the real one does when it fails.
+    ``hello_models``: the models it says it serves (default MODELS); ``on_report`` is
+    called as each LoadReport goes out.
 
     ``channel_of`` gives the channel for each attempt; with ``own_channel`` it is a new
     one per attempt, closed after it, as the real agent does (a failed TLS handshake then
-    leaves no gRPC reconnect backoff behind for the next attempt)."""
+    leaves no gRPC reconnect backoff behind for the next attempt). Several of them (one per
+    coordinator, in this agent's order, as ``coordinator.target`` lists them): like
+    agent/control/session.py, a broken session or a failed attempt moves on to the next
+    coordinator at once; only once each was tried in a round without a session opening
+    does the agent wait (agent.control.reconnect's backoff: 0.5 s doubling with jitter,
+    capped at one report interval), and the next round starts with the one that worked
+    last. One target: the same rounds of one."""
     sent = 0
     rng = random.Random(agent_id)
+    targets = [channel_of] if callable(channel_of) else list(channel_of)
+    backoff = ReconnectBackoff(0.5, rng)
+    failures, preferred, last_opened = 0, 0, -1
     while time.monotonic() < stop:
-        channel = channel_of()
-        try:
-            stub = pb_grpc.CoordinatorStub(channel)
-            sent += await _fake_session(stub, agent_id, interval_s, stop, stats, token, key_ids)
-        except grpc.aio.AioRpcError as exc:
-            stats.failed_attempts += 1
-            why = f"{exc.code().name}: {(exc.details() or '')[:60]}"
-            stats.failures[why] = stats.failures.get(why, 0) + 1
-            await asyncio.sleep(rng.uniform(0.5, 2.0))
-        finally:
-            if own_channel:
-                await channel.close()
+        opened_in_round = False
+        for step in range(len(targets)):
+            index = (preferred + step) % len(targets)
+            channel = targets[index]()
+            opened: list[bool] = []
+            try:
+                stub = pb_grpc.CoordinatorStub(channel)
+                sent += await _fake_session(
+                    stub, agent_id, interval_s, stop, stats, token, key_ids, opened,
+                    hello_models, on_report,
+                )  # fmt: skip
+            except Exception as exc:  # the session failed; the agent goes on
+                if opened:
+                    stats.sessions_broken += 1
+                else:
+                    stats.failed_attempts += 1
+                    why = (
+                        f"{exc.code().name}: {(exc.details() or '')[:60]}"
+                        if isinstance(exc, grpc.aio.AioRpcError)
+                        else f"{type(exc).__name__}: {str(exc)[:60]}"
+                    )
+                    stats.failures[why] = stats.failures.get(why, 0) + 1
+            finally:
+                if own_channel:
+                    await channel.close()
+            if opened:
+                opened_in_round, preferred = True, index
+                if last_opened not in (-1, index):
+                    stats.moves += 1
+                last_opened = index
+            if time.monotonic() >= stop:
+                return sent
+        failures = 0 if opened_in_round else failures + 1
+        await asyncio.sleep(backoff.delay(failures, interval_s))
     return sent
 
 
@@ -183,10 +225,14 @@ async def _fake_session(
     stats: _Stats,
     token: str,
     key_ids: tuple[str, ...],
+    opened: list[bool] | None = None,
+    hello_models: Sequence[str] | None = None,
+    on_report: Callable[[], object] | None = None,
 ) -> int:
-    """Hello, then a LoadReport every interval. Like a real agent it reads what the
-    coordinator pushes and acknowledges the section generations it applied; with
-    ``key_ids`` it reports per-key usage (a few keys, skewed, so shares move)."""
+    """Hello, then a LoadReport every interval (``opened`` gets True at the Welcome). Like
+    a real agent it reads what the coordinator pushes and acknowledges the section
+    generations it applied; with ``key_ids`` it reports per-key usage (a few keys, skewed,
+    so shares move)."""
     rng = random.Random(agent_id)
     lat, lon = _agent_place(rng)
     queue: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
@@ -197,7 +243,7 @@ async def _fake_session(
                 site=f"site-{rng.randrange(500)}",
                 http_url=f"http://10.{rng.randrange(256)}.{rng.randrange(256)}.1:8000",
                 location=pb.Location(lat=lat, lon=lon),
-                models=[pb.LoadedModel(name=m, version="v1") for m in MODELS],
+                models=[pb.LoadedModel(name=m, version="v1") for m in hello_models or MODELS],
                 contract_minor=CONTRACT_MINOR,
                 token=token,
             )
@@ -222,6 +268,8 @@ async def _fake_session(
                 stats.keys_in_last_section = len(desired.keys.keys)
                 if stats.pushed is not None:
                     stats.pushed.value += 1
+                if stats.on_keys is not None:
+                    stats.on_keys(agent_id, {k.key_id for k in desired.keys.keys})
 
     started = time.perf_counter()
     call = stub.Session(outgoing())
@@ -232,9 +280,18 @@ async def _fake_session(
     try:
         await call.read()  # Welcome
         stats.setup_s.append(time.perf_counter() - started)
+        if opened is not None:
+            opened.append(True)
         reader = asyncio.create_task(incoming())
-        await asyncio.sleep(rng.uniform(0, interval_s))  # spread reports over the interval
+        wait_s = rng.uniform(0, interval_s)  # spread reports over the interval
         while time.monotonic() < stop:
+            # the stream ending (a broken connection, the coordinator gone or closing it)
+            # ends the session at once, as the real agent's reader does
+            ended, _ = await asyncio.wait({reader}, timeout=wait_s)
+            if ended:
+                reader.result()  # raises the stream's error
+                return sent
+            wait_s = interval_s
             usage = [
                 pb.KeyUsage(
                     key_id=key_id,
@@ -257,7 +314,8 @@ async def _fake_session(
                 )
             )
             sent += 1
-            await asyncio.sleep(interval_s)
+            if on_report is not None:
+                on_report()
     finally:
         queue.put_nowait(None)
         call.cancel()
@@ -281,32 +339,41 @@ def _same(channel: Any) -> Any:
 
 
 def _simulator(
-    target_addr: str,
+    target_addr: str | Sequence[str],
     ids: list[str],
     interval_s: float,
     stop: float,
     setup: Any,
     pushed: Any,
     out: Any,
+    orders: Sequence[Sequence[int]] | None = None,
 ) -> None:
-    """Plain sessions: AGENTS_PER_CHANNEL agents share each (plaintext) channel."""
+    """Plain sessions: AGENTS_PER_CHANNEL agents share each (plaintext) channel to a
+    coordinator. Several coordinators (``target_addr`` a list): ``orders[i]`` is agent i's
+    order of them (its ``coordinator.target`` list), default the list as given."""
+    targets = [target_addr] if isinstance(target_addr, str) else list(target_addr)
 
     async def run() -> int:
         channels = [
-            grpc.aio.insecure_channel(target_addr, options=[("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(max(1, len(ids) // AGENTS_PER_CHANNEL))
+            [
+                grpc.aio.insecure_channel(where, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(max(1, len(ids) // AGENTS_PER_CHANNEL))
+            ]
+            for where in targets
         ]
         stats = _Stats(pushed)
         tasks = []
         for i, agent_id in enumerate(ids):
-            same = functools.partial(_same, channels[i % len(channels)])
-            tasks.append(asyncio.create_task(_fake_agent(same, agent_id, interval_s, stop, stats)))
+            order = orders[i] if orders is not None else range(len(targets))
+            mine = [functools.partial(_same, channels[t][i % len(channels[t])]) for t in order]
+            tasks.append(asyncio.create_task(_fake_agent(mine, agent_id, interval_s, stop, stats)))
             if i % 200 == 199:
                 await asyncio.sleep(0.05)  # ramp, do not stampede
         await _report_setup(stats, len(ids), setup, {})
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        for channel in channels:
-            await channel.close()
+        for one in channels:
+            for channel in one:
+                await channel.close()
         return sum(r for r in results if isinstance(r, int))
 
     out.put(asyncio.run(run()))
@@ -380,7 +447,7 @@ async def _enroll_all(
 
 def _secure_simulator(
     enroll_target: str,
-    session_target: str,
+    session_target: str | Sequence[str],
     ca_pem: bytes,
     join_token: str,
     key_ids: tuple[str, ...],
@@ -390,10 +457,13 @@ def _secure_simulator(
     setup: Any,
     pushed: Any,
     out: Any,
+    orders: Sequence[Sequence[int]] | None = None,
 ) -> None:
     """Enrolled agents over mutual TLS: one channel (TCP + TLS connection) per agent,
     presenting that agent's own client certificate, as the coordinator requires (the
-    certificate's agent id must be Hello.agent_id)."""
+    certificate's agent id must be Hello.agent_id). Several coordinators (sharing the
+    fleet CA): ``orders[i]`` is agent i's order of ``session_target``."""
+    targets = [session_target] if isinstance(session_target, str) else list(session_target)
 
     async def run() -> int:
         identities, enroll_s = await _enroll_all(enroll_target, ca_pem, join_token, ids)
@@ -401,13 +471,15 @@ def _secure_simulator(
         tasks = []
         for i, identity in enumerate(identities):
 
-            def channel_of(credentials: Any = identity.credentials) -> Any:
-                return grpc.aio.secure_channel(session_target, credentials, options=[_LOCAL_POOL])
+            def channel_of(where: str, credentials: Any = identity.credentials) -> Any:
+                return grpc.aio.secure_channel(where, credentials, options=[_LOCAL_POOL])
 
+            order = orders[i] if orders is not None else range(len(targets))
+            mine = [functools.partial(channel_of, targets[t]) for t in order]
             tasks.append(
                 asyncio.create_task(
                     _fake_agent(
-                        channel_of, identity.agent_id, interval_s, stop, stats,
+                        mine, identity.agent_id, interval_s, stop, stats,
                         identity.token, key_ids, own_channel=True,
                     )
                 )
@@ -442,27 +514,30 @@ def _lookups(
     http_url: str, rate: float, warmup_s: float, seconds: float, warm: Any, out: Any
 ) -> None:
     """Open-loop lookups; puts (latencies s, schedule lags s, failures by why, CPU s) on
-    ``out``.
+    ``out``. An answer without any agent (``"agents": []``) counts as a failure ("empty
+    answer"). ``http_url``: one coordinator, or several comma-separated, asked in turn
+    (one lookup each, round robin).
 
     The first ``warmup_s`` (connections opening, caches filling) are not measured;
     ``warm`` is set when measuring starts.
     """
-    parts = urlsplit(http_url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    servers = [urlsplit(url.strip()) for url in http_url.split(",") if url.strip()]
+    addresses = [(p.hostname or "127.0.0.1", p.port or 80) for p in servers]
 
     async def run() -> tuple[list[float], list[float], dict[str, int], float]:
         rng = random.Random(7)
         latencies: list[float] = []
         lags: list[float] = []
         failed: dict[str, int] = {}  # why -> how many lookups failed so
-        idle: list[_Connection] = []
+        idles: list[list[_Connection]] = [[] for _ in addresses]
+        turn = 0
 
         measuring = False
 
         def fail(why: str) -> None:
             failed[why] = failed.get(why, 0) + 1
 
-        async def one(due: float) -> None:
+        async def one(due: float, host: str, port: int, idle: list[_Connection]) -> None:
             lat, lon = _agent_place(rng)
             path = f"/v1/route?model={rng.choice(MODELS)}&lat={lat:.4f}&lon={lon:.4f}"
             reused = bool(idle)
@@ -475,7 +550,7 @@ def _lookups(
                 lags.append(max(0.0, time.monotonic() - due))
             try:
                 try:
-                    status, _ = await connection.get(host, path)
+                    status, body = await connection.get(host, path)
                 except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
                     # a kept-alive connection the server closed while idle (its header
                     # timeout), before any byte of an answer: retried once on a new
@@ -488,7 +563,7 @@ def _lookups(
                         failed.get("retried: kept-alive connection closed by the server", 0) + 1
                     )
                     connection = _Connection(*await asyncio.open_connection(host, port))
-                    status, _ = await connection.get(host, path)
+                    status, body = await connection.get(host, path)
             except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 fail(f"{type(exc).__name__}: {str(exc)[:60]}")
                 connection.writer.close()
@@ -497,10 +572,12 @@ def _lookups(
             idle.append(connection)
             if not counted:
                 return
-            if status == 200:
-                latencies.append(elapsed)
-            else:
+            if status != 200:
                 fail(f"HTTP {status}")
+            elif b'"agents": []' in body or b'"agents":[]' in body:
+                fail("empty answer")
+            else:
+                latencies.append(elapsed)
 
         pending: set[asyncio.Task[None]] = set()
         due = time.monotonic()
@@ -511,14 +588,15 @@ def _lookups(
                 measuring, cpu0 = True, time.process_time()
                 warm.set()
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            task = asyncio.create_task(one(due))
+            turn = (turn + 1) % len(addresses)
+            task = asyncio.create_task(one(due, *addresses[turn], idles[turn]))
             pending.add(task)
             task.add_done_callback(pending.discard)
             due += 1.0 / rate
         if pending:
             await asyncio.wait(pending)
         cpu = time.process_time() - cpu0
-        for connection in idle:
+        for connection in (c for idle in idles for c in idle):
             connection.writer.close()
         return latencies, lags, failed, cpu
 

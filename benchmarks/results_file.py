@@ -35,7 +35,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def target(value: float, expression: str, met: bool) -> dict[str, Any]:
+def target(value: float | None, expression: str, met: bool) -> dict[str, Any]:
     return {"value": value, "target": expression, "met": met}
 
 

@@ -62,13 +62,15 @@ def fleet_agent(
     first: CoordinatorProcess,
     targets: list[CoordinatorProcess],
     serve: str = "tiny-llama",
+    agent_id: str = "edge-1",
 ) -> AgentProcess:
     """A real agent (TLS, enrolled with a join token minted on ``first``'s database) given
-    the gRPC and enrollment addresses of ``targets`` only, in that order."""
+    the gRPC and enrollment addresses of ``targets`` only, in that order (state under
+    ``tmp_path / "agent"``)."""
     port = free_port()
     return AgentProcess(
         port=port, coordinator=",".join(c.grpc_target for c in targets),
-        agent_id="edge-1", site="lab", lat=48.85, lon=2.35,
+        agent_id=agent_id, site="lab", lat=48.85, lon=2.35,
         join_token=join_token(first.data_dir, store_url, f"https://127.0.0.1:{port}"),
         state_dir=tmp_path / "agent", models_dir=str(models_dir), serve=[serve],
         extra_args=[

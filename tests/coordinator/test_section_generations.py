@@ -8,6 +8,7 @@ that coordinators before migration 8 sent, which agents still hold after the upg
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
@@ -244,3 +245,30 @@ async def test_the_next_block_is_reserved_ahead_and_grows_with_the_fleet(
         assert handed == list(range(handed[0], handed[0] + 3000)) and handed[0] > first
     finally:
         await store.close()
+
+
+async def test_fresh_hands_out_only_what_was_reserved_after_it_began() -> None:
+    """Two coordinators' counters over one store (the database's counter): A reserved its
+    block before B, so A's next generations are below B's; after ``fresh()`` A hands out
+    only generations above everything B reserved before, and sessions opening together
+    share one reservation."""
+    issued = [0]
+    calls = []
+
+    async def reserve(count: int, at_least: int) -> int:
+        calls.append(count)
+        await asyncio.sleep(0.01)
+        first = max(issued[0] + 1, at_least)
+        issued[0] = first + count - 1
+        return first
+
+    a = GenerationCounter(reserve, block=10, clock_ms=lambda: 0)
+    b = GenerationCounter(reserve, block=10, clock_ms=lambda: 0)
+    await a.start()
+    await b.start()
+    assert a.next() == 1 and b.next() == 11  # B's block is above A's
+    assert b.next() == 12
+    calls.clear()
+    assert await asyncio.gather(a.fresh(), a.fresh(), a.fresh()) == [True, True, True]
+    assert calls == [10]  # one reservation for the three
+    assert a.next() == 21 and a.remaining() == 9  # A's old block dropped

@@ -109,15 +109,18 @@ class PeerCredential:
         """The peer's coordinator id when ``token`` is good now, else None."""
         if len(token) > 512:
             return None
+        if not token.isascii():
+            return None
         parts = token.rsplit(".", 2)
-        if len(parts) != 3 or not parts[1].isdigit():
+        if len(parts) != 3 or not parts[1].isdigit() or len(parts[1]) > 15:
             return None
         who, expires_text, mac = parts
         expires = int(expires_text)
         now = self._clock()
         if not who or expires < now or expires > now + PEER_TOKEN_TTL_S + PEER_CLOCK_SKEW_S:
             return None
-        return who if hmac.compare_digest(mac, self._mac(who, expires)) else None
+        good = hmac.compare_digest(mac.encode(), self._mac(who, expires).encode())
+        return who if good else None
 
 
 @dataclass(frozen=True, slots=True)

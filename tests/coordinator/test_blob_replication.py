@@ -138,6 +138,8 @@ def test_peer_tokens() -> None:
     far = PeerCredential(b"k" * 32, "a", clock=lambda: now[0] + 10 * PEER_TOKEN_TTL_S)
     assert theirs.check(far.token()) is None  # not good for longer than a ttl (and skew)
     assert theirs.check("") is None and theirs.check("a.b") is None
+    assert theirs.check(f"a.{expires}.{mac[:-1]}\u00e9") is None  # not ASCII: no error
+    assert theirs.check(f"a.\u00b2.{mac}") is None  # a digit int() would refuse
     now[0] += PEER_TOKEN_TTL_S + 1
     assert theirs.check(token) is None  # expired
 

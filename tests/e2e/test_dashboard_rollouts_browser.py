@@ -239,6 +239,7 @@ async def test_the_catalog_view_shows_the_published_versions(fleet: Fleet) -> No
         assert row[4] == ("passed" if item["gate_passed"] else "failed")
         assert row[5] == "no"
         assert row[6:9] == [str(item["desired_by"]), str(item["loaded_on"]), item["published_at"]]
+        assert row[9] == str(item["held_by"]) == "1"  # one coordinator: it holds every file
     assert {v["version"] for v in catalog["data"]} == {fleet.v1, fleet.v2}
     assert shown[f"{TINY}@{fleet.v1}"][6] == "2"  # both agents desire v1 (the deploy rule)
     rules = await page.evaluate(

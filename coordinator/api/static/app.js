@@ -751,7 +751,7 @@ async function showModels() {
     tr.append(el("td", m.name), el("td", m.version), el("td", m.task || ""),
       el("td", `${(m.size_bytes / 1e6).toFixed(1)} MB`), el("td", m.gate_passed ? "passed" : "failed"),
       el("td", m.deprecated ? "yes" : "no"), el("td", m.desired_by), el("td", m.loaded_on),
-      el("td", m.published_at || ""));
+      el("td", m.published_at || ""), el("td", m.held_by ?? ""));
     return tr;
   });
   $("model-rows").replaceChildren(...rows);

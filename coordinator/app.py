@@ -29,6 +29,7 @@ from coordinator.api.app_keys import (
     GRPC_SERVER_KEY,
     KEY_DISTRIBUTOR_KEY,
     LIFECYCLE_KEY,
+    LIVE_VIEW_KEY,
     METRICS_KEY,
     MODEL_ASSIGNMENTS_KEY,
     MODEL_CATALOG_KEY,
@@ -52,6 +53,7 @@ from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selec
 from coordinator.catalog.catalog import ModelCatalog
 from coordinator.catalog.replication import BlobReplicator, Peer, PeerCredential
 from coordinator.cluster.changes import KIND_AGENT, KIND_API_KEYS, KIND_MODELS, ChangeFeed
+from coordinator.cluster.live_view import LiveView
 from coordinator.cluster.membership import ClusterMembership, default_coordinator_id
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import StoreError
@@ -110,6 +112,7 @@ def create_app(
     data = config.data_path
     fleet_store: FleetStore = config.store_location().open_store() if store is None else store
     ca = CertificateAuthority.load_or_create(data / "ca")
+    coordinator_id = config.coordinator_id or default_coordinator_id(data)
     live_registry = LiveFleetRegistry(
         fleet_store,
         report_interval_ms=config.report_interval_ms,
@@ -118,6 +121,7 @@ def create_app(
         restart_grace_s=config.restart_grace_s,
         max_agents=config.max_agents,
         stale_unenrolled_after_s=config.stale_unenrolled_after_s,
+        coordinator_id=coordinator_id,
     )
     registry: FleetRegistry = live_registry
     tokens = JoinTokens(fleet_store)
@@ -210,7 +214,7 @@ def create_app(
     grpc_server = app[GRPC_SERVER_KEY]
     cluster = ClusterMembership(
         fleet_store,
-        config.coordinator_id or default_coordinator_id(data),
+        coordinator_id,
         lease_s=config.leader_lease_s,
         addresses=lambda: (
             grpc_server.dial_address if grpc_server.port is not None else "",
@@ -224,6 +228,16 @@ def create_app(
     changes = ChangeFeed(fleet_store, cluster.incarnation)
     changes.register_metrics(metrics.registry)
     app[CHANGES_KEY] = changes
+    # The other coordinators' agents, routed here too (coordinator/cluster/live_view.py).
+    live_view = LiveView(
+        fleet_store,
+        live_registry,
+        cluster,
+        period_s=live_view_period_s(config),
+        on_change=lambda record: events.on_change(record.agent_id),
+    )
+    live_view.register_metrics(metrics.registry)
+    app[LIVE_VIEW_KEY] = live_view
     lifecycle = AgentLifecycle(
         fleet_store, registry, servicer, changes=changes, on_change=events.on_change
     )
@@ -304,13 +318,15 @@ def create_app(
     app.cleanup_ctx.append(_liveness_sweep)
     app.cleanup_ctx.append(_key_distribution)
     app.cleanup_ctx.append(_change_feed)
+    app.cleanup_ctx.append(_live_view)
     app.cleanup_ctx.append(_blob_replication)
     app.cleanup_ctx.append(_ownership_check)
     app.cleanup_ctx.append(_leader_jobs)
     app.cleanup_ctx.append(_overflow_distribution)
     if rollouts is None:
         rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
-    install_rollouts(app, rollouts)
+    # rollout gates count the other coordinators' agents too (their stats in the view)
+    live_view.on_stats(install_rollouts(app, rollouts).on_report)
     app.cleanup_ctx.append(events_flusher)
     app.on_shutdown.append(end_event_streams)
     return app
@@ -451,6 +467,26 @@ async def _blob_replication(app: web.Application) -> AsyncIterator[None]:
         await replicator.close()
 
 
+def live_view_period_s(config: CoordinatorConfig) -> float:
+    """How often the shared live view is read: half a report interval, 0.5 s at most (a
+    report reaches the other coordinators' route answers within a report interval, the
+    owner's save, and this)."""
+    return max(0.05, min(0.5, config.report_interval_ms / 1000.0 / 2))
+
+
+async def _live_view(app: web.Application) -> AsyncIterator[None]:
+    """Read the other coordinators' agents' live state (nothing while this coordinator is
+    alone on its database)."""
+    view = app[LIVE_VIEW_KEY]
+    task = asyncio.create_task(view.run(), name="live view")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 # How long a stopping coordinator waits for the database to take its kept writes.
 SHUTDOWN_WRITE_WAIT_S = 10.0
 
@@ -472,7 +508,8 @@ def _store(
     return lifecycle
 
 
-# The agents' live state is saved every this many report intervals (and at shutdown).
+# The agents' live state is saved every this many report intervals (and at shutdown);
+# every report interval while other coordinators are alive (their shared live view).
 SAVE_EVERY_REPORTS = 5
 # Agents per store transaction when saving it (a few ms each at most).
 SAVE_BATCH = 250
@@ -481,10 +518,15 @@ SAVE_BATCH = 250
 async def _last_state_saver(app: web.Application) -> AsyncIterator[None]:
     """Save what changed in the agents' live state periodically, in small batches that
     let the event loop serve in between, and once more at shutdown."""
-    registry = app[REGISTRY_KEY]
-    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 * SAVE_EVERY_REPORTS
+    registry, cluster = app[REGISTRY_KEY], app[CLUSTER_KEY]
+    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0
+    ticks = 0
 
     async def save() -> None:
+        nonlocal ticks
+        ticks += 1
+        if ticks % SAVE_EVERY_REPORTS and len(cluster.alive()) <= 1:
+            return  # alone: only a restart reads it
         try:
             await registry.save_last_states(SAVE_BATCH)
         except StoreError as exc:  # retried next period: what failed is still unsaved

@@ -11,6 +11,7 @@ from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments
 from coordinator.catalog.catalog import ModelCatalog
 from coordinator.catalog.replication import BlobReplicator
 from coordinator.cluster.changes import ChangeFeed
+from coordinator.cluster.live_view import LiveView
 from coordinator.cluster.membership import ClusterMembership
 from coordinator.config import CoordinatorConfig
 from coordinator.fleet.lifecycle import AgentLifecycle
@@ -49,4 +50,5 @@ BLOB_BASE_URL_KEY = web.AppKey("blob_base_url", BlobBaseUrl)
 ROLLOUTS_KEY = web.AppKey("rollouts", RolloutEngine)
 CLUSTER_KEY = web.AppKey("cluster", ClusterMembership)
 CHANGES_KEY = web.AppKey("changes", ChangeFeed)
+LIVE_VIEW_KEY = web.AppKey("live_view", LiveView)
 BLOB_REPLICATOR_KEY = web.AppKey("blob_replicator", BlobReplicator)

@@ -9,6 +9,7 @@ from coordinator.api.app_keys import (
     CHANGES_KEY,
     CLUSTER_KEY,
     GRPC_SERVER_KEY,
+    LIVE_VIEW_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
     ROLLOUTS_KEY,
@@ -34,6 +35,8 @@ async def healthz(request: web.Request) -> web.Response:
             "coordinator": request.app[CLUSTER_KEY].json()
             | {
                 "change_feed": request.app[CHANGES_KEY].json(),
+                # the other coordinators' agents, routed here too
+                "live_view": request.app[LIVE_VIEW_KEY].json(),
                 # the rollout engine runs here (this coordinator leads): issue 24
                 "rollout_engine_active": rollouts is not None and rollouts.active,
             },

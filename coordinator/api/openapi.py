@@ -74,6 +74,7 @@ _SCHEMAS: dict[str, Any] = {
             "location": {"type": ["object", "null"]},
             "http_url": {"type": "string"},
             "status": {"type": "string"},
+            "coordinator": _NULLABLE_STR,
             "liveness": {"type": "string"},
             "draining": {"type": "boolean"},
             "enrolled": {"type": "boolean"},

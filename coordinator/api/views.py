@@ -52,6 +52,8 @@ def agent_json(record: AgentRecord, now: datetime, report_interval_ms: int) -> d
         "http_url": hello.http_url,
         "agent_version": hello.agent_version,
         "status": record.status.value,
+        # the coordinator its session is on (this one, or another: the shared live view)
+        "coordinator": record.owner or None,
         "stale": record.status is AgentStatus.CONNECTED and now - record.last_seen > stale_after,
         "liveness": record.liveness.value,
         "draining": record.draining,

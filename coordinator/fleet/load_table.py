@@ -26,7 +26,8 @@ number stays valid for as long as its agent is on record. Columns:
     For the liveness sweep (``sweep_candidates``): when it was last seen (POSIX
     seconds), and whether the sweep need look at it: never (down), when it has been
     silent long enough (live or suspect, connected), or always (unconfirmed, or its
-    session ended).
+    session ended); never either for an agent whose session is on another coordinator
+    (its liveness is that coordinator's: coordinator/cluster/live_view.py).
 ``site``
     Its site as a small integer (``site_code``); ``placed``, ``lat`` (radians),
     ``cos_lat`` and ``lon`` (degrees): its place, as the scorer's haversine uses it.
@@ -151,7 +152,7 @@ class LoadTable:
         liveness = record.liveness
         self.factor[at] = self._demoted_factor if liveness in _DEMOTED else 1.0
         self.seen[at] = record.last_seen.timestamp()
-        if liveness is Liveness.DOWN:
+        if liveness is Liveness.DOWN or record.remote:  # a remote one: its coordinator's
             self.watch[at] = _UNWATCHED
         elif liveness is Liveness.UNCONFIRMED or record.status is not AgentStatus.CONNECTED:
             self.watch[at] = _ALWAYS

@@ -65,6 +65,14 @@ class AgentRecord:
     # What the coordinator wants the agent to run (each section with its generation);
     # what the agent applied is ``last_report.applied``.
     desired: DesiredState = field(default_factory=DesiredState)
+    # The coordinator the agent's session is on ("" : not known) and its ownership epoch
+    # there (coordinator/store/ownership.py; 0: not claimed or not known).
+    owner: str = ""
+    epoch: int = 0
+    # Its session is on another coordinator: this record is that coordinator's, read
+    # from the shared live view (coordinator/cluster/live_view.py). Routed to; never
+    # pushed to, drained or swept here.
+    remote: bool = False
 
     @property
     def unhealthy_reason(self) -> str:
@@ -99,6 +107,9 @@ class AgentRecord:
             self.draining,
             self.enrolled,
             self.desired,
+            self.owner,
+            self.epoch,
+            self.remote,
         )
 
     def serves(self, name: str, version: str | None = None) -> bool:

@@ -37,7 +37,15 @@ from coordinator.store.generations import GenerationCounter, GenerationTable
 from coordinator.store.interface import StoreUnavailableError
 from coordinator.store.last_state import AgentLastState, LastStateTable
 from coordinator.store.write_behind import WriteBehind
-from edgefleet.contract import SECTION_FIELDS, DesiredState, Hello, LoadReport, Section
+from edgefleet.contract import (
+    SECTION_FIELDS,
+    DesiredState,
+    Hello,
+    Histogram,
+    LoadReport,
+    ModelStats,
+    Section,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +68,29 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def add_stats(a: ModelStats, b: ModelStats) -> ModelStats:
+    """Two stats of one model version summed (histograms bucket by bucket; ``b``'s when
+    the bounds differ, which one agent's never do)."""
+    ha, hb = a.ttft_seconds, b.ttft_seconds
+    if ha.upper_bounds == hb.upper_bounds and len(ha.counts) == len(hb.counts):
+        ttft = Histogram(
+            ha.upper_bounds,
+            tuple(x + y for x, y in zip(ha.counts, hb.counts, strict=True)),
+            ha.sum + hb.sum,
+        )
+    else:
+        ttft = hb if hb.counts else ha
+    return ModelStats(
+        a.name,
+        a.version,
+        a.requests + b.requests,
+        a.failed + b.failed,
+        a.prompt_tokens + b.prompt_tokens,
+        a.completion_tokens + b.completion_tokens,
+        ttft,
+    )
 
 
 class FleetRegistry(Protocol):
@@ -86,6 +117,11 @@ class FleetRegistry(Protocol):
 
     def remove(self, agent_id: str) -> AgentRecord:
         """Forget an agent (its live record and its index entry); raises UnknownAgentError."""
+        ...
+
+    def claimed(self, agent_id: str, session_id: str, epoch: int) -> None:
+        """The session claimed the agent at ownership ``epoch`` (coordinator/store/
+        ownership.py; ignored when superseded)."""
         ...
 
     def record_report(self, agent_id: str, session_id: str, report: LoadReport) -> None:
@@ -180,9 +216,22 @@ class LiveFleetRegistry:
         restart_grace_s: float = 30.0,
         max_agents: int = 20_000,
         stale_unenrolled_after_s: float = 3600.0,
+        coordinator_id: str = "",
         clock: Clock = utc_now,
     ) -> None:
         self._store = store
+        #: This coordinator (the owner its sessions' live states are written as; "": one
+        #: coordinator, written unfenced).
+        self.coordinator_id = coordinator_id
+        #: Sum the model stats each session reports (the shared live view carries them to
+        #: the leader's rollout gates: coordinator/cluster/live_view.py); set while other
+        #: coordinators share the database.
+        self.sum_stats = False
+        self._stats: dict[str, dict[tuple[str, str], ModelStats]] = {}
+        # Agents whose sessions are on another coordinator: id -> that coordinator.
+        self._remote: dict[str, str] = {}
+        # Remote agents shown unconfirmed since their coordinator died: id -> since when.
+        self._orphaned: dict[str, datetime] = {}
         self._clock = clock
         # "live again" lines logged since the last sweep, and those counted instead
         self._back_logged = self._back_unlogged = 0
@@ -295,8 +344,12 @@ class LiveFleetRegistry:
             draining=draining,
             enrolled=enrolled,
             desired=previous.desired if previous is not None else DesiredState(),
+            owner=self.coordinator_id,
         )
         self._connected += 1
+        self._stats.pop(hello.agent_id, None)
+        if self._remote.pop(hello.agent_id, None) is not None:
+            self._orphaned.pop(hello.agent_id, None)
         kept = None if previous is None else previous.last_report
         if previous is None or routing_hello(previous.hello, kept) != routing_hello(hello, kept):
             self._index.put(routing_hello(hello, kept))
@@ -307,10 +360,19 @@ class LiveFleetRegistry:
         )
         return session_id
 
+    def claimed(self, agent_id: str, session_id: str, epoch: int) -> None:
+        """The session ``session_id`` claimed the agent at ``epoch`` (its live states are
+        written at that epoch: a write after the agent moved on is refused)."""
+        record = self._current(agent_id, session_id)
+        if record is not None:
+            self._agents[agent_id] = replace(record, epoch=epoch)
+
     def record_report(self, agent_id: str, session_id: str, report: LoadReport) -> None:
         record = self._current(agent_id, session_id)
         if record is None:
             return
+        if report.model_stats and self.sum_stats:
+            self._sum_stats(agent_id, report.model_stats)
         if record.liveness is not Liveness.LIVE:
             self._log_live_again(agent_id, record.liveness)
         if report.unhealthy_reason != record.unhealthy_reason:
@@ -355,6 +417,7 @@ class LiveFleetRegistry:
             self._connected -= 1
         self._index.remove(agent_id)
         self._saved.pop(agent_id, None)
+        self._forget_remote(agent_id)
         logger.info("agent %s removed from the registry", agent_id)
         return record
 
@@ -414,8 +477,8 @@ class LiveFleetRegistry:
         agents = self._agents
         for agent_id in self._table.sweep_candidates(suspect_before.timestamp() + SEEN_SLACK_S):
             record = agents[agent_id]
-            if record.liveness is Liveness.DOWN:
-                continue
+            if record.liveness is Liveness.DOWN or record.remote:
+                continue  # a remote agent's liveness is its coordinator's (live_view.py)
             if record.liveness is Liveness.UNCONFIRMED:
                 if (after_grace := self._sweep_unconfirmed(now)) is not None:
                     record = replace(record, liveness=after_grace)
@@ -525,7 +588,10 @@ class LiveFleetRegistry:
         stale = [
             agent_id
             for agent_id, r in self._agents.items()
-            if not r.enrolled and r.status is AgentStatus.DISCONNECTED and r.last_seen < cutoff
+            if not r.enrolled
+            and r.status is AgentStatus.DISCONNECTED
+            and not r.remote
+            and r.last_seen < cutoff
         ]
         if stale:
             self._remove(stale)
@@ -542,6 +608,7 @@ class LiveFleetRegistry:
             del self._agents[agent_id]
             self._saved.pop(agent_id, None)
             self._index.remove(agent_id)
+            self._forget_remote(agent_id)
         gone = list(agent_ids)
         self._writes.submit(
             lambda: self._store.delete_unenrolled_agents(gone), f"{len(gone)} agents forgotten"
@@ -610,23 +677,158 @@ class LiveFleetRegistry:
             if start:
                 await asyncio.sleep(0)  # let lookups and reports in between slices
             for record in records[start : start + SNAPSHOT_SLICE]:
+                if record.remote:
+                    continue  # its coordinator writes it
                 agent_id = record.agent_id
                 fingerprint = (record.last_seen, record.liveness.value)
                 if saved.get(agent_id) != fingerprint:
+                    stats = self._stats.get(agent_id)
                     changed.append(
                         AgentLastState(
-                            agent_id, record.liveness, record.last_seen, record.last_report
+                            agent_id,
+                            record.liveness,
+                            record.last_seen,
+                            record.last_report,
+                            epoch=record.epoch,
+                            stats=() if stats is None else tuple(stats.values()),
                         )
                     )
                     fingerprints.append((agent_id, fingerprint))
         written = 0
+        owner = self.coordinator_id
         for start in range(0, len(changed), batch_size):
             batch = changed[start : start + batch_size]
-            await self._store.save_last_states(batch, self._clock())
+            refused = await self._store.save_last_states(batch, self._clock(), owner=owner)
+            if refused:  # moved on: the new owner's session is newer (not tried again)
+                logger.info(
+                    "live state of %d agents not written: another coordinator owns them "
+                    "now (e.g. %s)", len(refused), ", ".join(refused[:5]),
+                )  # fmt: skip
             agents = self._agents  # an agent forgotten meanwhile stays forgotten
             saved.update(f for f in fingerprints[start : start + batch_size] if f[0] in agents)
-            written += len(batch)
+            written += len(batch) - len(refused or ())
         return written
+
+    # ------------------------------------------- the shared live view (remote agents)
+
+    def _sum_stats(self, agent_id: str, reported: Iterable[ModelStats]) -> None:
+        totals = self._stats.get(agent_id)
+        if totals is None:
+            totals = self._stats[agent_id] = {}
+        for stats in reported:
+            key = (stats.name, stats.version)
+            held = totals.get(key)
+            totals[key] = stats if held is None else add_stats(held, stats)
+
+    def remote_owner(self, agent_id: str) -> str | None:
+        """The coordinator a remote agent's session is on; None for an agent not remote."""
+        return self._remote.get(agent_id)
+
+    def remote_owners(self) -> set[str]:
+        """The coordinators the remote agents' sessions are on."""
+        return set(self._remote.values())
+
+    def remote_count(self) -> int:
+        return len(self._remote)
+
+    def _forget_remote(self, agent_id: str) -> None:
+        self._remote.pop(agent_id, None)
+        self._orphaned.pop(agent_id, None)
+        self._stats.pop(agent_id, None)
+
+    def apply_remote(
+        self, state: AgentLastState, stored: StoredAgent | None = None
+    ) -> AgentRecord | None:
+        """Another coordinator's row of the shared live view (its agent's session is
+        there): the agent's record here becomes that row (remote), routed to with the
+        row's liveness and load. ``stored``: the agent's record from the store, needed
+        when this registry does not hold it yet or the row is of a new session (its
+        Hello). Returns the new record, or None when the row is not applied: the agent
+        has a session here (this coordinator's record wins until it ends: the ownership
+        check ends it when the agent moved), the row is of an older session than the
+        record here (epochs grow with every session open), the agent is unknown or
+        revoked, or the fleet is at ``max_agents``."""
+        agent_id = state.agent_id
+        previous = self._agents.get(agent_id)
+        if previous is not None and previous.status is AgentStatus.CONNECTED:
+            return None
+        if previous is not None and previous.epoch > state.epoch:
+            return None  # of a session older than the one this record is of
+        if stored is not None and (stored.revoked or stored.hello is None):
+            return None
+        hello = stored.hello if stored is not None else None
+        if hello is None:
+            if previous is None:
+                return None
+            hello = previous.hello
+        if previous is None:
+            if len(self._agents) >= self.max_agents:
+                return None
+            draining = stored.draining if stored is not None else False
+            enrolled = stored.enrolled if stored is not None else False
+            desired = DesiredState()
+        else:
+            draining, enrolled, desired = previous.draining, previous.enrolled, previous.desired
+        record = AgentRecord(
+            hello=hello,
+            status=AgentStatus.DISCONNECTED,
+            session_id="",
+            connected_since=None,
+            last_seen=state.last_seen,
+            last_report=state.report,
+            liveness=state.liveness,
+            draining=draining,
+            enrolled=enrolled,
+            desired=desired,
+            owner=state.owner,
+            epoch=state.epoch,
+            remote=True,
+        )
+        self._agents[agent_id] = record
+        self._remote[agent_id] = state.owner
+        self._orphaned.pop(agent_id, None)
+        self._saved.pop(agent_id, None)
+        before = None if previous is None else routing_hello(previous.hello, previous.last_report)
+        now = routing_hello(hello, state.report)
+        if before != now:
+            self._index.put(now)
+        return record
+
+    def orphan(self, dead: set[str], now: datetime | None = None) -> list[AgentRecord]:
+        """The coordinators ``dead`` are not alive (membership, by the database's clock):
+        their live and suspect agents are unconfirmed (routed after live agents, as after a
+        restart) until they reconnect elsewhere or ``restart_grace_s`` passes (then down:
+        ``expire_orphans``). The records changed."""
+        now = self._clock() if now is None else now
+        changed: list[AgentRecord] = []
+        for agent_id, owner in self._remote.items():
+            if owner not in dead or agent_id in self._orphaned:
+                continue
+            record = self._agents[agent_id]
+            self._orphaned[agent_id] = now
+            if record.liveness in (Liveness.LIVE, Liveness.SUSPECT):
+                record = replace(record, liveness=Liveness.UNCONFIRMED)
+                self._agents[agent_id] = record
+                changed.append(record)
+        return changed
+
+    def expire_orphans(self, now: datetime | None = None) -> list[AgentRecord]:
+        """Orphaned agents unconfirmed for ``restart_grace_s``: down. The records changed."""
+        if not self._orphaned:
+            return []
+        now = self._clock() if now is None else now
+        cutoff = now - self._restart_grace
+        changed: list[AgentRecord] = []
+        for agent_id, since in list(self._orphaned.items()):
+            if since > cutoff:
+                continue
+            del self._orphaned[agent_id]
+            record = self._agents.get(agent_id)
+            if record is not None and record.remote and record.liveness is Liveness.UNCONFIRMED:
+                record = replace(record, liveness=Liveness.DOWN)
+                self._agents[agent_id] = record
+                changed.append(record)
+        return changed
 
     def _sweep_unconfirmed(self, now: datetime) -> Liveness | None:
         """Down once the restart grace period is over without a session; else unchanged."""

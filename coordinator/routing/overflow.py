@@ -6,7 +6,8 @@ interval, only when an agent's list changed):
 
 - peers: the other agents at the agent's site, from the registry, with the room the
   coordinator last saw (``free_slots``, in coarse steps so a busy fleet is not re-sent
-  its section every interval); connected, live, healthy and not draining only;
+  its section every interval); connected (to this coordinator or, through the shared
+  live view, another), live, healthy and not draining only;
 - cloud GPU pools: lists of OpenAI-compatible endpoints (vLLM, TGI, llama.cpp ...) with
   a weight and a capacity each;
 - hosted providers through adapters: OpenAI-compatible, or Anthropic's Messages API.
@@ -243,8 +244,9 @@ def peer_free_slots(record: AgentRecord, saturation_queue_depth: int) -> int:
 
 
 def can_take_peer_work(record: AgentRecord) -> bool:
+    # connected here, or to another coordinator (the shared live view: cluster/live_view.py)
     return (
-        record.status is AgentStatus.CONNECTED
+        (record.status is AgentStatus.CONNECTED or record.remote)
         and record.liveness is Liveness.LIVE
         and not record.draining
         and not record.unhealthy_reason

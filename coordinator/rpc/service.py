@@ -237,6 +237,8 @@ class CoordinatorServicer:
             logger.warning("agent %s: could not record this coordinator as its owner: %s",
                            live.agent_id, exc)  # fmt: skip
             return
+        # its live states are written at this epoch (refused once the agent moved on)
+        self._registry.claimed(live.agent_id, live.session_id, live.epoch)
         if self._on_claim is not None:
             await self._on_claim(live.agent_id, live.epoch)
 

@@ -49,7 +49,7 @@ TABLES = (
     "model_versions", "model_files", "model_rules", "model_assignments", "rollouts",
 )  # fmt: skip
 #: Identity columns whose values are kept (their sequences then moved past them).
-IDENTITIES = {"audit_log": "seq", "model_rules": "seq"}
+IDENTITIES = {"audit_log": "seq", "model_rules": "seq", "agent_last_state": "version"}
 #: The usage rows a copy writes carry this instance name.
 COPY_INSTANCE = "copied-from-sqlite"
 USAGE = ("requests", "prompt_tokens", "completion_tokens", "rejected")

@@ -428,6 +428,19 @@ def _model_holders(db: sqlite3.Connection) -> None:
         )""")  # fmt: skip
 
 
+@_migration(14)
+def _shared_live_view(db: sqlite3.Connection) -> None:
+    """``agent_last_state`` as the coordinators' shared live view (store/last_state.py):
+    who wrote each row at which ownership epoch, its version (newer writes higher), the
+    agent's summed model stats, and when it was written by the database's clock."""
+    for column in (
+        "owner TEXT", "epoch INTEGER NOT NULL DEFAULT 0", "version INTEGER NOT NULL DEFAULT 0",
+        "stats_json TEXT", "written_at REAL",
+    ):  # fmt: skip
+        db.execute(f"ALTER TABLE agent_last_state ADD COLUMN {column}")
+    db.execute("CREATE INDEX agent_last_state_version ON agent_last_state (version)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -140,9 +140,11 @@ async def test_saving_writes_only_what_changed_in_batches(data_dir: Path) -> Non
         store = registry._store
         save = store.save_last_states
 
-        async def counted(states: Sequence[AgentLastState], saved_at: datetime) -> None:
+        async def counted(
+            states: Sequence[AgentLastState], saved_at: datetime, *, owner: str = ""
+        ) -> list[str]:
             batches.append(len(states))
-            await save(states, saved_at)
+            return await save(states, saved_at, owner=owner)
 
         store.save_last_states = counted  # type: ignore[method-assign]
         for i in range(7):

@@ -102,6 +102,7 @@ function sortValue(a, key) {
     case "kv": return load.kv_cache_used_fraction || 0;
     case "age": return reportAgeS(a);
     case "site": return a.site || "";
+    case "coordinator": return a.coordinator || "";
     default: return a.agent_id;
   }
 }
@@ -187,6 +188,9 @@ function fillRow(tr, a) {
   const age = reportAgeS(a);
   cells[8].textContent = Number.isFinite(age) ? `${age.toFixed(0)} s` : "never";
   fillList(cells[9], ((a.hardware && a.hardware.execution_providers) || []).join(", "));
+  // the coordinator its session is on (several coordinators share one fleet)
+  cells[10].textContent = a.coordinator || "";
+  cells[10].title = a.coordinator || "";
 }
 
 function newRow(a) {
@@ -196,7 +200,7 @@ function newRow(a) {
   link.setAttribute("href", `#agent/${encodeURIComponent(a.agent_id)}`);
   first.appendChild(link);
   tr.appendChild(first);
-  for (let i = 1; i < 10; i++) tr.appendChild(document.createElement("td"));
+  for (let i = 1; i < 11; i++) tr.appendChild(document.createElement("td"));
   tr.addEventListener("click", (event) => {
     if (event.target.tagName !== "A") location.hash = `#agent/${encodeURIComponent(a.agent_id)}`;
   });

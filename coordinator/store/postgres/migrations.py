@@ -350,6 +350,24 @@ async def _model_holders(db: Connection) -> None:
         )""")  # fmt: skip
 
 
+@_migration(7)
+async def _shared_live_view(db: Connection) -> None:
+    """``agent_last_state`` as the coordinators' shared live view (store/last_state.py):
+    who wrote each row at which ownership epoch, its version (from a sequence the column
+    owns, taken in commit order), the summed model stats, and when it was written by the
+    database's clock (POSIX seconds)."""
+    await db.execute("CREATE SEQUENCE agent_last_state_version")
+    await db.execute("""
+        ALTER TABLE agent_last_state
+            ADD COLUMN owner      text,
+            ADD COLUMN epoch      bigint NOT NULL DEFAULT 0,
+            ADD COLUMN version    bigint NOT NULL DEFAULT nextval('agent_last_state_version'),
+            ADD COLUMN stats_json text,
+            ADD COLUMN written_at double precision""")  # fmt: skip
+    await db.execute("ALTER SEQUENCE agent_last_state_version OWNED BY agent_last_state.version")
+    await db.execute("CREATE INDEX agent_last_state_version_idx ON agent_last_state (version)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -38,17 +38,18 @@ demo: models
 system-deps:
 	devtools/system_deps.sh
 
-# independent test files on both cores (pytest-xdist; PYTEST_WORKERS=1 for one at a time)
+# independent test files on both cores (pytest-xdist; PYTEST_WORKERS=1 for one at a time),
+# handed out in collection order: tests/conftest.py puts the longest files first
 PYTEST_WORKERS ?= 2
 test: system-deps models
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # the first loop: every unit test, deselecting by marker (tests/conftest.py sets them from a
 # test's folder and fixtures) what needs the real models, edge images, llama.cpp or minutes;
 # needs neither `make models` (the tiny model builds in seconds) nor `make system-deps`
 FAST_MARKERS := not e2e and not images and not llamacpp and not real_models and not slow
 test-fast: venv
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=10 -m "$(FAST_MARKERS)"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m "$(FAST_MARKERS)"
 
 lint: venv
 	$(BIN)/ruff check .

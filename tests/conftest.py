@@ -63,8 +63,45 @@ FIXTURE_MARKERS = {
 }
 
 
+# `make test` runs each file whole on one of two workers (pytest-xdist --dist loadfile),
+# handing out the next file when a worker runs dry, in collection order (the Makefile's
+# --no-loadscope-reorder: xdist's own order, most tests first, left the few-test,
+# minutes-long end-to-end files for last, and one worker ran one of them for minutes after
+# the other had run out). Longest first instead: these files, by their seconds in 2-core CI
+# runs (their tests' durations summed, rounded; only the order matters), then every other
+# file holding a test marked as heavy (below), then the rest, each group in collection
+# order. A new minutes-long file belongs in the table.
+FILE_SECONDS = {
+    "e2e/test_rollouts_e2e.py": 300,
+    "e2e/test_rollouts_llm_e2e.py": 150,
+    "e2e/test_stream_resume_e2e.py": 120,
+    "edge_images/test_runbook.py": 120,
+    "e2e/test_demo_e2e.py": 75,
+    "coordinator/test_rollout_leader_failover.py": 65,
+    "edge_images/test_bundle.py": 60,
+    "models/test_models_artifacts_e2e.py": 90,
+    "models/test_models_tiny.py": 45,
+    "agent/test_self_check.py": 50,
+    "edge_images/test_containerfile.py": 60,
+    "agent/test_resume_numerics.py": 60,
+    "client/test_client_failover.py": 65,
+    "coordinator/test_fleet_processes.py": 70,
+    "agent/test_memory_soak.py": 35,
+    "agent/test_mdns.py": 35,
+    "edge_images/test_coordinator_postgres.py": 40,
+    "edge_images/test_image.py": 40,
+    "e2e/test_grafana_prometheus.py": 30,
+    "coordinator/test_model_changes_feed.py": 30,
+    "coordinator/test_models_process.py": 30,
+    "agent/test_coordinator_targets.py": 30,
+    "agent/test_engine.py": 30,
+}
+HEAVY_MARKERS = ("e2e", "images", "llamacpp", "real_models", "slow")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
+    heavy_files: set[str] = set()
     for item in items:
         path = item.path.resolve()
         folder = path.relative_to(here).parts[0] if path.is_relative_to(here) else ""
@@ -73,6 +110,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names |= {marker for fixture, marker in FIXTURE_MARKERS.items() if fixture in fixtures}
         for name in sorted(names):
             item.add_marker(name)
+        if any(item.get_closest_marker(name) for name in HEAVY_MARKERS):
+            heavy_files.add(_test_file(item, here))
+
+    def weight(item: pytest.Item) -> int:
+        file = _test_file(item, here)
+        return FILE_SECONDS.get(file, 1 if file in heavy_files else 0)
+
+    items.sort(key=weight, reverse=True)  # stable: a file's tests keep their order
+
+
+def _test_file(item: pytest.Item, here: Path) -> str:
+    path = item.path.resolve()
+    return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -131,6 +131,27 @@ def overflow_target_to_pb(target: OverflowTarget) -> pb.OverflowTarget:
     )
 
 
+# Each target's message, by the target object's identity (the object kept with it, so the
+# id is not reused while cached): the coordinator's overflow distributor hands the same
+# target objects to every agent at a site, interval after interval, and building a message
+# from a target's twenty fields was most of a push's cost. Bounded: cleared when full.
+_OVERFLOW_MESSAGES: dict[int, tuple[OverflowTarget, pb.OverflowTarget]] = {}
+_OVERFLOW_MESSAGES_MAX = 20_000
+
+
+def _overflow_message(target: OverflowTarget) -> pb.OverflowTarget:
+    """``overflow_target_to_pb(target)``, made once per target object (never mutated:
+    the section's repeated field copies it)."""
+    kept = _OVERFLOW_MESSAGES.get(id(target))
+    if kept is not None and kept[0] is target:
+        return kept[1]
+    message = overflow_target_to_pb(target)
+    if len(_OVERFLOW_MESSAGES) >= _OVERFLOW_MESSAGES_MAX:
+        _OVERFLOW_MESSAGES.clear()
+    _OVERFLOW_MESSAGES[id(target)] = (target, message)
+    return message
+
+
 def overflow_target_from_pb(message: pb.OverflowTarget) -> OverflowTarget:
     return OverflowTarget(
         name=message.name,
@@ -551,7 +572,7 @@ def desired_state_to_pb(state: DesiredState) -> pb.DesiredState:
         message.overflow_targets.CopyFrom(
             pb.OverflowTargetsSection(
                 generation=state.overflow_targets.generation,
-                targets=[overflow_target_to_pb(t) for t in state.overflow_targets.targets],
+                targets=[_overflow_message(t) for t in state.overflow_targets.targets],
             )
         )
     if state.keys is not None:

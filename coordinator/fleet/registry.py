@@ -537,7 +537,12 @@ class LiveFleetRegistry:
         desired = held.with_section(replace(section, generation=generation))
         desired = replace(desired, version=held.version + 1)
         self._agents[agent_id] = replace(record, desired=desired)
-        logger.info(
+        # the models section changes when an operator acts: logged; overflow targets and
+        # keys are pushed to every agent when peers' room or budgets move (thousands a
+        # minute in a large fleet: a line each cost an eighth of the coordinator's CPU
+        # when a starved fleet's liveness flapped), so at debug only (metrics count them)
+        logger.log(
+            logging.INFO if name == "models" else logging.DEBUG,
             "agent %s: desired %s is now generation %d (version %d)",
             agent_id,
             name,

@@ -368,3 +368,37 @@ async def test_load_from_the_agents_sampler_to_the_coordinators_route_score(
     assert [a.agent_id for a in decision.agents] == ["idle", "busy"]
     await registry.flush()
     await store.close()
+
+
+def test_a_pushed_overflow_section_says_what_each_target_is_now() -> None:
+    """desired_state_to_pb makes each target's message once per target object (the
+    coordinator pushes the same objects to every agent at a site): a target replaced by one
+    with other room or another URL is sent as it is now, never as the message kept for the
+    one before it, and the kept message is never changed by being sent."""
+
+    def section(*targets: contract.OverflowTarget) -> contract.DesiredState:
+        return contract.DesiredState(version=1).with_section(
+            contract.OverflowTargetsSection(3, targets)
+        )
+
+    def peer(name: str, free: int, url: str = "http://10.0.0.1:8000/v1") -> contract.OverflowTarget:
+        return contract.OverflowTarget(
+            name=name, kind=contract.OverflowKind.PEER, url=url,
+            api=contract.OverflowApi.EDGEFLEET, site="s", free_slots=free,
+        )  # fmt: skip
+
+    a, b = peer("a", 16), peer("b", 4)
+    first = contract_pb.desired_state_to_pb(section(a, b))
+    again = contract_pb.desired_state_to_pb(section(a, b))
+    assert first == again
+    assert contract_pb.desired_state_from_pb(
+        first
+    ).overflow_targets == contract.OverflowTargetsSection(3, (a, b))
+    # b's room changed (a new object, as the distributor makes one), a moved
+    fuller, moved = peer("b", 0), peer("a", 16, "http://10.0.0.2:8000/v1")
+    now = contract_pb.desired_state_from_pb(contract_pb.desired_state_to_pb(section(moved, fuller)))
+    assert now.overflow_targets == contract.OverflowTargetsSection(3, (moved, fuller))
+    # the message sent first is intact (the section copied the kept messages)
+    first.overflow_targets.targets[0].free_slots = 99
+    later = contract_pb.desired_state_to_pb(section(a, b))
+    assert later.overflow_targets.targets[0].free_slots == 16

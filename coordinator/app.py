@@ -81,6 +81,7 @@ from coordinator.rpc.service import CoordinatorServicer, GrpcServer
 from coordinator.store.changes import Change
 from coordinator.store.health import PROBE_PERIOD_S, StoreHealth
 from coordinator.store.interface import FleetStore
+from coordinator.store.sqlite import SQLiteFleetStore
 
 logger = logging.getLogger(__name__)
 
@@ -403,7 +404,12 @@ async def _leader_jobs(app: web.Application) -> AsyncIterator[None]:
 
 async def _ownership_check(app: web.Application) -> AsyncIterator[None]:
     """Every report interval: end the sessions here whose agents another coordinator owns
-    now (coordinator/store/ownership.py), for when the change feed's notice was lost."""
+    now (coordinator/store/ownership.py), for when the change feed's notice was lost. Not
+    on SQLite: one coordinator per database, so no other can own its agents (the check
+    read every live agent's owner row every interval, for nothing)."""
+    if isinstance(app[STORE_KEY], SQLiteFleetStore):
+        yield
+        return
     servicer = app[GRPC_SERVER_KEY].servicer
 
     async def check() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from coordinator.api.app_keys import (
@@ -70,7 +71,11 @@ def split_model_ref(model: str, version: str | None) -> tuple[str, str | None]:
 async def route(request: web.Request) -> web.Response:
     query, client_ip = route_query_from_http(request)
     decision = request.app[ROUTER_KEY].route(query, client_ip=client_ip)
-    return web.json_response(route_json(query, decision))
+    # orjson: the standard library's encoder was about a tenth of a lookup's CPU (the
+    # answer's floats); same JSON, without the spaces after separators
+    return web.Response(
+        body=orjson.dumps(route_json(query, decision)), content_type="application/json"
+    )
 
 
 def route_json(query: RouteQuery, decision: RouteDecision) -> dict[str, Any]:

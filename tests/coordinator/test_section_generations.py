@@ -23,6 +23,7 @@ from coordinator.store import migrations
 from coordinator.store.generations import GenerationCounter
 from coordinator.store.interface import AgentLastState
 from coordinator.store.migrations import GENERATION_MARGIN_MS
+from coordinator.store.report_json import REPORT_FIELDS, report_to_json
 from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
 from edgefleet.contract import (
     ConfigSection,
@@ -52,7 +53,9 @@ async def old_database(
     path: Path, monkeypatch: pytest.MonkeyPatch, states: list[AgentLastState], saved_at: datetime
 ) -> None:
     """A fleet database as the coordinator before migration 8 left it (schema version 7),
-    with these agents' last states saved by its snapshot at ``saved_at``."""
+    with these agents' last states saved by its snapshot at ``saved_at``: the rows hold
+    only the columns that version wrote (today's ``save_last_states`` also writes the
+    shared live view's columns of migration 14, which a schema 7 table lacks)."""
     with monkeypatch.context() as old:
         old.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:BEFORE_COUNTER])
         old.setattr(migrations, "SCHEMA_VERSION", BEFORE_COUNTER)
@@ -62,9 +65,25 @@ async def old_database(
             assert await store.schema_version() == BEFORE_COUNTER
             for state in states:
                 await store.save_hello(Hello(agent_id=state.agent_id, site="lab"), state.last_seen)
-            await store.save_last_states(states, saved_at)
         finally:
             await store.close()
+    with sqlite3.connect(path) as raw:  # the schema 7 coordinator's snapshot
+        raw.executemany(
+            "INSERT OR REPLACE INTO agent_last_state (agent_id, liveness, last_seen, report_fields,"
+            " report_json, saved_at) VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    s.agent_id,
+                    s.liveness.value,
+                    s.last_seen.timestamp(),
+                    None if s.report is None else REPORT_FIELDS,
+                    report_to_json(s.report),
+                    saved_at.timestamp(),
+                )
+                for s in states
+            ],
+        )
+    raw.close()
 
 
 def applied(keys: int, models: int = 0, overflow: int = 0) -> LoadReport:
@@ -105,6 +124,18 @@ async def test_the_migration_starts_above_clock_generations_agents_applied_on_a_
     )
     first = await first_generation(db)
     assert first > ahead + GENERATION_MARGIN_MS - 1
+    # The upgraded rows are the restored fleet's, and the snapshot writes them again.
+    store = SQLiteFleetStore(db)
+    await store.open()
+    try:
+        restored = {s.agent_id: s for s in await store.list_last_states()}
+        assert sorted(restored) == ["edge-1", "edge-2", "edge-3"]
+        assert restored["edge-1"].report == applied(keys=ahead, models=ahead - 5)
+        assert restored["edge-3"].liveness is Liveness.DOWN and restored["edge-3"].report is None
+        assert await store.save_last_states(list(restored.values()), datetime.now(UTC)) == []
+        assert {s.agent_id for s in await store.live_states_after(0, 10)} == set(restored)
+    finally:
+        await store.close()
 
 
 async def test_the_migration_starts_above_the_newest_time_the_database_records(

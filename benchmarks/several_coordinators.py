@@ -1130,7 +1130,11 @@ def _write(sections: dict[str, Any], path: Path) -> Path:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     code = _tree()
     for name, section in sections.items():
-        document["sections"][name] = {"when": now, "code": code, **section}
+        # a section's own time: when it finished (the write after the next scenario
+        # keeps it)
+        section.setdefault("when", now)
+        section.setdefault("code", code)
+        document["sections"][name] = section
     document["when"] = now
     targets: dict[str, Any] = {}
     for section in document["sections"].values():

@@ -243,11 +243,19 @@ def peer_free_slots(record: AgentRecord, saturation_queue_depth: int) -> int:
     return coarse_slots(saturation_queue_depth - report.waiting_sequences)
 
 
+# A peer that missed a report (suspect) keeps its place until it is down: when the
+# coordinator itself is starved of CPU, reports come late fleet-wide, and dropping each late
+# peer (and adding it back at its next report) re-sent every agent at its site its section
+# each interval, the pushes starving the coordinator further. The agents' forwarders have
+# breakers for a peer that really went away.
+_PEER_LIVENESS = frozenset({Liveness.LIVE, Liveness.SUSPECT})
+
+
 def can_take_peer_work(record: AgentRecord) -> bool:
     # connected here, or to another coordinator (the shared live view: cluster/live_view.py)
     return (
         (record.status is AgentStatus.CONNECTED or record.remote)
-        and record.liveness is Liveness.LIVE
+        and record.liveness in _PEER_LIVENESS
         and not record.draining
         and not record.unhealthy_reason
         and bool(record.hello.http_url)

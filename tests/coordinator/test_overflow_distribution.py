@@ -85,9 +85,13 @@ async def test_a_second_tick_over_an_unchanged_fleet_pushes_nothing() -> None:
         fleet.records[agent_id] = held.reported(LoadReport(waiting_sequences=2), NOW)
     assert await targets.tick() == 0
     assert fleet.records["a00007"].desired.overflow_targets is got
-    # a peer that is no longer live leaves the lists of the others at its site (its own
-    # list is the same)
+    # a peer that missed a report (suspect) keeps its place: nothing to push (a starved
+    # coordinator sees late reports fleet-wide, and would re-send every site's lists)
     fleet.records["a00107"] = replace(fleet.records["a00107"], liveness=Liveness.SUSPECT)
+    assert await targets.tick() == 0
+    # a peer that is down leaves the lists of the others at its site (its own list is
+    # the same)
+    fleet.records["a00107"] = replace(fleet.records["a00107"], liveness=Liveness.DOWN)
     others = {a for a, r in fleet.records.items() if r.hello.site == "s7" and a != "a00107"}
     pushed = len(fleet.pushed)
     assert await targets.tick() == len(others)

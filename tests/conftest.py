@@ -67,34 +67,37 @@ FIXTURE_MARKERS = {
 # handing out the next file when a worker runs dry, in collection order (the Makefile's
 # --no-loadscope-reorder: xdist's own order, most tests first, left the few-test,
 # minutes-long end-to-end files for last, and one worker ran one of them for minutes after
-# the other had run out). Longest first instead: these files, by their seconds in 2-core CI
-# runs (their tests' durations summed, rounded; only the order matters), then every other
-# file holding a test marked as heavy (below), then the rest, each group in collection
-# order. A new minutes-long file belongs in the table.
+# the other had run out). Longest first instead: these files, by their seconds in 2-core
+# runs (their tests' durations summed, rounded; on a loaded machine: only the order
+# matters), then every other file holding a test marked as heavy (below), then the rest,
+# each group in collection order. A new minutes-long file belongs in the table.
 FILE_SECONDS = {
-    "e2e/test_rollouts_e2e.py": 300,
-    "e2e/test_rollouts_llm_e2e.py": 150,
-    "e2e/test_stream_resume_e2e.py": 120,
-    "edge_images/test_runbook.py": 120,
-    "e2e/test_demo_e2e.py": 75,
-    "coordinator/test_rollout_leader_failover.py": 65,
-    "edge_images/test_bundle.py": 60,
-    "models/test_models_artifacts_e2e.py": 90,
-    "models/test_models_tiny.py": 45,
-    "agent/test_self_check.py": 50,
-    "edge_images/test_containerfile.py": 60,
-    "agent/test_resume_numerics.py": 60,
-    "client/test_client_failover.py": 65,
+    "e2e/test_rollouts_llm_e2e.py": 480,
+    "e2e/test_rollouts_e2e.py": 450,
+    "e2e/test_demo_e2e.py": 430,
+    "edge_images/test_bundle.py": 420,
+    "edge_images/test_containerfile.py": 390,
+    "edge_images/test_image.py": 300,
+    "e2e/test_stream_resume_e2e.py": 240,
+    "models/test_models_artifacts_e2e.py": 200,
+    "coordinator/test_store_copy.py": 180,
+    "edge_images/test_runbook.py": 160,
+    "client/test_client_failover.py": 160,
+    "coordinator/test_model_changes_feed.py": 150,
+    "agent/test_self_check.py": 150,
+    "agent/test_memory_soak.py": 140,
+    "coordinator/test_rollout_leader_failover.py": 130,
+    "coordinator/test_models_process.py": 120,
+    "agent/test_resume_numerics.py": 120,
+    "models/test_models_tiny.py": 90,
+    "e2e/test_dashboard_rollouts_browser.py": 85,
     "coordinator/test_fleet_processes.py": 70,
-    "agent/test_memory_soak.py": 35,
-    "agent/test_mdns.py": 35,
-    "edge_images/test_coordinator_postgres.py": 40,
-    "edge_images/test_image.py": 40,
-    "e2e/test_grafana_prometheus.py": 30,
-    "coordinator/test_model_changes_feed.py": 30,
-    "coordinator/test_models_process.py": 30,
-    "agent/test_coordinator_targets.py": 30,
-    "agent/test_engine.py": 30,
+    "edgefleet/test_tls_hardening.py": 65,
+    "edge_images/test_coordinator_postgres.py": 60,
+    "agent/test_mdns.py": 60,
+    "e2e/test_grafana_prometheus.py": 55,
+    "agent/test_coordinator_targets.py": 55,
+    "agent/test_engine.py": 50,
 }
 HEAVY_MARKERS = ("e2e", "images", "llamacpp", "real_models", "slow")
 

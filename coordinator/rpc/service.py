@@ -208,11 +208,14 @@ class CoordinatorServicer:
         self._coordinator_id = ""
         self._on_claim: Callable[[str, int], Awaitable[None]] | None = None
         self._fresh_generations: Callable[[str], Awaitable[None]] | None = None
+        # The ownership epoch of each agent's last session claimed here (by this process).
+        self._claimed_here: dict[str, int] = {}
 
     def bind_fresh_generations(self, fresh: Callable[[str], Awaitable[None]]) -> None:
-        """Awaited as each session opens, before its desired state is built and sent:
-        ``fresh(agent_id)`` makes its section generations newer than any another
-        coordinator sent it (coordinator/store/generations.py)."""
+        """Awaited as a session opens, before its desired state is built and sent, unless
+        the agent's previous session was here (see ``_claim``): ``fresh(agent_id)`` makes
+        its section generations newer than any another coordinator sent it
+        (coordinator/store/generations.py)."""
         self._fresh_generations = fresh
 
     def bind_ownership(
@@ -228,19 +231,27 @@ class CoordinatorServicer:
         self._coordinator_id = coordinator_id
         self._on_claim = on_claim
 
-    async def _claim(self, live: _LiveSession) -> None:
+    async def _claim(self, live: _LiveSession) -> bool:
+        """Claim the agent; True when its previous session was on this coordinator: this
+        process claimed the epoch just before, so no other coordinator held it since and
+        every section the agent holds came from here (a reconnect needs no fresh
+        generations). False when unknown (no ownership, the claim failed, a first claim
+        since this process started)."""
         if self._ownership is None:
-            return
+            return False
         try:
             live.epoch = await self._ownership.claim_agent(live.agent_id, self._coordinator_id)
         except StoreError as exc:  # the session stands; the periodic check skips it
             logger.warning("agent %s: could not record this coordinator as its owner: %s",
                            live.agent_id, exc)  # fmt: skip
-            return
+            return False
+        previous = self._claimed_here.get(live.agent_id)
+        self._claimed_here[live.agent_id] = live.epoch
         # its live states are written at this epoch (refused once the agent moved on)
         self._registry.claimed(live.agent_id, live.session_id, live.epoch)
         if self._on_claim is not None:
             await self._on_claim(live.agent_id, live.epoch)
+        return previous is not None and live.epoch == previous + 1
 
     def end_superseded(self, agent_id: str, owner: str, epoch: int) -> bool:
         """The agent is owned by ``owner`` at ``epoch``: end this coordinator's session
@@ -385,8 +396,8 @@ class CoordinatorServicer:
         if replaced is not None:
             replaced.outbox.put_nowait(None)
         self._live[hello.agent_id] = live
-        await self._claim(live)
-        if self._fresh_generations is not None:
+        here_before = await self._claim(live)
+        if self._fresh_generations is not None and not here_before:
             try:
                 await self._fresh_generations(hello.agent_id)
             except StoreError as exc:  # the session stands; its sections may be ignored

@@ -28,8 +28,10 @@ the next block is written; only a store that does not answer at all for that lon
 Several coordinators sharing one store each hold blocks of their own, so an agent whose
 session moves from B to A could meet an older generation on A (A's block was reserved
 before B's) and ignore A's sections. So a coordinator calls ``fresh()`` when a session
-opens while other coordinators are alive: it waits for a block reserved *after* the call
-began (one reservation serves every session opening meanwhile) and drops the older ones.
+opens while other coordinators are alive, unless the agent's previous session was on this
+coordinator (coordinator/rpc/service.py ``_claim``): it waits for a block reserved
+*after* the call began (one reservation serves every session opening meanwhile) and
+drops the older ones.
 Every generation the agent gets from this session is then above any reserved, by any
 coordinator, before it opened, and so above any it was sent by its previous session
 (whose coordinator reserved those before the agent left it). The generations come from

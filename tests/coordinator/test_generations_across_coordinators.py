@@ -6,7 +6,8 @@ session opens on B, then moves to A, back to B and to A again; the agent keeps, 
 section, the newest generation it received and ignores an older one
 (``DesiredState.merged``, what the real agent does). Every section each new session sends
 must be newer than what the agent holds: without ``fresh()`` at session open, A's sections
-(from its older block) would be ignored after the move from B.
+(from its older block) would be ignored after the move from B. A reconnect to the
+coordinator of the previous session sends the same generations again, none newer.
 """
 
 from __future__ import annotations
@@ -73,3 +74,10 @@ async def test_generations_keep_rising_when_the_session_moves(
                 )
             held, _ = held.merged(state)
         assert held.keys is not None
+    # A reconnect to A, which held the previous session: the same sections, nothing newer
+    # (the agent would re-apply every section at every reconnect).
+    again = await _session(a, enrolled.credentials)
+    assert again and all(s.generations() == held.generations() for s in again), (
+        f"reconnect to A sent {[s.generations() for s in again]}, the agent holds "
+        f"{held.generations()}"
+    )

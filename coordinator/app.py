@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -48,7 +47,7 @@ from coordinator.api.common import count_requests, openai_errors
 from coordinator.api.dashboard import SESSIONS_KEY, DashboardSessions
 from coordinator.api.events import EVENTS_KEY, FleetEvents, end_event_streams, events_flusher
 from coordinator.api.routes import add_routes, api_document, route_roles
-from coordinator.background import periodic_task
+from coordinator.background import periodic_task, running_task
 from coordinator.catalog.assignments import BlobBaseUrl, ModelAssignments, Selector
 from coordinator.catalog.catalog import ModelCatalog
 from coordinator.catalog.replication import BlobReplicator, Peer, PeerCredential
@@ -272,9 +271,7 @@ def create_app(
         catalog,
         fleet_store,
         cluster.coordinator_id,
-        lambda: [
-            Peer(m.coordinator_id, m.http_address) for m in cluster.alive() if m.http_address
-        ],
+        lambda: [Peer(m.coordinator_id, m.http_address) for m in cluster.alive() if m.http_address],
         PeerCredential.from_signer(catalog.signer, cluster.coordinator_id),
         ssl_context=functools.partial(_peer_ssl_context, data / "ca" / "ca.pem"),
     )
@@ -433,13 +430,8 @@ async def _change_feed(app: web.Application) -> AsyncIterator[None]:
         await feed.start()
     except StoreError as exc:  # the database is out: read from the start of what is kept
         logger.warning("change feed: could not read the newest change: %s", exc)
-    task = asyncio.create_task(feed.run(), name="change feed")
-    try:
+    async with running_task("change feed", feed.run()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 #: How often a coordinator checks that it holds every blob of every listed version
@@ -484,13 +476,8 @@ async def _live_view(app: web.Application) -> AsyncIterator[None]:
     """Read the other coordinators' agents' live state (nothing while this coordinator is
     alone on its database)."""
     view = app[LIVE_VIEW_KEY]
-    task = asyncio.create_task(view.run(), name="live view")
-    try:
+    async with running_task("live view", view.run()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 # How long a stopping coordinator waits for the database to take its kept writes.

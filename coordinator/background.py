@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,16 @@ async def periodic_task(
                     logger.info("%s works again", name)
                 failing = False
 
-    task = asyncio.create_task(run(), name=name)
+    async with running_task(name, run()) as task:
+        yield task
+
+
+@contextlib.asynccontextmanager
+async def running_task(
+    name: str, work: Coroutine[Any, Any, None]
+) -> AsyncIterator[asyncio.Task[None]]:
+    """Run ``work`` as a task until the context ends (then cancel and await it)."""
+    task = asyncio.create_task(work, name=name)
     try:
         yield task
     finally:

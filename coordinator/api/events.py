@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from coordinator.api.views import agent_json
+from coordinator.background import running_task
 from coordinator.fleet.records import AgentRecord
 from coordinator.fleet.series import AgentSeries, FleetSeries
 from edgefleet.contract import LoadReport
@@ -143,13 +144,10 @@ async def events_flusher(app: web.Application) -> AsyncIterator[None]:
                 logger.exception("dashboard event flush failed")
                 await asyncio.sleep(1.0)
 
-    task = asyncio.create_task(loop(), name="dashboard events")
     try:
-        yield
+        async with running_task("dashboard events", loop()):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         events.close_streams()
 
 

@@ -252,7 +252,7 @@ class PreparedGeneration:
     cache_key: bytes | None = None  # set when the finished result may be cached
     cached: CachedGeneration | None = None  # a cache hit: the engine is not used
     grant: KeyGrant | None = None  # the request's API key (usage is counted there)
-    charged_tokens: int = 0  # taken from the key's tokens/min bucket up front
+    charged_tokens: int = 0  # charged to the key's tokens/min window up front
     # response_format / tools / tool_choice, parsed (None: free text). The overflow path
     # sends a constrained request only to targets that support constraints and checks what
     # comes back with agent.structured.validate_constrained_output(constraint, text)
@@ -304,7 +304,7 @@ class GenerationRunner:
         """Look the request up in the response cache and charge its key's tokens/min.
 
         Cache entries are per API key (the key id is part of the cache key), so a hit never
-        tells one key what another asked. A key's tokens/min bucket is charged the prompt
+        tells one key what another asked. A key's tokens/min window is charged the prompt
         plus the most completion tokens up front (429 when it cannot pay); what the
         request did not use is given back when it ends.
         """

@@ -10,10 +10,15 @@ last one received is kept on disk, so a restarted agent checks keys while the co
 is away) and ``auth.keys_file`` (a standalone agent's keys). A key listed by neither is
 refused; so is one past its ``expires_at_unix``.
 
-Rate limits are token buckets per key: ``requests_per_minute`` and ``tokens_per_minute``
+Rate limits are sliding windows per key: ``requests_per_minute`` and ``tokens_per_minute``
 are this agent's share of the key's fleet-wide budget (the coordinator splits and
-rebalances it; see docs/operators/keys.md). A bucket holds one minute's budget and refills
-continuously, so a key may burst up to a minute's share at once.
+rebalances it; see docs/operators/keys.md). A window keeps what was accepted in the last
+60 s (time, amount) with a running sum and accepts a request while the sum plus its amount
+stays within the share: a key idle for a minute may use its whole share at once, and no
+60-second window ever holds more than the share (a token bucket holding a minute and
+refilling continuously let twice the share through in a minute). Entries taken within
+``COALESCE_S`` of each other share one, so a window holds at most about
+``WINDOW_S / COALESCE_S`` entries whatever the share.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import ipaddress
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -62,43 +68,70 @@ def model_allowed(key: ApiKey, model_id: str, version: str | None) -> bool:
     return False
 
 
-class TokenBucket:
-    """``per_minute`` units a minute, refilled continuously, holding up to a minute's worth."""
+WINDOW_S = 60.0
+#: Amounts accepted within this many seconds of an entry's start join that entry, which is
+#: then held until its latest amount is 60 s old (never released early).
+COALESCE_S = 0.1
 
-    __slots__ = ("capacity", "rate_per_s", "tokens", "updated")
 
-    def __init__(self, per_minute: float, now: float) -> None:
-        self.capacity = per_minute
-        self.rate_per_s = per_minute / 60.0
-        self.tokens = per_minute
-        self.updated = now
+class SlidingWindow:
+    """At most ``share`` units accepted in any ``WINDOW_S`` seconds.
 
-    def _refill(self, now: float) -> None:
-        elapsed = now - self.updated
-        if elapsed > 0:
-            self.tokens = min(self.capacity, self.tokens + elapsed * self.rate_per_s)
-            self.updated = now
+    ``entries`` holds ``[start, end, amount]`` for what was accepted in the last minute
+    (amounts accepted from ``start`` to ``end``, less what was given back); an entry counts
+    until ``end`` is ``WINDOW_S`` old, and ``used`` is the sum of the amounts.
+    """
+
+    __slots__ = ("entries", "share", "used")
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.entries: deque[list[float]] = deque()
+        self.used = 0.0
+
+    def _expire(self, now: float) -> None:
+        entries = self.entries
+        while entries and now - entries[0][1] >= WINDOW_S:
+            self.used -= entries.popleft()[2]
+        if not entries:
+            self.used = 0.0  # no float drift carried across idle minutes
 
     def take(self, amount: float, now: float) -> float:
-        """Take ``amount``; 0.0 when taken, else the seconds until it could be."""
-        self._refill(now)
-        if amount <= self.tokens:
-            self.tokens -= amount
+        """Accept ``amount`` at ``now``; 0.0 when accepted, else the seconds (> 0) until
+        enough of the window's oldest entries expire for it to fit (for an amount larger
+        than the whole share: until the window is empty, at least 1 s; it never fits)."""
+        self._expire(now)
+        if self.used + amount <= self.share:
+            last = self.entries[-1] if self.entries else None
+            if last is not None and now - last[0] < COALESCE_S:
+                last[1] = max(last[1], now)
+                last[2] += amount
+            else:
+                self.entries.append([now, now, amount])
+            self.used += amount
             return 0.0
-        if amount > self.capacity:  # never fits: wait for a full bucket
-            return max(1.0, (self.capacity - self.tokens) / self.rate_per_s)
-        return (amount - self.tokens) / self.rate_per_s
+        if amount > self.share:
+            return max(1.0, self.entries[-1][1] + WINDOW_S - now) if self.entries else 1.0
+        left = self.used
+        for _, entry_end, entry_amount in self.entries:
+            left -= entry_amount
+            if left + amount <= self.share:
+                return max(entry_end + WINDOW_S - now, 1e-3)
+        return WINDOW_S  # not reached: an empty window fits any amount <= share
 
-    def give_back(self, amount: float) -> None:
-        self.tokens = min(self.capacity, self.tokens + amount)
+    def give_back(self, amount: float, taken_at: float) -> None:
+        """Remove ``amount`` from what was accepted at ``taken_at`` (a request charged more
+        than it used, or refused after taking); nothing when that has left the window."""
+        for entry in reversed(self.entries):
+            if entry[0] <= taken_at:
+                returned = min(max(amount, 0.0), entry[2])
+                entry[2] -= returned
+                self.used = max(0.0, self.used - returned)
+                return
 
-    def resize(self, per_minute: float, now: float) -> None:
-        """A new share of the key's budget: keep the bucket as full, in proportion."""
-        self._refill(now)
-        fraction = self.tokens / self.capacity if self.capacity > 0 else 1.0
-        self.capacity = per_minute
-        self.rate_per_s = per_minute / 60.0
-        self.tokens = per_minute * fraction
+    def resize(self, share: float) -> None:
+        """A new share of the key's budget: the window's entries stay and count against it."""
+        self.share = share
 
 
 @dataclass(slots=True)
@@ -112,8 +145,8 @@ class _Usage:
 @dataclass(slots=True)
 class _Entry:
     key: ApiKey
-    requests: TokenBucket | None
-    tokens: TokenBucket | None
+    requests: SlidingWindow | None
+    tokens: SlidingWindow | None
 
 
 def _retry_message(what: str, key: ApiKey, per_minute: float, wait_s: float) -> str:
@@ -129,6 +162,8 @@ class KeyGrant:
 
     key: ApiKey
     _table: KeyTable = field(repr=False)
+    #: When ``charge_tokens`` took from the tokens/min window (what ``settle`` gives back to).
+    _charged_at: float | None = field(default=None, repr=False)
 
     @property
     def key_id(self) -> str:
@@ -166,12 +201,14 @@ class KeyGrant:
         return cap
 
     def charge_tokens(self, amount: int) -> None:
-        """Take ``amount`` (prompt + most completion tokens) from the tokens/min bucket."""
-        self._table.charge_tokens(self.key.key_id, amount)
+        """Charge ``amount`` (prompt + most completion tokens) to the tokens/min window."""
+        self._charged_at = self._table.charge_tokens(self.key.key_id, amount)
 
     def settle(self, prompt_tokens: int, completion_tokens: int, charged: int) -> None:
         """Count what the request used and give back what it was charged beyond that."""
-        self._table.settle(self.key.key_id, prompt_tokens, completion_tokens, charged)
+        self._table.settle(
+            self.key.key_id, prompt_tokens, completion_tokens, charged, self._charged_at
+        )
 
 
 class KeyTable:
@@ -213,7 +250,6 @@ class KeyTable:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        now = self._clock()
         keys: dict[str, ApiKey] = {}
         # The coordinator's keys win over the file's when both name one key id.
         for source in sorted(self._sources, key=lambda s: s == "coordinator"):
@@ -222,8 +258,8 @@ class KeyTable:
         self._by_id = {
             key_id: _Entry(
                 key,
-                _bucket(old.get(key_id), "requests", key.requests_per_minute, now),
-                _bucket(old.get(key_id), "tokens", key.tokens_per_minute, now),
+                _window(old.get(key_id), "requests", key.requests_per_minute),
+                _window(old.get(key_id), "tokens", key.tokens_per_minute),
             )
             for key_id, key in keys.items()
         }
@@ -277,27 +313,44 @@ class KeyTable:
     def count_request(self, key_id: str) -> None:
         self._counter(key_id).requests += 1
 
-    def charge_tokens(self, key_id: str, amount: int) -> None:
+    def charge_tokens(self, key_id: str, amount: int) -> float | None:
+        """Charge ``amount`` to the key's tokens/min window: when it was taken (None: the
+        key has no token limit), or KeyRateLimitError (429)."""
         entry = self._entry(key_id)
         if entry is None or entry.tokens is None:
-            return
-        wait = entry.tokens.take(amount, self._clock())
+            return None
+        now = self._clock()
+        wait = entry.tokens.take(amount, now)
         if wait:
             self.count_rejected(key_id)
+            share = entry.key.tokens_per_minute
+            detail = f" (this request may use up to {amount} tokens)"
+            if amount > share:
+                detail = (
+                    f" (this request may use up to {amount} tokens, more than this agent's "
+                    f"whole share: lower max_tokens or the prompt)"
+                )
             raise KeyRateLimitError(
-                _retry_message("tokens/min", entry.key, entry.key.tokens_per_minute, wait)
-                + f" (this request may use up to {amount} tokens)",
+                _retry_message("tokens/min", entry.key, share, wait) + detail,
                 retry_after=wait,
             )
+        return now
 
-    def settle(self, key_id: str, prompt_tokens: int, completion_tokens: int, charged: int) -> None:
+    def settle(
+        self,
+        key_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        charged: int,
+        charged_at: float | None = None,
+    ) -> None:
         usage = self._counter(key_id)
         usage.prompt_tokens += prompt_tokens
         usage.completion_tokens += completion_tokens
         unused = charged - prompt_tokens - completion_tokens
         entry = self._entry(key_id)
-        if unused > 0 and entry is not None and entry.tokens is not None:
-            entry.tokens.give_back(unused)
+        if unused > 0 and charged_at is not None and entry is not None and entry.tokens is not None:
+            entry.tokens.give_back(unused, charged_at)
 
     def take_usage(self) -> tuple[KeyUsage, ...]:
         """What each key used since the last call (for the next LoadReport); resets."""
@@ -308,14 +361,15 @@ class KeyTable:
         )
 
 
-def _bucket(old: _Entry | None, kind: str, per_minute: float, now: float) -> TokenBucket | None:
+def _window(old: _Entry | None, kind: str, per_minute: float) -> SlidingWindow | None:
+    """The key's window for ``kind``: the previous one (its entries kept) at the new share."""
     if per_minute <= 0:
         return None
-    previous: TokenBucket | None = getattr(old, kind) if old is not None else None
+    previous: SlidingWindow | None = getattr(old, kind) if old is not None else None
     if previous is None:
-        return TokenBucket(per_minute, now)
-    if previous.capacity != per_minute:
-        previous.resize(per_minute, now)
+        return SlidingWindow(per_minute)
+    if previous.share != per_minute:
+        previous.resize(per_minute)
     return previous
 
 

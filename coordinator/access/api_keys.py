@@ -15,8 +15,9 @@ The distributor holds the active keys in memory (read from the store by ``load``
 each tick): an agent's connect and its reports never wait for the store.
 
 Fleet-wide rate limits are approximate by design. Each agent enforces its *share* of a
-key's ``requests_per_minute`` and ``tokens_per_minute`` with local token buckets (no
-round trip per request). Shares sum to the key's budget:
+key's ``requests_per_minute`` and ``tokens_per_minute`` with a local sliding 60-second
+window per limit (no round trip per request; agent/auth/keys.py). Shares sum to the key's
+budget:
 
     share(agent) = budget * (FLOOR / n + (1 - FLOOR) * demand(agent) / total demand)
 
@@ -30,10 +31,11 @@ requests at once. A share moves when it differs from the one last pushed by more
 changed) re-sends at most ``RESHARE_MAX_FRACTION`` of the agents per report interval
 (at least ``RESHARE_MIN_AGENTS``), the largest moves first, so a fleet whose usage keeps
 shifting does not turn into a stream of section pushes (5,000 agents with uneven usage
-re-sent about 1,150 sections a second before this cap). Consequences: a key can briefly
-exceed its budget by what the agents' buckets held (each bucket holds one minute of its
-share) when shares move, and a client that moves to an agent with a small share is
-refused sooner, until the next rebalance (within a report interval or two).
+re-sent about 1,150 sections a second before this cap). Consequences: no minute holds
+more than the budget while shares stay put; when they move, a key can briefly exceed it by
+the shares that moved (an agent keeps its window's last minute under its new share), and
+a client that moves to an agent with a small share is refused sooner, until the next
+rebalance (within a report interval or two).
 
 With several coordinators on one database (``share_fleet_wide``), ``n`` and the total
 demand are the whole fleet's: each coordinator writes its agent count and its agents'

@@ -1,6 +1,6 @@
 """``python -m benchmarks.key_check [--keys 10000 --checks 200000]``: the cost of checking
 an API key at the agent (SHA-256 of the presented secret, dict lookup, compare_digest,
-expiry, the requests/min bucket and the usage counter), for a valid key and an unknown one,
+expiry, the requests/min window and the usage counter), for a valid key and an unknown one,
 next to the SHA-256 alone, in one run.
 
 Writes ``benchmarks/results/key_check.json``; target: a check costs under 20 µs.
@@ -26,7 +26,7 @@ def _table(n: int) -> tuple[KeyTable, list[str]]:
     for i in range(n):
         key_id, secret = new_secret()
         secrets.append(secret)
-        # Half the keys have rate limits (a bucket to take from on every check).
+        # Half the keys have rate limits (a window to take from on every check).
         rpm = 1e12 if i % 2 else 0.0
         keys.append(ApiKey(key_id, secret_digest(secret), requests_per_minute=rpm))
     table.set_source("coordinator", keys, 1)

@@ -825,11 +825,12 @@ async def scenario_budget(args: argparse.Namespace, watch: Watch) -> dict[str, A
         "accepted_max_in_any_60s_window": any_minute,
         "accepted_max_in_any_60s_window_after_the_first_minute": after_first,
         "accepted_per_minute_from_start": minutes,
-        "first_minute_note": "an agent's bucket (agent/auth/keys.py) holds one minute of its "
-        "share and starts full, so a minute that starts with full buckets can take the "
-        "burst (600) plus a minute of refill (600): up to twice the budget. That is the first "
-        "minute here, and would be any minute after an idle one; from full buckets on, the "
-        "split across coordinators holds the budget (the windows after the first minute)",
+        "first_minute_note": "each agent's limit (agent/auth/keys.py) is a sliding 60 s "
+        "window: an idle key may use its whole share at once, and no 60 s window at an agent "
+        "holds more than its share, so while shares stay put no minute holds more than the "
+        "budget, the first one included; shares moving can add at most the share that moved "
+        "(the token bucket used before took a full bucket plus a minute of refill in the "
+        "first minute: 1,200)",
         "load_average_1m_before": load_before,
         "load_average_1m_after": _load(),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -132,7 +133,8 @@ def error_response(exc: AgentError) -> web.Response:
         status=exc.status,
     )
     if isinstance(exc, OverloadedError):
-        response.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+        # up, never down: a client that waits exactly this long is served
+        response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     elif isinstance(exc, EngineRestartedError):
         response.headers["Retry-After"] = "1"  # the loop is already running again
     return response

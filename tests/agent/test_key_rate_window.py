@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agent.api.http_io import error_response
 from agent.auth.keys import COALESCE_S, WINDOW_S, KeyTable, SlidingWindow, new_secret, secret_digest
 from agent.errors import KeyRateLimitError
 from edgefleet.contract import ApiKey
@@ -191,3 +192,11 @@ def test_memory_stays_bounded_under_a_huge_share() -> None:
     # until their newest amount is a minute old, never released early).
     assert 60_000 * 7 <= window.used <= 60_100 * 7
     assert window.used == sum(entry[2] for entry in window.entries)
+
+
+def test_retry_after_is_rounded_up_so_a_client_waiting_that_long_is_served() -> None:
+    """The header holds whole seconds: 30.4 s of window left is "31" (never "30", after
+    which the client would be refused once more), and never less than 1."""
+    for wait, header in ((30.4, "31"), (30.0, "30"), (0.2, "1"), (59.9, "60")):
+        response = error_response(KeyRateLimitError("over", retry_after=wait))
+        assert response.status == 429 and response.headers["Retry-After"] == header, wait

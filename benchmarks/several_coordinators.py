@@ -90,7 +90,6 @@ from typing import Any
 import aiohttp
 import grpc
 import psutil  # type: ignore[import-untyped, unused-ignore]
-import psycopg
 
 from benchmarks.coordinator_scale import (
     WARMUP_S,
@@ -112,7 +111,7 @@ from benchmarks.results_file import RESULTS_DIR, machine, target
 from coordinator.catalog.catalog import SIGNING_KEY_FILE
 from devtools.fleet import ADMIN_TOKEN_ENV, AgentProcess, CoordinatorProcess, wait_key_accepted
 from tests.coordinator.test_several_coordinators import fleet_agent
-from tests.postgres_cluster import PostgresCluster
+from tests.postgres_cluster import DatabaseError, PostgresCluster, async_connect
 
 NAME = "several_coordinators"
 SCENARIOS = ("kill", "revocation", "budget", "records", "scale", "connections")
@@ -172,12 +171,16 @@ class Fleet:
         self.coordinators: list[CoordinatorProcess] = []
         self.postgres: _Postgres | None = None
         self._sampler: asyncio.Task[None] | None = None
+        self._env_before: str | None = None
 
     async def start(self) -> None:
         self.cluster = await asyncio.to_thread(PostgresCluster.start)
         self.url = await asyncio.to_thread(self.cluster.create_database)
         self.postgres = _Postgres(self.url, self.cluster)
-        os.environ[STORE_URL_ENV] = self.url  # the CLI (join tokens) reads the database too
+        # the CLI (join tokens) reads the database too; given back by stop() (a test runs
+        # this in a pytest worker, whose later coordinators must not find a dead database)
+        self._env_before = os.environ.get(STORE_URL_ENV)
+        os.environ[STORE_URL_ENV] = self.url
         args: list[str] = []
         if self.mode == "mtls":
             args = ["--tls", "on", "--enroll-port", "0"]
@@ -207,9 +210,7 @@ class Fleet:
     async def _sample_connections(self) -> None:
         assert self.cluster is not None
         database = self.url.rsplit("/", 1)[1]
-        async with await psycopg.AsyncConnection.connect(
-            self.cluster.url(), autocommit=True, application_name=BENCH_APP
-        ) as db:
+        async with await async_connect(self.cluster.url(), BENCH_APP) as db:
             while True:
                 cursor = await db.execute(
                     "SELECT application_name, client_port FROM pg_stat_activity"
@@ -249,14 +250,16 @@ class Fleet:
 
     def db(self) -> Any:
         """A connection to the fleet's database (not counted among the fleet's)."""
-        return psycopg.AsyncConnection.connect(
-            self.url, autocommit=True, application_name=BENCH_APP
-        )
+        return async_connect(self.url, BENCH_APP)
 
     async def stop(self) -> None:
+        if self._env_before is None:
+            os.environ.pop(STORE_URL_ENV, None)
+        else:
+            os.environ[STORE_URL_ENV] = self._env_before
         if self._sampler is not None:
             self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+            with contextlib.suppress(asyncio.CancelledError, DatabaseError):
                 await self._sampler
         for coordinator in self.coordinators:
             with contextlib.suppress(Exception):

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -219,3 +220,14 @@ class PostgresCluster:
                         sql.Identifier(name), sql.Literal(password)
                     )
                 )
+
+
+#: What a failed database call raises (for code outside coordinator/store/, which never
+#: imports a database driver itself: tests/test_layout_store.py).
+DatabaseError = psycopg.Error
+
+
+def async_connect(url: str, application_name: str) -> Any:
+    """An autocommit asyncio connection to ``url`` named ``application_name`` (in
+    pg_stat_activity): await it, then use it as an async context manager."""
+    return psycopg.AsyncConnection.connect(url, autocommit=True, application_name=application_name)

@@ -7,11 +7,12 @@ the simulator broken, the orphans stay unowned and this fails)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks.several_coordinators import main, parse_args
+from benchmarks.several_coordinators import STORE_URL_ENV, main, parse_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -24,7 +25,11 @@ async def test_the_smallest_run_writes_every_figure(tmp_path: Path) -> None:
         "--revocations", "3", "--revocation-agents", "6", "--route-probes", "1",
         "--results", str(results),
     ])  # fmt: skip
+    before = os.environ.get(STORE_URL_ENV)
     assert await main(args) == 0
+    # run in a pytest worker: the coordinators it starts later must not get the stopped
+    # server's URL from the environment
+    assert os.environ.get(STORE_URL_ENV) == before
     document = json.loads((tmp_path / "several.json").read_text())
     sections = document["sections"]
     assert set(sections) == {"kill", "revocation", "connections"}

@@ -43,13 +43,16 @@ class PostgresChanges(PostgresTable):
     async def wait_for_changes(self, timeout_s: float) -> bool:
         listener = self._listener
         if listener is None or listener.closed:
-            listener = await self._pool.connect()
+            # held at once, so that close_listener() (the store's close) closes it even
+            # when this task is cancelled during LISTEN (a coordinator stopping right after
+            # its start): it was left open and garbage-collected open
+            listener = self._listener = await self._pool.connect()
             try:
                 await listener.execute(f"LISTEN {CHANGES_CHANNEL}")
             except psycopg.Error as exc:
+                self._listener = None
                 await listener.close()
                 raise StoreUnavailableError(f"cannot listen for changes: {exc}") from exc
-            self._listener = listener
         try:
             async for _ in listener.notifies(timeout=timeout_s, stop_after=1):
                 return True

@@ -203,19 +203,35 @@ class SQLiteWorker:
     def _connect(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, isolation_level=None)
+            # timeout= is SQLite's busy handler, in place before the first statement.
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=self.statement_timeout_s)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the fleet database {self.path}: {exc}") from exc
         try:
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
+            self._switch_to_wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(f"PRAGMA busy_timeout={int(self.statement_timeout_s * 1000):d}")
             db.set_progress_handler(self._progress, PROGRESS_STEPS)
         except sqlite3.Error as exc:
             db.close()
             raise StoreError(f"cannot open the fleet database {self.path}: {exc}") from exc
         return db
+
+    def _switch_to_wal(self, db: sqlite3.Connection) -> None:
+        """Switching a new file to WAL needs its exclusive lock, and SQLite answers BUSY
+        at once, without its busy handler, when two connections switch together (each
+        holds a shared lock the other waits on): retried until the statement timeout."""
+        deadline = time.monotonic() + self.statement_timeout_s
+        pause = 0.005
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _progress(self) -> int:
         """Non-zero interrupts the running statement."""

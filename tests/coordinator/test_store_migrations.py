@@ -201,7 +201,7 @@ async def test_opening_again_or_concurrently_migrates_once(tmp_path: Path) -> No
     # Eight stores, each on a thread of its own, opening and migrating one new file at
     # once (switching it to WAL together: SQLite answers BUSY there without waiting), on
     # several new files: it failed about once in 40 files before the switch was retried.
-    for attempt in range(10):
+    for attempt in range(40):
         db = tmp_path / f"{attempt}-{DB_FILE}"
         await asyncio.gather(*(_open_close(db) for _ in range(8)))
         store = await _opened(db)

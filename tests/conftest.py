@@ -4,10 +4,13 @@ a failed test's report shows of the server processes it ran (tests/server_logs.p
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
+from collections import defaultdict
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,10 +143,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # Each running (or just exited) ServiceProcess's log length as a test starts: what it logs
 # after that is the test's.
 _LOG_MARKS = pytest.StashKey[dict[ServiceProcess, int]]()
+_CPU_AT_SETUP = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT_SETUP] = _cpu_now()
     forget_exited()
     item.stash[_LOG_MARKS] = {p: p.lines_logged for p in started_processes()}
 
@@ -156,6 +161,8 @@ def pytest_runtest_makereport(
     test, or still running from a fixture), the tracebacks it logged during the test and
     its last log lines: a 5xx comes with its cause."""
     report = yield
+    if report.when == "teardown" and _CPU_AT_SETUP in item.stash:  # fixtures' teardown too
+        report.user_properties.append((CPU_PROPERTY, _cpu_now() - item.stash[_CPU_AT_SETUP]))
     if report.failed:
         marks = item.stash.get(_LOG_MARKS, {})
         for process in started_processes():
@@ -163,6 +170,38 @@ def pytest_runtest_makereport(
             # a section, not in longrepr: plugins may replace that (schemathesis does)
             report.sections.append((f"server log: {title}", text))
     return report
+
+
+# CPU seconds per test file (this process and the processes it started and reaped: the
+# servers a test or fixture ran), summed per file at the end like --durations: on 2 cores
+# the suite is CPU-bound, so these, more than durations, say where `make test`'s time goes.
+CPU_PROPERTY = "cpu_s"
+TOP_CPU_FILES = 15
+
+
+def _cpu_now() -> float:
+    own, reaped = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                       resource.RUSAGE_CHILDREN))  # fmt: skip
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+_CPU_BY_FILE: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        for name, value in report.user_properties:
+            if name == CPU_PROPERTY:
+                _CPU_BY_FILE[report.nodeid.split("::")[0]] += float(value)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _CPU_BY_FILE:
+        return
+    total = sum(_CPU_BY_FILE.values())
+    terminalreporter.write_sep("=", f"most CPU by test file (of {total:.0f} CPU-s counted)")
+    for file, seconds in sorted(_CPU_BY_FILE.items(), key=lambda kv: -kv[1])[:TOP_CPU_FILES]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {file}")
 
 
 @pytest.fixture(scope="session")

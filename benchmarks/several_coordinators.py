@@ -328,7 +328,11 @@ _KEEP: list[Any] = []
 def _start_simulators(
     targets: list[str], ids: list[str], workers: int, interval_s: float,
     cpus: set[int] | None = None, nice: int = 0,
+    enroll: tuple[str, bytes, str] | None = None,
 ) -> tuple[list[Any], _Setup]:  # fmt: skip
+    """``workers`` simulator processes sharing ``ids`` (each agent in its _orders order of
+    ``targets``), pinned to ``cpus`` at ``nice`` if given. Plaintext sessions, or with
+    ``enroll`` (Enroll target, fleet CA PEM, join token) enrolled agents over mutual TLS."""
     ctx = mp.get_context("spawn")
     setup = _Setup(ctx.Queue(), ctx.Event())
     out = ctx.Queue()
@@ -336,12 +340,14 @@ def _start_simulators(
     stop = time.monotonic() + 3600  # terminated at the end
     sims = []
     for w in range(workers):
-        share, share_orders = ids[w::workers], orders[w::workers]
-        sim = ctx.Process(
-            target=_simulator,
-            args=(targets, share, interval_s, stop, setup, ctx.Value("q", 0, lock=False), out,
-                  share_orders),
-        )  # fmt: skip
+        rest = (ids[w::workers], interval_s, stop, setup, ctx.Value("q", 0, lock=False), out,
+                orders[w::workers])  # fmt: skip
+        if enroll is None:
+            sim = ctx.Process(target=_simulator, args=(targets, *rest))
+        else:
+            enroll_target, ca_pem, token = enroll
+            sim = ctx.Process(target=_secure_simulator,
+                              args=(enroll_target, targets, ca_pem, token, (), *rest))  # fmt: skip
         sim.start()
         if cpus and sim.pid is not None:
             _pin(sim.pid, cpus, nice)
@@ -400,10 +406,6 @@ def _lookup_figures(result: Any, seconds: float) -> dict[str, Any]:
 
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 1)
 
 
 # ------------------------------------------------------------------------------ kill
@@ -945,22 +947,11 @@ async def scenario_scale(args: argparse.Namespace, watch: Watch) -> dict[str, An
         first = coords[0]
         token = await asyncio.to_thread(first.mint_join_token, uses=args.agents)
         ca_pem = (first.data_dir / "ca" / "ca.pem").read_bytes()
-        ctx = mp.get_context("spawn")
-        setup = _Setup(ctx.Queue(), ctx.Event())
-        out = ctx.Queue()
         ids = [f"sim-{i:05d}" for i in range(args.agents)]
-        orders = _orders(len(ids))
-        stop = time.monotonic() + 3600
-        sims = []
-        for w in range(args.workers):
-            sim = ctx.Process(target=_secure_simulator, args=(
-                first.enroll_target, [c.grpc_target for c in coords], ca_pem, token, (),
-                ids[w::args.workers], interval_s, stop, setup, ctx.Value("q", 0, lock=False),
-                out, orders[w::args.workers]))  # fmt: skip
-            sim.start()
-            if load_cpus and sim.pid is not None:
-                _pin(sim.pid, load_cpus, args.simulator_nice)
-            sims.append(sim)
+        sims, setup = _start_simulators(
+            [c.grpc_target for c in coords], ids, args.workers, interval_s, load_cpus,
+            args.simulator_nice, enroll=(first.enroll_target, ca_pem, token),
+        )  # fmt: skip
         try:
             ramp_s = await running.wait_connected(args.agents, 120 + args.agents / 50)
             per = [await running.connected(c) for c in coords]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC
 from typing import Protocol
 
@@ -213,12 +213,12 @@ class LiveView:
             self.last_lag_s = max(0.0, self._clock() - written.timestamp())
         return applied
 
-    async def _hellos(self, states: object) -> dict[str, StoredAgent | None]:
+    async def _hellos(self, states: Iterable[AgentLastState]) -> dict[str, StoredAgent | None]:
         """The stored records of the agents whose Hello this registry needs: those it does
         not hold, and those whose row is of another session than the record here (a new
         session may have announced other models or a fixed place)."""
         wanted: list[str] = []
-        for state in states:  # type: ignore[attr-defined]
+        for state in states:
             found = self._registry.find((state.agent_id,))
             if not found or found[0].epoch not in (0, state.epoch):
                 wanted.append(state.agent_id)

@@ -12,13 +12,16 @@ Tables, and the module of ``coordinator/store/`` that reads and writes each:
 
 - ``join_tokens`` (join_tokens), ``agents``, ``sites``, ``removed_agents``,
   ``revoked_certificates`` (agents), ``agent_last_state`` (last_state), ``api_keys``
-  (api_keys), ``section_generations`` (generations): migrations 1, 2, 4, 5 and 8;
+  (api_keys), ``section_generations`` (generations): migrations 1, 2, 4, 5, 8 and 14;
 - ``admin_tokens`` (admin_tokens), ``audit_log`` (audit), ``request_records``
   (request_records): migration 3;
 - ``model_versions``, ``model_files`` (catalog), ``model_rules``, ``model_assignments``
   (assignments): migration 6;
 - ``rollouts`` (rollouts): migration 7;
 - ``coordinators``, ``leases`` (membership): migration 9;
+- ``changes``, ``dashboard_sessions`` (changes): migration 10;
+- ``key_demand`` (key_demand): migration 11;
+- ``agent_owners`` (ownership): migration 12;
 - ``model_holders`` (catalog): migration 13.
 """
 

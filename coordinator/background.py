@@ -3,6 +3,8 @@
 :func:`periodic_task` runs a step every period for as long as its context is open (an
 ``app.cleanup_ctx`` owns it). A step that raises never ends the task silently: the
 failure is logged once per run of failures, and the next period tries again.
+:func:`running_task` runs one long-lived coroutine (the change feed, the live view, the
+dashboard's event stream) the same way: cancelled and awaited when its context ends.
 """
 
 from __future__ import annotations

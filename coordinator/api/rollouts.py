@@ -99,8 +99,11 @@ async def _to_leader(request: web.Request) -> web.Response:
             content_type = answer.content_type
             status = answer.status
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return error_response(503, f"The leader ({leader}) did not answer: {exc}; try again.",
-                              type_="server_error", code="no_leader",
+        # Not no_leader: the leader may have done the action before its answer was lost
+        # (the CLI tries no_leader and not_leader again by itself, never this).
+        return error_response(503, f"The leader ({leader}) did not answer: {exc}; see "
+                              "whether the action was done before trying again.",
+                              type_="server_error", code="leader_unreachable",
                               headers=retry)  # fmt: skip
     return web.Response(status=status, body=body, content_type=content_type,
                         headers={"X-Edgefleet-Leader": leader})  # fmt: skip

@@ -25,6 +25,8 @@ import json
 import os
 import shutil
 import ssl
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -34,6 +36,12 @@ from coordinator.config import CoordinatorConfig
 
 ADMIN_TOKEN_ENV = "EDGEFLEET_ADMIN_TOKEN"
 TIMEOUT_S = 10.0
+#: 503 answers that say the action was not done because no coordinator led at that moment
+#: (coordinator/api/rollouts.py: the leader died or changed while it was asked or
+#: forwarded); a new leader is in place within the lease's time, so they are tried again,
+#: after Retry-After, for this long. Any other failure is reported at once.
+LEADERLESS_CODES = frozenset({"no_leader", "not_leader"})
+LEADERLESS_RETRY_S = 30.0
 _CHUNK = 1 << 20
 
 
@@ -170,14 +178,31 @@ class AdminClient:
     def _open(self, request: urllib.request.Request, path: str, timeout: float | None) -> Any:
         method = request.get_method()
         context = self._ssl_context()
-        try:
-            return urllib.request.urlopen(
-                request, timeout=self.timeout if timeout is None else timeout, context=context
-            )
-        except urllib.error.HTTPError as exc:
-            raise AdminRequestError(f"{method} {path}: {exc.code} {_message(exc)}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise AdminRequestError(f"cannot reach the coordinator at {self.url}: {exc}") from exc
+        give_up = time.monotonic() + LEADERLESS_RETRY_S
+        while True:
+            try:
+                return urllib.request.urlopen(
+                    request, timeout=self.timeout if timeout is None else timeout, context=context
+                )
+            except urllib.error.HTTPError as exc:
+                error = _error(exc)
+                wait = _retry_after(exc)
+                if (
+                    exc.code == 503
+                    and error.get("code") in LEADERLESS_CODES
+                    and not hasattr(request.data, "read")  # an upload's stream is spent
+                    and time.monotonic() + wait < give_up
+                ):
+                    print(f"{method} {path}: {error.get('message', exc.reason)} (trying again "
+                          f"in {wait:g} s)", file=sys.stderr)  # fmt: skip
+                    time.sleep(wait)
+                    continue
+                message = error.get("message") or str(exc.reason)
+                raise AdminRequestError(f"{method} {path}: {exc.code} {message}") from exc
+            except (urllib.error.URLError, OSError) as exc:
+                raise AdminRequestError(
+                    f"cannot reach the coordinator at {self.url}: {exc}"
+                ) from exc
 
     def _read(self, response: IO[bytes], method: str, path: str) -> bytes:
         try:
@@ -186,9 +211,18 @@ class AdminClient:
             raise AdminRequestError(f"{method} {path}: the answer broke off: {exc}") from exc
 
 
-def _message(exc: urllib.error.HTTPError) -> str:
-    """The OpenAI-style error body's message, else the HTTP reason."""
+def _error(exc: urllib.error.HTTPError) -> dict[str, Any]:
+    """The OpenAI-style error body's ``error`` object (empty when there is none)."""
     try:
-        return str(json.load(exc)["error"]["message"])
+        error = json.load(exc)["error"]
     except (ValueError, KeyError, TypeError, OSError):
-        return str(exc.reason)
+        return {}
+    return error if isinstance(error, dict) else {}
+
+
+def _retry_after(exc: urllib.error.HTTPError) -> float:
+    """The answer's Retry-After in seconds (1 when absent or not a number; at most 5)."""
+    try:
+        return min(5.0, max(0.0, float(exc.headers.get("Retry-After", "1"))))
+    except ValueError:
+        return 1.0

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.__main__ import main as coordinator_main
+from coordinator.cli import client
 from coordinator.cli.client import ADMIN_TOKEN_ENV, AdminClient, AdminRequestError, admin_token
 
 
@@ -24,12 +25,14 @@ class Answer:
     status: int = 200
     body: bytes = b'{"object": "list", "data": []}'
     content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class FakeAdminApi:
     url: str
     answer: Answer = field(default_factory=Answer)
+    first: list[Answer] = field(default_factory=list)  # answered, in order, before ``answer``
     seen: list[tuple[str, str, str, bytes]] = field(default_factory=list)
 
 
@@ -43,11 +46,14 @@ def api() -> Iterator[FakeAdminApi]:
             body = self.rfile.read(length) if length else b""
             auth = self.headers.get("Authorization", "")
             state.seen.append((self.command, self.path, auth, body))
-            self.send_response(state.answer.status)
-            self.send_header("Content-Type", state.answer.content_type)
-            self.send_header("Content-Length", str(len(state.answer.body)))
+            answer = state.first.pop(0) if state.first else state.answer
+            self.send_response(answer.status)
+            self.send_header("Content-Type", answer.content_type)
+            self.send_header("Content-Length", str(len(answer.body)))
+            for name, value in answer.headers.items():
+                self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(state.answer.body)
+            self.wfile.write(answer.body)
 
         do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _answer
 
@@ -95,6 +101,43 @@ def test_an_answer_that_is_not_json_is_an_error(api: FakeAdminApi) -> None:
     api.answer = Answer(200, b"<html>a proxy's login page</html>", "text/html")
     with pytest.raises(AdminRequestError, match=r"GET /v1/admin/keys: the answer is not JSON"):
         AdminClient(api.url, "t").call("GET", "/v1/admin/keys")
+
+
+def _leaderless(code: str) -> Answer:
+    body = {"error": {"message": f"({code}) try again.", "type": "server_error", "code": code}}
+    return Answer(503, json.dumps(body).encode(), headers={"Retry-After": "0"})
+
+
+def test_an_action_asked_while_no_coordinator_leads_is_tried_again(
+    api: FakeAdminApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """503 no_leader / not_leader: nothing was done (the leader was changing), so the CLI
+    asks again after Retry-After, as an operator would have to."""
+    api.first = [_leaderless("no_leader"), _leaderless("not_leader")]
+    api.answer = Answer(201, b'{"rollout_id": "ro-1"}')
+    got = AdminClient(api.url, "t").call("POST", "/v1/admin/rollouts", {"model": "m"})
+    assert got == {"rollout_id": "ro-1"}
+    assert [seen[3] for seen in api.seen] == [b'{"model": "m"}'] * 3  # the same body each time
+    assert capsys.readouterr().err.count("trying again in 0 s") == 2
+
+
+def test_a_leader_that_did_not_answer_is_not_asked_again(api: FakeAdminApi) -> None:
+    """503 leader_unreachable: the leader may have done it, so it is reported, not retried."""
+    api.answer = _leaderless("leader_unreachable")
+    with pytest.raises(AdminRequestError, match=r"503 \(leader_unreachable\) try again"):
+        AdminClient(api.url, "t").call("POST", "/v1/admin/rollouts", {"model": "m"})
+    assert len(api.seen) == 1
+
+
+def test_retrying_a_leaderless_fleet_gives_up(
+    api: FakeAdminApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client, "LEADERLESS_RETRY_S", 0.3)
+    api.answer = _leaderless("no_leader")
+    api.answer.headers["Retry-After"] = "0.1"
+    with pytest.raises(AdminRequestError, match=r"POST /v1/admin/rollouts: 503 \(no_leader\)"):
+        AdminClient(api.url, "t").call("POST", "/v1/admin/rollouts", {"model": "m"})
+    assert 2 <= len(api.seen) <= 4
 
 
 def test_connection_refused_names_the_address() -> None:

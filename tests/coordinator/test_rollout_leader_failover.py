@@ -80,13 +80,21 @@ async def cli(c: CoordinatorProcess, *args: str) -> str:
 
 
 async def call(c: CoordinatorProcess, method: str, path: str, body: Any = None) -> Any:
-    async with (
-        aiohttp.ClientSession(headers=c.admin_headers) as http,
-        http.request(method, c.http_url + path, json=body, ssl=c.http_context()) as response,
-    ):
-        found = await response.json()
-        assert response.status < 300, (response.status, found)
-        return found
+    """The admin API's answer; a 503 no_leader or not_leader (nothing done: the leader was
+    changing) is asked again after Retry-After for up to 30 s, as the CLI does."""
+    give_up = time.monotonic() + 30
+    async with aiohttp.ClientSession(headers=c.admin_headers) as http:
+        while True:
+            async with http.request(method, c.http_url + path, json=body,
+                                    ssl=c.http_context()) as response:  # fmt: skip
+                found = await response.json()
+            leaderless = response.status == 503 and found["error"]["code"] in {
+                "no_leader", "not_leader"
+            }  # fmt: skip
+            if not leaderless or time.monotonic() > give_up:
+                assert response.status < 300, (response.status, found)
+                return found
+            await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
 
 
 async def health(c: CoordinatorProcess) -> dict[str, Any]:

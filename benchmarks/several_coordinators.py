@@ -435,6 +435,7 @@ async def scenario_kill(args: argparse.Namespace, watch: Watch) -> dict[str, Any
                     "SELECT agent_id FROM agent_owners WHERE coordinator_id = %s", ("coord-3",)
                 )
                 orphans = {r[0] for r in await cursor.fetchall()}
+                opening_before = [await _session_opening(c) for c in survivors]
                 await asyncio.sleep(min(3.0, seconds / 5))
                 killed_wall = time.time()
                 await victim.signal_and_wait(signal.SIGKILL, 10)
@@ -460,6 +461,10 @@ async def scenario_kill(args: argparse.Namespace, watch: Watch) -> dict[str, Any
             result = await asyncio.to_thread(out.get, True, 120)
             proc.join(10)
             connected_end = [await running.connected(c) for c in survivors]
+            opening = [
+                _opening_quantiles(before, await _session_opening(c))
+                for before, c in zip(opening_before, survivors, strict=True)
+            ]
         finally:
             _stop_simulators(sims)
     times = sorted(moved.values())
@@ -489,6 +494,7 @@ async def scenario_kill(args: argparse.Namespace, watch: Watch) -> dict[str, Any
             round(v["when"] - killed_wall, 1) for v in down_seen.values()
         )[:1],
         "agents_shown_down_sample": dict(list(down_seen.items())[:3]),
+        "session_open_on_survivors_after_kill_ms": opening,
         "lookup_window_s": seconds,
         "lookups_sent_to": "the two survivors, round robin (never the killed one)",
         **_lookup_figures(result, seconds),
@@ -510,6 +516,27 @@ async def scenario_kill(args: argparse.Namespace, watch: Watch) -> dict[str, Any
         "kill.lookups_empty_answers": target(empty, "== 0", empty == 0),
     }  # fmt: skip
     return {"figures": figures, "targets": targets}
+
+
+SESSION_OPEN = "edgefleet_coordinator_session_open_seconds"
+
+
+async def _session_opening(coordinator: CoordinatorProcess) -> dict[str, float]:
+    return await _metric(coordinator.http_url, SESSION_OPEN, coordinator.admin_headers)
+
+
+def _opening_quantiles(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Sessions opened between two scrapes: count, p50 and p99 (ms, interpolated in the
+    histogram's buckets) of each step from Hello to Welcome."""
+    found: dict[str, Any] = {}
+    for step in ("authenticate", "claim", "generations", "total"):
+        buckets, total = _histogram_delta(before, after, SESSION_OPEN, f'step="{step}"')
+        found[step] = {
+            "sessions": int(total),
+            **{f"p{round(q * 100)}": round(_server_quantile(buckets, total, q)[1] * 1000, 1)
+               for q in (0.5, 0.99)},
+        }  # fmt: skip
+    return found
 
 
 async def _down_counts(

@@ -24,6 +24,8 @@ ROUTE_BUCKETS = (
     0.002, 0.0025, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
 )  # fmt: skip
 MAX_TARGET_LABELS = 100
+#: A session's opening, Hello to Welcome: milliseconds alone, seconds in a reconnect storm.
+SESSION_OPEN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 # Event-loop lag (coordinator.loop_lag): from an idle loop's millisecond to a stuck one,
 # fine enough between 10 ms and 1 s that the longest stall of a window is read closely.
@@ -92,6 +94,16 @@ class CoordinatorMetrics:
             f"{PREFIX}_sessions_superseded",
             "Sessions ended here because the agent's session moved to another coordinator "
             "(a stale session: coordinator/store/ownership.py).",
+            registry=self.registry,
+        )
+        self.session_open_seconds = Histogram(
+            f"{PREFIX}_session_open_seconds",
+            "From an agent's Hello to its Welcome, by step: authenticate (its credentials "
+            "and revocations, from the database), claim (this coordinator recorded as its "
+            "owner), generations (fresh section generations, with other coordinators "
+            "alive), total. The agent sends no report before its Welcome.",
+            ["step"],
+            buckets=SESSION_OPEN_BUCKETS,
             registry=self.registry,
         )
         self.sessions_rejected = Counter(

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -364,6 +365,8 @@ class CoordinatorServicer:
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
     ) -> AsyncIterator[pb.CoordinatorMessage]:
         hello = await self._receive_hello(request_iterator, context)
+        opening = self._metrics.session_open_seconds
+        began = time.perf_counter()
         peer = session_peer(context)
         if self._authenticator.check_url_host and hello.http_url:
             peer = replace(peer, url_addresses=await resolve_url_host(hello.http_url))
@@ -391,18 +394,23 @@ class CoordinatorServicer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise AssertionError("unreachable: context.abort raises") from exc
         self._metrics.sessions.inc()
+        authenticated = time.perf_counter()
+        opening.labels(step="authenticate").observe(authenticated - began)
         live = _LiveSession(agent_id=hello.agent_id, session_id=session_id, enrolled=enrolled)
         replaced = self._live.pop(hello.agent_id, None)
         if replaced is not None:
             replaced.outbox.put_nowait(None)
         self._live[hello.agent_id] = live
         here_before = await self._claim(live)
+        claimed = time.perf_counter()
+        opening.labels(step="claim").observe(claimed - authenticated)
         if self._fresh_generations is not None and not here_before:
             try:
                 await self._fresh_generations(hello.agent_id)
             except StoreError as exc:  # the session stands; its sections may be ignored
                 logger.warning("agent %s: could not reserve fresh section generations: %s",
                                hello.agent_id, exc)  # fmt: skip
+            opening.labels(step="generations").observe(time.perf_counter() - claimed)
         if self._keys is not None:
             self._keys.on_connect(hello.agent_id)  # sent with the full desired state below
         if self._models is not None:
@@ -420,6 +428,7 @@ class CoordinatorServicer:
             self._consume(request_iterator, live), name=f"session-reader-{session_id}"
         )
         reader.add_done_callback(lambda _: live.outbox.put_nowait(None))
+        opening.labels(step="total").observe(time.perf_counter() - began)
         try:
             yield proto_convert.welcome_to_pb(
                 session_id,

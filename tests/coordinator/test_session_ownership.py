@@ -64,6 +64,14 @@ async def test_a_coordinator_ends_its_stale_session_when_the_agent_moved(
     assert "edge-1" not in servicer_a.connected_agent_ids()
     assert "edge-1" in b.app[GRPC_SERVER_KEY].servicer.connected_agent_ids()
     assert servicer_a._metrics.sessions_superseded._value.get() == 1
+    # B's Hello-to-Welcome steps, as /metrics shows them (each opening observed once)
+    opened = b.app[GRPC_SERVER_KEY].servicer._metrics.session_open_seconds
+    for step in ("authenticate", "claim", "generations", "total"):
+        count = next(
+            s.value for s in opened.collect()[0].samples
+            if s.name.endswith("_count") and s.labels == {"step": step}
+        )  # fmt: skip
+        assert count == 1, step
     await new.done_writing()
 
 

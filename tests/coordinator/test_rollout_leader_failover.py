@@ -51,12 +51,20 @@ TAKEOVER_BOUND_S = 6.0
 SOAK_S = 12.0
 
 
+#: Each coordinator process's id (coordinator_id), by id() of the process object.
+NAMES: dict[int, str] = {}
+
+
+def name(c: CoordinatorProcess) -> str:
+    return NAMES[id(c)]
+
+
 def coordinator(data_dir: Path, store_url: str, name: str, admin_token: str = "",
                 **kw: Any) -> CoordinatorProcess:  # fmt: skip
     env = {"EDGEFLEET_COORDINATOR_STORE_URL": store_url}
     if admin_token:
         env[ADMIN_TOKEN_ENV] = admin_token
-    return CoordinatorProcess(
+    process = CoordinatorProcess(
         report_interval_ms=REPORT_INTERVAL_MS, tls=True, data_dir=data_dir, env=env,
         extra_args=[
             "--set", f"coordinator_id={name}",
@@ -65,6 +73,8 @@ def coordinator(data_dir: Path, store_url: str, name: str, admin_token: str = ""
         ],
         **kw,
     )  # fmt: skip
+    NAMES[id(process)] = name
+    return process
 
 
 async def cli(c: CoordinatorProcess, *args: str) -> str:
@@ -105,6 +115,21 @@ async def health(c: CoordinatorProcess) -> dict[str, Any]:
 async def leads(c: CoordinatorProcess) -> bool:
     view = await health(c)
     return bool(view["is_leader"] and view["rollout_engine_active"])
+
+
+async def stable_roles(
+    x: CoordinatorProcess, y: CoordinatorProcess
+) -> tuple[CoordinatorProcess, CoordinatorProcess]:
+    """(leader, the other) once exactly one of them leads, the same in three looks 0.5 s
+    apart (a database slowed by the other tests running can let a 3 s lease lapse)."""
+    seen: list[tuple[bool, bool]] = []
+
+    async def settled() -> bool:
+        seen.append((await leads(x), await leads(y)))
+        return len(seen) >= 3 and len(set(seen[-3:])) == 1 and sum(seen[-1]) == 1
+
+    await wait_until(settled, timeout_s=30, interval_s=0.5, message="one leader, steady")
+    return (x, y) if seen[-1][0] else (y, x)
 
 
 def start_agent(tmp: Path, name: str, first: CoordinatorProcess, second: CoordinatorProcess,
@@ -170,7 +195,6 @@ async def test_a_rollout_survives_its_leader_killed_and_fences_a_frozen_one(
         for i in range(2):
             agents.append(start_agent(tmp_path, f"edge-{i}", a, b, postgres_url))
         await asyncio.gather(*(agent.start() for agent in agents))
-        assert not await leads(b)
 
         async def agents_loaded(version: str, on: CoordinatorProcess) -> bool:
             """Both agents' sessions are on ``on`` with ``version`` loaded."""
@@ -185,25 +209,28 @@ async def test_a_rollout_survives_its_leader_killed_and_fences_a_frozen_one(
 
         await wait_until(lambda: agents_loaded(v1, a), timeout_s=120, message="v1 loaded")
         set_up_s = time.monotonic() - began
+        dirs = {"coord-a": tmp_path / "a", "coord-b": tmp_path / "b"}
 
         # --- 1. SIGKILL the leader in the canary's soak -----------------------------
-        started = await call(b, "POST", "/v1/admin/rollouts", policy(v2, SOAK_S))  # forwarded
+        # (coord-a leads unless a slow database let its lease lapse meanwhile: then coord-b)
+        leader, other = await stable_roles(a, b)
+        started = await call(other, "POST", "/v1/admin/rollouts", policy(v2, SOAK_S))  # forwarded
         rollout_id = started["rollout_id"]
-        assert (await stored_body(store, rollout_id))["saved_by"]["coordinator_id"] == "coord-a"
+        assert (await stored_body(store, rollout_id))["saved_by"]["coordinator_id"] == name(leader)
         soak_start = started["step_started_at"]
         assert started["step"] == 0 and soak_start is not None
         await asyncio.sleep(3)
-        await a.kill()
+        await leader.kill()
         killed_at, killed_wall = time.monotonic(), time.time()
-        await wait_until(lambda: leads(b), timeout_s=TAKEOVER_BOUND_S + 10,
-                         message="coord-b leads")  # fmt: skip
+        await wait_until(lambda: leads(other), timeout_s=TAKEOVER_BOUND_S + 10,
+                         message=f"{name(other)} leads")  # fmt: skip
         took_s = time.monotonic() - killed_at
-        assert took_s < TAKEOVER_BOUND_S, f"coord-b led {took_s:.1f} s after the kill"
-        resumed = await call(b, "GET", f"/v1/admin/rollouts/{rollout_id}")
+        assert took_s < TAKEOVER_BOUND_S, f"{name(other)} led {took_s:.1f} s after the kill"
+        resumed = await call(other, "GET", f"/v1/admin/rollouts/{rollout_id}")
         assert resumed["state"] == "running" and resumed["step"] == 0, resumed
         assert resumed["step_started_at"] == soak_start  # the soak goes on
         deadline = time.monotonic() + 120
-        while (found := await call(b, "GET", f"/v1/admin/rollouts/{rollout_id}"))[
+        while (found := await call(other, "GET", f"/v1/admin/rollouts/{rollout_id}"))[
             "state"
         ] == "running":
             assert time.monotonic() < deadline, found
@@ -216,41 +243,47 @@ async def test_a_rollout_survives_its_leader_killed_and_fences_a_frozen_one(
         # the canary passed once its original soak was over, not a soak after the takeover
         assert soak_start + SOAK_S <= passed_at < killed_wall + SOAK_S, (soak_start, passed_at)
         body = await stored_body(store, rollout_id)
-        assert body["saved_by"]["coordinator_id"] == "coord-b"
+        assert body["saved_by"]["coordinator_id"] == name(other)
         killed_s = time.monotonic() - killed_at
 
-        # --- 2. SIGSTOP the leader (now coord-b) in a second rollout's soak ----------
-        a = coordinator(tmp_path / "a", postgres_url, "coord-a", a.admin_token)
-        await a.start()
-        await wait_until(lambda: agents_loaded(v2, b), timeout_s=60, message="v2 loaded")
-        second = await call(a, "POST", "/v1/admin/rollouts", policy(v1, 120))  # forwarded
+        # --- 2. SIGSTOP the leader in a second rollout's soak -------------------------
+        survivor = other
+        restarted = coordinator(dirs[name(leader)], postgres_url, name(leader),
+                                a.admin_token)  # fmt: skip
+        a, b = (restarted, survivor) if leader is a else (survivor, restarted)
+        await restarted.start()
+        # the agents' sessions are all on the survivor (or stayed there), on v2
+        await wait_until(lambda: agents_loaded(v2, survivor), timeout_s=60, message="v2 loaded")
+        leader, other = await stable_roles(a, b)
+        second = await call(other, "POST", "/v1/admin/rollouts", policy(v1, 120))  # forwarded
         second_id = second["rollout_id"]
-        assert (await stored_body(store, second_id))["saved_by"]["coordinator_id"] == "coord-b"
-        epoch = (await health(b))["lease_epoch"]
-        os.kill(b.pid, signal.SIGSTOP)
+        assert (await stored_body(store, second_id))["saved_by"]["coordinator_id"] == name(leader)
+        epoch = (await health(leader))["lease_epoch"]
+        os.kill(leader.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
-            await wait_until(lambda: leads(a), timeout_s=TAKEOVER_BOUND_S + 10,
-                             message="coord-a takes over")  # fmt: skip
+            await wait_until(lambda: leads(other), timeout_s=TAKEOVER_BOUND_S + 10,
+                             message=f"{name(other)} takes over")  # fmt: skip
             took_stop_s = time.monotonic() - stopped_at
             assert took_stop_s < TAKEOVER_BOUND_S, took_stop_s
-            assert (await health(a))["lease_epoch"] == epoch + 1
-            taken = await call(a, "GET", f"/v1/admin/rollouts/{second_id}")
+            assert (await health(other))["lease_epoch"] == epoch + 1
+            taken = await call(other, "GET", f"/v1/admin/rollouts/{second_id}")
             assert taken["step"] == 0 and taken["step_started_at"] == second["step_started_at"]
         finally:
-            os.kill(b.pid, signal.SIGCONT)
+            os.kill(leader.pid, signal.SIGCONT)
         resumed_at = time.monotonic()
-        # Every version of the row written after b resumed is coord-a's, at the new epoch.
+        # Every version of the row written after the stopped one resumed is the new
+        # leader's, at the new epoch.
         seen: set[tuple[str, int]] = set()
         while time.monotonic() - resumed_at < 4:
             body = await stored_body(store, second_id)
             seen.add((body["saved_by"]["coordinator_id"], body["saved_by"]["epoch"]))
             await asyncio.sleep(0.05)
-        assert seen == {("coord-a", epoch + 1)}, seen
-        view_b = await health(b)
-        assert view_b["is_leader"] is False and view_b["rollout_engine_active"] is False
-        assert any("rollout engine stopped" in line for line in b.log), list(b.log)[-20:]
-        assert not any("not saved: lease" in line for line in b.log)  # it never even tried
+        assert seen == {(name(other), epoch + 1)}, seen
+        view = await health(leader)
+        assert view["is_leader"] is False and view["rollout_engine_active"] is False
+        assert any("rollout engine stopped" in line for line in leader.log), list(leader.log)[-20:]
+        assert not any("not saved: lease" in line for line in leader.log)  # it never even tried
         stored = await stored_body(store, second_id)
         assert stored["state"] == "running" and stored["step"] == 0
         print(

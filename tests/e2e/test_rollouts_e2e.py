@@ -108,6 +108,10 @@ class Traffic:
     # Counting numbers per prompt (6: about 30 tokens). A bigger network's longer prefill
     # shows in TTFT; the tiny model's TTFT is mostly the request's overhead either way.
     prompt_numbers: int = 6
+    # Each client's pause after a reply. Unpaced, 8 clients sent about 110 requests a second
+    # to the tiny model, and this file used 270 CPU-s of `make test`'s two cores; the gates
+    # need far fewer (at most 50 in a step's soak) and a slower version still shows in TTFT.
+    pause_s: float = 0.2
     sent: int = 0
     served: dict[str, list[str]] = field(default_factory=dict)  # agent url -> reply models
     failures: list[str] = field(default_factory=list)
@@ -115,7 +119,11 @@ class Traffic:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def _loop(self, http: aiohttp.ClientSession, url: str) -> None:
+        starting = True
         while True:
+            if not starting:
+                await asyncio.sleep(self.pause_s)
+            starting = False
             # Every prompt differs (the agents' response cache answers a repeated greedy
             # request at once, which measures the cache, not the version) and is one the
             # model keeps continuing (it counts on), so a reply runs to max_tokens.

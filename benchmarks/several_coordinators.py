@@ -505,10 +505,9 @@ async def scenario_kill(args: argparse.Namespace, watch: Watch) -> dict[str, Any
         **_lookup_figures(result, seconds),
         "load_average_1m_before": load_before,
         "load_average_1m_after": _load(),
-        "note": "Agents are spread at random over Europe, so a survivor answers every "
-        "lookup from its own agents; until the shared live view lands a survivor's answers "
-        "list only the agents whose sessions are on it (the killed coordinator's agents "
-        "appear in them once they have moved there).",
+        "note": "Agents are spread at random over Europe; a survivor's answers come from "
+        "every coordinator's agents (the shared live view): the killed coordinator's show "
+        "unconfirmed until they reconnect to a survivor.",
     }
     failed = figures["lookups_failed"]
     empty = figures["lookups_empty_answers"]

@@ -13,30 +13,48 @@ and it accepts every connection. What it offers and what is added here:
   an unread body after the response.
 - connections: nothing in aiohttp; :class:`LimitedAppRunner` builds a server that
   answers 503 and closes a connection accepted beyond ``max_connections``.
+
+What aiohttp answers itself, before any handler or middleware runs (a header line over
+8,190 bytes, a request line it cannot parse, a connection beyond the cap), is in the APIs'
+own error format (OpenAI's ``{"error": {...}}``), not aiohttp's plain text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
 from aiohttp.web_server import Server
 
 log = logging.getLogger(__name__)
 
+
+def error_body(status: int, message: str) -> bytes:
+    """An error in the OpenAI format both APIs answer in."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return json.dumps(
+        {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    ).encode()
+
+
+_BUSY_BODY = error_body(503, "too many connections; retry later")
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\n"
-    b"Content-Type: text/plain\r\n"
+    b"Content-Type: application/json\r\n"
     b"Retry-After: 1\r\n"
     b"Connection: close\r\n"
-    b"Content-Length: 34\r\n"
-    b"\r\n"
-    b"too many connections; retry later\n"
+    + f"Content-Length: {len(_BUSY_BODY)}\r\n".encode()
+    + b"\r\n"
+    + _BUSY_BODY
 )
 # What aiohttp reads of an unread request body after the response, at most (s).
 LINGERING_S = 2.0
@@ -80,6 +98,26 @@ def body_deadline(timeout_s: float) -> Callable[..., Awaitable[web.StreamRespons
     return middleware
 
 
+class JsonErrorRequestHandler(RequestHandler):
+    """aiohttp's request handler, its own error answers in the APIs' error format."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if already sent
+        if status >= 500 or not message:  # never a traceback, whatever aiohttp's debug says
+            message = HTTPStatus(status).phrase
+        response = web.Response(
+            status=status, body=error_body(status, message), content_type="application/json"
+        )
+        response.force_close()
+        return response
+
+
 class ConnectionCappedServer(Server):
     """aiohttp's server, answering 503 to connections beyond ``max_connections``."""
 
@@ -95,6 +133,9 @@ class ConnectionCappedServer(Server):
         )
         self.max_connections = max_connections
         self.refused = 0
+
+    def __call__(self) -> RequestHandler:
+        return JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         if len(self._connections) >= self.max_connections:

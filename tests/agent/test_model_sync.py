@@ -147,7 +147,7 @@ async def test_hot_swap_in_flight_finish_on_old_new_go_to_new(
     # streams on v1, started before the swap and still running after it
     async def stream() -> list[str]:
         payload = {"model": TINY, "messages": [{"role": "user", "content": "count"}],
-                   "max_tokens": 120, "min_tokens": 120, "temperature": 0,
+                   "max_tokens": 200, "min_tokens": 200, "temperature": 0,
                    "stream": True}  # fmt: skip
         resp = await agent.post("/v1/chat/completions", json=payload)
         assert resp.status == 200

@@ -61,7 +61,7 @@ SAVE_WAIT_S = 10.0
 SEEN_SLACK_S = 0.001
 # Agents the live-state save looks at before it lets the event loop serve (the whole
 # fleet at once held it 10-35 ms every save on 5,000 agents).
-SNAPSHOT_SLICE = 500
+SNAPSHOT_SLICE = 100
 
 Clock = Callable[[], datetime]
 

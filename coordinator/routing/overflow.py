@@ -310,8 +310,8 @@ def _most_room_first(sites: dict[str, list[OverflowTarget]]) -> None:
 
 #: Agents an OverflowDistributor tick works through, or sections it pushes, before it
 #: lets the event loop serve.
-TICK_SLICE = 500
-PUSH_SLICE = 50
+TICK_SLICE = 100
+PUSH_SLICE = 20
 
 
 class OverflowDistributor:

@@ -51,9 +51,17 @@ from coordinator.identity.session_auth import (
 )
 from coordinator.routing.service import Router
 from coordinator.rpc import convert as proto_convert
+from coordinator.rpc.report_queue import ReportQueue
 from coordinator.store.ownership import OwnershipTable
 from edgefleet import contract_pb
-from edgefleet.contract import CommandKind, DesiredState, Hello, OverflowUsage, Section
+from edgefleet.contract import (
+    CommandKind,
+    DesiredState,
+    Hello,
+    LoadReport,
+    OverflowUsage,
+    Section,
+)
 from edgefleet.tls import GRPC_CIPHER_SUITES, GRPC_CIPHER_SUITES_ENV
 from edgefleet.v1 import fleet_pb2 as pb
 from edgefleet.v1 import fleet_pb2_grpc as pb_grpc
@@ -214,6 +222,7 @@ class CoordinatorServicer:
         self._keys = keys
         self._models = models
         self._report_hooks = report_hooks
+        self._reports: ReportQueue[_LiveSession, LoadReport] = ReportQueue(self._apply_report)
         self._model_signing_key = model_signing_key
         self._coordinators = coordinators
         self._ownership: OwnershipTable | None = None
@@ -471,6 +480,7 @@ class CoordinatorServicer:
             await asyncio.wait([reader])
             if not reader.cancelled():
                 reader.exception()  # retrieved (handled above, or moot when cancelled)
+            self._reports.flush()  # none applied after the session's end
             if self._live.get(hello.agent_id) is live:
                 del self._live[hello.agent_id]
                 if self._keys is not None:
@@ -580,16 +590,12 @@ class CoordinatorServicer:
         async for message in request_iterator:
             kind = message.WhichOneof("body")
             if kind == "load_report":
+                # parsed here (a malformed report ends the session), applied in slices
                 report = proto_convert.load_report_from_pb(message.load_report, self._load_limits)
-                self._registry.record_report(live.agent_id, live.session_id, report)
-                self._metrics.load_reports.inc()
-                if report.key_usage and self._keys is not None:
-                    self._keys.record_usage(live.agent_id, report.key_usage)
-                if self._report_hooks is not None:
-                    self._report_hooks(live.agent_id, report)
-                if report.overflow_usage:
-                    self._record_overflow(report.overflow_usage)
-            elif kind == "bye":
+                self._reports.put(live, report)
+                continue
+            self._reports.flush()  # what the session sent before comes first
+            if kind == "bye":
                 logger.info("agent %s says bye: %s", live.agent_id, message.bye.reason or "-")
                 self._registry.record_bye(live.agent_id, live.session_id, message.bye.reason)
             elif kind == "request_records":
@@ -600,6 +606,17 @@ class CoordinatorServicer:
                 raise ProtocolError("Hello may only be sent once, as the first message")
             else:
                 raise ProtocolError("empty AgentMessage (no body set)")
+
+    def _apply_report(self, live: _LiveSession, report: LoadReport) -> None:
+        """A session's load report into the fleet (from the report queue, in order)."""
+        self._registry.record_report(live.agent_id, live.session_id, report)
+        self._metrics.load_reports.inc()
+        if report.key_usage and self._keys is not None:
+            self._keys.record_usage(live.agent_id, report.key_usage)
+        if self._report_hooks is not None:
+            self._report_hooks(live.agent_id, report)
+        if report.overflow_usage:
+            self._record_overflow(report.overflow_usage)
 
     async def _store_records(self, live: _LiveSession, message: pb.RequestRecords) -> None:
         """Hand a batch of request records to be written (fleet.request_records), and

@@ -76,6 +76,9 @@ class CoordinatorConfig(ProcessSettings):
     """Level of the coordinator's log (DEBUG, INFO, WARNING, ERROR, CRITICAL)."""
     event_loop: EventLoopChoice = "auto"
     """The event loop: auto (uvloop when installed, else asyncio's), uvloop, or asyncio."""
+    grpc_thread_nice: int = Field(default=10, ge=0, le=19)
+    """Niceness of gRPC's own I/O threads (Linux), so that on a busy CPU the event loop,
+    which answers route lookups, runs first; 0: leave them as they start."""
 
     # --- HTTP server limits (edgefleet/http_limits.py)
     http_header_timeout_s: float = Field(default=_HTTP.header_timeout_s, gt=0, le=3600)

@@ -20,6 +20,7 @@ from coordinator.config import CoordinatorConfig, is_loopback_host
 from coordinator.errors import ConfigError, ServerStartError
 from coordinator.event_loop import running_loop_name
 from coordinator.gc_pauses import FREEZE_EVERY_S, GcPauseRecorder, HeapSettler, settle_heap
+from coordinator.grpc_threads import RECHECK_S, lower_grpc_threads
 from coordinator.identity.ca import CertificateAuthority
 from coordinator.loop_lag import LoopLagProbe
 from edgefleet.http_limits import LimitedAppRunner
@@ -93,6 +94,8 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
         lag_probe = LoopLagProbe(app[METRICS_KEY].event_loop_lag_seconds)
         lag_probe.start()
         tasks = [asyncio.create_task(_settle_heap(app), name="heap-settler")]
+        if config.grpc_thread_nice:
+            tasks.append(asyncio.create_task(_lower_grpc_threads(app, config), name="grpc-nice"))
         if reloader is not None:
             interval = 5.0
             tasks.append(asyncio.create_task(reloader.run(interval), name="tls-reloader"))
@@ -110,6 +113,14 @@ async def serve(config: CoordinatorConfig, *, stop: asyncio.Event | None = None)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     logger.info("coordinator stopped")
+
+
+async def _lower_grpc_threads(app: web.Application, config: CoordinatorConfig) -> None:
+    """gRPC's threads behind the event loop, those it starts later too (grpc_threads)."""
+    gauge = app[METRICS_KEY].grpc_threads_lowered
+    while True:
+        gauge.set(lower_grpc_threads(config.grpc_thread_nice))
+        await asyncio.sleep(RECHECK_S)
 
 
 def http_tls(config: CoordinatorConfig) -> tuple[ssl.SSLContext | None, CertificateReloader | None]:

@@ -167,6 +167,12 @@ class CoordinatorMetrics:
             ["loop"],
             registry=self.registry,
         )
+        self.grpc_threads_lowered = Gauge(
+            f"{PREFIX}_grpc_threads_lowered",
+            "gRPC's own I/O threads running at niceness grpc_thread_nice, behind the event "
+            "loop (0 where not Linux or grpc_thread_nice is 0).",
+            registry=self.registry,
+        )
         self.enrollments = Counter(
             f"{PREFIX}_enrollments",
             "Enroll calls, by result (ok or the refusal reason).",

@@ -84,6 +84,7 @@ COORDINATOR_DEFAULTS: dict[str, Any] = {
     "grpc_host": "127.0.0.1", "grpc_port": 50051, "http_host": "127.0.0.1", "http_port": 8080,
     "report_interval_ms": 2000, "hello_timeout_s": 10.0, "shutdown_grace_s": 5.0,
     "restart_grace_s": 30.0, "log_level": "INFO", "event_loop": "auto",
+    "grpc_thread_nice": 10,
     "http_header_timeout_s": 10.0,
     "http_body_timeout_s": 30.0, "http_max_connections": 1024,
     "grpc_max_concurrent_rpcs": 25000, "grpc_max_concurrent_streams": 256,

@@ -6,7 +6,8 @@ times a second on a busy fleet, and on a coordinator held to one CPU (a cpuset, 
 one-core VM) each wake-up can take the CPU from the event loop, which is what answers
 route lookups: measured with ``python -m benchmarks.coordinator_scale`` (5,000 agents,
 500 lookups/s, the coordinator pinned to one CPU), client route p99 went from 19-26 ms
-to under 10 ms with those threads at niceness 10, with every report still stored.
+to 9.5-10.3 ms (three runs) with those threads at niceness 5-10, every report still
+stored.
 
 ``lower_grpc_threads`` sets the niceness of those threads (Linux keeps a niceness per
 thread). Raising one's own threads' niceness needs no privilege; the event loop's own

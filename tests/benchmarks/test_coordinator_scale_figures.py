@@ -63,15 +63,19 @@ def test_postgres_cores_count_the_backends_that_ended_within_the_window(
         while psutil.pid_exists(row[0]) and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    # The cluster is the session's: the server's other processes (autovacuum workers on
+    # earlier tests' tables, which end inside a window too) can only add to a window, so
+    # each figure is the least of three windows (one such extra in the "one" window
+    # failed this in two CI runs: 0.37 / 0.44 and 0.31 / 0.47 s).
     with psycopg.connect(url) as kept:
         kept.execute(BUSY).fetchall()  # before any window: never counted
-        idle = cpu_s(lambda: time.sleep(0.2))
-        one = cpu_s(lambda: kept.execute(BUSY).fetchall())
+        idle = min(cpu_s(lambda: time.sleep(0.2)) for _ in range(3))
+        one = min(cpu_s(lambda: kept.execute(BUSY).fetchall()) for _ in range(3))
 
         def both_queries() -> None:
             kept.execute(BUSY).fetchall()
             brief()
 
-        both = cpu_s(both_queries)
+        both = min(cpu_s(both_queries) for _ in range(3))
     assert idle < 0.05 < one
     assert both > 1.6 * one, (one, both)  # the ended backend's query counted too

@@ -53,7 +53,9 @@ async def make_agent(tmp_path: Path, signer: ManifestSigner) -> AsyncIterator[Ag
     """An agent app serving from a model store (empty unless ``store`` is reused)."""
     clients: list[TestClient] = []
 
-    async def start(store: Path | None = None, **models: Any) -> TestClient:
+    async def start(
+        store: Path | None = None, engine: dict[str, Any] | None = None, **models: Any
+    ) -> TestClient:
         overrides: dict[str, Any] = {
             "models": {
                 "source": "store",
@@ -63,7 +65,7 @@ async def make_agent(tmp_path: Path, signer: ManifestSigner) -> AsyncIterator[Ag
                 **models,
             },
             "engine": {"max_context_tokens": 256, "default_max_tokens": 16,
-                       "intra_op_threads": 1},
+                       "intra_op_threads": 1, **(engine or {})},
         }  # fmt: skip
         app = create_app(load_config(environ={}, overrides=overrides))
         client = TestClient(TestServer(app, handler_cancellation=True))
@@ -140,14 +142,16 @@ async def test_hot_swap_in_flight_finish_on_old_new_go_to_new(
     )
     origin.add(v1)
     origin.add(v2)
-    agent = await make_agent()
+    # the tiny model's whole context (512): streams long enough to outlast the swap on a
+    # loaded CI machine (200 tokens in a 256-token context ended before it three times)
+    agent = await make_agent(engine={"max_context_tokens": 512})
     await converge(agent, v1.section(1, origin.url))
     old_model = agent.app[SYNC].registry.text_models[TINY]  # type: ignore[index]
 
     # streams on v1, started before the swap and still running after it
     async def stream() -> list[str]:
         payload = {"model": TINY, "messages": [{"role": "user", "content": "count"}],
-                   "max_tokens": 200, "min_tokens": 200, "temperature": 0,
+                   "max_tokens": 440, "min_tokens": 440, "temperature": 0,
                    "stream": True}  # fmt: skip
         resp = await agent.post("/v1/chat/completions", json=payload)
         assert resp.status == 200
@@ -156,7 +160,7 @@ async def test_hot_swap_in_flight_finish_on_old_new_go_to_new(
         assert events[-1] == "[DONE]"
         return [json.loads(e)["model"] for e in events[:-1]]
 
-    streams = [asyncio.create_task(stream()) for _ in range(4)]
+    streams = [asyncio.create_task(stream()) for _ in range(8)]
     while old_model.load().running < 1:
         await asyncio.sleep(0.01)
     await converge(agent, v2.section(2, origin.url))

@@ -30,6 +30,13 @@ coordinator pushes and acknowledges the section generations in its reports, as a
 one does. Session setup time: from opening the Session to its Welcome, per agent, while
 all of them ramp up together. Writes benchmarks/results/coordinator_scale.json.
 
+A simulator process carries thousands of agents, so anything that stops it (its garbage
+collector above all) stops them all at once, and they then report in one burst: a
+correlated burst that separate boxes do not make. Once its agents are set up, each
+simulator freezes what it holds out of its collector's sight (``--simulator-gc frozen``,
+the default; ``python`` keeps the bursts as a stress case), and every simulator's own
+event-loop stalls are measured in both windows and written next to the coordinator's.
+
     .venv/bin/python -m benchmarks.coordinator_scale --secure --agents 5000
 
 ``--secure`` is the fleet as issue 9 runs it: the coordinator with ``tls = on`` (mutual
@@ -68,6 +75,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import multiprocessing as mp
 import os
 import random
@@ -123,11 +131,29 @@ class _Identity(NamedTuple):
     credentials: Any  # grpc.ChannelCredentials: its own client certificate and key
 
 
+# Simulator processes' garbage collector once their agents are set up (--simulator-gc):
+# "frozen" moves everything set up so far out of the collector's sight (gc.freeze) and
+# collects the young generation less often; "python" leaves Python's defaults. A simulator
+# carries 2,500 agents: with the defaults its collections (generation 1: 80-160 ms,
+# generation 2: up to 700 ms, seen 2026-12-03) stop all of them at once, and they then send
+# their reports in one burst, a correlated burst that a fleet of separate boxes does not
+# make. "python" keeps that burst as a stress case.
+SIMULATOR_GC_MODES = ("frozen", "python")
+SIMULATOR_GC_THRESHOLDS = (10_000, 50, 1_000)
+# A simulator's event loop counts as stalled when a 10 ms probe timer runs this late.
+SIMULATOR_STALL_S = 0.05
+
+
 class _Setup(NamedTuple):
-    """Where simulators put their setup figures, and the main process's "report now"."""
+    """Where simulators put their setup figures, and the main process's "report now".
+    ``gc``: one of SIMULATOR_GC_MODES; ``stalls``: a multiprocessing Array('d', 2) where
+    every simulator keeps [longest stall of its event loop in ms, stalls over
+    SIMULATOR_STALL_S] from its setup on (the main process zeroes it per window)."""
 
     out: Any  # multiprocessing Queue
     ask: Any  # multiprocessing Event
+    gc: str = "frozen"
+    stalls: Any = None
 
 
 class _Stats:
@@ -147,6 +173,19 @@ class _Stats:
         self.sessions_broken = 0
         # called with (agent id, the key ids of a keys section) as each one arrives
         self.on_keys: Callable[[str, set[str]], None] | None = None
+        self.stall_watch: asyncio.Task[None] | None = None
+
+
+async def _watch_stalls(stalls: Any) -> None:
+    """Records how late a 10 ms timer runs in this simulator's loop (see _Setup.stalls)."""
+    while True:
+        due = time.monotonic() + 0.01
+        await asyncio.sleep(0.01)
+        late_ms = (time.monotonic() - due) * 1000
+        if late_ms > 5:
+            with stalls.get_lock():
+                stalls[0] = max(stalls[0], late_ms)
+                stalls[1] += late_ms >= SIMULATOR_STALL_S * 1000
 
 
 async def _fake_agent(
@@ -389,6 +428,12 @@ async def _report_setup(stats: _Stats, n: int, setup: Any, extra: dict[str, Any]
     setup.out.put({"setup_s": list(stats.setup_s), "keys_sections": stats.keys_sections,
                "failed_attempts": stats.failed_attempts, "failures": dict(stats.failures),
                "keys_in_last_section": stats.keys_in_last_section, **extra})  # fmt: skip
+    if setup.gc == "frozen":
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*SIMULATOR_GC_THRESHOLDS)
+    if setup.stalls is not None:
+        stats.stall_watch = asyncio.create_task(_watch_stalls(setup.stalls))
 
 
 def _new_key_and_csr(name: str) -> tuple[bytes, str]:
@@ -717,6 +762,14 @@ async def _measure_lookups(
     return result, before, after, window, cores
 
 
+def _take_stalls(stalls: Any) -> tuple[float, int]:
+    """The simulators' [longest stall ms, stalls over SIMULATOR_STALL_S] so far, zeroed."""
+    with stalls.get_lock():
+        taken = (stalls[0], int(stalls[1]))
+        stalls[0] = stalls[1] = 0.0
+    return taken
+
+
 def _pin(pid: int, cpus: set[int], nice: int | None = None) -> None:
     """Set the CPU affinity (and niceness) of every thread of a process."""
     for tid in (int(t) for t in os.listdir(f"/proc/{pid}/task")):
@@ -882,7 +935,8 @@ async def _run(
         print(f"coordinator up at {coordinator.grpc_target}; registering {args.agents} agents")
         ctx = mp.get_context("spawn")
         sim_out = ctx.Queue()
-        setup_out = _Setup(ctx.Queue(), ctx.Event())
+        sim_stalls = ctx.Array("d", 2)
+        setup_out = _Setup(ctx.Queue(), ctx.Event(), args.simulator_gc, sim_stalls)
         ramp_s = max(10.0, args.agents / 400)
         stop = time.monotonic() + 3600  # the simulators are terminated at the end
         ids = [f"sim-{i:05d}" for i in range(args.agents)]
@@ -977,9 +1031,11 @@ async def _run(
         prefix = "edgefleet_coordinator_"
         reports0 = await _metric(coordinator.http_url, prefix, coordinator.admin_headers)
         pushed0 = sum(v.value for v in pushed)
+        _take_stalls(sim_stalls)
         since = (process.cpu_times(), time.monotonic())
         postgres_cores = postgres.sample() if postgres is not None else None
         await asyncio.sleep(args.duration)
+        sim_stalls_reports = _take_stalls(sim_stalls)
         cores_reports = _cores(process, since)
         pg_cores_reports = postgres_cores() if postgres_cores is not None else None
         reports1 = await _metric(coordinator.http_url, prefix, coordinator.admin_headers)
@@ -997,6 +1053,7 @@ async def _run(
             coordinator, args.lookups_per_s, args.duration, load_cpus,
             also=postgres.sample if postgres is not None else None,
         )  # fmt: skip
+        sim_stalls_lookups = _take_stalls(sim_stalls)  # the lookups' warm-up included
         (latencies, lags, failed, client_cpu_s), h0, h1, window, cores_both = measured
         retried = {k: v for k, v in failed.items() if k.startswith("retried")}
         failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
@@ -1043,6 +1100,12 @@ async def _run(
         f"({stall_reports[1]} wake-ups over 20 ms late), <= {stall_lookups[0]:g} ms with "
         f"lookups ({stall_lookups[1]} over 20 ms)"
     )
+    print(
+        f"simulators' own event loops (garbage collector {args.simulator_gc}): longest stall "
+        f"{sim_stalls_reports[0]:.0f} ms with reports only ({sim_stalls_reports[1]} over "
+        f"{SIMULATOR_STALL_S * 1000:g} ms), {sim_stalls_lookups[0]:.0f} ms with lookups "
+        f"({sim_stalls_lookups[1]} over {SIMULATOR_STALL_S * 1000:g} ms)"
+    )
     figures: dict[str, Any] = {
         "mode": "secure" if args.secure else "plain",
         "store": args.store,
@@ -1059,6 +1122,11 @@ async def _run(
         "cpus_coordinator": sorted(coordinator_cpus) if coordinator_cpus else "any",
         "cpus_simulators_and_lookup_client": sorted(load_cpus) if load_cpus else "any",
         "simulator_nice": args.simulator_nice if pin else 0,
+        "simulator_gc": args.simulator_gc,
+        "simulator_loop_longest_stall_ms_reports_only": round(sim_stalls_reports[0], 1),
+        "simulator_loop_stalls_over_50ms_reports_only": sim_stalls_reports[1],
+        "simulator_loop_longest_stall_ms_with_lookups": round(sim_stalls_lookups[0], 1),
+        "simulator_loop_stalls_over_50ms_with_lookups": sim_stalls_lookups[1],
         "reports_per_s_expected": round(expected_reports, 1),
         "reports_per_s_stored": round(reports_per_s, 1),
         "reports_per_s_stored_during_lookups": round(reports_during, 1),
@@ -1190,6 +1258,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--simulator-nice", type=int, default=10, help="niceness of the simulators when pinned"
+    )
+    parser.add_argument(
+        "--simulator-gc",
+        choices=SIMULATOR_GC_MODES,
+        default="frozen",
+        help="the simulators' garbage collector once their agents are set up: frozen "
+        "(gc.freeze, fewer young collections) or python (the defaults: each collection stops "
+        "a whole simulator's agents at once, then they report in one burst)",
     )
     parser.add_argument(
         "--store",

@@ -46,6 +46,10 @@ def forget_exited() -> None:
     _started[:] = [p for p in _started if p.returncode is None]
 
 
+# stderr lines shown when the block a process was started in fails
+LOG_TAIL_LINES = 40
+
+
 class ServiceProcess:
     def __init__(
         self,
@@ -173,7 +177,20 @@ class ServiceProcess:
         tb: TracebackType | None,
     ) -> None:
         if self._process is not None:
-            await self.terminate()
+            code = await self.terminate()
+            if exc is not None:
+                # what the process said last, beside the error that ended the block: a
+                # benchmark or test that fails talking to it then shows why
+                print(self.log_tail(code), file=sys.stderr, flush=True)
+
+    def log_tail(self, code: int | None = None, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines the process wrote to stderr, under a header."""
+        tail = list(self.log)[-lines:]
+        pid = self._process.pid if self._process is not None else "-"
+        return (
+            f"--- last {len(tail)} stderr lines of {self.module} (pid {pid}, exit {code}) ---\n"
+            + "".join(tail)
+        )
 
 
 async def get_json(url: str, *, headers: dict[str, str] | None = None, ssl: Any = True) -> Any:

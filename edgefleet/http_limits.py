@@ -35,15 +35,15 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 from aiohttp.web_server import Server
 
+from edgefleet.openai_errors import openai_error
+
 log = logging.getLogger(__name__)
 
 
 def error_body(status: int, message: str) -> bytes:
     """An error in the OpenAI format both APIs answer in."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
-    return json.dumps(
-        {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    ).encode()
+    return json.dumps(openai_error(message, kind)).encode()
 
 
 _BUSY_BODY = error_body(503, "too many connections; retry later")

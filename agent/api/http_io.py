@@ -19,6 +19,7 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
 )
+from edgefleet.openai_errors import openai_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -109,7 +110,7 @@ def json_response(
 def error_body(
     message: str, error_type: str, *, param: str | None = None, code: str | None = None
 ) -> dict[str, dict[str, str | None]]:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return openai_error(message, error_type, param=param, code=code)
 
 
 def stream_error_event(exc: Exception) -> bytes:

@@ -27,6 +27,7 @@ from coordinator.rpc.convert import location_checked
 from coordinator.store.health import RETRY_AFTER_S
 from coordinator.store.interface import StoreUnavailableError
 from edgefleet.contract import Location
+from edgefleet.openai_errors import openai_error
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    body = openai_error(message, type_, param=param, code=code)
     return web.json_response(body, status=status, headers=headers)
 
 

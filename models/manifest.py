@@ -67,6 +67,9 @@ class SourceSpec:
     package_version: str  # installed version of that distribution
     file: str  # weight file inside the package
     sha256: str  # sha256 of that weight file
+    # any further keys, kept verbatim (e.g. the parts a GGUF split over several packages
+    # was assembled from, its licence)
+    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,11 @@ def _source(r: _Reader) -> SourceSpec:
         package_version=r.str_("package_version"),
         file=r.str_("file"),
         sha256=r.sha256("sha256"),
+        details={
+            k: v
+            for k, v in r.data.items()
+            if k not in ("package", "package_version", "file", "sha256")
+        },
     )
 
 
@@ -490,6 +498,7 @@ def manifest_to_dict(manifest: ModelManifest) -> dict[str, Any]:
             "package_version": manifest.source.package_version,
             "file": manifest.source.file,
             "sha256": manifest.source.sha256,
+            **dict(manifest.source.details),
         },
         "quantization": {
             "method": q.method,

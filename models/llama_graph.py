@@ -15,6 +15,11 @@ Hugging Face weights:
 - the LM head only at the positions asked for (``logits_index``): a step needs one row of
   logits per sequence, not one per prompt token.
 
+Qwen2 (``model_type`` qwen2) is the same decoder with biases on q, k and v: one Add after the
+fused q/k/v MatMul. Its RoPE base comes from the config (``rope_theta``: 1e6 for
+Qwen2.5-Coder) like any Llama's, and its head is written as the checkpoint has it (an untied
+``lm_head``; a tied one is untied before, see :func:`models.export_llm.load_gguf_model_untied`).
+
 Inputs: ``input_ids`` [batch, seq] int64; ``seqlens_k`` [batch] int32 (each row's total
 tokens, cache included, minus one); ``total_sequence_length`` int32 scalar (the longest row's
 total); ``logits_index`` [batch, k] int64 (positions within ``input_ids`` whose logits to
@@ -95,10 +100,13 @@ def write_llama_gqa(model: Any, out_path: Path) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     config = model.config
-    if getattr(config, "model_type", "llama") not in ("llama",):
+    model_type = getattr(config, "model_type", "llama")
+    if model_type not in ("llama", "qwen2"):
         raise ConversionError(f"model type {config.model_type!r} is not a Llama decoder")
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         raise ConversionError("attention/MLP biases are not supported by this graph writer")
+    if getattr(config, "use_sliding_window", False):
+        raise ConversionError("sliding-window attention is not supported by this graph writer")
     layers, heads, kv_heads, head_dim, vocab = _config_ints(config)
     hidden = int(config.hidden_size)
     eps = float(config.rms_norm_eps)
@@ -121,6 +129,13 @@ def write_llama_gqa(model: Any, out_path: Path) -> Path:
         w = np.concatenate([weights[n].T for n in weight_names], axis=1)
         out = f"{name}/output_0"
         node("MatMul", [x, init(f"{name}.weight", w)], [out], name=f"{name}/MatMul")
+        biases = [n.removesuffix(".weight") + ".bias" for n in weight_names]
+        if model_type == "qwen2" and any(b in weights for b in biases):
+            # Qwen2's q/k/v biases, side by side as the weights are
+            b = np.concatenate([weights[n] for n in biases])
+            biased = f"{name}/Add/output_0"
+            node("Add", [out, init(f"{name}.bias", b)], [biased], name=f"{name}/Add")
+            return biased
         return out
 
     cos, sin = _rope_cache(config, head_dim)

@@ -36,7 +36,8 @@ class CoordinatorProcess(ServiceProcess):
     ``tls=True``: as a coordinator reachable beyond loopback runs (on loopback ``auto`` is
     off): TLS on gRPC (mutual TLS on sessions, a separate enrollment port), HTTPS on the
     HTTP API (certificate from its own CA), enrollment required. ``http_context()`` trusts
-    its CA."""
+    its CA. ``coordinator_id``: the id it runs as (``coordinator_id`` setting), kept in
+    ``.coordinator_id`` for tests that tell several apart."""
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class CoordinatorProcess(ServiceProcess):
         startup_timeout_s: float = 30.0,
         tls: bool = False,
         enroll_port: int = 0,
+        coordinator_id: str = "",
     ) -> None:
         # Without a data_dir each process gets a fresh one, removed when it exits.
         self._own_data_dir = data_dir is None
@@ -67,9 +69,12 @@ class CoordinatorProcess(ServiceProcess):
             # take the HTTP port the last process just freed)
             *(["--tls", "on", "--enroll-port", str(enroll_port), "--http-tls", "on",
                "--set", "require_enrollment=on"] if tls else []),
+            *(["--set", f"coordinator_id={coordinator_id}"] if coordinator_id else []),
             *extra_args,
         ]  # fmt: skip
         self.tls = tls
+        # the id it was started with ("": its own default, the host name)
+        self.coordinator_id = coordinator_id
         self.admin_token = (env or {}).get(ADMIN_TOKEN_ENV) or secrets.token_urlsafe(32)
         env = {**(env or {}), ADMIN_TOKEN_ENV: self.admin_token}
         super().__init__(

@@ -33,9 +33,9 @@ def _coordinator(url: str, coordinator_id: str) -> CoordinatorProcess:
     return CoordinatorProcess(
         report_interval_ms=200,
         tls=True,
+        coordinator_id=coordinator_id,
         extra_args=[
             "--set", f"store_url={url}",
-            "--set", f"coordinator_id={coordinator_id}",
             "--set", f"leader_lease_s={LEASE_S}",
             "--set", f"coordinator_heartbeat_s={HEARTBEAT_S}",
         ],

@@ -51,12 +51,8 @@ TAKEOVER_BOUND_S = 6.0
 SOAK_S = 12.0
 
 
-#: Each coordinator process's id (coordinator_id), by id() of the process object.
-NAMES: dict[int, str] = {}
-
-
 def name(c: CoordinatorProcess) -> str:
-    return NAMES[id(c)]
+    return c.coordinator_id
 
 
 def coordinator(data_dir: Path, store_url: str, name: str, admin_token: str = "",
@@ -66,14 +62,13 @@ def coordinator(data_dir: Path, store_url: str, name: str, admin_token: str = ""
         env[ADMIN_TOKEN_ENV] = admin_token
     process = CoordinatorProcess(
         report_interval_ms=REPORT_INTERVAL_MS, tls=True, data_dir=data_dir, env=env,
+        coordinator_id=name,
         extra_args=[
-            "--set", f"coordinator_id={name}",
             "--set", f"leader_lease_s={LEASE_S}",
             "--set", f"coordinator_heartbeat_s={HEARTBEAT_S}",
         ],
         **kw,
     )  # fmt: skip
-    NAMES[id(process)] = name
     return process
 
 

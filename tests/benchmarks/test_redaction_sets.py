@@ -1,0 +1,109 @@
+"""The redaction benchmark's labeled sets: the held-out set is read with its regions, is the
+committed file (a changed copy is refused, by the function and by the command), and is
+scored per region, per script and on its negative documents."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from benchmarks.redaction import (
+    PINNED,
+    SETS,
+    ChangedSet,
+    check_pinned,
+    score,
+    script_of,
+)
+from benchmarks.redaction_data import DATA_DIR, Document, Span, load, load_documents
+from benchmarks.redaction_heldout import REGIONS
+
+HELDOUT = DATA_DIR / SETS["heldout_world"]
+
+
+def test_the_committed_heldout_set_matches_its_pin() -> None:
+    assert HELDOUT.name in PINNED
+    check_pinned(HELDOUT)  # raises on any change
+
+
+def test_a_changed_copy_is_refused(tmp_path: Path) -> None:
+    changed = tmp_path / HELDOUT.name
+    changed.write_bytes(HELDOUT.read_bytes().replace(b"[[PERSON|", b"[[ADDRESS|", 1))
+    with pytest.raises(ChangedSet, match="sha256"):
+        check_pinned(changed)
+    # a file nobody pinned is not checked
+    unpinned = tmp_path / "handwritten.txt"
+    shutil.copy(DATA_DIR / "handwritten.txt", unpinned)
+    check_pinned(unpinned)
+
+
+def test_the_command_refuses_a_changed_heldout_set(tmp_path: Path) -> None:
+    (tmp_path / HELDOUT.name).write_text(
+        HELDOUT.read_text(encoding="utf-8") + "---\none more document\n", encoding="utf-8"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.redaction", "--data", str(tmp_path),
+         "--sets", "heldout_world", "--no-presidio", "--repeat", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "was changed" in run.stderr
+
+
+def test_every_heldout_document_names_its_region_and_kind() -> None:
+    docs = load_documents(HELDOUT)
+    assert len(docs) == len(load(HELDOUT)) > 500
+    assert all(d.notes.get("kind") in ("positive", "negative") for d in docs)
+    positives = Counter(d.notes["region"] for d in docs if d.notes["kind"] == "positive")
+    assert set(REGIONS) <= set(positives)
+    for region in REGIONS:
+        types = Counter(t for d in docs if d.notes["region"] == region for *_, t in d.spans)
+        assert types["PERSON"] >= 30 and types["ADDRESS"] >= 10, region
+    negatives = [d for d in docs if d.notes["kind"] == "negative"]
+    assert len(negatives) >= 50 and not any(d.spans for d in negatives)
+    scripts = Counter(script_of(d.text[a:b]) for d in docs for a, b, t in d.spans if t == "PERSON")
+    assert {"latin", "cjk", "hangul", "cyrillic"} <= set(scripts)
+
+
+@pytest.mark.parametrize(
+    ("value", "script"),
+    [("佐藤 愛子", "cjk"), ("〒150-0001 東京都渋谷区", "cjk"), ("김민준", "hangul"),
+     ("Иван Петров", "cyrillic"), ("Müller", "latin"), ("172", "none")],
+)  # fmt: skip
+def test_script_of(value: str, script: str) -> None:
+    assert script_of(value) == script
+
+
+def test_scores_per_region_script_and_negative_document() -> None:
+    docs = [
+        Document("Call Yuki Tanaka now", [(5, 16, "PERSON")], {"region": "japan"}),
+        Document("Ship to 田中太郎", [(8, 12, "PERSON")], {"region": "japan"}),
+        Document("Иван Петров звонил", [(0, 11, "PERSON")], {"region": "slavic"}),
+        Document("the rose garden", [], {"region": "common_words", "kind": "negative"}),
+    ]
+
+    def detect(text: str) -> list[Span]:  # finds Latin names only, and one false alarm
+        found: list[Span] = []
+        if "Yuki" in text:
+            found.append((5, 16, "PERSON"))
+        if "rose" in text:
+            found.append((4, 8, "PERSON"))
+        return found
+
+    result = score(docs, detect)
+    assert result["by_type"]["PERSON"]["recall"] == round(1 / 3, 4)
+    assert result["by_type"]["PERSON"]["precision"] == 0.5
+    assert result["by_region"]["japan"]["PERSON"]["recall"] == 0.5
+    assert result["by_region"]["slavic"]["PERSON"]["recall"] == 0.0
+    assert result["by_script"]["latin"]["PERSON"] == {
+        "spans": 1, "recall": 1.0, "precision": 0.5, "chars_covered": 1.0, "predicted": 2,
+    }  # fmt: skip
+    assert result["by_script"]["cjk"]["PERSON"]["recall"] == 0.0
+    assert result["negatives"]["documents"] == 1
+    assert result["negatives"]["with_any_span"] == 1
+    assert result["negatives"]["flagged"][0]["spans"] == [{"type": "PERSON", "value": "rose"}]

@@ -25,6 +25,7 @@ from models.manifest import (
 
 __all__ = [
     "dir_size",
+    "external_data_locations",
     "file_entries",
     "graph_io",
     "graph_version",
@@ -48,6 +49,22 @@ def graph_io(onnx_path: Path) -> GraphSpec:
     inputs = tuple(i.name for i in model.graph.input if i.name not in initializers)
     outputs = tuple(o.name for o in model.graph.output)
     return GraphSpec(onnx=onnx_path.name, inputs=inputs, outputs=outputs)
+
+
+def external_data_locations(onnx_path: Path) -> list[str]:
+    """The external-data files ``onnx_path``'s tensors name (relative to its directory), in
+    order of first use."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:  # library boundary
+        raise ConversionError(f"cannot read ONNX graph {onnx_path}: {exc}") from exc
+    tensors = [*model.graph.initializer]
+    tensors += [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
+    found = [ExternalDataInfo(t).location for t in tensors if uses_external_data(t)]
+    return list(dict.fromkeys(found))
 
 
 def onnx_files(directory: Path, graph: str = "model.onnx") -> list[Path]:
@@ -119,6 +136,15 @@ def install_dir(staging: Path, final: Path, manifest: ModelManifest) -> ModelMan
     for required in (manifest.graph.onnx, manifest.tokenizer.file):
         if not (staging / required).is_file():
             raise ConversionError(f"{staging}: {required} was not written")
+    # the graph's weights outside it must be files of the artifact (so the manifest lists
+    # and hashes them, and the version covers them): beside the graph, named like it
+    graph_files = {p.name for p in onnx_files(staging, manifest.graph.onnx)}
+    for location in external_data_locations(staging / manifest.graph.onnx):
+        if location not in graph_files or not (staging / location).is_file():
+            raise ConversionError(
+                f"{staging / manifest.graph.onnx}: its external data {location!r} is not a "
+                f"{manifest.graph.onnx}* file of the artifact"
+            )
     # the graph files are large: hash each once, for the version and for its file entry
     graph_sha256: dict[str, str] = {}
     version = graph_version(

@@ -350,8 +350,11 @@ class Names:
         """A given name alone (what people write in chat), never a family name."""
         rng = self.rng
         if region == "china":
-            given = self.zh_cjk()[1]
-            return "".join(self._lazy(given)).capitalize() if rng.random() < 0.7 else given
+            family, given = self.zh_cjk()
+            if rng.random() < 0.7:
+                return "".join(self._lazy(given)).capitalize()
+            # a one-character given name is not written alone: the full name then
+            return given if len(given) > 1 else family + given
         if region == "west_africa":
             return rng.choice(self.ng[(rng.choice(("yoruba", "igbo", "hausa")), "first")])
         if region == "slavic" and rng.random() < 0.4:
@@ -969,7 +972,7 @@ TEMPLATES_STRUCTURED = (
     "AWS_SECRET={K}\nAWS_REGION=eu-central-1",
     "refund card {C}, not the IBAN {I}",
     "My SSN is {S}, call me on {PH} if you need anything else.",
-    "firewall: allow {IP} -> {IP}:443",
+    "firewall: allow {IP} -> {IP} port 443",
     "token={K}",
 )
 TEMPLATES_LOCAL = {

@@ -299,11 +299,11 @@ def score(docs: list[Document], detect: Detector) -> dict[str, Any]:
     for doc, pred in scored:
         region = doc.notes.get("region", "")
         for g in doc.spans:
-            if not any(p[2] == g[2] and _overlaps(p, g) for p in pred) and len(missed) < 400:
+            if not any(p[2] == g[2] and _overlaps(p, g) for p in pred) and len(missed) < 2000:
                 missed.append({"type": g[2], "value": doc.text[g[0] : g[1]], "region": region})
         for p in pred:
             right = any(g[2] == p[2] and _overlaps(p, g) for g in doc.spans)
-            if not right and len(false_positives) < 400:
+            if not right and len(false_positives) < 2000:
                 value = doc.text[p[0] : p[1]]
                 false_positives.append({"type": p[2], "value": value, "region": region})
     result: dict[str, Any] = {"by_type": _figures(_tally(scored))}

@@ -49,7 +49,7 @@ def test_the_command_refuses_a_changed_heldout_set(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.redaction", "--data", str(tmp_path),
          "--sets", "heldout_world", "--no-presidio", "--repeat", "1"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert run.returncode == 2
     assert "was changed" in run.stderr

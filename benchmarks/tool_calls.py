@@ -9,9 +9,10 @@ of five tools, 30 that need none), one at a time:
 1. ``bind_tools(TOOLS).invoke(prompt)`` (``tool_choice`` left to the model: auto). A tool
    prompt's answer is scored ``right_tool`` (every call parsed, names a tool offered, has
    arguments valid for that tool's JSON schema, and names the tool the prompt needs),
-   ``wrong_tool``, ``malformed`` (arguments LangChain could not parse, an unknown tool, or
-   arguments that fail the tool's schema) or ``no_call``; a no-tool prompt's is ``no_call``
-   or ``called`` (any call at all, well formed or not).
+   ``wrong_tool``, ``malformed`` (arguments LangChain could not parse, an unknown tool,
+   arguments that fail the tool's schema, or a call cut by the token limit, which the agent
+   returns as text starting with ``<tool_call>``) or ``no_call``; a no-tool prompt's is
+   ``no_call`` or ``called`` (any call at all, well formed, cut or not).
 2. ``with_structured_output(Schema, method="json_schema", include_raw=True).invoke(prompt)``
    with a small pydantic schema per prompt set (:class:`ToolRequest` for the tool prompts:
    which tool and its subject; :class:`Reply` for the others: topic and a short answer):
@@ -43,6 +44,7 @@ from typing import Any, Literal
 import jsonschema_rs
 from pydantic import BaseModel, Field
 
+from agent.structured.tool_calls import CALL_OPEN
 from benchmarks.results_file import percentile, target, write_results
 from devtools.fleet import AgentProcess
 from devtools.process import REPO_ROOT
@@ -119,15 +121,21 @@ def score_tool_answer(
     tool_calls: Sequence[dict[str, Any]],
     invalid_tool_calls: Sequence[dict[str, Any]],
     parameters: dict[str, dict[str, Any]],
+    content: str = "",
 ) -> Outcome:
-    """How one ``bind_tools`` answer (an AIMessage's ``tool_calls`` and
-    ``invalid_tool_calls``) scores: ``expected`` is the tool the prompt needs, None for a
-    prompt that needs none (then any call at all is ``called``)."""
-    if not tool_calls and not invalid_tool_calls:
+    """How one ``bind_tools`` answer (an AIMessage's ``tool_calls``, ``invalid_tool_calls``
+    and text ``content``) scores: ``expected`` is the tool the prompt needs, None for a
+    prompt that needs none (then any call at all is ``called``).
+
+    A call the agent could not finish (cut by the token limit) comes back as text that
+    starts with ``<tool_call>`` and no ``tool_calls``: an attempted call, so ``malformed``
+    on a tool prompt and ``called`` on a no-tool prompt, not ``no_call``."""
+    attempted = content.lstrip().startswith(CALL_OPEN)
+    if not tool_calls and not invalid_tool_calls and not attempted:
         return "no_call"
     if expected is None:
         return "called"
-    if invalid_tool_calls:
+    if invalid_tool_calls or attempted:
         return "malformed"
     for call in tool_calls:
         schema = parameters.get(call.get("name", ""))
@@ -224,6 +232,19 @@ def add_key(keys_file: Path) -> str:
     return done.stdout.strip()
 
 
+def code_state() -> dict[str, Any]:
+    """The commit measured, and whether the working tree had changes on top of it (the
+    agent and the artifact are what the tree held when the run started)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=30, check=False)  # fmt: skip
+        return done.stdout.strip()
+
+    changed = git("status", "--porcelain", "--untracked-files=no").splitlines()
+    return {"commit": git("rev-parse", "--short", "HEAD"), "changed_files": len(changed)}
+
+
 def _text(content: Any, limit: int = 200) -> str:
     text = content if isinstance(content, str) else json.dumps(content)
     return text[:limit]
@@ -250,8 +271,9 @@ async def bind_tools_rows(
             print(f"  bind_tools {i:>2}/{len(items)} error      {exc!r:.80}", flush=True)
             continue
         latency = time.perf_counter() - started
+        text = message.content if isinstance(message.content, str) else ""
         outcome = score_tool_answer(
-            expected, message.tool_calls, message.invalid_tool_calls, prompts.parameters
+            expected, message.tool_calls, message.invalid_tool_calls, prompts.parameters, text
         )
         usage = message.usage_metadata or {}
         row: dict[str, Any] = {
@@ -339,6 +361,7 @@ async def run(args: argparse.Namespace) -> int:
                   "--set", "cache.enabled=false"]  # fmt: skip
     print(f"edgefleet agent: {args.model} {manifest.version} ({manifest.variant}), "
           f"{args.threads} threads, API keys on", flush=True)  # fmt: skip
+    code = code_state()
     started = time.perf_counter()
     async with AgentProcess(
         models_dir=args.models_dir, serve=[args.model], extra_args=agent_args
@@ -372,6 +395,7 @@ async def run(args: argparse.Namespace) -> int:
         "model": args.model,
         "variant": manifest.variant,
         "version": manifest.version,
+        "code": code,
         "threads": args.threads,
         "max_completion_tokens": args.max_tokens,
         "client": "langchain-openai ChatOpenAI, temperature 0, one request at a time",

@@ -33,7 +33,10 @@ def answer(*calls: tuple[str, str], content: str = "") -> AIMessage:
 
 
 def score(expected: str | None, message: AIMessage) -> str:
-    return score_tool_answer(expected, message.tool_calls, message.invalid_tool_calls, PARAMETERS)
+    content = message.content if isinstance(message.content, str) else ""
+    return score_tool_answer(
+        expected, message.tool_calls, message.invalid_tool_calls, PARAMETERS, content
+    )
 
 
 def test_a_valid_call_to_the_needed_tool_is_right() -> None:
@@ -73,6 +76,17 @@ def test_any_call_on_a_no_tool_prompt_counts_as_called() -> None:
     assert score(None, answer(content="Ottawa.")) == "no_call"
     assert score(None, answer(("get_weather", '{"city":"Ottawa"}'))) == "called"
     assert score(None, answer(("get_weather", '{"city":'))) == "called"  # malformed too
+
+
+# how the agent returns a call cut by max_tokens: the text so far, no tool_calls
+CUT_CALL = '<tool_call>{"name":"create_ticket","arguments":{"title":"Bug Report - [bug_id] -'
+
+
+def test_a_call_cut_by_the_token_limit_is_an_attempted_call() -> None:
+    assert score("create_ticket", answer(content=CUT_CALL)) == "malformed"
+    assert score(None, answer(content=CUT_CALL)) == "called"
+    # text that merely mentions the format later on is an answer
+    assert score(None, answer(content="Reply with <tool_call> to call.")) == "no_call"
 
 
 def rows(outcomes: list[str], tool: str = "get_weather") -> list[dict[str, Any]]:

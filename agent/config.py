@@ -171,9 +171,14 @@ class EngineConfig(Settings):
     """Sequences decoded together in one batched step."""
     max_batched_tokens: int = Field(default=_BATCHER.max_batched_tokens, ge=1)
     """Prompt tokens per step: a chunk of a long prompt, or short prompts together."""
-    kv_budget_tokens: int = Field(default=_BATCHER.kv_budget_tokens, ge=1)
-    """Cache tokens reserved at once: running sequences times the longest one's prompt +
-    max_tokens (slots are padded to the longest)."""
+    kv_cache_bytes: int = Field(default=_BATCHER.kv_cache_bytes, ge=1 << 20)
+    """Bytes of key/value cache per text model, the copy made while it grows included.
+    Admission keeps the running sequences within it: their number times the longest one's
+    prompt + max_tokens (slots are padded to the longest), in tokens of the model's size
+    (layers x kv heads x head dim x 2 x value bytes: 45 KiB for SmolLM2-135M)."""
+    kv_budget_tokens: int | None = Field(default=_BATCHER.kv_budget_tokens, ge=1)
+    """Deprecated: use kv_cache_bytes. When set, it replaces kv_cache_bytes, converted for
+    each model from tokens to bytes (logged with a deprecation note)."""
     max_queue: int = Field(default=_BATCHER.max_queue, ge=1)
     """Waiting requests at most; more get 429."""
     max_queue_wait_s: float = Field(default=_BATCHER.max_queue_wait_s, gt=0)
@@ -183,6 +188,15 @@ class EngineConfig(Settings):
     prefix_cache_bytes: int = Field(default=_BATCHER.prefix_cache_bytes, ge=0)
     """Keys/values of prompts' 16-token blocks, reused by prompts that start the same way
     (output unchanged); 0 turns it off."""
+
+    @model_validator(mode="after")
+    def _one_kv_budget(self) -> Self:
+        if {"kv_cache_bytes", "kv_budget_tokens"} <= self.model_fields_set:
+            raise ValueError(
+                "engine.kv_cache_bytes and the deprecated engine.kv_budget_tokens are both "
+                "set: keep kv_cache_bytes only"
+            )
+        return self
 
     @model_validator(mode="after")
     def _completion_fits(self) -> Self:

@@ -79,8 +79,27 @@ def load_text_model(
         bos_token=special.bos_token or "",
         eos_token=special.eos_token or "",
     )
-    engine = ContinuousBatcher(
-        CausalLM(session, spec), codec, special.eos_token_ids, batcher_config, restart_policy
+    lm = CausalLM(session, spec)
+    engine = ContinuousBatcher(lm, codec, special.eos_token_ids, batcher_config, restart_policy)
+    per_token = lm.kv_bytes_per_token
+    if batcher_config.kv_budget_tokens is not None:
+        log.warning(
+            "engine.kv_budget_tokens is deprecated: set engine.kv_cache_bytes instead; "
+            "for %s, %d tokens x %d bytes a token (its layers x kv heads x head dim x 2 x "
+            "%d-byte values), with the copy made while the cache grows, is "
+            "engine.kv_cache_bytes = %d",
+            manifest.name,
+            batcher_config.kv_budget_tokens,
+            per_token,
+            per_token // (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim),
+            engine.kv_cache_bytes,
+        )
+    log.info(
+        "model %s: key/value cache up to %.0f MiB, %d bytes a token: %d tokens admitted at once",
+        manifest.name,
+        engine.kv_cache_bytes / 2**20,
+        per_token,
+        engine.kv_budget_tokens,
     )
     return OnnxTextModel(
         model_id=manifest.name,

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from agent.engine.memory import kv_bytes_per_token
 from agent.errors import ModelLoadError
 from models.llama_graph import GRAPH_INPUTS
 from models.manifest import LlmSpec
@@ -41,13 +42,25 @@ class SlotCache:
     MIN_CAPACITY = 128
 
     def __init__(
-        self, num_tensors: int, num_kv_heads: int, head_dim: int, dtype: type, max_rows: int
+        self,
+        num_tensors: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: type,
+        max_rows: int,
+        max_bytes: int | None = None,
     ) -> None:
         self._num_tensors = num_tensors
         self._heads = num_kv_heads
         self._dim = head_dim
         self._dtype = dtype
         self.max_rows = max_rows
+        # bytes of one slot-token (every tensor) and of one tensor's slot-token
+        self._tensor_token_bytes = num_kv_heads * head_dim * np.dtype(dtype).itemsize
+        self.bytes_per_token = num_tensors * self._tensor_token_bytes
+        # the buffers, transient copies while they grow included, stay within this when
+        # admission keeps rows x tokens within :meth:`admissible_tokens` (None: no bound)
+        self.max_bytes = max_bytes
         self.buffers: list[npt.NDArray[np.float32]] = []
         self.lengths = np.zeros(max_rows, dtype=np.int64)
         # ONNX Runtime bindings over these buffers, by row range (made by CausalLM); they
@@ -69,29 +82,66 @@ class SlotCache:
     def allocated_tokens(self) -> int:
         return self.rows * self.capacity
 
+    @property
+    def allocated_bytes(self) -> int:
+        return self.allocated_tokens * self.bytes_per_token
+
+    def admissible_tokens(self) -> int | None:
+        """Slot-tokens (rows x tokens) admission may promise so that growing the buffers,
+        the transient copy included, never takes more than ``max_bytes``.
+
+        The buffers grow one tensor at a time (the old tensor is freed before the next one
+        is allocated), so the peak is the larger of the old and new buffers plus one tensor
+        of the other: with both within ``A = max_bytes x T / (T + 1)`` (T tensors), the peak
+        is within ``A + A / T = max_bytes``.
+        """
+        if self.max_bytes is None:
+            return None
+        t = self._num_tensors
+        return self.max_bytes * t // (t + 1) // self.bytes_per_token
+
+    def bytes_for_tokens(self, tokens: int) -> int:
+        """The ``max_bytes`` whose :meth:`admissible_tokens` is ``tokens``."""
+        t = self._num_tensors
+        return -(-tokens * self.bytes_per_token * (t + 1) // t)
+
     def ensure(self, rows: int, tokens: int) -> None:
-        """Make room for slots ``[0, rows)`` holding ``tokens`` tokens each."""
+        """Make room for slots ``[0, rows)`` holding ``tokens`` tokens each.
+
+        Growth is geometric (rows and capacity double) while the doubled buffers stay within
+        :meth:`admissible_tokens`; past it, the buffers take exactly what is asked (the rows
+        in use and the longest slot), which admission keeps within it.
+        """
         if rows > self.max_rows:
             raise ValueError(f"{rows} rows asked of a cache of {self.max_rows}")
         if rows <= self.rows and tokens <= self.capacity:
             return
+        keep = int(self.lengths[: self.rows].max()) if self.rows else 0
+        used = int(np.flatnonzero(self.lengths[: self.rows])[-1]) + 1 if keep else 0
         new_rows = min(self.max_rows, max(rows, 2 * self.rows)) if rows > self.rows else self.rows
         new_cap = self.capacity
         if tokens > self.capacity:
             new_cap = -(-max(tokens, 2 * self.capacity, self.MIN_CAPACITY) // 64) * 64
             if self.token_limit is not None:
                 new_cap = max(tokens, min(new_cap, self.token_limit))
-        keep = int(self.lengths[: self.rows].max()) if self.rows else 0
+        limit = self.admissible_tokens()
+        if limit is not None and new_rows * new_cap > limit:
+            # exactly what the slots in use and this run need
+            new_rows, new_cap = max(rows, used), max(tokens, keep)
+        self._grow(new_rows, new_cap, min(keep, new_cap))
+
+    def _grow(self, new_rows: int, new_cap: int, keep: int) -> None:
         shape = (new_rows, self._heads, new_cap, self._dim)
-        grown: list[npt.NDArray[np.float32]] = []
-        for i in range(self._num_tensors):
+        rows = min(new_rows, self.rows)
+        self.bindings.clear()  # they hold the old buffers
+        if not self.buffers:
+            self.buffers = [np.empty(shape, dtype=self._dtype) for _ in range(self._num_tensors)]
+            return
+        for i in range(self._num_tensors):  # one at a time: one old tensor beside the new
             buffer: npt.NDArray[np.float32] = np.empty(shape, dtype=self._dtype)
-            if self.buffers and keep:
-                old = self.buffers[i]
-                buffer[: old.shape[0], :, :keep] = old[:, :, :keep]
-            grown.append(buffer)
-        self.buffers = grown
-        self.bindings.clear()
+            if keep:
+                buffer[:rows, :, :keep] = self.buffers[i][:rows, :, :keep]
+            self.buffers[i] = buffer
 
     def clear(self) -> None:
         """Free the buffers (no sequence holds a slot)."""
@@ -158,10 +208,21 @@ class CausalLM:
     def spec(self) -> LlmSpec:
         return self._spec
 
-    def new_cache(self, max_rows: int) -> SlotCache:
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Key/value cache bytes of one token: layers x kv_heads x head_dim x 2 x dtype."""
+        s = self._spec
+        return kv_bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim,
+                                  np.dtype(self._kv_dtype).itemsize)  # fmt: skip
+
+    def new_cache(self, max_rows: int, max_bytes: int | None = None) -> SlotCache:
         s = self._spec
         return SlotCache(len(self._past_names), s.num_kv_heads, s.head_dim, self._kv_dtype,
-                         max_rows)  # fmt: skip
+                         max_rows, max_bytes)  # fmt: skip
+
+    def close(self) -> None:
+        """Drop the session (its weights and buffers); the object is unusable afterwards."""
+        self._session = None
 
     def run(
         self,

@@ -49,6 +49,7 @@ from agent.engine.interface import (
     GenerationRequest,
     StepStats,
 )
+from agent.engine.memory import trim_heap
 from agent.engine.prefix_cache import PrefixCache
 from agent.engine.sampling import TokenSampler
 from agent.engine.stops import StopMatcher
@@ -67,11 +68,22 @@ from agent.errors import (
 log = logging.getLogger(__name__)
 
 
+# 512 MiB: 16 sequences of ~720 tokens for SmolLM2-135M (fp32 keys/values, 45 KiB a token),
+# of ~1,360 for Qwen2.5-0.5B (24 KiB a token)
+DEFAULT_KV_CACHE_BYTES = 512 << 20
+
+
 @dataclass(frozen=True)
 class BatcherConfig:
     max_running: int = 16  # sequences decoded together in one step
     max_batched_tokens: int = 256  # prompt tokens per step (a chunk, or short prompts together)
-    kv_budget_tokens: int = 32768  # prompt + max_tokens reserved across running sequences
+    # bytes of this model's key/value buffers, the transient copy while they grow included;
+    # admission reserves prompt + max_tokens per running sequence, padded to the longest,
+    # within it (see SlotCache.admissible_tokens)
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    # deprecated: the same budget in this model's tokens; when set, it replaces
+    # kv_cache_bytes (converted with the model's bytes per token, transient copy included)
+    kv_budget_tokens: int | None = None
     max_queue: int = 64  # waiting sequences; more are rejected with 429
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
@@ -163,6 +175,14 @@ class ContinuousBatcher:
         self.config = config
         # running and prefilling sequences together are at most max_running
         self._cache = lm.new_cache(config.max_running)
+        self._cache.max_bytes = (
+            config.kv_cache_bytes
+            if config.kv_budget_tokens is None
+            else self._cache.bytes_for_tokens(config.kv_budget_tokens)
+        )
+        # prompt + max_tokens tokens admission may promise, over the running sequences
+        self.kv_budget_tokens = self._cache.admissible_tokens() or 0
+        self._trim_when_idle = False  # the cache was freed since the heap was last trimmed
         self._prefixes = (
             PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         )
@@ -193,6 +213,12 @@ class ContinuousBatcher:
         return len(self._waiting)
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """The cache's byte budget (engine.kv_cache_bytes, or the deprecated token budget
+        converted)."""
+        return self._cache.max_bytes or 0
+
+    @property
     def kv_used_tokens(self) -> int:
         """Cache slots allocated, in tokens (padding to the longest sequence included)."""
         return self._cache.allocated_tokens
@@ -201,7 +227,7 @@ class ContinuousBatcher:
     def kv_used_fraction(self) -> float:
         """The budget share admission has promised (see :meth:`_promised`); near 1, new
         requests wait."""
-        return min(1.0, self._promised() / self.config.kv_budget_tokens)
+        return min(1.0, self._promised() / max(1, self.kv_budget_tokens))
 
     def _promised(self, extra: _Sequence | None = None) -> int:
         """Cache tokens promised to the admitted sequences (and ``extra``): their number x
@@ -243,6 +269,12 @@ class ContinuousBatcher:
         self._waiting, self._prefilling, self._running = [], [], []
         # a step cancelled mid-run is still on the worker thread: wait for it off the loop
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        # the session, its weights and the cache go now, not when the last reference to
+        # this object does, and the C heap gives their pages back (unload, hot swap)
+        self._cache.clear()
+        self._prefixes = None
+        self._lm.close()
+        await asyncio.to_thread(trim_heap, "model closed")
 
     def _on_loop_failure(self, dead: str | None) -> None:
         """The loop raised: fail every sequence it held and start from a clean state."""
@@ -260,6 +292,7 @@ class ContinuousBatcher:
         self._waiting, self._prefilling, self._running = [], [], []
         self._partial = None
         self._cache.clear()  # every slot is free again
+        self._trim_when_idle = True
         if self._prefixes is not None:  # it may be half updated: start it empty
             self._prefixes = PrefixCache(self.config.prefix_cache_bytes)
         if dead is not None and self._on_dead is not None:
@@ -285,10 +318,11 @@ class ContinuousBatcher:
                 retry_after=retry,
                 reason="queue_full",
             )
-        if seq.reserved_tokens > cfg.kv_budget_tokens:
+        if seq.reserved_tokens > self.kv_budget_tokens:
             raise InvalidRequestError(
                 f"the request needs {seq.reserved_tokens} cache tokens (prompt + max_tokens); "
-                f"this agent's cache holds {cfg.kv_budget_tokens}",
+                f"this agent's cache holds {self.kv_budget_tokens} of this model's "
+                f"(engine.kv_cache_bytes {self._cache.max_bytes})",
                 param="max_tokens",
             )
         wait = self.predicted_wait_s(seq.rank)
@@ -341,6 +375,11 @@ class ContinuousBatcher:
             self._admit()
             if not self._running and not self._prefilling:  # _admit took all it could
                 self._wake.clear()
+                if self._trim_when_idle:  # the freed cache's pages go back to the OS
+                    self._trim_when_idle = False
+                    await loop.run_in_executor(self._executor, trim_heap, "engine idle")
+                    if self._wake.is_set() or self._waiting:
+                        continue
                 await self._wake.wait()
                 continue
             plan = self._plan()
@@ -414,11 +453,12 @@ class ContinuousBatcher:
             self._cache.move(partial_slot, len(self._running))
         elif not self._running:
             self._cache.clear()  # idle: give the memory back
+            self._trim_when_idle = True
 
     def _admit(self) -> None:
         while self._waiting and self.running < self.config.max_running:
             head = self._waiting[0]
-            if self.running and self._promised(head) > self.config.kv_budget_tokens:
+            if self.running and self._promised(head) > self.kv_budget_tokens:
                 break
             heapq.heappop(self._waiting)
             head.admitted_at = time.monotonic()
@@ -592,3 +632,4 @@ class ContinuousBatcher:
         self._running = []
         self._partial = None
         self._cache.clear()
+        self._trim_when_idle = True

@@ -14,6 +14,7 @@ import onnxruntime as ort
 
 from agent.engine.embed_batcher import DynamicEmbeddingBatcher, EmbeddingBatchConfig
 from agent.engine.interface import EmbeddingResult
+from agent.engine.memory import trim_heap
 from agent.engine.supervisor import OnDead, RestartPolicy
 from agent.engine.text_codec import load_tokenizer
 from agent.errors import AgentError, EngineError, InvalidRequestError
@@ -75,6 +76,9 @@ class OnnxEmbeddingModel:
         await self.batcher.close()
         # a call cancelled mid-run is still on the worker thread: wait for it off the loop
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        # the session goes now, and the C heap gives its pages back (unload, hot swap)
+        self._session = None
+        await asyncio.to_thread(trim_heap, "model closed")
 
     def _ids_for(self, index: int, item: str | Sequence[int]) -> list[int]:
         if isinstance(item, str):

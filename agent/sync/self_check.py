@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agent.engine.memory import trim_heap
 from edgefleet.contract import SelfCheckResult
 from models.manifest import ModelManifest
 
@@ -65,6 +66,7 @@ def run_self_check(
         context_length=manifest.context_length,
     )
     del decoder
+    trim_heap("self-check session released")  # its freed pages back to the OS
     seconds = time.perf_counter() - started
     accuracy = manifest.accuracy
     reference = accuracy.get("reference_fp32") if isinstance(accuracy, Mapping) else None

@@ -55,7 +55,8 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "engine.intra_op_threads": 0, "engine.inter_op_threads": 1,
     "engine.execution_provider": "auto", "engine.max_context_tokens": 2048,
     "engine.default_max_tokens": 256, "engine.max_running": 16,
-    "engine.max_batched_tokens": 256, "engine.kv_budget_tokens": 32768, "engine.max_queue": 64,
+    "engine.max_batched_tokens": 256, "engine.kv_cache_bytes": 536870912,
+    "engine.kv_budget_tokens": None, "engine.max_queue": 64,
     "engine.max_queue_wait_s": 60.0, "engine.request_timeout_s": 300.0,
     "engine.prefix_cache_bytes": 67108864,
     "embeddings.max_batch_size": 32, "embeddings.max_queue_delay_us": 2000,
@@ -216,6 +217,7 @@ def from_flags(process: Process, argv: list[str]) -> dict[str, Any]:
 SPECIAL: dict[str, Any] = {
     "identity.latitude": 12.5,
     "identity.longitude": 45.25,
+    "engine.kv_budget_tokens": 4096,  # deprecated, unset by default
     "redaction.types": ("EMAIL", "PHONE"),
     "redaction.models": {"llm-a": RedactionMode.BLOCK},
     "site_networks": "10.0.0.0/8=lab",

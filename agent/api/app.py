@@ -32,6 +32,7 @@ from agent.api.protocol import (
     ModelCard,
     ModelList,
     ModelSyncStatus,
+    ModerationRequest,
 )
 from agent.api.serving_chat import ChatService
 from agent.api.serving_common import (
@@ -45,6 +46,7 @@ from agent.api.serving_common import (
 )
 from agent.api.serving_completions import CompletionService
 from agent.api.serving_embeddings import EmbeddingService
+from agent.api.serving_moderations import ModerationService
 from agent.api.serving_structured import EMBEDDING_MODEL_CAPABILITIES, TEXT_MODEL_CAPABILITIES
 from agent.auth.keys import KeyTable
 from agent.auth.middleware import grant_of, key_gate
@@ -54,6 +56,7 @@ from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
+from agent.moderation import load_moderation
 from agent.overflow.hook import (
     OVERFLOW,
     OVERFLOW_REQUEST,
@@ -81,6 +84,7 @@ REGISTRY = web.AppKey("registry", ModelRegistry)
 CHAT = web.AppKey("chat", ChatService)
 COMPLETIONS = web.AppKey("completions", CompletionService)
 EMBEDDINGS = web.AppKey("embeddings", EmbeddingService)
+MODERATION = web.AppKey("moderation", ModerationService)
 STARTED = web.AppKey("started", float)
 STATE = web.AppKey("state", AgentState)
 REQUEST_LOG = web.AppKey("request_log", RequestLogSlot)
@@ -164,7 +168,9 @@ RECORD_FROM = web.RequestKey("edgefleet_record_from", tuple)
 # Set once the request's record is written (a finished stream's, before its [DONE]).
 RECORDED = web.RequestKey("edgefleet_recorded", bool)
 # Requests that get a per-request record (agent/request_log.py).
-RECORDED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+RECORDED_ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/moderations"}
+)
 GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
@@ -347,6 +353,11 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     return json_response(await request.app[EMBEDDINGS].create(body))
 
 
+async def moderations(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request, ModerationRequest, _limit(request))
+    return json_response(await request.app[MODERATION].create(body))
+
+
 async def list_models(request: web.Request) -> web.StreamResponse:
     registry = request.app[REGISTRY]
     created = int(request.app[STARTED])
@@ -433,6 +444,7 @@ ROUTES = [
     web.post("/v1/chat/completions", chat_completions),
     web.post("/v1/completions", completions),
     web.post("/v1/embeddings", embeddings),
+    web.post("/v1/moderations", moderations),
     web.get("/v1/models", list_models),
     web.get("/healthz", healthz),
     web.get("/metrics", metrics_page),
@@ -480,6 +492,11 @@ def _registry_ctx(
         app[CHAT] = ChatService(reg, limits, runner)
         app[COMPLETIONS] = CompletionService(reg, limits, runner)
         app[EMBEDDINGS] = EmbeddingService(reg)
+        # the content-safety heads on a served embedding model (said at start when none)
+        classifier, unavailable = load_moderation(
+            Path(config.models.dir), reg, verify=config.models.verify_checksums
+        )
+        app[MODERATION] = ModerationService(classifier, unavailable)
         # the app owns the engines' loops: started here, awaited at cleanup; an engine that
         # fails past its restart policy marks the agent unhealthy (/healthz 503, reports)
         try:

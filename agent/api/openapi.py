@@ -41,6 +41,15 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
         p.EmbeddingResponse,
         False,
     ),
+    (
+        "/v1/moderations",
+        "post",
+        "Content-safety classification of texts (OpenAI's moderation shape, plus "
+        "prompt_injection); 503 moderation_unavailable when this agent has no classifier",
+        p.ModerationRequest,
+        p.ModerationResponse,
+        False,
+    ),
     ("/v1/models", "get", "Models served by this agent", None, p.ModelList, False),
     ("/healthz", "get", "Liveness and current load", None, p.Health, False),
     ("/metrics", "get", "Prometheus metrics (text format)", None, None, False),
@@ -168,6 +177,12 @@ def openapi_document() -> dict[str, Any]:
                     "description": description,
                     "content": {"application/json": {"schema": _ref(p.ErrorResponse)}},
                 })  # fmt: skip
+        if path == "/v1/moderations":
+            op["responses"]["503"]["description"] = (
+                "moderation_unavailable: this agent has no classifier (no heads for a served "
+                "embedding model, or that model is not served); engine_restarted or "
+                "engine_unavailable as elsewhere"
+            )
         if path == "/healthz":
             op["responses"]["503"] = {
                 "description": "The agent cannot serve (a dead engine): the reason is in "

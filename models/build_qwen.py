@@ -93,7 +93,7 @@ def key_options(options: BuildOptions) -> dict[str, Any]:
         },
         "int8": {"method": "matmul-nbits-8", "block_size": BLOCK, "accuracy_level": 4},
         "token_embedding": "gather-block-quantized-8",
-        "external_data": True,
+        "external_data": {"tensor_alignment": 4096},
         "bench_tokens": BENCH_TOKENS,
         "ship": SHIP_RULE,
     }

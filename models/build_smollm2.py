@@ -58,7 +58,7 @@ def key_options(options: BuildOptions) -> dict[str, Any]:
             # models.quantize.finish_llm_graph: the token embedding 8-bit (GatherBlockQuantized,
             # exact for this GGUF's Q8_0 table) and the weights in model.onnx.data
             "token_embedding": "gather-block-quantized-8",
-            "external_data": True,
+            "external_data": {"tensor_alignment": 4096},
             "lm_head": "matmul-nbits-8",
             "exact_q4_1": True,
             "q4_1_corrections": "matmul-nbits-8",

@@ -39,6 +39,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 EXTERNAL_DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data (what onnx_files lists)
+PAGE = 4096  # every external tensor starts on a page of its own
 EMBEDDING_ZERO_POINT = 128  # uint8 q + 128 holds a signed int8 q exactly
 # Block scales tried before plain rounding, largest |q| first: a GGUF Q8_0 block stores
 # d * q with |q| <= 127 and its largest |q| exactly 127; Q5_0 and Q4_0 blocks reach -16 and
@@ -418,9 +419,10 @@ def _q8_blocks(x: Any) -> tuple[Any, Any, dict[str, int]]:
 
 def save_external_data(model: Any, dst: Path, *, min_bytes: int = 1024) -> dict[str, Any]:
     """Write ``model`` as ``dst`` (the graph) and ``dst.data`` (every initializer of at least
-    ``min_bytes``), deterministically: tensors in graph order, large ones (64 KiB and more)
-    starting on a 4 KiB page so ONNX Runtime maps each on its own pages, the others on 64
-    bytes. ``dst.data``'s name is stored relative, so the two files move together."""
+    ``min_bytes``), deterministically: tensors in graph order, each starting on a 4 KiB page.
+    ONNX Runtime maps each tensor on its own; a page shared by two mappings is one the
+    kernel will not reclaim on request (``agent.engine.memory.release_mapped_weights``).
+    ``dst.data``'s name is stored relative, so the two files move together."""
     from onnx.external_data_helper import set_external_data
 
     data_path = dst.with_name(dst.name + EXTERNAL_DATA_SUFFIX)
@@ -432,7 +434,7 @@ def save_external_data(model: Any, dst: Path, *, min_bytes: int = 1024) -> dict[
             if not tensor.HasField("raw_data") or len(tensor.raw_data) < min_bytes:
                 continue
             raw = tensor.raw_data
-            pad = -offset % (4096 if len(raw) >= 1 << 16 else 64)
+            pad = -offset % PAGE
             fh.write(b"\0" * pad)
             offset += pad
             fh.write(raw)
@@ -450,4 +452,5 @@ def save_external_data(model: Any, dst: Path, *, min_bytes: int = 1024) -> dict[
         "tensors": external,
         "bytes": offset,
         "min_tensor_bytes": min_bytes,
+        "alignment": PAGE,
     }

@@ -18,10 +18,13 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["kv_bytes_per_token", "trim_heap"]
+__all__ = ["kv_bytes_per_token", "release_mapped_weights", "trim_heap"]
+
+MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (clean file pages: dropped)
 
 
 @functools.cache
@@ -57,3 +60,52 @@ def trim_heap(reason: str = "") -> bool:
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """Bytes one token takes in a model's key/value cache: a key and a value per layer."""
     return layers * kv_heads * head_dim * 2 * dtype_bytes
+
+
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+def release_mapped_weights(model_path: Path) -> int:
+    """Let the kernel reclaim the resident pages of ``model_path``'s external-data files
+    (``model.onnx.data``) that this process maps; returns the bytes of mappings advised.
+
+    ONNX Runtime memory-maps external weights. MatMulNBits copies its weights into prepacked
+    buffers while the session loads and unmaps them, but keeps its scales and zero points
+    mapped: pages read once at load that stayed resident (19 MiB of SmolLM2-135M int4's
+    141 MB file). ``MADV_PAGEOUT`` drops such clean file pages (never data: a private page
+    written to would stay); a page read again later (an embedding row) comes back from the
+    file. Linux only; elsewhere, or on a kernel without it, nothing happens.
+    """
+    madvise = _madvise()
+    if madvise is None:
+        return 0
+    prefix = model_path.name + "."
+    names: set[str] = set()
+    for path in model_path.parent.iterdir():
+        if path.name.startswith(prefix) and path.is_file():
+            names.update({str(path.absolute()), str(path.resolve())})
+    advised = 0
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            lines = maps.readlines()
+    except OSError:  # pragma: no cover - no procfs
+        return 0
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or parts[5].rstrip("\n") not in names:
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        if madvise(start, end - start, MADV_PAGEOUT) == 0:
+            advised += end - start
+    log.debug("released %d MiB of mapped weights of %s", advised >> 20, model_path)
+    return advised

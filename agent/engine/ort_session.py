@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from agent.engine.memory import release_mapped_weights, trim_heap
 from agent.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -51,5 +52,9 @@ def create_session(model_path: Path, config: SessionConfig) -> ort.InferenceSess
         session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own RuntimeError subclasses
         raise ModelLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
+    # what loading read once and no longer needs: mapped weights' pages and the heap's
+    # transient blocks
+    release_mapped_weights(model_path)
+    trim_heap("session loaded")
     log.info("loaded %s on %s", model_path, ", ".join(session.get_providers()))
     return session

@@ -203,3 +203,47 @@ def test_the_deprecated_key_loads_and_cannot_be_set_beside_the_new_one() -> None
     assert load_config(environ={}).engine.batcher().kv_budget_tokens is None
     with pytest.raises(ConfigError, match="both set"):
         load_config(environ=env, overrides={"engine": {"kv_cache_bytes": 64 << 20}})
+
+
+def _mapped_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path``."""
+    total, inside = 0, False
+    with open("/proc/self/smaps", encoding="utf-8") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and ":" in head[2] + head[3]:
+                inside = len(head) >= 6 and head[5] == str(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's procfs")
+def test_mapped_weights_pages_are_released_and_come_back_when_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.engine import ort_session
+    from models.quantize import finish_llm_graph
+    from tests.models.test_models_embedding_8bit import _decoder_graph
+
+    table = np.random.default_rng(3).standard_normal((8192, 128)).astype(np.float32)
+    _decoder_graph(tmp_path / "src" / "model.onnx", table)
+    finish_llm_graph(tmp_path / "src" / "model.onnx", tmp_path / "out" / "model.onnx")
+    model = tmp_path / "out" / "model.onnx"
+    data = (tmp_path / "out" / "model.onnx.data").resolve()
+    released: list[Path] = []
+    real = memory.release_mapped_weights
+    monkeypatch.setattr(
+        ort_session, "release_mapped_weights", lambda path: released.append(path) or real(path)
+    )
+    session = ort_session.create_session(model, SessionConfig(intra_op_threads=1))
+    assert released == [model]  # loading hands back what it read once
+
+    ids = np.arange(8192, dtype=np.int64)[None, :]
+    expected = session.run(None, {"input_ids": ids})
+    assert _mapped_kib(data) > 512  # the 1 MiB table was read: resident
+    assert memory.release_mapped_weights(model) > 1 << 20  # the whole mapping advised
+    assert _mapped_kib(data) < 64  # and its pages gone
+    for got, want in zip(session.run(None, {"input_ids": ids}), expected, strict=True):
+        np.testing.assert_array_equal(got, want)  # the pages came back from the file
+    assert _mapped_kib(data) > 512

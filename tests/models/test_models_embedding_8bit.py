@@ -154,8 +154,7 @@ def test_weights_go_to_external_data_on_pages(tmp_path: Path) -> None:
     external = {t.name: ExternalDataInfo(t) for t in graph.initializer if uses_external_data(t)}
     assert len(external) == details["external_data"]["tensors"] == 4  # data, scales, zp, w
     assert all(info.location == "model.onnx.data" for info in external.values())
-    big = [i for i in external.values() if i.length >= 1 << 16]
-    assert big and all(i.offset % 4096 == 0 for i in big)
+    assert all(i.offset % 4096 == 0 for i in external.values())  # a page each
     assert out.stat().st_size < 4096  # the graph file holds no weights
 
     # the location is relative: the pair moves together, and runs the same

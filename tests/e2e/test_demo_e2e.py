@@ -21,6 +21,7 @@ from devtools.process import REPO_ROOT
 pytestmark = [pytest.mark.e2e]
 
 LLM = "smollm2-135m-instruct"
+CODER = "qwen2.5-coder-0.5b-instruct"
 READY = "Ctrl-C stops everything."
 
 
@@ -41,13 +42,16 @@ async def test_demo_runs_with_authentication_on(real_artifacts: Path) -> None:
     assert demo.stdout is not None
     lines: list[str] = []
     try:
-        async with asyncio.timeout(400):
+        async with asyncio.timeout(600):
             while READY not in "".join(lines[-1:]):
                 line = (await demo.stdout.readline()).decode()
                 assert line, "the demo exited early:\n" + "".join(lines)
                 lines.append(line)
         banner = "".join(lines)
-        assert "Paris" in banner, banner
+        # both chat models answered the sample question (SmolLM2, then Qwen2.5-Coder)
+        answers = re.findall(r"sample request to (\S+) on .*\nanswer \(.*\): (.*)", banner)
+        assert [m for m, _ in answers] == [LLM, CODER], banner
+        assert all("Paris" in answer for _, answer in answers), banner
         key = re.search(r"API key\s+(ef-\S+)", banner)
         admin = re.search(r"admin token\s+(\S+)", banner)
         agents = re.findall(r"agent (\S+)\s+OpenAI API\s+(http\S+)/v1", banner)

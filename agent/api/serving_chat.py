@@ -32,6 +32,7 @@ from agent.api.serving_structured import (
     check_constrained_fields,
     compile_constraint,
     constrained_request,
+    tools_for_template,
 )
 from agent.engine.interface import GenerationOutput
 from agent.errors import InvalidRequestError, UnsupportedError
@@ -58,9 +59,11 @@ class ChatService(GenerationService):
             raise InvalidRequestError(
                 "give max_tokens or max_completion_tokens, not both", param="max_tokens"
             )
-        messages = chat_messages(req.messages, spec)
+        native = model.renders_tools
+        messages = chat_messages(req.messages, spec, template_tools=native)
+        tools = tools_for_template(spec) if native else None
         prompt_ids = await encode_text(
-            lambda: model.encode(model.apply_chat_template(messages)),
+            lambda: model.encode(model.apply_chat_template(messages, tools)),
             sum(len(m.content) for m in messages),
         )
         if req.continue_token_ids:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from agent.api.protocol import (
     ChatDelta,
@@ -86,11 +87,15 @@ def constrained_request(
 
 
 def chat_messages(
-    messages: Sequence[ChatMessageIn], spec: ConstraintSpec | None
+    messages: Sequence[ChatMessageIn],
+    spec: ConstraintSpec | None,
+    *,
+    template_tools: bool = False,
 ) -> list[ChatMessage]:
-    """The conversation as the chat template reads it: tools described in the first system
-    message, past calls written back as the model wrote them, tool results wrapped with
-    their call ids."""
+    """The conversation as the chat template reads it: past calls written back as the model
+    wrote them; offered tools described in the first system message and tool results
+    wrapped with their call ids, unless ``template_tools`` (the model's own template
+    describes the tools, given by :func:`tools_for_template`, and wraps the results)."""
     out: list[ChatMessage] = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
@@ -100,7 +105,8 @@ def chat_messages(
                 raise InvalidRequestError(
                     "a tool message needs tool_call_id", param=f"messages.{i}.tool_call_id"
                 )
-            text = tool_response_text(m.tool_call_id, text)
+            if not template_tools:
+                text = tool_response_text(m.tool_call_id, text)
         elif m.tool_calls:
             if m.role != "assistant":
                 raise InvalidRequestError(
@@ -108,13 +114,31 @@ def chat_messages(
                 )
             text += "".join(call_text(c.function.name, c.function.arguments) for c in m.tool_calls)
         out.append(ChatMessage(role=role, content=text))
-    if spec is not None and spec.calls_tools:
+    if spec is not None and spec.calls_tools and not template_tools:
         block = tools_system_block(spec.callable_tools, required=spec.kind != "tool_auto")
         if out and out[0].role == "system":
             out[0] = ChatMessage(role="system", content=f"{out[0].content}\n\n{block}")
         else:
             out.insert(0, ChatMessage(role="system", content=block))
     return out
+
+
+def tools_for_template(spec: ConstraintSpec | None) -> list[dict[str, Any]] | None:
+    """The tools a request may call, as a chat template that describes tools reads them
+    (OpenAI's function objects, as ``transformers`` passes them); None when it calls none."""
+    if spec is None or not spec.calls_tools:
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+            },
+        }
+        for t in spec.callable_tools
+    ]
 
 
 def chat_message_out(

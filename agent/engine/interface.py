@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -144,7 +144,14 @@ class TextModel(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str: ...
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template describes offered tools itself."""
+        ...
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]: ...
 

@@ -7,12 +7,14 @@ unchanged.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 import jinja2
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -26,6 +28,12 @@ def _raise_exception(message: str) -> NoReturn:
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    """``tojson`` as ``transformers`` defines it for chat templates: keys in their order, no
+    HTML escaping (jinja2's own sorts keys and escapes ``<``, which a model never saw)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
@@ -53,14 +61,21 @@ class TextCodec:
         self._bos_token = bos_token
         self._eos_token = eos_token
         self._template: jinja2.Template | None = None
+        self._renders_tools = False
         if chat_template:
             env = ImmutableSandboxedEnvironment(
                 trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
             )
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
+            env.filters["tojson"] = _tojson
             try:
                 self._template = env.from_string(chat_template)
+                # a template that reads ``tools`` describes them itself, as the model was
+                # trained to see them (Qwen2.5's does; SmolLM2's does not)
+                self._renders_tools = "tools" in meta.find_undeclared_variables(
+                    env.parse(chat_template)
+                )
             except jinja2.exceptions.TemplateError as exc:
                 raise ModelLoadError(f"chat template does not compile: {exc}") from exc
 
@@ -81,7 +96,16 @@ class TextCodec:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template describes tools itself (``tools`` in its context)."""
+        return self._renders_tools
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt for ``messages``; ``tools`` (OpenAI's ``{"type": "function",
+        "function": {...}}`` objects) go to a template that :attr:`renders_tools`."""
         if self._template is None:
             raise InvalidRequestError(
                 "this model has no chat template; use /v1/completions", param="model"
@@ -92,6 +116,8 @@ class TextCodec:
             "bos_token": self._bos_token,
             "eos_token": self._eos_token,
         }
+        if tools:
+            context["tools"] = list(tools)
         try:
             return self._template.render(**context)
         except jinja2.exceptions.TemplateError as exc:

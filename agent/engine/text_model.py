@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from agent.engine.continuous_batcher import ContinuousBatcher
 from agent.engine.interface import (
@@ -74,8 +75,14 @@ class OnnxTextModel:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._codec.decode(token_ids)
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
-        return self._codec.apply_chat_template(messages)
+    @property
+    def renders_tools(self) -> bool:
+        return self._codec.renders_tools
+
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        return self._codec.apply_chat_template(messages, tools)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         return self._engine.generate(request)

@@ -20,6 +20,13 @@ llama.cpp's, aggregate at c = 16 at least 3x, TTFT p50 at c = 16 at most 2 s); Q
 (issue 25): aggregate tokens/s at least 1.0x llama.cpp's at c = 1 and at least 3x at c = 16
 (its default concurrencies: 1 4 16).
 
+Memory (issue 25): each server's resident set (``VmRSS``) once idle after its last wave
+(``IDLE_S`` later: the agent frees its key/value cache and trims the heap when idle) and its
+peak (``VmHWM``), and the same agent serving only the tiny test model (``tiny-llama``, a
+few MiB; an agent will not start with no model), so the model's own share is the
+difference. Targets: the agent idle at most llama.cpp's RSS idle
+(both models) and SmolLM2's extra RSS idle at most 130 MiB.
+
 Writes ``benchmarks/results/serving_vs_llamacpp.json`` (``..._distinct.json``) for SmolLM2,
 ``serving_vs_llamacpp_<model>.json`` (``..._<model>_distinct.json``) for another model.
 """
@@ -138,6 +145,49 @@ async def scrape_steps(url: str) -> dict[str, float]:
     return found
 
 
+IDLE_S = 5.0  # after the last wave, before the idle resident set is read
+EXTRA_RSS_TARGET_MIB = {SMOLLM2: 130.0}
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """A process's resident set now and at its peak (MiB), from /proc/PID/status."""
+    fields = {"VmRSS:": "rss_mib", "VmHWM:": "peak_rss_mib"}
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition("\t")
+        if name in fields:
+            out[fields[name]] = round(int(rest.split()[0]) / 1024, 1)
+    return out
+
+
+async def idle_memory(pid: int) -> dict[str, float]:
+    await asyncio.sleep(IDLE_S)
+    return memory_mib(pid)
+
+
+BASELINE_MODEL = "tiny-llama"  # the test suite's random model: 2 layers, a few MiB
+
+
+async def agent_without_models(args: argparse.Namespace) -> dict[str, float]:
+    """An agent's resident set with next to no model: serving the tiny test model (an agent
+    refuses to start with none), idle after one request."""
+    if not (Path(args.models_dir) / BASELINE_MODEL / "manifest.json").exists():
+        raise SystemExit(
+            f"{BASELINE_MODEL} is not in {args.models_dir}: python -m models build "
+            f"--only {BASELINE_MODEL} (the agent's own memory is measured with it)"
+        )
+    async with AgentProcess(
+        models_dir=args.models_dir,
+        serve=[BASELINE_MODEL],
+        extra_args=["--threads", str(args.threads), "--set", "cache.enabled=false"],
+    ) as agent:
+        async with openai.AsyncOpenAI(
+            base_url=agent.url + "/v1", api_key="unused", max_retries=0
+        ) as client:
+            await client.completions.create(model=BASELINE_MODEL, prompt="Hello", max_tokens=8)
+        return await idle_memory(agent.pid)
+
+
 def profile(
     before: dict[str, float], after: dict[str, float], client_tpot: float
 ) -> dict[str, float]:
@@ -200,6 +250,22 @@ def model_targets(
     return targets
 
 
+def memory_targets(
+    model: str, ours: dict[str, float] | None, theirs: dict[str, float] | None
+) -> dict[str, Any]:
+    """Issue 25's memory targets, when both sides' idle resident sets were read."""
+    if not ours or not theirs:
+        return {}
+    targets: dict[str, Any] = {}
+    rss, rss_l = ours["rss_mib"], theirs["rss_mib"]
+    targets["idle_rss_mib"] = target(rss, f"<= llama.cpp's {rss_l}", rss <= rss_l)
+    limit = EXTRA_RSS_TARGET_MIB.get(model)
+    if limit is not None and "extra_rss_mib" in ours:
+        extra = ours["extra_rss_mib"]
+        targets["extra_rss_idle_mib"] = target(extra, f"<= {limit}", extra <= limit)
+    return targets
+
+
 def ttft_p50(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, dict[str, float]]:
     """TTFT p50 at each concurrency, ours beside llama.cpp's (seconds)."""
     return {
@@ -221,6 +287,8 @@ async def run(args: argparse.Namespace) -> int:
                   "--set", "cache.enabled=false"]  # fmt: skip
     for item in args.agent_set:
         agent_args += ["--set", item]
+    bare = await agent_without_models(args)
+    print(f"edgefleet agent without a model: {json.dumps(bare)}", flush=True)
     print(f"edgefleet agent: {model} {manifest.version}, {args.threads} threads", flush=True)
     async with AgentProcess(
         models_dir=args.models_dir, serve=[model], extra_args=agent_args
@@ -234,6 +302,11 @@ async def run(args: argparse.Namespace) -> int:
                 "decode_tokens_per_s_p50"] else 0.0  # fmt: skip
             ours[str(c)]["profile"] = profile(before, after, tpot)
             print(f"  ours  c={c:<3} {json.dumps(ours[str(c)])}", flush=True)
+        memory = await idle_memory(agent.pid)
+        memory["without_model_rss_mib"] = bare["rss_mib"]
+        memory["extra_rss_mib"] = round(memory["rss_mib"] - bare["rss_mib"], 1)
+        ours["memory"] = memory
+        print(f"  ours  memory {json.dumps(memory)}", flush=True)
     if args.skip_llamacpp:
         print("--skip-llamacpp: no comparison, results not written")
         return 0
@@ -248,6 +321,8 @@ async def run(args: argparse.Namespace) -> int:
                 server.url, model, c, args.max_tokens, 1000 * c, args.prompts
             )
             print(f"  llama c={c:<3} {json.dumps(theirs[str(c)])}", flush=True)
+        theirs["memory"] = await idle_memory(server.pid)
+        print(f"  llama memory {json.dumps(theirs['memory'])}", flush=True)
 
     ratios = {
         str(c): round(
@@ -255,6 +330,7 @@ async def run(args: argparse.Namespace) -> int:
         )
         for c in args.concurrency
     }
+    memories = {"edgefleet": ours.pop("memory"), "llamacpp": theirs.pop("memory")}
     figures: dict[str, Any] = {
         "model": model,
         "variant": manifest.variant,
@@ -266,11 +342,13 @@ async def run(args: argparse.Namespace) -> int:
         "llamacpp": theirs,
         "llamacpp_build": llamacpp_build,  # what its venv was compiled for (llamacpp_build.py)
         "aggregate_ratio_vs_llamacpp": ratios,
+        "memory_mib": memories,
     }
     if model != SMOLLM2:  # SmolLM2's file keeps its fields
         figures["gguf"] = gguf.name
         figures["ttft_p50_s"] = ttft_p50(ours, theirs)
     targets = model_targets(model, ours, theirs, ratios)
+    targets.update(memory_targets(model, memories["edgefleet"], memories["llamacpp"]))
     path = write_results(results_name(model, args.prompts), figures, targets)
     print("\nratios (ours / llama.cpp, aggregate tokens/s):", ratios)
     for name, t in targets.items():

@@ -60,3 +60,19 @@ def test_smollm2_targets_are_unchanged() -> None:
     assert targets["single_stream_decode_ratio"] == {"value": 1.1, "target": ">= 1.0", "met": True}
     assert targets["ttft_p50_c1_s"]["target"] == "<= llama.cpp's 0.05"
     assert all(t["met"] for t in targets.values())
+
+
+def test_memory_targets_idle_rss_beside_llamacpps_and_smollm2s_extra() -> None:
+    from benchmarks.serving_vs_llamacpp import memory_targets
+
+    ours = {"rss_mib": 250.0, "extra_rss_mib": 120.0, "peak_rss_mib": 400.0}
+    theirs = {"rss_mib": 260.0, "peak_rss_mib": 300.0}
+    assert memory_targets(SMOLLM2, ours, theirs) == {
+        "idle_rss_mib": {"value": 250.0, "target": "<= llama.cpp's 260.0", "met": True},
+        "extra_rss_idle_mib": {"value": 120.0, "target": "<= 130.0", "met": True},
+    }
+    heavy = memory_targets(SMOLLM2, {**ours, "rss_mib": 270.0, "extra_rss_mib": 131.0}, theirs)
+    assert [t["met"] for t in heavy.values()] == [False, False]
+    # Qwen: beside llama.cpp only; nothing measured, nothing claimed
+    assert list(memory_targets(QWEN, ours, theirs)) == ["idle_rss_mib"]
+    assert memory_targets(QWEN, None, theirs) == {}

@@ -12,8 +12,8 @@ quantized variants are built from it:
   hold a Q8_0 or Q6_K tensor (``attn_v`` and ``ffn_down`` in 12 of the 24 layers: what
   llama.cpp's Q4_K_M keeps at more bits). The GGUF's layers are mostly Q5_0 (5 bits per
   weight, one scale per 32): 4 bits round them again, and the gate measures what that costs.
-  Measured: perplexity 1.121x fp32 with every layer MatMul at 4 bits, 1.070x with those 24
-  at 8 bits (+31 MB);
+  Measured: perplexity 1.121x fp32 with every layer MatMul at 4 bits, 1.064x with those 24
+  at 8 bits (+31 MB; the shipped manifest's ``perplexity_ratio``);
 - ``int8``: weight-only 8-bit MatMulNBits (block 32) for every MatMul, head included.
 
 Both then get the post-pass every shipped decoder gets (:func:`models.quantize.finish_llm_graph`):

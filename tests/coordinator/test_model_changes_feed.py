@@ -192,12 +192,15 @@ async def _metrics(coordinator: CoordinatorProcess) -> str:
 async def test_assignments_made_on_one_coordinator_reach_a_session_on_another(
     make_coordinator: MakeCoordinator, tmp_path: Path, postgres_url: str
 ) -> None:
-    first = await make_coordinator(store_url=postgres_url, data_dir=str(tmp_path / "a"))
+    # a 5 s report interval: the raw agent sends no reports, and at the factory's 200 ms it
+    # was down (1 s) before a loaded CI machine had replicated A's versions to B
+    slow = {"store_url": postgres_url, "report_interval_ms": 5000}
+    first = await make_coordinator(data_dir=str(tmp_path / "a"), **slow)
     (tmp_path / "b").mkdir()  # provisioned with A's model-signing key
     (tmp_path / "b" / SIGNING_KEY_FILE).write_bytes(
         (tmp_path / "a" / SIGNING_KEY_FILE).read_bytes()
     )
-    second = await make_coordinator(store_url=postgres_url, data_dir=str(tmp_path / "b"))
+    second = await make_coordinator(data_dir=str(tmp_path / "b"), **slow)
     catalog_a, assignments_a = first.app[MODEL_CATALOG_KEY], first.app[MODEL_ASSIGNMENTS_KEY]
     catalog_b, assignments_b = second.app[MODEL_CATALOG_KEY], second.app[MODEL_ASSIGNMENTS_KEY]
     make_artifact(tmp_path / "v1", weights=b"one" * 50)

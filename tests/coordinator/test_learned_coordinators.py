@@ -34,6 +34,7 @@ def recorded_addresses(store_url: str) -> set[str]:
         return {row[0] for row in db.execute("SELECT grpc_address FROM coordinators")}
 
 
+@pytest.mark.slow  # 12 s: a real agent moves between coordinator processes
 async def test_an_agent_given_one_coordinator_moves_to_one_it_learned_from_welcome(
     tmp_path: Path, postgres_url: str, tiny_artifacts: Path
 ) -> None:

@@ -54,6 +54,7 @@ async def _listed(coordinator: CoordinatorProcess) -> dict[str, Any]:
     return agent
 
 
+@pytest.mark.slow  # 11 s: three coordinators on one PostgreSQL
 async def test_a_route_lookup_on_any_coordinator_sees_every_agent(
     tmp_path: Path, postgres_url: str, tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -166,6 +166,7 @@ async def stored_body(store: PostgresFleetStore, rollout_id: str) -> dict[str, A
     return found.body
 
 
+@pytest.mark.slow  # 60 s: kills and freezes real leader processes, waits out leases
 async def test_a_rollout_survives_its_leader_killed_and_fences_a_frozen_one(
     tmp_path: Path, postgres_url: str, tiny_artifacts: Path
 ) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import psycopg
+import pytest
 
 from devtools.fleet import AgentProcess, CoordinatorProcess
 from devtools.process import wait_until
@@ -134,6 +135,7 @@ def _stored(url: str) -> tuple[int, dict[str, float]]:
     return int(records[0]), {agent_id: float(saved) for agent_id, saved in states}
 
 
+@pytest.mark.slow  # 18 s: PostgreSQL slowed, then stopped and started again
 async def test_postgres_slow_then_away_stops_nothing_that_serves_and_catches_up(
     tiny_artifacts: Path,
 ) -> None:

@@ -52,6 +52,7 @@ def test_nothing_passed_fails_the_build_instead_of_shipping_fp32() -> None:
     assert choose(variants, skip_gate=True)[0] == "int4"
 
 
+@pytest.mark.slow  # 14 s: quantizes a Qwen-shaped graph
 def test_matmuls_holding_q8_0_and_q6_k_tensors_stay_8_bit() -> None:
     nodes = _matmuls_over_5_bits(locate_qwen_gguf().path)
     # attn_v (Q8_0) and ffn_down (Q6_K) in the same 12 of the 24 layers

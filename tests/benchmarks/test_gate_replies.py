@@ -11,7 +11,7 @@ from benchmarks import gate_replies
 
 def test_the_same_build_twice_is_refused(tiny_artifacts: Path) -> None:
     with pytest.raises(SystemExit, match="nothing to compare"):
+        directory = str(tiny_artifacts)
         gate_replies.main(
-            ["--model", "tiny-llama", "--before-dir", str(tiny_artifacts),
-             "--models-dir", str(tiny_artifacts)]  # fmt: skip
+            ["--model", "tiny-llama", "--before-dir", directory, "--models-dir", directory]
         )

@@ -29,11 +29,13 @@ def unfrozen() -> Iterator[None]:
 
 
 def test_what_lives_past_the_interval_is_frozen() -> None:
-    settler = HeapSettler(freeze_every_s=0.05)
     kept = [Node() for _ in range(1000)]
+    # an interval no collection of a big test process's heap outlasts (a 50 ms one was:
+    # making the nodes set off a full collection, and the first tick was already late)
+    settler = HeapSettler(freeze_every_s=1.0)
     settler.tick(population=0)  # within the interval: nothing frozen
     assert gc.get_freeze_count() == 0
-    time.sleep(0.06)
+    time.sleep(1.05)
     settler.tick(population=0)
     assert gc.get_freeze_count() >= len(kept)
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import openai
+import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from agent.engine.interface import ChatMessage
@@ -46,13 +47,6 @@ def _keys_file(tmp_path: Path) -> tuple[Path, str]:
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout.strip()  # fmt: skip
     return keys_file, api_key
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def test_the_manifest_records_where_the_weights_came_from(real_artifacts: Path) -> None:
@@ -96,7 +90,8 @@ async def test_an_agent_serving_qwen_knows_the_capital_of_france(
                 max_tokens=32,
             )
         answer = reply.choices[0].message.content or ""
-        print(f"qwen: {answer!r}; agent RSS {_rss_mib(agent.pid):.0f} MiB")
+        rss_mib = psutil.Process(agent.pid).memory_info().rss / (1 << 20)
+        print(f"qwen: {answer!r}; agent RSS {rss_mib:.0f} MiB")
         assert "Paris" in answer
         assert reply.choices[0].finish_reason == "stop"  # <|im_end|> ends the turn
         assert reply.usage is not None and 0 < reply.usage.completion_tokens < 32

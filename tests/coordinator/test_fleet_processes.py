@@ -224,6 +224,7 @@ async def test_restart_keeps_registry_tokens_and_drain(
                 second.http_url,
                 admin_token=second.admin_token,
             )
+
             # The agent's own reports said "draining" until it hears the resume;
             # routing follows within a report interval, not at once.
             async def routed() -> list[str]:

@@ -188,6 +188,10 @@ class EngineConfig(Settings):
     prefix_cache_bytes: int = Field(default=_BATCHER.prefix_cache_bytes, ge=0)
     """Keys/values of prompts' 16-token blocks, reused by prompts that start the same way
     (output unchanged); 0 turns it off."""
+    idle_release_s: float = Field(default=_BATCHER.idle_release_s, ge=0)
+    """Seconds a text engine is idle before it unmaps the weight pages serving read (the
+    token embedding's rows); they stay in the page cache and come back at the next request
+    without a disk read. 0: never."""
 
     @model_validator(mode="after")
     def _one_kv_budget(self) -> Self:

@@ -73,6 +73,14 @@ class AgentMetrics:
             "prompt + max_tokens) over the configured budget",
             registry=r,
         )
+        self.kv_cache_bytes = Gauge(
+            "edgefleet_agent_kv_cache_bytes",
+            "Key/value memory held by the text engines, by part (slots: the running "
+            "sequences' buffers, freed when idle; prefix: the prefix cache, kept while idle "
+            "within engine.prefix_cache_bytes)",
+            ["part"],
+            registry=r,
+        )
         self.batch_size = Histogram(
             "edgefleet_agent_batch_size",
             "Sequences decoded together per engine step",

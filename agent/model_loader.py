@@ -6,6 +6,7 @@ created, so a truncated or tampered artifact never serves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from agent.engine.continuous_batcher import BatcherConfig, ContinuousBatcher
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
+from agent.engine.memory import release_mapped_weights
 from agent.engine.ort_session import SessionConfig, create_session
 from agent.engine.supervisor import RestartPolicy
 from agent.engine.text_codec import TextCodec
@@ -80,7 +82,16 @@ def load_text_model(
         eos_token=special.eos_token or "",
     )
     lm = CausalLM(session, spec)
-    engine = ContinuousBatcher(lm, codec, special.eos_token_ids, batcher_config, restart_policy)
+    engine = ContinuousBatcher(
+        lm,
+        codec,
+        special.eos_token_ids,
+        batcher_config,
+        restart_policy,
+        release_idle=functools.partial(
+            release_mapped_weights, directory / manifest.graph.onnx, keep_cached=True
+        ),
+    )
     per_token = lm.kv_bytes_per_token
     if batcher_config.kv_budget_tokens is not None:
         log.warning(

@@ -94,6 +94,8 @@ class ModelRegistry:
             waiting=sum(x.waiting for x in loads),
             kv_used_tokens=used,
             kv_used_fraction=max((x.kv_used_fraction for x in loads), default=0.0),
+            kv_allocated_bytes=sum(x.kv_allocated_bytes for x in loads),
+            prefix_cache_bytes=sum(x.prefix_cache_bytes for x in loads),
         )
 
     async def start(self, on_dead: Callable[[str], None] | None = None) -> None:

@@ -431,6 +431,8 @@ async def metrics_page(request: web.Request) -> web.StreamResponse:
     metrics.waiting.set(load.waiting)
     metrics.kv_cache_used_tokens.set(load.kv_used_tokens)
     metrics.kv_cache_used_ratio.set(load.kv_used_fraction)
+    metrics.kv_cache_bytes.labels("slots").set(load.kv_allocated_bytes)
+    metrics.kv_cache_bytes.labels("prefix").set(load.prefix_cache_bytes)
     response = web.Response(body=generate_latest(metrics.registry))
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
     return response

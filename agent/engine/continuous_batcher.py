@@ -32,7 +32,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -88,6 +88,8 @@ class BatcherConfig:
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
     prefix_cache_bytes: int = 64 << 20  # keys/values of recent prompts' blocks; 0: off
+    # idle this long, the engine unmaps the weight pages serving mapped (0: never)
+    idle_release_s: float = 2.0
 
 
 class _Sequence:
@@ -168,8 +170,13 @@ class ContinuousBatcher:
         eos_token_ids: Sequence[int],
         config: BatcherConfig = BatcherConfig(),
         restart_policy: RestartPolicy | None = None,
+        release_idle: Callable[[], object] | None = None,
     ) -> None:
         self._lm = lm
+        # run in the engine's thread once it has been idle config.idle_release_s: lets go
+        # of what serving mapped back in (the model's mapped weight pages)
+        self._release_idle = release_idle
+        self._release_when_idle = False  # steps ran since it last ran
         self._codec = codec
         self._eos = frozenset(eos_token_ids)
         self.config = config
@@ -222,6 +229,17 @@ class ContinuousBatcher:
     def kv_used_tokens(self) -> int:
         """Cache slots allocated, in tokens (padding to the longest sequence included)."""
         return self._cache.allocated_tokens
+
+    @property
+    def kv_allocated_bytes(self) -> int:
+        """Bytes of the slots' key/value buffers now (freed when the engine is idle)."""
+        return self._cache.allocated_bytes
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        """Bytes of keys/values the prefix cache holds (kept while idle, within
+        ``prefix_cache_bytes``)."""
+        return self._prefixes.bytes_used if self._prefixes is not None else 0
 
     @property
     def kv_used_fraction(self) -> float:
@@ -380,6 +398,17 @@ class ContinuousBatcher:
                     await loop.run_in_executor(self._executor, trim_heap, "engine idle")
                     if self._wake.is_set() or self._waiting:
                         continue
+                if (
+                    self._release_when_idle
+                    and self._release_idle is not None
+                    and (self.config.idle_release_s > 0)
+                ):
+                    try:  # a quiet spell, not each gap between two requests
+                        await asyncio.wait_for(self._wake.wait(), self.config.idle_release_s)
+                    except TimeoutError:
+                        self._release_when_idle = False
+                        await loop.run_in_executor(self._executor, self._release_idle)
+                    continue
                 await self._wake.wait()
                 continue
             plan = self._plan()
@@ -390,6 +419,7 @@ class ContinuousBatcher:
                 self._fail(plan, EngineError(f"inference failed: {exc}"))
                 continue
             self._apply(plan, result)
+            self._release_when_idle = True
             result.stats.step_s = time.perf_counter() - started
             for listener in self.listeners:
                 listener.on_step(result.stats)

@@ -117,6 +117,8 @@ class EngineLoad:
     waiting: int  # sequences queued
     kv_used_tokens: int  # key/value cache allocated (slots padded to the longest)
     kv_used_fraction: float  # of the budget promised to admitted sequences
+    kv_allocated_bytes: int = 0  # the slots' key/value buffers now
+    prefix_cache_bytes: int = 0  # keys/values the prefix cache holds (kept when idle)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["kv_bytes_per_token", "release_mapped_weights", "trim_heap"]
 
+MADV_DONTNEED = 4  # unmap these pages (file pages stay in the page cache)
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (clean file pages: dropped)
 
 
@@ -75,16 +76,24 @@ def _madvise() -> Callable[[int, int, int], int] | None:
     return madvise
 
 
-def release_mapped_weights(model_path: Path) -> int:
-    """Let the kernel reclaim the resident pages of ``model_path``'s external-data files
+def release_mapped_weights(model_path: Path, *, keep_cached: bool = False) -> int:
+    """Let go of the resident pages of ``model_path``'s external-data files
     (``model.onnx.data``) that this process maps; returns the bytes of mappings advised.
 
     ONNX Runtime memory-maps external weights. MatMulNBits copies its weights into prepacked
     buffers while the session loads and unmaps them, but keeps its scales and zero points
     mapped: pages read once at load that stayed resident (19 MiB of SmolLM2-135M int4's
-    141 MB file). ``MADV_PAGEOUT`` drops such clean file pages (never data: a private page
-    written to would stay); a page read again later (an embedding row) comes back from the
-    file. Linux only; elsewhere, or on a kernel without it, nothing happens.
+    141 MB file). After loading (``keep_cached=False``) ``MADV_PAGEOUT`` drops such clean
+    file pages from the page cache too (never data: a private page written to would stay).
+
+    Serving reads the 8-bit token embedding row by row, and the kernel maps 16 neighbouring
+    pages on each fault: after a few hundred requests two thirds of SmolLM2's 27 MiB table
+    was mapped again. With ``keep_cached=True`` (the engine idle) the pages are unmapped with
+    ``MADV_DONTNEED`` but left in the page cache, which the kernel reclaims when it needs to,
+    so the next request maps them back with minor faults and reads nothing from disk. A
+    mapping with private (written) pages gets ``MADV_PAGEOUT`` instead, which keeps them:
+    ``MADV_DONTNEED`` would drop what was written. Linux only; elsewhere, or on a kernel
+    without these, nothing happens.
     """
     madvise = _madvise()
     if madvise is None:
@@ -95,17 +104,32 @@ def release_mapped_weights(model_path: Path) -> int:
         if path.name.startswith(prefix) and path.is_file():
             names.update({str(path.absolute()), str(path.resolve())})
     advised = 0
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            lines = maps.readlines()
-    except OSError:  # pragma: no cover - no procfs
-        return 0
-    for line in lines:
-        parts = line.split(maxsplit=5)
-        if len(parts) < 6 or parts[5].rstrip("\n") not in names:
-            continue
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        if madvise(start, end - start, MADV_PAGEOUT) == 0:
+    for start, end, written in _mappings_of(names):
+        advice = MADV_DONTNEED if keep_cached and not written else MADV_PAGEOUT
+        if madvise(start, end - start, advice) == 0:
             advised += end - start
     log.debug("released %d MiB of mapped weights of %s", advised >> 20, model_path)
     return advised
+
+
+def _mappings_of(names: set[str]) -> list[tuple[int, int, bool]]:
+    """This process's mappings of these files: start, end, and whether any of its pages is
+    private (written since it was mapped: smaps' ``Anonymous``)."""
+    found: dict[int, tuple[int, bool]] = {}
+    start: int | None = None
+    try:
+        with open("/proc/self/smaps", encoding="utf-8", errors="replace") as smaps:
+            for line in smaps:
+                head = line.split(maxsplit=5)
+                if not head:
+                    continue
+                if not head[0].endswith(":"):  # a mapping's first line: its addresses
+                    start = None
+                    if len(head) == 6 and head[5].rstrip("\n") in names:
+                        start, end = (int(x, 16) for x in head[0].split("-"))
+                        found[start] = (end, False)
+                elif start is not None and head[0] == "Anonymous:" and int(head[1]) > 0:
+                    found[start] = (found[start][0], True)
+    except OSError:  # pragma: no cover - no procfs
+        return []
+    return [(begin, end, written) for begin, (end, written) in found.items()]

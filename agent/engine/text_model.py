@@ -67,7 +67,14 @@ class OnnxTextModel:
 
     def load(self) -> EngineLoad:
         e = self._engine
-        return EngineLoad(e.running, e.waiting, e.kv_used_tokens, e.kv_used_fraction)
+        return EngineLoad(
+            e.running,
+            e.waiting,
+            e.kv_used_tokens,
+            e.kv_used_fraction,
+            kv_allocated_bytes=e.kv_allocated_bytes,
+            prefix_cache_bytes=e.prefix_cache_bytes,
+        )
 
     def encode(self, text: str) -> list[int]:
         return self._codec.encode(text)

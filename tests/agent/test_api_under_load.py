@@ -206,3 +206,13 @@ async def test_metrics_cover_the_engine(client: TestClient) -> None:
         assert await metric(client, sample) == value, sample
     assert await metric(client, "edgefleet_agent_batch_size_count") >= 1
     assert await metric(client, 'edgefleet_agent_step_seconds_count{part="total"}') >= 1
+    # the prompt's whole 16-token blocks stay in the prefix cache (tiny-llama: 512 bytes a
+    # token); the slots' buffers are freed once the engine is idle
+    blocks = usage["prompt_tokens"] // 16
+    prefix = 'edgefleet_agent_kv_cache_bytes{part="prefix"}'
+    assert blocks >= 1 and await metric(client, prefix) >= blocks * 16 * 512
+    await until(lambda: _slots_freed(client), timeout_s=5.0)
+
+
+async def _slots_freed(client: TestClient) -> bool:
+    return await metric(client, 'edgefleet_agent_kv_cache_bytes{part="slots"}') == 0

@@ -11,6 +11,7 @@ import logging
 import os
 import platform
 import sys
+import time
 import tracemalloc
 import weakref
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent import model_loader
 from agent.engine import continuous_batcher, memory
 from agent.engine.causal_lm import SlotCache
 from agent.engine.continuous_batcher import DEFAULT_KV_CACHE_BYTES, BatcherConfig
@@ -253,3 +255,96 @@ def test_mapped_weights_pages_are_released_and_come_back_when_read(
     for got, want in zip(session.run(None, {"input_ids": ids}), expected, strict=True):
         np.testing.assert_array_equal(got, want)  # the pages came back from the file
     assert _mapped_kib(data) > 512
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's procfs")
+def test_idle_release_keeps_pages_written_in_a_private_mapping(tmp_path: Path) -> None:
+    """``keep_cached`` unmaps clean pages (MADV_DONTNEED) but never one written to: on a
+    private mapping that would throw the write away and read the file again."""
+    import mmap
+
+    model = tmp_path / "model.onnx"
+    data = tmp_path / "model.onnx.data"
+    data.write_bytes(b"\x01" * (64 << 10))
+    with open(data, "rb") as fh:
+        clean = mmap.mmap(fh.fileno(), 32 << 10, access=mmap.ACCESS_READ)
+        written = mmap.mmap(fh.fileno(), 32 << 10, access=mmap.ACCESS_COPY, offset=32 << 10)
+    try:
+        assert sum(clean[:]) == 32 << 10  # every page read: resident
+        written[0] = 7  # a private copy of this page
+        assert _mapped_kib(data.resolve()) >= 32 + 4
+        assert memory.release_mapped_weights(model, keep_cached=True) == 64 << 10
+        assert written[0] == 7  # the written page kept (MADV_PAGEOUT for its mapping)
+        assert _mapped_kib(data.resolve()) < 32  # the clean mapping's pages unmapped
+        assert clean[100] == 1  # and back from the file when read
+    finally:
+        clean.close()
+        written.close()
+
+
+async def test_an_idle_engine_releases_its_mapped_weights_once_per_quiet_spell(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released: list[float] = []
+    monkeypatch.setattr(
+        model_loader, "release_mapped_weights", lambda *a, **k: released.append(time.monotonic())
+    )
+    model = tiny_model(tiny_artifacts, idle_release_s=0.5)
+    await model.start()
+    try:
+        for n in range(3):  # back to back: gaps far shorter than idle_release_s
+            await generate(model, n)
+        finished = time.monotonic()
+        assert released == []
+        async with asyncio.timeout(5):
+            while not released:
+                await asyncio.sleep(0.02)
+        assert released[0] - finished >= 0.45
+        await asyncio.sleep(1.2)
+        assert len(released) == 1  # idle on: nothing more to release
+        await generate(model, 7)
+        async with asyncio.timeout(5):
+            while len(released) < 2:
+                await asyncio.sleep(0.02)
+    finally:
+        await model.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's procfs")
+async def test_smollm2_embedding_pages_are_unmapped_when_idle_and_replies_unchanged(
+    real_artifacts: Path,
+) -> None:
+    """The 8-bit token embedding is read row by row from the mapped file: serving maps its
+    pages back (16 at a fault), and an idle engine unmaps them again; the next reply is
+    the same."""
+    name = "smollm2-135m-instruct"
+    registry = load_registry(
+        real_artifacts,
+        [name],
+        session_config=SessionConfig(intra_op_threads=2),
+        max_context_tokens=2048,
+        batcher_config=BatcherConfig(idle_release_s=0.5, prefix_cache_bytes=0),
+    )
+    model = registry.text_models[name]
+    data = (real_artifacts / name / "model.onnx.data").resolve()
+    prompt = model.encode("List ten fruits, ten countries and ten colours, one per line.")
+
+    async def reply() -> list[int]:
+        params = SamplingParams(temperature=0.0, max_tokens=48)
+        tokens: list[int] = []
+        async with asyncio.timeout(60):
+            async for out in model.generate(GenerationRequest("r", prompt, params)):
+                tokens.extend(out.token_ids)
+        return tokens
+
+    await model.start()
+    try:
+        first = await reply()
+        mapped = _mapped_kib(data)
+        assert mapped > 1024, mapped  # serving mapped embedding pages back in
+        async with asyncio.timeout(10):
+            while _mapped_kib(data) > 64:
+                await asyncio.sleep(0.05)
+        assert await reply() == first
+    finally:
+        await model.close()

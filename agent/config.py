@@ -24,6 +24,7 @@ from agent.api.serving_common import GenerationLimits
 from agent.engine.continuous_batcher import BatcherConfig
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.ort_session import SessionConfig
+from agent.engine.residency import ResidencyConfig, default_budget_bytes
 from agent.errors import ConfigError
 from agent.redaction.detectors import ENTITY_TYPES
 from agent.redaction.modes import RedactionMode
@@ -221,6 +222,49 @@ class EngineConfig(Settings):
             intra_op_threads=self.intra_op_threads,
             inter_op_threads=self.inter_op_threads,
             execution_provider=self.execution_provider,
+        )
+
+
+class ResidencyConfigSection(Settings):
+    """Which text models hold their weights in memory: loaded on demand, unloaded when idle
+    or for room, within one memory budget (see docs/operators/memory-budget.md)."""
+
+    budget_bytes: int | None = Field(default=None, ge=1 << 20)
+    """Memory the loaded text models may commit together: each one's weights (measured
+    after its first load, predicted from its files before) plus its engine.kv_cache_bytes
+    and engine.prefix_cache_bytes. Unset: budget_share of the cgroup's memory limit, or of
+    the machine's memory when there is none."""
+    budget_share: float = Field(default=0.75, gt=0, le=1)
+    """The share of the memory limit used as the budget when budget_bytes is unset."""
+    max_loaded: int = Field(default=0, ge=0)
+    """Text models loaded at once; 0: as many as the budget holds."""
+    keep_alive_s: float = 300.0
+    """Seconds an idle model stays loaded (Ollama's keep_alive); negative: forever."""
+    pinned: Names = ()
+    """Models loaded at start and never unloaded."""
+    min_residency_s: float = Field(default=10.0, ge=0)
+    """A model loaded this recently is never unloaded to make room (no reload thrash)."""
+    max_waiting: int = Field(default=32, ge=1)
+    """Requests waiting for one model's load; more get 503 with Retry-After."""
+    room_wait_s: float = Field(default=30.0, ge=0)
+    """How long a load waits for a busy model to go idle before its requests get 503."""
+    failed_retry_s: float = Field(default=30.0, ge=0)
+    """After a failed load, requests get 503 for this long before the next try."""
+    max_request_keep_alive_s: float = Field(default=3600.0, ge=0)
+    """A request's keep_alive is capped here; a negative one (forever) is refused."""
+
+    def resolved(self) -> ResidencyConfig:
+        budget = self.budget_bytes or default_budget_bytes(self.budget_share)
+        return ResidencyConfig(
+            budget_bytes=budget,
+            max_loaded=self.max_loaded,
+            keep_alive_s=self.keep_alive_s,
+            pinned=frozenset(self.pinned),
+            min_residency_s=self.min_residency_s,
+            max_waiting=self.max_waiting,
+            room_wait_s=self.room_wait_s,
+            failed_retry_s=self.failed_retry_s,
+            max_request_keep_alive_s=self.max_request_keep_alive_s,
         )
 
 
@@ -517,6 +561,7 @@ class AgentConfig(ProcessSettings):
     models: ModelsConfig = ModelsConfig()
     engine: EngineConfig = EngineConfig()
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
+    residency: ResidencyConfigSection = ResidencyConfigSection()
     cache: CacheConfig = CacheConfig()
     coordinator: CoordinatorLinkConfig = CoordinatorLinkConfig()
     identity: IdentityConfig = IdentityConfig()

@@ -81,6 +81,58 @@ class AgentMetrics:
             ["part"],
             registry=r,
         )
+        self.model_resident_bytes = Gauge(
+            "edgefleet_agent_model_resident_bytes",
+            "Bytes a text model's weights hold while loaded (measured across its load and "
+            "warm-up; 0 when not loaded)",
+            ["model"],
+            registry=r,
+        )
+        self.model_state = Gauge(
+            "edgefleet_agent_model_state",
+            "1 for the state each text model is in (available, loading, loaded, draining, failed)",
+            ["model", "state"],
+            registry=r,
+        )
+        self.memory_budget_bytes = Gauge(
+            "edgefleet_agent_memory_budget_bytes",
+            "The text models' memory budget (residency.budget_bytes) and what loaded models "
+            "commit of it, by part",
+            ["part"],
+            registry=r,
+        )
+        self.model_loads = Counter(
+            "edgefleet_agent_model_loads",
+            "Text model loads by reason (start, pinned, request, command) and result",
+            ["model", "reason", "result"],
+            registry=r,
+        )
+        self.model_load_seconds = Histogram(
+            "edgefleet_agent_model_load_seconds",
+            "Seconds a text model's load took (session, engine and warm-up)",
+            ["model"],
+            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.model_load_wait = Histogram(
+            "edgefleet_agent_model_load_wait_seconds",
+            "Seconds a request waited for its model to load",
+            ["model"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
+            registry=r,
+        )
+        self.model_evictions = Counter(
+            "edgefleet_agent_model_evictions",
+            "Text models unloaded, by reason (keep_alive, room, command)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_reloads = Counter(
+            "edgefleet_agent_model_reloads_after_eviction",
+            "Loads within a minute of the same model's eviction (thrash)",
+            ["model"],
+            registry=r,
+        )
         self.batch_size = Histogram(
             "edgefleet_agent_batch_size",
             "Sequences decoded together per engine step",
@@ -145,3 +197,30 @@ class AgentMetrics:
 
     def on_prefix_reused(self, tokens: int) -> None:
         self.prefix_reused_tokens.inc(tokens)
+
+    # the residency's listener interface (agent.engine.residency.ResidencyListener)
+    def on_load(self, model: str, reason: str, result: str, seconds: float) -> None:
+        self.model_loads.labels(model, reason, result).inc()
+        if result == "loaded":
+            self.model_load_seconds.labels(model).observe(seconds)
+
+    def on_load_wait(self, model: str, seconds: float) -> None:
+        self.model_load_wait.labels(model).observe(seconds)
+
+    def on_eviction(self, model: str, reason: str) -> None:
+        self.model_evictions.labels(model, reason).inc()
+
+    def on_reload_after_eviction(self, model: str) -> None:
+        self.model_reloads.labels(model).inc()
+
+    def set_residency(self, snapshot: list[dict[str, object]], budget: int, committed: int) -> None:
+        self.memory_budget_bytes.labels("budget").set(budget)
+        self.memory_budget_bytes.labels("committed").set(committed)
+        states = ("available", "loading", "loaded", "draining", "failed")
+        for slot in snapshot:
+            model = str(slot["model"])
+            resident = slot["resident_bytes"]
+            self.model_resident_bytes.labels(model).set(resident if isinstance(resident, int)
+                                                        else 0)  # fmt: skip
+            for state in states:
+                self.model_state.labels(model, state).set(1 if slot["state"] == state else 0)

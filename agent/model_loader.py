@@ -6,10 +6,12 @@ created, so a truncated or tampered artifact never serves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agent.engine.causal_lm import CausalLM
@@ -19,6 +21,7 @@ from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
 from agent.engine.memory import release_mapped_weights
 from agent.engine.ort_session import SessionConfig, create_session
+from agent.engine.residency import Residency, ResidencyConfig
 from agent.engine.supervisor import RestartPolicy
 from agent.engine.text_codec import TextCodec
 from agent.engine.text_model import OnnxTextModel
@@ -70,9 +73,13 @@ def load_text_model(
     max_context_tokens: int,
     batcher_config: BatcherConfig,
     restart_policy: RestartPolicy | None = None,
-) -> TextModel:
+    *,
+    lazy: bool = False,
+    step_executor: ThreadPoolExecutor | None = None,
+) -> OnnxTextModel:
+    """The model's light part (tokenizer, chat template, grammar compiler) and a way to
+    build its heavy part (session and engine): built now, or on demand when ``lazy``."""
     spec = causal_lm_spec(directory, manifest)
-    session = create_session(directory / manifest.graph.onnx, session_config)
     special = manifest.special_tokens
     codec = TextCodec(
         directory / manifest.tokenizer.file,
@@ -81,18 +88,60 @@ def load_text_model(
         bos_token=special.bos_token or "",
         eos_token=special.eos_token or "",
     )
-    lm = CausalLM(session, spec)
-    engine = ContinuousBatcher(
-        lm,
-        codec,
-        special.eos_token_ids,
-        batcher_config,
-        restart_policy,
-        release_idle=functools.partial(
-            release_mapped_weights, directory / manifest.graph.onnx, keep_cached=True
-        ),
+
+    def build_engine() -> ContinuousBatcher:
+        session = create_session(directory / manifest.graph.onnx, session_config)
+        lm = CausalLM(session, spec)
+        engine = ContinuousBatcher(
+            lm,
+            codec,
+            special.eos_token_ids,
+            batcher_config,
+            restart_policy,
+            release_idle=functools.partial(
+                release_mapped_weights, directory / manifest.graph.onnx, keep_cached=True
+            ),
+            executor=step_executor,
+        )
+        _log_kv_budget(manifest, spec, lm.kv_bytes_per_token, batcher_config, engine)
+        return engine
+
+    kv_bytes = batcher_config.kv_cache_bytes
+    if batcher_config.kv_budget_tokens is not None:  # the deprecated budget, converted
+        per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4
+        kv_bytes = batcher_config.kv_budget_tokens * per_token
+    return OnnxTextModel(
+        model_id=manifest.name,
+        version=manifest.version,
+        context_length=min(manifest.context_length, max_context_tokens),
+        codec=codec,
+        engine=None if lazy else build_engine(),
+        eos_token_ids=special.eos_token_ids,
+        build_engine=build_engine,
+        predicted_bytes=graph_bytes(directory, manifest),
+        reserve_bytes=kv_bytes + batcher_config.prefix_cache_bytes,
     )
-    per_token = lm.kv_bytes_per_token
+
+
+def graph_bytes(directory: Path, manifest: ModelManifest) -> int:
+    """Bytes of the model's graph and its external data: its weights' footprint before a
+    load has measured it (an overestimate where weights stay mapped and unread)."""
+    graph = directory / manifest.graph.onnx
+    total = 0
+    for path in graph.parent.iterdir():
+        if path.name == graph.name or path.name.startswith(graph.name + "."):
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+    return total
+
+
+def _log_kv_budget(
+    manifest: ModelManifest,
+    spec: LlmSpec,
+    per_token: int,
+    batcher_config: BatcherConfig,
+    engine: ContinuousBatcher,
+) -> None:
     if batcher_config.kv_budget_tokens is not None:
         log.warning(
             "engine.kv_budget_tokens is deprecated: set engine.kv_cache_bytes instead; "
@@ -111,14 +160,6 @@ def load_text_model(
         engine.kv_cache_bytes / 2**20,
         per_token,
         engine.kv_budget_tokens,
-    )
-    return OnnxTextModel(
-        model_id=manifest.name,
-        version=manifest.version,
-        context_length=min(manifest.context_length, max_context_tokens),
-        codec=codec,
-        engine=engine,
-        eos_token_ids=special.eos_token_ids,
     )
 
 
@@ -157,12 +198,19 @@ def load_registry(
     embedding_batch_config: EmbeddingBatchConfig | None = None,
     restart_policy: RestartPolicy | None = None,
     verify: bool = True,
+    residency: ResidencyConfig | None = None,
 ) -> ModelRegistry:
     """Load the named artifacts (all found when ``serve`` is empty) into a registry.
 
     The engines are not running yet: the owner calls ``await registry.start()`` and, when
-    done, ``await registry.close()``.
+    done, ``await registry.close()``. With ``residency``, text models' weights are loaded
+    by the registry's :class:`Residency`: at start the pinned ones and then, in order, those
+    that fit the budget; the rest when a request needs them. Their steps share one thread.
     """
+    managed = Residency(residency) if residency is not None else None
+    step_executor = (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-steps") if managed else None
+    )
     available = find_artifacts(models_dir)
     names = list(serve) or sorted(available)
     if not names:
@@ -188,6 +236,8 @@ def load_registry(
                 max_context_tokens,
                 batcher_config or BatcherConfig(),
                 restart_policy,
+                lazy=managed is not None,
+                step_executor=step_executor,
             )
         else:
             embedding[manifest.name] = load_embedding_model(
@@ -198,9 +248,10 @@ def load_registry(
                 restart_policy,
             )
         log.info(
-            "model %s version %s ready in %.1f s",
+            "model %s version %s ready in %.1f s%s",
             manifest.name,
             manifest.version,
             time.perf_counter() - started,
+            " (its weights load on demand)" if managed and manifest.name in text else "",
         )
-    return ModelRegistry(text, embedding)
+    return ModelRegistry(text, embedding, residency=managed, step_executor=step_executor)

@@ -8,10 +8,17 @@ the caller closes once :meth:`drained` says it is idle.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from agent.engine.interface import EmbeddingModel, EngineLoad, TextModel
+from agent.engine.residency import Residency
+from agent.engine.text_model import OnnxTextModel
 from agent.errors import InvalidRequestError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
 
 
 class ModelRegistry:
@@ -19,9 +26,33 @@ class ModelRegistry:
         self,
         text_models: Mapping[str, TextModel],
         embedding_models: Mapping[str, EmbeddingModel],
+        *,
+        residency: Residency | None = None,
+        step_executor: ThreadPoolExecutor | None = None,
     ) -> None:
         self.text_models = dict(text_models)
         self.embedding_models = dict(embedding_models)
+        # which text models hold their weights (None: all of them, always)
+        self.residency = residency
+        self._step_executor = step_executor
+        for model in self.text_models.values():
+            self._manage(model)
+
+    @property
+    def step_executor(self) -> ThreadPoolExecutor | None:
+        """The one thread every text model's steps run on (None: each its own)."""
+        return self._step_executor
+
+    def _manage(self, model: TextModel) -> None:
+        if self.residency is None or not isinstance(model, OnnxTextModel):
+            return
+        model.residency = self.residency
+        self.residency.register(
+            model,
+            predicted_bytes=model.predicted_bytes,
+            reserve_bytes=model.reserve_bytes,
+            loaded=model.loaded,
+        )
 
     @property
     def ids(self) -> list[str]:
@@ -44,6 +75,7 @@ class ModelRegistry:
         """Serve ``model`` (started) for its name from now on; returns the old one."""
         old = self.text_models.get(model.model_id)
         self.text_models = {**self.text_models, model.model_id: model}
+        self._manage(model)
         return old
 
     def swap_embedding(self, model: EmbeddingModel) -> EmbeddingModel | None:
@@ -111,12 +143,34 @@ class ModelRegistry:
             await text.start(tell(text.model_id))
         for emb in self.embedding_models.values():
             await emb.start(tell(emb.model_id))
+        if self.residency is not None:
+            await self._load_at_start(self.residency)
+            await self.residency.start()
+
+    async def _load_at_start(self, residency: Residency) -> None:
+        """The pinned models (a failure is fatal, as for any model served at start), then
+        each other model in order while it fits the budget without unloading another."""
+        pinned = [m for m in self.text_models if m in residency.config.pinned]
+        for name in pinned:
+            await residency.load(name, "pinned")
+        for name in self.text_models:
+            if name in pinned or not residency.fits_now(name):
+                continue
+            await residency.load(name, "start")
+        cold = [m for m in self.text_models if residency.state(m) != "loaded"]
+        if cold:
+            log.info("not loaded at start (they load on their first request): %s",
+                     ", ".join(cold))  # fmt: skip
 
     async def close(self) -> None:
+        if self.residency is not None:
+            await self.residency.close()
         for text in self.text_models.values():
             await text.close()
         for emb in self.embedding_models.values():
             await emb.close()
+        if self._step_executor is not None:
+            await asyncio.to_thread(self._step_executor.shutdown, wait=True)
 
 
 def served_name(model: TextModel | EmbeddingModel) -> str:

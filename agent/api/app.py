@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from agent.auth.keys import KeyTable
 from agent.auth.middleware import grant_of, key_gate
 from agent.auth.startup import key_table_for
 from agent.config import AgentConfig
+from agent.engine.residency import Residency
 from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
@@ -361,6 +363,22 @@ async def moderations(request: web.Request) -> web.StreamResponse:
 async def list_models(request: web.Request) -> web.StreamResponse:
     registry = request.app[REGISTRY]
     created = int(request.app[STARTED])
+    residency = {}
+    if registry.residency is not None:
+        residency = {s["model"]: s for s in registry.residency.snapshot()}
+
+    def resident(model_id: str) -> dict[str, Any]:
+        slot = residency.get(model_id)
+        if slot is None:
+            return {}
+        expires = slot["expires_at"]
+        return {
+            "state": slot["state"],
+            "resident_bytes": slot["resident_bytes"],
+            "expires_at": int(expires) if isinstance(expires, float) else None,
+            "pinned": slot["pinned"],
+        }
+
     cards = [
         ModelCard(
             id=m.model_id,
@@ -369,6 +387,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
             task="text-generation",
             context_length=m.context_length,
             capabilities=TEXT_MODEL_CAPABILITIES,
+            **resident(m.model_id),
         )
         for m in registry.text_models.values()
     ] + [
@@ -433,6 +452,9 @@ async def metrics_page(request: web.Request) -> web.StreamResponse:
     metrics.kv_cache_used_ratio.set(load.kv_used_fraction)
     metrics.kv_cache_bytes.labels("slots").set(load.kv_allocated_bytes)
     metrics.kv_cache_bytes.labels("prefix").set(load.prefix_cache_bytes)
+    if registry.residency is not None:
+        r = registry.residency
+        metrics.set_residency(r.snapshot(), r.config.budget_bytes, r.committed_bytes())
     response = web.Response(body=generate_latest(metrics.registry))
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
     return response
@@ -465,7 +487,12 @@ def _registry_ctx(
         metrics = app[METRICS]
         sync: ModelSync | None = None
         if reg is None and models_source(config) == "store":
-            reg = ModelRegistry({}, {})
+            reg = ModelRegistry(
+                {},
+                {},
+                residency=Residency(config.residency.resolved()),
+                step_executor=ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-steps"),
+            )
         if reg is None:
             engine = config.engine
             reg = load_registry(
@@ -476,6 +503,7 @@ def _registry_ctx(
                 batcher_config=engine.batcher(),
                 embedding_batch_config=config.embeddings.batch(),
                 verify=config.models.verify_checksums,
+                residency=config.residency.resolved(),
             )
         if sync_wanted(config):
             sync = build_model_sync(config, reg, [metrics])
@@ -488,6 +516,8 @@ def _registry_ctx(
         limits = GenerationLimits(default_max_tokens=config.engine.default_max_tokens)
         for model in reg.text_models.values():
             model.add_listener(metrics)
+        if reg.residency is not None:
+            reg.residency.listeners.append(metrics)
         app[REGISTRY] = reg
         cache = ResponseCache(config.cache.max_bytes) if config.cache.enabled else None
         runner = GenerationRunner(metrics, cache)

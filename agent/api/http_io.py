@@ -133,9 +133,10 @@ def error_response(exc: AgentError) -> web.Response:
         error_body(exc.message, exc.error_type, param=exc.param, code=exc.code),
         status=exc.status,
     )
-    if isinstance(exc, OverloadedError):
+    retry_after = getattr(exc, "retry_after", None)  # overloaded, model not loaded yet
+    if isinstance(exc, OverloadedError) or isinstance(retry_after, int | float):
         # up, never down: a client that waits exactly this long is served
-        response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        response.headers["Retry-After"] = str(max(1, math.ceil(retry_after or 1)))
     elif isinstance(exc, EngineRestartedError):
         response.headers["Retry-After"] = "1"  # the loop is already running again
     return response

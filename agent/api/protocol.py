@@ -108,6 +108,14 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     priority: Literal["high", "normal", "low"] | None = None  # extension; or X-Priority header
+    # extension (Ollama's): how long the model stays loaded once idle after this request
+    keep_alive: float | str | None = Field(
+        default=None,
+        description="Extension (Ollama's keep_alive): seconds, or a duration such as '5m', "
+        "that the model stays loaded once idle after this request; it only ever extends "
+        "the model's stay, capped by residency.max_request_keep_alive_s. Negative (forever) "
+        "is refused: operators pin models.",
+    )
     cache: bool | None = None  # extension: use the response cache (default: when deterministic)
     # extension: each choice (and each streamed chunk's choice) carries the token ids it
     # delivers in ``token_ids``, so a client can resume a broken stream by ids
@@ -389,6 +397,13 @@ class ModelCard(BaseModel):
     context_length: int  # extension: tokens of prompt plus completion
     # extension: what the model supports of OpenAI's optional request fields
     capabilities: ModelCapabilities
+    # extensions, text models on an agent managing their memory: available, loading,
+    # loaded, draining or failed; bytes resident (measured after its load), when an idle
+    # model will be unloaded (Unix seconds; null: not idle, or never), pinned
+    state: str | None = None
+    resident_bytes: int | None = None
+    expires_at: int | None = None
+    pinned: bool | None = None
 
 
 class ModelList(BaseModel):

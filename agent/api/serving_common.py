@@ -21,6 +21,7 @@ from agent.engine.interface import (
     SamplingParams,
     TextModel,
 )
+from agent.engine.residency import parse_keep_alive
 from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
@@ -120,6 +121,15 @@ def generation_request(
             params = dataclasses.replace(
                 params, max_tokens=cap, min_tokens=min(params.min_tokens, continued + cap)
             )
+    keep_alive_s = None
+    if body.keep_alive is not None:
+        keep_alive_s = parse_keep_alive(body.keep_alive)
+        if keep_alive_s < 0:
+            raise InvalidRequestError(
+                "keep_alive < 0 (forever) cannot be asked by a request: an operator pins "
+                "the model (residency.pinned)",
+                param="keep_alive",
+            )
     return GenerationRequest(
         new_request_id(prefix),
         prompt_ids,
@@ -127,6 +137,7 @@ def generation_request(
         priority=priority,
         timeout_s=options.timeout_s,
         continuation_token_ids=tuple(body.continue_token_ids or ()),
+        keep_alive_s=keep_alive_s,
     )
 
 

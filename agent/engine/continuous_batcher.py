@@ -171,6 +171,7 @@ class ContinuousBatcher:
         config: BatcherConfig = BatcherConfig(),
         restart_policy: RestartPolicy | None = None,
         release_idle: Callable[[], object] | None = None,
+        executor: ThreadPoolExecutor | None = None,
     ) -> None:
         self._lm = lm
         # run in the engine's thread once it has been idle config.idle_release_s: lets go
@@ -193,7 +194,12 @@ class ContinuousBatcher:
         self._prefixes = (
             PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         )
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-batch")
+        # the thread steps run on: the agent's one step executor when several models share
+        # the cores (their steps interleave instead of oversubscribing), else its own
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ort-batch"
+        )
         self._waiting: list[_Sequence] = []  # heap by (priority, arrival)
         self._prefilling: list[_Sequence] = []
         self._running: list[_Sequence] = []  # slot i of the cache
@@ -286,7 +292,10 @@ class ContinuousBatcher:
                 self._finish(seq, EngineError("the engine is shutting down"))
         self._waiting, self._prefilling, self._running = [], [], []
         # a step cancelled mid-run is still on the worker thread: wait for it off the loop
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        if self._own_executor:
+            await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        else:  # shared, one worker: anything of ours submitted before this is done after it
+            await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
         # the session, its weights and the cache go now, not when the last reference to
         # this object does, and the C heap gives their pages back (unload, hot swap)
         self._cache.clear()

@@ -85,6 +85,9 @@ class GenerationRequest:
     # the constraint admits, continuation tokens advance it too, and the sequence ends
     # ("stop") as soon as it admits nothing more
     constraint: OutputConstraint | None = field(default=None, repr=False)
+    # how long the model stays loaded once idle after this request (Ollama's keep_alive,
+    # checked and capped by the caller); a request only ever extends it. None: the default
+    keep_alive_s: float | None = None
 
     def __repr__(self) -> str:  # hide the payload from logs
         return (

@@ -1,9 +1,15 @@
-"""A served text-generation model: tokenizer and chat template in front of an engine."""
+"""A served text-generation model: tokenizer and chat template in front of an engine.
+
+The tokenizer, chat template and grammar compiler (the light part) are there from the
+start; the engine with its ONNX Runtime session (the heavy part) is either given loaded or
+built on demand by ``build_engine`` when the agent's :class:`~agent.engine.residency.Residency`
+loads the model, and released when it unloads it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from agent.engine.continuous_batcher import ContinuousBatcher
 from agent.engine.interface import (
@@ -12,11 +18,16 @@ from agent.engine.interface import (
     EngineLoad,
     GenerationOutput,
     GenerationRequest,
+    SamplingParams,
 )
 from agent.engine.supervisor import OnDead
 from agent.engine.text_codec import TextCodec
+from agent.errors import EngineError
 from agent.structured.grammar import CompiledGrammar, GrammarCompiler
 from agent.structured.spec import ConstraintSpec
+
+if TYPE_CHECKING:
+    from agent.engine.residency import Residency
 
 
 class OnnxTextModel:
@@ -27,17 +38,33 @@ class OnnxTextModel:
         version: str,
         context_length: int,
         codec: TextCodec,
-        engine: ContinuousBatcher,
+        engine: ContinuousBatcher | None = None,
         eos_token_ids: Sequence[int] = (),
+        build_engine: Callable[[], ContinuousBatcher] | None = None,
+        predicted_bytes: int = 0,
+        reserve_bytes: int = 0,
     ) -> None:
+        if engine is None and build_engine is None:
+            raise ValueError("an engine or a way to build one is needed")
         self._model_id = model_id
         self._version = version
         self._context_length = context_length
         self._codec = codec
         self._engine = engine
+        self._build_engine = build_engine
         self._grammars = GrammarCompiler(
             codec.tokenizer_json(), list(eos_token_ids), codec.vocab_size
         )
+        # for the residency: the weights' footprint before a load (from the files) and the
+        # caches the engine may grow to (key/value budget and prefix cache)
+        self.predicted_bytes = predicted_bytes
+        self.reserve_bytes = reserve_bytes
+        self._listeners: list[BatcherListener] = []
+        self._on_dead: OnDead | None = None
+        self._started = False
+        # set when the agent manages which models are loaded: requests then hold the
+        # model loaded (loading it first when it is not) through it
+        self.residency: Residency | None = None
 
     @property
     def model_id(self) -> str:
@@ -56,17 +83,27 @@ class OnnxTextModel:
         return self._codec.vocab_size
 
     @property
+    def loaded(self) -> bool:
+        return self._engine is not None
+
+    @property
     def engine(self) -> ContinuousBatcher:
+        if self._engine is None:
+            raise EngineError(f"model {self._model_id} is not loaded")
         return self._engine
 
     def add_listener(self, listener: BatcherListener) -> None:
-        self._engine.listeners.append(listener)
+        self._listeners.append(listener)
+        if self._engine is not None:
+            self._engine.listeners.append(listener)
 
     async def compile_constraint(self, spec: ConstraintSpec) -> CompiledGrammar:
         return await self._grammars.compile(spec)
 
     def load(self) -> EngineLoad:
         e = self._engine
+        if e is None:
+            return EngineLoad(0, 0, 0, 0.0)
         return EngineLoad(
             e.running,
             e.waiting,
@@ -91,16 +128,71 @@ class OnnxTextModel:
     ) -> str:
         return self._codec.apply_chat_template(messages, tools)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        return self._engine.generate(request)
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        residency = self.residency
+        if residency is None:
+            async for output in self.engine.generate(request):
+                yield output
+            return
+        await residency.acquire(
+            self._model_id, timeout_s=request.timeout_s, keep_alive_s=request.keep_alive_s
+        )
+        try:
+            async for output in self.engine.generate(request):
+                yield output
+        finally:
+            residency.release(self._model_id)
 
     @property
     def dead_reason(self) -> str:
-        return self._engine.dead_reason
+        return self._engine.dead_reason if self._engine is not None else ""
 
     async def start(self, on_dead: OnDead | None = None) -> None:
-        await self._engine.start(on_dead)
+        self._on_dead = on_dead
+        self._started = True
+        if self._engine is not None:
+            await self._engine.start(on_dead)
 
     async def close(self) -> None:
-        await self._engine.close()
+        self._started = False
+        if self._engine is not None:  # kept: a request that still holds it gets "closed"
+            await self._engine.close()
         self._grammars.close()
+
+    # ---- the heavy part, for the residency ------------------------------------------------
+
+    def busy(self) -> int:
+        e = self._engine
+        return 0 if e is None else e.running + e.waiting
+
+    def build_heavy(self) -> object:
+        """Blocking (the loader's thread): the session and its engine."""
+        if self._build_engine is None:
+            raise EngineError(f"model {self._model_id} cannot be loaded again here")
+        return self._build_engine()
+
+    async def attach_heavy(self, heavy: object) -> None:
+        assert isinstance(heavy, ContinuousBatcher)
+        heavy.listeners.extend(self._listeners)
+        if self._started:
+            await heavy.start(self._on_dead)
+        self._engine = heavy
+
+    async def warm_up(self) -> None:
+        """One token from a one-token prompt: the first run pages in what loading did
+        not (prepacking, the first step's buffers), so it is measured with the load."""
+        engine = self._engine
+        if engine is None or not self._started:
+            return
+        engine.listeners = []  # not a request: not in metrics
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=1)
+            async for _ in engine.generate(GenerationRequest("warm-up", [0], params)):
+                pass
+        finally:
+            engine.listeners = list(self._listeners)
+
+    async def detach_heavy(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await engine.close()

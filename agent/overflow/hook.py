@@ -11,6 +11,7 @@ from aiohttp import web
 
 from agent.api.http_io import CLIENT_GONE, stream_error_event
 from agent.auth.middleware import grant_of
+from agent.engine.residency import ModelLoadFailedError, ModelUnavailableError
 from agent.errors import AgentError, KeyRateLimitError, ModelNotFoundError, OverloadedError
 from agent.overflow.forwarder import OverflowRequest
 from agent.overflow.policy import (
@@ -31,8 +32,8 @@ SERVED_BY_HEADER = "X-Edgefleet-Served-By"
 
 def forward_reason(service: OverflowService, exc: AgentError) -> str | None:
     """Why ``exc`` may be forwarded (None: it may not)."""
-    if isinstance(exc, ModelNotFoundError):
-        reason = "model_not_loaded"
+    if isinstance(exc, ModelNotFoundError | ModelUnavailableError | ModelLoadFailedError):
+        reason = "model_not_loaded"  # not here, or not loadable here now
     elif isinstance(exc, OverloadedError) and not isinstance(exc, KeyRateLimitError):
         reason = exc.reason
     else:

@@ -376,6 +376,15 @@ class ModelSync:
     async def _activate(self, entry: _Entry, manifest: ModelManifest, raw: bytes) -> None:
         async with self._load_lock:
             need = int(sum(e.size for e in manifest.files) * self.options.load_memory_factor)
+            residency = self.registry.residency
+            if residency is not None:  # the new copy beside the serving one, in the budget
+                try:
+                    residency.reserve_for(need)
+                except AgentError as exc:
+                    raise InsufficientMemoryError(
+                        f"not enough free memory to load {entry.name}@{entry.version} beside "
+                        f"the serving version (residency.budget_bytes): {exc.message}"
+                    ) from exc
             free = free_memory_bytes()
             if free and need > free:
                 raise InsufficientMemoryError(
@@ -496,6 +505,6 @@ class ModelSync:
             if isinstance(model, EmbeddingModelTypes):
                 self.registry.embedding_models[name] = model
             else:
-                self.registry.text_models[name] = model  # type: ignore[assignment]
+                self.registry.swap_text(model)  # type: ignore[arg-type]
             loaded.append(f"{name}@{version}")
         return loaded

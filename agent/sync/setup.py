@@ -100,6 +100,7 @@ def build_model_sync(
                 engine.session(),
                 engine.max_context_tokens,
                 engine.batcher(),
+                step_executor=registry.step_executor,
             )
             for listener in listeners:
                 model.add_listener(listener)  # type: ignore[arg-type]

@@ -58,9 +58,13 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "engine.max_batched_tokens": 256, "engine.kv_cache_bytes": 536870912,
     "engine.kv_budget_tokens": None, "engine.max_queue": 64,
     "engine.max_queue_wait_s": 60.0, "engine.request_timeout_s": 300.0,
-    "engine.prefix_cache_bytes": 67108864,
+    "engine.prefix_cache_bytes": 67108864, "engine.idle_release_s": 2.0,
     "embeddings.max_batch_size": 32, "embeddings.max_queue_delay_us": 2000,
     "embeddings.max_queue": 4096,
+    "residency.budget_bytes": None, "residency.budget_share": 0.75, "residency.max_loaded": 0,
+    "residency.keep_alive_s": 300.0, "residency.pinned": (), "residency.min_residency_s": 10.0,
+    "residency.max_waiting": 32, "residency.room_wait_s": 30.0,
+    "residency.failed_retry_s": 30.0, "residency.max_request_keep_alive_s": 3600.0,
     "cache.enabled": True, "cache.max_bytes": 67108864,
     "coordinator.target": "", "coordinator.join_token": "", "coordinator.enroll_target": "",
     "coordinator.tls": False, "coordinator.ca_file": "",
@@ -218,6 +222,7 @@ SPECIAL: dict[str, Any] = {
     "identity.latitude": 12.5,
     "identity.longitude": 45.25,
     "engine.kv_budget_tokens": 4096,  # deprecated, unset by default
+    "residency.budget_bytes": 2 << 30,  # unset: a share of the memory limit
     "redaction.types": ("EMAIL", "PHONE"),
     "redaction.models": {"llm-a": RedactionMode.BLOCK},
     "site_networks": "10.0.0.0/8=lab",

@@ -1,0 +1,629 @@
+"""Which text models hold their weights in memory, under one memory budget.
+
+Every text model served here is known to the agent at all times by its light part (the
+tokenizer, chat template and grammar compiler: requests are validated and templated
+without the weights). Its heavy part (the ONNX Runtime session, its key/value cache and
+its scheduler) is loaded when a request needs it and unloaded when it has been idle past
+its keep-alive or when a newcomer needs its room:
+
+- ``available``: known, not loaded. A request waits for its load, up to its deadline,
+  in a bounded queue per model; past the queue it gets 503 with ``Retry-After`` from the
+  expected load time. Requests for loaded models never wait behind a load.
+- ``loading``: one model at a time, on the loader's own thread (the event loop and the
+  engines' steps go on).
+- ``loaded``: serving. Its commitment against the budget is its footprint (measured as the
+  resident-set change across load and warm-up; before the first load, predicted from its
+  files) plus the key/value cache and prefix cache it may grow to.
+- ``draining``: being unloaded (its running requests finish first).
+- ``failed``: its last load failed; its waiters got the error, and the next load is tried
+  only on demand and not before ``failed_retry_s`` (never in a loop).
+
+Room for a newcomer is made by unloading least-recently-used idle models that are not
+pinned and were loaded at least ``min_residency_s`` ago, only as many as it needs. When
+nothing can go, the load waits for a model to go idle (up to ``room_wait_s``) and then
+fails its waiters with 503, which the overflow path may forward. This mirrors Ollama's
+scheduler (``OLLAMA_MAX_LOADED_MODELS``, ``keep_alive``) and avoids its known failures:
+the estimate is replaced by a measurement after the first load, a model that died is not
+listed as loaded, and a failed load is not retried in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from agent.errors import AgentError, InvalidRequestError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ModelLoadFailedError",
+    "ModelState",
+    "ModelUnavailableError",
+    "Residency",
+    "ResidencyConfig",
+    "ResidencyListener",
+    "default_budget_bytes",
+    "parse_keep_alive",
+]
+
+
+class ModelState(enum.StrEnum):
+    AVAILABLE = "available"
+    LOADING = "loading"
+    LOADED = "loaded"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class ModelUnavailableError(AgentError):
+    """The model is not loaded and cannot be now (its load queue is full, no room in the
+    memory budget, or its load takes longer than the request may wait): try again after
+    ``Retry-After``, or elsewhere."""
+
+    status = 503
+    error_type = "server_error"
+    code = "model_not_loaded"
+
+    def __init__(self, message: str, *, retry_after: float, reason: str) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.reason = reason  # queue_full, no_room, load_timeout (a metrics label)
+
+
+class ModelLoadFailedError(AgentError):
+    """The model's weights could not be loaded (said in the message); it is not retried
+    before ``failed_retry_s``."""
+
+    status = 503
+    error_type = "server_error"
+    code = "model_load_failed"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class ResidencyConfig:
+    budget_bytes: int  # what loaded models may commit together
+    max_loaded: int = 0  # models loaded at once; 0: as many as fit
+    keep_alive_s: float = 300.0  # idle this long, a model is unloaded; < 0: never
+    pinned: frozenset[str] = frozenset()  # loaded at start, never unloaded for room
+    min_residency_s: float = 10.0  # a model loaded this recently is never evicted
+    max_waiting: int = 32  # requests waiting for one model's load; more get 503
+    room_wait_s: float = 30.0  # how long a load waits for a loaded model to go idle
+    failed_retry_s: float = 30.0  # after a failed load, the next try waits this long
+    max_request_keep_alive_s: float = 3600.0  # a request's keep_alive is capped here
+
+
+def default_budget_bytes(share: float = 0.75) -> int:
+    """``share`` of this process's memory limit: the cgroup's (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) when one is set, else the machine's MemTotal."""
+    limit = _mem_total()
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            text = Path(path).read_text().strip()
+            if text and text != "max":
+                limit = min(limit, int(text))
+    return int(limit * share)
+
+
+def _mem_total() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: object) -> float:
+    """Ollama's ``keep_alive``: seconds as a number, or a duration string ("30s", "5m",
+    "1h", "1h30m", "-1"); negative means forever. InvalidRequestError otherwise."""
+    if isinstance(value, bool):
+        raise InvalidRequestError("keep_alive must be a number of seconds or a duration such "
+                                  "as '5m'", param="keep_alive")  # fmt: skip
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and 0 < len(value) <= 32:
+        seconds = _parse_duration(value.strip())
+    else:
+        raise InvalidRequestError(
+            "keep_alive must be a number of seconds or a duration such as '5m'",
+            param="keep_alive",
+        )
+    if not math.isfinite(seconds) or abs(seconds) > 10 * 365 * 86400:
+        raise InvalidRequestError("keep_alive is out of range", param="keep_alive")
+    return seconds
+
+
+def _parse_duration(text: str) -> float:
+    sign = -1.0 if text.startswith("-") else 1.0
+    rest = text.lstrip("+-")
+    try:
+        return sign * float(rest)  # a bare number: seconds
+    except ValueError:
+        pass
+    total, number = 0.0, ""
+    i = 0
+    while i < len(rest):
+        ch = rest[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if rest.startswith("ms", i) else ch
+        if unit not in _UNITS or not number:
+            raise InvalidRequestError(
+                f"keep_alive {text!r} is not a duration such as '30s', '5m' or '1h'",
+                param="keep_alive",
+            )
+        try:
+            total += float(number) * _UNITS[unit]
+        except ValueError as exc:
+            raise InvalidRequestError(f"keep_alive {text!r} is not a duration",
+                                      param="keep_alive") from exc  # fmt: skip
+        number = ""
+        i += len(unit)
+    if number:
+        raise InvalidRequestError(f"keep_alive {text!r} lacks a unit after {number!r}",
+                                  param="keep_alive")  # fmt: skip
+    return sign * total
+
+
+class Loadable(Protocol):
+    """What the residency loads and unloads: a text model's heavy part."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    def build_heavy(self) -> object:
+        """Blocking: make the session and engine (run on the loader's thread)."""
+        ...
+
+    async def attach_heavy(self, heavy: object) -> None:
+        """Start what :meth:`build_heavy` made and serve with it (on the event loop)."""
+        ...
+
+    async def warm_up(self) -> None: ...
+
+    async def detach_heavy(self) -> None:
+        """Stop serving with the heavy part and release it (its requests finished)."""
+        ...
+
+    def busy(self) -> int:
+        """Requests running or queued in the engine."""
+        ...
+
+
+class ResidencyListener(Protocol):
+    def on_load(self, model: str, reason: str, result: str, seconds: float) -> None: ...
+
+    def on_load_wait(self, model: str, seconds: float) -> None: ...
+
+    def on_eviction(self, model: str, reason: str) -> None: ...
+
+    def on_reload_after_eviction(self, model: str) -> None: ...
+
+
+@dataclass
+class _Slot:
+    model: Loadable
+    predicted_bytes: int  # weights' footprint before the first load (from the files)
+    reserve_bytes: int  # the key/value and prefix caches it may grow to
+    state: ModelState = ModelState.AVAILABLE
+    measured_bytes: int | None = None  # resident-set change across load and warm-up
+    active: int = 0  # requests holding it
+    waiting: int = 0  # requests waiting for its load
+    last_used: float = 0.0
+    loaded_at: float = 0.0
+    expires_at: float | None = None  # None: never (pinned, or keep-alive < 0)
+    load_seconds: float | None = None  # the last load's duration
+    loading: asyncio.Future[None] | None = None
+    failure: str = ""
+    failed_at: float = 0.0
+    evicted_at: float | None = None
+    pinned: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def footprint(self) -> int:
+        return self.measured_bytes if self.measured_bytes is not None else self.predicted_bytes
+
+    @property
+    def committed(self) -> int:
+        return self.footprint + self.reserve_bytes
+
+
+def _rss_bytes() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return 0
+
+
+class Residency:
+    """Loads, keeps and unloads the agent's text models' heavy parts within the budget."""
+
+    def __init__(
+        self,
+        config: ResidencyConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rss: Callable[[], int] = _rss_bytes,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._rss = rss
+        self._slots: dict[str, _Slot] = {}
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-loader")
+        self._load_lock = asyncio.Lock()  # one load at a time
+        self._changed = asyncio.Event()  # a model went idle or was unloaded
+        self._task: asyncio.Task[None] | None = None
+        self.listeners: list[ResidencyListener] = []
+
+    # ---- registration ---------------------------------------------------------------
+
+    def register(
+        self, model: Loadable, *, predicted_bytes: int, reserve_bytes: int, loaded: bool
+    ) -> None:
+        """Know ``model`` (replacing a slot of the same id: a new version swapped in)."""
+        now = self._clock()
+        slot = _Slot(model, predicted_bytes, reserve_bytes, pinned=model.model_id in
+                     self.config.pinned)  # fmt: skip
+        old = self._slots.get(model.model_id)
+        if (
+            old is not None
+            and old.measured_bytes is not None
+            and old.model.version == (model.version)
+        ):
+            slot.measured_bytes = old.measured_bytes
+        if loaded:
+            slot.state = ModelState.LOADED
+            slot.loaded_at = slot.last_used = now
+            slot.expires_at = self._expiry(slot, now, None)
+        slot.idle.set()
+        self._slots[model.model_id] = slot
+
+    def unregister(self, model_id: str) -> None:
+        self._slots.pop(model_id, None)
+        self._changed.set()
+
+    def state(self, model_id: str) -> ModelState | None:
+        slot = self._slots.get(model_id)
+        return None if slot is None else slot.state
+
+    # ---- what is committed ------------------------------------------------------------
+
+    def committed_bytes(self) -> int:
+        """What loaded and loading models commit against the budget."""
+        return sum(
+            s.committed for s in self._slots.values()
+            if s.state in (ModelState.LOADED, ModelState.LOADING, ModelState.DRAINING)
+        )  # fmt: skip
+
+    def reserve_for(self, nbytes: int) -> None:
+        """Raise if ``nbytes`` more (a rollout's second copy) does not fit now."""
+        free = self.config.budget_bytes - self.committed_bytes()
+        if nbytes > free:
+            raise ModelUnavailableError(
+                f"the memory budget has {max(0, free) >> 20} MiB free, {nbytes >> 20} MiB "
+                "are needed",
+                retry_after=self.config.room_wait_s,
+                reason="no_room",
+            )
+
+    def snapshot(self) -> list[dict[str, object]]:
+        """Per model: state, resident bytes, expiry (wall-clock seconds), pinned."""
+        now_mono, now_wall = self._clock(), time.time()
+        out: list[dict[str, object]] = []
+        for model_id, slot in sorted(self._slots.items()):
+            loaded = slot.state in (ModelState.LOADED, ModelState.DRAINING)
+            expires = None
+            if loaded and slot.expires_at is not None and slot.active == 0:
+                expires = now_wall + max(0.0, slot.expires_at - now_mono)
+            out.append({
+                "model": model_id,
+                "version": slot.model.version,
+                "state": str(slot.state),
+                "resident_bytes": slot.footprint if loaded else 0,
+                "committed_bytes": slot.committed if loaded else 0,
+                "predicted_bytes": slot.footprint,
+                "expires_at": expires,
+                "pinned": slot.pinned,
+                "active": slot.active,
+                "waiting": slot.waiting,
+                "load_seconds": slot.load_seconds,
+                "error": slot.failure or None,
+            })  # fmt: skip
+        return out
+
+    # ---- requests ---------------------------------------------------------------------
+
+    async def acquire(
+        self, model_id: str, *, timeout_s: float | None = None, keep_alive_s: float | None = None
+    ) -> None:
+        """Hold ``model_id`` loaded for one request: load it first when it is not, waiting
+        at most ``timeout_s``. Pair with :meth:`release`."""
+        slot = self._slot(model_id)
+        if slot.state is not ModelState.LOADED:
+            await self._wait_loaded(slot, "request", timeout_s)
+        now = self._clock()
+        slot.active += 1
+        slot.idle.clear()
+        slot.last_used = now
+        if keep_alive_s is not None:
+            keep_alive_s = min(keep_alive_s, self.config.max_request_keep_alive_s)
+            slot.expires_at = self._later(slot.expires_at, self._expiry(slot, now, keep_alive_s))
+
+    def release(self, model_id: str) -> None:
+        slot = self._slots.get(model_id)
+        if slot is None:
+            return
+        slot.active = max(0, slot.active - 1)
+        now = self._clock()
+        slot.last_used = now
+        if slot.active == 0:
+            slot.expires_at = self._later(slot.expires_at, self._expiry(slot, now, None))
+            slot.idle.set()
+            self._changed.set()
+
+    def _expiry(self, slot: _Slot, now: float, keep_alive_s: float | None) -> float | None:
+        if slot.pinned:
+            return None
+        seconds = self.config.keep_alive_s if keep_alive_s is None else keep_alive_s
+        return None if seconds < 0 else now + seconds
+
+    @staticmethod
+    def _later(a: float | None, b: float | None) -> float | None:
+        """The later of two expiries (None: never): a request only ever extends one."""
+        return None if a is None or b is None else max(a, b)
+
+    def _slot(self, model_id: str) -> _Slot:
+        slot = self._slots.get(model_id)
+        if slot is None:
+            raise ModelNotFoundError(f"The model '{model_id}' is not served here",
+                                     param="model")  # fmt: skip
+        return slot
+
+    def expected_load_s(self, slot: _Slot) -> float:
+        return slot.load_seconds if slot.load_seconds is not None else 5.0
+
+    async def _wait_loaded(self, slot: _Slot, reason: str, timeout_s: float | None) -> None:
+        if slot.state is ModelState.FAILED:
+            wait = slot.failed_at + self.config.failed_retry_s - self._clock()
+            if wait > 0:
+                raise ModelLoadFailedError(
+                    f"model {slot.model.model_id} failed to load: {slot.failure}",
+                    retry_after=wait,
+                )
+        if slot.waiting >= self.config.max_waiting:
+            raise ModelUnavailableError(
+                f"model {slot.model.model_id} is loading and {slot.waiting} requests already "
+                "wait for it",
+                retry_after=self.expected_load_s(slot),
+                reason="queue_full",
+            )
+        started = self._clock()
+        slot.waiting += 1
+        try:
+            future = self._start_load(slot, reason)
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError as exc:
+            raise ModelUnavailableError(
+                f"model {slot.model.model_id} did not load within the request's {timeout_s:.1f} s",
+                retry_after=self.expected_load_s(slot),
+                reason="load_timeout",
+            ) from exc
+        finally:
+            slot.waiting -= 1
+            for listener in self.listeners:
+                listener.on_load_wait(slot.model.model_id, self._clock() - started)
+
+    # ---- loading and unloading ------------------------------------------------------
+
+    def _start_load(self, slot: _Slot, reason: str) -> asyncio.Future[None]:
+        if slot.state is ModelState.LOADED:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        if slot.loading is None or slot.loading.done():
+            slot.loading = asyncio.ensure_future(self._load(slot, reason))
+            # a failure nobody awaited (every waiter timed out) is logged, not "never
+            # retrieved"
+            slot.loading.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return slot.loading
+
+    async def load(self, model_id: str, reason: str = "command") -> None:
+        """Load ``model_id`` now (an operator's command, a pinned model at start)."""
+        slot = self._slot(model_id)
+        await asyncio.shield(self._start_load(slot, reason))
+
+    async def _load(self, slot: _Slot, reason: str) -> None:
+        model_id = slot.model.model_id
+        async with self._load_lock:
+            if slot.state is ModelState.LOADED:
+                return
+            slot.state = ModelState.LOADING
+            started = self._clock()
+            try:
+                await self._make_room(slot)
+                rss_before = self._rss()
+                loop = asyncio.get_running_loop()
+                heavy = await loop.run_in_executor(self._loader, slot.model.build_heavy)
+                await slot.model.attach_heavy(heavy)
+                await slot.model.warm_up()
+                measured = self._rss() - rss_before
+            except asyncio.CancelledError:
+                slot.state = ModelState.AVAILABLE
+                raise
+            except Exception as exc:
+                slot.state = ModelState.FAILED
+                slot.failure = str(exc.message if isinstance(exc, AgentError) else exc)
+                slot.failed_at = self._clock()
+                seconds = self._clock() - started
+                log.error("model %s: load failed after %.1f s: %s", model_id, seconds,
+                          slot.failure)  # fmt: skip
+                self._notify_load(model_id, reason, "failed", seconds)
+                if isinstance(exc, ModelUnavailableError):
+                    slot.state = ModelState.AVAILABLE  # no room: nothing wrong with it
+                    raise
+                raise ModelLoadFailedError(
+                    f"model {model_id} failed to load: {slot.failure}",
+                    retry_after=self.config.failed_retry_s,
+                ) from exc
+            now = self._clock()
+            slot.load_seconds = now - started
+            # the resident set moves with other models' caches too: a measurement far
+            # below the files' size is noise, not a footprint
+            if measured > slot.predicted_bytes // 4:
+                slot.measured_bytes = measured
+            slot.state = ModelState.LOADED
+            slot.failure = ""
+            slot.loaded_at = slot.last_used = now
+            slot.expires_at = self._expiry(slot, now, None)
+            slot.idle.set()
+            if slot.evicted_at is not None and now - slot.evicted_at < 60:
+                for listener in self.listeners:
+                    listener.on_reload_after_eviction(model_id)
+            self._notify_load(model_id, reason, "loaded", slot.load_seconds)
+            log.info("model %s@%s loaded (%s) in %.2f s: %d MiB resident, %d MiB committed "
+                     "of the %d MiB budget", model_id, slot.model.version, reason,
+                     slot.load_seconds, slot.footprint >> 20, self.committed_bytes() >> 20,
+                     self.config.budget_bytes >> 20)  # fmt: skip
+
+    def _notify_load(self, model_id: str, reason: str, result: str, seconds: float) -> None:
+        for listener in self.listeners:
+            listener.on_load(model_id, reason, result, seconds)
+
+    def fits_now(self, model_id: str) -> bool:
+        """Whether ``model_id`` would load now without unloading another model."""
+        slot = self._slot(model_id)
+        return slot.state is ModelState.LOADED or self._fits(slot)
+
+    def _fits(self, newcomer: _Slot) -> bool:
+        loaded = [
+            s for s in self._slots.values()
+            if s is not newcomer and s.state in (ModelState.LOADED, ModelState.DRAINING)
+        ]  # fmt: skip
+        if self.config.max_loaded and len(loaded) + 1 > self.config.max_loaded:
+            return False
+        others = sum(s.committed for s in loaded)
+        return others + newcomer.committed <= self.config.budget_bytes
+
+    async def _make_room(self, newcomer: _Slot) -> None:
+        if newcomer.committed > self.config.budget_bytes:
+            raise ModelUnavailableError(
+                f"model {newcomer.model.model_id} needs about {newcomer.committed >> 20} MiB "
+                f"(weights {newcomer.footprint >> 20} MiB and caches "
+                f"{newcomer.reserve_bytes >> 20} MiB), more than the whole memory budget "
+                f"({self.config.budget_bytes >> 20} MiB: residency.budget_bytes)",
+                retry_after=self.config.failed_retry_s,
+                reason="no_room",
+            )
+        deadline = self._clock() + self.config.room_wait_s
+        while not self._fits(newcomer):
+            victim = self._victim()
+            if victim is not None:
+                await self._unload(victim, "room")
+                continue
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise ModelUnavailableError(
+                    f"no room for model {newcomer.model.model_id} in the memory budget: every "
+                    "loaded model is busy, pinned or loaded too recently to unload",
+                    retry_after=self.config.min_residency_s,
+                    reason="no_room",
+                )
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):  # a model went idle, or time passed
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
+
+    def _victim(self) -> _Slot | None:
+        """The least recently used idle, unpinned model loaded long enough ago."""
+        now = self._clock()
+        candidates = [
+            s for s in self._slots.values()
+            if s.state is ModelState.LOADED and not s.pinned and s.active == 0
+            and s.model.busy() == 0 and now - s.loaded_at >= self.config.min_residency_s
+        ]  # fmt: skip
+        return min(candidates, key=lambda s: s.last_used, default=None)
+
+    async def unload(self, model_id: str, reason: str = "command") -> bool:
+        """Unload ``model_id`` once its requests are done; False when it was not loaded."""
+        slot = self._slot(model_id)
+        if slot.state is not ModelState.LOADED:
+            return False
+        await self._unload(slot, reason)
+        return True
+
+    async def _unload(self, slot: _Slot, reason: str) -> None:
+        slot.state = ModelState.DRAINING
+        while slot.active or slot.model.busy():  # its requests finish first
+            await asyncio.sleep(0.05)
+        try:
+            await slot.model.detach_heavy()
+        finally:
+            slot.state = ModelState.AVAILABLE
+            slot.evicted_at = self._clock()
+            slot.expires_at = None
+            self._changed.set()
+        for listener in self.listeners:
+            listener.on_eviction(slot.model.model_id, reason)
+        log.info("model %s unloaded (%s): %d MiB committed of the %d MiB budget",
+                 slot.model.model_id, reason, self.committed_bytes() >> 20,
+                 self.config.budget_bytes >> 20)  # fmt: skip
+
+    # ---- keep-alive -------------------------------------------------------------------
+
+    async def expire_idle(self) -> list[str]:
+        """Unload every idle model past its keep-alive; returns their ids."""
+        now = self._clock()
+        expired = [
+            s for s in self._slots.values()
+            if s.state is ModelState.LOADED and not s.pinned and s.active == 0
+            and s.expires_at is not None and now >= s.expires_at and s.model.busy() == 0
+        ]  # fmt: skip
+        for slot in expired:
+            async with self._load_lock:  # never beside a load making its room
+                if slot.state is ModelState.LOADED and slot.active == 0:
+                    await self._unload(slot, "keep_alive")
+        return [s.model.model_id for s in expired]
+
+    async def start(self, interval_s: float = 1.0) -> None:
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    await self.expire_idle()
+                except Exception:  # one model's unload failing must not stop the rest
+                    log.exception("keep-alive expiry failed")
+
+        self._task = asyncio.create_task(run(), name="model-residency")
+
+    async def close(self) -> None:
+        """Stop the keep-alive task and any load in progress (the models close their
+        engines themselves)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for slot in self._slots.values():
+            if slot.loading is not None and not slot.loading.done():
+                slot.loading.cancel()
+        await asyncio.to_thread(self._loader.shutdown, wait=True, cancel_futures=True)

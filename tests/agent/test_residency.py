@@ -1,0 +1,299 @@
+"""The residency: text models loaded on demand within a memory budget, unloaded when idle
+past their keep-alive or for room (least recently used, unpinned, idle, loaded long
+enough), one load at a time off the event loop, failures not retried in a loop.
+
+These drive :class:`Residency` with models whose heavy part is a stand-in (its build can
+be held or made to fail); ``test_model_residency_e2e`` does the same with real models."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from agent.engine.residency import (
+    ModelLoadFailedError,
+    ModelState,
+    ModelUnavailableError,
+    Residency,
+    ResidencyConfig,
+    parse_keep_alive,
+)
+from agent.errors import InvalidRequestError
+
+MiB = 1 << 20
+
+
+class FakeModel:
+    def __init__(self, name: str, version: str = "v1") -> None:
+        self.model_id = name
+        self.version = version
+        self.builds = 0
+        self.detached = 0
+        self.hold = threading.Event()
+        self.hold.set()
+        self.fail: str | None = None
+        self.running = 0
+        self.heavy: object | None = None
+
+    def build_heavy(self) -> object:
+        self.builds += 1
+        assert self.hold.wait(10)
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return object()
+
+    async def attach_heavy(self, heavy: object) -> None:
+        self.heavy = heavy
+
+    async def warm_up(self) -> None:
+        pass
+
+    async def detach_heavy(self) -> None:
+        self.heavy = None
+        self.detached += 1
+
+    def busy(self) -> int:
+        return self.running
+
+
+def residency(**overrides: object) -> Residency:
+    config: dict[str, object] = {
+        "budget_bytes": 100 * MiB,
+        "keep_alive_s": 60.0,
+        "min_residency_s": 0.0,
+        "room_wait_s": 0.5,
+        "failed_retry_s": 0.5,
+    }
+    config.update(overrides)
+    return Residency(ResidencyConfig(**config), rss=lambda: 0)  # type: ignore[arg-type]
+
+
+def add(r: Residency, name: str, mib: int, *, loaded: bool = False) -> FakeModel:
+    model = FakeModel(name)
+    r.register(model, predicted_bytes=mib * MiB, reserve_bytes=0, loaded=loaded)
+    if loaded:
+        model.heavy = object()
+    return model
+
+
+async def test_concurrent_requests_for_an_unloaded_model_share_one_load() -> None:
+    r = residency()
+    a = add(r, "a", 40)
+    assert r.state("a") is ModelState.AVAILABLE
+    await asyncio.gather(*(r.acquire("a") for _ in range(5)))
+    assert a.builds == 1 and a.heavy is not None
+    assert r.state("a") is ModelState.LOADED
+    assert r.committed_bytes() == 40 * MiB
+    await r.close()
+
+
+async def test_room_is_made_from_the_least_recently_used_idle_model_only() -> None:
+    r = residency(budget_bytes=100 * MiB)
+    a, b = add(r, "a", 40, loaded=True), add(r, "b", 40, loaded=True)
+    await r.acquire("b")
+    r.release("b")  # b used after a: a is the least recently used
+    c = add(r, "c", 40)
+    await r.acquire("c")
+    assert (a.detached, b.detached, c.builds) == (1, 0, 1)
+    assert [r.state(m) for m in "abc"] == ["available", "loaded", "loaded"]
+    await r.close()
+
+
+async def test_a_busy_or_pinned_model_is_never_evicted_and_the_newcomer_gets_503() -> None:
+    r = residency(budget_bytes=100 * MiB, pinned=frozenset({"p"}))
+    add(r, "p", 40, loaded=True)  # pinned
+    busy = add(r, "busy", 30)
+    await r.acquire("busy")  # loaded and held by a request
+    newcomer = add(r, "n", 40)
+    started = time.monotonic()
+    with pytest.raises(ModelUnavailableError) as raised:
+        await r.acquire("n")
+    assert raised.value.status == 503 and raised.value.reason == "no_room"
+    assert time.monotonic() - started >= 0.45  # it waited room_wait_s for one to go idle
+    assert newcomer.builds == 0 and busy.detached == 0
+    assert r.state("n") is ModelState.AVAILABLE  # nothing wrong with it: not "failed"
+    r.release("busy")
+    await r.acquire("n")  # room now: the idle one goes
+    assert busy.detached == 1 and r.state("p") is ModelState.LOADED
+    await r.close()
+
+
+async def test_a_model_loaded_too_recently_is_kept_for_its_minimum_residency() -> None:
+    r = residency(budget_bytes=60 * MiB, min_residency_s=0.4, room_wait_s=2.0)
+    a = add(r, "a", 40)
+    await r.acquire("a")
+    r.release("a")
+    add(r, "b", 40)
+    started = time.monotonic()
+    await r.acquire("b")  # waits until a has been loaded 0.4 s, then evicts it
+    assert a.detached == 1 and time.monotonic() - started >= 0.3
+    await r.close()
+
+
+async def test_a_load_waits_when_it_alone_exceeds_the_budget_nothing_and_says_so() -> None:
+    r = residency(budget_bytes=50 * MiB)
+    add(r, "small", 10, loaded=True)
+    big = add(r, "big", 60)
+    with pytest.raises(ModelUnavailableError, match="more than the whole memory budget"):
+        await r.acquire("big")
+    assert big.builds == 0 and r.state("small") is ModelState.LOADED
+    await r.close()
+
+
+async def test_max_loaded_counts_models_not_bytes() -> None:
+    r = residency(budget_bytes=1000 * MiB, max_loaded=1)
+    a = add(r, "a", 10, loaded=True)
+    add(r, "b", 10)
+    await r.acquire("b")
+    assert a.detached == 1 and r.state("b") is ModelState.LOADED
+    await r.close()
+
+
+async def test_idle_models_go_after_their_keep_alive_and_pinned_ones_never() -> None:
+    r = residency(keep_alive_s=0.3, pinned=frozenset({"p"}))
+    a = add(r, "a", 10)
+    p = add(r, "p", 10)
+    await r.acquire("a")
+    await r.load("p", "pinned")
+    r.release("a")
+    assert await r.expire_idle() == []  # not yet
+    await asyncio.sleep(0.35)
+    assert await r.expire_idle() == ["a"]
+    assert a.detached == 1 and p.detached == 0 and r.state("p") is ModelState.LOADED
+    await r.close()
+
+
+async def test_a_requests_keep_alive_extends_the_stay_never_shortens_it_and_is_capped() -> None:
+    r = residency(keep_alive_s=0.2, max_request_keep_alive_s=0.5)
+    add(r, "a", 10)
+    await r.acquire("a", keep_alive_s=3600)  # capped at 0.5 s
+    r.release("a")
+    await r.acquire("a", keep_alive_s=0.0)  # cannot shorten another request's stay
+    r.release("a")
+    await asyncio.sleep(0.3)
+    assert await r.expire_idle() == []  # the default 0.2 s has passed, the request's not
+    await asyncio.sleep(0.3)
+    assert await r.expire_idle() == ["a"]
+    await r.close()
+
+
+async def test_a_failed_load_fails_its_waiters_and_is_not_retried_in_a_loop() -> None:
+    r = residency(failed_retry_s=0.4)
+    a = add(r, "a", 10)
+    a.fail = "weights file truncated"
+    results = await asyncio.gather(*(r.acquire("a") for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(x, ModelLoadFailedError) for x in results), results
+    assert "weights file truncated" in str(results[0]) and a.builds == 1
+    assert r.state("a") is ModelState.FAILED
+    with pytest.raises(ModelLoadFailedError) as raised:  # at once, without a new try
+        await r.acquire("a")
+    assert a.builds == 1 and raised.value.retry_after > 0
+    await asyncio.sleep(0.45)
+    a.fail = None
+    await r.acquire("a")  # after failed_retry_s, on demand, it is tried again
+    assert a.builds == 2 and r.state("a") is ModelState.LOADED
+    await r.close()
+
+
+async def test_requests_for_a_loaded_model_never_wait_behind_a_load() -> None:
+    r = residency()
+    add(r, "warm", 10, loaded=True)
+    cold = add(r, "cold", 10)
+    cold.hold.clear()  # its build blocks on the loader's thread
+    waiting = asyncio.create_task(r.acquire("cold"))
+    await asyncio.sleep(0.1)
+    assert r.state("cold") is ModelState.LOADING
+    started = time.monotonic()
+    await asyncio.wait_for(r.acquire("warm"), 0.05)
+    assert time.monotonic() - started < 0.05
+    cold.hold.set()
+    await waiting
+    await r.close()
+
+
+async def test_a_request_waits_at_most_its_deadline_and_the_queue_is_bounded() -> None:
+    r = residency(max_waiting=2)
+    cold = add(r, "cold", 10)
+    cold.hold.clear()
+    with pytest.raises(ModelUnavailableError) as raised:
+        await r.acquire("cold", timeout_s=0.1)
+    assert raised.value.reason == "load_timeout" and raised.value.retry_after > 0
+    waiters = [asyncio.create_task(r.acquire("cold")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(ModelUnavailableError) as full:
+        await r.acquire("cold")
+    assert full.value.reason == "queue_full"
+    cold.hold.set()
+    await asyncio.gather(*waiters)  # the load went on for those still waiting
+    assert cold.builds == 1
+    await r.close()
+
+
+async def test_the_footprint_is_measured_across_load_and_replaces_the_prediction() -> None:
+    rss = iter([100 * MiB, 125 * MiB])
+    r = Residency(ResidencyConfig(budget_bytes=1 << 30), rss=lambda: next(rss))
+    model = FakeModel("a")
+    r.register(model, predicted_bytes=40 * MiB, reserve_bytes=8 * MiB, loaded=False)
+    await r.acquire("a")
+    (slot,) = r.snapshot()
+    assert slot["resident_bytes"] == 25 * MiB  # measured, not the files' 40
+    assert r.committed_bytes() == 33 * MiB  # weights plus its caches
+    r.reserve_for(100 * MiB)
+    with pytest.raises(ModelUnavailableError):
+        r.reserve_for(1 << 30)  # a rollout's copy beyond the budget
+    await r.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(30, 30.0), (1.5, 1.5), ("90", 90.0), ("30s", 30.0), ("5m", 300.0), ("1h30m", 5400.0),
+     ("250ms", 0.25), ("-1", -1.0), ("-1m", -60.0), (0, 0.0)],
+)  # fmt: skip
+def test_keep_alive_accepts_ollamas_forms(value: object, seconds: float) -> None:
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize(
+    "value", ["", "5x", "m", "5m3", True, None, [5], {"s": 1}, "9" * 40, float("nan"), 1e300]
+)
+def test_keep_alive_refuses_anything_else(value: object) -> None:
+    with pytest.raises(InvalidRequestError) as raised:
+        parse_keep_alive(value)
+    assert raised.value.param == "keep_alive"
+
+
+def test_a_model_that_cannot_load_here_now_may_be_forwarded_like_one_not_here() -> None:
+    from types import SimpleNamespace
+
+    from agent.overflow.hook import forward_reason
+
+    service: Any = SimpleNamespace(forward_reasons=frozenset({"model_not_loaded"}))
+    for exc in (
+        ModelUnavailableError("no room", retry_after=1, reason="no_room"),
+        ModelLoadFailedError("truncated", retry_after=1),
+    ):
+        assert forward_reason(service, exc) == "model_not_loaded"
+    assert forward_reason(SimpleNamespace(forward_reasons=frozenset()), exc) is None  # type: ignore[arg-type]
+
+
+def test_the_default_budget_is_a_share_of_the_cgroup_limit_or_the_machines_memory() -> None:
+    from pathlib import Path
+
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    from agent.config import load_config
+    from agent.engine.residency import default_budget_bytes
+
+    limit = psutil.virtual_memory().total
+    cgroup = Path("/sys/fs/cgroup/memory.max")
+    if cgroup.exists() and cgroup.read_text().strip() != "max":
+        limit = min(limit, int(cgroup.read_text()))
+    assert abs(default_budget_bytes(0.5) - limit // 2) <= 4096
+    config = load_config(environ={"EDGEFLEET_AGENT_RESIDENCY__BUDGET_SHARE": "0.25"})
+    assert abs(config.residency.resolved().budget_bytes - limit // 4) <= 4096
+    pinned = load_config(environ={"EDGEFLEET_AGENT_RESIDENCY__PINNED": "a,b"}).residency
+    assert pinned.resolved().pinned == frozenset({"a", "b"})

@@ -1,0 +1,137 @@
+"""Several models on one agent under a memory budget, in a real agent process with API keys
+on (a standalone site's keys file): SmolLM2 and Qwen2.5-Coder with room for one at a time
+(``residency.max_loaded = 1``; the byte budget is covered by tests/agent/test_residency.py).
+The first loads at start, the second is listed ``available``; a request for it loads it
+and unloads the idle first (least recently used), both answer right, ``/v1/models`` and
+``/metrics`` say so, an idle model goes after its keep-alive and the resident set drops by
+most of its footprint; a request's ``keep_alive`` is checked."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+from devtools.fleet import AgentProcess
+
+pytestmark = [pytest.mark.e2e]
+
+SMOL = "smollm2-135m-instruct"
+QWEN = "qwen2.5-coder-0.5b-instruct"
+
+
+def _keys_file(tmp_path: Path) -> tuple[Path, str]:
+    keys_file = tmp_path / "keys.json"
+    api_key = subprocess.run(
+        [sys.executable, "-m", "agent", "keys", "add", "--file", str(keys_file), "--name", "t"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip()  # fmt: skip
+    return keys_file, api_key
+
+
+async def _models(agent: AgentProcess, key: str) -> dict[str, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession(headers=agent.headers(key)) as http,
+        http.get(agent.url + "/v1/models") as resp,
+    ):
+        assert resp.status == 200
+        return {m["id"]: m for m in (await resp.json())["data"]}
+
+
+async def _metric(agent: AgentProcess, key: str, sample: str) -> float:
+    async with (
+        aiohttp.ClientSession(headers=agent.headers(key)) as http,
+        http.get(agent.url + "/metrics") as resp,
+    ):
+        for line in (await resp.text()).splitlines():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _ask(client: openai.AsyncOpenAI, model: str, question: str, **extra: Any) -> str:
+    reply = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=24,
+        temperature=0,
+        **extra,
+    )
+    return reply.choices[0].message.content or ""
+
+
+async def test_two_models_take_turns_where_one_fits(
+    real_artifacts: Path, tmp_path: Path
+) -> None:
+    keys_file, key = _keys_file(tmp_path)
+    settings = {
+        "auth.keys_file": str(keys_file),
+        "engine.kv_cache_bytes": str(64 << 20),
+        "engine.prefix_cache_bytes": str(8 << 20),
+        # Qwen's 548 MiB of files and 72 of caches fit, and one model at a time
+        "residency.budget_bytes": str(700 << 20),
+        "residency.max_loaded": "1",
+        "residency.min_residency_s": "0",
+        "residency.keep_alive_s": "4",
+        "cache.enabled": "false",
+    }
+    extra = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    async with AgentProcess(
+        models_dir=str(real_artifacts), serve=[SMOL, QWEN], extra_args=extra
+    ) as agent:
+        models = await _models(agent, key)
+        assert models[SMOL]["state"] == "loaded" and models[QWEN]["state"] == "available"
+        assert models[SMOL]["resident_bytes"] > 20 << 20 and models[QWEN]["resident_bytes"] == 0
+        process = psutil.Process(agent.pid)
+        async with openai.AsyncOpenAI(
+            base_url=agent.url + "/v1", api_key=key, max_retries=0
+        ) as client:
+            assert "Paris" in await _ask(client, SMOL, "Name the capital of France.")
+            started = time.monotonic()
+            answer = await _ask(client, QWEN, "Name the capital of France.")
+            cold = time.monotonic() - started
+            assert "Paris" in answer
+            models = await _models(agent, key)
+            assert models[QWEN]["state"] == "loaded" and models[SMOL]["state"] == "available"
+            assert models[QWEN]["expires_at"] > time.time()
+            loads = 'edgefleet_agent_model_loads_total{model="qwen2.5-coder-0.5b-instruct",'
+            assert await _metric(agent, key, loads + 'reason="request",result="loaded"}') == 1
+            evicted = 'edgefleet_agent_model_evictions_total{model="smollm2-135m-instruct",'
+            assert await _metric(agent, key, evicted + 'reason="room"}') == 1
+            committed = await _metric(
+                agent, key, 'edgefleet_agent_memory_budget_bytes{part="committed"}'
+            )
+            assert 0 < committed <= 700 << 20
+            # back to SmolLM2: Qwen goes, SmolLM2 answers the same as before
+            assert "Paris" in await _ask(client, SMOL, "Name the capital of France.")
+            assert (await _models(agent, key))[QWEN]["state"] == "available"
+
+            # a request's keep_alive: checked, never "forever" from a request
+            with pytest.raises(openai.BadRequestError, match="keep_alive"):
+                await _ask(client, SMOL, "Hi", extra_body={"keep_alive": "-1"})
+            with pytest.raises(openai.BadRequestError, match="keep_alive"):
+                await _ask(client, SMOL, "Hi", extra_body={"keep_alive": "5 parsecs"})
+
+            # idle past its keep-alive (4 s), SmolLM2 is unloaded and its memory given back
+            busy_rss = process.memory_info().rss
+            footprint = (await _models(agent, key))[SMOL]["resident_bytes"]
+            deadline = time.monotonic() + 15
+            while (await _models(agent, key))[SMOL]["state"] != "available":
+                assert time.monotonic() < deadline, "SmolLM2 was not unloaded when idle"
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(1.0)
+            freed = busy_rss - process.memory_info().rss
+            assert freed >= 0.9 * footprint, (freed >> 20, footprint >> 20)
+            kept = 'edgefleet_agent_model_evictions_total{model="smollm2-135m-instruct",'
+            assert await _metric(agent, key, kept + 'reason="keep_alive"}') == 1
+            # and it comes back on the next request
+            assert "Paris" in await _ask(client, SMOL, "Name the capital of France.")
+    assert cold < 30

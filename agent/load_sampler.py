@@ -76,6 +76,7 @@ class LoadSampler:
             if _is_server_error(labels["status"]):
                 failed += value
         state = self._state
+        residency = self._registry.residency
         return LoadReport(
             running_sequences=load.running,
             waiting_sequences=load.waiting,
@@ -94,6 +95,9 @@ class LoadSampler:
             overflow_usage=() if self._overflow_usage is None else self._overflow_usage(),
             inventory=() if self._inventory is None else self._inventory(),
             model_stats=() if self._model_stats is None else self._model_stats.take(),
+            cold_models=() if residency is None else residency.cold(),
+            memory_budget_bytes=0 if residency is None else residency.config.budget_bytes,
+            memory_committed_bytes=0 if residency is None else residency.committed_bytes(),
         )
 
 

@@ -221,6 +221,8 @@ class ModelInventory(NamedTuple):
     self_check: SelfCheckResult | None = None
     bytes_from_peers: int = 0
     bytes_from_coordinator: int = 0
+    # Bytes its weights hold in memory now; 0: served here, loaded on its next request.
+    resident_bytes: int = 0
 
 
 class Histogram(NamedTuple):
@@ -277,6 +279,12 @@ class LoadReport(NamedTuple):
     redactions: tuple[tuple[str, int], ...] = ()
     # What each overflow target served for this agent since the previous report (v1.3).
     overflow_usage: tuple[OverflowUsage, ...] = ()
+    # Models served here whose weights are not in memory now, as (name, expected load
+    # seconds) pairs sorted by name: a request for one waits for its load (v1.3).
+    cold_models: tuple[tuple[str, float], ...] = ()
+    # The memory budget of the loaded models and what they commit of it (v1.3).
+    memory_budget_bytes: int = 0
+    memory_committed_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

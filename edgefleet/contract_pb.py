@@ -267,6 +267,9 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         model_stats=[model_stats_to_pb(m) for m in report.model_stats],
         redactions=dict(report.redactions),
         overflow_usage=[overflow_usage_to_pb(u) for u in report.overflow_usage],
+        cold_models=dict(report.cold_models),
+        memory_budget_bytes=report.memory_budget_bytes,
+        memory_committed_bytes=report.memory_committed_bytes,
     )
 
 
@@ -275,6 +278,7 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
     # an empty one costs no generator.
     key_usage, inventory, model_stats = message.key_usage, message.inventory, message.model_stats
     redactions, overflow_usage = message.redactions, message.overflow_usage
+    cold = message.cold_models
     return LoadReport(
         running_sequences=message.running_sequences,
         waiting_sequences=message.waiting_sequences,
@@ -294,6 +298,9 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         overflow_usage=(
             tuple([overflow_usage_from_pb(u) for u in overflow_usage]) if overflow_usage else ()
         ),
+        cold_models=tuple(sorted(cold.items())) if cold else (),
+        memory_budget_bytes=message.memory_budget_bytes,
+        memory_committed_bytes=message.memory_committed_bytes,
     )
 
 
@@ -343,6 +350,7 @@ def model_inventory_to_pb(item: ModelInventory) -> pb.ModelInventory:
         last_error=item.last_error,
         bytes_from_peers=item.bytes_from_peers,
         bytes_from_coordinator=item.bytes_from_coordinator,
+        resident_bytes=item.resident_bytes,
     )
     if item.self_check is not None:
         message.self_check.CopyFrom(self_check_result_to_pb(item.self_check))
@@ -365,6 +373,7 @@ def model_inventory_from_pb(message: pb.ModelInventory) -> ModelInventory:
         ),
         bytes_from_peers=message.bytes_from_peers,
         bytes_from_coordinator=message.bytes_from_coordinator,
+        resident_bytes=message.resident_bytes,
     )
 
 

@@ -310,6 +310,22 @@ class Residency:
 
     # ---- what is committed ------------------------------------------------------------
 
+    def cold(self) -> tuple[tuple[str, float], ...]:
+        """Models not in memory now (name, expected load seconds), sorted by name: what a
+        load report tells routers."""
+        return tuple(
+            (model_id, round(self.expected_load_s(slot), 3))
+            for model_id, slot in sorted(self._slots.items())
+            if slot.state is not ModelState.LOADED
+        )
+
+    def resident_bytes(self, model_id: str) -> int | None:
+        """Bytes ``model_id``'s weights hold now (0: not loaded); None when not managed."""
+        slot = self._slots.get(model_id)
+        if slot is None:
+            return None
+        return slot.footprint if slot.state in (ModelState.LOADED, ModelState.DRAINING) else 0
+
     def committed_bytes(self) -> int:
         """What loaded and loading models commit against the budget."""
         return sum(
@@ -349,6 +365,7 @@ class Residency:
                 "active": slot.active,
                 "waiting": slot.waiting,
                 "load_seconds": slot.load_seconds,
+                "expected_load_s": self.expected_load_s(slot),
                 "error": slot.failure or None,
             })  # fmt: skip
         return out

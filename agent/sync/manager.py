@@ -173,6 +173,7 @@ class ModelSync:
             found[key] = report
         registry = self.registry
         models: list[Model] = [*registry.text_models.values(), *registry.embedding_models.values()]
+        residency = registry.residency
         for model in models:
             key = (model.model_id, model.version)
             prior = found.get(key)
@@ -181,6 +182,10 @@ class ModelSync:
                 if prior is not None
                 else ModelInventory(model.model_id, model.version, State.LOADED)
             )
+            # served here; in memory now, or loaded by its next request (0)
+            resident = None if residency is None else residency.resident_bytes(model.model_id)
+            if resident is not None:
+                found[key] = found[key]._replace(resident_bytes=resident)
         return tuple(found[k] for k in sorted(found))
 
     def entry(self, name: str, version: str) -> ModelInventory | None:

@@ -72,6 +72,8 @@ class LoadTable:
         self.records: list[AgentRecord | None] = []
         self._hellos: list[Hello | None] = []
         self._free: list[int] = []
+        # row -> the models its agent serves but does not hold in memory now (by name)
+        self.cold: dict[int, frozenset[str]] = {}
         self._sites: dict[str, int] = {"": -1}
         # the policy's derive() and what identifies it (None: wait_ms, rest not filled)
         self._derive: Derive | None = None
@@ -166,6 +168,10 @@ class LoadTable:
             waiting = report.waiting_sequences
             load = report.running_sequences + waiting
             kv, rate = report.kv_cache_used_fraction, report.tokens_per_second
+        if report is not None and report.cold_models:
+            self.cold[at] = frozenset(name for name, _ in report.cold_models)
+        elif self.cold:
+            self.cold.pop(at, None)
         self.load[at], self.kv[at] = load, kv
         if self._derive is not None:
             saturated, self.wait_ms[at], self.rest[at] = self._derive(waiting, load, kv, rate)
@@ -178,6 +184,7 @@ class LoadTable:
         if at is None:
             return
         self.records[at] = self._hellos[at] = None
+        self.cold.pop(at, None)
         self.code[at] = _DOWN  # never read through ``row``; kept unroutable all the same
         self.watch[at] = _UNWATCHED
         self._free.append(at)

@@ -23,6 +23,10 @@ sum of parts, every part in [0, 1] (higher is better):
     expected tokens per request / the agent's recent tokens per second (1 s per
     waiting sequence when it has no rate yet). Running sequences share the batch
     with a new request rather than delay its start, so they count in ``queue`` only.
+    An agent that serves the model but does not hold it in memory now (it loads models
+    on demand: its load report's ``cold_models``) adds the load's expected seconds, so a
+    warm agent ranks above an equal cold one, and a site peer with the model loaded
+    can beat a local load.
 
 A suspect agent (missed reports) or an unconfirmed one (known before a coordinator
 restart, not reconnected yet) keeps its parts but its score is halved, so it is used
@@ -152,6 +156,14 @@ def great_circle_km(a: Location, b: Location) -> float:
     return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
 
 
+def cold_load_ms(cold_models: tuple[tuple[str, float], ...], model: str) -> float:
+    """The expected load time (ms) of ``model`` on an agent whose report lists it cold."""
+    for name, seconds in cold_models:
+        if name == model:
+            return seconds * 1000.0
+    return 0.0
+
+
 def predicted_wait_ms(waiting: int, rate: float, expected_tokens: int) -> float:
     """The module doc's predicted wait: ``waiting`` sequences at ``rate`` tokens/s."""
     if not waiting:
@@ -227,6 +239,8 @@ class RouteScorer:
                     if waiting:
                         rate = 0.0 if report is None else report.tokens_per_second
                         wait_ms = predicted_wait_ms(waiting, rate, expected_tokens)
+                    if report is not None and report.cold_models:
+                        wait_ms += cold_load_ms(report.cold_models, model)
                     if max_wait_ms and wait_ms > max_wait_ms:
                         why = "over_max_wait"
                     else:
@@ -273,6 +287,10 @@ class RouteScorer:
         ):
             return None
         rows = table.rows_of(agent_ids)
+        if table.cold:  # a candidate that would load the model first: rank adds its load
+            cold = [r for r, names in table.cold.items() if query.model in names]
+            if cold and np.isin(np.array(cold, np.intp), rows).any():
+                return None
         client = query.location
         policy = self.policy
         code = table.code[rows]

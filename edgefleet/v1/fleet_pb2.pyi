@@ -207,7 +207,7 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., token: _Optional[str] = ..., agent_version: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., http_url: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., contract_minor: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats", "overflow_usage", "redactions")
+    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats", "overflow_usage", "redactions", "cold_models", "memory_budget_bytes", "memory_committed_bytes")
     class RedactionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,13 @@ class LoadReport(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ColdModelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +238,9 @@ class LoadReport(_message.Message):
     MODEL_STATS_FIELD_NUMBER: _ClassVar[int]
     OVERFLOW_USAGE_FIELD_NUMBER: _ClassVar[int]
     REDACTIONS_FIELD_NUMBER: _ClassVar[int]
+    COLD_MODELS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_COMMITTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     waiting_sequences: int
     tokens_per_second: float
@@ -247,7 +257,10 @@ class LoadReport(_message.Message):
     model_stats: _containers.RepeatedCompositeFieldContainer[ModelStats]
     overflow_usage: _containers.RepeatedCompositeFieldContainer[OverflowUsage]
     redactions: _containers.ScalarMap[str, int]
-    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ..., overflow_usage: _Optional[_Iterable[_Union[OverflowUsage, _Mapping]]] = ..., redactions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    cold_models: _containers.ScalarMap[str, float]
+    memory_budget_bytes: int
+    memory_committed_bytes: int
+    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ..., overflow_usage: _Optional[_Iterable[_Union[OverflowUsage, _Mapping]]] = ..., redactions: _Optional[_Mapping[str, int]] = ..., cold_models: _Optional[_Mapping[str, float]] = ..., memory_budget_bytes: _Optional[int] = ..., memory_committed_bytes: _Optional[int] = ...) -> None: ...
 
 class OverflowUsage(_message.Message):
     __slots__ = ("target", "requests", "failed", "prompt_tokens", "completion_tokens", "cost")
@@ -350,7 +363,7 @@ class ModelTarget(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_url: _Optional[str] = ..., sha256: _Optional[str] = ..., manifest: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., peer_urls: _Optional[_Iterable[str]] = ..., rollout_id: _Optional[str] = ...) -> None: ...
 
 class ModelInventory(_message.Message):
-    __slots__ = ("name", "version", "state", "bytes_done", "bytes_total", "last_error", "self_check", "bytes_from_peers", "bytes_from_coordinator")
+    __slots__ = ("name", "version", "state", "bytes_done", "bytes_total", "last_error", "self_check", "bytes_from_peers", "bytes_from_coordinator", "resident_bytes")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[ModelInventory.State]
@@ -376,6 +389,7 @@ class ModelInventory(_message.Message):
     SELF_CHECK_FIELD_NUMBER: _ClassVar[int]
     BYTES_FROM_PEERS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FROM_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     state: ModelInventory.State
@@ -385,7 +399,8 @@ class ModelInventory(_message.Message):
     self_check: SelfCheckResult
     bytes_from_peers: int
     bytes_from_coordinator: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[_Union[ModelInventory.State, str]] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., last_error: _Optional[str] = ..., self_check: _Optional[_Union[SelfCheckResult, _Mapping]] = ..., bytes_from_peers: _Optional[int] = ..., bytes_from_coordinator: _Optional[int] = ...) -> None: ...
+    resident_bytes: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[_Union[ModelInventory.State, str]] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., last_error: _Optional[str] = ..., self_check: _Optional[_Union[SelfCheckResult, _Mapping]] = ..., bytes_from_peers: _Optional[int] = ..., bytes_from_coordinator: _Optional[int] = ..., resident_bytes: _Optional[int] = ...) -> None: ...
 
 class SelfCheckResult(_message.Message):
     __slots__ = ("passed", "perplexity", "perplexity_ratio", "greedy_matched", "greedy_total", "seconds", "detail")

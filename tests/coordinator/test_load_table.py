@@ -70,6 +70,11 @@ def _report(rng: random.Random) -> LoadReport:
         draining=rng.random() < 0.05,
         unhealthy_reason="disk full" if rng.random() < 0.05 else "",
         inventory=inventory,
+        # models it serves but loads on demand: the fast path leaves lookups of a model
+        # cold on a candidate to rank (rare here, or the share asked below would not hold)
+        cold_models=tuple(
+            (m, round(rng.uniform(0.2, 3), 3)) for m in MODELS if rng.random() < 0.005
+        ),
     )
 
 

@@ -257,6 +257,58 @@ async def test_router_with_the_fleet_index_ranks_by_running_and_waiting(
         call.cancel()
 
 
+def test_a_warm_agent_ranks_above_an_equal_cold_one_which_counts_its_load_time() -> None:
+    warm = record("warm", BERLIN)
+    cold = _with_report(record("cold", BERLIN), cold_models=(("m", 2.5), ("other", 9.0)))
+    decision = RouteScorer().rank([cold, warm], RouteQuery(model="m", location=BERLIN))
+    assert [a.agent_id for a in decision.agents] == ["warm", "cold"]
+    by_id = {a.agent_id: a for a in decision.agents}
+    assert by_id["cold"].predicted_wait_ms == pytest.approx(2500.0)
+    assert by_id["warm"].predicted_wait_ms == 0.0
+    # a nearer cold agent can lose to a warm one a little farther away
+    near_cold = _with_report(record("near-cold", BERLIN, site="b"), cold_models=(("m", 8.0),))
+    far_warm = record("far-warm", POTSDAM, site="p")
+    ranked = ranked_ids([near_cold, far_warm], RouteQuery(model="m", location=BERLIN))
+    assert ranked == ["far-warm", "near-cold"]
+    # and max_wait_ms excludes an agent that would load first
+    assert ranked_ids([cold, warm], RouteQuery(model="m", max_wait_ms=1000)) == ["warm"]
+
+
+def _with_report(rec: AgentRecord, **fields: Any) -> AgentRecord:
+    import dataclasses
+
+    assert rec.last_report is not None
+    return dataclasses.replace(rec, last_report=rec.last_report._replace(**fields))
+
+
+async def test_routes_follow_a_load_or_an_eviction_within_one_report(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    c = await make_coordinator(report_interval_ms=2000)
+    here = pb.Location(lat=BERLIN.lat, lon=BERLIN.lon)
+    calls = [
+        await _agent(c, "a", pb.LoadReport(cold_models={"m": 3.0}), location=here),
+        await _agent(c, "b", pb.LoadReport(), location=here),
+    ]
+    await _all_reported(c, 2)
+
+    async def first() -> str:
+        answer = await c.stub.Route(pb.RouteRequest(model="m", client_location=here, limit=8))
+        return str(answer.agents[0].agent_id)
+
+    assert await first() == "b"  # b holds the model; a would load it first
+    # a loaded it, b evicted it: their next reports say so
+    await calls[0].write(pb.AgentMessage(load_report=pb.LoadReport()))
+    await calls[1].write(pb.AgentMessage(load_report=pb.LoadReport(cold_models={"m": 3.0})))
+
+    async def a_first() -> bool:
+        return await first() == "a"
+
+    await wait_until(a_first, timeout_s=5, message="the warm agent first")
+    for call in calls:
+        call.cancel()
+
+
 async def test_a_site_whose_agents_are_down_falls_back_to_the_rest_of_the_fleet(
     make_coordinator: MakeCoordinator,
 ) -> None:

@@ -323,10 +323,12 @@ def test_newer_sections_replace_older_ones_and_older_ones_are_ignored() -> None:
 
 
 class _EnginesWithKnownLoad:
-    """The one thing LoadSampler asks a model registry for: the engines' load."""
+    """What LoadSampler asks a model registry for: the engines' load, and which models'
+    weights are in memory (its residency; None: all of them)."""
 
-    def __init__(self, load: EngineLoad) -> None:
+    def __init__(self, load: EngineLoad, residency: object = None) -> None:
         self._load = load
+        self.residency = residency
 
     def load(self) -> EngineLoad:
         return self._load
@@ -368,6 +370,46 @@ async def test_load_from_the_agents_sampler_to_the_coordinators_route_score(
     assert [a.agent_id for a in decision.agents] == ["idle", "busy"]
     await registry.flush()
     await store.close()
+
+
+async def test_a_cold_model_on_the_agent_is_waited_for_in_the_coordinators_route(
+    tmp_path: Path,
+) -> None:
+    """An agent that loads models on demand says which are not in memory and how long
+    their load takes; the route counts it in the predicted wait and ranks a warm agent
+    first; the budget travels too."""
+    from agent.engine.residency import Residency, ResidencyConfig
+
+    store = SQLiteFleetStore(tmp_path / "fleet.db")
+    await store.open()
+    registry = await LiveFleetRegistry.open(store)
+    idle = EngineLoad(running=0, waiting=0, kv_used_tokens=0, kv_used_fraction=0.0)
+    for agent_id, loaded in (("cold", False), ("warm", True)):
+        residency = Residency(ResidencyConfig(budget_bytes=1 << 30))
+        model: Any = _Heavy()
+        residency.register(model, predicted_bytes=1 << 20, reserve_bytes=0, loaded=loaded)
+        engines = _EnginesWithKnownLoad(idle, residency)
+        sampler = LoadSampler(engines, AgentMetrics(), AgentState())  # type: ignore[arg-type]
+        wire = contract_pb.load_report_to_pb(sampler()).SerializeToString()
+        hello = dataclasses.replace(HELLO, agent_id=agent_id, location=None)
+        session_id = registry.open_session(hello)
+        registry.record_report(
+            agent_id, session_id, proto_convert.load_report_from_pb(pb.LoadReport.FromString(wire))
+        )
+    cold = registry.get("cold").last_report
+    assert cold is not None and cold.cold_models == (("tiny-llama", 5.0),)
+    assert (cold.memory_budget_bytes, cold.memory_committed_bytes) == (1 << 30, 0)
+    warm = registry.get("warm").last_report
+    assert warm is not None and warm.cold_models == () and warm.memory_committed_bytes == 1 << 20
+    decision = RouteScorer().rank(registry.agents(), RouteQuery("tiny-llama"))
+    assert [a.agent_id for a in decision.agents] == ["warm", "cold"]
+    assert decision.agents[1].predicted_wait_ms == 5000.0  # no load measured yet: 5 s
+    await registry.flush()
+    await store.close()
+
+
+class _Heavy:
+    model_id, version = "tiny-llama", "v1"
 
 
 def test_a_pushed_overflow_section_says_what_each_target_is_now() -> None:

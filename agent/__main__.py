@@ -35,6 +35,7 @@ from agent.auth.cli import run_keys_command
 from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
 from agent.config import FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
+from agent.engine.ort_session import use_shared_thread_pool
 from agent.enrollment import (
     Enroller,
     EnrollmentUnavailableError,
@@ -283,6 +284,9 @@ async def serve(config: AgentConfig) -> None:
     enroller = await enroll_before_serving(config)  # before the certificate is looked up
     cert_files = server_cert_files(config)  # ConfigError: HTTPS required, no certificate
     ssl_context = build_server_context(config, cert_files) if cert_files else None
+    # before any session: the models' steps (and the embedding model's, the moderation
+    # heads', a rollout's self-check) run on one pool instead of one pool per session
+    use_shared_thread_pool(config.engine.intra_op_threads, config.engine.inter_op_threads)
     app = create_app(config)
     runner = await start_http(config, app, ssl_context)
     port = runner.addresses[0][1]

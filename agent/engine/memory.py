@@ -15,6 +15,7 @@ import ctypes
 import functools
 import logging
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -76,24 +77,26 @@ def _madvise() -> Callable[[int, int, int], int] | None:
     return madvise
 
 
-def release_mapped_weights(model_path: Path, *, keep_cached: bool = False) -> int:
+def release_mapped_weights(model_path: Path, *, keep_cached: bool = True) -> int:
     """Let go of the resident pages of ``model_path``'s external-data files
     (``model.onnx.data``) that this process maps; returns the bytes of mappings advised.
 
     ONNX Runtime memory-maps external weights. MatMulNBits copies its weights into prepacked
     buffers while the session loads and unmaps them, but keeps its scales and zero points
     mapped: pages read once at load that stayed resident (19 MiB of SmolLM2-135M int4's
-    141 MB file). After loading (``keep_cached=False``) ``MADV_PAGEOUT`` drops such clean
-    file pages from the page cache too (never data: a private page written to would stay).
+    141 MB file). Serving reads the 8-bit token embedding row by row, and the kernel maps
+    16 neighbouring pages on each fault: after a few hundred requests two thirds of
+    SmolLM2's 27 MiB table was mapped again. Both are let go after a load and when the
+    engine is idle.
 
-    Serving reads the 8-bit token embedding row by row, and the kernel maps 16 neighbouring
-    pages on each fault: after a few hundred requests two thirds of SmolLM2's 27 MiB table
-    was mapped again. With ``keep_cached=True`` (the engine idle) the pages are unmapped with
-    ``MADV_DONTNEED`` but left in the page cache, which the kernel reclaims when it needs to,
-    so the next request maps them back with minor faults and reads nothing from disk. A
-    mapping with private (written) pages gets ``MADV_PAGEOUT`` instead, which keeps them:
-    ``MADV_DONTNEED`` would drop what was written. Linux only; elsewhere, or on a kernel
-    without these, nothing happens.
+    ``keep_cached=True`` (the default) unmaps the pages with ``MADV_DONTNEED`` and leaves
+    them in the page cache, which the kernel reclaims when it needs to: the next request,
+    or the next load of the model (a swap under a memory budget), maps them back with minor
+    faults and reads nothing from disk. ``MADV_PAGEOUT`` (``keep_cached=False``, and any
+    mapping holding a private, written page, which it keeps where ``MADV_DONTNEED`` would
+    drop the write) also drops clean pages from the page cache, but leaves dirty ones (a
+    file just written, as model sync writes one) mapped. Linux only; elsewhere, or on a
+    kernel without these, nothing happens.
     """
     madvise = _madvise()
     if madvise is None:
@@ -112,24 +115,29 @@ def release_mapped_weights(model_path: Path, *, keep_cached: bool = False) -> in
     return advised
 
 
+# a mapping's first line in /proc/PID/smaps (addresses, perms, offset, device, inode, path)
+# and the field lines after it, up to the next mapping
+_SMAPS_ENTRY = re.compile(
+    r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+ +([^\n]*)\n((?:[A-Za-z_]+:[^\n]*\n)*)", re.M
+)
+_ANONYMOUS = re.compile(r"^Anonymous: +([0-9]+)", re.M)
+
+
 def _mappings_of(names: set[str]) -> list[tuple[int, int, bool]]:
     """This process's mappings of these files: start, end, and whether any of its pages is
-    private (written since it was mapped: smaps' ``Anonymous``)."""
-    found: dict[int, tuple[int, bool]] = {}
-    start: int | None = None
+    private (written since it was mapped: smaps' ``Anonymous``). One read and one regular
+    expression over the whole file: an agent holding two models has a few hundred
+    mappings, and parsing them line by line in Python took 25-38 ms of each load."""
     try:
         with open("/proc/self/smaps", encoding="utf-8", errors="replace") as smaps:
-            for line in smaps:
-                head = line.split(maxsplit=5)
-                if not head:
-                    continue
-                if not head[0].endswith(":"):  # a mapping's first line: its addresses
-                    start = None
-                    if len(head) == 6 and head[5].rstrip("\n") in names:
-                        start, end = (int(x, 16) for x in head[0].split("-"))
-                        found[start] = (end, False)
-                elif start is not None and head[0] == "Anonymous:" and int(head[1]) > 0:
-                    found[start] = (found[start][0], True)
+            text = smaps.read()
     except OSError:  # pragma: no cover - no procfs
         return []
-    return [(begin, end, written) for begin, (end, written) in found.items()]
+    found: list[tuple[int, int, bool]] = []
+    for entry in _SMAPS_ENTRY.finditer(text):
+        if entry[3] not in names:
+            continue
+        anonymous = _ANONYMOUS.search(entry[4])
+        written = anonymous is not None and int(anonymous[1]) > 0
+        found.append((int(entry[1], 16), int(entry[2], 16), written))
+    return found

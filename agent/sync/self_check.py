@@ -26,11 +26,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.engine.memory import trim_heap
+from agent.engine.ort_session import SessionConfig, create_session
 from edgefleet.contract import SelfCheckResult
-from models.manifest import ModelManifest
+from models.manifest import LlmSpec, ModelManifest
+
+if TYPE_CHECKING:
+    from models.ort_llm import OrtDecoder
 
 PERPLEXITY_RATIO_MAX = 1.15
 PERPLEXITY_RECORDED_TOLERANCE = 0.02
@@ -44,6 +48,19 @@ def _number(data: Mapping[str, Any] | None, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _decoder(kind: type[OrtDecoder], onnx_path: Path, spec: LlmSpec, threads: int) -> OrtDecoder:
+    """``kind(onnx_path, spec, threads)`` with its session made as the agent makes sessions:
+    on the process's shared thread pool when it has one (ONNX Runtime refuses a session of
+    its own threads beside a global pool)."""
+    decoder = kind.__new__(kind)
+    started = time.perf_counter()
+    decoder.session = create_session(onnx_path, SessionConfig(intra_op_threads=threads))
+    decoder.load_s = time.perf_counter() - started
+    decoder.spec = spec
+    decoder.output_names = [o.name for o in decoder.session.get_outputs()]
+    return decoder
+
+
 def run_self_check(
     directory: Path, manifest: ModelManifest, threads: int = 1, prompts: int = 20
 ) -> SelfCheckResult:
@@ -54,7 +71,7 @@ def run_self_check(
     from models.gate import LlmGateData, evaluate_llm
     from models.ort_llm import OrtDecoder
 
-    decoder = OrtDecoder(directory / manifest.graph.onnx, manifest.llm, threads)
+    decoder = _decoder(OrtDecoder, directory / manifest.graph.onnx, manifest.llm, threads)
     data = LlmGateData.load()
     data = replace(data, prompts=data.prompts[: max(1, prompts)])
     evaluated = evaluate_llm(

@@ -297,3 +297,30 @@ def test_the_default_budget_is_a_share_of_the_cgroup_limit_or_the_machines_memor
     assert abs(config.residency.resolved().budget_bytes - limit // 4) <= 4096
     pinned = load_config(environ={"EDGEFLEET_AGENT_RESIDENCY__PINNED": "a,b"}).residency
     assert pinned.resolved().pinned == frozenset({"a", "b"})
+
+
+async def test_what_is_committed_never_exceeds_the_budget_while_a_model_swaps() -> None:
+    r = residency(budget_bytes=100 * MiB)
+    old = add(r, "old", 70, loaded=True)
+    new = add(r, "new", 70)
+    new.hold.clear()  # the newcomer's build waits, its room made
+    seen: list[int] = []
+
+    async def slow_detach() -> None:  # the old one takes a while to let go
+        for _ in range(5):
+            seen.append(r.committed_bytes())
+            await asyncio.sleep(0.01)
+        old.heavy = None
+
+    old.detach_heavy = slow_detach  # type: ignore[method-assign]
+    loading = asyncio.create_task(r.acquire("new"))
+    for _ in range(20):
+        seen.append(r.committed_bytes())
+        await asyncio.sleep(0.01)
+    assert r.state("new") is ModelState.LOADING
+    new.hold.set()
+    await loading
+    seen.append(r.committed_bytes())
+    assert max(seen) <= 100 * MiB, [s >> 20 for s in seen]
+    assert seen[-1] == 70 * MiB and 70 * MiB in seen[:-1]  # the newcomer counted while loading
+    await r.close()

@@ -9,6 +9,7 @@ most of its footprint; a request's ``keep_alive`` is checked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -68,9 +69,7 @@ async def _ask(client: openai.AsyncOpenAI, model: str, question: str, **extra: A
     return reply.choices[0].message.content or ""
 
 
-async def test_two_models_take_turns_where_one_fits(
-    real_artifacts: Path, tmp_path: Path
-) -> None:
+async def test_two_models_take_turns_where_one_fits(real_artifacts: Path, tmp_path: Path) -> None:
     keys_file, key = _keys_file(tmp_path)
     settings = {
         "auth.keys_file": str(keys_file),
@@ -135,3 +134,36 @@ async def test_two_models_take_turns_where_one_fits(
             # and it comes back on the next request
             assert "Paris" in await _ask(client, SMOL, "Name the capital of France.")
     assert cold < 30
+
+
+def _threads(pid: int) -> dict[str, int]:
+    """The process's threads by name (comm), each with its nice value."""
+    found: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            nice = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+            found[f"{name}#{task.name}"] = nice
+    return found
+
+
+async def test_models_share_one_thread_pool_and_loads_yield_the_cores(
+    real_artifacts: Path, tiny_artifacts: Path
+) -> None:
+    """One ONNX Runtime pool for every session: an agent holding three models has no more
+    threads than one holding the tiny one; the loader's thread runs at nice 19."""
+    args = ["--threads", "2", "--set", "cache.enabled=false"]
+    async with AgentProcess(
+        models_dir=str(real_artifacts), serve=["tiny-llama"], extra_args=args
+    ) as agent:
+        one = _threads(agent.pid)
+    async with AgentProcess(
+        models_dir=str(real_artifacts), serve=["tiny-llama", SMOL, QWEN], extra_args=args
+    ) as agent:
+        models = await _models(agent, "")
+        assert {m["state"] for m in models.values() if m.get("state")} == {"loaded"}
+        three = _threads(agent.pid)
+    assert len(three) <= len(one), (sorted(one), sorted(three))
+    # the loader (Python does not name its threads for the OS: found by its nice value)
+    assert list(three.values()).count(19) == 1, three
+    assert list(one.values()).count(19) == 1  # its loader too; no pool threads besides

@@ -646,6 +646,53 @@ async def test_accessibility_audit_finds_no_serious_violations(fleet: Fleet) -> 
     assert found == {}
 
 
+async def test_an_agents_page_shows_its_model_memory_and_which_models_are_cold(
+    fleet: Fleet,
+) -> None:
+    """The agents manage their models' memory (issue 26): their page says what the loaded
+    models commit of the budget, and, for a model served but not in memory, that it loads
+    on demand and how long that takes (an agent's report, hostile names kept as text)."""
+    status, agent = await fleet.api("GET", "/v1/agents/edge-paris")
+    assert status == 200
+    load = agent["load"]
+    budget, committed = load["memory_budget_bytes"], load["memory_committed_bytes"]
+    assert budget > committed > 0 and load["cold_models"] == []
+    page = await fleet.page(fleet.coordinator.admin_token)
+    await page.goto(f"{fleet.url}/dashboard/#agent/edge-paris")
+    await page.wait_for_selector("#view-agent:not([hidden])")
+    await poll(page, "document.getElementById('agent-h').textContent === 'Agent edge-paris'")
+    detail = await page.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#agent-detail dt')]"
+        ".map(dt => [dt.textContent, dt.nextElementSibling.textContent]))"
+    )
+    mib = lambda n: f"{round(n / 1048576)} MiB"  # noqa: E731
+    assert detail["Model memory"] == f"{mib(committed)} of {mib(budget)} committed"
+    # the same agent as one holding a second model out of memory, with an inventory
+    await page.evaluate(
+        """() => {
+          const real = window.edgefleet.agents.get("edge-paris");
+          state.detailId = null;  // live updates leave this page as the test drew it
+          renderDetail({...real, load: {...real.load,
+            cold_models: [["qwen2.5-coder-0.5b-instruct", 0.74], ["<img src=x>", 2]],
+            inventory: [
+              {name: "tiny-llama", version: "v1", state: "loaded", resident_bytes: 3145728},
+              {name: "qwen2.5-coder-0.5b-instruct", version: "v2", state: "loaded",
+               resident_bytes: 0}]}});
+        }"""
+    )
+    rows = await page.evaluate(
+        "[...document.querySelectorAll('#agent-models tr')]"
+        ".map(tr => [...tr.children].map(td => td.textContent))"
+    )
+    assert rows == [
+        ["tiny-llama", "v1", "loaded (3 MiB in memory)"],
+        ["qwen2.5-coder-0.5b-instruct", "v2",
+         "on demand (not in memory; loads in about 0.7 s)"],
+    ], rows  # fmt: skip
+    assert await page.evaluate("document.querySelectorAll('#agent-models img').length") == 0
+    await page.screenshot(path=str(SHOTS / "agent-models-memory.png"), full_page=True)
+
+
 async def test_the_header_shows_the_fleet_databases_health(fleet: Fleet) -> None:
     page = await fleet.page(fleet.coordinator.admin_token)
     await poll(page, "document.getElementById('store-health').dataset.status === 'ok'")

@@ -107,6 +107,11 @@ function sortValue(a, key) {
   }
 }
 
+// bytes as MiB for people ("512 MiB")
+function mib(bytes) {
+  return `${Math.round((Number(bytes) || 0) / 1048576)} MiB`;
+}
+
 function modelsText(a) {
   const inventory = a.load && a.load.inventory;
   if (inventory && inventory.length) {
@@ -457,6 +462,8 @@ function renderDetail(a) {
     ["Queue", load.waiting_sequences ?? ""], ["Running", load.running_sequences ?? ""],
     ["Tokens/s", load.tokens_per_second !== undefined ? load.tokens_per_second.toFixed(1) : ""],
     ["KV cache", load.kv_cache_used_fraction !== undefined ? `${Math.round(load.kv_cache_used_fraction * 100)}%` : ""],
+    // the models' memory budget and what the loaded ones commit of it (0: no budget)
+    ["Model memory", load.memory_budget_bytes ? `${mib(load.memory_committed_bytes)} of ${mib(load.memory_budget_bytes)} committed` : ""],
     ["Requests (total / failed)", load.requests_total !== undefined ? `${load.requests_total} / ${load.requests_failed_total}` : ""],
     ["Execution providers", ((a.hardware && a.hardware.execution_providers) || []).join(", ")],
     ["CPUs", a.hardware ? a.hardware.cpu_count : ""], ["Enrolled", a.enrolled ? "yes" : "no"],
@@ -479,12 +486,21 @@ function renderDetail(a) {
   $("agent-detail").replaceChildren(...nodes);
   const rows = [];
   const inventory = (a.load && a.load.inventory) || [];
+  // models it serves but holds out of memory now, [name, expected load seconds] pairs
+  const cold = new Map((Array.isArray(load.cold_models) ? load.cold_models : []).slice(0, 64)
+    .map((pair) => [String(pair[0]), Number(pair[1]) || 0]));
+  // a served model's state: in memory (and how much), or loaded on its next request
+  const servedText = (name, resident) => {
+    if (cold.has(name)) return `on demand (not in memory; loads in about ${cold.get(name).toFixed(1)} s)`;
+    return resident ? `loaded (${mib(resident)} in memory)` : "loaded";
+  };
   if (inventory.length) {
     // /v1/agents gives each inventory entry as an object (name, version, state, bytes, self_check)
     for (const m of inventory) {
       const tr = el("tr");
       let stateText = String(m.state ?? "");
       if (m.state === "downloading" && m.bytes_total) stateText += ` (${Math.round((100 * m.bytes_done) / m.bytes_total)} %)`;
+      if (m.state === "loaded") stateText = servedText(String(m.name), Number(m.resident_bytes) || 0);
       if (m.last_error) stateText += `: ${m.last_error}`;
       tr.append(el("td", m.name), el("td", m.version), el("td", stateText));
       rows.push(tr);
@@ -492,7 +508,7 @@ function renderDetail(a) {
   } else {
     for (const m of a.models || []) {
       const tr = el("tr");
-      tr.append(el("td", m.name), el("td", m.version || ""), el("td", "loaded"));
+      tr.append(el("td", m.name), el("td", m.version || ""), el("td", servedText(String(m.name), 0)));
       rows.push(tr);
     }
   }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from agent.agent_state import AgentState
 from agent.api.app import (
     KEYS,
     METRICS,
@@ -36,6 +38,7 @@ from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_pat
 from agent.config import FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
 from agent.engine.ort_session import use_shared_thread_pool
+from agent.engine.residency import follow_model_command
 from agent.enrollment import (
     Enroller,
     EnrollmentUnavailableError,
@@ -61,7 +64,7 @@ from agent.sync.manager import ModelSync
 from agent.sync.setup import models_source
 from edgefleet import config_loading
 from edgefleet.config_loading import add_arguments
-from edgefleet.contract import DesiredState
+from edgefleet.contract import Command, DesiredState
 from edgefleet.http_limits import LimitedAppRunner
 from edgefleet.tls import CertificateReloader
 
@@ -275,6 +278,13 @@ def prepare_sync(
     sync.fetcher.headers = headers
 
 
+def _on_command(state: AgentState, registry: ModelRegistry, command: Command) -> None:
+    """A coordinator's command: drain and resume change the agent's state, load and
+    unload a model's weights go to its residency."""
+    state.apply(command)
+    follow_model_command(registry.residency, command)
+
+
 async def serve(config: AgentConfig) -> None:
     check_coordinator_tls(config)  # before the models load
     check_auth_configured(config)
@@ -330,7 +340,7 @@ async def serve(config: AgentConfig) -> None:
             ),
             on_signing_key=None if sync is None else sync.trust.welcome_key,
             models_applied=None if sync is None else (lambda: sync.applied_generation),
-            on_command=state.apply,
+            on_command=functools.partial(_on_command, state, registry),
             max_backoff_s=config.coordinator.max_backoff_s,
             enroll_target_for=config.coordinator.enrollment_target_for,
             on_coordinator=metrics.set_coordinator,

@@ -495,6 +495,9 @@ class CommandKind(enum.StrEnum):
     RELOAD = "reload"
     # End a drain: accept new requests again.
     RESUME = "resume"
+    # Load ``Command.model``'s weights now; unload them (it stays served) (v1.3).
+    LOAD_MODEL = "load_model"
+    UNLOAD_MODEL = "unload_model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,3 +506,5 @@ class Command:
 
     kind: CommandKind
     reason: str = ""
+    # The model a LOAD_MODEL or UNLOAD_MODEL command is about (v1.3).
+    model: str = ""

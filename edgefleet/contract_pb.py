@@ -62,6 +62,8 @@ _COMMAND_KIND_TO_PB = {
     CommandKind.DRAIN: pb.Command.KIND_DRAIN,
     CommandKind.RELOAD: pb.Command.KIND_RELOAD,
     CommandKind.RESUME: pb.Command.KIND_RESUME,
+    CommandKind.LOAD_MODEL: pb.Command.KIND_LOAD_MODEL,
+    CommandKind.UNLOAD_MODEL: pb.Command.KIND_UNLOAD_MODEL,
 }
 _COMMAND_KIND_FROM_PB = {v: k for k, v in _COMMAND_KIND_TO_PB.items()}
 
@@ -629,10 +631,12 @@ def desired_state_from_pb(message: pb.DesiredState) -> DesiredState:
 
 
 def command_to_pb(command: Command) -> pb.Command:
-    return pb.Command(kind=_COMMAND_KIND_TO_PB[command.kind], reason=command.reason)
+    return pb.Command(
+        kind=_COMMAND_KIND_TO_PB[command.kind], reason=command.reason, model=command.model
+    )
 
 
 def command_from_pb(message: pb.Command) -> Command:
     # A kind from a newer contract is "unspecified" to us.
     kind = _COMMAND_KIND_FROM_PB.get(message.kind, CommandKind.UNSPECIFIED)
-    return Command(kind=kind, reason=message.reason)
+    return Command(kind=kind, reason=message.reason, model=message.model)

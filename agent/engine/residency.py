@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.errors import AgentError, InvalidRequestError, ModelNotFoundError
+from edgefleet.contract import Command, CommandKind
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,35 @@ class Loadable(Protocol):
     def busy(self) -> int:
         """Requests running or queued in the engine."""
         ...
+
+
+_command_tasks: set[asyncio.Task[object]] = set()
+
+
+def follow_model_command(residency: Residency | None, command: Command) -> bool:
+    """Start what a coordinator's LOAD_MODEL or UNLOAD_MODEL command asks (on the running
+    loop; its outcome is logged and shows in /v1/models and the next report). False when
+    this agent does not manage that model's memory."""
+    load = command.kind is CommandKind.LOAD_MODEL
+    if command.kind not in (CommandKind.LOAD_MODEL, CommandKind.UNLOAD_MODEL):
+        return False
+    if residency is None or residency.state(command.model) is None:
+        log.warning("coordinator command %s %r: not a text model this agent serves",
+                    command.kind, command.model[:128])  # fmt: skip
+        return False
+    log.info("coordinator command: %s %s (%s)", command.kind, command.model, command.reason)
+    job = residency.load(command.model) if load else residency.unload(command.model)
+    task: asyncio.Task[object] = asyncio.get_running_loop().create_task(job)
+    _command_tasks.add(task)
+
+    def done(finished: asyncio.Task[object]) -> None:
+        _command_tasks.discard(finished)
+        if not finished.cancelled() and finished.exception() is not None:
+            log.warning("coordinator command %s %s failed: %s", command.kind, command.model,
+                        finished.exception())  # fmt: skip
+
+    task.add_done_callback(done)
+    return True
 
 
 class ResidencyListener(Protocol):

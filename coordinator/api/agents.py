@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import re
 from datetime import UTC, datetime
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from coordinator.api.app_keys import (
 )
 from coordinator.api.common import (
     InvalidParameter,
+    error_response,
     json_body,
     location_from,
     query_number,
@@ -99,6 +101,47 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
     request.config_dict[EVENTS_KEY].on_change(agent_id)
     view = agent_json(record, datetime.now(UTC), interval_ms)
     return web.json_response(view | {"command_sent": sent})
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+async def _model_command(request: web.Request, kind: str) -> web.Response:
+    """Tell an agent to load or unload one model's weights now (an agent that loads
+    models on demand: it keeps serving the model either way)."""
+    agent_id, model = request.match_info["agent_id"], request.match_info["model"]
+    if not MODEL_NAME.fullmatch(model):
+        raise InvalidParameter("model", "model must be a model name (letters, digits, . _ -)")
+    record = request.config_dict[REGISTRY_KEY].get(agent_id)
+    if record is None:
+        raise UnknownAgentError(f"agent {agent_id!r} is not connected to this coordinator")
+    served = {m.name for m in record.served} | {m.name for m in record.hello.models}
+    if model not in served:
+        return error_response(
+            404, f"agent {agent_id} does not serve model {model!r} (it serves: "
+            f"{', '.join(sorted(served)) or 'none'})", type_="invalid_request_error",
+            code="model_not_found", param="model",
+        )  # fmt: skip
+    sent = request.config_dict[GRPC_SERVER_KEY].servicer.send_command(
+        agent_id, kind, f"{kind} requested by an operator", model
+    )
+    if not sent:
+        return error_response(
+            409, f"agent {agent_id} has no session on this coordinator now: nothing was sent",
+            type_="invalid_request_error", code="agent_not_connected",
+        )  # fmt: skip
+    return web.json_response(
+        {"agent_id": agent_id, "model": model, "command": kind, "command_sent": True},
+        status=202,
+    )
+
+
+async def load_model_on_agent(request: web.Request) -> web.Response:
+    return await _model_command(request, "load_model")
+
+
+async def unload_model_on_agent(request: web.Request) -> web.Response:
+    return await _model_command(request, "unload_model")
 
 
 async def drain_agent(request: web.Request) -> web.Response:

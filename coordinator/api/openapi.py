@@ -52,6 +52,16 @@ def _list_of(item: str) -> dict[str, Any]:
 
 _SCHEMAS: dict[str, Any] = {
     "Error": _ERROR,
+    "ModelCommand": {
+        "type": "object",
+        "required": ["agent_id", "model", "command", "command_sent"],
+        "properties": {
+            "agent_id": {"type": "string"},
+            "model": {"type": "string"},
+            "command": {"type": "string", "enum": ["load_model", "unload_model"]},
+            "command_sent": {"type": "boolean"},
+        },
+    },
     "Agent": {
         "type": "object",
         "required": [
@@ -662,6 +672,12 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
         "JoinToken",
     ),
     ("POST", "/v1/admin/agents/{agent_id}/drain"): ([_p("agent_id")], None, "200", "Agent"),
+    ("POST", "/v1/admin/agents/{agent_id}/models/{model}/load"): (
+        [_p("agent_id"), _p("model")], None, "202", "ModelCommand"
+    ),
+    ("POST", "/v1/admin/agents/{agent_id}/models/{model}/unload"): (
+        [_p("agent_id"), _p("model")], None, "202", "ModelCommand"
+    ),
     ("POST", "/v1/admin/agents/{agent_id}/resume"): ([_p("agent_id")], None, "200", "Agent"),
     ("PATCH", "/v1/admin/agents/{agent_id}"): (
         [_p("agent_id")],

@@ -27,10 +27,12 @@ from coordinator.api.agents import (
     drain_agent,
     get_agent,
     list_agents,
+    load_model_on_agent,
     remove_agent,
     resume_agent,
     revoke_agent,
     set_agent,
+    unload_model_on_agent,
 )
 from coordinator.api.audit import audit_log, request_records
 from coordinator.api.authz import ADMIN_PREFIX, AdminRoute
@@ -79,6 +81,10 @@ ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("GET", "/tokens", list_tokens, Role.VIEWER, "List join tokens (no secrets)"),
     AdminRoute("DELETE", "/tokens/{token_id}", revoke_token, Role.ADMIN, "Revoke a join token"),
     AdminRoute("POST", "/agents/{agent_id}/drain", drain_agent, Role.OPERATOR, "Drain an agent"),
+    AdminRoute("POST", "/agents/{agent_id}/models/{model}/load", load_model_on_agent,
+               Role.OPERATOR, "Load a model's weights on an agent now (it loads on demand)"),
+    AdminRoute("POST", "/agents/{agent_id}/models/{model}/unload", unload_model_on_agent,
+               Role.OPERATOR, "Unload a model's weights on an agent (it stays served)"),
     AdminRoute("POST", "/agents/{agent_id}/resume", resume_agent, Role.OPERATOR,
                "Resume a drained agent"),
     AdminRoute("PATCH", "/agents/{agent_id}", set_agent, Role.ADMIN,

@@ -257,8 +257,8 @@ def desired_state_to_pb(state: DesiredState) -> pb.CoordinatorMessage:
     return pb.CoordinatorMessage(desired_state=contract_pb.desired_state_to_pb(state))
 
 
-def command_to_pb(kind: CommandKind, reason: str) -> pb.CoordinatorMessage:
-    command = Command(kind=kind, reason=reason)
+def command_to_pb(kind: CommandKind, reason: str, model: str = "") -> pb.CoordinatorMessage:
+    command = Command(kind=kind, reason=reason, model=model)
     return pb.CoordinatorMessage(command=contract_pb.command_to_pb(command))
 
 

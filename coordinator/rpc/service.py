@@ -498,9 +498,12 @@ class CoordinatorServicer:
         live.outbox.put_nowait(message)
         return True
 
-    def send_command(self, agent_id: str, kind: CommandKind | str, reason: str) -> bool:
-        """Push a Command ("drain", "resume", "reload"); False when the agent has no session."""
-        return self.push(agent_id, proto_convert.command_to_pb(CommandKind(kind), reason))
+    def send_command(
+        self, agent_id: str, kind: CommandKind | str, reason: str, model: str = ""
+    ) -> bool:
+        """Push a Command ("drain", "resume", "reload", "load_model" or "unload_model" of
+        ``model``); False when the agent has no session here."""
+        return self.push(agent_id, proto_convert.command_to_pb(CommandKind(kind), reason, model))
 
     def set_section(self, agent_id: str, section: Section) -> DesiredState:
         """Set one section of an agent's desired state and push it on its live session.

@@ -538,22 +538,28 @@ class SectionGenerations(_message.Message):
     def __init__(self, models: _Optional[int] = ..., overflow_targets: _Optional[int] = ..., keys: _Optional[int] = ..., config: _Optional[int] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("kind", "reason")
+    __slots__ = ("kind", "reason", "model")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Command.Kind]
         KIND_DRAIN: _ClassVar[Command.Kind]
         KIND_RELOAD: _ClassVar[Command.Kind]
         KIND_RESUME: _ClassVar[Command.Kind]
+        KIND_LOAD_MODEL: _ClassVar[Command.Kind]
+        KIND_UNLOAD_MODEL: _ClassVar[Command.Kind]
     KIND_UNSPECIFIED: Command.Kind
     KIND_DRAIN: Command.Kind
     KIND_RELOAD: Command.Kind
     KIND_RESUME: Command.Kind
+    KIND_LOAD_MODEL: Command.Kind
+    KIND_UNLOAD_MODEL: Command.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     kind: Command.Kind
     reason: str
-    def __init__(self, kind: _Optional[_Union[Command.Kind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, kind: _Optional[_Union[Command.Kind, str]] = ..., reason: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
     __slots__ = ("model", "version", "client_location", "site", "client_ip", "max_wait_ms", "exclude_agent_ids", "client_rtt_ms", "limit")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -21,7 +22,8 @@ import openai
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-from devtools.fleet import AgentProcess
+from devtools.fleet import AgentProcess, CoordinatorProcess
+from devtools.process import wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -167,3 +169,70 @@ async def test_models_share_one_thread_pool_and_loads_yield_the_cores(
     # the loader (Python does not name its threads for the OS: found by its nice value)
     assert list(three.values()).count(19) == 1, three
     assert list(one.values()).count(19) == 1  # its loader too; no pool threads besides
+
+
+def _cli(*args: str, admin_token: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EDGEFLEET_ADMIN_TOKEN": admin_token}
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator", *args],
+        capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+
+
+async def test_an_operator_unloads_and_loads_a_model_through_the_coordinator(
+    real_artifacts: Path,
+) -> None:
+    """agents unload-model / load-model: a command over the agent's session; the agent's
+    /v1/models and its report (the route's predicted wait) follow, and bad input is
+    refused with a clear error."""
+    async with (
+        CoordinatorProcess(report_interval_ms=200) as coordinator,
+        AgentProcess(
+            models_dir=str(real_artifacts),
+            serve=["tiny-llama", SMOL],
+            coordinator=coordinator.grpc_target,
+            agent_id="edge-budget",
+            extra_args=["--threads", "2"],
+        ) as agent,
+    ):
+        key = await coordinator.api_key_for([agent])
+        assert (await _models(agent, key))[SMOL]["state"] == "loaded"
+        url, token = coordinator.http_url, coordinator.admin_token
+
+        async def state() -> str:
+            return str((await _models(agent, key))[SMOL]["state"])
+
+        async def predicted_wait() -> float:
+            route = await coordinator.get_json(f"/v1/route?model={SMOL}")
+            return float(route["agents"][0]["predicted_wait_ms"])
+
+        done = _cli("agents", "unload-model", "edge-budget", SMOL, "--url", url,
+                    admin_token=token)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"unload_model {SMOL} sent" in done.stdout
+        await wait_until(lambda: _is(state, "available"), timeout_s=10, message="unloaded")
+        # the next report says it is cold: the route counts its load
+        await wait_until(lambda: _positive(predicted_wait), timeout_s=5, message="cold")
+        done = _cli("agents", "load-model", "edge-budget", SMOL, "--url", url,
+                    admin_token=token)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        await wait_until(lambda: _is(state, "loaded"), timeout_s=20, message="loaded")
+        await wait_until(lambda: _is(predicted_wait, 0.0), timeout_s=5, message="warm")
+        # refused: a model it does not serve, a hostile name, an unknown agent
+        for args, code in (
+            (("edge-budget", QWEN), "404 agent edge-budget does not serve model"),
+            (("edge-budget", "../../admin"), "400 model must be a model name"),
+            (("edge-budget", "a" * 300), "400 model must be a model name"),
+            (("no-such-agent", SMOL), "no-such-agent"),
+        ):
+            done = _cli("agents", "load-model", *args, "--url", url, admin_token=token)
+            assert done.returncode != 0 and code in done.stderr, (args, done.stderr)
+        assert (await _models(agent, key))[SMOL]["state"] == "loaded"
+
+
+async def _is(probe: Any, wanted: Any) -> bool:
+    return bool(await probe() == wanted)
+
+
+async def _positive(probe: Any) -> bool:
+    return bool(await probe() > 0)

@@ -9,7 +9,7 @@ off (a loopback benchmark), streamed chat requests through the ``openai`` SDK:
     burst's model unloaded by the one before: failed requests, each swap's evict + load
     (the agent's ``edgefleet_agent_model_load_seconds`` per load), beside a bare ONNX
     Runtime session create plus a one-token warm-up of the same artifact in this process
-    (5 times each), the cold request's TTFT against its load, the agent's RSS after 2 and
+    (5 times each), the cold request's TTFT against its load, the agent's RSS 3 s after 2 and
     after 20 swaps, and committed memory (``edgefleet_agent_memory_budget_bytes``) and RSS
     sampled every 100 ms against the budget.
 ``both``
@@ -163,6 +163,13 @@ def bare_session_seconds(models_dir: Path, model: str, repeat: int = 5) -> list[
     return times
 
 
+def rss_anon(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 class Sampler:
     """The agent's committed memory and RSS every 100 ms."""
 
@@ -170,6 +177,7 @@ class Sampler:
         self.url, self.process = url, psutil.Process(pid)
         self.committed: list[float] = []
         self.rss: list[int] = []
+        self.anon: list[int] = []  # RssAnon: what the kernel cannot reclaim (file pages it can)
         self.phase = ""  # what the run is doing (set by the caller)
         self.phases: list[str] = []
         self._task: asyncio.Task[None] | None = None
@@ -179,6 +187,7 @@ class Sampler:
             metrics = await scrape(self.url)
             self.committed.append(metrics.get("committed", 0.0))
             self.rss.append(self.process.memory_info().rss)
+            self.anon.append(rss_anon(self.process.pid))
             self.phases.append(self.phase)
             await asyncio.sleep(0.1)
 
@@ -229,8 +238,8 @@ async def swap(models_dir: str, figures: dict[str, Any], targets: dict[str, Any]
                         r["ok"] for r in done) else None  # fmt: skip
                     swaps.append({"burst": b, "model": model, "load_s": round(load_s, 3),
                                   "cold_ttft_s": cold_ttft and round(cold_ttft, 3)})  # fmt: skip
-                if b + 1 in (2, 20):
-                    await asyncio.sleep(1.0)
+                if b + 1 in (2, 20):  # idle past engine.idle_release_s (2 s): settled
+                    await asyncio.sleep(3.0)
                     rss_after[b + 1] = process.memory_info().rss
         await client.close()
         for line in list(agent.log):  # where each load's time went (the agent logs it)
@@ -266,6 +275,7 @@ async def swap(models_dir: str, figures: dict[str, Any], targets: dict[str, Any]
         "samples": len(sampler.committed),
         "committed_max_mib": round(max(sampler.committed, default=0) / MiB, 1),
         "rss_max_mib": round(max(sampler.rss, default=0) / MiB, 1),
+        "rss_anon_max_mib": round(max(sampler.anon, default=0) / MiB, 1),
         "rss_max_during": sampler.phases[sampler.rss.index(max(sampler.rss))]
         if sampler.rss
         else "",

@@ -56,6 +56,8 @@ def report_from_json(agent_id: str, names: str | None, text: str | None) -> Load
         fields.pop("overflow_usage", None)
         if "redactions" in fields:  # (type, count) pairs, saved as JSON lists
             fields["redactions"] = tuple((str(t), int(n)) for t, n in fields["redactions"])
+        if "cold_models" in fields:  # (model, load seconds) pairs, saved as JSON lists
+            fields["cold_models"] = tuple((str(m), float(s)) for m, s in fields["cold_models"])
         return LoadReport(**fields)
     except (TypeError, ValueError) as exc:
         logger.info("ignoring the saved load report of agent %s: %s", agent_id, exc)

@@ -95,6 +95,7 @@ class Running:
                 .replace("{name}", "m")
                 .replace("{version}", "v")
                 .replace("{rollout_id}", "ro-1")
+                .replace("{model}", "m")
             )
             path = path.replace("{sha256}", SAMPLE_SHA256)
             assert "{" not in path, f"give {canonical} a sample parameter here"
@@ -243,7 +244,8 @@ async def test_roles_viewer_operator_admin(start: Callable[..., Awaitable[Runnin
                 k for k in table if k[0] == method and
                 k[1].replace("{agent_id}", "edge-1").replace("{token_id}", "t1")
                 .replace("{key_id}", "k1").replace("{name}", "m").replace("{version}", "v")
-                .replace("{sha256}", SAMPLE_SHA256).replace("{rollout_id}", "ro-1") == path
+                .replace("{sha256}", SAMPLE_SHA256).replace("{rollout_id}", "ro-1")
+                .replace("{model}", "m") == path
             )  # fmt: skip
             needed = table[canonical]
             assert needed is not None

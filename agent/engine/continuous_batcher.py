@@ -87,7 +87,9 @@ class BatcherConfig:
     max_queue: int = 64  # waiting sequences; more are rejected with 429
     max_queue_wait_s: float = 60.0  # a sequence waiting longer is rejected with 429
     request_timeout_s: float = 300.0  # default whole-request timeout
-    prefix_cache_bytes: int = 64 << 20  # keys/values of recent prompts' blocks; 0: off
+    # keys/values of recent prompts' blocks, kept while idle; 0: off. Per model, and it
+    # counts against the agent's memory budget: 32 MiB holds ~730 of SmolLM2's tokens
+    prefix_cache_bytes: int = 32 << 20
     # idle this long, the engine unmaps the weight pages serving mapped (0: never)
     idle_release_s: float = 2.0
 

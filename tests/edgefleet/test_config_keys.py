@@ -58,7 +58,7 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "engine.max_batched_tokens": 256, "engine.kv_cache_bytes": 536870912,
     "engine.kv_budget_tokens": None, "engine.max_queue": 64,
     "engine.max_queue_wait_s": 60.0, "engine.request_timeout_s": 300.0,
-    "engine.prefix_cache_bytes": 67108864, "engine.idle_release_s": 2.0,
+    "engine.prefix_cache_bytes": 33554432, "engine.idle_release_s": 2.0,
     "embeddings.max_batch_size": 32, "embeddings.max_queue_delay_us": 2000,
     "embeddings.max_queue": 4096,
     "residency.budget_bytes": None, "residency.budget_share": 0.75, "residency.max_loaded": 0,

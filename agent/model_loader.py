@@ -98,9 +98,7 @@ def load_text_model(
             special.eos_token_ids,
             batcher_config,
             restart_policy,
-            release_idle=functools.partial(
-                release_mapped_weights, directory / manifest.graph.onnx, keep_cached=True
-            ),
+            release_idle=functools.partial(release_mapped_weights, directory / manifest.graph.onnx),
             executor=step_executor,
         )
         _log_kv_budget(manifest, spec, lm.kv_bytes_per_token, batcher_config, engine)

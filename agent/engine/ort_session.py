@@ -88,7 +88,7 @@ def create_session(model_path: Path, config: SessionConfig) -> ort.InferenceSess
     # what loading read once and no longer needs: mapped weights' pages (left in the page
     # cache, which the kernel reclaims when it needs to: a reload of this model reads
     # nothing from disk) and the heap's transient blocks
-    release_mapped_weights(model_path, keep_cached=True)
+    release_mapped_weights(model_path)
     trim_heap("session loaded")
     log.info("loaded %s on %s", model_path, ", ".join(session.get_providers()))
     return session

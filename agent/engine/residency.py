@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -272,7 +272,6 @@ class _Slot:
     room_made: bool = False  # loading, with its commitment inside the budget
     evicted_at: float | None = None
     pinned: bool = False
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def footprint(self) -> int:
@@ -342,12 +341,7 @@ class Residency:
             slot.state = ModelState.LOADED
             slot.loaded_at = slot.last_used = now
             slot.expires_at = self._expiry(slot, now, None)
-        slot.idle.set()
         self._slots[model.model_id] = slot
-
-    def unregister(self, model_id: str) -> None:
-        self._slots.pop(model_id, None)
-        self._changed.set()
 
     def state(self, model_id: str) -> ModelState | None:
         slot = self._slots.get(model_id)
@@ -404,15 +398,8 @@ class Residency:
                 "version": slot.model.version,
                 "state": str(slot.state),
                 "resident_bytes": slot.footprint if loaded else 0,
-                "committed_bytes": slot.committed if loaded else 0,
-                "predicted_bytes": slot.footprint,
                 "expires_at": expires,
                 "pinned": slot.pinned,
-                "active": slot.active,
-                "waiting": slot.waiting,
-                "load_seconds": slot.load_seconds,
-                "expected_load_s": self.expected_load_s(slot),
-                "error": slot.failure or None,
             })  # fmt: skip
         return out
 
@@ -428,7 +415,6 @@ class Residency:
             await self._wait_loaded(slot, "request", timeout_s)
         now = self._clock()
         slot.active += 1
-        slot.idle.clear()
         slot.last_used = now
         if keep_alive_s is not None:
             keep_alive_s = min(keep_alive_s, self.config.max_request_keep_alive_s)
@@ -443,7 +429,6 @@ class Residency:
         slot.last_used = now
         if slot.active == 0:
             slot.expires_at = self._later(slot.expires_at, self._expiry(slot, now, None))
-            slot.idle.set()
             self._changed.set()
 
     def _expiry(self, slot: _Slot, now: float, keep_alive_s: float | None) -> float | None:
@@ -566,7 +551,6 @@ class Residency:
             slot.failure = ""
             slot.loaded_at = slot.last_used = now
             slot.expires_at = self._expiry(slot, now, None)
-            slot.idle.set()
             if slot.evicted_at is not None and now - slot.evicted_at < 60:
                 for listener in self.listeners:
                     listener.on_reload_after_eviction(model_id)

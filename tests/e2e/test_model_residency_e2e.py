@@ -24,20 +24,12 @@ import pytest
 
 from devtools.fleet import AgentProcess, CoordinatorProcess
 from devtools.process import wait_until
+from tests.e2e.test_qwen_e2e import _keys_file  # the site's keys file, as its operator makes it
 
 pytestmark = [pytest.mark.e2e]
 
 SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
-
-
-def _keys_file(tmp_path: Path) -> tuple[Path, str]:
-    keys_file = tmp_path / "keys.json"
-    api_key = subprocess.run(
-        [sys.executable, "-m", "agent", "keys", "add", "--file", str(keys_file), "--name", "t"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout.strip()  # fmt: skip
-    return keys_file, api_key
 
 
 async def _models(agent: AgentProcess, key: str) -> dict[str, dict[str, Any]]:

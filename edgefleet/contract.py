@@ -330,6 +330,17 @@ class Welcome:
     coordinators: tuple[str, ...] = ()
 
 
+class Residency(enum.StrEnum):
+    """How an agent holds one model's weights (``ModelTarget.residency``)."""
+
+    # Loaded by its first request; unloaded when idle past the keep-alive or for room.
+    ON_DEMAND = "on_demand"
+    # Loaded once verified; never unloaded for room or idleness.
+    PINNED = "pinned"
+    # Kept verified on disk but not served (routing skips the agent for it).
+    STORE_ONLY = "store_only"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelTarget:
     """A model version an agent should have loaded and serving, and where to fetch it."""
@@ -348,6 +359,8 @@ class ModelTarget:
     peer_urls: tuple[str, ...] = ()
     # The rollout that set this target; empty for a static assignment (v1.3).
     rollout_id: str = ""
+    # How the agent holds the weights in memory (v1.3, additive).
+    residency: Residency = Residency.ON_DEMAND
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +398,11 @@ class ApiKey:
     expires_at_unix: int = 0
     # Human label (not secret).
     name: str = ""
+    # Longest keep_alive a request with this key may ask, seconds; 0: the agent's own
+    # cap, which also bounds this one (v1.3, additive).
+    max_keep_alive_s: float = 0.0
+    # Requests with this key may pin a model (keep_alive < 0) (v1.3, additive).
+    may_pin_models: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from edgefleet.contract import (
     ModelsSection,
     ModelStats,
     ModelTarget,
+    Residency,
     OverflowApi,
     OverflowEndpoint,
     OverflowKind,
@@ -66,6 +67,13 @@ _COMMAND_KIND_TO_PB = {
     CommandKind.UNLOAD_MODEL: pb.Command.KIND_UNLOAD_MODEL,
 }
 _COMMAND_KIND_FROM_PB = {v: k for k, v in _COMMAND_KIND_TO_PB.items()}
+_RESIDENCY_TO_PB = {
+    Residency.ON_DEMAND: pb.ModelTarget.RESIDENCY_ON_DEMAND,
+    Residency.PINNED: pb.ModelTarget.RESIDENCY_PINNED,
+    Residency.STORE_ONLY: pb.ModelTarget.RESIDENCY_STORE_ONLY,
+}
+# Unset (an older coordinator) and values from a newer one read as on demand.
+_RESIDENCY_FROM_PB = {v: k for k, v in _RESIDENCY_TO_PB.items()}
 
 
 # ------------------------------------------------------------------ shared types
@@ -526,6 +534,8 @@ def api_key_to_pb(key: ApiKey) -> pb.ApiKey:
         tokens_per_minute=key.tokens_per_minute,
         expires_at_unix=key.expires_at_unix,
         name=key.name,
+        max_keep_alive_s=key.max_keep_alive_s,
+        may_pin_models=key.may_pin_models,
     )
 
 
@@ -541,6 +551,8 @@ def api_key_from_pb(message: pb.ApiKey) -> ApiKey:
         tokens_per_minute=message.tokens_per_minute,
         expires_at_unix=message.expires_at_unix,
         name=message.name,
+        max_keep_alive_s=message.max_keep_alive_s,
+        may_pin_models=message.may_pin_models,
     )
 
 
@@ -554,6 +566,7 @@ def model_target_to_pb(target: ModelTarget) -> pb.ModelTarget:
         signature=target.signature,
         peer_urls=list(target.peer_urls),
         rollout_id=target.rollout_id,
+        residency=_RESIDENCY_TO_PB[target.residency],
     )
 
 
@@ -567,6 +580,7 @@ def model_target_from_pb(message: pb.ModelTarget) -> ModelTarget:
         signature=message.signature,
         peer_urls=tuple(message.peer_urls),
         rollout_id=message.rollout_id,
+        residency=_RESIDENCY_FROM_PB.get(message.residency, Residency.ON_DEMAND),
     )
 
 

@@ -343,7 +343,17 @@ class Welcome(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., report_interval_ms: _Optional[int] = ..., contract_minor: _Optional[int] = ..., model_signing_key: _Optional[bytes] = ..., coordinators: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelTarget(_message.Message):
-    __slots__ = ("name", "version", "artifact_url", "sha256", "manifest", "signature", "peer_urls", "rollout_id")
+    __slots__ = ("name", "version", "artifact_url", "sha256", "manifest", "signature", "peer_urls", "rollout_id", "residency")
+    class Residency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        RESIDENCY_UNSPECIFIED: _ClassVar[ModelTarget.Residency]
+        RESIDENCY_ON_DEMAND: _ClassVar[ModelTarget.Residency]
+        RESIDENCY_PINNED: _ClassVar[ModelTarget.Residency]
+        RESIDENCY_STORE_ONLY: _ClassVar[ModelTarget.Residency]
+    RESIDENCY_UNSPECIFIED: ModelTarget.Residency
+    RESIDENCY_ON_DEMAND: ModelTarget.Residency
+    RESIDENCY_PINNED: ModelTarget.Residency
+    RESIDENCY_STORE_ONLY: ModelTarget.Residency
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_URL_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +362,7 @@ class ModelTarget(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     PEER_URLS_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     artifact_url: str
@@ -360,7 +371,8 @@ class ModelTarget(_message.Message):
     signature: bytes
     peer_urls: _containers.RepeatedScalarFieldContainer[str]
     rollout_id: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_url: _Optional[str] = ..., sha256: _Optional[str] = ..., manifest: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., peer_urls: _Optional[_Iterable[str]] = ..., rollout_id: _Optional[str] = ...) -> None: ...
+    residency: ModelTarget.Residency
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., artifact_url: _Optional[str] = ..., sha256: _Optional[str] = ..., manifest: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., peer_urls: _Optional[_Iterable[str]] = ..., rollout_id: _Optional[str] = ..., residency: _Optional[_Union[ModelTarget.Residency, str]] = ...) -> None: ...
 
 class ModelInventory(_message.Message):
     __slots__ = ("name", "version", "state", "bytes_done", "bytes_total", "last_error", "self_check", "bytes_from_peers", "bytes_from_coordinator", "resident_bytes")
@@ -487,7 +499,7 @@ class KeysSection(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[ApiKey, _Mapping]]] = ...) -> None: ...
 
 class ApiKey(_message.Message):
-    __slots__ = ("key_id", "secret_sha256", "models", "allow_cloud", "max_priority", "max_tokens_per_request", "requests_per_minute", "tokens_per_minute", "expires_at_unix", "name")
+    __slots__ = ("key_id", "secret_sha256", "models", "allow_cloud", "max_priority", "max_tokens_per_request", "requests_per_minute", "tokens_per_minute", "expires_at_unix", "name", "max_keep_alive_s", "may_pin_models")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SECRET_SHA256_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -498,6 +510,8 @@ class ApiKey(_message.Message):
     TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEEP_ALIVE_S_FIELD_NUMBER: _ClassVar[int]
+    MAY_PIN_MODELS_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     secret_sha256: bytes
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -508,7 +522,9 @@ class ApiKey(_message.Message):
     tokens_per_minute: float
     expires_at_unix: int
     name: str
-    def __init__(self, key_id: _Optional[str] = ..., secret_sha256: _Optional[bytes] = ..., models: _Optional[_Iterable[str]] = ..., allow_cloud: _Optional[bool] = ..., max_priority: _Optional[str] = ..., max_tokens_per_request: _Optional[int] = ..., requests_per_minute: _Optional[float] = ..., tokens_per_minute: _Optional[float] = ..., expires_at_unix: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    max_keep_alive_s: float
+    may_pin_models: bool
+    def __init__(self, key_id: _Optional[str] = ..., secret_sha256: _Optional[bytes] = ..., models: _Optional[_Iterable[str]] = ..., allow_cloud: _Optional[bool] = ..., max_priority: _Optional[str] = ..., max_tokens_per_request: _Optional[int] = ..., requests_per_minute: _Optional[float] = ..., tokens_per_minute: _Optional[float] = ..., expires_at_unix: _Optional[int] = ..., name: _Optional[str] = ..., max_keep_alive_s: _Optional[float] = ..., may_pin_models: _Optional[bool] = ...) -> None: ...
 
 class ConfigSection(_message.Message):
     __slots__ = ("generation", "values")

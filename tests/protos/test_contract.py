@@ -139,6 +139,7 @@ STATE = DesiredState(
                 b"\x07" * 64,
                 ("https://peer:8000/v1/blobs",),
                 "ro_1",
+                contract.Residency.PINNED,
             ),
         ),
     ),
@@ -185,6 +186,8 @@ STATE = DesiredState(
                 9000.0,
                 1_900_000_000,
                 "app",
+                600.0,
+                True,
             ),
         ),
     ),
@@ -454,3 +457,18 @@ def test_a_pushed_overflow_section_says_what_each_target_is_now() -> None:
     first.overflow_targets.targets[0].free_slots = 99
     later = contract_pb.desired_state_to_pb(section(a, b))
     assert later.overflow_targets.targets[0].free_slots == 16
+
+
+def test_model_residency_unset_or_unknown_reads_as_on_demand() -> None:
+    """An older coordinator sends no residency, a newer one may send a value this agent
+    does not know: both read as on demand, the agent's default."""
+    message = contract_pb.model_target_to_pb(STATE.models.models[0])  # type: ignore[union-attr]
+    assert message.residency == pb.ModelTarget.RESIDENCY_PINNED
+    message.ClearField("residency")
+    assert contract_pb.model_target_from_pb(message).residency is contract.Residency.ON_DEMAND
+    raw = message.SerializeToString() + bytes([9 << 3, 42])  # field 9, varint 42
+    again = pb.ModelTarget.FromString(raw)
+    assert contract_pb.model_target_from_pb(again).residency is contract.Residency.ON_DEMAND
+    assert contract_pb.model_target_to_pb(contract.ModelTarget("m", "v", "u", "s")).residency == (
+        pb.ModelTarget.RESIDENCY_ON_DEMAND
+    )

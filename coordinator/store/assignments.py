@@ -21,6 +21,8 @@ class RuleRecord:
     version: str
     rollout_id: str
     set_at: datetime
+    # How agents hold the weights: "on_demand", "pinned" or "store_only" (migration 15).
+    residency: str = "on_demand"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +34,13 @@ class AssignmentRecord:
     version: str
     rollout_id: str
     set_at: datetime
+    residency: str = "on_demand"
 
 
 class AssignmentTable(Protocol):
     async def set_model_rule(
-        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime
+        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+        residency: str = "on_demand",
     ) -> int:
         """Replace the rule for (name, selector); the new rule's seq (newer: larger)."""
         ...

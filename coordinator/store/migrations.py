@@ -12,11 +12,11 @@ Tables, and the module of ``coordinator/store/`` that reads and writes each:
 
 - ``join_tokens`` (join_tokens), ``agents``, ``sites``, ``removed_agents``,
   ``revoked_certificates`` (agents), ``agent_last_state`` (last_state), ``api_keys``
-  (api_keys), ``section_generations`` (generations): migrations 1, 2, 4, 5, 8 and 14;
+  (api_keys), ``section_generations`` (generations): migrations 1, 2, 4, 5, 8, 14 and 15;
 - ``admin_tokens`` (admin_tokens), ``audit_log`` (audit), ``request_records``
   (request_records): migration 3;
 - ``model_versions``, ``model_files`` (catalog), ``model_rules``, ``model_assignments``
-  (assignments): migration 6;
+  (assignments): migrations 6 and 15;
 - ``rollouts`` (rollouts): migration 7;
 - ``coordinators``, ``leases`` (membership): migration 9;
 - ``changes``, ``dashboard_sessions`` (changes): migration 10;
@@ -442,6 +442,19 @@ def _shared_live_view(db: sqlite3.Connection) -> None:
     ):  # fmt: skip
         db.execute(f"ALTER TABLE agent_last_state ADD COLUMN {column}")
     db.execute("CREATE INDEX agent_last_state_version ON agent_last_state (version)")
+
+
+@_migration(15)
+def _models_on_demand(db: sqlite3.Connection) -> None:
+    """Issue 26: a model target's residency (``on_demand``, ``pinned``, ``store_only``) on
+    selector rules and explicit assignments, and each API key's keep-alive cap and pin
+    right. Existing rows keep today's behaviour: on demand, the agent's own cap, no pin."""
+    for table in ("model_rules", "model_assignments"):
+        db.execute(
+            f"ALTER TABLE {table} ADD COLUMN residency TEXT NOT NULL DEFAULT 'on_demand'"
+        )
+    db.execute("ALTER TABLE api_keys ADD COLUMN max_keep_alive_s REAL NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE api_keys ADD COLUMN may_pin_models INTEGER NOT NULL DEFAULT 0")
 
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -16,9 +16,12 @@ from coordinator.store.postgres.pool import Connection
 
 class PostgresAssignments(PostgresTable):
     async def set_model_rule(
-        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime
+        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+        residency: str = "on_demand",
     ) -> int:
-        return await self._pool.call(_set_rule, name, selector, version, rollout_id, set_at)
+        return await self._pool.call(
+            _set_rule, name, selector, version, rollout_id, set_at, residency
+        )
 
     async def delete_model_rule(self, name: str, selector: str) -> None:
         await self._pool.call(_delete_rule, name, selector)
@@ -39,7 +42,8 @@ class PostgresAssignments(PostgresTable):
 
 
 async def _set_rule(
-    db: Connection, name: str, selector: str, version: str, rollout_id: str, set_at: datetime
+    db: Connection, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+    residency: str,
 ) -> int:
     async with db.transaction():
         # Replacements of one (name, selector) take turns: delete, then insert the new row.
@@ -51,9 +55,9 @@ async def _set_rule(
             "DELETE FROM model_rules WHERE name = %s AND selector = %s", (name, selector)
         )
         cursor = await db.execute(
-            "INSERT INTO model_rules (name, selector, version, rollout_id, set_at)"
-            " VALUES (%s, %s, %s, %s, %s) RETURNING seq",
-            (name, selector, version, rollout_id, set_at),
+            "INSERT INTO model_rules (name, selector, version, rollout_id, set_at, residency)"
+            " VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
+            (name, selector, version, rollout_id, set_at, residency),
         )
         row = await cursor.fetchone()
     return 0 if row is None else int(row["seq"])
@@ -73,19 +77,23 @@ async def _list_rules(db: Connection) -> list[RuleRecord]:
             version=r["version"],
             rollout_id=r["rollout_id"],
             set_at=r["set_at"],
+            residency=r["residency"],
         )
         for r in await cursor.fetchall()
     ]
 
 
 async def _set_assignments(db: Connection, assignments: list[AssignmentRecord]) -> None:
-    rows = sorted((a.agent_id, a.name, a.version, a.rollout_id, a.set_at) for a in assignments)
+    rows = sorted(
+        (a.agent_id, a.name, a.version, a.rollout_id, a.set_at, a.residency) for a in assignments
+    )
     async with db.transaction():
         await db.cursor().executemany(
-            "INSERT INTO model_assignments (agent_id, name, version, rollout_id, set_at)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id, name) DO UPDATE SET"
+            "INSERT INTO model_assignments"
+            " (agent_id, name, version, rollout_id, set_at, residency)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (agent_id, name) DO UPDATE SET"
             " version = excluded.version, rollout_id = excluded.rollout_id,"
-            " set_at = excluded.set_at",
+            " set_at = excluded.set_at, residency = excluded.residency",
             rows,
         )
 
@@ -106,6 +114,7 @@ async def _list_assignments(db: Connection) -> list[AssignmentRecord]:
             version=r["version"],
             rollout_id=r["rollout_id"],
             set_at=r["set_at"],
+            residency=r["residency"],
         )
         for r in await cursor.fetchall()
     ]

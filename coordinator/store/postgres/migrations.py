@@ -368,6 +368,21 @@ async def _shared_live_view(db: Connection) -> None:
     await db.execute("CREATE INDEX agent_last_state_version_idx ON agent_last_state (version)")
 
 
+@_migration(8)
+async def _models_on_demand(db: Connection) -> None:
+    """Issue 26: a model target's residency on selector rules and explicit assignments,
+    and each API key's keep-alive cap and pin right (existing rows: on demand, the
+    agent's own cap, no pin)."""
+    for table in ("model_rules", "model_assignments"):
+        await db.execute(
+            f"ALTER TABLE {table} ADD COLUMN residency text NOT NULL DEFAULT 'on_demand'"
+        )
+    await db.execute("""
+        ALTER TABLE api_keys
+            ADD COLUMN max_keep_alive_s double precision NOT NULL DEFAULT 0,
+            ADD COLUMN may_pin_models   boolean NOT NULL DEFAULT false""")  # fmt: skip
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

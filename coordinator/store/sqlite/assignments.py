@@ -13,9 +13,12 @@ from coordinator.store.sqlite.worker import write
 
 class SQLiteAssignments(SQLiteTable):
     async def set_model_rule(
-        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime
+        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+        residency: str = "on_demand",
     ) -> int:
-        return await self._worker.call(_set_rule, name, selector, version, rollout_id, set_at)
+        return await self._worker.call(
+            _set_rule, name, selector, version, rollout_id, set_at, residency
+        )
 
     async def delete_model_rule(self, name: str, selector: str) -> None:
         await self._worker.call(_delete_rule, name, selector)
@@ -37,14 +40,14 @@ class SQLiteAssignments(SQLiteTable):
 
 def _set_rule(
     db: sqlite3.Connection, name: str, selector: str, version: str, rollout_id: str,
-    set_at: datetime,
+    set_at: datetime, residency: str,
 ) -> int:  # fmt: skip
     with write(db):
         db.execute("DELETE FROM model_rules WHERE name = ? AND selector = ?", (name, selector))
         cursor = db.execute(
-            "INSERT INTO model_rules (name, selector, version, rollout_id, set_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (name, selector, version, rollout_id, set_at.isoformat()),
+            "INSERT INTO model_rules (name, selector, version, rollout_id, set_at, residency) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (name, selector, version, rollout_id, set_at.isoformat(), residency),
         )
         return int(cursor.lastrowid or 0)
 
@@ -63,6 +66,7 @@ def _list_rules(db: sqlite3.Connection) -> list[RuleRecord]:
             version=r["version"],
             rollout_id=r["rollout_id"],
             set_at=datetime.fromisoformat(r["set_at"]),
+            residency=r["residency"],
         )
         for r in db.execute("SELECT * FROM model_rules ORDER BY seq")
     ]
@@ -71,8 +75,9 @@ def _list_rules(db: sqlite3.Connection) -> list[RuleRecord]:
 def _set_assignments(db: sqlite3.Connection, assignments: list[AssignmentRecord]) -> None:
     with write(db):
         db.executemany(
-            "INSERT OR REPLACE INTO model_assignments VALUES (?, ?, ?, ?, ?)",
-            [(a.agent_id, a.name, a.version, a.rollout_id, a.set_at.isoformat())
+            "INSERT OR REPLACE INTO model_assignments "
+            "(agent_id, name, version, rollout_id, set_at, residency) VALUES (?, ?, ?, ?, ?, ?)",
+            [(a.agent_id, a.name, a.version, a.rollout_id, a.set_at.isoformat(), a.residency)
              for a in assignments],
         )  # fmt: skip
 
@@ -93,6 +98,7 @@ def _list_assignments(db: sqlite3.Connection) -> list[AssignmentRecord]:
             version=r["version"],
             rollout_id=r["rollout_id"],
             set_at=datetime.fromisoformat(r["set_at"]),
+            residency=r["residency"],
         )
         for r in db.execute("SELECT * FROM model_assignments")
     ]

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -271,7 +271,14 @@ class _Slot:
     failed_at: float = 0.0
     room_made: bool = False  # loading, with its commitment inside the budget
     evicted_at: float | None = None
-    pinned: bool = False
+    # Who pins it: "config" (residency.pinned), "target" (the coordinator's model target
+    # says pinned), "request" (a key allowed to pin asked keep_alive < 0). Pinned: never
+    # unloaded for room or idleness.
+    pins: set[str] = field(default_factory=set)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.pins)
 
     @property
     def footprint(self) -> int:
@@ -328,9 +335,12 @@ class Residency:
     ) -> None:
         """Know ``model`` (replacing a slot of the same id: a new version swapped in)."""
         now = self._clock()
-        slot = _Slot(model, predicted_bytes, reserve_bytes, pinned=model.model_id in
-                     self.config.pinned)  # fmt: skip
+        slot = _Slot(model, predicted_bytes, reserve_bytes)
+        if model.model_id in self.config.pinned:
+            slot.pins.add("config")
         old = self._slots.get(model.model_id)
+        if old is not None:  # a new version keeps its target's and requests' pins
+            slot.pins |= old.pins - {"config"}
         if (
             old is not None
             and old.measured_bytes is not None
@@ -342,6 +352,19 @@ class Residency:
             slot.loaded_at = slot.last_used = now
             slot.expires_at = self._expiry(slot, now, None)
         self._slots[model.model_id] = slot
+
+    def set_pinned(self, model_id: str, source: str, pinned: bool) -> None:
+        """Pin ``model_id`` (never unloaded for room or idleness) or take ``source``'s pin
+        back; an unpinned idle model's keep-alive starts again from now."""
+        slot = self._slot(model_id)
+        if pinned:
+            slot.pins.add(source)
+            slot.expires_at = None
+            return
+        slot.pins.discard(source)
+        if not slot.pinned and slot.state is ModelState.LOADED and slot.active == 0:
+            slot.expires_at = self._expiry(slot, self._clock(), None)
+            self._changed.set()
 
     def state(self, model_id: str) -> ModelState | None:
         slot = self._slots.get(model_id)
@@ -619,8 +642,11 @@ class Residency:
         return min(candidates, key=lambda s: s.last_used, default=None)
 
     async def unload(self, model_id: str, reason: str = "command") -> bool:
-        """Unload ``model_id`` once its requests are done; False when it was not loaded."""
+        """Unload ``model_id`` once its requests are done; False when it was not loaded. A
+        request's pin ends with it (the configuration's and the target's stay: the next
+        request loads the model again and it stays)."""
         slot = self._slot(model_id)
+        slot.pins.discard("request")
         if slot.state is not ModelState.LOADED:
             return False
         await self._unload(slot, reason)

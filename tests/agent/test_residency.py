@@ -324,3 +324,28 @@ async def test_what_is_committed_never_exceeds_the_budget_while_a_model_swaps() 
     assert max(seen) <= 100 * MiB, [s >> 20 for s in seen]
     assert seen[-1] == 70 * MiB and 70 * MiB in seen[:-1]  # the newcomer counted while loading
     await r.close()
+
+
+async def test_pins_by_target_or_request_hold_a_model_until_taken_back() -> None:
+    """A target's pin keeps a model through idleness and room-making until the target
+    says on demand again; a request's pin ends with an operator's unload; a new version
+    of the model keeps both."""
+    r = residency(budget_bytes=30 * MiB, keep_alive_s=0.2)
+    t = add(r, "t", 10, loaded=True)
+    q = add(r, "q", 10, loaded=True)
+    r.set_pinned("t", "target", True)
+    r.set_pinned("q", "request", True)
+    await asyncio.sleep(0.25)
+    assert await r.expire_idle() == []  # both past keep-alive, both pinned
+    add(r, "n", 20)
+    with pytest.raises(ModelUnavailableError):  # no room: both pinned
+        await r.acquire("n", timeout_s=2)
+    assert (t.detached, q.detached) == (0, 0)
+    r.register(FakeModel("t", "v2"), predicted_bytes=10 * MiB, reserve_bytes=0, loaded=True)
+    assert r.snapshot()[-1]["pinned"] is True  # the new version of t is still pinned
+    r.set_pinned("t", "target", False)
+    assert await r.unload("q")
+    assert r.snapshot()[1]["pinned"] is False  # the request's pin went with the unload
+    await asyncio.sleep(0.25)
+    assert await r.expire_idle() == ["t"]
+    await r.close()

@@ -26,6 +26,12 @@ class ApiKeyRecord:
     requests_per_minute: float = 0.0
     tokens_per_minute: float = 0.0
     expires_at: datetime | None = None  # None: never
+    # Longest keep_alive a request with this key may ask, seconds; 0: the agent's own cap
+    # (residency.max_request_keep_alive_s, which bounds this one too).
+    max_keep_alive_s: float = 0.0
+    # Requests with this key may pin a model (keep_alive < 0: loaded until an operator
+    # unloads it or the agent restarts).
+    may_pin_models: bool = False
     revoked_at: datetime | None = None
     # Usage reported by agents, summed.
     requests: int = 0

@@ -79,6 +79,22 @@ async def test_api_keys_revocation_and_usage_totals(store: FleetStore) -> None:
         await store.add_api_key(first)
 
 
+async def test_api_keys_keep_their_keep_alive_cap_and_pin_right(store: FleetStore) -> None:
+    """Issue 26: a key's keep-alive cap (seconds, fractions kept) and pin right round-trip;
+    a key minted without them reads the defaults (the agent's own cap, no pin)."""
+    pinning = api_key("key_pin", max_keep_alive_s=90.5, may_pin_models=True)
+    capped = api_key("key_cap", seconds=1, max_keep_alive_s=60.0)
+    plain = api_key("key_plain", seconds=2)
+    for key in (pinning, capped, plain):
+        await store.add_api_key(key)
+    keys = {k.key_id: k for k in await store.list_api_keys()}
+    assert (keys["key_pin"].max_keep_alive_s, keys["key_pin"].may_pin_models) == (90.5, True)
+    assert (keys["key_cap"].max_keep_alive_s, keys["key_cap"].may_pin_models) == (60.0, False)
+    assert (keys["key_plain"].max_keep_alive_s, keys["key_plain"].may_pin_models) == (0.0, False)
+    assert isinstance(keys["key_pin"].may_pin_models, bool)
+    assert list(keys.values()) == [pinning, capped, plain]
+
+
 async def test_usage_added_by_several_writers_at_once_is_all_counted(
     store_factory: StoreFactory,
 ) -> None:

@@ -40,12 +40,12 @@ async def _add_api_key(db: Connection, key: ApiKeyRecord) -> None:
         await db.execute(
             "INSERT INTO api_keys (key_id, secret_sha256, created_at, name, models_json,"
             " allow_cloud, max_priority, max_tokens_per_request, requests_per_minute,"
-            " tokens_per_minute, expires_at, revoked_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            " tokens_per_minute, expires_at, revoked_at, max_keep_alive_s, may_pin_models)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (key.key_id, key.secret_sha256, key.created_at, key.name,
              json.dumps(list(key.models)), key.allow_cloud, key.max_priority,
              key.max_tokens_per_request, key.requests_per_minute, key.tokens_per_minute,
-             key.expires_at, key.revoked_at),
+             key.expires_at, key.revoked_at, key.max_keep_alive_s, key.may_pin_models),
         )  # fmt: skip
         if key.requests or key.prompt_tokens or key.completion_tokens or key.rejected:
             # a copied key brings its totals (coordinator/store/copy.py)
@@ -108,6 +108,8 @@ def _api_key(row: dict[str, Any]) -> ApiKeyRecord:
         requests_per_minute=row["requests_per_minute"],
         tokens_per_minute=row["tokens_per_minute"],
         expires_at=row["expires_at"],
+        max_keep_alive_s=row["max_keep_alive_s"],
+        may_pin_models=row["may_pin_models"],
         revoked_at=row["revoked_at"],
         requests=int(row["requests"]),
         prompt_tokens=int(row["prompt_tokens"]),

@@ -33,7 +33,8 @@ def _add_api_key(db: sqlite3.Connection, key: ApiKeyRecord) -> None:
         db.execute(
             "INSERT INTO api_keys (key_id, secret_sha256, created_at, name, models_json, "
             "allow_cloud, max_priority, max_tokens_per_request, requests_per_minute, "
-            "tokens_per_minute, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "tokens_per_minute, expires_at, max_keep_alive_s, may_pin_models) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 key.key_id,
                 key.secret_sha256,
@@ -46,6 +47,8 @@ def _add_api_key(db: sqlite3.Connection, key: ApiKeyRecord) -> None:
                 key.requests_per_minute,
                 key.tokens_per_minute,
                 text(key.expires_at),
+                key.max_keep_alive_s,
+                int(key.may_pin_models),
             ),
         )
 
@@ -89,6 +92,8 @@ def _api_key(row: sqlite3.Row) -> ApiKeyRecord:
         requests_per_minute=row["requests_per_minute"],
         tokens_per_minute=row["tokens_per_minute"],
         expires_at=parse_time(row["expires_at"]),
+        max_keep_alive_s=row["max_keep_alive_s"],
+        may_pin_models=bool(row["may_pin_models"]),
         revoked_at=parse_time(row["revoked_at"]),
         requests=row["requests"],
         prompt_tokens=row["prompt_tokens"],

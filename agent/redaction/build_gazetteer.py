@@ -1,43 +1,94 @@
+# ruff: noqa: RUF001 (kana and Cyrillic letters in the romanization tables are meant)
 """Writes ``agent/redaction/data/gazetteer.json`` from Faker's locale providers.
 
 Run once by a developer (Faker is a dev/bench dependency, never needed on an edge box):
-``.venv/bin/python -m agent.redaction.build_gazetteer``. The file holds given names, family
-names and street words from every Latin-script Faker locale; the agent reads only the file.
+``.venv/bin/python -m agent.redaction.build_gazetteer``. The agent reads only the file.
+
+What goes in (every source is listed in the file's ``sources`` and printed by the builder):
+
+- given and family names from **every** Faker locale's person provider, in their own script
+  (Latin, Cyrillic, Greek, Arabic, Hebrew, Devanagari and the other Indic scripts, Thai,
+  Georgian, Armenian, Hangul, Han, kana);
+- Faker's own romanized lists (``ja_JP``, ``zh_CN``, ``zh_TW``: ``*_romanized_names``);
+- romanized forms derived here by rule, not looked up: Japanese kana names in Hepburn
+  (``サトウ`` -> Satou, Sato, Satoh), Korean Hangul names in the Revised Romanization
+  (``김`` -> Gim; ``민준`` -> Minjun, Min-jun) and Cyrillic names in a BGN-like
+  transliteration with its common variants (``Алексей`` -> Aleksey, Aleksei);
+- single Han/Hangul characters and words kept apart as ``cjk_family`` and ``hangul_family``:
+  the detector uses them only with a context cue (a single Han surname is an ordinary word);
+- street words (suffixes, prefixes) from every locale's address provider.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
+from importlib import metadata
 from pathlib import Path
 
 OUT = Path(__file__).parent / "data" / "gazetteer.json"
-# Street words come only from locales whose address formats the detector knows.
-STREET_LOCALES = frozenset(
-    [
-        "en_US",
-        "en_GB",
-        "en_AU",
-        "en_CA",
-        "en_IE",
-        "en_NZ",
-        "de_DE",
-        "de_AT",
-        "de_CH",
-        "fr_FR",
-        "fr_CA",
-        "fr_CH",
-        "it_IT",
-        "es_ES",
-        "es_MX",
-        "pt_PT",
-        "pt_BR",
-        "nl_NL",
-        "nl_BE",
-    ]
+
+# (package, licence, what is taken): the versions are read from the installed packages.
+SOURCES = (
+    (
+        "Faker",
+        "MIT",
+        "given and family names of every locale's person provider (all scripts), the "
+        "romanized name lists of ja_JP, zh_CN and zh_TW, the kana names of ja_JP (romanized "
+        "here), the Hangul names of ko_KR (romanized here), the Cyrillic names of ru_RU, "
+        "uk_UA, bg_BG, mk_MK, sr_*, kk/uz (transliterated here), street words of every "
+        "locale's address provider",
+    ),
 )
-_LATIN_WORD = re.compile(r"^[A-Za-zÀ-ÖØ-öø-ÿĀ-ž][A-Za-zÀ-ÖØ-öø-ÿĀ-ž'\u2019.\-]*$")
+
+_NAME_ATTRS_GIVEN = (
+    "first_names",
+    "first_names_female",
+    "first_names_male",
+    "first_names_nonbinary",
+    "first_names_unisex",
+    "first_romanized_names",
+    "first_romanized_names_female",
+    "first_romanized_names_male",
+    "middle_names",
+    "first_names_est",
+    "first_names_rus",
+    "first_names_female_common",
+    "first_names_male_common",
+    "first_names_female_hinduism",
+    "first_names_male_hinduism",
+    "first_names_female_islamic",
+    "first_names_male_islamic",
+)
+_NAME_ATTRS_FAMILY = (
+    "last_names",
+    "last_names_female",
+    "last_names_male",
+    "last_names_unisex",
+    "male_last_names",
+    "unisex_last_names",
+    "last_romanized_names",
+    "last_names_common",
+    "last_names_est",
+    "last_names_rus",
+    "last_names_hinduism",
+    "last_names_islamic",
+    "last_names_female_islamic",
+    "last_names_without_suffix",
+)
+_CJK = re.compile(r"^[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]+$")
+_HANGUL = re.compile(r"^[\uac00-\ud7a3]+$")
+
+
+def _is_word(part: str) -> bool:
+    """Letters (any script, with their combining marks), apostrophes, dots, hyphens."""
+    if len(part) < 2 or not part[0].isalpha():
+        return False
+    return all(
+        ch.isalpha() or unicodedata.category(ch).startswith("M") or ch in "'\u2019.-" for ch in part
+    )
 
 
 def _words(values: object) -> set[str]:
@@ -46,43 +97,232 @@ def _words(values: object) -> set[str]:
     for v in items if isinstance(items, Iterable) else ():
         if isinstance(v, str):
             for part in v.replace("-", " ").split():
-                if _LATIN_WORD.match(part) and len(part) >= 2:
+                part = part.strip(".")
+                if _is_word(part):
                     out.add(part)
     return out
 
 
-def build() -> dict[str, list[str]]:
+# ----------------------------------------------------------------- romanization by rule
+
+_KANA = {
+    "ア": "a", "イ": "i", "ウ": "u", "エ": "e", "オ": "o",
+    "カ": "ka", "キ": "ki", "ク": "ku", "ケ": "ke", "コ": "ko",
+    "ガ": "ga", "ギ": "gi", "グ": "gu", "ゲ": "ge", "ゴ": "go",
+    "サ": "sa", "シ": "shi", "ス": "su", "セ": "se", "ソ": "so",
+    "ザ": "za", "ジ": "ji", "ズ": "zu", "ゼ": "ze", "ゾ": "zo",
+    "タ": "ta", "チ": "chi", "ツ": "tsu", "テ": "te", "ト": "to",
+    "ダ": "da", "ヂ": "ji", "ヅ": "zu", "デ": "de", "ド": "do",
+    "ナ": "na", "ニ": "ni", "ヌ": "nu", "ネ": "ne", "ノ": "no",
+    "ハ": "ha", "ヒ": "hi", "フ": "fu", "ヘ": "he", "ホ": "ho",
+    "バ": "ba", "ビ": "bi", "ブ": "bu", "ベ": "be", "ボ": "bo",
+    "パ": "pa", "ピ": "pi", "プ": "pu", "ペ": "pe", "ポ": "po",
+    "マ": "ma", "ミ": "mi", "ム": "mu", "メ": "me", "モ": "mo",
+    "ヤ": "ya", "ユ": "yu", "ヨ": "yo",
+    "ラ": "ra", "リ": "ri", "ル": "ru", "レ": "re", "ロ": "ro",
+    "ワ": "wa", "ヲ": "o", "ン": "n",
+}  # fmt: skip
+_SMALL_Y = {"ャ": "a", "ュ": "u", "ョ": "o"}
+
+
+def romaji(kana: str) -> set[str]:
+    """Hepburn forms of a katakana name: long vowels kept (Satou), dropped (Sato), as oh."""
+    kana = "".join(chr(ord(c) + 0x60) if "\u3041" <= c <= "\u3096" else c for c in kana)
+    out = ""
+    i = 0
+    double = False
+    while i < len(kana):
+        ch = kana[i]
+        if ch == "ッ":
+            double = True
+            i += 1
+            continue
+        if ch == "ー":
+            out += out[-1:] if out else ""
+            i += 1
+            continue
+        syl = _KANA.get(ch)
+        if syl is None:
+            return set()
+        if i + 1 < len(kana) and kana[i + 1] in _SMALL_Y:
+            base = syl[:-1]
+            if base.endswith("i") and base not in ("sh", "ch", "j"):
+                base = base[:-1]
+            syl = (base if base in ("sh", "ch", "j") else base + "y") + _SMALL_Y[kana[i + 1]]
+            i += 1
+        if double:
+            syl = ("t" if syl.startswith("ch") else syl[0]) + syl
+            double = False
+        out += syl
+        i += 1
+    if not out:
+        return set()
+    forms = {out, out.replace("ou", "o").replace("uu", "u"), out.replace("ou", "oh")}
+    return {f.capitalize() for f in forms if len(f) >= 2}
+
+
+_RR_INITIAL = ["g", "kk", "n", "d", "tt", "r", "m", "b", "pp", "s", "ss", "", "j", "jj", "ch",
+               "k", "t", "p", "h"]  # fmt: skip
+_RR_MEDIAL = ["a", "ae", "ya", "yae", "eo", "e", "yeo", "ye", "o", "wa", "wae", "oe", "yo", "u",
+              "wo", "we", "wi", "yu", "eu", "ui", "i"]  # fmt: skip
+_RR_FINAL = ["", "k", "k", "k", "n", "n", "n", "t", "l", "k", "m", "l", "l", "l", "p", "l", "m",
+             "p", "p", "t", "t", "ng", "t", "t", "k", "t", "p", "t"]  # fmt: skip
+
+
+def _rr_syllable(ch: str) -> str:
+    code = ord(ch) - 0xAC00
+    initial, rest = divmod(code, 21 * 28)
+    medial, final = divmod(rest, 28)
+    return _RR_INITIAL[initial] + _RR_MEDIAL[medial] + _RR_FINAL[final]
+
+
+def revised_romanization(hangul: str) -> set[str]:
+    """A Hangul name in the Revised Romanization, joined and hyphenated (Minjun, Min-jun)."""
+    if not _HANGUL.match(hangul):
+        return set()
+    sylls = [_rr_syllable(ch) for ch in hangul]
+    if sylls[0].startswith("r"):
+        sylls[0] = "l" + sylls[0][1:] if len(hangul) == 1 else sylls[0]
+    joined = "".join(sylls).capitalize()
+    forms = {joined}
+    if len(sylls) > 1:
+        forms.add("-".join(sylls).capitalize())
+    return forms
+
+
+_CYR = {
+    "а": "a", "б": "b", "в": "v", "г": "g", "д": "d", "е": "e", "ё": "yo", "ж": "zh",
+    "з": "z", "и": "i", "й": "y", "к": "k", "л": "l", "м": "m", "н": "n", "о": "o",
+    "п": "p", "р": "r", "с": "s", "т": "t", "у": "u", "ф": "f", "х": "kh", "ц": "ts",
+    "ч": "ch", "ш": "sh", "щ": "shch", "ъ": "", "ы": "y", "ь": "", "э": "e", "ю": "yu",
+    "я": "ya", "і": "i", "ї": "yi", "є": "ye", "ґ": "g", "ђ": "dj", "ј": "j", "љ": "lj",
+    "њ": "nj", "ћ": "c", "џ": "dz", "ў": "u", "ѓ": "gj", "ќ": "kj", "ѕ": "dz",
+}  # fmt: skip
+# Common alternatives of the transliteration (Aleksey / Aleksei, Yuri / Iurii, Khan / Han).
+_CYR_VARIANTS = {"й": ("y", "i"), "я": ("ya", "ia"), "ю": ("yu", "iu"), "х": ("kh", "h"),
+                 "ё": ("yo", "e"), "ий": ("iy", "y", "i", "ii"), "ья": ("ya", "ia", "iya"),
+                 "щ": ("shch", "sch"), "ц": ("ts", "c")}  # fmt: skip
+
+
+def transliterate(cyrillic: str) -> set[str]:
+    """Latin forms of a Cyrillic name: one BGN-like form and its common variants."""
+    low = cyrillic.lower()
+    if not all(ch in _CYR or ch in "'-" for ch in low):
+        return set()
+    forms = {""}
+    i = 0
+    while i < len(low):
+        two = low[i : i + 2]
+        if two in _CYR_VARIANTS and i + 2 == len(low):
+            options: tuple[str, ...] = _CYR_VARIANTS[two]
+            i += 2
+        else:
+            ch = low[i]
+            options = _CYR_VARIANTS.get(ch, (_CYR.get(ch, ch),))
+            i += 1
+        forms = {f + o for f in forms for o in options}
+        if len(forms) > 16:
+            forms = set(sorted(forms)[:16])
+    return {f.capitalize() for f in forms if len(f) >= 2}
+
+
+# ------------------------------------------------------------------------------ build
+
+
+def build() -> dict[str, object]:
     from faker import Faker
     from faker.config import AVAILABLE_LOCALES
 
     given: set[str] = set()
     family: set[str] = set()
+    cjk_family: set[str] = set()
+    cjk_given: set[str] = set()
+    hangul_family: set[str] = set()
+    hangul_given: set[str] = set()
     street_suffixes: set[str] = set()
     street_prefixes: set[str] = set()
+    locales: list[str] = []
     for loc in sorted(AVAILABLE_LOCALES):
         try:
             fake = Faker(loc)
         except AttributeError:
             continue
+        locales.append(loc)
         for prov in fake.providers:
             mod = type(prov).__module__
             if ".person." in mod:
-                for attr in ("first_names", "first_names_female", "first_names_male"):
-                    given |= _words(getattr(prov, attr, ()))
-                for attr in ("last_names", "male_last_names", "unisex_last_names"):
-                    family |= _words(getattr(prov, attr, ()))
-            elif ".address." in mod and loc in STREET_LOCALES:
-                for attr in ("street_suffixes", "street_suffixes_long", "street_suffixes_short"):
+                g: set[str] = set()
+                f: set[str] = set()
+                for attr in _NAME_ATTRS_GIVEN:
+                    g |= _words(getattr(prov, attr, ()))
+                for attr in _NAME_ATTRS_FAMILY:
+                    f |= _words(getattr(prov, attr, ()))
+                for attr in (
+                    "first_kana_names",
+                    "first_kana_names_female",
+                    "first_kana_names_male",
+                ):
+                    for kana in getattr(prov, attr, ()):
+                        g |= romaji(kana)
+                for kana in getattr(prov, "last_kana_names", ()):
+                    f |= romaji(kana)
+                raw_given = [v for a in _NAME_ATTRS_GIVEN for v in getattr(prov, a, ())]
+                raw_family = [v for a in _NAME_ATTRS_FAMILY for v in getattr(prov, a, ())]
+                for v in raw_given:
+                    if isinstance(v, str) and _CJK.match(v):
+                        cjk_given.add(v)
+                    elif isinstance(v, str) and _HANGUL.match(v):
+                        hangul_given.add(v)
+                        g |= revised_romanization(v)
+                for v in raw_family:
+                    if isinstance(v, str) and _CJK.match(v):
+                        cjk_family.add(v)
+                    elif isinstance(v, str) and _HANGUL.match(v):
+                        hangul_family.add(v)
+                        f |= revised_romanization(v)
+                for w in list(g):
+                    g |= transliterate(w)
+                for w in list(f):
+                    f |= transliterate(w)
+                # Han, kana and Hangul strings are kept apart (used with a cue only).
+                given |= {w for w in g if not _CJK.match(w) and not _HANGUL.match(w)}
+                family |= {w for w in f if not _CJK.match(w) and not _HANGUL.match(w)}
+            elif ".address." in mod:
+                for attr in (
+                    "street_suffixes",
+                    "street_suffixes_long",
+                    "street_suffixes_short",
+                    "road_suffixes",
+                ):
                     street_suffixes |= {s for s in getattr(prov, attr, ()) if isinstance(s, str)}
-                street_prefixes |= {
-                    s for s in getattr(prov, "street_prefixes", ()) if isinstance(s, str)
-                }
+                for attr in (
+                    "street_prefixes",
+                    "street_prefixes_long",
+                    "street_prefixes_short",
+                    "street_prefixes_feminine",
+                    "street_prefixes_masculine",
+                ):
+                    street_prefixes |= {s for s in getattr(prov, attr, ()) if isinstance(s, str)}
     return {
+        "sources": sources(),
+        "locales": locales,
         "given": sorted(given),
         "family": sorted(family),
+        "cjk_given": sorted(cjk_given),
+        "cjk_family": sorted(cjk_family),
+        "hangul_given": sorted(hangul_given),
+        "hangul_family": sorted(hangul_family),
         "street_suffixes": _clean(street_suffixes),
         "street_prefixes": _clean(street_prefixes),
     }
+
+
+def sources() -> list[dict[str, str]]:
+    """Each source with its installed version and licence (what the file records)."""
+    return [
+        {"package": pkg, "version": metadata.version(pkg), "licence": lic, "taken": what}
+        for pkg, lic, what in SOURCES
+    ]
 
 
 def _clean(words: set[str]) -> list[str]:
@@ -93,7 +333,11 @@ def main() -> None:
     data = build()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
-    print(OUT, {k: len(v) for k, v in data.items()})
+    print(OUT)
+    for s in data["sources"]:  # type: ignore[attr-defined]
+        print(f"source: {s['package']} {s['version']} ({s['licence']}): {s['taken']}")
+    print(f"locales: {len(data['locales'])}")  # type: ignore[arg-type]
+    print({k: len(v) for k, v in data.items() if k not in ("sources", "locales")})  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -27,6 +27,15 @@ from functools import cache
 from pathlib import Path
 
 from agent.redaction.detectors import ADDRESS, PERSON, Span
+from agent.redaction.name_shapes import (
+    name_shaped,
+    open_syllabled,
+    pinyin_only,
+    pinyin_shaped,
+    romaji_shaped,
+)
+from agent.redaction.script_names import find_script_persons
+from agent.redaction.script_names import warm_up as _script_warm_up
 from agent.redaction.trie import trie_regex
 
 _DATA = Path(__file__).parent / "data" / "gazetteer.json"
@@ -412,7 +421,11 @@ _CUES = (
     r"neighbour|neighbor|wife|husband|son|daughter|boss|mom|mum|dad|sister|brother|partner|"
     r"see|and|or|attention|attn|for|to"
 )
-_UPPER = "A-ZÀ-ÖØ-Þ" + "".join(chr(c) for c in range(0x100, 0x17F) if chr(c).isupper())
+_UPPER = (
+    "A-ZÀ-ÖØ-Þ"
+    + "".join(chr(c) for c in range(0x100, 0x250) if chr(c).isupper())
+    + "Ѐ-ЯΆ-Ϋ"  # Cyrillic and Greek capitals
+)
 _WORD = r"[^\W\d_][\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
 _CAP_WORD = rf"[{_UPPER}][\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
 # A run of words starting with a capitalised one (names' particles may be lower case).
@@ -441,6 +454,45 @@ _STRONG_CUES = frozenset(
         "patient",
         "signed",
         "signed by",
+        # field labels and roles that introduce a person
+        "account holder",
+        "holder",
+        "cardholder",
+        "card holder",
+        "account name",
+        "full name",
+        "customer name",
+        "client name",
+        "ship to",
+        "deliver to",
+        "recipient",
+        "beneficiary",
+        "passenger",
+        "guest",
+        "tenant",
+        "applicant",
+        "attn",
+        "attn.",
+        "attention",
+        "c/o",
+        "consignee",
+        "payee",
+        "addressee",
+        "contact person",
+        "next of kin",
+        "prepared by",
+        "approved by",
+        "issued to",
+        "assigned to",
+        "billed to",
+        "bill to",
+        "policyholder",
+        "insured",
+        "employee",
+        "driver",
+        "candidate",
+        "student",
+        "emergency contact",
     ]
 )
 
@@ -538,6 +590,7 @@ def find_persons(text: str) -> Iterator[Span]:
                 known_first = True  # Mark Haas, Amber Huff: a common word, then a family name
             if (
                 (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family))
+                or (j > i + 1 and _pair(w, words[i + 1], before, given, family))
                 or _title_before(before)
                 or _cue_before(before, _STRONG_CUES)
             ):
@@ -569,6 +622,38 @@ def find_persons(text: str) -> Iterator[Span]:
             ):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
+    yield from find_script_persons(text)
+
+
+def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[str]) -> bool:
+    """Two words that make a name without a known given name first: a known family name
+    and a given name (known or name-shaped: ``Wang Xiuying``, ``Kim Min-jun``), a name-shaped
+    given name and a known family name (``Oluwaseun Adeyemi``), or two name-shaped words of
+    the same syllabic system after a cue or long enough not to be common words."""
+    if b in _NOT_A_NAME or a in _NOT_A_START or b in _NOT_A_START or a in _PLACE_WORDS:
+        return False
+    if not (b[0].isupper() and b[1:].replace("-", "").islower()):
+        return False
+    a_family = a in family
+    b_known = b in given or b.split("-")[0] in given or b in family
+    if a_family and (b_known or name_shaped(b)):
+        return True
+    if b in family and name_shaped(a):
+        # a pinyin-only shape (English -ing words have it) only before a pinyin surname
+        return not pinyin_only(a) or pinyin_shaped(b)
+    if a in given and name_shaped(b):
+        return True
+    if name_shaped(a) and name_shaped(b):
+        if _cue_before(before, _CUE_PHRASES):
+            return True
+        return (
+            len(a) >= 5
+            and len(b) >= 5
+            and (
+                (romaji_shaped(a) and romaji_shaped(b)) or (open_syllabled(a) and open_syllabled(b))
+            )
+        )
+    return False
 
 
 def _surnameish(words: list[str], family: frozenset[str]) -> bool:
@@ -789,6 +874,7 @@ def _compound_streets(text: str) -> Iterator[tuple[int, int]]:
 def warm_up() -> None:
     """Loads the gazetteer and compiles the street patterns (once per process)."""
     gazetteer()
+    _script_warm_up()
     _address_patterns()
 
 

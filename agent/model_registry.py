@@ -78,6 +78,22 @@ class ModelRegistry:
         self._manage(model)
         return old
 
+    def withdraw(self, model_id: str) -> TextModel | EmbeddingModel | None:
+        """Stop serving ``model_id`` (its target says store only); returns the model, for
+        its caller to close once its requests are done (None: not served here)."""
+        text = self.text_models.get(model_id)
+        if text is not None:
+            self.text_models = {k: v for k, v in self.text_models.items() if k != model_id}
+            if self.residency is not None:
+                self.residency.unregister(model_id)
+            return text
+        emb = self.embedding_models.get(model_id)
+        if emb is not None:
+            self.embedding_models = {
+                k: v for k, v in self.embedding_models.items() if k != model_id
+            }
+        return emb
+
     def swap_embedding(self, model: EmbeddingModel) -> EmbeddingModel | None:
         old = self.embedding_models.get(model.model_id)
         self.embedding_models = {**self.embedding_models, model.model_id: model}

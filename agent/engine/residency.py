@@ -353,6 +353,12 @@ class Residency:
             slot.expires_at = self._expiry(slot, now, None)
         self._slots[model.model_id] = slot
 
+    def unregister(self, model_id: str) -> None:
+        """Forget ``model_id`` (no longer served here); its owner closes its engine once its
+        requests are done (a load in progress finishes first: its waiters are served)."""
+        if self._slots.pop(model_id, None) is not None:
+            self._changed.set()
+
     def set_pinned(self, model_id: str, source: str, pinned: bool) -> None:
         """Pin ``model_id`` (never unloaded for room or idleness) or take ``source``'s pin
         back; an unpinned idle model's keep-alive starts again from now."""

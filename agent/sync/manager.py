@@ -33,6 +33,7 @@ from pathlib import Path
 
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
+from agent.engine.residency import ModelState as ResidencyState
 from agent.errors import (
     AgentError,
     InsufficientMemoryError,
@@ -50,6 +51,7 @@ from edgefleet.contract import (
     ModelInventoryState,
     ModelsSection,
     ModelTarget,
+    Residency,
     SelfCheckResult,
 )
 from edgefleet.model_signing import check_name
@@ -201,12 +203,17 @@ class ModelSync:
             running = self._tasks.get(target.name)
             if running is not None:
                 old_target, task = running
-                if (old_target.version, old_target.sha256) == (target.version, target.sha256):
+                same = (old_target.version, old_target.sha256) == (target.version, target.sha256)
+                store_only = target.residency is Residency.STORE_ONLY
+                if same and store_only == (old_target.residency is Residency.STORE_ONLY):
                     if not task.done():
                         self._tasks[target.name] = (target, task)  # newer peers, same work
                         continue
                     entry = self._entries.get((target.name, target.version))
-                    if entry is not None and entry.state is State.LOADED:
+                    done = State.ON_DISK if store_only else State.LOADED
+                    if entry is not None and entry.state is done:
+                        self._tasks[target.name] = (target, task)
+                        self._hold(target)  # on demand <-> pinned: no new install
                         continue
                 task.cancel()
             previous = running[1] if running is not None else None
@@ -223,10 +230,11 @@ class ModelSync:
         if section is None:
             return
         for target in section.models:
-            if self._current_version(target.name) == target.version:
+            store_only = target.residency is Residency.STORE_ONLY
+            if not store_only and self._current_version(target.name) == target.version:
                 continue
             entry = self._entries.get((target.name, target.version))
-            done = State.LOADED if self.options.load else State.ON_DISK
+            done = State.LOADED if self.options.load and not store_only else State.ON_DISK
             if entry is None or entry.state not in (done, State.FAILED):
                 return
         self.applied_generation = max(self.applied_generation, section.generation)
@@ -259,16 +267,21 @@ class ModelSync:
         self._entries[key] = entry
         try:
             manifest = self._checked_manifest(target)
-            if self._current_version(target.name) == target.version:
+            store_only = target.residency is Residency.STORE_ONLY
+            if not store_only and self._current_version(target.name) == target.version:
                 entry.state = State.LOADED
+                self._hold(target)
                 return
             self.store.put_manifest(target.name, target.version, target.manifest, target.signature)
             await self._download(entry, manifest, target)
             self.store.mark_installed(target.name, target.version)
             entry.state = State.ON_DISK
             self._progress(entry)
-            if self.options.load:
+            if store_only:
+                self._withdraw(target.name)
+            elif self.options.load:
                 await self._activate(entry, manifest, target.manifest)
+                self._hold(target)
         except asyncio.CancelledError:
             if entry.state not in (State.LOADED, State.FAILED):
                 entry.state = State.FAILED
@@ -284,6 +297,41 @@ class ModelSync:
         finally:
             self._update_applied()
             self._progress(entry)
+
+    def _hold(self, target: ModelTarget) -> None:
+        """How the served ``target`` holds its weights: pinned (loaded now if it is not,
+        never unloaded for room or idleness) or on demand. Models outside the residency
+        (embeddings; an agent without a budget) are always loaded."""
+        residency = self.registry.residency
+        if residency is None or residency.state(target.name) is None:
+            return
+        pinned = target.residency is Residency.PINNED
+        residency.set_pinned(target.name, "target", pinned)
+        if pinned and residency.state(target.name) is not ResidencyState.LOADED:
+            task = asyncio.create_task(self._load_pinned(target.name), name="pin-" + target.name)
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+
+    async def _load_pinned(self, name: str) -> None:
+        residency = self.registry.residency
+        try:
+            if residency is not None and residency.state(name) is not None:
+                await residency.load(name, "pinned")
+        except AgentError as exc:  # no room now: its next request loads it, and it stays
+            log.warning("pinned model %s not loaded now: %s", name, exc.message)
+
+    def _withdraw(self, name: str) -> None:
+        """The target says store only: stop serving ``name`` (its running requests finish),
+        and start without it next time."""
+        old = self.registry.withdraw(name)
+        self.store.set_active(name, None)
+        if old is None:
+            return
+        log.info("%s@%s: kept on disk, no longer served (residency store_only)", name,
+                 old.version)  # fmt: skip
+        task = asyncio.create_task(self._drain(old), name=f"drain-{name}")
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
 
     def _fail(self, entry: _Entry, reason: str) -> None:
         entry.state = State.FAILED

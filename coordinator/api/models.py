@@ -56,6 +56,7 @@ from coordinator.errors import ModelCatalogError, StoreError, UnknownAgentError
 from coordinator.fleet.records import AgentStatus, valid_agent_id
 from coordinator.identity.join_tokens import sha256_hex
 from edgefleet.blob_http import RangeNotSatisfiable, send_blob
+from edgefleet.contract import Residency
 from edgefleet.model_signing import SHA256_PATTERN, encode_public_key
 
 logger = logging.getLogger(__name__)
@@ -317,10 +318,14 @@ async def publish_model(request: web.Request) -> web.Response:
                 f"hold its files after {replicator.publish_wait_s:g} s; the others fetch "
                 "them from a peer that holds them (see the coordinators' logs)"
             )
-    view = published.version.json() | replication | {
-        "created": published.created,
-        "warnings": warnings,
-    }
+    view = (
+        published.version.json()
+        | replication
+        | {
+            "created": published.created,
+            "warnings": warnings,
+        }
+    )
     return web.json_response(view, status=201 if published.created else 200)
 
 
@@ -352,25 +357,34 @@ async def delete_model(request: web.Request) -> web.Response:
 
 
 async def deploy_model(request: web.Request) -> web.Response:
-    """Body {"sites"?: [...], "labels"?: [...], "agent_ids"?: [...]}: every agent the
-    selector matches (empty: the whole fleet) runs name@version, later joiners too."""
+    """Body {"sites"?: [...], "labels"?: [...], "agent_ids"?: [...], "residency"?:
+    "on_demand" | "pinned" | "store_only"}: every agent the selector matches (empty: the
+    whole fleet) runs name@version, later joiners too, holding its weights as residency
+    says (absent: as the rule it replaces did, else on demand)."""
 
     name, version = _ref(request)
     body = await json_body(request)
+    residency = body.pop("residency", None)
+    if residency is not None:
+        if not isinstance(residency, str) or residency not in set(Residency):
+            raise InvalidParameter("residency", "residency must be one of: " + ", ".join(Residency))
+        residency = Residency(residency)
     try:
         selector = Selector.from_json(body)
     except ValueError as exc:
         raise InvalidParameter("selector", str(exc)) from None
     assignments = request.config_dict[MODEL_ASSIGNMENTS_KEY]
     try:
-        pushed = await assignments.set_rule(selector, name, version)
+        pushed = await assignments.set_rule(selector, name, version, residency=residency)
     except ModelCatalogError as exc:
         return catalog_error(exc)
+    rule = next(r for r in assignments.rules(name) if r.selector.key() == selector.key())
     return web.json_response({
         "object": "model_rule",
         "name": name,
         "version": version,
         "selector": selector.json(),
+        "residency": str(rule.residency),
         "agents_matching": len(assignments.agents_desiring(name, version)),
         "agents_updated": pushed,
     })  # fmt: skip

@@ -52,6 +52,7 @@ from edgefleet.contract import (
     ModelInventoryState,
     ModelsSection,
     ModelTarget,
+    Residency,
     Section,
 )
 from edgefleet.model_signing import check_name
@@ -106,6 +107,15 @@ def _base(scheme: str, host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{scheme}://{host}:{port}{BLOB_PATH}"
+
+
+def residency_of(value: str) -> Residency:
+    """A stored residency; one this version does not know reads as on demand."""
+    try:
+        return Residency(value)
+    except ValueError:
+        logger.warning("model residency %r is not known here: read as on_demand", value)
+        return Residency.ON_DEMAND
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,11 +177,13 @@ class Selector:
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """A model version an agent should run, and the rollout that set it ("": none)."""
+    """A model version an agent should run, the rollout that set it ("": none), and how
+    the agent holds its weights in memory."""
 
     name: str
     version: str
     rollout_id: str = ""
+    residency: Residency = Residency.ON_DEMAND
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +194,7 @@ class Rule:
     version: str
     rollout_id: str
     set_at: datetime
+    residency: Residency = Residency.ON_DEMAND
 
     def json(self) -> dict[str, Any]:
         return {
@@ -190,6 +203,7 @@ class Rule:
             "version": self.version,
             "selector": self.selector.json(),
             "rollout_id": self.rollout_id,
+            "residency": str(self.residency),
             "set_at": self.set_at.isoformat(),
         }
 
@@ -254,12 +268,13 @@ class ModelAssignments:
                 version=row.version,
                 rollout_id=row.rollout_id,
                 set_at=row.set_at,
+                residency=residency_of(row.residency),
             )
             rules.setdefault(rule.name, []).append(rule)
         explicit: dict[str, dict[str, Assignment]] = {}
         for a in assigned:
             explicit.setdefault(a.agent_id, {})[a.name] = Assignment(
-                a.name, a.version, a.rollout_id
+                a.name, a.version, a.rollout_id, residency_of(a.residency)
             )
         self._rules, self._explicit = rules, explicit
 
@@ -296,19 +311,32 @@ class ModelAssignments:
     # ------------------------------------------------------------------ changing
 
     async def set_rule(
-        self, selector: Selector, name: str, version: str, rollout_id: str = ""
+        self,
+        selector: Selector,
+        name: str,
+        version: str,
+        rollout_id: str = "",
+        residency: Residency | None = None,
     ) -> list[str]:
         """Agents matching ``selector`` without an explicit assignment for ``name`` run
-        ``version``; returns the agents whose section was pushed."""
+        ``version``, holding it as ``residency`` (None: as the rule it replaces did, else
+        as the newest rule for ``name``, else on demand: a rollout keeps what the operator
+        chose); returns the agents whose section was pushed."""
         self._check_version(name, version)
         async with self._changing:
             now = self._clock()
             key = selector.key()
-            seq = await self._store.set_model_rule(name, key, version, rollout_id, now)
+            if residency is None:
+                before = self._rules.get(name, [])
+                same = [r for r in before if r.selector.key() == key]
+                residency = (same or before)[-1].residency if before else Residency.ON_DEMAND
+            seq = await self._store.set_model_rule(
+                name, key, version, rollout_id, now, str(residency)
+            )
             rules = [r for r in self._rules.get(name, []) if r.selector.key() != key]
-            rules.append(Rule(seq, name, selector, version, rollout_id, now))
+            rules.append(Rule(seq, name, selector, version, rollout_id, now, residency))
             self._rules[name] = rules
-            logger.info("model rule: %s -> %s@%s", key, name, version)
+            logger.info("model rule: %s -> %s@%s (%s)", key, name, version, residency)
             pushed = self.refresh(self._matching(selector))
         await self._told(f"{name}@{version}", "rule")
         return pushed
@@ -331,19 +359,32 @@ class ModelAssignments:
         return [r for n in names for r in self._rules.get(n, [])]
 
     async def assign(
-        self, agent_ids: Iterable[str], name: str, version: str, rollout_id: str = ""
+        self,
+        agent_ids: Iterable[str],
+        name: str,
+        version: str,
+        rollout_id: str = "",
+        residency: Residency | None = None,
     ) -> list[str]:
-        """Explicit per-agent override; returns the agents whose section was pushed."""
+        """Explicit per-agent override, held as ``residency`` (None: as each agent holds
+        ``name`` now, else on demand); returns the agents whose section was pushed."""
         self._check_version(name, version)
         ids = sorted(set(agent_ids))
         async with self._changing:
             now = self._clock()
-            await self._store.set_model_assignments(
-                [AssignmentRecord(agent_id, name, version, rollout_id, now) for agent_id in ids]
-            )
+            chosen = {}
+            for agent_id in ids:
+                held = self.desired_for(agent_id).get(name) if residency is None else None
+                chosen[agent_id] = residency or (
+                    held.residency if held is not None else Residency.ON_DEMAND
+                )
+            await self._store.set_model_assignments([
+                AssignmentRecord(agent_id, name, version, rollout_id, now, str(chosen[agent_id]))
+                for agent_id in ids
+            ])  # fmt: skip
             for agent_id in ids:
                 self._explicit.setdefault(agent_id, {})[name] = Assignment(
-                    name, version, rollout_id
+                    name, version, rollout_id, chosen[agent_id]
                 )
             pushed = self.refresh(ids)
         await self._told(f"{name}@{version}", "assigned")
@@ -385,7 +426,7 @@ class ModelAssignments:
                     record is None and agent_id in rule.selector.agent_ids
                     and not rule.selector.sites and not rule.selector.labels
                 ):  # fmt: skip
-                    desired[name] = Assignment(name, rule.version, rule.rollout_id)
+                    desired[name] = Assignment(name, rule.version, rule.rollout_id, rule.residency)
                     break
         desired.update(self._explicit.get(agent_id, {}))
         return desired
@@ -449,6 +490,7 @@ class ModelAssignments:
                     signature=version.signature,
                     peer_urls=peers.urls(site, name, wanted.version, agent_id),
                     rollout_id=wanted.rollout_id,
+                    residency=wanted.residency,
                 )
             )
         return ModelsSection(generation=0, models=tuple(targets))

@@ -29,6 +29,7 @@ from coordinator.catalog.replication import PUBLISH_WAIT_S
 from coordinator.cli.client import AdminClient, AdminRequestError
 from coordinator.config import CoordinatorConfig
 from coordinator.errors import ModelCatalogError
+from edgefleet.contract import Residency
 from edgefleet.model_signing import MANIFEST_FILE, decode_public_key
 
 _CHUNK = 1 << 20
@@ -75,6 +76,12 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
                         metavar="KEY=VALUE")  # fmt: skip
     deploy.add_argument("--agent", action="append", default=[], dest="agent_ids",
                         metavar="AGENT_ID")  # fmt: skip
+    deploy.add_argument(
+        "--residency", choices=[str(r) for r in Residency],
+        help="how the agents hold the weights: on_demand (loaded by the first request, "
+        "unloaded when idle), pinned (loaded once verified, never unloaded) or store_only "
+        "(kept on disk, not served); default: as the rule this one replaces, else on_demand",
+    )  # fmt: skip
     leaves.append(deploy)
     return leaves  # --ca-file, --url and the rest: cli/admin.py adds them to every command
 
@@ -103,6 +110,8 @@ def _run(args: argparse.Namespace, client: AdminClient) -> Any:
     if action == "deploy":
         name, version = split_ref(args.ref)
         body = {"sites": args.sites, "labels": args.labels, "agent_ids": args.agent_ids}
+        if args.residency:
+            body["residency"] = args.residency
         return client.call("POST", f"/v1/admin/models/{name}/{version}/deploy", body)
     name, version = split_ref(args.ref)
     path = f"/v1/admin/models/{name}/{version}"

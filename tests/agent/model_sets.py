@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from edgefleet.contract import ModelsSection, ModelTarget
+from edgefleet.contract import ModelsSection, ModelTarget, Residency
 from edgefleet.model_signing import ManifestSigner
 
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
@@ -43,7 +43,11 @@ class SignedVersion:
         return sum(self.sizes.values())
 
     def target(
-        self, artifact_url: str, peers: tuple[str, ...] = (), signature: bytes | None = None
+        self,
+        artifact_url: str,
+        peers: tuple[str, ...] = (),
+        signature: bytes | None = None,
+        residency: Residency = Residency.ON_DEMAND,
     ) -> ModelTarget:
         return ModelTarget(
             name=self.name,
@@ -53,6 +57,7 @@ class SignedVersion:
             manifest=self.manifest,
             signature=self.signature if signature is None else signature,
             peer_urls=peers,
+            residency=residency,
         )
 
     def section(self, generation: int, artifact_url: str, **kwargs: object) -> ModelsSection:

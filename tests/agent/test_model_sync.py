@@ -22,7 +22,7 @@ from agent.api.app import SYNC, create_app
 from agent.config import load_config
 from agent.sync.manager import ModelSync
 from devtools.process import wait_until
-from edgefleet.contract import ModelInventoryState, ModelsSection
+from edgefleet.contract import ModelInventoryState, ModelsSection, Residency
 from edgefleet.model_signing import ManifestSigner, encode_public_key
 from tests.agent.conftest import TINY
 from tests.agent.model_sets import BlobOrigin, SignedVersion, signed_version
@@ -54,7 +54,10 @@ async def make_agent(tmp_path: Path, signer: ManifestSigner) -> AsyncIterator[Ag
     clients: list[TestClient] = []
 
     async def start(
-        store: Path | None = None, engine: dict[str, Any] | None = None, **models: Any
+        store: Path | None = None,
+        engine: dict[str, Any] | None = None,
+        residency: dict[str, Any] | None = None,
+        **models: Any,
     ) -> TestClient:
         overrides: dict[str, Any] = {
             "models": {
@@ -66,6 +69,7 @@ async def make_agent(tmp_path: Path, signer: ManifestSigner) -> AsyncIterator[Ag
             },
             "engine": {"max_context_tokens": 256, "default_max_tokens": 16,
                        "intra_op_threads": 1, **(engine or {})},
+            "residency": residency or {},
         }  # fmt: skip
         app = create_app(load_config(environ={}, overrides=overrides))
         client = TestClient(TestServer(app, handler_cancellation=True))
@@ -487,3 +491,54 @@ async def test_a_version_swapped_back_in_is_not_self_checked_again(
     back = sync_of(agent).entry(TINY, V1)
     assert back is not None and back.state is State.LOADED
     assert back.self_check == first.self_check  # the result it passed with, reported
+
+
+async def test_a_targets_residency_pins_serves_on_demand_or_only_stores(
+    tiny_artifacts: Path,
+    signer: ManifestSigner,
+    origin: BlobOrigin,
+    make_agent: AgentFactory,
+    tmp_path: Path,
+) -> None:
+    """Issue 26: a pinned target stays loaded past its keep-alive; the same version on
+    demand goes when idle and comes back for its next request; store only keeps the files
+    verified on disk but stops serving (404, not in /v1/models, not started again after a
+    restart), and on demand again serves it without fetching anything."""
+    v1 = signed_version(tiny_artifacts / TINY, signer, version=V1)
+    origin.add(v1)
+    store = tmp_path / "store"
+
+    async def cards(agent: TestClient) -> dict[str, Any]:
+        return {c["id"]: c for c in (await (await agent.get("/v1/models")).json())["data"]}
+
+    agent = await make_agent(store, residency={"keep_alive_s": 0.3, "min_residency_s": 0})
+    residency = sync_of(agent).registry.residency
+    assert residency is not None
+    await converge(agent, v1.section(1, origin.url, residency=Residency.PINNED))
+    await wait_until(lambda: residency.state(TINY) == "loaded", timeout_s=30)
+    await asyncio.sleep(0.5)
+    assert await residency.expire_idle() == []  # pinned: past its keep-alive, kept
+    card = (await cards(agent))[TINY]
+    assert card["state"] == "loaded" and card["pinned"] is True
+
+    await converge(agent, v1.section(2, origin.url, residency=Residency.ON_DEMAND))
+    assert (await cards(agent))[TINY]["pinned"] is False
+    await asyncio.sleep(0.4)
+    assert await residency.expire_idle() == [TINY]  # on demand: idle past keep-alive, gone
+    status, _ = await chat(agent, TINY)
+    assert status == 200 and residency.state(TINY) == "loaded"  # its request loaded it
+
+    fetched = origin.bytes_sent
+    await converge(agent, v1.section(3, origin.url, residency=Residency.STORE_ONLY))
+    status, body = await chat(agent, TINY)
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    assert TINY not in await cards(agent)
+    assert state(agent, V1) is State.ON_DISK  # verified and kept
+    await agent.close()
+    again = await make_agent(store, residency={"keep_alive_s": 0.3})
+    assert TINY not in await cards(again)  # not served at start either
+
+    await converge(again, v1.section(4, origin.url, residency=Residency.ON_DEMAND))
+    status, body = await chat(again, TINY)
+    assert status == 200 and body["model"] == f"{TINY}@{V1}"
+    assert origin.bytes_sent == fetched  # nothing fetched again

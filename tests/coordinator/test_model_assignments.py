@@ -280,3 +280,62 @@ def test_a_failing_report_hook_does_not_stop_the_others() -> None:
     hooks("edge-1", LoadReport())
     hooks("edge-2", LoadReport())
     assert seen == ["edge-1", "edge-2"] and len(hooks) == 2
+
+
+async def test_a_rules_residency_reaches_the_agents_is_kept_and_checked(
+    make_coordinator: MakeCoordinator, tmp_path: Path
+) -> None:
+    """Issue 26: ``deploy`` names how agents hold the weights (on_demand, pinned,
+    store_only); the pushed target carries it, a later rule for the same selector without
+    one (a rollout completing) keeps it, explicit assignments inherit it, it survives a
+    restart, and a bad value is refused in the API's error format."""
+    data = tmp_path / "data"
+    c = await make_coordinator(data_dir=str(data))
+    make_artifact(tmp_path / "v1", weights=b"one" * 50)
+    make_artifact(tmp_path / "v2", weights=b"two" * 50)
+    v1 = (await c.app[MODEL_CATALOG_KEY].publish_directory(tmp_path / "v1")).version
+    v2 = (await c.app[MODEL_CATALOG_KEY].publish_directory(tmp_path / "v2")).version
+    name = v1.name
+    agent = RawAgent(c.stub, "edge-r", site="north", http_url="http://127.0.0.1:9201", models=[])
+
+    async def deploy(version: str, body: dict[str, Any]) -> tuple[int, Any]:
+        async with (
+            aiohttp.ClientSession(headers=ADMIN_HEADERS) as http,
+            http.post(f"{c.http_url}/v1/admin/models/{name}/{version}/deploy",
+                      json=body) as response,
+        ):  # fmt: skip
+            return response.status, await response.json()
+
+    def residency_seen() -> str | None:
+        return str(agent.models.models[0].residency) if agent.models else None
+
+    try:
+        await wait_until(lambda: agent.welcome is not None)
+        for bad in ("forever", 3, ["pinned"], None):
+            status, body = await deploy(v1.version, {"sites": ["north"], "residency": bad})
+            if bad is None:  # null: as before (on demand for a first rule)
+                assert status == 200 and body["residency"] == "on_demand"
+                continue
+            assert status == 400 and body["error"]["param"] == "residency", body
+        status, body = await deploy(v1.version, {"sites": ["north"], "residency": "pinned"})
+        assert status == 200 and body["residency"] == "pinned"
+        await wait_until(lambda: residency_seen() == "pinned", message="pinned pushed")
+        # a rollout's new rule for the same selector names no residency: it stays pinned
+        assignments = c.app[MODEL_ASSIGNMENTS_KEY]
+        await assignments.set_rule(Selector(sites=("north",)), name, v2.version, "ro-1")
+        await wait_until(lambda: agent.versions() == {name: v2.version})
+        assert residency_seen() == "pinned"
+        await assignments.assign(["edge-r"], name, v1.version, "ro-2")  # a canary step
+        await wait_until(lambda: agent.versions() == {name: v1.version})
+        assert residency_seen() == "pinned"
+        status, body = await deploy(v2.version, {"sites": ["north"], "residency": "store_only"})
+        assert status == 200
+        await assignments.clear(["edge-r"], name)
+        await wait_until(lambda: residency_seen() == "store_only", message="store_only pushed")
+    finally:
+        await agent.close()
+    again = await make_coordinator(data_dir=str(data))
+    [rule] = again.app[MODEL_ASSIGNMENTS_KEY].rules(name)
+    assert (rule.version, str(rule.residency)) == (v2.version, "store_only")
+    listing = await again.get_json("/v1/admin/models")
+    assert listing["rules"][0]["residency"] == "store_only"

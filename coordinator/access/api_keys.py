@@ -65,6 +65,10 @@ PRIORITIES = ("high", "normal", "low")
 # The largest max_tokens_per_request the wire carries (ApiKey.max_tokens_per_request is a
 # uint32); any cap near it is beyond every model's context anyway.
 MAX_TOKENS_PER_REQUEST = 2**32 - 1
+# The longest keep-alive cap a key may carry (a week): a request's keep_alive only keeps
+# an idle model loaded (never protects it from eviction for room), and the agent's own cap
+# (residency.max_request_keep_alive_s) bounds it again.
+MAX_KEEP_ALIVE_S = 7 * 86_400
 SECRET_PREFIX = "ef-"
 FLOOR = 0.25
 USAGE_SMOOTHING = 0.3
@@ -77,6 +81,22 @@ Clock = Callable[[], datetime]
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def check_keep_alive_scopes(max_keep_alive_s: object, may_pin_models: object) -> None:
+    """ValueError unless ``max_keep_alive_s`` is seconds in [0, MAX_KEEP_ALIVE_S] (0: the
+    agent's own cap) and ``may_pin_models`` a boolean."""
+    if (
+        isinstance(max_keep_alive_s, bool)
+        or not isinstance(max_keep_alive_s, int | float)
+        or not 0 <= max_keep_alive_s <= MAX_KEEP_ALIVE_S  # NaN and inf too
+    ):
+        raise ValueError(
+            f"max_keep_alive_s must be seconds within [0, {MAX_KEEP_ALIVE_S:g}] (0: the "
+            f"agent's own cap), got {max_keep_alive_s!r}"
+        )
+    if not isinstance(may_pin_models, bool):
+        raise ValueError(f"may_pin_models must be true or false, got {may_pin_models!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +125,12 @@ class ApiKeys:
         requests_per_minute: float = 0.0,
         tokens_per_minute: float = 0.0,
         expires_in: timedelta | None = None,
+        max_keep_alive_s: float = 0.0,
+        may_pin_models: bool = False,
     ) -> NewApiKey:
         """A new key; ValueError for a scope out of range."""
         models = tuple(models)
+        check_keep_alive_scopes(max_keep_alive_s, may_pin_models)
         if max_priority not in PRIORITIES:
             raise ValueError(f"max_priority must be high, normal or low, got {max_priority!r}")
         if not 0 <= max_tokens_per_request <= MAX_TOKENS_PER_REQUEST:
@@ -135,6 +158,8 @@ class ApiKeys:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             expires_at=None if expires_in is None else now + expires_in,
+            max_keep_alive_s=float(max_keep_alive_s),
+            may_pin_models=may_pin_models,
         )
         await self._store.add_api_key(record)
         logger.info("API key %s minted (name %r)", key_id, name)
@@ -272,6 +297,11 @@ class KeyDistributor:
                     tokens_per_minute=r.tokens_per_minute,
                     expires_at_unix=0 if r.expires_at is None else int(r.expires_at.timestamp()),
                     name=r.name,
+                    # a cap stored out of range (by hand) reads as the agent's own cap
+                    max_keep_alive_s=r.max_keep_alive_s
+                    if 0 <= r.max_keep_alive_s <= MAX_KEEP_ALIVE_S
+                    else 0.0,
+                    may_pin_models=r.may_pin_models,
                 )
                 for r in self._active
             ]
@@ -459,7 +489,8 @@ def _share(budget: float, n: int, mine: float, total: float) -> float:
 
 def _scopes(key: ApiKey) -> tuple[object, ...]:
     return (key.key_id, key.secret_sha256, key.models, key.allow_cloud, key.max_priority,
-            key.max_tokens_per_request, key.expires_at_unix, key.name)  # fmt: skip
+            key.max_tokens_per_request, key.expires_at_unix, key.name, key.max_keep_alive_s,
+            key.may_pin_models)  # fmt: skip
 
 
 def _without_usage(record: ApiKeyRecord) -> ApiKeyRecord:

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from coordinator.access.api_keys import MAX_TOKENS_PER_REQUEST, PRIORITIES
+from coordinator.access.api_keys import MAX_KEEP_ALIVE_S, MAX_TOKENS_PER_REQUEST, PRIORITIES
 from coordinator.api.app_keys import (
     API_KEYS_KEY,
     CHANGES_KEY,
@@ -59,6 +59,20 @@ async def mint_key(request: web.Request) -> web.Response:
     expires_in_s = int_field(body, "expires_in_s", None, 1, TEN_YEARS_S)  # null: never
     requests_per_minute = _number(body, "requests_per_minute")
     tokens_per_minute = _number(body, "tokens_per_minute")
+    max_keep_alive_s = body.get("max_keep_alive_s", 0)
+    if (
+        isinstance(max_keep_alive_s, bool)
+        or not isinstance(max_keep_alive_s, int | float)
+        or not 0 <= max_keep_alive_s <= MAX_KEEP_ALIVE_S  # NaN and inf too
+    ):
+        raise InvalidParameter(
+            "max_keep_alive_s",
+            f"max_keep_alive_s must be seconds within [0, {MAX_KEEP_ALIVE_S:g}] (0: the "
+            "agent's own cap, residency.max_request_keep_alive_s)",
+        )
+    may_pin_models = body.get("may_pin_models", False)
+    if not isinstance(may_pin_models, bool):
+        raise InvalidParameter("may_pin_models", "may_pin_models must be true or false")
     try:
         minted = await request.config_dict[API_KEYS_KEY].mint(
             name=name,
@@ -69,6 +83,8 @@ async def mint_key(request: web.Request) -> web.Response:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             expires_in=None if expires_in_s is None else timedelta(seconds=expires_in_s),
+            max_keep_alive_s=float(max_keep_alive_s),
+            may_pin_models=may_pin_models,
         )
     except ValueError as exc:
         raise InvalidParameter("body", str(exc)) from None

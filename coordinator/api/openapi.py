@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from coordinator.access.admin_tokens import Role
-from coordinator.access.api_keys import MAX_TOKENS_PER_REQUEST
+from coordinator.access.api_keys import MAX_KEEP_ALIVE_S, MAX_TOKENS_PER_REQUEST
 from coordinator.api.app_keys import OPENAPI_KEY
 
 _NULLABLE_STR = {"type": ["string", "null"]}
@@ -221,6 +221,8 @@ _SCHEMAS: dict[str, Any] = {
             "max_tokens_per_request": {"type": "integer"},
             "requests_per_minute": {"type": "number"},
             "tokens_per_minute": {"type": "number"},
+            "max_keep_alive_s": {"type": "number"},
+            "may_pin_models": {"type": "boolean"},
             "usage": {"type": "object"},
             "agent_shares": {"type": "object"},
             "agents_updated": {"type": "integer"},
@@ -242,6 +244,19 @@ _SCHEMAS: dict[str, Any] = {
             "requests_per_minute": {"type": "number", "minimum": 0},
             "tokens_per_minute": {"type": "number", "minimum": 0},
             "expires_in_s": {"type": ["integer", "null"], "minimum": 1, "maximum": 315_360_000},
+            "max_keep_alive_s": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": MAX_KEEP_ALIVE_S,
+                "description": "Longest keep_alive a request with this key may ask for, "
+                "seconds (0: the agent's own cap, residency.max_request_keep_alive_s, which "
+                "bounds this one too)",
+            },
+            "may_pin_models": {
+                "type": "boolean",
+                "description": "Requests with this key may pin a model (keep_alive < 0: "
+                "loaded until an operator unloads it or the agent restarts)",
+            },
         },
     },
     "AgentFixed": {

@@ -138,6 +138,8 @@ def api_key_json(key: ApiKeyRecord, now: datetime) -> dict[str, Any]:
         "max_tokens_per_request": key.max_tokens_per_request,
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
+        "max_keep_alive_s": key.max_keep_alive_s,
+        "may_pin_models": key.may_pin_models,
         "usage": {
             "requests": key.requests,
             "prompt_tokens": key.prompt_tokens,

@@ -11,7 +11,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from coordinator.access.api_keys import PRIORITIES, ApiKeys
+from coordinator.access.api_keys import MAX_KEEP_ALIVE_S, PRIORITIES, ApiKeys
 from coordinator.api.views import api_key_json
 from coordinator.cli.client import AdminClient
 from coordinator.cli.database import on_database
@@ -37,12 +37,36 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
                       help="fleet-wide, split among agents (0: unlimited)")  # fmt: skip
     mint.add_argument("--expires-in", type=parse_duration, default=None,
                       help="lifetime, e.g. 30d (default never)")  # fmt: skip
+    mint.add_argument("--max-keep-alive", type=_keep_alive_cap, default=0.0,
+                      dest="max_keep_alive_s", metavar="DURATION",
+                      help="longest keep_alive a request may ask, e.g. 30m (at most 7d; "
+                      "default 0: the agent's own cap)")  # fmt: skip
+    mint.add_argument("--may-pin-models", action="store_true",
+                      help="requests may pin a model (keep_alive < 0: loaded until an "
+                      "operator unloads it)")  # fmt: skip
     leaves = [mint, keys_sub.add_parser("list", help="list API keys")]
     for action in ("show", "revoke"):
         command = keys_sub.add_parser(action, help=f"{action} an API key")
         command.add_argument("key_id")
         leaves.append(command)
     return leaves
+
+
+def _keep_alive_cap(text: str) -> float:
+    """``--max-keep-alive``: a duration (``90s``, ``30m``, ``2h``, ``1d``; a bare number is
+    seconds) within [0, 7d]; 0 is the agent's own cap."""
+    if text.strip() in ("0", "0s"):
+        return 0.0
+    try:
+        duration = parse_duration(text)
+    except (ValueError, OverflowError):  # nan, inf
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m)") from None
+    seconds = None if duration is None else duration.total_seconds()
+    if seconds is None or not 0 < seconds <= MAX_KEEP_ALIVE_S:
+        raise argparse.ArgumentTypeError(
+            f"--max-keep-alive must be a duration up to 7d (0: the agent's own cap), got {text!r}"
+        )
+    return seconds
 
 
 def run(args: argparse.Namespace, config: CoordinatorConfig, client: AdminClient) -> int:
@@ -68,6 +92,8 @@ async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:
             requests_per_minute=args.requests_per_minute,
             tokens_per_minute=args.tokens_per_minute,
             expires_in=args.expires_in,
+            max_keep_alive_s=args.max_keep_alive_s,
+            may_pin_models=args.may_pin_models,
         )
         return api_key_json(minted.record, now) | {"secret": minted.secret}
     if args.action == "list":
@@ -89,6 +115,8 @@ def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:
             "requests_per_minute": args.requests_per_minute,
             "tokens_per_minute": args.tokens_per_minute,
             "expires_in_s": expires,
+            "max_keep_alive_s": args.max_keep_alive_s,
+            "may_pin_models": args.may_pin_models,
         }
         return client.call("POST", "/v1/admin/keys", body)
     if args.action == "list":

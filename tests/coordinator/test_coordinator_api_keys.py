@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -24,7 +28,12 @@ from coordinator.identity.join_tokens import sha256_hex
 from coordinator.store.interface import ApiKeyRecord
 from devtools.process import wait_until
 from edgefleet.contract import Hello, KeysSection, KeyUsage, LoadedModel, LoadReport
-from tests.coordinator.coordinator_testing import ADMIN_HEADERS, Coordinator, MakeCoordinator
+from tests.coordinator.coordinator_testing import (
+    ADMIN_HEADERS,
+    TEST_ADMIN_TOKEN,
+    Coordinator,
+    MakeCoordinator,
+)
 from tests.coordinator.store_backends import on_both_stores
 
 pytestmark = pytest.mark.timeout(60)
@@ -179,6 +188,14 @@ async def test_a_stored_cap_beyond_the_wire_reaches_agents_as_the_largest_it_car
         ('{"max_tokens_per_request": 2.5}', "max_tokens_per_request"),
         ('{"max_tokens_per_request": -1}', "max_tokens_per_request"),
         ('{"expires_in_s": 1e300}', "expires_in_s"),
+        ('{"max_keep_alive_s": NaN}', "body"),
+        ('{"max_keep_alive_s": "30m"}', "max_keep_alive_s"),  # seconds, as expires_in_s
+        ('{"max_keep_alive_s": -1}', "max_keep_alive_s"),  # pinning is may_pin_models
+        ('{"max_keep_alive_s": 604801}', "max_keep_alive_s"),  # over a week
+        ('{"max_keep_alive_s": 1e300}', "max_keep_alive_s"),
+        ('{"max_keep_alive_s": true}', "max_keep_alive_s"),
+        ('{"may_pin_models": "yes"}', "may_pin_models"),
+        ('{"may_pin_models": 1}', "may_pin_models"),
     ],
 )
 async def test_numbers_a_key_cannot_have_are_a_400(
@@ -197,6 +214,59 @@ async def test_numbers_a_key_cannot_have_are_a_400(
     assert listed["data"] == []
 
 
+async def test_a_keys_keep_alive_cap_and_pin_right_are_shown_and_reach_its_agents(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    """Issue 26: minted with a keep-alive cap and the pin right, a key shows both (mint,
+    list, show) and connected agents get both in their keys section; a key minted without
+    them has the agent's own cap (0) and no pin right."""
+    async with Agent(coordinator, "edge-1", tmp_path / "a1") as agent:
+        status, pinning = await admin(coordinator, "POST", "/v1/admin/keys", {
+            "name": "ops", "max_keep_alive_s": 90.5, "may_pin_models": True,
+        })  # fmt: skip
+        assert status == 201, pinning
+        assert (pinning["max_keep_alive_s"], pinning["may_pin_models"]) == (90.5, True)
+        _, plain = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "app"})
+        assert (plain["max_keep_alive_s"], plain["may_pin_models"]) == (0.0, False)
+        _, listed = await admin(coordinator, "GET", "/v1/admin/keys")
+        assert {k["name"]: (k["max_keep_alive_s"], k["may_pin_models"])
+                for k in listed["data"]} == {"ops": (90.5, True), "app": (0.0, False)}  # fmt: skip
+        _, shown = await admin(coordinator, "GET", f"/v1/admin/keys/{pinning['key_id']}")
+        assert (shown["max_keep_alive_s"], shown["may_pin_models"]) == (90.5, True)
+        await wait_until(lambda: accepts(agent.table, plain["secret"]), message="keys pushed")
+        key = agent.table.authenticate(f"Bearer {pinning['secret']}").key
+        assert (key.max_keep_alive_s, key.may_pin_models) == (90.5, True)
+        key = agent.table.authenticate(f"Bearer {plain['secret']}").key
+        assert (key.max_keep_alive_s, key.may_pin_models) == (0.0, False)
+
+        # the CLI over the admin API says the same
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "coordinator", "keys", "mint", "--name", "kiosk",
+             "--max-keep-alive", "30m", "--may-pin-models", "--json",
+             "--url", coordinator.http_url],
+            env={**os.environ, "EDGEFLEET_ADMIN_TOKEN": TEST_ADMIN_TOKEN},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        minted = json.loads(done.stdout)
+        assert (minted["max_keep_alive_s"], minted["may_pin_models"]) == (1800.0, True)
+        await wait_until(lambda: accepts(agent.table, minted["secret"]), message="CLI's key")
+        key = agent.table.authenticate(f"Bearer {minted['secret']}").key
+        assert (key.max_keep_alive_s, key.may_pin_models) == (1800.0, True)
+
+
+@pytest.mark.parametrize("cap", ["nan", "inf", "5x", "-1m", "8d", "never"])
+def test_cli_refuses_a_keep_alive_cap_it_cannot_carry(
+    tmp_path: Path, cap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = str(tmp_path / "data")
+    with pytest.raises(SystemExit) as exited:
+        coordinator_main(["keys", "mint", "--data-dir", data, "--max-keep-alive", cap])
+    assert exited.value.code == 2
+    assert "--max-keep-alive" in capsys.readouterr().err
+
+
 def test_cli_mints_into_the_database_and_never_stores_the_secret(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -209,7 +279,18 @@ def test_cli_mints_into_the_database_and_never_stores_the_secret(
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
     assert coordinator_main(["keys", "list", "--data-dir", data, "--json"]) == 0
-    assert '"max_priority": "high"' in capsys.readouterr().out
+    listed = json.loads(capsys.readouterr().out)["data"]
+    assert [(k["max_priority"], k["max_keep_alive_s"], k["may_pin_models"]) for k in listed] == [
+        ("high", 0.0, False)
+    ]
+    assert coordinator_main(["keys", "mint", "--data-dir", data, "--name", "ops",
+                             "--max-keep-alive", "2h", "--may-pin-models"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert coordinator_main(["keys", "list", "--data-dir", data, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["data"]
+    assert [(k["max_keep_alive_s"], k["may_pin_models"]) for k in listed] == [
+        (0.0, False), (7200.0, True)
+    ]  # fmt: skip
     key_id = secret.split("-")[1]
     assert coordinator_main(["keys", "revoke", key_id, "--data-dir", data]) == 0
 

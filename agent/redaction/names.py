@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001 (Turkish, Cyrillic and CJK letters in the street words are meant)
 """Person names and street addresses, offline: a gazetteer and context rules.
 
 The gazetteer (``data/gazetteer.json``, written by :mod:`agent.redaction.build_gazetteer`
@@ -713,6 +714,61 @@ _EXTRA_SUFFIXES = frozenset(
         "mews",
         "row",
         "walk",
+        # South Asian streets and localities (Gandhi Nagar, MG Marg, 5th Cross)
+        "nagar",
+        "marg",
+        "colony",
+        "layout",
+        "chowk",
+        "bazaar",
+        "bazar",
+        "gali",
+        "enclave",
+        "vihar",
+        "salai",
+        "cross",
+        "main",
+        # Korean, Japanese romanized road words written as a word
+        "daero",
+        "dori",
+        # Slavic types written after the name (Nevsky prospekt)
+        "ulitsa",
+        "prospekt",
+        "pereulok",
+        "naberezhnaya",
+        "shosse",
+        "bulvar",
+        "ploshchad",
+        "улица",
+        "проспект",
+        "переулок",
+        "набережная",
+        "шоссе",
+        "бульвар",
+        "площадь",
+        "вулиця",
+        "ул.",
+        "пр.",
+        "просп.",
+        "пер.",
+        "наб.",
+        # Turkish, Hungarian, Finnish, Scandinavian street words after the name
+        "sokak",
+        "sokağı",
+        "caddesi",
+        "cadde",
+        "bulvarı",
+        "utca",
+        "út",
+        "tér",
+        "katu",
+        "tie",
+        "gatan",
+        "vägen",
+        "gate",
+        "veien",
+        "vej",
+        "gade",
     ]
 )
 _EXTRA_PREFIXES = frozenset(
@@ -758,6 +814,72 @@ _EXTRA_PREFIXES = frozenset(
         "alameda",
         "largo",
         "rambla",
+        # Slavic, South-East Asian, Balkan, Romanian, Latin American types before the name
+        "ul.",
+        "ul",
+        "ulica",
+        "ulice",
+        "al.",
+        "aleja",
+        "pl.",
+        "plac",
+        "os.",
+        "osiedle",
+        "ulitsa",
+        "prospekt",
+        "pr.",
+        "prosp.",
+        "per.",
+        "nab.",
+        "ул.",
+        "улица",
+        "пр.",
+        "просп.",
+        "проспект",
+        "пер.",
+        "переулок",
+        "наб.",
+        "набережная",
+        "бул.",
+        "бульвар",
+        "ш.",
+        "шоссе",
+        "пл.",
+        "площадь",
+        "вул.",
+        "вулиця",
+        "просп",
+        "бул",
+        "jalan",
+        "jl.",
+        "jl",
+        "jln",
+        "jln.",
+        "lorong",
+        "persiaran",
+        "lebuh",
+        "soi",
+        "thanon",
+        "đường",
+        "phố",
+        "duong",
+        "pho",
+        "ngõ",
+        "hẻm",
+        "barangay",
+        "brgy.",
+        "strada",
+        "str.",
+        "bulevardul",
+        "bd.",
+        "calea",
+        "rruga",
+        "carrera",
+        "cra.",
+        "jr.",
+        "jirón",
+        "avenue",
+        "sector",
     ]
 )
 # German and Dutch streets are one word ending in the street word.
@@ -806,7 +928,7 @@ _NOT_A_STREET = frozenset(
 )
 _NUM = r"\d{1,5}(?:\s?[a-zA-Z](?![\w]))?(?:[-/]\d{1,5}[a-zA-Z]?)?"
 _UNIT = (
-    r"(?:,?\s(?:Piano|Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Floor|Fl\.?|Room|Rm\.?|#|Piso|"
+    r"(?:,?\s(?:кв\.?|корп\.?|стр\.?|kv\.?|m\.|lok\.|Block|Blk\.?|Lot|Lantai|Tầng|Floor|Piano|Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Floor|Fl\.?|Room|Rm\.?|#|Piso|"
     r"Puerta|Appartamento|Interno|Int\.|Scala|Wohnung|Whg\.?|Etage|Bus|App\.?|Bâtiment|"
     r"Bât\.?|Escalera|Esc\.?)\s?#?\d{1,5}[A-Za-z]?(?:º|ª)?)"
 )
@@ -819,6 +941,13 @@ _POST_TAIL = (
     rf"|{_CITY},?\s\d{{4,5}}(?!\d)"  # Albacete, 43568
     rf"|{_CITY},?\s[A-Z]{{1,2}}\d[A-Z\d]?\s?\d[A-Z]{{2}}"  # London NW1 6XE
     rf"|\d{{4}}\s?[A-Z]{{2}},?\s{_CITY}"  # 2743 UB Anerveen
+    rf"|{_CITY},?\s\d{{6}}(?!\d)"  # Москва, 125009; Bengaluru 560001
+    rf"|{_CITY},?\s\d{{3}}\s\d{{3}}(?!\d)"  # Mumbai 400 001
+    rf"|\d{{6}},?\s{_CITY}"  # 125009 Москва
+    rf"|\d{{2}}-\d{{3}},?\s{_CITY}"  # 00-950 Warszawa
+    rf"|{_CITY},?\s\d{{3}}-\d{{4}}(?!\d)"  # Nagoya 460-0008
+    rf"|{_CITY},?\s\d{{5}}-\d{{3}}(?!\d)"  # São Paulo, 01310-100
+    rf"|{_CITY},?\s[A-Z]\d[A-Z]\s?\d[A-Z]\d"  # Toronto, ON M5V 2T6 (without the province)
     r"))?"
 )
 _NAME_WORD = r"[^\W\d_][\w'\u2019.-]*"
@@ -836,13 +965,62 @@ def _address_patterns() -> tuple[re.Pattern[str], ...]:
         rf"(?<![\w-])(?:{_NUM},?\s)?(?i:{pre})(?![\w])\s"
         rf"(?:(?:de|del|de la|des|du|d'|di|della|delle|dei|do|da|dos|das)\s?)?"
         rf"{_NAME_WORD}(?:\s(?:de|del|la|di|della|y|e|von|van)?\s?{_NAME_WORD}){{0,3}}"
-        rf",?\s(?:n\.?\s?|nº\s?|no\.?\s?)?{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}"
+        rf",?\s(?:{_NUMBER_WORD})?{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}"
     )
     prefix_numbered = re.compile(  # 23, rue Victoire Perrier (the number first, no number after)
         rf"(?<![\w.,/-])\d{{1,5}}(?:\s?(?:bis|ter))?,?\s(?i:{pre})(?![\w])\s"
         rf"(?:(?:de|du|des|de la|d')\s?)?{_NAME_WORD}(?:\s{_NAME_WORD}){{0,3}}{_UNIT}?{_POST_TAIL}"
     )
-    return number_first, prefix_numbered, prefix_first
+    type_after = re.compile(  # Tverskaya ulitsa 7; Тверская ул., д. 7; Atatürk Caddesi No. 5
+        rf"(?<![\w-])[{_UPPER}][\w'\u2019.-]*(?:\s{_NAME_WORD}){{0,2}}\s(?i:{trie_regex(_TYPE_AFTER)})"
+        rf"(?![\w]),?\s(?:{_NUMBER_WORD})?{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}"
+    )
+    return number_first, prefix_numbered, prefix_first, type_after, *_OTHER_FORMS
+
+
+_NUMBER_WORD = (
+    r"n\.?\s?|nº\s?|no\.?\s?|nr\.?\s?|д\.\s?|дом\s|буд\.\s?|d\.\s?|br\.?\s?|č\.\s?|kav\.\s?|số\s"
+)
+_TYPE_AFTER = [
+    *"ulitsa prospekt pereulok naberezhnaya shosse bulvar ploshchad sokak sokağı caddesi cadde "  # noqa: SIM905
+    "bulvarı utca út tér katu gatan vägen veien vej gade marg nagar salai".split(),
+    *"улица ул. проспект пр. просп. переулок пер. набережная наб. шоссе бульвар площадь "  # noqa: SIM905
+    "вулиця вул.".split(),
+]
+_HAN = "\u3005\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_KANA = "\u3041-\u3096\u30a1-\u30fa\u30fc"
+_HANGUL = "\uac00-\ud7a3"
+_DIGITS = "0-9０-９"
+_REGION_TAIL = rf"(?:,\s(?:{_CITY}|\d{{3}}-\d{{4}}|\d{{5,6}})){{0,3}}(?:,?\s\d{{3}}-\d{{4}}(?!\d))?"
+_OTHER_FORMS = (
+    # Japan, romanized: 1-25-7 Sakae, Naka-ku, Nagoya 460-0008 (chome-ban-go, then places)
+    re.compile(
+        rf"(?<![\w.,/-])\d{{1,2}}-\d{{1,3}}(?:-\d{{1,3}})?,?\s[{_UPPER}][a-zōū]+"
+        rf"(?:-(?:ku|shi|cho|chō|machi|gun|mura))?{_REGION_TAIL}"
+    ),
+    # Japan, in kanji: 〒530-0001 大阪府大阪市北区梅田3-10-20, 東京都港区六本木6丁目10番1号
+    re.compile(
+        rf"(?:〒\s?\d{{3}}-?\d{{4}}\s?)?[{_HAN}{_KANA}]{{1,20}}?[都道府県市区町村郡]"
+        rf"[{_HAN}{_KANA}]{{0,20}}?[{_DIGITS}]{{1,4}}(?:丁目|番地|番|号|-|－)"
+        rf"(?:[{_DIGITS}]{{1,4}}(?:番地|番|号|-|－)?){{0,3}}"
+    ),
+    # China and Taiwan: 北京市朝阳区建国路88号 (a road word, a number, 号), floors and rooms
+    re.compile(
+        rf"[{_HAN}]{{0,20}}?(?:路|街|道|巷|弄|胡同|大道|里|段)[{_HAN}\d]{{0,6}}?\d{{1,5}}[号號]"
+        rf"(?:[{_HAN}\dA-Za-z]{{1,6}}?(?:号楼|栋|棟|楼|樓|室|单元|層|层|座))*"
+    ),
+    # Korea, in Hangul: 서울특별시 강남구 테헤란로 152 (a road ending in 로/길, a number)
+    re.compile(
+        rf"(?:[{_HANGUL}]+(?:시|도)\s)?(?:[{_HANGUL}]+(?:구|군|시)\s)?"
+        rf"[{_HANGUL}\d]+(?:로|길)\s?\d{{1,4}}(?:-\d{{1,4}})?(?:번?길\s?\d{{1,4}})?"
+        rf"(?:,?\s?\d{{1,4}}(?:동|호|층))*"
+    ),
+    # Korea, romanized: 152 Teheran-ro, Gangnam-gu, Seoul; Sejong-daero 110
+    re.compile(
+        rf"(?<![\w-])(?:{_NUM},?\s)?[{_UPPER}][a-z]+(?:-[a-z0-9]+)*-(?:ro|gil|daero)"
+        rf"(?:\s?\d{{1,3}}-?(?:beon-)?gil)?(?:,?\s{_NUM})?(?![\w-]){_REGION_TAIL}"
+    ),
+)
 
 
 # Compound streets are found from their ending ("...straße 12"), then extended back to the
@@ -871,6 +1049,21 @@ def _compound_streets(text: str) -> Iterator[tuple[int, int]]:
         yield start, tail.end()
 
 
+_COMPOUND_NUMBER_FIRST = re.compile(
+    rf"(?<![\w.,/-])\d{{1,5}}[a-zA-Z]?,?\s([{_UPPER}][\w'\u2019-]*?"
+    rf"(?:{_COMPOUND_ENDINGS}))(?![\w]){_UNIT}?{_POST_TAIL}"
+)
+
+
+def _compound_number_first(text: str) -> Iterator[tuple[int, int]]:
+    """172 Hauptstrasse, Berlin: the house number before a compound street."""
+    for m in _COMPOUND_NUMBER_FIRST.finditer(text):
+        word = m.group(1)
+        if word in _NOT_A_STREET or word.lower() in _ENDING_WORDS:
+            continue
+        yield m.start(), m.end()
+
+
 def warm_up() -> None:
     """Loads the gazetteer and compiles the street patterns (once per process)."""
     gazetteer()
@@ -883,6 +1076,7 @@ def find_addresses(text: str) -> Iterator[Span]:
         return
     found = [(m.start(), m.end()) for p in _address_patterns() for m in p.finditer(text)]
     found.extend(_compound_streets(text))
+    found.extend(_compound_number_first(text))
     for start, end in found:
         s = text[start:end]
         yield Span(start, end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)

@@ -75,6 +75,12 @@ from coordinator.routing.overflow import (
     targets_file_for,
 )
 from coordinator.routing.service import Router
+from coordinator.routing.warmth import (
+    WarmLoad,
+    WarmthPolicy,
+    WarmthSettings,
+    registry_agents_at,
+)
 from coordinator.rpc.convert import LoadLimits
 from coordinator.rpc.service import CoordinatorServicer, GrpcServer
 from coordinator.store.changes import Change
@@ -321,6 +327,7 @@ def create_app(
     app.cleanup_ctx.append(_ownership_check)
     app.cleanup_ctx.append(_leader_jobs)
     app.cleanup_ctx.append(_overflow_distribution)
+    app.cleanup_ctx.append(_warm_by_demand)
     if rollouts is None:
         rollouts = RolloutDeps(catalog, assignments, Selector, report_hooks.add)
     # rollout gates count the other coordinators' agents too (their stats in the view)
@@ -588,6 +595,38 @@ async def _overflow_distribution(app: web.Application) -> AsyncIterator[None]:
         await distributor.tick()
 
     async with periodic_task("overflow targets", period_s, tick):
+        yield
+
+
+async def _warm_by_demand(app: web.Application) -> AsyncIterator[None]:
+    """Every ``warm_interval_s``: LOAD_MODEL to an agent of this coordinator at a site
+    where its model has demand and no agent holds it in memory (coordinator/routing/
+    warmth.py); nothing when ``warm_by_demand`` is off."""
+    config, metrics, tracker = app[CONFIG_KEY], app[METRICS_KEY], app[ROUTER_KEY].demand
+    if tracker is None:
+        yield
+        return
+    metrics.warm_tracked_pairs.set_function(lambda: float(len(tracker)))
+
+    def counted(load: WarmLoad) -> None:
+        metrics.warm_loads.labels(load.result).inc()
+        if load.result == "sent":
+            logger.info("kept warm: LOAD_MODEL %s to %s (site %s: %d lookups recently, %d "
+                        "around this time yesterday)", load.model, load.agent_id, load.site,
+                        load.recent, load.yesterday)  # fmt: skip
+
+    policy = WarmthPolicy(
+        tracker,
+        registry_agents_at(app[REGISTRY_KEY]),
+        app[GRPC_SERVER_KEY].servicer.send_command,
+        WarmthSettings.from_config(config),
+        on_result=counted,
+    )
+
+    async def step() -> None:
+        policy.cycle()
+
+    async with periodic_task("warm by demand", config.warm_interval_s, step):
         yield
 
 

@@ -231,6 +231,30 @@ class CoordinatorConfig(ProcessSettings):
     site_networks: str = ""
     """"CIDR=site,CIDR=site": which site a client IP belongs to."""
 
+    # --- keeping models warm where their demand is (coordinator/routing/warmth.py)
+    warm_by_demand: bool = True
+    """Count route lookups per (site, model) and send LOAD_MODEL to an agent at a site where
+    its model has demand now, or had it at this time yesterday, and no agent there holds it
+    in memory (agents that load models on demand). Off: lookups are not counted."""
+    warm_interval_s: float = Field(default=30.0, ge=0.1, le=3600)
+    """How often the warm-by-demand policy looks at the demand and the agents' reports."""
+    warm_recent_window_s: float = Field(default=1800.0, ge=60, le=7200)
+    """Lookups within this many seconds count as demand now."""
+    warm_yesterday_window_s: float = Field(default=1800.0, ge=0, le=7200)
+    """Lookups within this many seconds either side of this time yesterday count as demand
+    now (the first request of the morning finds its model loaded); 0: yesterday is not
+    looked at."""
+    warm_min_lookups: int = Field(default=3, ge=1)
+    """Lookups for a model at a site, in either window, at which it is kept warm there."""
+    warm_backoff_s: float = Field(default=300.0, ge=0)
+    """No second LOAD_MODEL to the same agent for the same model within this many seconds."""
+    warm_max_commands_per_cycle: int = Field(default=10, ge=0, le=10_000)
+    """LOAD_MODEL commands sent per policy run at most (the busiest pairs first); 0: none
+    sent (the demand is still counted, and shown in the metrics)."""
+    warm_max_pairs: int = Field(default=4096, ge=1, le=1_000_000)
+    """(site, model) pairs whose demand is kept, about 1.3 KiB each (26 hours of 5-minute
+    buckets); past it the pair looked up least recently is forgotten."""
+
     # --- model catalog
     blob_base_url: str = Field(default="", max_length=2048)
     """The URL agents fetch model blobs from (sent as ModelTarget.artifact_url), e.g.

@@ -147,6 +147,22 @@ class CoordinatorMetrics:
             buckets=ROUTE_BUCKETS,
             registry=self.registry,
         )
+        # issue 26: models kept warm where their demand is (coordinator/routing/warmth.py)
+        self.warm_loads = Counter(
+            f"{PREFIX}_warm_loads",
+            "LOAD_MODEL commands the warm-by-demand policy decided on, by result: sent; "
+            "no_session (the agent's session was gone); no_room (no agent at the site had "
+            "the model's size free in its memory budget; once per back-off); over_cap (past "
+            "warm_max_commands_per_cycle, tried next run).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.warm_tracked_pairs = Gauge(
+            f"{PREFIX}_warm_tracked_pairs",
+            "(site, model) pairs whose route lookups are counted for warm-by-demand (at "
+            "most warm_max_pairs).",
+            registry=self.registry,
+        )
         self.gc_pause_seconds = Histogram(
             f"{PREFIX}_gc_pause_seconds",
             "Garbage-collector pauses of the coordinator process, by generation.",

@@ -9,7 +9,9 @@ overflow: a site is a preference, not a boundary. When the site has fewer than
 ``SITE_FALLBACKS`` nearest live agents beyond it are added after the site's live ones, so a
 client always has somewhere to fail over to when its site's agent dies; the site's suspect
 agents (missed reports, session gone) come after them. Every lookup, over gRPC or HTTP, is
-timed and counted here.
+timed and counted here, and counted as demand for its model at the client's site (or, when
+the site is not known, at the site of the agent answered first) when ``warm_by_demand`` is
+on (``coordinator.routing.warmth``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from coordinator.routing.scorer import (
     RouteWeights,
 )
 from coordinator.routing.site_networks import parse_site_networks, site_of
+from coordinator.routing.warmth import DemandTracker
 from edgefleet.contract import Location
 
 # Fewer live agents than this at the client's site: fallbacks beyond it are added.
@@ -65,6 +68,7 @@ class Router:
         *,
         site_networks: str = "",
         candidate_pool: int = 64,
+        demand: DemandTracker | None = None,
     ) -> None:
         self._registry = registry
         self._scorer = scorer
@@ -72,6 +76,8 @@ class Router:
         self._metrics = metrics
         self._networks = parse_site_networks(site_networks)
         self._pool = candidate_pool
+        # answered lookups per (site, model), for keeping models warm; None: not counted
+        self.demand = demand
         # the load table's columns derived by this scorer's policy: rank_rows' fast path
         registry.load_table.derive_with(scorer.policy, scorer.derive, SUSPECT_FACTOR)
 
@@ -86,17 +92,31 @@ class Router:
             metrics,
             site_networks=config.site_networks,
             candidate_pool=config.route_candidate_pool,
+            demand=DemandTracker(config.warm_max_pairs) if config.warm_by_demand else None,
         )
 
     def route(self, query: RouteQuery, *, client_ip: str = "") -> RouteDecision:
         with self._metrics.route_seconds.time():
-            decision = self._route(query, client_ip)
+            if not query.site and client_ip and self._networks:
+                query = replace(query, site=site_of(client_ip, self._networks))
+            decision = self._route(query)
+            if self.demand is not None:
+                self._count_demand(self.demand, query, decision)
         self._metrics.route_requests.inc()
         return decision
 
-    def _route(self, query: RouteQuery, client_ip: str) -> RouteDecision:
-        if not query.site and client_ip and self._networks:
-            query = replace(query, site=site_of(client_ip, self._networks))
+    def _count_demand(
+        self, demand: DemandTracker, query: RouteQuery, decision: RouteDecision
+    ) -> None:
+        """One lookup for the model at the client's site, else at its first answer's; only
+        at a site some agent is at, for a model some agent serves (a made-up site or
+        model never takes a tracked pair's place)."""
+        site = query.site or (decision.agents[0].site if decision.agents else "")
+        index = self._registry.index
+        if site and index.at_site(site) and index.serving(query.model):
+            demand.record(site, query.model)
+
+    def _route(self, query: RouteQuery) -> RouteDecision:
         index = self._registry.index
         ids = index.candidates(
             query.model, site=query.site, location=query.location, pool=self._pool

@@ -1,0 +1,318 @@
+"""Keeping a model warm where its demand is: route lookups per (site, model), and the
+policy that loads a model at a site before its next request there.
+
+Agents that load models on demand (agent/engine/residency.py) unload a model idle past
+its keep-alive, so the first request of the morning at a site pays the model's load. The
+coordinator answers the site's route lookups, so it knows the demand:
+
+``DemandTracker``
+    Counts answered lookups per (site, model) in ``BUCKET_S`` buckets, the last
+    ``HISTORY_S`` of them (a ring per pair). ``record`` is the router's only cost: a
+    clock read, a dict lookup and an increment (a ring slot is cleared only when a new
+    bucket starts). At most ``max_pairs`` pairs are kept; a new pair beyond it takes the
+    place of the one whose last lookup is oldest.
+``WarmthPolicy``
+    Run every ``warm_interval_s``: a (site, model) is wanted warm when its lookups over the
+    last ``recent_window_s``, or over ``yesterday_window_s`` either side of this time
+    yesterday, reach ``min_lookups``. When no live, connected, healthy, non-draining
+    agent of this coordinator at the site holds the model in memory (every one lists it
+    in its report's ``cold_models``), the one with the most free memory budget (then the
+    least load) is sent LOAD_MODEL with the reason "kept warm: demand at site X".
+
+What it never does: send to the same agent for the same model within ``backoff_s``; send
+more than ``max_commands_per_cycle`` commands a cycle (the busiest pairs first); send to
+an agent on another coordinator (each coordinator warms the agents whose sessions it
+holds), a draining, suspect or unhealthy one; send when an agent's free budget (budget
+minus committed) is below the model's weights (its largest resident size reported at the
+site, else the size of its files on that agent), so a warm load never makes an agent
+evict another model for room; unload anything (the agent's keep-alive does that).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
+from coordinator.fleet.registry import FleetRegistry
+
+if TYPE_CHECKING:
+    from coordinator.config import CoordinatorConfig
+
+#: Width of one demand bucket (seconds).
+BUCKET_S = 300
+#: How far back demand is kept: a day, and room around this time yesterday.
+HISTORY_S = 26 * 3600
+_SLOTS = HISTORY_S // BUCKET_S
+DAY_S = 86_400
+
+#: Outcomes of a warm load, as the metric labels them.
+SENT, NO_SESSION, NO_ROOM, OVER_CAP = "sent", "no_session", "no_room", "over_cap"
+
+
+class _Series:
+    """One pair's ring of bucket counts; ``last`` is the newest bucket number written."""
+
+    __slots__ = ("counts", "last")
+
+    def __init__(self, bucket: int) -> None:
+        self.counts = array("I", bytes(4 * _SLOTS))
+        self.last = bucket
+
+
+class DemandTracker:
+    """Answered route lookups per (site, model), in ``BUCKET_S`` buckets (module doc)."""
+
+    def __init__(self, max_pairs: int = 4096, clock: Callable[[], float] = time.time) -> None:
+        if max_pairs < 1:
+            raise ValueError(f"max_pairs must be >= 1, got {max_pairs}")
+        self._max = max_pairs
+        self._clock = clock
+        # least recently looked up first
+        self._pairs: OrderedDict[tuple[str, str], _Series] = OrderedDict()
+        self.dropped = 0  # pairs dropped for room
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def record(self, site: str, model: str) -> None:
+        """One lookup for ``model`` at ``site`` answered now."""
+        bucket = int(self._clock() // BUCKET_S)
+        key = (site, model)
+        pairs = self._pairs
+        series = pairs.get(key)
+        if series is None:
+            if len(pairs) >= self._max:
+                pairs.popitem(last=False)
+                self.dropped += 1
+            series = pairs[key] = _Series(bucket)
+        elif bucket != series.last:
+            if bucket > series.last:
+                counts = series.counts
+                for b in range(series.last + 1, min(bucket, series.last + _SLOTS) + 1):
+                    counts[b % _SLOTS] = 0
+                series.last = bucket
+                pairs.move_to_end(key)
+            elif series.last - bucket >= _SLOTS:  # the clock stepped back past the ring
+                return
+        series.counts[bucket % _SLOTS] += 1
+
+    def count(self, site: str, model: str, start: float, end: float) -> int:
+        """Lookups for ``model`` at ``site`` in the buckets that overlap [start, end)."""
+        series = self._pairs.get((site, model))
+        return 0 if series is None else _sum(series, start, end)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every tracked (site, model), least recently looked up first."""
+        return list(self._pairs)
+
+    def windows(
+        self, windows: Iterable[tuple[float, float]]
+    ) -> Iterable[tuple[tuple[str, str], list[int]]]:
+        """Per tracked pair, its lookups in each of ``windows`` ([start, end) pairs)."""
+        spans = list(windows)
+        for key, series in list(self._pairs.items()):
+            yield key, [_sum(series, start, end) for start, end in spans]
+
+
+def _sum(series: _Series, start: float, end: float) -> int:
+    first = max(int(start // BUCKET_S), series.last - _SLOTS + 1)
+    last = min(math.ceil(end / BUCKET_S) - 1, series.last)  # the last one starting before end
+    counts = series.counts
+    return sum(counts[b % _SLOTS] for b in range(first, last + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class WarmthSettings:
+    """The policy's knobs (config ``warm_*``)."""
+
+    # Lookups this recent count as demand now (seconds).
+    recent_window_s: float = 1800.0
+    # Lookups within this of this time yesterday count as demand now (seconds; 0: never).
+    yesterday_window_s: float = 1800.0
+    # Lookups in either window at which a pair is wanted warm.
+    min_lookups: int = 3
+    # No second LOAD_MODEL to the same agent for the same model within this (seconds).
+    backoff_s: float = 300.0
+    # Commands sent per cycle at most.
+    max_commands_per_cycle: int = 10
+
+    @classmethod
+    def from_config(cls, config: CoordinatorConfig) -> WarmthSettings:
+        return cls(
+            recent_window_s=config.warm_recent_window_s,
+            yesterday_window_s=config.warm_yesterday_window_s,
+            min_lookups=config.warm_min_lookups,
+            backoff_s=config.warm_backoff_s,
+            max_commands_per_cycle=config.warm_max_commands_per_cycle,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmLoad:
+    """One LOAD_MODEL the policy decided on (or could not send), for logs and tests."""
+
+    site: str
+    model: str
+    # The agent it went (or would have gone) to; "" when none had room.
+    agent_id: str
+    # SENT, NO_SESSION, NO_ROOM or OVER_CAP.
+    result: str
+    # What made the pair wanted: its lookups recently, and around this time yesterday.
+    recent: int
+    yesterday: int
+
+
+#: The agents at ``site`` (first) serving ``model`` (second).
+AgentsAt = Callable[[str, str], list[AgentRecord]]
+#: ``CoordinatorServicer.send_command``: (agent id, kind, reason, model) -> sent.
+SendCommand = Callable[[str, str, str, str], bool]
+
+
+def registry_agents_at(registry: FleetRegistry) -> AgentsAt:
+    """``AgentsAt`` over the registry's fleet index: a set intersection per pair."""
+
+    def at(site: str, model: str) -> list[AgentRecord]:
+        index = registry.index
+        here = index.at_site(site)
+        if not here:
+            return []
+        return registry.find(sorted(here & index.serving(model)))
+
+    return at
+
+
+class WarmthPolicy:
+    """Decides which agents get LOAD_MODEL for demand at their site (module doc)."""
+
+    def __init__(
+        self,
+        tracker: DemandTracker,
+        agents_at: AgentsAt,
+        send: SendCommand,
+        settings: WarmthSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_result: Callable[[WarmLoad], None] | None = None,
+    ) -> None:
+        self._tracker = tracker
+        self._agents_at = agents_at
+        self._send = send
+        self.settings = settings or WarmthSettings()
+        self._clock = clock
+        self._on_result = on_result
+        # (agent id, model) -> when LOAD_MODEL was last sent; (site, model) -> when no agent
+        # there had room (counted once per back-off)
+        self._sent: dict[tuple[str, str], float] = {}
+        self._no_room: dict[tuple[str, str], float] = {}
+
+    def wanted(self, now: float | None = None) -> list[tuple[str, str, int, int]]:
+        """The pairs wanted warm now, as (site, model, recent, yesterday), busiest first."""
+        s = self.settings
+        now = self._clock() if now is None else now
+        spans = [(now - s.recent_window_s, now + 1.0)]  # this bucket included
+        if s.yesterday_window_s > 0:
+            then = now - DAY_S
+            spans.append((then - s.yesterday_window_s, then + s.yesterday_window_s))
+        found = []
+        for (site, model), counts in self._tracker.windows(spans):
+            recent = counts[0]
+            yesterday = counts[1] if len(counts) > 1 else 0
+            if recent >= s.min_lookups or yesterday >= s.min_lookups:
+                found.append((site, model, recent, yesterday))
+        found.sort(key=lambda w: (-max(w[2], w[3]), w[0], w[1]))
+        return found
+
+    def cycle(self) -> list[WarmLoad]:
+        """One round: LOAD_MODEL where demand is and no eligible agent holds the model."""
+        s = self.settings
+        now = self._clock()
+        for book in (self._sent, self._no_room):
+            for key in [k for k, at in book.items() if now - at >= s.backoff_s]:
+                del book[key]
+        done: list[WarmLoad] = []
+        sent = 0
+        for site, model, recent, yesterday in self.wanted(now):
+            here = self._agents_at(site, model)
+            eligible = [r for r in here if _eligible(r, site)]
+            if not eligible or any(_warm(r, model) for r in eligible):
+                continue
+            cold = [r for r in eligible if (r.agent_id, model) not in self._sent]
+            if not cold:
+                continue  # loads sent within the back-off: under way, or it went again
+            need = _weights_bytes(here, model)
+            roomy = [r for r in cold if _room(r) >= need]
+            if not roomy:
+                if (site, model) not in self._no_room:
+                    self._no_room[(site, model)] = now
+                    done.append(WarmLoad(site, model, "", NO_ROOM, recent, yesterday))
+                continue
+            best = min(roomy, key=lambda r: (-_room(r), _load(r), r.agent_id))
+            if sent >= s.max_commands_per_cycle:
+                done.append(WarmLoad(site, model, best.agent_id, OVER_CAP, recent, yesterday))
+                continue
+            ok = self._send(best.agent_id, "load_model", f"kept warm: demand at site {site}", model)
+            self._sent[(best.agent_id, model)] = now
+            sent += ok
+            done.append(
+                WarmLoad(site, model, best.agent_id, SENT if ok else NO_SESSION, recent, yesterday)
+            )
+        if self._on_result is not None:
+            for load in done:
+                self._on_result(load)
+        return done
+
+
+def _eligible(record: AgentRecord, site: str) -> bool:
+    """At ``site``, with a session on this coordinator, live, healthy, not draining."""
+    report = record.last_report
+    return (
+        report is not None
+        and record.hello.site == site
+        and record.status is AgentStatus.CONNECTED
+        and not record.remote
+        and record.liveness is Liveness.LIVE
+        and not record.draining
+        and not report.draining
+        and not report.unhealthy_reason
+    )
+
+
+def _warm(record: AgentRecord, model: str) -> bool:
+    """It serves ``model`` with its weights in memory (or loads no model on demand)."""
+    report = record.last_report
+    cold = () if report is None else report.cold_models
+    return record.serves(model) and all(name != model for name, _ in cold)
+
+
+def _room(record: AgentRecord) -> int:
+    """Its memory budget not committed yet, in bytes (huge: no budget reported)."""
+    report = record.last_report
+    if report is None or report.memory_budget_bytes <= 0:
+        return 1 << 62
+    return report.memory_budget_bytes - report.memory_committed_bytes
+
+
+def _load(record: AgentRecord) -> int:
+    report = record.last_report
+    return 0 if report is None else report.running_sequences + report.waiting_sequences
+
+
+def _weights_bytes(records: list[AgentRecord], model: str) -> int:
+    """What ``model``'s weights take in memory, as well as the site's reports say: the
+    largest resident size of it there, else the largest size of its files there; 1 when
+    nothing says (any agent with room left then)."""
+    resident = files = 0
+    for r in records:
+        if r.last_report is None:
+            continue
+        for item in r.last_report.inventory:
+            if item.name == model:
+                resident = max(resident, item.resident_bytes)
+                files = max(files, item.bytes_total)
+    return resident or files or 1

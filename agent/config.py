@@ -251,7 +251,8 @@ class ResidencyConfigSection(Settings):
     failed_retry_s: float = Field(default=30.0, ge=0)
     """After a failed load, requests get 503 for this long before the next try."""
     max_request_keep_alive_s: float = Field(default=3600.0, ge=0)
-    """A request's keep_alive is capped here; a negative one (forever) is refused."""
+    """A request's keep_alive is capped here (and by its API key's max_keep_alive_s); a
+    negative one (pin the model) is refused unless the key may pin models."""
 
     def resolved(self) -> ResidencyConfig:
         budget = self.budget_bytes or default_budget_bytes(self.budget_share)

@@ -291,6 +291,7 @@ def _options(request: web.Request) -> RequestOptions:
         request.headers.get("X-Request-Timeout"),
         grant=grant_of(request),
         max_timeout_s=request.app[CONFIG].auth.max_request_timeout_s,
+        max_keep_alive_s=request.app[CONFIG].residency.max_request_keep_alive_s,
     )
 
 

@@ -113,8 +113,11 @@ class SamplingFields(BaseModel):
         default=None,
         description="Extension (Ollama's keep_alive): seconds, or a duration such as '5m', "
         "that the model stays loaded once idle after this request; it only ever extends "
-        "the model's stay, capped by residency.max_request_keep_alive_s. Negative (forever) "
-        "is refused: operators pin models.",
+        "the model's idle stay (never keeps it from being unloaded to make room for another "
+        "model), capped by the API key's max_keep_alive_s and the agent's "
+        "residency.max_request_keep_alive_s. Negative pins the model (loaded until an "
+        "operator unloads it or the agent restarts), for a key with may_pin_models only: "
+        "else 400 naming keep_alive.",
     )
     cache: bool | None = None  # extension: use the response cache (default: when deterministic)
     # extension: each choice (and each streamed chunk's choice) carries the token ids it

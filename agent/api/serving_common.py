@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.api.protocol import SamplingFields, Usage
-from agent.auth.keys import KeyGrant
+from agent.auth.keys import KeyGrant, keep_alive_for
 from agent.engine.interface import (
     PRIORITY_RANK,
     GenerationOutput,
@@ -64,6 +64,9 @@ class RequestOptions:
     priority: Priority | None = None  # None: the body's, else "normal"
     timeout_s: float | None = None  # None: the engine's default
     grant: KeyGrant | None = None  # the key's scopes, rate limits and usage
+    # the agent's cap on a request's keep_alive (residency.max_request_keep_alive_s); None:
+    # left to the residency, which caps it the same
+    max_keep_alive_s: float | None = None
 
 
 def request_options(
@@ -72,6 +75,7 @@ def request_options(
     *,
     grant: KeyGrant | None = None,
     max_timeout_s: float | None = None,
+    max_keep_alive_s: float | None = None,
 ) -> RequestOptions:
     """Validate the headers; a timeout above ``max_timeout_s`` is lowered to it."""
     if priority is not None and priority not in PRIORITY_RANK:
@@ -95,6 +99,7 @@ def request_options(
         priority=priority,  # type: ignore[arg-type]
         timeout_s=timeout_s,
         grant=grant,
+        max_keep_alive_s=max_keep_alive_s,
     )
 
 
@@ -106,7 +111,9 @@ def generation_request(
     options: RequestOptions,
 ) -> GenerationRequest:
     """The engine's request; with an API key, its priority is clamped to the key's ceiling
-    and its completion length to the key's cap (asking for more is a 400)."""
+    and its completion length to the key's cap (asking for more is a 400). A ``keep_alive``
+    is capped by the key's and the agent's caps; a negative one pins the model, for a key
+    allowed to pin models only (else, and always without keys, a 400)."""
     priority = options.priority or body.priority or "normal"
     grant = options.grant
     if grant is not None:
@@ -121,15 +128,15 @@ def generation_request(
             params = dataclasses.replace(
                 params, max_tokens=cap, min_tokens=min(params.min_tokens, continued + cap)
             )
-    keep_alive_s = None
+    keep_alive_s, pin_model = None, False
     if body.keep_alive is not None:
-        keep_alive_s = parse_keep_alive(body.keep_alive)
-        if keep_alive_s < 0:
-            raise InvalidRequestError(
-                "keep_alive < 0 (forever) cannot be asked by a request: an operator pins "
-                "the model (residency.pinned)",
-                param="keep_alive",
-            )
+        requested = parse_keep_alive(body.keep_alive)
+        applied = (
+            keep_alive_for(None, requested, options.max_keep_alive_s)
+            if grant is None
+            else grant.keep_alive(requested, options.max_keep_alive_s)
+        )
+        keep_alive_s, pin_model = (None, True) if applied.pin else (applied.seconds, False)
     return GenerationRequest(
         new_request_id(prefix),
         prompt_ids,
@@ -138,6 +145,7 @@ def generation_request(
         timeout_s=options.timeout_s,
         continuation_token_ids=tuple(body.continue_token_ids or ()),
         keep_alive_s=keep_alive_s,
+        pin_model=pin_model,
     )
 
 

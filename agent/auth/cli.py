@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.auth.key_files import key_to_json, read_keys, write_keys
+from agent.auth.key_files import MAX_KEEP_ALIVE_S, key_to_json, read_keys, write_keys
 from agent.auth.keys import PRIORITY_RANK, new_secret, secret_digest
 from agent.errors import ConfigError
 from edgefleet.contract import ApiKey, KeysSection
@@ -32,6 +32,20 @@ def _duration_s(text: str) -> int:
     return int(seconds)
 
 
+def _keep_alive_cap(text: str) -> float:
+    """``--max-keep-alive``: a duration within [0, 7d] (``0``: the agent's own cap)."""
+    unit = text[-1:].lower()
+    try:
+        seconds = float(text[:-1]) * _UNITS[unit] if unit in _UNITS else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 2h)") from None
+    if not 0 <= seconds <= MAX_KEEP_ALIVE_S:  # NaN and inf too
+        raise argparse.ArgumentTypeError(
+            f"--max-keep-alive must be a duration up to 7d (0: the agent's own cap), got {text!r}"
+        )
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-agent keys", description="Manage a standalone agent's API keys file."
@@ -47,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--requests-per-minute", type=float, default=0.0, help="0: unlimited")
     add.add_argument("--tokens-per-minute", type=float, default=0.0, help="0: unlimited")
     add.add_argument("--expires-in", type=_duration_s, default=None, help="e.g. 30d (never)")
+    add.add_argument("--max-keep-alive", type=_keep_alive_cap, default=0.0,
+                     dest="max_keep_alive_s", metavar="DURATION",
+                     help="longest keep_alive a request may ask, e.g. 30m (at most 7d; "
+                     "default 0: the agent's residency.max_request_keep_alive_s)")  # fmt: skip
+    add.add_argument("--may-pin-models", action="store_true",
+                     help="requests may pin a model (keep_alive < 0: loaded until an "
+                     "operator unloads it or the agent restarts)")  # fmt: skip
     sub.add_parser("list", help="list the keys in the file (never the secrets)")
     remove = sub.add_parser("remove", help="remove a key from the file")
     remove.add_argument("key_id")
@@ -84,6 +105,8 @@ def run_keys_command(argv: list[str]) -> int:
             tokens_per_minute=args.tokens_per_minute,
             expires_at_unix=0 if args.expires_in is None else int(time.time()) + args.expires_in,
             name=args.name,
+            max_keep_alive_s=args.max_keep_alive_s,
+            may_pin_models=args.may_pin_models,
         )
         write_keys(path, KeysSection(section.generation, (*section.keys, key)))
     except ConfigError as exc:

@@ -6,12 +6,13 @@ One JSON format for both (``version`` 1)::
       {"key_id": "3f9a0c1d2e4b", "secret_sha256": "<64 hex digits>", "name": "kiosk",
        "models": ["smollm2-135m-instruct"], "allow_cloud": false, "max_priority": "normal",
        "max_tokens_per_request": 512, "requests_per_minute": 60, "tokens_per_minute": 20000,
-       "expires_at_unix": 0}]}
+       "expires_at_unix": 0, "max_keep_alive_s": 600, "may_pin_models": false}]}
 
 Only ``key_id`` and ``secret_sha256`` are required; the other fields default as in
 ``edgefleet.contract.ApiKey`` (every model, no cloud, ceiling ``normal``, no limits, never
-expires). The secret itself is never stored. Files are written atomically (a temporary
-file in the same directory, fsync, rename) with mode 0600.
+expires, the agent's own keep-alive cap, no right to pin models). The secret itself is
+never stored. Files are written atomically (a temporary file in the same directory, fsync,
+rename) with mode 0600.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from edgefleet.contract import ApiKey, KeysSection
 from edgefleet.files import write_private
 
 FORMAT_VERSION = 1
+#: The longest keep-alive cap a key may carry (a week), as the coordinator's.
+MAX_KEEP_ALIVE_S = 7 * 86_400
 #: The last keys section from the coordinator, under ``coordinator.state_dir``.
 LAST_KEYS_FILE = "api_keys.json"
 
@@ -42,7 +45,20 @@ def key_to_json(key: ApiKey) -> dict[str, Any]:
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
         "expires_at_unix": key.expires_at_unix,
+        # a cap out of range (a coordinator's section is saved here too) as the agent's own
+        "max_keep_alive_s": key.max_keep_alive_s if _cap_ok(key.max_keep_alive_s) else 0.0,
+        "may_pin_models": key.may_pin_models,
     }
+
+
+def _cap_ok(seconds: float) -> bool:
+    return 0 <= seconds <= MAX_KEEP_ALIVE_S  # NaN and inf too
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
 
 
 def key_from_json(data: Any, where: str) -> ApiKey:
@@ -61,6 +77,8 @@ def key_from_json(data: Any, where: str) -> ApiKey:
             tokens_per_minute=float(data.get("tokens_per_minute", 0.0)),
             expires_at_unix=int(data.get("expires_at_unix", 0)),
             name=str(data.get("name", "")),
+            max_keep_alive_s=_number(data.get("max_keep_alive_s", 0.0), "max_keep_alive_s"),
+            may_pin_models=data.get("may_pin_models", False),
         )
     except KeyError as exc:
         raise ConfigError(f"{where}: a key lacks {exc.args[0]!r}") from None
@@ -68,6 +86,11 @@ def key_from_json(data: Any, where: str) -> ApiKey:
         raise ConfigError(f"{where}: a key has a malformed field: {exc}") from None
     if len(digest) != 32 or not key.key_id:
         raise ConfigError(f"{where}: key {key.key_id!r}: secret_sha256 must be 64 hex digits")
+    if not _cap_ok(key.max_keep_alive_s):
+        raise ConfigError(f"{where}: key {key.key_id}: max_keep_alive_s must be seconds within "
+                          f"[0, {MAX_KEEP_ALIVE_S}] (0: the agent's own cap)")  # fmt: skip
+    if not isinstance(key.may_pin_models, bool):
+        raise ConfigError(f"{where}: key {key.key_id}: may_pin_models must be true or false")
     if key.max_priority not in PRIORITY_RANK:
         raise ConfigError(f"{where}: key {key.key_id}: max_priority must be high, normal or low")
     return key

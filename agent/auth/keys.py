@@ -57,6 +57,44 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    """What a request's ``keep_alive`` comes to: how long its model stays loaded once idle
+    (seconds, already capped), or a pin (loaded until an operator unloads it)."""
+
+    seconds: float = 0.0  # with pin, unused
+    pin: bool = False
+
+
+def keep_alive_for(key: ApiKey | None, requested_s: float, agent_cap_s: float | None) -> KeepAlive:
+    """A request's ``keep_alive`` (seconds; negative: forever) as it applies for ``key``
+    (None: keys are off): a duration is lowered to the key's ``max_keep_alive_s`` (when
+    above 0) and to the agent's ``agent_cap_s`` (None: left to the residency's own cap);
+    a negative one pins the model, only for a key with ``may_pin_models``, else
+    InvalidRequestError (400) naming ``keep_alive``. Without keys, no request may pin."""
+    if requested_s < 0:
+        if key is None:
+            raise InvalidRequestError(
+                "keep_alive < 0 (pin the model) needs an API key allowed to pin models "
+                "(may_pin_models), and this agent runs without API keys; ask for a duration "
+                "such as '30m'",
+                param="keep_alive",
+            )
+        if not key.may_pin_models:
+            raise InvalidRequestError(
+                f"API key {key.key_id} may not pin models (keep_alive < 0); ask for a "
+                "duration such as '30m', or use a key with may_pin_models",
+                param="keep_alive",
+            )
+        return KeepAlive(pin=True)
+    seconds = requested_s
+    if key is not None and key.max_keep_alive_s > 0:  # NaN from the wire: the agent's cap
+        seconds = min(seconds, key.max_keep_alive_s)
+    if agent_cap_s is not None:
+        seconds = min(seconds, agent_cap_s)
+    return KeepAlive(seconds=seconds)
+
+
 def model_allowed(key: ApiKey, model_id: str, version: str | None) -> bool:
     """Empty ``models``: every model; else ``name`` or ``name@version`` must match."""
     if not key.models:
@@ -199,6 +237,15 @@ class KeyGrant:
                 param=param,
             )
         return cap
+
+    def keep_alive(self, requested_s: float, agent_cap_s: float | None) -> KeepAlive:
+        """The request's ``keep_alive`` as it applies for this key (see
+        :func:`keep_alive_for`); a refused pin counts as a rejected request."""
+        try:
+            return keep_alive_for(self.key, requested_s, agent_cap_s)
+        except InvalidRequestError:
+            self._table.count_rejected(self.key.key_id)
+            raise
 
     def charge_tokens(self, amount: int) -> None:
         """Charge ``amount`` (prompt + most completion tokens) to the tokens/min window."""

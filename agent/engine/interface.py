@@ -88,6 +88,9 @@ class GenerationRequest:
     # how long the model stays loaded once idle after this request (Ollama's keep_alive,
     # checked and capped by the caller); a request only ever extends it. None: the default
     keep_alive_s: float | None = None
+    # pin the model (a keep_alive < 0 from a key allowed to pin models): never unloaded
+    # for room or idleness until an operator unloads it or the agent restarts
+    pin_model: bool = False
 
     def __repr__(self) -> str:  # hide the payload from logs
         return (

@@ -435,18 +435,28 @@ class Residency:
     # ---- requests ---------------------------------------------------------------------
 
     async def acquire(
-        self, model_id: str, *, timeout_s: float | None = None, keep_alive_s: float | None = None
+        self,
+        model_id: str,
+        *,
+        timeout_s: float | None = None,
+        keep_alive_s: float | None = None,
+        pin: bool = False,
     ) -> None:
         """Hold ``model_id`` loaded for one request: load it first when it is not, waiting
-        at most ``timeout_s``. Pair with :meth:`release`."""
+        at most ``timeout_s``. Pair with :meth:`release`. ``keep_alive_s`` only extends the
+        model's idle expiry (capped at ``max_request_keep_alive_s``; a negative one counts
+        as 0, never as forever) and never protects it from being unloaded for room;
+        ``pin`` (a key allowed to pin models asked) pins it as the "request" source."""
         slot = self._slot(model_id)
         if slot.state is not ModelState.LOADED:
             await self._wait_loaded(slot, "request", timeout_s)
         now = self._clock()
         slot.active += 1
         slot.last_used = now
-        if keep_alive_s is not None:
-            keep_alive_s = min(keep_alive_s, self.config.max_request_keep_alive_s)
+        if pin:
+            self.set_pinned(model_id, "request", True)
+        elif keep_alive_s is not None:
+            keep_alive_s = min(max(keep_alive_s, 0.0), self.config.max_request_keep_alive_s)
             slot.expires_at = self._later(slot.expires_at, self._expiry(slot, now, keep_alive_s))
 
     def release(self, model_id: str) -> None:

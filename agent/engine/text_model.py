@@ -135,7 +135,10 @@ class OnnxTextModel:
                 yield output
             return
         await residency.acquire(
-            self._model_id, timeout_s=request.timeout_s, keep_alive_s=request.keep_alive_s
+            self._model_id,
+            timeout_s=request.timeout_s,
+            keep_alive_s=request.keep_alive_s,
+            pin=request.pin_model,
         )
         try:
             async for output in self.engine.generate(request):

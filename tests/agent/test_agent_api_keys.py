@@ -61,7 +61,7 @@ async def start(
     clients: list[TestClient] = []
 
     async def make(
-        *keys: ApiKey, auth: dict[str, Any] | None = None
+        *keys: ApiKey, auth: dict[str, Any] | None = None, **sections: dict[str, Any]
     ) -> tuple[TestClient, list[GenerationRequest]]:
         path = tmp_path / f"keys-{len(clients)}.json"
         write_keys(path, KeysSection(0, keys))
@@ -69,6 +69,7 @@ async def start(
             "models": {"dir": str(tiny_artifacts), "serve": [TINY]},
             "engine": {"max_context_tokens": 256, "default_max_tokens": 16},
             "auth": {"keys_file": str(path)} | (auth or {}),
+            **sections,
         }
         registry = make_tiny_registry()
         seen = _record_requests(registry)
@@ -242,6 +243,155 @@ async def test_usage_is_reported_per_key(start: Start) -> None:
     assert usage[a.key_id].prompt_tokens > 0 and usage[a.key_id].rejected == 0
     assert usage[b.key_id].requests == 1 and usage[b.key_id].rejected == 1
     assert LoadSampler(app[REGISTRY], app[METRICS], app[STATE], app[KEYS])().key_usage == ()
+
+
+# --- keep_alive per key (issue 26) ----------------------------------------------------------
+
+
+async def test_keep_alive_is_capped_per_key_and_only_a_key_allowed_to_pin_pins(
+    start: Start,
+) -> None:
+    """A duration is lowered to the key's cap and the agent's (never refused); a negative
+    keep_alive reaches the engine as a pin for a key with may_pin_models, and is a 400
+    naming keep_alive and the key for any other (nothing reaches the engine)."""
+    capped_secret, capped = make_key(max_keep_alive_s=60.0)
+    pin_secret, pinner = make_key(may_pin_models=True)
+    plain_secret, plain = make_key()
+    client, seen = await start(
+        capped, pinner, plain, residency={"max_request_keep_alive_s": 1800.0}
+    )
+
+    async def applied(secret: str, keep_alive: object) -> tuple[float | None, bool]:
+        body = chat_body(keep_alive=keep_alive, cache=False)  # each one reaches the engine
+        response = await client.post(CHAT, json=body, headers=bearer(secret))
+        assert response.status == 200, await response.text()
+        return seen[-1].keep_alive_s, seen[-1].pin_model
+
+    assert await applied(capped_secret, "10m") == (60.0, False)  # the key's cap
+    assert await applied(capped_secret, 30) == (30.0, False)  # within it: as asked
+    assert await applied(plain_secret, "2h") == (1800.0, False)  # 0: the agent's cap
+    assert await applied(pin_secret, "2h") == (1800.0, False)
+    assert await applied(pin_secret, -1) == (None, True)
+    assert await applied(pin_secret, "-1m") == (None, True)
+    body = chat_body(cache=False)
+    response = await client.post(CHAT, json=body, headers=bearer(capped_secret))
+    assert (seen[-1].keep_alive_s, seen[-1].pin_model) == (None, False)  # none asked
+
+    asked = len(seen)
+    for secret, key in ((capped_secret, capped), (plain_secret, plain)):
+        response = await client.post(CHAT, json=chat_body(keep_alive=-1), headers=bearer(secret))
+        assert response.status == 400
+        error = await _error(response)
+        assert (error["type"], error["param"]) == ("invalid_request_error", "keep_alive")
+        assert key.key_id in error["message"] and "may not pin" in error["message"]
+    assert len(seen) == asked  # refused before the engine
+    rejected = {u.key_id: u.rejected for u in client.app[KEYS].take_usage()}
+    assert rejected[capped.key_id] == 1 and rejected[plain.key_id] == 1
+
+
+@pytest.mark.parametrize(
+    "keep_alive",
+    [True, [], {"s": 5}, "5x", "nan", "inf", "-inf", "NaN", "1e999", "", "5m5x", 1e300, -1e300,
+     10**30, "9" * 40],
+)  # fmt: skip
+async def test_a_keep_alive_that_is_no_duration_is_a_400(start: Start, keep_alive: object) -> None:
+    pin_secret, pinner = make_key(may_pin_models=True, max_keep_alive_s=60.0)
+    client, seen = await start(pinner)
+    response = await client.post(CHAT, json=chat_body(keep_alive=keep_alive),
+                                 headers=bearer(pin_secret))  # fmt: skip
+    assert response.status == 400, await response.text()
+    assert (await _error(response))["param"] == "keep_alive"
+    assert seen == []
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+async def test_a_keep_alive_json_cannot_carry_is_a_400(start: Start, literal: str) -> None:
+    pin_secret, pinner = make_key(may_pin_models=True)
+    client, seen = await start(pinner)
+    body = json.dumps(chat_body())[:-1] + f', "keep_alive": {literal}}}'
+    response = await client.post(
+        CHAT, data=body, headers=bearer(pin_secret) | {"Content-Type": "application/json"}
+    )
+    assert response.status == 400, await response.text()
+    assert seen == []
+
+
+async def test_without_keys_insecure_no_request_may_pin(make_client: Any) -> None:
+    """Keys off (loopback development, or auth.insecure_no_auth): no key carries the pin
+    right, so keep_alive < 0 stays a 400; a duration is capped by the agent."""
+    client = await make_client(residency={"keep_alive_s": 5.0, "max_request_keep_alive_s": 120.0})
+    response = await client.post(CHAT, json=chat_body(keep_alive=-1))
+    assert response.status == 400
+    error = await _error(response)
+    assert error["param"] == "keep_alive" and "without API keys" in error["message"]
+    response = await client.post(CHAT, json=chat_body(keep_alive="1h"))
+    assert response.status == 200, await response.text()
+    (model,) = [m for m in (await (await client.get("/v1/models")).json())["data"]
+                if m["id"] == TINY]  # fmt: skip
+    assert model["pinned"] is False
+    assert time.time() + 100 < model["expires_at"] <= time.time() + 121  # 120 s, not an hour
+
+
+def test_keys_file_carries_the_keep_alive_cap_and_pin_right(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "agent-keys.json"
+    assert agent_main(["keys", "add", "--file", str(path), "--name", "ops",
+                       "--max-keep-alive", "30m", "--may-pin-models"]) == 0  # fmt: skip
+    assert agent_main(["keys", "add", "--file", str(path), "--name", "app"]) == 0
+    capsys.readouterr()
+    ops, app = read_keys(path).keys
+    assert (ops.max_keep_alive_s, ops.may_pin_models) == (1800.0, True)
+    assert (app.max_keep_alive_s, app.may_pin_models) == (0.0, False)
+    stored = json.loads(path.read_text())["keys"]
+    assert [(k["max_keep_alive_s"], k["may_pin_models"]) for k in stored] == [
+        (1800.0, True), (0.0, False)
+    ]  # fmt: skip
+    assert agent_main(["keys", "list", "--file", str(path)]) == 0
+    assert '"may_pin_models": true' in capsys.readouterr().out
+    for bad in ("nan", "inf", "5x", "-1", "8d"):
+        with pytest.raises(SystemExit):
+            agent_main(["keys", "add", "--file", str(path), "--max-keep-alive", bad])
+        assert "--max-keep-alive" in capsys.readouterr().err
+    assert len(read_keys(path).keys) == 2  # nothing added
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("may_pin_models", "yes", "may_pin_models must be true or false"),
+        ("may_pin_models", 1, "may_pin_models must be true or false"),
+        ("max_keep_alive_s", -1, "max_keep_alive_s must be seconds"),
+        ("max_keep_alive_s", 10**9, "max_keep_alive_s must be seconds"),
+        ("max_keep_alive_s", "30m", "max_keep_alive_s must be a number"),
+        ("max_keep_alive_s", True, "max_keep_alive_s must be a number"),
+    ],
+)
+def test_a_keys_file_with_a_bad_keep_alive_field_is_one_clear_error(
+    tmp_path: Path, field: str, value: object, says: str
+) -> None:
+    path = tmp_path / "bad.json"
+    key = {"key_id": "k1", "secret_sha256": "ab" * 32, field: value}
+    path.write_text(json.dumps({"version": 1, "keys": [key]}))
+    with pytest.raises(ConfigError, match=says):
+        read_keys(path)
+    path.write_text('{"version": 1, "keys": [{"key_id": "k1", "secret_sha256": "' + "ab" * 32
+                    + '", "max_keep_alive_s": NaN}]}')  # fmt: skip
+    with pytest.raises(ConfigError, match="max_keep_alive_s must be seconds"):
+        read_keys(path)
+
+
+def test_a_saved_section_with_a_cap_out_of_range_reads_back_as_the_agents_cap(
+    tmp_path: Path,
+) -> None:
+    """The coordinator's keys section is saved in the same format: a cap it should never
+    send (NaN, negative) is saved as 0 (the agent's own cap), so the agent still starts."""
+    _, odd = make_key(max_keep_alive_s=float("nan"), may_pin_models=True)
+    _, negative = make_key(max_keep_alive_s=-5.0)
+    path = tmp_path / "api_keys.json"
+    write_keys(path, KeysSection(7, (odd, negative)))
+    keys = read_keys(path).keys
+    assert [(k.max_keep_alive_s, k.may_pin_models) for k in keys] == [(0.0, True), (0.0, False)]
 
 
 # --- the keys file and its CLI helper -----------------------------------------------------

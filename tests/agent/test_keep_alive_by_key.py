@@ -7,9 +7,19 @@ unload ends it; a negative keep_alive without the pin flag never means forever."
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
+from typing import Any
 
+import aiohttp
+import pytest
+
+from agent.__main__ import main as agent_main
 from agent.engine.residency import ModelState
+from devtools.fleet import AgentProcess
 from tests.agent.test_residency import MiB, add, residency
+
+TINY = "tiny-llama"
 
 
 async def test_a_long_keep_alive_does_not_protect_a_model_from_eviction_for_room() -> None:
@@ -57,3 +67,71 @@ async def test_a_negative_keep_alive_without_the_pin_flag_is_not_forever() -> No
     await asyncio.sleep(0.15)
     assert await r.expire_idle() == ["a"]
     await r.close()
+
+
+# --- a real agent process with API keys on (a standalone site's keys file) -----------------
+
+
+async def _chat(agent: AgentProcess, key: str, keep_alive: object) -> tuple[int, dict[str, Any]]:
+    body = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "keep_alive": keep_alive}  # fmt: skip
+    async with (
+        aiohttp.ClientSession(headers=agent.headers(key)) as http,
+        http.post(agent.url + "/v1/chat/completions", json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def _tiny(agent: AgentProcess, key: str) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession(headers=agent.headers(key)) as http,
+        http.get(agent.url + "/v1/models") as response,
+    ):
+        assert response.status == 200
+        (model,) = [m for m in (await response.json())["data"] if m["id"] == TINY]
+        return dict(model)
+
+
+async def test_an_agent_process_caps_keep_alive_per_key_and_pins_for_the_key_allowed(
+    tiny_artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two keys, made as a site's operator makes them: one capped at 60 s without the pin
+    right, one allowed to pin. "10m" from the first keeps the model 60 s (``/v1/models``
+    ``expires_at``); -1 from it is a 400 (OpenAI error body, param keep_alive), from the
+    second it pins the model (``pinned: true``, no expiry)."""
+    keys_file = tmp_path / "keys.json"
+    secrets = []
+    for extra in (["--max-keep-alive", "60s"], ["--may-pin-models"]):
+        assert agent_main(["keys", "add", "--file", str(keys_file), *extra]) == 0
+        secrets.append(capsys.readouterr().out.strip())
+    capped, pinner = secrets
+    settings = {"auth.keys_file": str(keys_file), "residency.keep_alive_s": "5",
+                "cache.enabled": "false"}  # fmt: skip
+    extra_args = ["--threads", "1"]
+    extra_args += [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    async with AgentProcess(
+        models_dir=str(tiny_artifacts), serve=[TINY], extra_args=extra_args
+    ) as agent:
+        status, _ = await _chat(agent, capped, "10m")
+        assert status == 200
+        model = await _tiny(agent, capped)
+        assert model["pinned"] is False
+        assert time.time() + 45 < model["expires_at"] <= time.time() + 61  # 60 s, not 10 min
+
+        status, body = await _chat(agent, capped, -1)
+        assert status == 400
+        assert set(body) == {"error"}
+        error = body["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", "keep_alive")
+        assert capped.split("-")[1] in error["message"]  # names the key (its public id)
+        assert (await _tiny(agent, capped))["pinned"] is False
+
+        for hostile in (True, [5], "5x", "nan", "inf", "1e999", 1e300, 10**30):
+            status, body = await _chat(agent, pinner, hostile)
+            assert status == 400 and body["error"]["param"] == "keep_alive", (hostile, body)
+
+        status, _ = await _chat(agent, pinner, -1)
+        assert status == 200
+        model = await _tiny(agent, pinner)
+        assert model["pinned"] is True and model["expires_at"] is None
+        assert model["state"] == "loaded"

@@ -42,6 +42,26 @@ SOURCES = (
         "locale's address provider",
     ),
 )
+# Written here (edgefleet, Apache-2.0), from general knowledge: family names in the spellings
+# people actually use, which no romanization rule gives (Korean Kim/Lee/Park rather than the
+# Revised Romanization's Gim/I/Bak; Chinese names of Hong Kong, Singapore, Malaysia and
+# Taiwan in Cantonese, Hokkien, Teochew, Hakka and Wade-Giles spellings).
+USUAL_SPELLINGS = {
+    "korean": (
+        "Kim Lee Yi Rhee Park Pak Bak Choi Choe Jung Chung Jeong Kang Cho Jo Yoon Yun Jang Chang "
+        "Lim Im Han Oh Seo Suh Shin Sin Kwon Hwang Ahn An Song Yoo Yu Ryu Hong Jeon Jun Chun Ko "
+        "Koh Moon Mun Yang Son Sohn Bae Baek Paik Heo Hur Nam Noh Roh No Ha Kwak Sung Seong Cha "
+        "Joo Ju Woo Wu Min Na Jin Eom Um Chae Won Pyo Bang Gong Kong Hyun Ham Byun Yeom Yeo Chu "
+        "Do Seok Sun Gil Ma Ji Kook Wi Tak Ok Ra Maeng Jegal Namgung Hwangbo Seonwoo Dokgo"
+    ),
+    "chinese": (
+        "Lim Tan Ng Goh Ong Teo Koh Chua Yeo Wong Cheung Leung Lau Chan Chow Chau Tse Kwok Yip "
+        "Tsang Fung Lai Chin Quek Seah Toh Heng Sim Low Lo Tay Foo Loh Chong Khoo Ooi Teh Yap Lok "
+        "Lee Li Lam Tam Mak Mok Poon Siu Tong Tsui Kwan Kwong Ho Hui Hsu Hsieh Tsai Chiang Cheng "
+        "Chen Liu Huang Lin Wu Chou Kuo Yeh Tseng Hsiao Lu Chao Pan Kao Yen Chiu Hung Fang Shih "
+        "Soh Tee Tio Phua Neo Pang Kok Liew Liow Leong Cheong Choo Chew Lew Woo Yong Boey Eng"
+    ),
+}
 
 _NAME_ATTRS_GIVEN = (
     "first_names",
@@ -282,6 +302,10 @@ def build() -> dict[str, object]:
                         f |= revised_romanization(v)
                 for w in list(g):
                     g |= transliterate(w)
+                if loc == "ko_KR":
+                    f |= set(USUAL_SPELLINGS["korean"].split())
+                if loc == "zh_CN":
+                    f |= set(USUAL_SPELLINGS["chinese"].split())
                 for w in list(f):
                     f |= transliterate(w)
                 # Han, kana and Hangul strings are kept apart (used with a cue only).
@@ -322,6 +346,14 @@ def sources() -> list[dict[str, str]]:
     return [
         {"package": pkg, "version": metadata.version(pkg), "licence": lic, "taken": what}
         for pkg, lic, what in SOURCES
+    ] + [
+        {
+            "package": "edgefleet (agent/redaction/build_gazetteer.py USUAL_SPELLINGS)",
+            "version": "written here",
+            "licence": "Apache-2.0",
+            "taken": "Korean family names in their usual spellings, Chinese family names in "
+            "Cantonese, Hokkien, Teochew, Hakka and Wade-Giles spellings",
+        }
     ]
 
 

@@ -17,6 +17,7 @@ pairs it with a known name next to it or a context cue (see :mod:`agent.redactio
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import cache
 
 _PINYIN_INITIALS = (
@@ -61,7 +62,7 @@ _KOREAN_SYL = (
 )
 _KOREAN = re.compile(rf"{_KOREAN_SYL}(?:-?{_KOREAN_SYL})?")
 _OPEN_SYL = (
-    r"(?:gb|kp|ch|sh|ny|kw|gw|ng|nn|mb|nd|[bdfghjklmnprstvwyz])?(?:[aeiouẹọ])(?:n(?![aeiou]))?"
+    r"(?:gb|kp|ch|sh|ny|kw|gw|ng|nn|mb|nd|[bdfghjklmnprstvwyz])?(?:[aeiou])(?:n(?![aeiou]))?"
 )
 _OPEN = re.compile(rf"(?:{_OPEN_SYL}){{3,8}}")
 
@@ -94,7 +95,12 @@ def pinyin_only(word: str) -> bool:
 
 
 def name_shaped(word: str) -> bool:
-    """Any of the shapes above, for a capitalised word of at least two letters."""
+    """Any of the shapes above, for a capitalised word of at least two letters (tone marks
+    and dots below are set aside: Wáng, Adéyẹmí)."""
     if len(word) < 2 or not word[0].isupper() or not word[1:].replace("-", "").islower():
         return False
+    if not word.isascii():
+        word = "".join(
+            c for c in unicodedata.normalize("NFD", word) if not unicodedata.combining(c)
+        )
     return pinyin_shaped(word) or romaji_shaped(word) or korean_shaped(word) or open_syllabled(word)

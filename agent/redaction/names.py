@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
 from agent.redaction.detectors import ADDRESS, PERSON, Span
 from agent.redaction.name_shapes import (
+    korean_shaped,
     name_shaped,
     open_syllabled,
     pinyin_only,
@@ -405,6 +407,19 @@ _PARTICLES = frozenset(
         "zu",
         "dei",
         "degli",
+        # Arabic, Malay, Filipino, Berber, Welsh particles
+        "binti",
+        "bint",
+        "ibn",
+        "bte",
+        "bt",
+        "abu",
+        "el",
+        "ben",
+        "ould",
+        "dela",
+        "delos",
+        "ap",
     ]
 )
 _TITLES = (
@@ -535,11 +550,31 @@ def _title_before(before: str) -> bool:
 @cache
 def gazetteer() -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]:
     data = json.loads(_DATA.read_text(encoding="utf-8"))
-    given = frozenset(data["given"]) - _NOT_A_START - _NOT_A_NAME - _GREETINGS
-    family = frozenset(data["family"]) - _NOT_A_NAME
+    # every name also without its diacritics (Nguyễn and Nguyen, Adéyẹmí and Adeyemi)
+    given = frozenset(_with_folded(data["given"])) - _NOT_A_START - _NOT_A_NAME - _GREETINGS
+    family = frozenset(_with_folded(data["family"])) - _NOT_A_NAME
     suffixes = frozenset(s.lower() for s in data["street_suffixes"]) | _EXTRA_SUFFIXES
     prefixes = frozenset(s.lower() for s in data["street_prefixes"]) | _EXTRA_PREFIXES
     return given, family, suffixes, prefixes
+
+
+def fold(word: str) -> str:
+    """The word without combining marks (tones, dots below, accents): Adéyẹmí -> Adeyemi."""
+    if word.isascii():
+        return word
+    return "".join(
+        c for c in unicodedata.normalize("NFD", word) if not unicodedata.combining(c)
+    ).replace("ı", "i")
+
+
+def _with_folded(words: list[str]) -> set[str]:
+    out = set(words)
+    out.update(fold(w) for w in words)
+    return out
+
+
+def _known(word: str, names: frozenset[str]) -> bool:
+    return word in names or (not word.isascii() and fold(word) in names)
 
 
 def _capitalised(word: str) -> bool:
@@ -579,7 +614,7 @@ def find_persons(text: str) -> Iterator[Span]:
                 j += 1
             while j > i + 1 and words[j - 1] in _PARTICLES:
                 j -= 1
-            known_first = first in given
+            known_first = _known(first, given)
             if (
                 not known_first
                 and first in _NOT_A_START
@@ -589,6 +624,11 @@ def find_persons(text: str) -> Iterator[Span]:
                 and words[i + 1] not in _NOT_A_START
             ):
                 known_first = True  # Mark Haas, Amber Huff: a common word, then a family name
+            if (
+                words[j - 1] in _PLACE_AFTER and words[j - 1] not in family
+            ) or _PLACE_AFTER_RE.match(text, offsets[j - 1] + len(words[j - 1])):
+                i = j  # Ho Chi Minh City, Ben Nghe Ward, Petaling Jaya, Selangor: a place
+                continue
             if (
                 (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family))
                 or (j > i + 1 and _pair(w, words[i + 1], before, given, family))
@@ -626,23 +666,50 @@ def find_persons(text: str) -> Iterator[Span]:
     yield from find_script_persons(text)
 
 
+_SLAVIC_FAMILY = re.compile(
+    r"(?:ov|ova|ev|eva|in|ina|sky|skiy|skii|skaya|ska|enko|chuk|czuk|uk|yuk|ik|wicz|vich|"
+    r"ович|евич|ов|ова|ев|ева|ин|ина|ский|ская|енко|чук|юк)$"
+)
+
+
+# Words that make the capitalised run before them a place or an organisation, not a person.
+_PLACE_AFTER = frozenset(
+    "City Ward District Province Regency Station Tower Mall Centre Center Airport Hotel "  # noqa: SIM905
+    "Market Bridge Lake River Island Beach Temple Mosque Church Cathedral Square Plaza "
+    "Building Village Town County State Quarter Borough Barangay Subdistrict Prefecture "
+    "Township Municipality Commune Precinct Campus College Institute Stadium Museum Gardens "
+    "Road Street Avenue Lane Boulevard Highway Port Harbour Harbor Valley Hills Heights "
+    "Jaya Pusat Selatan Utara Barat Timur".split()
+)
+_PLACE_AFTER_RE = re.compile(
+    r",\s(?:Selangor|Johor|Penang|Sabah|Sarawak|Jakarta|Bangkok|Manila|Cebu|Hanoi|Singapore|"
+    r"Kuala Lumpur|Metro Manila)\b"
+)
+
+
 def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[str]) -> bool:
     """Two words that make a name without a known given name first: a known family name
     and a given name (known or name-shaped: ``Wang Xiuying``, ``Kim Min-jun``), a name-shaped
     given name and a known family name (``Oluwaseun Adeyemi``), or two name-shaped words of
     the same syllabic system after a cue or long enough not to be common words."""
-    if b in _NOT_A_NAME or a in _NOT_A_START or b in _NOT_A_START or a in _PLACE_WORDS:
-        return False
     if not (b[0].isupper() and b[1:].replace("-", "").islower()):
         return False
-    a_family = a in family
-    b_known = b in given or b.split("-")[0] in given or b in family
+    if f"{a} {b}" in _PLACES:
+        return False
+    if "-" in b and korean_shaped(b) and a in family:
+        return True  # Park Seo-yeon, Lee Ji-eun: a hyphenated Korean given name
+    if b in _NOT_A_NAME or a in _NOT_A_START or b in _NOT_A_START or a in _PLACE_WORDS:
+        return False
+    a_family = _known(a, family)
+    b_known = _known(b, given) or _known(b.split("-")[0], given) or _known(b, family)
     if a_family and (b_known or name_shaped(b)):
         return True
-    if b in family and name_shaped(a):
+    if _known(b, family) and not _known(b, given) and name_shaped(a):
         # a pinyin-only shape (English -ing words have it) only before a pinyin surname
         return not pinyin_only(a) or pinyin_shaped(b)
-    if a in given and name_shaped(b):
+    if _SLAVIC_FAMILY.search(a) and b_known:
+        return True  # Shestakova Alyona, Шестакова Алёна: a Slavic family name first
+    if _known(a, given) and name_shaped(b):
         return True
     if name_shaped(a) and name_shaped(b):
         if _cue_before(before, _CUE_PHRASES):
@@ -657,14 +724,29 @@ def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[
     return False
 
 
+# Places of two words whose first word is also a name somewhere (never a person's name).
+_PLACES = frozenset(
+    [
+        "Ha Noi", "Da Nang", "Hai Phong", "Can Tho", "Hue City", "Hong Kong", "Kuala Lumpur",
+        "Phnom Penh", "Chiang Mai", "Chiang Rai", "Abu Dhabi", "Sri Lanka", "Tel Aviv",
+        "San Jose", "Costa Rica", "Puerto Rico", "Buenos Aires", "Santo Domingo", "Port Louis",
+        "Dar Es", "Addis Ababa", "Kota Kinabalu", "Johor Bahru", "Ipoh City", "Bandar Seri",
+        "Cebu City", "Quezon City", "Davao City", "Makati City", "Pasig City", "Ho Chi",
+        "Nha Trang", "Vung Tau", "Dong Nai", "Binh Duong", "Hai Ba", "Ba Dinh", "Hoan Kiem",
+    ]
+)  # fmt: skip
+
+
 def _surnameish(words: list[str], family: frozenset[str]) -> bool:
     """The words after a known given name look like a family name (known, or a plain name)."""
     for w in words:
         if w in _PARTICLES or _INITIAL.fullmatch(w):
             continue
-        if w.split("-")[0] in family:
+        if _known(w.split("-")[0], family):
             return True
-        if not (w[0].isupper() and w[1:].islower() and len(w) >= 2):
+        if not all(p[:1].isupper() and (p[1:].islower() or not p[1:]) for p in w.split("-")):
+            return False  # Smith, Al-Mansouri, Nguyen-Tran; not ACME or eBay
+        if len(w) < 2:
             return False
     return True
 
@@ -975,7 +1057,7 @@ def _address_patterns() -> tuple[re.Pattern[str], ...]:
         rf"(?<![\w-])[{_UPPER}][\w'\u2019.-]*(?:\s{_NAME_WORD}){{0,2}}\s(?i:{trie_regex(_TYPE_AFTER)})"
         rf"(?![\w]),?\s(?:{_NUMBER_WORD})?{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}"
     )
-    return number_first, prefix_numbered, prefix_first, type_after, *_OTHER_FORMS
+    return number_first, prefix_numbered, prefix_first, type_after
 
 
 _NUMBER_WORD = (
@@ -992,7 +1074,7 @@ _KANA = "\u3041-\u3096\u30a1-\u30fa\u30fc"
 _HANGUL = "\uac00-\ud7a3"
 _DIGITS = "0-9０-９"
 _REGION_TAIL = rf"(?:,\s(?:{_CITY}|\d{{3}}-\d{{4}}|\d{{5,6}})){{0,3}}(?:,?\s\d{{3}}-\d{{4}}(?!\d))?"
-_OTHER_FORMS = (
+_JAPAN_ROMAJI, _JAPAN_KANJI, _CHINA, _KOREA_HANGUL, _KOREA_ROMANIZED = (
     # Japan, romanized: 1-25-7 Sakae, Naka-ku, Nagoya 460-0008 (chome-ban-go, then places)
     re.compile(
         rf"(?<![\w.,/-])\d{{1,2}}-\d{{1,3}}(?:-\d{{1,3}})?,?\s[{_UPPER}][a-zōū]+"
@@ -1071,10 +1153,34 @@ def warm_up() -> None:
     _address_patterns()
 
 
+_HAN_ANY = re.compile(f"[{_HAN}]")
+_HANGUL_ANY = re.compile(f"[{_HANGUL}]")
+_DASHED_NUMBER = re.compile(r"\d-\d")
+_KOREAN_ROAD = re.compile(r"-(?:ro|gil|daero)\b")
+
+
+def _other_forms(text: str) -> Iterator[re.Pattern[str]]:
+    """The patterns of other address formats whose marks are in the text (a cheap scan
+    skips the rest)."""
+    if _DASHED_NUMBER.search(text):
+        yield _JAPAN_ROMAJI
+    if _KOREAN_ROAD.search(text):
+        yield _KOREA_ROMANIZED
+    if _HAN_ANY.search(text):
+        yield _JAPAN_KANJI
+        yield _CHINA
+    if _HANGUL_ANY.search(text):
+        yield _KOREA_HANGUL
+
+
 def find_addresses(text: str) -> Iterator[Span]:
     if not _DIGIT.search(text):
         return
-    found = [(m.start(), m.end()) for p in _address_patterns() for m in p.finditer(text)]
+    found = [
+        (m.start(), m.end())
+        for p in (*_address_patterns(), *_other_forms(text))
+        for m in p.finditer(text)
+    ]
     found.extend(_compound_streets(text))
     found.extend(_compound_number_first(text))
     for start, end in found:

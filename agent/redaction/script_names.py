@@ -1,4 +1,4 @@
-# ruff: noqa: RUF001 (full-width colons and CJK honorifics are meant)
+# ruff: noqa: RUF001, RUF003 (full-width colons and CJK honorifics are meant)
 """Person names written in scripts without capital letters: Han, kana, Hangul, Arabic,
 Devanagari and the other caseless scripts.
 
@@ -105,46 +105,122 @@ def find_script_persons(text: str) -> Iterator[Span]:
     cjk_family, hangul_family, hangul_given, known = _lists()
     yield from _cjk(text, cjk_family)
     yield from _hangul(text, hangul_family, hangul_given)
+    yield from _isolated(text, cjk_family, hangul_family)
     yield from _caseless(text, known)
 
 
+_HONORIFIC_AT = re.compile(rf"(?<=[{_HAN}])(?:{_HONORIFIC_AFTER_CJK})")
+_LABEL_AT = re.compile(
+    rf"(?:{_LABELS_CJK.split('|name')[0]})[ \u3000]?[:：]?[ \u3000]?(?=[{_HAN}])"
+)
+_LATIN_LABEL_AT = re.compile(
+    r"(?i:\b(?:name|dear|customer|patient|recipient|attn|contact|holder|mr|ms|mrs|dr)\.?)"
+    rf"[ \u3000]?[:：]?[ \u3000]?(?=[{_HAN}])"
+)
+_SPACED = re.compile(
+    rf"(?<![{_HAN}{_KANA}])([{_HAN}]{{2,3}})[ \u3000]([{_HAN}{_KANA}]{{1,3}})(?![{_HAN}{_KANA}])"
+)
+
+
 def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
-    for m in _CJK_RUN.finditer(text):
-        run = m.group()
-        start = m.start()
-        # the surname: the longest known prefix (two characters before one)
-        sur = run[:2] if run[:2] in family else run[:1] if run[:1] in family else ""
-        if not sur:
-            continue
-        rest = run[len(sur) :]
-        spaced = rest.startswith((" ", "\u3000"))
-        rest = rest.lstrip(" \u3000")
-        if not rest:
-            continue
-        before = text[max(0, start - 12) : start]
-        after = text[m.end() : m.end() + 3]
-        # an honorific may have been swallowed by the run (王先生): give it back
-        h = _HONORIFIC.search(run, len(sur) + 1)
-        if h is not None and h.end() == len(run):
-            end = start + h.start()
-            honorific = True
-        else:
-            end = m.end()
-            honorific = _HONORIFIC.match(after) is not None
-            if len(rest) > 2 and not spaced:
-                end = start + len(sur) + (1 if spaced else 0) + 2
-        if end - start - len(sur) < 1:
-            continue
-        labelled = _LABEL_BEFORE.search(before) is not None
-        if honorific or labelled or (spaced and len(sur) >= 2):
-            yield Span(start, end, PERSON)
+    # 1. an honorific after a name (王秀英女士, 张先生, 高橋さん): the longest run before it that
+    #    starts with a known surname, at most four characters
+    for m in _HONORIFIC_AT.finditer(text):
+        end = m.start()
+        for length in (4, 3, 2, 1):
+            start = end - length
+            if start < 0:
+                continue
+            cand = text[start:end]
+            if not all(_is_han(c) for c in cand) or any(c in _NEVER_IN_NAMES for c in cand):
+                continue
+            if cand[:2] in family or cand[:1] in family:
+                yield Span(start, end, PERSON)
+                break
+    # 2. a label before a name (收件人：李伟, 氏名: 佐藤健一, Dear 王伟): a known surname and up
+    #    to two more characters (three after a two-character surname)
+    for pat in (_LABEL_AT, _LATIN_LABEL_AT):
+        for m in pat.finditer(text):
+            start = m.end()
+            sur = 2 if text[start : start + 2] in family else 1 if text[start] in family else 0
+            if not sur:
+                continue
+            end = start + sur
+            if text[end : end + 1] in (" ", "\u3000"):
+                end += 1
+            given = 0
+            while (
+                end < len(text)
+                and given < 2 + (sur == 2)
+                and (_is_han(text[end]) or _is_kana(text[end]))
+            ):
+                if _HONORIFIC.match(text, end):
+                    break
+                end += 1
+                given += 1
+            if given:
+                yield Span(start, end, PERSON)
+    # 3. a known surname of two or more characters, a space, a given name (木村 陽一)
+    for m in _SPACED.finditer(text):
+        if m.group(1) in family or m.group(1)[:2] in family:
+            h = _HONORIFIC.search(m.group(2))
+            end = m.start(2) + h.start() if h is not None and h.start() > 0 else m.end()
+            yield Span(m.start(), end, PERSON)
+
+
+# Function characters and the labels' own characters: never part of a name found here.
+_NEVER_IN_NAMES = frozenset(
+    "的了是在和与與给給请請向对對把被从從为為您你我他她们們这這那个個也都就很敬尊爱愛致"
+)
+
+
+_HAN_TOKEN = re.compile(rf"[{_HAN}]{{2,4}}")
+_HANGUL_TOKEN = re.compile(rf"[{_HANGUL}]{{2,4}}")
+_EAST_ASIAN = re.compile(rf"[{_HAN}{_KANA}{_HANGUL}]")
+_LATIN_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+def _isolated(
+    text: str, cjk_family: frozenset[str], hangul_family: frozenset[str]
+) -> Iterator[Span]:
+    """A short Han or Hangul word alone in text of another script ("Hi 王秀英, your order";
+    "Customer 김민준 called"): there it is a name when it starts with a known surname."""
+    for pattern, family in ((_HAN_TOKEN, cjk_family), (_HANGUL_TOKEN, hangul_family)):
+        for m in pattern.finditer(text):
+            word = m.group()
+            if not (word[:1] in family or word[:2] in family):
+                continue
+            if any(c in _NEVER_IN_NAMES for c in word) or any(
+                word.startswith(w) for w in _HANGUL_NOT_NAMES
+            ):
+                continue
+            # no other East Asian letter within 24 characters, and Latin words around
+            around = text[max(0, m.start() - 24) : m.start()] + " " + text[m.end() : m.end() + 24]
+            if _EAST_ASIAN.search(around) or not _LATIN_WORD.search(around):
+                continue
+            yield Span(m.start(), m.end(), PERSON)
+
+
+def _is_han(ch: str) -> bool:
+    return "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf" or ch == "\u3005"
+
+
+def _is_kana(ch: str) -> bool:
+    return "\u3041" <= ch <= "\u30fc"
+
+
+# Words before an honorific that are not names (고객님 is "dear customer").
+_HANGUL_NOT_NAMES = frozenset(
+    "고객 선생 교수 과장 부장 대리 사장 회원 여러분 담당 기사 이용 관리 주임 팀장 원장 "  # noqa: SIM905
+    "실장 이사 상무 전무 회장 의사 간호 환자 학생 손님 어머 아버 형 누나 언니 오빠 동생".split()
+)
 
 
 def _hangul(text: str, family: frozenset[str], given: frozenset[str]) -> Iterator[Span]:
     for m in _HANGUL_WORD.finditer(text):
         word = m.group()
         start = m.start()
-        if word[0] not in family:
+        if word[0] not in family or any(word.startswith(w) for w in _HANGUL_NOT_NAMES):
             continue
         before = text[max(0, start - 12) : start]
         name_len = None
@@ -184,12 +260,16 @@ def _caseless(text: str, known: frozenset[str]) -> Iterator[Span]:
             continue
         names = [x for x in run if x.group() in known]
         if len(run) >= 2 and run[0].group() in known and run[1].group() in known:
-            end = max(x.end() for x in names if x.end() <= run[-1].end())
-            yield Span(w.start(), end, PERSON)
+            last = run[2] if len(run) >= 3 and run[2].group() in known else run[1]
+            yield Span(w.start(), last.end(), PERSON)
             i = j
             continue
         if cue and names:
-            yield Span(w.start(), run[-1].end(), PERSON)
+            # the first word and the next; a third only when it is a known name
+            last = run[1] if len(run) >= 2 else run[0]
+            if len(run) >= 3 and run[2].group() in known:
+                last = run[2]
+            yield Span(w.start(), last.end(), PERSON)
             i = j
             continue
         i += 1

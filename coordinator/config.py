@@ -240,11 +240,11 @@ class CoordinatorConfig(ProcessSettings):
     """How often the warm-by-demand policy looks at the demand and the agents' reports."""
     warm_recent_window_s: float = Field(default=1800.0, ge=60, le=7200)
     """Lookups within this many seconds count as demand now."""
-    warm_yesterday_window_s: float = Field(default=1800.0, ge=0, le=7200)
+    warm_yesterday_window_s: float = Field(default=3600.0, ge=0, le=7200)
     """Lookups within this many seconds either side of this time yesterday count as demand
     now (the first request of the morning finds its model loaded); 0: yesterday is not
     looked at."""
-    warm_min_lookups: int = Field(default=3, ge=1)
+    warm_min_lookups: int = Field(default=4, ge=1)
     """Lookups for a model at a site, in either window, at which it is kept warm there."""
     warm_backoff_s: float = Field(default=300.0, ge=0)
     """No second LOAD_MODEL to the same agent for the same model within this many seconds."""

@@ -134,9 +134,9 @@ class WarmthSettings:
     # Lookups this recent count as demand now (seconds).
     recent_window_s: float = 1800.0
     # Lookups within this of this time yesterday count as demand now (seconds; 0: never).
-    yesterday_window_s: float = 1800.0
+    yesterday_window_s: float = 3600.0
     # Lookups in either window at which a pair is wanted warm.
-    min_lookups: int = 3
+    min_lookups: int = 4
     # No second LOAD_MODEL to the same agent for the same model within this (seconds).
     backoff_s: float = 300.0
     # Commands sent per cycle at most.

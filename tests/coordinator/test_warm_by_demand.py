@@ -331,7 +331,7 @@ def test_of_equal_room_the_least_loaded_is_chosen_and_a_lost_session_is_counted(
 def test_never_more_commands_per_cycle_than_the_cap_busiest_first() -> None:
     clock = Clock(at(DAY1, 9))
     fleet = Fleet(*(agent(f"{site}-1", site) for site in ("a", "b", "c")))
-    policy, tracker, _ = policy_for(fleet, clock, max_commands_per_cycle=2)
+    policy, tracker, _ = policy_for(fleet, clock, max_commands_per_cycle=2, min_lookups=3)
     for site, n in (("a", 3), ("b", 9), ("c", 5)):
         lookups(tracker, clock, site, "m", [at(DAY1, 9)] * n)
     loads = policy.cycle()

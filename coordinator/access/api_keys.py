@@ -174,6 +174,27 @@ class ApiKeys:
             raise UnknownApiKeyError(key_id)
         return found
 
+    async def set_keep_alive(
+        self,
+        key_id: str,
+        *,
+        max_keep_alive_s: float | None = None,
+        may_pin_models: bool | None = None,
+    ) -> ApiKeyRecord:
+        """Change a key's keep-alive cap and pin right (None: as it is); ValueError for a
+        value out of range, UnknownApiKeyError for no such key."""
+        check_keep_alive_scopes(
+            0 if max_keep_alive_s is None else max_keep_alive_s,
+            False if may_pin_models is None else may_pin_models,
+        )
+        cap = None if max_keep_alive_s is None else float(max_keep_alive_s)
+        if not await self._store.set_api_key_keep_alive(key_id, cap, may_pin_models):
+            raise UnknownApiKeyError(key_id)
+        record = await self.get(key_id)
+        logger.info("API key %s: keep-alive cap %g s, may pin models %s", key_id,
+                    record.max_keep_alive_s, record.may_pin_models)  # fmt: skip
+        return record
+
     async def revoke(self, key_id: str) -> ApiKeyRecord:
         if not await self._store.revoke_api_key(key_id, self._clock()):
             raise UnknownApiKeyError(key_id)

@@ -32,6 +32,26 @@ def _number(body: dict[str, Any], name: str) -> float:
     return float(value)
 
 
+def _keep_alive_cap(value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_KEEP_ALIVE_S  # NaN and inf too
+    ):
+        raise InvalidParameter(
+            "max_keep_alive_s",
+            f"max_keep_alive_s must be seconds within [0, {MAX_KEEP_ALIVE_S:g}] (0: the "
+            "agent's own cap, residency.max_request_keep_alive_s)",
+        )
+    return float(value)
+
+
+def _pin_right(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidParameter("may_pin_models", "may_pin_models must be true or false")
+    return value
+
+
 def _key_not_found(exc: UnknownApiKeyError) -> web.Response:
     return error_response(
         404, str(exc), type_="invalid_request_error", code="api_key_not_found", param="key_id"
@@ -59,20 +79,8 @@ async def mint_key(request: web.Request) -> web.Response:
     expires_in_s = int_field(body, "expires_in_s", None, 1, TEN_YEARS_S)  # null: never
     requests_per_minute = _number(body, "requests_per_minute")
     tokens_per_minute = _number(body, "tokens_per_minute")
-    max_keep_alive_s = body.get("max_keep_alive_s", 0)
-    if (
-        isinstance(max_keep_alive_s, bool)
-        or not isinstance(max_keep_alive_s, int | float)
-        or not 0 <= max_keep_alive_s <= MAX_KEEP_ALIVE_S  # NaN and inf too
-    ):
-        raise InvalidParameter(
-            "max_keep_alive_s",
-            f"max_keep_alive_s must be seconds within [0, {MAX_KEEP_ALIVE_S:g}] (0: the "
-            "agent's own cap, residency.max_request_keep_alive_s)",
-        )
-    may_pin_models = body.get("may_pin_models", False)
-    if not isinstance(may_pin_models, bool):
-        raise InvalidParameter("may_pin_models", "may_pin_models must be true or false")
+    max_keep_alive_s = _keep_alive_cap(body.get("max_keep_alive_s", 0))
+    may_pin_models = _pin_right(body.get("may_pin_models", False))
     try:
         minted = await request.config_dict[API_KEYS_KEY].mint(
             name=name,
@@ -113,6 +121,30 @@ async def show_key(request: web.Request) -> web.Response:
         for agent, (rpm, tpm) in sorted(shares.items())
     }
     return web.json_response(view)
+
+
+async def update_key(request: web.Request) -> web.Response:
+    """Change a key's keep-alive cap and pin right (fields absent: as they are); every
+    connected agent gets the new key set at once."""
+    body = await json_body(request)
+    unknown = sorted(set(body) - {"max_keep_alive_s", "may_pin_models"})
+    if unknown:
+        raise InvalidParameter(
+            unknown[0], "only max_keep_alive_s and may_pin_models can be changed (mint a new "
+            "key for other scopes)"
+        )  # fmt: skip
+    cap = None if "max_keep_alive_s" not in body else _keep_alive_cap(body["max_keep_alive_s"])
+    pin = None if "may_pin_models" not in body else _pin_right(body["may_pin_models"])
+    try:
+        record = await request.config_dict[API_KEYS_KEY].set_keep_alive(
+            request.match_info["key_id"], max_keep_alive_s=cap, may_pin_models=pin
+        )
+    except UnknownApiKeyError as exc:
+        return _key_not_found(exc)
+    pushed = await request.config_dict[KEY_DISTRIBUTOR_KEY].refresh(force=True)
+    await request.config_dict[CHANGES_KEY].publish(KIND_API_KEYS, record.key_id, "updated")
+    data = api_key_json(record, datetime.now(UTC))
+    return web.json_response(data | {"agents_updated": pushed})
 
 
 async def revoke_key(request: web.Request) -> web.Response:

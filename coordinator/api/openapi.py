@@ -259,6 +259,15 @@ _SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "ApiKeyChange": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "What can change on a minted key; absent fields stay as they are",
+        "properties": {
+            "max_keep_alive_s": {"type": "number", "minimum": 0, "maximum": MAX_KEEP_ALIVE_S},
+            "may_pin_models": {"type": "boolean"},
+        },
+    },
     "AgentFixed": {
         "type": "object",
         "additionalProperties": False,
@@ -677,6 +686,7 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ("POST", "/v1/admin/keys"): ([], "NewApiKey", "201", "ApiKey"),
     ("GET", "/v1/admin/keys"): ([], None, "200", "ApiKeyList"),
     ("GET", "/v1/admin/keys/{key_id}"): ([_p("key_id")], None, "200", "ApiKey"),
+    ("PATCH", "/v1/admin/keys/{key_id}"): ([_p("key_id")], "ApiKeyChange", "200", "ApiKey"),
     ("DELETE", "/v1/admin/keys/{key_id}"): ([_p("key_id")], None, "200", "ApiKey"),
     ("POST", "/v1/admin/tokens"): ([], "NewJoinToken", "201", "JoinToken"),
     ("GET", "/v1/admin/tokens"): ([], None, "200", "JoinTokenList"),

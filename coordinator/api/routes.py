@@ -45,7 +45,7 @@ from coordinator.api.dashboard import (
 )
 from coordinator.api.health import healthz, metrics
 from coordinator.api.join_tokens import create_token, list_tokens, revoke_token
-from coordinator.api.keys import list_keys, mint_key, revoke_key, show_key
+from coordinator.api.keys import list_keys, mint_key, revoke_key, show_key, update_key
 from coordinator.api.models import (
     BLOB_ROUTE,
     delete_model,
@@ -75,6 +75,8 @@ ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("GET", "/keys", list_keys, Role.VIEWER, "List API keys (no secrets)"),
     AdminRoute("GET", "/keys/{key_id}", show_key, Role.VIEWER,
                "One API key, with each agent's share of its rate limits"),
+    AdminRoute("PATCH", "/keys/{key_id}", update_key, Role.ADMIN,
+               "Change an API key's keep-alive cap and pin right (pushed at once)"),
     AdminRoute("DELETE", "/keys/{key_id}", revoke_key, Role.ADMIN,
                "Revoke an API key (pushed to every connected agent at once)"),
     AdminRoute("POST", "/tokens", create_token, Role.ADMIN, "Create a join token (shown once)"),

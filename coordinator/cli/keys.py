@@ -1,4 +1,4 @@
-"""``python -m coordinator keys mint|list|show|revoke``: API keys for client apps. On the
+"""``python -m coordinator keys mint|list|show|set|revoke``: API keys for client apps. On the
 coordinator's database (default: the configured ``data_dir``; a running coordinator pushes
 the change to its agents within one report interval), or on a running coordinator's admin
 API with ``--url`` (pushed at once)."""
@@ -22,7 +22,7 @@ from coordinator.store.location import StoreLocation
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
-    keys = sub.add_parser("keys", help="mint, list, show or revoke API keys for client apps")
+    keys = sub.add_parser("keys", help="mint, list, show, change or revoke client apps' API keys")
     keys_sub = keys.add_subparsers(dest="action", required=True)
     mint = keys_sub.add_parser("mint", help="mint an API key (the secret is printed once)")
     mint.add_argument("--name", default="", help="label (not secret)")
@@ -45,6 +45,15 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
                       help="requests may pin a model (keep_alive < 0: loaded until an "
                       "operator unloads it)")  # fmt: skip
     leaves = [mint, keys_sub.add_parser("list", help="list API keys")]
+    change = keys_sub.add_parser("set", help="change an API key's keep-alive cap or pin right")
+    change.add_argument("key_id")
+    change.add_argument("--max-keep-alive", type=_keep_alive_cap, default=None,
+                        dest="max_keep_alive_s", metavar="DURATION",
+                        help="longest keep_alive a request may ask, e.g. 30m (0: the agent's "
+                        "own cap)")  # fmt: skip
+    change.add_argument("--may-pin-models", action=argparse.BooleanOptionalAction,
+                        default=None, help="requests may pin a model (keep_alive < 0)")  # fmt: skip
+    leaves.append(change)
     for action in ("show", "revoke"):
         command = keys_sub.add_parser(action, help=f"{action} an API key")
         command.add_argument("key_id")
@@ -100,6 +109,11 @@ async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:
         return {"object": "list", "data": [api_key_json(k, now) for k in await keys.list_all()]}
     if args.action == "show":
         return api_key_json(await keys.get(args.key_id), now)
+    if args.action == "set":
+        record = await keys.set_keep_alive(
+            args.key_id, max_keep_alive_s=args.max_keep_alive_s, may_pin_models=args.may_pin_models
+        )
+        return api_key_json(record, now)
     return api_key_json(await keys.revoke(args.key_id), now)
 
 
@@ -123,6 +137,13 @@ def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:
         return client.call("GET", "/v1/admin/keys")
     if args.action == "show":
         return client.call("GET", f"/v1/admin/keys/{args.key_id}")
+    if args.action == "set":
+        change: dict[str, Any] = {}
+        if args.max_keep_alive_s is not None:
+            change["max_keep_alive_s"] = args.max_keep_alive_s
+        if args.may_pin_models is not None:
+            change["may_pin_models"] = args.may_pin_models
+        return client.call("PATCH", f"/v1/admin/keys/{args.key_id}", change)
     return client.call("DELETE", f"/v1/admin/keys/{args.key_id}")
 
 

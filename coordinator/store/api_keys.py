@@ -59,6 +59,13 @@ class ApiKeyTable(Protocol):
         """Mark a key revoked (once); False when there is no such key."""
         ...
 
+    async def set_api_key_keep_alive(
+        self, key_id: str, max_keep_alive_s: float | None, may_pin_models: bool | None
+    ) -> bool:
+        """Change a key's keep-alive cap and pin right (None: as it is); False when there is
+        no such key."""
+        ...
+
     async def add_api_key_usage(self, usage: Sequence[tuple[str, int, int, int, int]]) -> None:
         """Add (key_id, requests, prompt_tokens, completion_tokens, rejected) to the totals."""
         ...

@@ -256,6 +256,57 @@ async def test_a_keys_keep_alive_cap_and_pin_right_are_shown_and_reach_its_agent
         assert (key.max_keep_alive_s, key.may_pin_models) == (1800.0, True)
 
 
+async def test_a_keys_keep_alive_cap_and_pin_right_change_and_reach_its_agents_at_once(
+    coordinator: Coordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PATCH /v1/admin/keys/{id} changes the two fields (absent ones stay), pushed to
+    connected agents at once; anything else, or a wrong value, is a 400 that changes
+    nothing; the CLI's 'keys set' does the same on the database."""
+    async with Agent(coordinator, "edge-1", tmp_path / "a1") as agent:
+        _, key = await admin(coordinator, "POST", "/v1/admin/keys", {"name": "app"})
+        path = f"/v1/admin/keys/{key['key_id']}"
+        await wait_until(lambda: accepts(agent.table, key["secret"]), message="key pushed")
+
+        def pushed() -> tuple[float, bool]:
+            held = agent.table.authenticate(f"Bearer {key['secret']}").key
+            return held.max_keep_alive_s, held.may_pin_models
+
+        status, changed = await admin(coordinator, "PATCH", path, {"may_pin_models": True})
+        assert status == 200, changed
+        assert (changed["max_keep_alive_s"], changed["may_pin_models"]) == (0.0, True)
+        assert changed["agents_updated"] == 1
+        await wait_until(lambda: pushed() == (0.0, True), timeout_s=2, message="pin right")
+        status, changed = await admin(coordinator, "PATCH", path, {"max_keep_alive_s": 120})
+        assert (changed["max_keep_alive_s"], changed["may_pin_models"]) == (120.0, True)
+        await wait_until(lambda: pushed() == (120.0, True), timeout_s=2, message="new cap")
+        for body, param in (
+            ({"max_keep_alive_s": -1}, "max_keep_alive_s"),
+            ({"max_keep_alive_s": "2h"}, "max_keep_alive_s"),
+            ({"may_pin_models": None}, "may_pin_models"),
+            ({"max_priority": "high"}, "max_priority"),  # other scopes: mint a new key
+        ):
+            status, refused = await admin(coordinator, "PATCH", path, body)
+            assert status == 400 and refused["error"]["param"] == param, refused
+        status, missing = await admin(coordinator, "PATCH", "/v1/admin/keys/nope", {})
+        assert status == 404 and missing["error"]["code"] == "api_key_not_found"
+        _, shown = await admin(coordinator, "GET", path)
+        assert (shown["max_keep_alive_s"], shown["may_pin_models"], shown["max_priority"]) == (
+            120.0, True, "normal"
+        )  # fmt: skip
+
+        # the CLI on the database; the periodic refresh pushes it
+        if store_url := coordinator.app[CONFIG_KEY].store_url:
+            monkeypatch.setenv("EDGEFLEET_COORDINATOR_STORE_URL", store_url)
+        data_dir = str(coordinator.app[CONFIG_KEY].data_dir)
+        done = await asyncio.to_thread(
+            coordinator_main,
+            ["keys", "set", key["key_id"], "--no-may-pin-models", "--max-keep-alive", "0",
+             "--data-dir", data_dir, "--json"],
+        )  # fmt: skip
+        assert done == 0
+        await wait_until(lambda: pushed() == (0.0, False), timeout_s=5, message="CLI change")
+
+
 @pytest.mark.parametrize("cap", ["nan", "inf", "5x", "-1m", "8d", "never"])
 def test_cli_refuses_a_keep_alive_cap_it_cannot_carry(
     tmp_path: Path, cap: str, capsys: pytest.CaptureFixture[str]

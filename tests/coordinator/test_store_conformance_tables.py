@@ -93,6 +93,16 @@ async def test_api_keys_keep_their_keep_alive_cap_and_pin_right(store: FleetStor
     assert (keys["key_plain"].max_keep_alive_s, keys["key_plain"].may_pin_models) == (0.0, False)
     assert isinstance(keys["key_pin"].may_pin_models, bool)
     assert list(keys.values()) == [pinning, capped, plain]
+    # changed later: each field alone, or both; None keeps it; other keys untouched
+    assert await store.set_api_key_keep_alive("key_plain", 30.0, None) is True
+    assert await store.set_api_key_keep_alive("key_cap", None, True) is True
+    assert await store.set_api_key_keep_alive("key_pin", 0.0, False) is True
+    assert await store.set_api_key_keep_alive("ghost", 1.0, True) is False
+    keys = {k.key_id: k for k in await store.list_api_keys()}
+    assert {k: (v.max_keep_alive_s, v.may_pin_models) for k, v in keys.items()} == {
+        "key_pin": (0.0, False), "key_cap": (60.0, True), "key_plain": (30.0, False)
+    }  # fmt: skip
+    assert keys["key_cap"] == replace(capped, may_pin_models=True)
 
 
 async def test_usage_added_by_several_writers_at_once_is_all_counted(

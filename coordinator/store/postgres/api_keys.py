@@ -30,6 +30,11 @@ class PostgresApiKeys(PostgresTable):
     async def revoke_api_key(self, key_id: str, now: datetime) -> bool:
         return await self._pool.call(_revoke_api_key, key_id, now)
 
+    async def set_api_key_keep_alive(
+        self, key_id: str, max_keep_alive_s: float | None, may_pin_models: bool | None
+    ) -> bool:
+        return await self._pool.call(_set_keep_alive, key_id, max_keep_alive_s, may_pin_models)
+
     async def add_api_key_usage(self, usage: Sequence[Usage]) -> None:
         if usage:
             await self._pool.call(_add_api_key_usage, self._instance, list(usage))
@@ -74,6 +79,17 @@ async def _revoke_api_key(db: Connection, key_id: str, now: datetime) -> bool:
     cursor = await db.execute(
         "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, %s) WHERE key_id = %s",
         (now, key_id),
+    )
+    return cursor.rowcount == 1
+
+
+async def _set_keep_alive(
+    db: Connection, key_id: str, max_keep_alive_s: float | None, may_pin: bool | None
+) -> bool:
+    cursor = await db.execute(
+        "UPDATE api_keys SET max_keep_alive_s = COALESCE(%s, max_keep_alive_s),"
+        " may_pin_models = COALESCE(%s, may_pin_models) WHERE key_id = %s",
+        (max_keep_alive_s, may_pin, key_id),
     )
     return cursor.rowcount == 1
 

@@ -23,6 +23,11 @@ class SQLiteApiKeys(SQLiteTable):
     async def revoke_api_key(self, key_id: str, now: datetime) -> bool:
         return await self._worker.call(_revoke_api_key, key_id, now)
 
+    async def set_api_key_keep_alive(
+        self, key_id: str, max_keep_alive_s: float | None, may_pin_models: bool | None
+    ) -> bool:
+        return await self._worker.call(_set_keep_alive, key_id, max_keep_alive_s, may_pin_models)
+
     async def add_api_key_usage(self, usage: Sequence[tuple[str, int, int, int, int]]) -> None:
         if usage:
             await self._worker.call(_add_api_key_usage, list(usage))
@@ -62,6 +67,18 @@ def _revoke_api_key(db: sqlite3.Connection, key_id: str, now: datetime) -> bool:
         cursor = db.execute(
             "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE key_id = ?",
             (text(now), key_id),
+        )
+        return cursor.rowcount == 1
+
+
+def _set_keep_alive(
+    db: sqlite3.Connection, key_id: str, max_keep_alive_s: float | None, may_pin: bool | None
+) -> bool:
+    with write(db):
+        cursor = db.execute(
+            "UPDATE api_keys SET max_keep_alive_s = COALESCE(?, max_keep_alive_s), "
+            "may_pin_models = COALESCE(?, may_pin_models) WHERE key_id = ?",
+            (max_keep_alive_s, None if may_pin is None else int(may_pin), key_id),
         )
         return cursor.rowcount == 1
 

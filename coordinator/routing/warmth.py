@@ -123,8 +123,10 @@ class DemandTracker:
 def _sum(series: _Series, start: float, end: float) -> int:
     first = max(int(start // BUCKET_S), series.last - _SLOTS + 1)
     last = min(math.ceil(end / BUCKET_S) - 1, series.last)  # the last one starting before end
-    counts = series.counts
-    return sum(counts[b % _SLOTS] for b in range(first, last + 1))
+    if last < first:
+        return 0
+    counts, i, j = series.counts, first % _SLOTS, last % _SLOTS + 1
+    return sum(counts[i:j]) if i < j else sum(counts[i:]) + sum(counts[:j])
 
 
 @dataclass(frozen=True, slots=True)

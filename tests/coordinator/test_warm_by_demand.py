@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import random
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,6 +178,23 @@ def test_lookups_are_counted_per_site_and_model_in_five_minute_buckets() -> None
     lookups(tracker, clock, "shop", "m", [at(DAY1, 9) + HISTORY_S + BUCKET_S])
     assert tracker.count("shop", "m", at(DAY1, 8.9), at(DAY1, 9.1)) == 0
     assert tracker.count("shop", "m", at(DAY2, 9.9), at(DAY2, 10.1)) == 1
+
+
+def test_every_window_counts_what_a_plain_tally_of_the_lookups_counts() -> None:
+    # any window within the history kept, across the ring's wrap, against a plain count
+    rng = random.Random(5)
+    clock = Clock(at(DAY1, 0))
+    tracker = DemandTracker(clock=clock)
+    times = sorted(at(DAY1, 0) + rng.uniform(0, 30 * 3600) for _ in range(3000))
+    lookups(tracker, clock, "shop", "m", times)
+    oldest = (int(clock.now // BUCKET_S) - HISTORY_S // BUCKET_S + 1) * BUCKET_S
+    for _ in range(500):
+        start = rng.uniform(oldest, clock.now)
+        end = start + rng.uniform(0, 8 * 3600)
+        first = math.floor(start / BUCKET_S) * BUCKET_S
+        last = math.ceil(end / BUCKET_S) * BUCKET_S
+        expected = sum(1 for t in times if first <= t < last and t >= oldest)
+        assert tracker.count("shop", "m", start, end) == expected, (start, end)
 
 
 def test_memory_stays_bounded_with_many_sites_and_models() -> None:

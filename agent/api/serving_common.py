@@ -130,11 +130,11 @@ def generation_request(
             )
     keep_alive_s, pin_model = None, False
     if body.keep_alive is not None:
-        requested = parse_keep_alive(body.keep_alive)
+        wanted = parse_keep_alive(body.keep_alive)
         applied = (
-            keep_alive_for(None, requested, options.max_keep_alive_s)
+            keep_alive_for(None, wanted, options.max_keep_alive_s)
             if grant is None
-            else grant.keep_alive(requested, options.max_keep_alive_s)
+            else grant.keep_alive(wanted, options.max_keep_alive_s)
         )
         keep_alive_s, pin_model = (None, True) if applied.pin else (applied.seconds, False)
     return GenerationRequest(

@@ -14,7 +14,6 @@ import pytest
 
 from coordinator.store import migrations
 from coordinator.store.api_keys import ApiKeyRecord
-from coordinator.store.interface import FleetStore
 from coordinator.store.postgres import PostgresFleetStore
 from coordinator.store.postgres import migrations as pg_migrations
 from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
@@ -33,7 +32,7 @@ _OLD_KEY = (
 )
 
 
-async def _after_upgrade(store: FleetStore, version: int) -> None:
+async def _after_upgrade(store: SQLiteFleetStore | PostgresFleetStore, version: int) -> None:
     await store.open()
     try:
         assert await store.schema_version() == version

@@ -21,7 +21,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from agent.admin_cli import run_models_command
 from agent.agent_state import AgentState
+from agent.api.admin import ADMIN_TOKEN
 from agent.api.app import (
     KEYS,
     METRICS,
@@ -45,7 +47,7 @@ from agent.enrollment import (
     build_enroller,
     state_dir_of,
 )
-from agent.errors import ConfigError, FatalError, ModelLoadError
+from agent.errors import AgentError, ConfigError, FatalError, ModelLoadError
 from agent.https import (
     build_server_context,
     enrollment_cert_files,
@@ -298,6 +300,10 @@ async def serve(config: AgentConfig) -> None:
     # heads', a rollout's self-check) run on one pool instead of one pool per session
     use_shared_thread_pool(config.engine.intra_op_threads, config.engine.inter_op_threads)
     app = create_app(config)
+    try:  # the loopback admin API's token, where `python -m agent models` finds it
+        app[ADMIN_TOKEN].value()
+    except (OSError, AgentError) as exc:
+        log.warning("no admin token (the loopback admin API will refuse every call): %s", exc)
     runner = await start_http(config, app, ssl_context)
     port = runner.addresses[0][1]
     scheme = "https" if ssl_context else "http"
@@ -388,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "keys":
         return run_keys_command(argv[1:])
+    if argv and argv[0] == "models":
+        return run_models_command(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)  # `keys ...`: python -m agent keys --help
     try:

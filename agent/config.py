@@ -435,6 +435,9 @@ class AuthConfig(Settings):
     agent/auth/key_files.py)."""
     insecure_no_auth: bool = False
     """Serve without API keys even when reachable beyond loopback (--insecure-no-auth)."""
+    admin_token_file: str = ""
+    """The token of the agent's loopback-only admin API (load and unload models:
+    agent/api/admin.py); made at start when missing. Empty: <coordinator.state_dir>/admin-token."""
     max_request_timeout_s: float = Field(default=300.0, gt=0, le=3600)
     """An X-Request-Timeout above this is lowered to it."""
 

@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent.agent_state import AgentState
+from agent.api.admin import ADMIN_TOKEN, AdminToken, admin_routes, admin_token_path
 from agent.api.http_io import (
     CLIENT_CLOSED,
     CLIENT_GONE,
@@ -589,6 +590,8 @@ def create_app(
             return sync is not None and hex_ in sync.fetcher.downloading
 
         routes.append(web.get(BLOBS_PATH, blob_handler(store, fetching)))
+    app[ADMIN_TOKEN] = AdminToken(admin_token_path(config))
+    routes.extend(admin_routes(lambda request: request.app[REGISTRY]))
     app.add_routes(routes)
     app.cleanup_ctx.append(_registry_ctx(registry))
     # Per-request records: the agent's entry point opens the spool once it knows its id

@@ -122,6 +122,48 @@ def _sse_event(chunk: type[BaseModel]) -> dict[str, Any]:
 
 
 @cache
+def _admin_paths() -> dict[str, Any]:
+    """The loopback admin API (agent/api/admin.py)."""
+    error = {"application/json": {"schema": _ref(p.ErrorResponse)}}
+    model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    refused = {
+        "401": {"description": "No admin token, or not this agent's", "content": error},
+        "403": {"description": "Not from loopback (admin_loopback_only)", "content": error},
+    }
+    found = {
+        "400": {"description": "Not a model name", "content": error},
+        "404": {"description": "Not a model served here", "content": error},
+        "409": {"description": "An embedding model: always loaded", "content": error},
+    }
+    json_ok = {"application/json": {"schema": {"type": "object"}}}
+
+    def op(summary: str, extra: dict[str, Any], params: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "summary": summary,
+            "security": [{"adminToken": []}],
+            "responses": {"200": {"description": "Success", "content": json_ok}} | refused
+            | extra,
+        }  # fmt: skip
+        if params:
+            body["parameters"] = [model]
+        return body
+
+    loading = found | {
+        "202": {"description": "Still loading after 120 s (it goes on)", "content": json_ok},
+        "503": {"description": "No room in the memory budget, or the load failed "
+                "(Retry-After)", "content": error},
+    }  # fmt: skip
+    return {
+        "/v1/admin/models": {"get": op("Every text model's residency (admin)", {}, False)},
+        "/v1/admin/models/{model}/load": {
+            "post": op("Load the model's weights now (admin, loopback)", loading, True)
+        },
+        "/v1/admin/models/{model}/unload": {
+            "post": op("Unload the model's weights once idle (admin, loopback)", found, True)
+        },
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [p.ErrorResponse, p.ChatCompletionChunk]
     for _, _, _, req, resp, _ in _OPERATIONS:
@@ -190,6 +232,7 @@ def openapi_document() -> dict[str, Any]:
                 "content": {"application/json": {"schema": _ref(p.Health)}},
             }
         paths[path] = {method: op}
+    paths.update(_admin_paths())
     return {
         "openapi": "3.1.0",
         "info": {
@@ -202,6 +245,14 @@ def openapi_document() -> dict[str, Any]:
             "schemas": schemas.get("$defs", {}),
             # API keys (when the agent requires them: a keys file or a coordinator); the
             # OpenAI SDK sends its api_key this way
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "adminToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "the agent's admin token (auth.admin_token_file), from "
+                    "loopback only: never an API key",
+                },
+            },
         },
     }

@@ -1,8 +1,9 @@
 """The agent's API-key gate: an aiohttp middleware, separate from the error/metrics one.
 
 With keys enabled every route needs ``Authorization: Bearer <key>`` except
-``/healthz`` (liveness for orchestrators) and ``/openapi.json``; ``/metrics`` needs a
-key too (any valid one). The gate answers 401 ``invalid_api_key`` (with
+``/healthz`` (liveness for orchestrators), ``/openapi.json`` and the admin API (loopback
+and the agent's admin token, never an API key); ``/metrics`` needs a key too (any valid
+one). The gate answers 401 ``invalid_api_key`` (with
 ``WWW-Authenticate: Bearer``) or 429 ``rate_limit_exceeded`` (with ``Retry-After``)
 before any handler runs, and for a key limited to some models it reads the body's
 ``model`` and answers 403 ``model_not_allowed`` for any other. The request's
@@ -27,8 +28,9 @@ VersionOf = Callable[[str], str | None]
 
 #: Paths open without a key.
 OPEN_PATHS = frozenset({"/healthz", "/openapi.json"})
-#: Blobs of the model store, served to site peers (agent/sync/blob_server.py says why open).
-OPEN_PREFIXES = ("/v1/blobs/",)
+#: Blobs of the model store, served to site peers (agent/sync/blob_server.py says why
+#: open); the admin API, which checks its own token and loopback (agent/api/admin.py).
+OPEN_PREFIXES = ("/v1/blobs/", "/v1/admin/")
 
 # aiohttp >= 3.14 warns on str request keys
 GRANT: Any = (

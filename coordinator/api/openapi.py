@@ -503,8 +503,26 @@ _SCHEMAS |= {
             "agent_ids": {"type": "array", "items": {"type": "string"}},
         },
     },
+    "DeployRequest": {
+        "type": "object",
+        "properties": {
+            "sites": {"type": "array", "items": {"type": "string"}},
+            "labels": {"type": "array", "items": {"type": "string"}},
+            "agent_ids": {"type": "array", "items": {"type": "string"}},
+            "residency": {
+                "type": "string", "enum": ["on_demand", "pinned", "store_only"],
+                "description": "how the agents hold the weights: loaded by the first request "
+                "and unloaded when idle (on_demand), loaded once verified and never unloaded "
+                "(pinned), or kept on disk but not served (store_only); absent: as the rule "
+                "this one replaces, else on_demand",
+            },
+        },
+    },
     "ModelRule": {"type": "object", "required": ["object", "name", "version", "selector"],
-                  "properties": {"object": {"const": "model_rule"}}},
+                  "properties": {"object": {"const": "model_rule"},
+                                 "residency": {"type": "string",
+                                               "enum": ["on_demand", "pinned",
+                                                        "store_only"]}}},
     "Deprecation": {"type": "object", "properties": {"deprecated": {"type": "boolean"}}},
     "BlobCheckRequest": {"type": "object", "required": ["sha256"],
                          "properties": {"sha256": {"type": "array",
@@ -698,10 +716,16 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ),
     ("POST", "/v1/admin/agents/{agent_id}/drain"): ([_p("agent_id")], None, "200", "Agent"),
     ("POST", "/v1/admin/agents/{agent_id}/models/{model}/load"): (
-        [_p("agent_id"), _p("model")], None, "202", "ModelCommand"
+        [_p("agent_id"), _p("model")],
+        None,
+        "202",
+        "ModelCommand",
     ),
     ("POST", "/v1/admin/agents/{agent_id}/models/{model}/unload"): (
-        [_p("agent_id"), _p("model")], None, "202", "ModelCommand"
+        [_p("agent_id"), _p("model")],
+        None,
+        "202",
+        "ModelCommand",
     ),
     ("POST", "/v1/admin/agents/{agent_id}/resume"): ([_p("agent_id")], None, "200", "Agent"),
     ("PATCH", "/v1/admin/agents/{agent_id}"): (
@@ -794,7 +818,7 @@ _OPERATIONS: dict[tuple[str, str], tuple[list[Any], str | None, str, Any]] = {
     ),
     ("POST", "/v1/admin/models/{name}/{version}/deploy"): (
         [_p("name"), _p("version")],
-        "Selector",
+        "DeployRequest",
         "200",
         "ModelRule",
     ),

@@ -228,3 +228,43 @@ async def _is(probe: Any, wanted: Any) -> bool:
 
 async def _positive(probe: Any) -> bool:
     return bool(await probe() > 0)
+
+
+async def test_a_standalone_agents_operator_loads_and_unloads_from_the_box(
+    real_artifacts: Path, tmp_path: Path
+) -> None:
+    """A standalone agent (API keys on, no coordinator) makes its admin token at start
+    (0600, in its state directory); ``python -m agent models unload|load|list`` on the box
+    uses it, and /v1/models follows. An API key does not open the admin API."""
+    keys_file, key = _keys_file(tmp_path)
+    state = tmp_path / "state"
+    async with AgentProcess(
+        models_dir=str(real_artifacts), serve=[SMOL], state_dir=state,
+        extra_args=["--set", f"auth.keys_file={keys_file}", "--set", "residency.min_residency_s=0"],
+    ) as agent:  # fmt: skip
+        token_file = state / "admin-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        port = agent.url.rsplit(":", 1)[1]
+        env = {**os.environ, "EDGEFLEET_AGENT_COORDINATOR__STATE_DIR": str(state)}
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "agent", "models", "--port", port, *args],
+                env=env, capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+
+        assert (await _models(agent, key))[SMOL]["state"] == "loaded"
+        done = cli("unload", SMOL)
+        assert done.returncode == 0, done.stderr
+        assert '"unloaded": true' in done.stdout
+        assert (await _models(agent, key))[SMOL]["state"] == "available"
+        done = cli("load", SMOL)
+        assert done.returncode == 0 and '"state": "loaded"' in done.stdout, done.stderr
+        assert (await _models(agent, key))[SMOL]["resident_bytes"] > 20 << 20
+        done = cli("load", "no-such-model")
+        assert done.returncode == 1 and "error 404" in done.stderr
+        wrong = tmp_path / "wrong-token"
+        wrong.write_text(key)  # an API key is not the admin token
+        done = cli("--admin-token-file", str(wrong), "unload", SMOL)
+        assert done.returncode == 1 and "error 401" in done.stderr
+        assert (await _models(agent, key))[SMOL]["state"] == "loaded"

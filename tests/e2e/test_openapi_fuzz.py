@@ -88,6 +88,10 @@ def _cheap(document: dict[str, Any]) -> dict[str, Any]:
             "items": {"type": "integer", "minimum": 0, "maximum": 255},
         }  # fmt: skip
     schemas["CompletionRequest"]["properties"]["prompt"] = {"type": "string", "minLength": 1}
+    # The fuzz agent serves no embedding model, so /v1/moderations answers its documented
+    # 503 moderation_unavailable to every valid case, which not_a_server_error counts as a
+    # failure: its input checks are covered by tests/e2e/test_moderation_e2e.py.
+    doc["paths"].pop("/v1/moderations", None)
     schemas["ChatMessageIn"]["properties"]["role"] = {"enum": ["system", "user", "assistant"]}
     return doc
 

@@ -72,7 +72,7 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "identity.agent_id": "", "identity.site": "default", "identity.latitude": None,
     "identity.longitude": None,
     "mdns.enabled": False, "mdns.interfaces": (),
-    "auth.keys_file": "", "auth.insecure_no_auth": False, "auth.max_request_timeout_s": 300.0,
+    "auth.keys_file": "", "auth.insecure_no_auth": False, "auth.admin_token_file": "", "auth.max_request_timeout_s": 300.0,
     "audit.spool_max_bytes": 67108864,
     "redaction.default_mode": RedactionMode.REDACT_RESTORE, "redaction.models": {},
     "redaction.types": ALL_TYPES, "redaction.redact_logs": True,

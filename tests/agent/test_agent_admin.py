@@ -1,0 +1,115 @@
+"""A standalone agent's loopback admin API (agent/api/admin.py): load and unload a model's
+weights now, with the agent's admin token, from loopback only, with API keys on."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from aiohttp.test_utils import TestClient, make_mocked_request
+
+from agent.api.admin import (
+    ADMIN_TOKEN,
+    AdminForbiddenError,
+    AdminToken,
+    InvalidAdminTokenError,
+)
+from agent.auth.key_files import write_keys
+from agent.auth.keys import new_secret, secret_digest
+from edgefleet.contract import ApiKey, KeysSection
+from tests.agent.conftest import TINY, ClientFactory
+
+
+@pytest.fixture
+async def agent(make_client: ClientFactory, tmp_path: Path) -> tuple[TestClient, str, str]:
+    """An agent with API keys on (a keys file) and its admin token file; returns the
+    client, the admin token and an API key."""
+    key_id, secret = new_secret()
+    keys = tmp_path / "keys.json"
+    write_keys(keys, KeysSection(1, (ApiKey(key_id, secret_digest(secret)),)))
+    client = await make_client(
+        auth={"keys_file": str(keys), "admin_token_file": str(tmp_path / "state" / "admin")},
+        residency={"min_residency_s": 0},
+    )
+    # made on first use (the agent's start makes it: see agent/__main__.py serve())
+    return client, client.app[ADMIN_TOKEN].value(), secret
+
+
+async def _call(
+    client: TestClient, method: str, path: str, token: str | None
+) -> tuple[int, dict[str, Any]]:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    resp = await client.request(method, path, headers=headers)
+    return resp.status, await resp.json()
+
+
+async def test_load_and_unload_with_the_admin_token(
+    agent: tuple[TestClient, str, str], tmp_path: Path
+) -> None:
+    client, token, api_key = agent
+    path = tmp_path / "state" / "admin"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and token.startswith("efa-")
+    status, body = await _call(client, "POST", f"/v1/admin/models/{TINY}/unload", token)
+    assert status == 200 and body["unloaded"] is True and body["state"] == "available"
+    models = await client.get("/v1/models", headers={"Authorization": f"Bearer {api_key}"})
+    [card] = (await models.json())["data"]
+    assert card["state"] == "available" and card["resident_bytes"] == 0
+    status, body = await _call(client, "POST", f"/v1/admin/models/{TINY}/load", token)
+    assert status == 200 and body["state"] == "loaded" and body["resident_bytes"] > 0
+    status, body = await _call(client, "GET", "/v1/admin/models", token)
+    assert status == 200 and [m["model"] for m in body["data"]] == [TINY]
+    status, body = await _call(client, "POST", f"/v1/admin/models/{TINY}/unload", token)
+    status, body = await _call(client, "POST", f"/v1/admin/models/{TINY}/unload", token)
+    assert status == 200 and body["unloaded"] is False  # not loaded: nothing to do
+
+
+async def test_api_keys_and_wrong_tokens_never_open_it(agent: tuple[TestClient, str, str]) -> None:
+    client, token, api_key = agent
+    for wrong in (None, api_key, token + "x", token[:-1], "", "efa-" + "A" * 43):
+        status, body = await _call(client, "POST", f"/v1/admin/models/{TINY}/unload", wrong)
+        assert status == 401 and body["error"]["code"] == "invalid_admin_token", wrong
+    # and the admin token is not an API key
+    resp = await client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
+    assert resp.status == 401
+    # bad model names, in the API's own error format
+    for model, code, want in (
+        ("nope", "model_not_found", 404),
+        ("x" * 300, "invalid_request_error", 400),
+        (f"{TINY}@v9", "invalid_request_error", 400),
+    ):
+        status, body = await _call(client, "POST", f"/v1/admin/models/{model}/load", token)
+        assert status == want and code in (body["error"]["code"], body["error"]["type"]), body
+    status, body = await _call(client, "GET", "/v1/models", None)
+    assert status == 401  # keys are on: the admin routes' opening changed nothing else
+
+
+def test_a_peer_beyond_loopback_is_refused_even_with_the_token(tmp_path: Path) -> None:
+    admin = AdminToken(tmp_path / "admin-token")
+    token = admin.value()
+    for peer, refused in ((("10.0.0.9", 5555), True), (("127.0.0.1", 5555), False),
+                          (("::1", 5555, 0, 0), False), (("192.168.1.2", 1), True)):  # fmt: skip
+        transport = mock.Mock()
+        transport.get_extra_info.side_effect = lambda name, default=None, p=peer: (
+            p if name == "peername" else default
+        )
+        request = make_mocked_request(
+            "POST", "/v1/admin/models/m/load", headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+        )  # fmt: skip
+        if refused:
+            with pytest.raises(AdminForbiddenError):
+                admin.check(request)
+        else:
+            admin.check(request)
+    transport.get_extra_info.side_effect = lambda name, default=None: (
+        ("127.0.0.1", 9) if name == "peername" else default
+    )
+    request = make_mocked_request("GET", "/v1/admin/models", transport=transport)
+    with pytest.raises(InvalidAdminTokenError):
+        admin.check(request)  # loopback, no token
+    # a second agent process on the same state dir reads the token, never overwrites it
+    assert AdminToken(tmp_path / "admin-token").value() == token

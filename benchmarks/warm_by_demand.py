@@ -23,7 +23,9 @@ against the agents alone) and on, side by side:
   policy caused that were unloaded without serving a request;
 - model-hours warm: the time models spent loaded (the memory the policy costs).
 
-Also the tracker's cost per lookup (the router's only added work), timed here.
+Also the tracker's cost per lookup (the router's only added work), and a route lookup in
+``Router.route`` with ``warm_by_demand`` off and on over the same 1,000-agent registry,
+interleaved.
 
     python -m benchmarks.warm_by_demand [--seed 7] [--min-lookups 3] [--recent-window-s 1800]
         [--yesterday-window-s 1800]
@@ -34,19 +36,34 @@ Writes ``benchmarks/results/warm_by_demand.json``. Runs in a few seconds.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import heapq
 import math
 import random
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from benchmarks.results_file import target, write_results
 from coordinator.config import CoordinatorConfig
+from coordinator.fleet.metrics import CoordinatorMetrics
 from coordinator.fleet.records import AgentRecord, AgentStatus
+from coordinator.fleet.registry import LiveFleetRegistry
+from coordinator.routing.scorer import RouteQuery
+from coordinator.routing.service import Router
 from coordinator.routing.warmth import DAY_S, DemandTracker, WarmthPolicy, WarmthSettings
-from edgefleet.contract import Hello, LoadedModel, LoadReport, ModelInventory, ModelInventoryState
+from coordinator.store.sqlite import SQLiteFleetStore
+from edgefleet.contract import (
+    Hello,
+    LoadedModel,
+    LoadReport,
+    Location,
+    ModelInventory,
+    ModelInventoryState,
+)
 
 MiB = 1 << 20
 KEEP_ALIVE_S = 300.0
@@ -314,6 +331,62 @@ def tracker_cost_ns(n: int = 200_000) -> float:
     return (time.perf_counter_ns() - started) / n
 
 
+async def _router_cost_us(agents: int = 1000, lookups: int = 20_000) -> dict[str, float]:
+    """A route lookup's time in ``Router.route`` with ``warm_by_demand`` off (two routers:
+    what two identical ones differ by is this comparison's noise) and on, over the same
+    registry (1,000 agents at 100 sites serving 2 models, on SQLite in a temporary
+    directory), interleaved in rounds; microseconds per lookup."""
+    rng = random.Random(3)
+    with tempfile.TemporaryDirectory() as data:
+        store = SQLiteFleetStore.in_directory(Path(data))
+        await store.open()
+        try:
+            registry = await LiveFleetRegistry.open(store)
+            for i in range(agents):
+                agent_id = f"a{i:04d}"
+                session = registry.open_session(
+                    Hello(
+                        agent_id=agent_id,
+                        site=f"site-{i % 100}",
+                        http_url=f"http://{agent_id}:8000",
+                        location=Location(rng.uniform(40, 55), rng.uniform(-5, 20)),
+                        models=(LoadedModel("chat", "v1"), LoadedModel("code", "v1")),
+                    )
+                )
+                registry.record_report(
+                    agent_id, session, LoadReport(running_sequences=rng.randrange(4))
+                )
+            plain = Router.from_config(
+                registry, CoordinatorConfig(warm_by_demand=False), CoordinatorMetrics(registry)
+            )
+            # the same scorer (the load table is derived for one policy), counting demand
+            counting = Router(
+                registry,
+                plain._scorer,
+                plain._overflow,
+                CoordinatorMetrics(registry),
+                demand=DemandTracker(),
+            )
+            # a second router without it: the noise floor of this comparison
+            again = Router(registry, plain._scorer, plain._overflow, CoordinatorMetrics(registry))
+            routers = {"off": plain, "off_again": again, "on": counting}
+            queries = [
+                RouteQuery(model=rng.choice(("chat", "code")), site=f"site-{rng.randrange(100)}")
+                for _ in range(lookups // 10)
+            ]
+            spent = dict.fromkeys(routers, 0.0)
+            for round_ in range(10):  # in a turned order every other round
+                for name in sorted(routers, reverse=bool(round_ % 2)):
+                    router = routers[name]
+                    started = time.perf_counter()
+                    for query in queries:
+                        router.route(query)
+                    spent[name] += time.perf_counter() - started
+        finally:
+            await store.close()
+    return {name: round(seconds / lookups * 1e6, 1) for name, seconds in spent.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = CoordinatorConfig()
@@ -343,6 +416,7 @@ def main() -> None:
         args.interval_s,
     )
     cost_ns = tracker_cost_ns()
+    router_us = asyncio.run(_router_cost_us())
     elapsed = time.perf_counter() - started
     figures: dict[str, Any] = {
         "settings": {
@@ -367,6 +441,7 @@ def main() -> None:
         "morning_cold_ratio_on_vs_off": _ratio(on.cold_morning_requests, off.cold_morning_requests),
         "model_hours_ratio_on_vs_off": _ratio(on.warm_s, off.warm_s),
         "tracker_record_ns": round(cost_ns, 1),
+        "route_lookup_us": router_us,
         "run_s": round(elapsed, 2),
     }
     avoided = off.cold_requests - on.cold_requests
@@ -386,6 +461,8 @@ def main() -> None:
     }  # fmt: skip
     for name, row in (("off", off), ("on", on), ("on, recent only", recent_only)):
         print(f"{name:>16}: {_line(row)}")
+    print(f"route lookup {router_us['off']} / {router_us['off_again']} us off (two routers), "
+          f"{router_us['on']} us on")  # fmt: skip
     print(f"loads avoided {figures['loads_avoided']}, tracker {cost_ns:.0f} ns per lookup, "
           f"{len(lookups)} lookups, {elapsed:.1f} s")  # fmt: skip
     path = write_results("warm_by_demand", figures, targets)

@@ -63,7 +63,7 @@ def call(config: AgentConfig, port: int, token: str, method: str, path: str) -> 
         context.verify_mode = ssl.CERT_NONE  # pinned below instead
         conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=TIMEOUT_S, context=context)
         conn.connect()
-        presented = conn.sock.getpeercert(binary_form=True)  # type: ignore[union-attr]
+        presented = conn.sock.getpeercert(binary_form=True)
         if presented != _pinned_certificate(config):
             raise AgentError("the agent on this port does not present this agent's certificate")
     else:

@@ -41,6 +41,7 @@ from coordinator.api.app_keys import (
     STORE_HEALTH_KEY,
     STORE_KEY,
     TOKENS_KEY,
+    WARMTH_KEY,
 )
 from coordinator.api.authz import authorize
 from coordinator.api.common import count_requests, openai_errors
@@ -217,6 +218,9 @@ def create_app(
     app[REPORT_HOOKS_KEY] = report_hooks
     app[BLOB_BASE_URL_KEY] = blob_base_url
     app[EVENTS_KEY] = events
+    warmth = _warmth_policy(config, router, registry, servicer, metrics)
+    if warmth is not None:
+        app[WARMTH_KEY] = warmth
     grpc_server = app[GRPC_SERVER_KEY]
     cluster = ClusterMembership(
         fleet_store,
@@ -598,14 +602,17 @@ async def _overflow_distribution(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-async def _warm_by_demand(app: web.Application) -> AsyncIterator[None]:
-    """Every ``warm_interval_s``: LOAD_MODEL to an agent of this coordinator at a site
-    where its model has demand and no agent holds it in memory (coordinator/routing/
-    warmth.py); nothing when ``warm_by_demand`` is off."""
-    config, metrics, tracker = app[CONFIG_KEY], app[METRICS_KEY], app[ROUTER_KEY].demand
+def _warmth_policy(
+    config: CoordinatorConfig,
+    router: Router,
+    registry: FleetRegistry,
+    servicer: CoordinatorServicer,
+    metrics: CoordinatorMetrics,
+) -> WarmthPolicy | None:
+    """The warm-by-demand policy over the router's demand (None when it is off)."""
+    tracker = router.demand
     if tracker is None:
-        yield
-        return
+        return None
     metrics.warm_tracked_pairs.set_function(lambda: float(len(tracker)))
 
     def counted(load: WarmLoad) -> None:
@@ -615,18 +622,28 @@ async def _warm_by_demand(app: web.Application) -> AsyncIterator[None]:
                         "around this time yesterday)", load.model, load.agent_id, load.site,
                         load.recent, load.yesterday)  # fmt: skip
 
-    policy = WarmthPolicy(
+    return WarmthPolicy(
         tracker,
-        registry_agents_at(app[REGISTRY_KEY]),
-        app[GRPC_SERVER_KEY].servicer.send_command,
+        registry_agents_at(registry),
+        servicer.send_command,
         WarmthSettings.from_config(config),
         on_result=counted,
     )
 
+
+async def _warm_by_demand(app: web.Application) -> AsyncIterator[None]:
+    """Every ``warm_interval_s``: LOAD_MODEL to an agent of this coordinator at a site
+    where its model has demand and no agent holds it in memory (coordinator/routing/
+    warmth.py); nothing when ``warm_by_demand`` is off."""
+    policy = app.get(WARMTH_KEY)
+    if policy is None:
+        yield
+        return
+
     async def step() -> None:
         policy.cycle()
 
-    async with periodic_task("warm by demand", config.warm_interval_s, step):
+    async with periodic_task("warm by demand", app[CONFIG_KEY].warm_interval_s, step):
         yield
 
 

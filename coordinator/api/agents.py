@@ -18,6 +18,7 @@ from coordinator.api.app_keys import (
     LIFECYCLE_KEY,
     REGISTRY_KEY,
     STORE_KEY,
+    WARMTH_KEY,
 )
 from coordinator.api.common import (
     InvalidParameter,
@@ -130,6 +131,9 @@ async def _model_command(request: web.Request, kind: str) -> web.Response:
             409, f"agent {agent_id} has no session on this coordinator now: nothing was sent",
             type_="invalid_request_error", code="agent_not_connected",
         )  # fmt: skip
+    warmth = request.config_dict.get(WARMTH_KEY)
+    if warmth is not None:  # an operator's unload holds the coordinator's warm loads back
+        warmth.operator_command(agent_id, model, load=kind == "load_model")
     return web.json_response(
         {"agent_id": agent_id, "model": model, "command": kind, "command_sent": True},
         status=202,

@@ -22,6 +22,7 @@ from coordinator.fleet.request_records import RequestRecordStore
 from coordinator.identity.join_tokens import JoinTokens
 from coordinator.rollouts.engine import RolloutEngine
 from coordinator.routing.service import Router
+from coordinator.routing.warmth import WarmthPolicy
 from coordinator.rpc.service import GrpcServer
 from coordinator.store.health import StoreHealth
 from coordinator.store.interface import FleetStore
@@ -34,6 +35,8 @@ STORE_KEY = web.AppKey("store", FleetStore)
 STORE_HEALTH_KEY = web.AppKey("store_health", StoreHealth)
 TOKENS_KEY = web.AppKey("tokens", JoinTokens)
 ROUTER_KEY = web.AppKey("router", Router)
+# Set only while warm_by_demand is on (coordinator/routing/warmth.py).
+WARMTH_KEY = web.AppKey("warmth", WarmthPolicy)
 ADMIN_TOKENS_KEY = web.AppKey("admin_tokens", AdminTokens)
 AUDIT_KEY = web.AppKey("audit", AuditLog)
 RECORDS_KEY = web.AppKey("request_records", RequestRecordStore)

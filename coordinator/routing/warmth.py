@@ -25,7 +25,9 @@ an agent on another coordinator (each coordinator warms the agents whose session
 holds), a draining, suspect or unhealthy one; send when an agent's free budget (budget
 minus committed) is below the model's weights (its largest resident size reported at the
 site, else the size of its files on that agent), so a warm load never makes an agent
-evict another model for room; unload anything (the agent's keep-alive does that).
+evict another model for room; load a model on an agent within ``recent_window_s`` of an
+operator unloading it there (``operator_command``); unload anything (the agent's
+keep-alive does that).
 """
 
 from __future__ import annotations
@@ -212,6 +214,18 @@ class WarmthPolicy:
         # there had room (counted once per back-off)
         self._sent: dict[tuple[str, str], float] = {}
         self._no_room: dict[tuple[str, str], float] = {}
+        # (agent id, model) -> until when an operator's unload holds warm loads back
+        self._held: dict[tuple[str, str], float] = {}
+
+    def operator_command(self, agent_id: str, model: str, *, load: bool) -> None:
+        """An operator sent the agent LOAD_MODEL (``load``) or UNLOAD_MODEL of ``model``.
+        After an unload no warm load of it goes to that agent for ``recent_window_s``: an
+        operator's command outranks the demand. A load ends the hold."""
+        key = (agent_id, model)
+        if load:
+            self._held.pop(key, None)
+        else:
+            self._held[key] = self._clock() + self.settings.recent_window_s
 
     def wanted(self, now: float | None = None) -> list[tuple[str, str, int, int]]:
         """The pairs wanted warm now, as (site, model, recent, yesterday), busiest first."""
@@ -237,6 +251,8 @@ class WarmthPolicy:
         for book in (self._sent, self._no_room):
             for key in [k for k, at in book.items() if now - at >= s.backoff_s]:
                 del book[key]
+        for key in [k for k, until in self._held.items() if now >= until]:
+            del self._held[key]
         done: list[WarmLoad] = []
         sent = 0
         for site, model, recent, yesterday in self.wanted(now):
@@ -244,9 +260,13 @@ class WarmthPolicy:
             eligible = [r for r in here if _eligible(r, site)]
             if not eligible or any(_warm(r, model) for r in eligible):
                 continue
-            cold = [r for r in eligible if (r.agent_id, model) not in self._sent]
+            cold = [
+                r
+                for r in eligible
+                if (r.agent_id, model) not in self._sent and (r.agent_id, model) not in self._held
+            ]
             if not cold:
-                continue  # loads sent within the back-off: under way, or it went again
+                continue  # sent within the back-off (under way, or it went again), or held
             need = _weights_bytes(here, model)
             roomy = [r for r in cold if _room(r) >= need]
             if not roomy:

@@ -294,6 +294,28 @@ def test_a_warm_agent_at_the_site_means_nothing_is_sent() -> None:
     assert [s[0] for s in fleet.sent] == ["shop-1"]
 
 
+def test_an_operators_unload_holds_warm_loads_of_that_model_on_that_agent() -> None:
+    clock = Clock(at(DAY1, 9))
+    fleet = Fleet(agent("shop-1"), agent("depot-1", "depot"))
+    policy, tracker, _ = policy_for(fleet, clock, backoff_s=0, recent_window_s=1800)
+    lookups(tracker, clock, "shop", "m", [at(DAY1, 9)] * 5)
+    lookups(tracker, clock, "depot", "m", [at(DAY1, 9)] * 5)
+    policy.operator_command("shop-1", "m", load=False)
+    assert [w.agent_id for w in policy.cycle()] == ["depot-1"]  # the depot's is not held
+    clock.now += 600
+    lookups(tracker, clock, "shop", "m", [clock.now] * 5)
+    assert "shop-1" not in [w.agent_id for w in policy.cycle()]
+    policy.operator_command("shop-1", "m", load=True)  # the operator's load ends the hold
+    assert "shop-1" in [w.agent_id for w in policy.cycle()]
+    # and a hold ends by itself after the recent window
+    policy.operator_command("shop-1", "m", load=False)
+    clock.now += 1799
+    assert "shop-1" not in [w.agent_id for w in policy.cycle()]
+    clock.now += 1
+    lookups(tracker, clock, "shop", "m", [clock.now] * 5)
+    assert "shop-1" in [w.agent_id for w in policy.cycle()]
+
+
 def test_draining_suspect_unhealthy_and_remote_agents_are_skipped() -> None:
     clock = Clock(at(DAY1, 9))
     unhealthy = agent("shop-4")
@@ -452,6 +474,43 @@ async def test_a_cold_agent_gets_load_model_after_lookups_for_its_model_at_its_s
             metrics = await response.text()
     assert 'edgefleet_coordinator_warm_loads_total{result="sent"} 1.0' in metrics
     assert "edgefleet_coordinator_warm_tracked_pairs 1.0" in metrics
+
+
+async def test_an_operators_unload_holds_the_warm_loads_back_until_an_operators_load(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    # a short back-off: without the hold, the policy would load it again within 0.3 s
+    c = await make_coordinator(warm_interval_s=0.1, warm_min_lookups=3, warm_backoff_s=0.3)
+    cold = pb.LoadReport(cold_models={"m": 2.0})
+    async with _session(c, "lab-1", "lab", cold) as lab:
+        await wait_until(lambda: _reported(c, 1), message="report")
+        got: list[pb.Command] = []
+
+        def reasons() -> list[str]:
+            got.extend(_commands(lab))
+            return [g.reason for g in got if g.kind == pb.Command.KIND_LOAD_MODEL]
+
+        for _ in range(3):
+            await c.stub.Route(pb.RouteRequest(model="m", site="lab"))
+        await wait_until(lambda: bool(reasons()), timeout_s=5, message="a warm load")
+        async with aiohttp.ClientSession(headers=ADMIN_HEADERS) as http:
+            admin = f"{c.http_url}/v1/admin/agents/lab-1/models/m"
+            async with http.post(admin + "/unload") as response:
+                assert response.status == 202
+            got.clear()
+            for _ in range(3):  # the demand goes on
+                await c.stub.Route(pb.RouteRequest(model="m", site="lab"))
+            await asyncio.sleep(1.0)  # ten policy runs, three back-offs
+            assert reasons() == []
+            assert [g.kind for g in got] == [pb.Command.KIND_UNLOAD_MODEL]
+            async with http.post(admin + "/load") as response:
+                assert response.status == 202
+        # the operator's load, then (the fake agent still reports it cold) the policy's
+        await wait_until(lambda: len(reasons()) >= 2, timeout_s=5, message="warm loads again")
+        assert reasons()[:2] == [
+            "load_model requested by an operator",
+            "kept warm: demand at site lab",
+        ]
 
 
 def _reported(c: Any, count: int) -> bool:

@@ -27,8 +27,10 @@ Also the tracker's cost per lookup (the router's only added work), and a route l
 ``Router.route`` with ``warm_by_demand`` off and on over the same 1,000-agent registry,
 interleaved.
 
-    python -m benchmarks.warm_by_demand [--seed 7] [--min-lookups 3] [--recent-window-s 1800]
-        [--yesterday-window-s 1800]
+    python -m benchmarks.warm_by_demand [--seed 7] [--min-lookups 4] [--recent-window-s 1800]
+        [--yesterday-window-s 3600] [--interval-s 30] [--backoff-s 300]
+
+(defaults: the coordinator's ``warm_*`` defaults)
 
 Writes ``benchmarks/results/warm_by_demand.json``. Runs in a few seconds.
 """

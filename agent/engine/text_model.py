@@ -8,6 +8,7 @@ loads the model, and released when it unloads it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ class OnnxTextModel:
         self._context_length = context_length
         self._codec = codec
         self._engine = engine
+        # engines unloaded whose memory a worker thread is still freeing
+        self._releasing: set[ContinuousBatcher] = set()
         self._build_engine = build_engine
         self._grammars = GrammarCompiler(
             codec.tokenizer_json(), list(eos_token_ids), codec.vocab_size
@@ -160,6 +163,8 @@ class OnnxTextModel:
         self._started = False
         if self._engine is not None:  # kept: a request that still holds it gets "closed"
             await self._engine.close()
+        for engine in list(self._releasing):  # unloads whose memory is still being freed
+            await engine.released()
         self._grammars.close()
 
     # ---- the heavy part, for the residency ------------------------------------------------
@@ -196,6 +201,11 @@ class OnnxTextModel:
             engine.listeners = list(self._listeners)
 
     async def detach_heavy(self) -> None:
+        """Stop the engine; its memory is freed on a worker thread after this returns, so
+        that a model loading into the room it leaves builds its session meanwhile."""
         engine, self._engine = self._engine, None
         if engine is not None:
-            await engine.close()
+            await engine.close(wait_release=False)
+            self._releasing.add(engine)
+            release = asyncio.ensure_future(engine.released())
+            release.add_done_callback(lambda _: self._releasing.discard(engine))

@@ -10,9 +10,11 @@ import gc
 import logging
 import platform
 import sys
+import threading
 import time
 import tracemalloc
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,16 @@ import pytest
 from agent import model_loader
 from agent.engine import continuous_batcher, memory
 from agent.engine.causal_lm import SlotCache
-from agent.engine.continuous_batcher import DEFAULT_KV_CACHE_BYTES, BatcherConfig
+from agent.engine.continuous_batcher import (
+    DEFAULT_KV_CACHE_BYTES,
+    BatcherConfig,
+    ContinuousBatcher,
+)
 from agent.engine.interface import GenerationRequest, SamplingParams
 from agent.engine.ort_session import SessionConfig
 from agent.engine.text_model import OnnxTextModel
 from agent.model_loader import load_registry
+from agent.model_registry import ModelRegistry
 
 TINY = "tiny-llama"
 # tiny-llama: 2 layers x 2 kv heads x head dim 16 x (key, value) x 4-byte floats
@@ -347,3 +354,34 @@ async def test_smollm2_embedding_pages_are_unmapped_when_idle_and_replies_unchan
         assert await reply() == first
     finally:
         await model.close()
+
+
+async def test_an_unload_frees_the_session_on_a_worker_thread_after_returning(
+    make_tiny_registry: Callable[[], ModelRegistry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: an unload making room returns once the engine has stopped; the session
+    and caches are freed on a worker thread meanwhile (the next model's session builds
+    beside it), never on the event loop, and closing the model waits for that."""
+    freeing = threading.Event()
+    threads: list[str] = []
+    real = ContinuousBatcher._free_memory
+
+    def slow_free(self: ContinuousBatcher) -> None:
+        threads.append(threading.current_thread().name)
+        assert freeing.wait(10)
+        real(self)
+
+    monkeypatch.setattr(ContinuousBatcher, "_free_memory", slow_free)
+    registry = make_tiny_registry()
+    model = registry.text_models[TINY]
+    await registry.start()
+    engine = model.engine
+    await asyncio.wait_for(model.detach_heavy(), 5)  # returns while the free is held
+    assert engine._lm._session is not None  # not freed yet
+    closing = asyncio.ensure_future(registry.close())
+    await asyncio.sleep(0.2)
+    assert not closing.done()  # close waits for the release
+    freeing.set()
+    await asyncio.wait_for(closing, 10)
+    assert engine._lm._session is None
+    assert threads and threads[0] != threading.main_thread().name

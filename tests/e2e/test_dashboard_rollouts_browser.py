@@ -244,9 +244,10 @@ async def test_the_catalog_view_shows_the_published_versions(fleet: Fleet) -> No
     assert {v["version"] for v in catalog["data"]} == {fleet.v1, fleet.v2}
     assert shown[f"{TINY}@{fleet.v1}"][6] == "2"  # both agents desire v1 (the deploy rule)
     rules = await page.evaluate(
-        "[...document.querySelectorAll('#model-rules tr')].map(tr => tr.children[1].textContent)"
+        "[...document.querySelectorAll('#model-rules tr')]"
+        ".map(tr => [tr.children[1].textContent, tr.children[3].textContent])"
     )
-    assert rules == [fleet.v1]
+    assert rules == [[fleet.v1, "on demand"]]  # the deploy named no residency
     assert catalog["signing_public_key"] in await _text(page, "#models-note")
     await page.screenshot(path=str(SHOTS / "models.png"), full_page=True)
 

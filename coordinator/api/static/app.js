@@ -755,6 +755,10 @@ async function showRollout(rolloutId) {
   applyRole();
 }
 
+
+// a deploy rule's residency (issue 26), as an operator reads it
+const RESIDENCY_TEXT = { on_demand: "on demand", pinned: "pinned in memory", store_only: "on disk, not served" };
+
 async function showModels() {
   let data;
   try { data = await api("GET", "/v1/admin/models"); }
@@ -780,7 +784,8 @@ async function showModels() {
     const sel = rule.selector || {};
     const where = [...(sel.sites || []).map((x) => `site ${x}`), ...(sel.labels || []).map((x) => `label ${x}`),
       ...(sel.agent_ids || []).map((x) => `agent ${x}`)].join(", ") || "every agent";
-    tr.append(el("td", rule.name), el("td", rule.version), el("td", where), el("td", rule.rollout_id || ""),
+    tr.append(el("td", rule.name), el("td", rule.version), el("td", where),
+      el("td", RESIDENCY_TEXT[rule.residency] || rule.residency || "on demand"), el("td", rule.rollout_id || ""),
       el("td", rule.set_at || ""));
     return tr;
   });

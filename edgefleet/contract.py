@@ -375,6 +375,55 @@ class OverflowTargetsSection:
     targets: tuple[OverflowTarget, ...] = ()
 
 
+class ModerationDirection(enum.StrEnum):
+    """Which text a moderation rule checks."""
+
+    INPUT = "input"  # what goes into the model (chat user/tool messages, prompts)
+    OUTPUT = "output"  # what comes out of it
+
+
+class ModerationAction(enum.StrEnum):
+    """What a flagged category does to a request."""
+
+    BLOCK = "block"  # input: 400 content_filter; output: cut with finish_reason content_filter
+    FLAG = "flag"  # a header and a metric only
+    OFF = "off"  # not checked
+
+
+class ModerationStreamMode(enum.StrEnum):
+    """How a streamed completion's output is checked."""
+
+    BUFFERED = "buffered"  # a window held back, checked, then sent
+    UNBUFFERED = "unbuffered"  # sent at once, checked behind (sent text cannot be recalled)
+
+
+@dataclass(frozen=True, slots=True)
+class ModerationRule:
+    """One category's action in one direction."""
+
+    category: str
+    direction: ModerationDirection
+    action: ModerationAction
+    # Score (0..1] at which the category counts; 0: the classifier's own threshold.
+    threshold: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModerationPolicy:
+    """A key's moderation policy; a category without a rule keeps the default (block for
+    sexual/minors, flag for the rest)."""
+
+    rules: tuple[ModerationRule, ...] = ()
+    stream_mode: ModerationStreamMode = ModerationStreamMode.BUFFERED
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPolicy:
+    """A key's policy: one structure that later per-key settings extend (v1.3)."""
+
+    moderation: ModerationPolicy = ModerationPolicy()
+
+
 @dataclass(frozen=True, slots=True)
 class ApiKey:
     """An API key as an agent checks it: its digest and scopes, never the secret."""
@@ -403,6 +452,8 @@ class ApiKey:
     max_keep_alive_s: float = 0.0
     # Requests with this key may pin a model (keep_alive < 0) (v1.3, additive).
     may_pin_models: bool = False
+    # What the agent does for this key's requests beyond its scopes (v1.3, additive).
+    policy: KeyPolicy = field(default_factory=KeyPolicy)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from edgefleet.contract import (
     Hardware,
     Hello,
     Histogram,
+    KeyPolicy,
     KeysSection,
     KeyUsage,
     LoadedModel,
@@ -28,6 +29,11 @@ from edgefleet.contract import (
     ModelsSection,
     ModelStats,
     ModelTarget,
+    ModerationAction,
+    ModerationDirection,
+    ModerationPolicy,
+    ModerationRule,
+    ModerationStreamMode,
     OverflowApi,
     OverflowEndpoint,
     OverflowKind,
@@ -74,6 +80,24 @@ _RESIDENCY_TO_PB = {
 }
 # Unset (an older coordinator) and values from a newer one read as on demand.
 _RESIDENCY_FROM_PB = {v: k for k, v in _RESIDENCY_TO_PB.items()}
+_MP = pb.ModerationPolicy
+_DIRECTION_TO_PB = {
+    ModerationDirection.INPUT: _MP.DIRECTION_INPUT,
+    ModerationDirection.OUTPUT: _MP.DIRECTION_OUTPUT,
+}
+_DIRECTION_FROM_PB = {v: k for k, v in _DIRECTION_TO_PB.items()}
+_ACTION_TO_PB = {
+    ModerationAction.BLOCK: _MP.ACTION_BLOCK,
+    ModerationAction.FLAG: _MP.ACTION_FLAG,
+    ModerationAction.OFF: _MP.ACTION_OFF,
+}
+_ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
+_STREAM_MODE_TO_PB = {
+    ModerationStreamMode.BUFFERED: _MP.STREAM_MODE_BUFFERED,
+    ModerationStreamMode.UNBUFFERED: _MP.STREAM_MODE_UNBUFFERED,
+}
+# Unset and values from a newer coordinator read as buffered (the safer mode).
+_STREAM_MODE_FROM_PB = {v: k for k, v in _STREAM_MODE_TO_PB.items()}
 
 
 # ------------------------------------------------------------------ shared types
@@ -536,6 +560,7 @@ def api_key_to_pb(key: ApiKey) -> pb.ApiKey:
         name=key.name,
         max_keep_alive_s=key.max_keep_alive_s,
         may_pin_models=key.may_pin_models,
+        policy=key_policy_to_pb(key.policy),
     )
 
 
@@ -553,7 +578,44 @@ def api_key_from_pb(message: pb.ApiKey) -> ApiKey:
         name=message.name,
         max_keep_alive_s=message.max_keep_alive_s,
         may_pin_models=message.may_pin_models,
+        policy=key_policy_from_pb(message.policy),
     )
+
+
+def key_policy_to_pb(policy: KeyPolicy) -> pb.KeyPolicy:
+    moderation = policy.moderation
+    return pb.KeyPolicy(
+        moderation=pb.ModerationPolicy(
+            rules=[
+                pb.ModerationPolicy.Rule(
+                    category=r.category,
+                    direction=_DIRECTION_TO_PB[r.direction],
+                    action=_ACTION_TO_PB[r.action],
+                    threshold=r.threshold,
+                )
+                for r in moderation.rules
+            ],
+            stream_mode=_STREAM_MODE_TO_PB[moderation.stream_mode],
+        )
+    )
+
+
+def key_policy_from_pb(message: pb.KeyPolicy) -> KeyPolicy:
+    """Rules with a direction or action this agent does not know (a newer coordinator's)
+    are left out: the category keeps its default."""
+    moderation = message.moderation
+    rules = tuple(
+        ModerationRule(
+            category=r.category,
+            direction=_DIRECTION_FROM_PB[r.direction],
+            action=_ACTION_FROM_PB[r.action],
+            threshold=r.threshold,
+        )
+        for r in moderation.rules
+        if r.direction in _DIRECTION_FROM_PB and r.action in _ACTION_FROM_PB
+    )
+    mode = _STREAM_MODE_FROM_PB.get(moderation.stream_mode, ModerationStreamMode.BUFFERED)
+    return KeyPolicy(moderation=ModerationPolicy(rules=rules, stream_mode=mode))
 
 
 def model_target_to_pb(target: ModelTarget) -> pb.ModelTarget:

@@ -16,7 +16,8 @@ from pathlib import Path
 from agent.auth.key_files import MAX_KEEP_ALIVE_S, key_to_json, read_keys, write_keys
 from agent.auth.keys import PRIORITY_RANK, new_secret, secret_digest
 from agent.errors import ConfigError
-from edgefleet.contract import ApiKey, KeysSection
+from edgefleet.contract import ApiKey, KeyPolicy, KeysSection
+from edgefleet.key_policy import KeyPolicyError, key_policy_from_json, policy_with_rules
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -46,6 +47,15 @@ def _keep_alive_cap(text: str) -> float:
     return seconds
 
 
+def _moderation_rule(text: str) -> str:
+    """``--moderation``: one rule, checked whole (shape, category, action, threshold)."""
+    try:
+        key_policy_from_json(policy_with_rules(KeyPolicy(), [text]))
+    except KeyPolicyError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-agent keys", description="Manage a standalone agent's API keys file."
@@ -68,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--may-pin-models", action="store_true",
                      help="requests may pin a model (keep_alive < 0: loaded until an "
                      "operator unloads it or the agent restarts)")  # fmt: skip
+    add.add_argument("--moderation", action="append", default=[], type=_moderation_rule,
+                     metavar="RULE", help="moderation rule DIRECTION:CATEGORY=ACTION"
+                     "[@THRESHOLD], e.g. input:harassment=block (repeat; ACTION block, flag "
+                     "or off; a category left out: block sexual/minors, flag others)")  # fmt: skip
+    add.add_argument("--moderation-stream", default=None, choices=["buffered", "unbuffered"],
+                     help="streamed output checked before it is sent (buffered, default) or "
+                     "behind it (unbuffered)")  # fmt: skip
     sub.add_parser("list", help="list the keys in the file (never the secrets)")
     remove = sub.add_parser("remove", help="remove a key from the file")
     remove.add_argument("key_id")
@@ -107,6 +124,9 @@ def run_keys_command(argv: list[str]) -> int:
             name=args.name,
             max_keep_alive_s=args.max_keep_alive_s,
             may_pin_models=args.may_pin_models,
+            policy=key_policy_from_json(
+                policy_with_rules(KeyPolicy(), args.moderation, args.moderation_stream)
+            ),
         )
         write_keys(path, KeysSection(section.generation, (*section.keys, key)))
     except ConfigError as exc:

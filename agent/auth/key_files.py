@@ -6,11 +6,14 @@ One JSON format for both (``version`` 1)::
       {"key_id": "3f9a0c1d2e4b", "secret_sha256": "<64 hex digits>", "name": "kiosk",
        "models": ["smollm2-135m-instruct"], "allow_cloud": false, "max_priority": "normal",
        "max_tokens_per_request": 512, "requests_per_minute": 60, "tokens_per_minute": 20000,
-       "expires_at_unix": 0, "max_keep_alive_s": 600, "may_pin_models": false}]}
+       "expires_at_unix": 0, "max_keep_alive_s": 600, "may_pin_models": false,
+       "policy": {"moderation": {"input": {"harassment": "block"}, "output": {},
+                                 "stream_mode": "buffered"}}}]}
 
 Only ``key_id`` and ``secret_sha256`` are required; the other fields default as in
 ``edgefleet.contract.ApiKey`` (every model, no cloud, ceiling ``normal``, no limits, never
-expires, the agent's own keep-alive cap, no right to pin models). The secret itself is
+expires, the agent's own keep-alive cap, no right to pin models, the default policy:
+block sexual/minors, flag the rest, see ``edgefleet.key_policy``). The secret itself is
 never stored. Files are written atomically (a temporary file in the same directory, fsync,
 rename) with mode 0600.
 """
@@ -25,6 +28,12 @@ from agent.auth.keys import PRIORITY_RANK
 from agent.errors import ConfigError
 from edgefleet.contract import ApiKey, KeysSection
 from edgefleet.files import write_private
+from edgefleet.key_policy import (
+    KeyPolicyError,
+    key_policy_from_json,
+    key_policy_to_json,
+    usable_policy,
+)
 
 FORMAT_VERSION = 1
 #: The longest keep-alive cap a key may carry (a week), as the coordinator's.
@@ -48,6 +57,8 @@ def key_to_json(key: ApiKey) -> dict[str, Any]:
         # a cap out of range (a coordinator's section is saved here too) as the agent's own
         "max_keep_alive_s": key.max_keep_alive_s if _cap_ok(key.max_keep_alive_s) else 0.0,
         "may_pin_models": key.may_pin_models,
+        # a newer coordinator's rules this agent cannot read keep their defaults
+        "policy": key_policy_to_json(usable_policy(key.policy)),
     }
 
 
@@ -79,7 +90,11 @@ def key_from_json(data: Any, where: str) -> ApiKey:
             name=str(data.get("name", "")),
             max_keep_alive_s=_number(data.get("max_keep_alive_s", 0.0), "max_keep_alive_s"),
             may_pin_models=data.get("may_pin_models", False),
+            policy=key_policy_from_json(data.get("policy")),
         )
+    except KeyPolicyError as exc:
+        key_id = data.get("key_id", "?")
+        raise ConfigError(f"{where}: key {key_id}: {exc.field}: {exc.message}") from None
     except KeyError as exc:
         raise ConfigError(f"{where}: a key lacks {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

@@ -57,7 +57,7 @@ from coordinator.errors import StoreError, UnknownApiKeyError
 from coordinator.identity.join_tokens import sha256_hex
 from coordinator.store.api_keys import ApiKeyRecord, ApiKeyTable
 from coordinator.store.key_demand import FleetDemand, KeyDemandTable
-from edgefleet.contract import ApiKey, KeysSection, KeyUsage
+from edgefleet.contract import ApiKey, KeyPolicy, KeysSection, KeyUsage
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ class ApiKeys:
         expires_in: timedelta | None = None,
         max_keep_alive_s: float = 0.0,
         may_pin_models: bool = False,
+        policy: KeyPolicy | None = None,
     ) -> NewApiKey:
         """A new key; ValueError for a scope out of range."""
         models = tuple(models)
@@ -160,6 +161,7 @@ class ApiKeys:
             expires_at=None if expires_in is None else now + expires_in,
             max_keep_alive_s=float(max_keep_alive_s),
             may_pin_models=may_pin_models,
+            policy=policy or KeyPolicy(),
         )
         await self._store.add_api_key(record)
         logger.info("API key %s minted (name %r)", key_id, name)
@@ -194,6 +196,14 @@ class ApiKeys:
         logger.info("API key %s: keep-alive cap %g s, may pin models %s", key_id,
                     record.max_keep_alive_s, record.may_pin_models)  # fmt: skip
         return record
+
+    async def set_policy(self, key_id: str, policy: KeyPolicy) -> ApiKeyRecord:
+        """Replace a key's policy (validated by edgefleet.key_policy before it gets here);
+        UnknownApiKeyError for no such key."""
+        if not await self._store.set_api_key_policy(key_id, policy):
+            raise UnknownApiKeyError(key_id)
+        logger.info("API key %s: policy changed", key_id)
+        return await self.get(key_id)
 
     async def revoke(self, key_id: str) -> ApiKeyRecord:
         if not await self._store.revoke_api_key(key_id, self._clock()):
@@ -323,6 +333,7 @@ class KeyDistributor:
                     if 0 <= r.max_keep_alive_s <= MAX_KEEP_ALIVE_S
                     else 0.0,
                     may_pin_models=r.may_pin_models,
+                    policy=r.policy,
                 )
                 for r in self._active
             ]

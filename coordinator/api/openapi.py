@@ -17,6 +17,7 @@ from aiohttp import web
 from coordinator.access.admin_tokens import Role
 from coordinator.access.api_keys import MAX_KEEP_ALIVE_S, MAX_TOKENS_PER_REQUEST
 from coordinator.api.app_keys import OPENAPI_KEY
+from models.moderation_spec import CATEGORIES
 
 _NULLABLE_STR = {"type": ["string", "null"]}
 _NULLABLE_NUM = {"type": ["number", "null"]}
@@ -223,6 +224,7 @@ _SCHEMAS: dict[str, Any] = {
             "tokens_per_minute": {"type": "number"},
             "max_keep_alive_s": {"type": "number"},
             "may_pin_models": {"type": "boolean"},
+            "policy": {"$ref": "#/components/schemas/KeyPolicy"},
             "usage": {"type": "object"},
             "agent_shares": {"type": "object"},
             "agents_updated": {"type": "integer"},
@@ -257,6 +259,45 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Requests with this key may pin a model (keep_alive < 0: "
                 "loaded until an operator unloads it or the agent restarts)",
             },
+            "policy": {"$ref": "#/components/schemas/KeyPolicy"},
+        },
+    },
+    "KeyPolicy": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "What agents do for the key's requests beyond its scopes (absent: "
+        "block sexual/minors, flag the rest, buffered streams)",
+        "properties": {
+            "moderation": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "input": {"$ref": "#/components/schemas/ModerationRules"},
+                    "output": {"$ref": "#/components/schemas/ModerationRules"},
+                    "stream_mode": {"enum": ["buffered", "unbuffered"]},
+                },
+            },
+        },
+    },
+    "ModerationRules": {
+        "type": "object",
+        "description": "Category (OpenAI's moderation names, prompt_injection) to an action, "
+        "or to {action, threshold}; a category left out keeps its default; sexual/minors "
+        "cannot be off",
+        "propertyNames": {"enum": list(CATEGORIES)},
+        "additionalProperties": {
+            "oneOf": [
+                {"enum": ["block", "flag", "off"]},
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["action"],
+                    "properties": {
+                        "action": {"enum": ["block", "flag", "off"]},
+                        "threshold": {"type": "number", "minimum": 0, "maximum": 1},
+                    },
+                },
+            ]
         },
     },
     "ApiKeyChange": {
@@ -266,6 +307,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "max_keep_alive_s": {"type": "number", "minimum": 0, "maximum": MAX_KEEP_ALIVE_S},
             "may_pin_models": {"type": "boolean"},
+            "policy": {"$ref": "#/components/schemas/KeyPolicy"},
         },
     },
     "AgentFixed": {

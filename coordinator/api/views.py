@@ -10,6 +10,7 @@ from typing import Any
 from coordinator.fleet.records import AgentRecord, AgentStatus
 from coordinator.store.interface import ApiKeyRecord, JoinToken, StoredAgent
 from edgefleet.contract import LoadReport, Location
+from edgefleet.key_policy import key_policy_to_json
 
 
 def stored_agent_json(agent: StoredAgent | None, agent_id: str) -> dict[str, Any]:
@@ -140,6 +141,7 @@ def api_key_json(key: ApiKeyRecord, now: datetime) -> dict[str, Any]:
         "tokens_per_minute": key.tokens_per_minute,
         "max_keep_alive_s": key.max_keep_alive_s,
         "may_pin_models": key.may_pin_models,
+        "policy": key_policy_to_json(key.policy),
         "usage": {
             "requests": key.requests,
             "prompt_tokens": key.prompt_tokens,

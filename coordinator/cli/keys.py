@@ -19,6 +19,19 @@ from coordinator.cli.durations import parse_duration
 from coordinator.config import CoordinatorConfig
 from coordinator.store.interface import FleetStore
 from coordinator.store.location import StoreLocation
+from edgefleet.contract import KeyPolicy, ModerationStreamMode
+from edgefleet.key_policy import (
+    KeyPolicyError,
+    key_policy_from_json,
+    key_policy_to_json,
+    policy_with_rules,
+)
+
+_MODERATION_HELP = (
+    "moderation rule DIRECTION:CATEGORY=ACTION[@THRESHOLD], e.g. input:harassment=block or "
+    "output:violence=flag@0.6 (repeat; ACTION block, flag or off; a category left out keeps "
+    "its default: block sexual/minors, flag the rest)"
+)
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -44,8 +57,11 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
     mint.add_argument("--may-pin-models", action="store_true",
                       help="requests may pin a model (keep_alive < 0: loaded until an "
                       "operator unloads it)")  # fmt: skip
+    _policy_arguments(mint)
     leaves = [mint, keys_sub.add_parser("list", help="list API keys")]
-    change = keys_sub.add_parser("set", help="change an API key's keep-alive cap or pin right")
+    change = keys_sub.add_parser(
+        "set", help="change an API key's keep-alive cap, pin right or moderation policy"
+    )
     change.add_argument("key_id")
     change.add_argument("--max-keep-alive", type=_keep_alive_cap, default=None,
                         dest="max_keep_alive_s", metavar="DURATION",
@@ -53,12 +69,38 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
                         "own cap)")  # fmt: skip
     change.add_argument("--may-pin-models", action=argparse.BooleanOptionalAction,
                         default=None, help="requests may pin a model (keep_alive < 0)")  # fmt: skip
+    _policy_arguments(change)
     leaves.append(change)
     for action in ("show", "revoke"):
         command = keys_sub.add_parser(action, help=f"{action} an API key")
         command.add_argument("key_id")
         leaves.append(command)
     return leaves
+
+
+def _policy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--moderation", action="append", default=[], type=_moderation_rule,
+                        metavar="RULE", help=_MODERATION_HELP)  # fmt: skip
+    parser.add_argument("--moderation-stream", default=None,
+                        choices=[m.value for m in ModerationStreamMode],
+                        help="streamed output: buffered (a window held back and checked "
+                        "before it is sent; default) or unbuffered (checked behind)")  # fmt: skip
+
+
+def _moderation_rule(text: str) -> str:
+    """``--moderation``: one rule, checked whole (its shape, category, action, threshold)."""
+    try:
+        key_policy_from_json(policy_with_rules(KeyPolicy(), [text]))
+    except KeyPolicyError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
+def _policy_change(args: argparse.Namespace, base: KeyPolicy) -> KeyPolicy | None:
+    """``base`` with the command's rules laid over it; None when it gives none."""
+    if not args.moderation and args.moderation_stream is None:
+        return None
+    return key_policy_from_json(policy_with_rules(base, args.moderation, args.moderation_stream))
 
 
 def _keep_alive_cap(text: str) -> float:
@@ -103,6 +145,7 @@ async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:
             expires_in=args.expires_in,
             max_keep_alive_s=args.max_keep_alive_s,
             may_pin_models=args.may_pin_models,
+            policy=_policy_change(args, KeyPolicy()),
         )
         return api_key_json(minted.record, now) | {"secret": minted.secret}
     if args.action == "list":
@@ -113,6 +156,9 @@ async def _on_store(args: argparse.Namespace, store: FleetStore) -> Any:
         record = await keys.set_keep_alive(
             args.key_id, max_keep_alive_s=args.max_keep_alive_s, may_pin_models=args.may_pin_models
         )
+        policy = _policy_change(args, record.policy)
+        if policy is not None:
+            record = await keys.set_policy(args.key_id, policy)
         return api_key_json(record, now)
     return api_key_json(await keys.revoke(args.key_id), now)
 
@@ -132,6 +178,9 @@ def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:
             "max_keep_alive_s": args.max_keep_alive_s,
             "may_pin_models": args.may_pin_models,
         }
+        policy = _policy_change(args, KeyPolicy())
+        if policy is not None:
+            body["policy"] = key_policy_to_json(policy)
         return client.call("POST", "/v1/admin/keys", body)
     if args.action == "list":
         return client.call("GET", "/v1/admin/keys")
@@ -143,6 +192,13 @@ def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:
             change["max_keep_alive_s"] = args.max_keep_alive_s
         if args.may_pin_models is not None:
             change["may_pin_models"] = args.may_pin_models
+        if args.moderation or args.moderation_stream is not None:
+            # the rules given are laid over the key's policy as it is now
+            shown = client.call("GET", f"/v1/admin/keys/{args.key_id}")
+            base = key_policy_from_json(shown.get("policy"))
+            policy = _policy_change(args, base)
+            if policy is not None:
+                change["policy"] = key_policy_to_json(policy)
         return client.call("PATCH", f"/v1/admin/keys/{args.key_id}", change)
     return client.call("DELETE", f"/v1/admin/keys/{args.key_id}")
 

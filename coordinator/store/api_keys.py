@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from edgefleet.contract import KeyPolicy
+
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyRecord:
@@ -32,6 +34,9 @@ class ApiKeyRecord:
     # Requests with this key may pin a model (keep_alive < 0: loaded until an operator
     # unloads it or the agent restarts).
     may_pin_models: bool = False
+    # What agents do for this key's requests beyond its scopes (moderation per category
+    # and direction, stream mode); stored as JSON (edgefleet/key_policy.py).
+    policy: KeyPolicy = field(default_factory=KeyPolicy)
     revoked_at: datetime | None = None
     # Usage reported by agents, summed.
     requests: int = 0
@@ -64,6 +69,10 @@ class ApiKeyTable(Protocol):
     ) -> bool:
         """Change a key's keep-alive cap and pin right (None: as it is); False when there is
         no such key."""
+        ...
+
+    async def set_api_key_policy(self, key_id: str, policy: KeyPolicy) -> bool:
+        """Replace a key's policy; False when there is no such key."""
         ...
 
     async def add_api_key_usage(self, usage: Sequence[tuple[str, int, int, int, int]]) -> None:

@@ -12,7 +12,7 @@ Tables, and the module of ``coordinator/store/`` that reads and writes each:
 
 - ``join_tokens`` (join_tokens), ``agents``, ``sites``, ``removed_agents``,
   ``revoked_certificates`` (agents), ``agent_last_state`` (last_state), ``api_keys``
-  (api_keys), ``section_generations`` (generations): migrations 1, 2, 4, 5, 8, 14 and 15;
+  (api_keys), ``section_generations`` (generations): migrations 1, 2, 4, 5, 8, 14, 15 and 16;
 - ``admin_tokens`` (admin_tokens), ``audit_log`` (audit), ``request_records``
   (request_records): migration 3;
 - ``model_versions``, ``model_files`` (catalog), ``model_rules``, ``model_assignments``
@@ -455,6 +455,14 @@ def _models_on_demand(db: sqlite3.Connection) -> None:
         )
     db.execute("ALTER TABLE api_keys ADD COLUMN max_keep_alive_s REAL NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE api_keys ADD COLUMN may_pin_models INTEGER NOT NULL DEFAULT 0")
+
+
+@_migration(16)
+def _key_policy(db: sqlite3.Connection) -> None:
+    """Issue 28: each API key's policy (moderation per category and direction, stream
+    mode) as JSON (edgefleet/key_policy.py). NULL, as every existing key has it: the
+    default policy (block sexual/minors, flag the rest), so an upgrade changes no answer."""
+    db.execute("ALTER TABLE api_keys ADD COLUMN policy_json TEXT")
 
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -499,7 +499,7 @@ class KeysSection(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[ApiKey, _Mapping]]] = ...) -> None: ...
 
 class ApiKey(_message.Message):
-    __slots__ = ("key_id", "secret_sha256", "models", "allow_cloud", "max_priority", "max_tokens_per_request", "requests_per_minute", "tokens_per_minute", "expires_at_unix", "name", "max_keep_alive_s", "may_pin_models")
+    __slots__ = ("key_id", "secret_sha256", "models", "allow_cloud", "max_priority", "max_tokens_per_request", "requests_per_minute", "tokens_per_minute", "expires_at_unix", "name", "max_keep_alive_s", "may_pin_models", "policy")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SECRET_SHA256_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -512,6 +512,7 @@ class ApiKey(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_KEEP_ALIVE_S_FIELD_NUMBER: _ClassVar[int]
     MAY_PIN_MODELS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     secret_sha256: bytes
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -524,7 +525,59 @@ class ApiKey(_message.Message):
     name: str
     max_keep_alive_s: float
     may_pin_models: bool
-    def __init__(self, key_id: _Optional[str] = ..., secret_sha256: _Optional[bytes] = ..., models: _Optional[_Iterable[str]] = ..., allow_cloud: _Optional[bool] = ..., max_priority: _Optional[str] = ..., max_tokens_per_request: _Optional[int] = ..., requests_per_minute: _Optional[float] = ..., tokens_per_minute: _Optional[float] = ..., expires_at_unix: _Optional[int] = ..., name: _Optional[str] = ..., max_keep_alive_s: _Optional[float] = ..., may_pin_models: _Optional[bool] = ...) -> None: ...
+    policy: KeyPolicy
+    def __init__(self, key_id: _Optional[str] = ..., secret_sha256: _Optional[bytes] = ..., models: _Optional[_Iterable[str]] = ..., allow_cloud: _Optional[bool] = ..., max_priority: _Optional[str] = ..., max_tokens_per_request: _Optional[int] = ..., requests_per_minute: _Optional[float] = ..., tokens_per_minute: _Optional[float] = ..., expires_at_unix: _Optional[int] = ..., name: _Optional[str] = ..., max_keep_alive_s: _Optional[float] = ..., may_pin_models: _Optional[bool] = ..., policy: _Optional[_Union[KeyPolicy, _Mapping]] = ...) -> None: ...
+
+class KeyPolicy(_message.Message):
+    __slots__ = ("moderation",)
+    MODERATION_FIELD_NUMBER: _ClassVar[int]
+    moderation: ModerationPolicy
+    def __init__(self, moderation: _Optional[_Union[ModerationPolicy, _Mapping]] = ...) -> None: ...
+
+class ModerationPolicy(_message.Message):
+    __slots__ = ("rules", "stream_mode")
+    class Direction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DIRECTION_UNSPECIFIED: _ClassVar[ModerationPolicy.Direction]
+        DIRECTION_INPUT: _ClassVar[ModerationPolicy.Direction]
+        DIRECTION_OUTPUT: _ClassVar[ModerationPolicy.Direction]
+    DIRECTION_UNSPECIFIED: ModerationPolicy.Direction
+    DIRECTION_INPUT: ModerationPolicy.Direction
+    DIRECTION_OUTPUT: ModerationPolicy.Direction
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ACTION_UNSPECIFIED: _ClassVar[ModerationPolicy.Action]
+        ACTION_BLOCK: _ClassVar[ModerationPolicy.Action]
+        ACTION_FLAG: _ClassVar[ModerationPolicy.Action]
+        ACTION_OFF: _ClassVar[ModerationPolicy.Action]
+    ACTION_UNSPECIFIED: ModerationPolicy.Action
+    ACTION_BLOCK: ModerationPolicy.Action
+    ACTION_FLAG: ModerationPolicy.Action
+    ACTION_OFF: ModerationPolicy.Action
+    class StreamMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STREAM_MODE_UNSPECIFIED: _ClassVar[ModerationPolicy.StreamMode]
+        STREAM_MODE_BUFFERED: _ClassVar[ModerationPolicy.StreamMode]
+        STREAM_MODE_UNBUFFERED: _ClassVar[ModerationPolicy.StreamMode]
+    STREAM_MODE_UNSPECIFIED: ModerationPolicy.StreamMode
+    STREAM_MODE_BUFFERED: ModerationPolicy.StreamMode
+    STREAM_MODE_UNBUFFERED: ModerationPolicy.StreamMode
+    class Rule(_message.Message):
+        __slots__ = ("category", "direction", "action", "threshold")
+        CATEGORY_FIELD_NUMBER: _ClassVar[int]
+        DIRECTION_FIELD_NUMBER: _ClassVar[int]
+        ACTION_FIELD_NUMBER: _ClassVar[int]
+        THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+        category: str
+        direction: ModerationPolicy.Direction
+        action: ModerationPolicy.Action
+        threshold: float
+        def __init__(self, category: _Optional[str] = ..., direction: _Optional[_Union[ModerationPolicy.Direction, str]] = ..., action: _Optional[_Union[ModerationPolicy.Action, str]] = ..., threshold: _Optional[float] = ...) -> None: ...
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_MODE_FIELD_NUMBER: _ClassVar[int]
+    rules: _containers.RepeatedCompositeFieldContainer[ModerationPolicy.Rule]
+    stream_mode: ModerationPolicy.StreamMode
+    def __init__(self, rules: _Optional[_Iterable[_Union[ModerationPolicy.Rule, _Mapping]]] = ..., stream_mode: _Optional[_Union[ModerationPolicy.StreamMode, str]] = ...) -> None: ...
 
 class ConfigSection(_message.Message):
     __slots__ = ("generation", "values")

@@ -29,7 +29,8 @@ from coordinator.store.interface import (
     StoredAgent,
     StoredRollout,
 )
-from edgefleet.contract import Hello, KeyUsage, LoadReport, Location
+from edgefleet.contract import Hello, KeyPolicy, KeyUsage, LoadReport, Location
+from edgefleet.key_policy import key_policy_from_json
 from tests.coordinator.store_backends import StoreFactory, backend, store, store_factory
 
 __all__ = ["backend", "store", "store_factory"]  # fixtures
@@ -103,6 +104,28 @@ async def test_api_keys_keep_their_keep_alive_cap_and_pin_right(store: FleetStor
         "key_pin": (0.0, False), "key_cap": (60.0, True), "key_plain": (30.0, False)
     }  # fmt: skip
     assert keys["key_cap"] == replace(capped, may_pin_models=True)
+
+
+async def test_api_keys_keep_their_policy(store: FleetStore) -> None:
+    """Issue 28: a key's policy (moderation rules with thresholds, the stream mode)
+    round-trips; a key without one reads the default; set_api_key_policy replaces one key's
+    policy only."""
+    policy = key_policy_from_json(
+        {"moderation": {"input": {"harassment": "block", "hate": {"action": "flag",
+         "threshold": 0.55}}, "output": {"violence": "off"}, "stream_mode": "unbuffered"}}
+    )  # fmt: skip
+    strict = api_key("key_strict", policy=policy)
+    plain = api_key("key_plain", seconds=1)
+    for key in (strict, plain):
+        await store.add_api_key(key)
+    keys = {k.key_id: k for k in await store.list_api_keys()}
+    assert keys["key_strict"].policy == policy and keys["key_plain"].policy == KeyPolicy()
+    assert list(keys.values()) == [strict, plain]
+    assert await store.set_api_key_policy("key_plain", policy) is True
+    assert await store.set_api_key_policy("key_strict", KeyPolicy()) is True
+    assert await store.set_api_key_policy("ghost", policy) is False
+    keys = {k.key_id: k for k in await store.list_api_keys()}
+    assert (keys["key_plain"].policy, keys["key_strict"].policy) == (policy, KeyPolicy())
 
 
 async def test_usage_added_by_several_writers_at_once_is_all_counted(

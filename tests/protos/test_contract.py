@@ -188,6 +188,24 @@ STATE = DesiredState(
                 "app",
                 600.0,
                 True,
+                contract.KeyPolicy(
+                    contract.ModerationPolicy(
+                        (
+                            contract.ModerationRule(
+                                "harassment",
+                                contract.ModerationDirection.INPUT,
+                                contract.ModerationAction.BLOCK,
+                            ),
+                            contract.ModerationRule(
+                                "violence",
+                                contract.ModerationDirection.OUTPUT,
+                                contract.ModerationAction.OFF,
+                                0.4,
+                            ),
+                        ),
+                        contract.ModerationStreamMode.UNBUFFERED,
+                    )
+                ),
             ),
         ),
     ),
@@ -472,3 +490,20 @@ def test_model_residency_unset_or_unknown_reads_as_on_demand() -> None:
     assert contract_pb.model_target_to_pb(contract.ModelTarget("m", "v", "u", "s")).residency == (
         pb.ModelTarget.RESIDENCY_ON_DEMAND
     )
+
+
+def test_key_policy_unset_or_unknown_values_keep_the_defaults() -> None:
+    """An older coordinator sends no policy: the key has the default one (block
+    sexual/minors, flag the rest, buffered). A newer one's unknown action or direction
+    drops that rule only, and an unknown stream mode reads as buffered."""
+    key = STATE.keys.keys[0]  # type: ignore[union-attr]
+    message = contract_pb.api_key_to_pb(key)
+    assert len(message.policy.moderation.rules) == 2
+    message.ClearField("policy")
+    assert contract_pb.api_key_from_pb(message).policy == contract.KeyPolicy()
+    message = contract_pb.api_key_to_pb(key)
+    message.policy.moderation.rules[0].action = 42  # type: ignore[assignment]
+    message.policy.moderation.stream_mode = 7  # type: ignore[assignment]
+    again = contract_pb.api_key_from_pb(pb.ApiKey.FromString(message.SerializeToString()))
+    assert [r.category for r in again.policy.moderation.rules] == ["violence"]
+    assert again.policy.moderation.stream_mode is contract.ModerationStreamMode.BUFFERED

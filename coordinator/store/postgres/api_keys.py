@@ -13,9 +13,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from coordinator.errors import StoreError
 from coordinator.store.api_keys import ApiKeyRecord
 from coordinator.store.postgres.base import PostgresTable
 from coordinator.store.postgres.pool import Connection
+from edgefleet.contract import KeyPolicy
+from edgefleet.key_policy import key_policy_from_json, key_policy_to_json
 
 Usage = tuple[str, int, int, int, int]
 
@@ -35,6 +38,9 @@ class PostgresApiKeys(PostgresTable):
     ) -> bool:
         return await self._pool.call(_set_keep_alive, key_id, max_keep_alive_s, may_pin_models)
 
+    async def set_api_key_policy(self, key_id: str, policy: KeyPolicy) -> bool:
+        return await self._pool.call(_set_policy, key_id, policy)
+
     async def add_api_key_usage(self, usage: Sequence[Usage]) -> None:
         if usage:
             await self._pool.call(_add_api_key_usage, self._instance, list(usage))
@@ -45,12 +51,14 @@ async def _add_api_key(db: Connection, key: ApiKeyRecord) -> None:
         await db.execute(
             "INSERT INTO api_keys (key_id, secret_sha256, created_at, name, models_json,"
             " allow_cloud, max_priority, max_tokens_per_request, requests_per_minute,"
-            " tokens_per_minute, expires_at, revoked_at, max_keep_alive_s, may_pin_models)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            " tokens_per_minute, expires_at, revoked_at, max_keep_alive_s, may_pin_models,"
+            " policy_json)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (key.key_id, key.secret_sha256, key.created_at, key.name,
              json.dumps(list(key.models)), key.allow_cloud, key.max_priority,
              key.max_tokens_per_request, key.requests_per_minute, key.tokens_per_minute,
-             key.expires_at, key.revoked_at, key.max_keep_alive_s, key.may_pin_models),
+             key.expires_at, key.revoked_at, key.max_keep_alive_s, key.may_pin_models,
+             _policy_text(key.policy)),
         )  # fmt: skip
         if key.requests or key.prompt_tokens or key.completion_tokens or key.rejected:
             # a copied key brings its totals (coordinator/store/copy.py)
@@ -94,6 +102,27 @@ async def _set_keep_alive(
     return cursor.rowcount == 1
 
 
+async def _set_policy(db: Connection, key_id: str, policy: KeyPolicy) -> bool:
+    cursor = await db.execute(
+        "UPDATE api_keys SET policy_json = %s WHERE key_id = %s", (_policy_text(policy), key_id)
+    )
+    return cursor.rowcount == 1
+
+
+def _policy_text(policy: KeyPolicy) -> str | None:
+    """None for the default policy (a row that says nothing, as before migration 9)."""
+    return None if policy == KeyPolicy() else json.dumps(key_policy_to_json(policy))
+
+
+def _policy(key_id: str, raw: str | None) -> KeyPolicy:
+    if raw is None:
+        return KeyPolicy()
+    try:
+        return key_policy_from_json(json.loads(raw))
+    except ValueError as exc:  # KeyPolicyError and JSONDecodeError
+        raise StoreError(f"API key {key_id} has an unreadable policy: {exc}") from exc
+
+
 async def _add_api_key_usage(db: Connection, instance: str, usage: list[Usage]) -> None:
     # Unknown keys are ignored, as an UPDATE of no row is in SQLite.
     async with db.transaction():
@@ -126,6 +155,7 @@ def _api_key(row: dict[str, Any]) -> ApiKeyRecord:
         expires_at=row["expires_at"],
         max_keep_alive_s=row["max_keep_alive_s"],
         may_pin_models=row["may_pin_models"],
+        policy=_policy(row["key_id"], row["policy_json"]),
         revoked_at=row["revoked_at"],
         requests=int(row["requests"]),
         prompt_tokens=int(row["prompt_tokens"]),

@@ -383,6 +383,13 @@ async def _models_on_demand(db: Connection) -> None:
             ADD COLUMN may_pin_models   boolean NOT NULL DEFAULT false""")  # fmt: skip
 
 
+@_migration(9)
+async def _key_policy(db: Connection) -> None:
+    """Issue 28: each API key's policy as JSON text (NULL for existing keys: the default
+    policy, block sexual/minors and flag the rest)."""
+    await db.execute("ALTER TABLE api_keys ADD COLUMN policy_json text")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -11,6 +11,8 @@ from coordinator.errors import StoreError
 from coordinator.store.api_keys import ApiKeyRecord
 from coordinator.store.sqlite.base import SQLiteTable, parse_time, text
 from coordinator.store.sqlite.worker import write
+from edgefleet.contract import KeyPolicy
+from edgefleet.key_policy import key_policy_from_json, key_policy_to_json
 
 
 class SQLiteApiKeys(SQLiteTable):
@@ -28,6 +30,9 @@ class SQLiteApiKeys(SQLiteTable):
     ) -> bool:
         return await self._worker.call(_set_keep_alive, key_id, max_keep_alive_s, may_pin_models)
 
+    async def set_api_key_policy(self, key_id: str, policy: KeyPolicy) -> bool:
+        return await self._worker.call(_set_policy, key_id, policy)
+
     async def add_api_key_usage(self, usage: Sequence[tuple[str, int, int, int, int]]) -> None:
         if usage:
             await self._worker.call(_add_api_key_usage, list(usage))
@@ -38,8 +43,8 @@ def _add_api_key(db: sqlite3.Connection, key: ApiKeyRecord) -> None:
         db.execute(
             "INSERT INTO api_keys (key_id, secret_sha256, created_at, name, models_json, "
             "allow_cloud, max_priority, max_tokens_per_request, requests_per_minute, "
-            "tokens_per_minute, expires_at, max_keep_alive_s, may_pin_models) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "tokens_per_minute, expires_at, max_keep_alive_s, may_pin_models, policy_json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 key.key_id,
                 key.secret_sha256,
@@ -54,6 +59,7 @@ def _add_api_key(db: sqlite3.Connection, key: ApiKeyRecord) -> None:
                 text(key.expires_at),
                 key.max_keep_alive_s,
                 int(key.may_pin_models),
+                _policy_text(key.policy),
             ),
         )
 
@@ -81,6 +87,19 @@ def _set_keep_alive(
             (max_keep_alive_s, None if may_pin is None else int(may_pin), key_id),
         )
         return cursor.rowcount == 1
+
+
+def _set_policy(db: sqlite3.Connection, key_id: str, policy: KeyPolicy) -> bool:
+    with write(db):
+        cursor = db.execute(
+            "UPDATE api_keys SET policy_json = ? WHERE key_id = ?", (_policy_text(policy), key_id)
+        )
+        return cursor.rowcount == 1
+
+
+def _policy_text(policy: KeyPolicy) -> str | None:
+    """None for the default policy (a row that says nothing, as before migration 16)."""
+    return None if policy == KeyPolicy() else json.dumps(key_policy_to_json(policy))
 
 
 def _add_api_key_usage(db: sqlite3.Connection, usage: list[tuple[str, int, int, int, int]]) -> None:
@@ -111,9 +130,19 @@ def _api_key(row: sqlite3.Row) -> ApiKeyRecord:
         expires_at=parse_time(row["expires_at"]),
         max_keep_alive_s=row["max_keep_alive_s"],
         may_pin_models=bool(row["may_pin_models"]),
+        policy=_policy(row["key_id"], row["policy_json"]),
         revoked_at=parse_time(row["revoked_at"]),
         requests=row["requests"],
         prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"],
         rejected=row["rejected"],
     )
+
+
+def _policy(key_id: str, raw: str | None) -> KeyPolicy:
+    if raw is None:
+        return KeyPolicy()
+    try:
+        return key_policy_from_json(json.loads(raw))
+    except ValueError as exc:  # KeyPolicyError and JSONDecodeError
+        raise StoreError(f"API key {key_id} has an unreadable policy: {exc}") from exc

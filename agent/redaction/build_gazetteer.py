@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+import warnings
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
@@ -264,7 +265,9 @@ def build() -> dict[str, object]:
     locales: list[str] = []
     for loc in sorted(AVAILABLE_LOCALES):
         try:
-            fake = Faker(loc)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # deprecated locales (fr_QC) say so
+                fake = Faker(loc)
         except AttributeError:
             continue
         locales.append(loc)

@@ -1060,8 +1060,9 @@ def _address_patterns() -> tuple[re.Pattern[str], ...]:
     return number_first, prefix_numbered, prefix_first, type_after
 
 
-_NUMBER_WORD = (
-    r"n\.?\s?|nº\s?|no\.?\s?|nr\.?\s?|д\.\s?|дом\s|буд\.\s?|d\.\s?|br\.?\s?|č\.\s?|kav\.\s?|số\s"
+_NUMBER_WORD = (  # the word before a house number: No. 5, д. 7, nr 3, Kav. 52, số 12
+    r"(?i:n\.?\s?|nº\s?|no\.?\s?|nr\.?\s?|д\.\s?|дом\s|буд\.\s?|d\.\s?|br\.?\s?|č\.\s?|"
+    r"kav\.\s?|số\s)"
 )
 _TYPE_AFTER = [
     *"ulitsa prospekt pereulok naberezhnaya shosse bulvar ploshchad sokak sokağı caddesi cadde "  # noqa: SIM905
@@ -1077,8 +1078,11 @@ _REGION_TAIL = rf"(?:,\s(?:{_CITY}|\d{{3}}-\d{{4}}|\d{{5,6}})){{0,3}}(?:,?\s\d{{
 _JAPAN_ROMAJI, _JAPAN_KANJI, _CHINA, _KOREA_HANGUL, _KOREA_ROMANIZED = (
     # Japan, romanized: 1-25-7 Sakae, Naka-ku, Nagoya 460-0008 (chome-ban-go, then places)
     re.compile(
-        rf"(?<![\w.,/-])\d{{1,2}}-\d{{1,3}}(?:-\d{{1,3}})?,?\s[{_UPPER}][a-zōū]+"
-        rf"(?:-(?:ku|shi|cho|chō|machi|gun|mura))?{_REGION_TAIL}"
+        rf"(?<![\w.,/-])(?:\d{{1,2}}-\d{{1,3}}-\d{{1,3}}(?=,?\s[{_UPPER}][\w-]+,)|\d{{1,2}}-\d{{1,3}}"
+        rf"(?=,?\s[{_UPPER}][a-zōū-]+(?:,\s[{_UPPER}][a-zōū]+-(?:ku|shi|cho|chō|machi|gun|mura|ken)|"
+        rf",?\s\d{{3}}-\d{{4}}(?!\d))))"
+        rf",?\s[{_UPPER}][a-zōū]+(?:-(?:[{_UPPER}][a-zōū]+|ku|shi|cho|chō|machi|gun|mura))?"
+        rf"{_REGION_TAIL}"
     ),
     # Japan, in kanji: 〒530-0001 大阪府大阪市北区梅田3-10-20, 東京都港区六本木6丁目10番1号
     re.compile(

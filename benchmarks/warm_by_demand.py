@@ -209,8 +209,11 @@ class SimAgent:
 
     def load_model(self, now: float, model: str) -> None:
         self.advance(now)
-        if model not in self.loaded:
+        slot = self.loaded.get(model)
+        if slot is None:
             self._load(model, now, by_policy=True)
+        else:  # loaded: its keep-alive starts again (the agent's Residency.load)
+            slot.expires = max(slot.expires, now + KEEP_ALIVE_S)
 
     def record(self, now: float) -> AgentRecord:
         """The agent as its latest load report shows it to the coordinator."""

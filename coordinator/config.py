@@ -248,6 +248,9 @@ class CoordinatorConfig(ProcessSettings):
     """Lookups for a model at a site, in either window, at which it is kept warm there."""
     warm_backoff_s: float = Field(default=300.0, ge=0)
     """No second LOAD_MODEL to the same agent for the same model within this many seconds."""
+    warm_refresh_s: float = Field(default=120.0, ge=0)
+    """While demand lasts, an agent holding the model is sent LOAD_MODEL this often, which
+    restarts its keep-alive (keep it below the agents' residency.keep_alive_s); 0: never."""
     warm_max_commands_per_cycle: int = Field(default=10, ge=0, le=10_000)
     """LOAD_MODEL commands sent per policy run at most (the busiest pairs first); 0: none
     sent (the demand is still counted, and shown in the metrics)."""

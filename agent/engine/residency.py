@@ -537,8 +537,16 @@ class Residency:
         return slot.loading
 
     async def load(self, model_id: str, reason: str = "command") -> None:
-        """Load ``model_id`` now (an operator's command, a pinned model at start)."""
+        """Load ``model_id`` now (an operator's command, a pinned model at start). Already
+        loaded, its keep-alive starts again from now (how a coordinator keeps a model warm
+        through a quiet stretch without unloading and loading it)."""
         slot = self._slot(model_id)
+        if slot.state is ModelState.LOADED:
+            now = self._clock()
+            slot.last_used = now
+            if slot.active == 0:
+                slot.expires_at = self._later(slot.expires_at, self._expiry(slot, now, None))
+            return
         await asyncio.shield(self._start_load(slot, reason))
 
     async def _load(self, slot: _Slot, reason: str) -> None:

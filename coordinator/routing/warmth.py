@@ -17,7 +17,11 @@ coordinator answers the site's route lookups, so it knows the demand:
     yesterday, reach ``min_lookups``. When no live, connected, healthy, non-draining
     agent of this coordinator at the site holds the model in memory (every one lists it
     in its report's ``cold_models``), the one with the most free memory budget (then the
-    least load) is sent LOAD_MODEL with the reason "kept warm: demand at site X".
+    least load) is sent LOAD_MODEL with the reason "kept warm: demand at site X". While
+    the pair stays wanted, an agent there that holds the model is sent LOAD_MODEL again
+    every ``refresh_s``: a loaded model's LOAD_MODEL restarts its keep-alive on the agent,
+    so a model kept warm through a quiet stretch stays in memory instead of being unloaded
+    and loaded again (results ``refreshed``; not counted against the per-cycle cap).
 
 What it never does: send to the same agent for the same model within ``backoff_s``; send
 more than ``max_commands_per_cycle`` commands a cycle (the busiest pairs first); send to
@@ -55,6 +59,7 @@ DAY_S = 86_400
 
 #: Outcomes of a warm load, as the metric labels them.
 SENT, NO_SESSION, NO_ROOM, OVER_CAP = "sent", "no_session", "no_room", "over_cap"
+REFRESHED = "refreshed"
 
 
 class _Series:
@@ -145,6 +150,9 @@ class WarmthSettings:
     backoff_s: float = 300.0
     # Commands sent per cycle at most.
     max_commands_per_cycle: int = 10
+    # A warm agent's keep-alive is restarted this often while its pair is wanted (seconds;
+    # below the agents' keep-alive, 300 s by default; 0: never).
+    refresh_s: float = 120.0
 
     @classmethod
     def from_config(cls, config: CoordinatorConfig) -> WarmthSettings:
@@ -154,6 +162,7 @@ class WarmthSettings:
             min_lookups=config.warm_min_lookups,
             backoff_s=config.warm_backoff_s,
             max_commands_per_cycle=config.warm_max_commands_per_cycle,
+            refresh_s=config.warm_refresh_s,
         )
 
 
@@ -165,7 +174,7 @@ class WarmLoad:
     model: str
     # The agent it went (or would have gone) to; "" when none had room.
     agent_id: str
-    # SENT, NO_SESSION, NO_ROOM or OVER_CAP.
+    # SENT, NO_SESSION, NO_ROOM, OVER_CAP or REFRESHED.
     result: str
     # What made the pair wanted: its lookups recently, and around this time yesterday.
     recent: int
@@ -214,6 +223,8 @@ class WarmthPolicy:
         # there had room (counted once per back-off)
         self._sent: dict[tuple[str, str], float] = {}
         self._no_room: dict[tuple[str, str], float] = {}
+        # (agent id, model) -> when a warm agent's keep-alive was last restarted
+        self._refreshed: dict[tuple[str, str], float] = {}
         # (agent id, model) -> until when an operator's unload holds warm loads back
         self._held: dict[tuple[str, str], float] = {}
 
@@ -253,12 +264,18 @@ class WarmthPolicy:
                 del book[key]
         for key in [k for k, until in self._held.items() if now >= until]:
             del self._held[key]
+        for key in [k for k, at in self._refreshed.items() if now - at >= s.refresh_s]:
+            del self._refreshed[key]
         done: list[WarmLoad] = []
         sent = 0
         for site, model, recent, yesterday in self.wanted(now):
             here = self._agents_at(site, model)
             eligible = [r for r in here if _eligible(r, site)]
-            if not eligible or any(_warm(r, model) for r in eligible):
+            warm = [r for r in eligible if _warm(r, model)]
+            if warm:
+                done += self._refresh(site, model, warm, now, recent, yesterday)
+                continue
+            if not eligible:
                 continue
             cold = [
                 r
@@ -287,6 +304,26 @@ class WarmthPolicy:
         if self._on_result is not None:
             for load in done:
                 self._on_result(load)
+        return done
+
+    def _refresh(
+        self, site: str, model: str, warm: list[AgentRecord], now: float, recent: int,
+        yesterday: int,
+    ) -> list[WarmLoad]:  # fmt: skip
+        """Restart the keep-alive of the agents at ``site`` holding ``model`` (at most once
+        per ``refresh_s`` each; never one an operator unloaded it from)."""
+        if self.settings.refresh_s <= 0:
+            return []
+        done = []
+        for record in warm:
+            key = (record.agent_id, model)
+            if key in self._refreshed or key in self._held:
+                continue
+            self._refreshed[key] = now
+            ok = self._send(record.agent_id, "load_model", f"kept warm: demand at site {site}",
+                            model)  # fmt: skip
+            done.append(WarmLoad(site, model, record.agent_id, REFRESHED if ok else NO_SESSION,
+                                 recent, yesterday))  # fmt: skip
         return done
 
 

@@ -349,3 +349,19 @@ async def test_pins_by_target_or_request_hold_a_model_until_taken_back() -> None
     await asyncio.sleep(0.25)
     assert await r.expire_idle() == ["t"]
     await r.close()
+
+
+async def test_a_load_command_for_a_loaded_model_restarts_its_keep_alive() -> None:
+    """How the coordinator keeps a model warm through a quiet stretch: LOAD_MODEL for a
+    model in memory loads nothing and starts its keep-alive again from now."""
+    r = residency(keep_alive_s=0.3)
+    a = add(r, "a", 10)
+    await r.load("a")
+    await asyncio.sleep(0.2)
+    await r.load("a")  # restarted: 0.3 s from now
+    await asyncio.sleep(0.2)
+    assert await r.expire_idle() == []
+    assert a.builds == 1
+    await asyncio.sleep(0.15)
+    assert await r.expire_idle() == ["a"]
+    await r.close()

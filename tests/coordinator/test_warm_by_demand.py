@@ -27,6 +27,7 @@ from coordinator.routing.warmth import (
     NO_ROOM,
     NO_SESSION,
     OVER_CAP,
+    REFRESHED,
     SENT,
     DemandTracker,
     WarmLoad,
@@ -279,10 +280,10 @@ def test_the_same_agent_is_not_sent_the_same_model_again_within_the_back_off() -
     assert len(fleet.sent) == 2
 
 
-def test_a_warm_agent_at_the_site_means_nothing_is_sent() -> None:
+def test_a_warm_agent_at_the_site_means_nothing_is_loaded() -> None:
     clock = Clock(at(DAY1, 9))
     fleet = Fleet(agent("shop-1"), agent("shop-2", cold=("n",)))
-    policy, tracker, _ = policy_for(fleet, clock)
+    policy, tracker, _ = policy_for(fleet, clock, refresh_s=0)  # no keep-alive refresh
     lookups(tracker, clock, "shop", "m", [at(DAY1, 9)] * 5)
     assert policy.cycle() == [] and fleet.sent == []
     # an agent that loads nothing on demand (no cold models) counts as warm too
@@ -292,6 +293,34 @@ def test_a_warm_agent_at_the_site_means_nothing_is_sent() -> None:
     fleet.records[1] = agent("shop-2", cold=("m",))
     policy.cycle()
     assert [s[0] for s in fleet.sent] == ["shop-1"]
+
+
+def test_a_warm_agents_keep_alive_is_restarted_while_the_demand_lasts() -> None:
+    """A model kept warm stays loaded through a quiet stretch: the agent holding it is
+    sent LOAD_MODEL (which restarts a loaded model's keep-alive) every refresh_s while its
+    pair is wanted, never one an operator unloaded it from, and nothing once the demand
+    has faded."""
+    clock = Clock(at(DAY1, 9))
+    fleet = Fleet(agent("shop-1", cold=()), agent("shop-2", cold=("m",)))
+    policy, tracker, seen = policy_for(fleet, clock, refresh_s=120, recent_window_s=1800)
+    lookups(tracker, clock, "shop", "m", [at(DAY1, 9)] * 5)
+    policy.cycle()
+    assert [(s[0], s[1], s[3]) for s in fleet.sent] == [("shop-1", "load_model", "m")]
+    assert seen[-1].result == REFRESHED
+    clock.now += 60
+    policy.cycle()  # within refresh_s: nothing again
+    assert len(fleet.sent) == 1
+    clock.now += 61
+    policy.cycle()
+    assert len(fleet.sent) == 2  # restarted again
+    policy.operator_command("shop-1", "m", load=False)
+    clock.now += 121
+    policy.cycle()
+    assert len(fleet.sent) == 2  # held: an operator unloaded it there
+    clock.now = at(DAY1, 9) + 1800 + 300
+    fleet.sent.clear()
+    policy.cycle()
+    assert fleet.sent == []  # the demand faded
 
 
 def test_an_operators_unload_holds_warm_loads_of_that_model_on_that_agent() -> None:

@@ -112,7 +112,7 @@ COORDINATOR_DEFAULTS: dict[str, Any] = {
     "route_saturation_kv_fraction": 0.98, "route_limit": 8, "route_candidate_pool": 64,
     "site_networks": "", "warm_by_demand": True, "warm_interval_s": 30.0,
     "warm_recent_window_s": 1800.0, "warm_yesterday_window_s": 3600.0, "warm_min_lookups": 4,
-    "warm_backoff_s": 300.0, "warm_max_commands_per_cycle": 10, "warm_max_pairs": 4096,
+    "warm_backoff_s": 300.0, "warm_refresh_s": 120.0, "warm_max_commands_per_cycle": 10, "warm_max_pairs": 4096,
     "blob_base_url": "", "overflow_targets_file": "",
     "overflow_name": "", "overflow_url": "",
 }  # fmt: skip

@@ -60,7 +60,7 @@ from typing import Any
 
 from agent.redaction import ENTITY_TYPES, Redactor, Vault
 from benchmarks.redaction_data import DATA_DIR, Document, Span, load_documents
-from benchmarks.results_file import target, write_results
+from benchmarks.results_file import percentile, target, write_results
 
 Detector = Callable[[str], list[Span]]
 # set name -> file in DATA_DIR
@@ -359,6 +359,70 @@ def redact_throughput(docs: list[Document], repeat: int) -> float:
     return round(size / statistics.median(runs) / 1e6, 3)
 
 
+def _memo(detect: Detector) -> Detector:
+    """The same detector, remembering its answers (the NER model is slow: scored once)."""
+    seen: dict[str, list[Span]] = {}
+
+    def detect_once(text: str) -> list[Span]:
+        if text not in seen:
+            seen[text] = detect(text)
+        return seen[text]
+
+    return detect_once
+
+
+def _with_ner_persons(mine: Detector, ner: Detector) -> Detector:
+    def detect(text: str) -> list[Span]:
+        spans = mine(text)
+        extra = [
+            s for s in ner(text) if s[2] == "PERSON" and not any(_overlaps(s, o) for o in spans)
+        ]
+        return spans + extra
+
+    return detect
+
+
+def prompt_4kb(docs: list[Document], kind: str = "positive") -> str:
+    """4 KB (UTF-8) of the held-out documents of one kind, in order: ``positive`` has
+    personal data in every paragraph (the dense case), ``negative`` none (look-alikes)."""
+    parts: list[str] = []
+    size = 0
+    for d in docs:
+        if d.notes.get("kind") != kind:
+            continue
+        parts.append(d.text)
+        size += len(d.text.encode()) + 2
+        if size >= 4096:
+            break
+    text = "\n\n".join(parts)
+    return text.encode()[:4096].decode(errors="ignore")
+
+
+def request_latency(prompt: str, runs: int) -> dict[str, float]:
+    """What redaction adds to an overflow request: ``Redactor.redact_request`` on a chat
+    body whose user message is ``prompt`` (mode redact_restore, a fresh vault each time, as
+    the overflow path does), timed per request; p50 and p99 in ms. The rest of the
+    overflow path (key check, forwarder, upstream) is measured by benchmarks.overflow_overhead
+    and does not depend on the prompt's size."""
+    from agent.redaction import RedactionMode
+
+    redactor = Redactor()
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16}
+    for _ in range(20):  # warm
+        redactor.redact_request(body, Vault(), RedactionMode.REDACT_RESTORE)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        redactor.redact_request(body, Vault(), RedactionMode.REDACT_RESTORE)
+        times.append((time.perf_counter() - started) * 1000)
+    return {
+        "bytes": len(prompt.encode()),
+        "runs": runs,
+        "p50_ms": round(percentile(times, 50), 3),
+        "p99_ms": round(percentile(times, 99), 3),
+    }
+
+
 def _pin_to_one_core() -> str:
     if hasattr(os, "sched_setaffinity"):
         cpus = sorted(os.sched_getaffinity(0))
@@ -410,13 +474,32 @@ def main() -> None:
             "spans": sum(len(d.spans) for d in docs),
             "bytes": sum(len(d.text.encode()) for d in docs),
         }
+        remembered = {label: _memo(detect) for label, detect in detectors.items()}
         for label, detect in detectors.items():
             print(f"{name}: {label} ...", flush=True)
-            result = score(docs, detect)
+            result = score(docs, remembered[label])
             result["mb_per_s_per_core"] = throughput(docs, detect, args.repeat)
             entry[label] = result
         entry["edgefleet"]["redact_mb_per_s_per_core"] = redact_throughput(docs, args.repeat)
+        if "presidio_ner" in detectors:
+            # what the NER model would add as a second PERSON detector (not shipped): the
+            # agent's spans plus the model's persons that overlap none of them
+            union = score(
+                docs, _with_ner_persons(remembered["edgefleet"], remembered["presidio_ner"])
+            )
+            a, b = (
+                entry["edgefleet"]["mb_per_s_per_core"],
+                entry["presidio_ner"]["mb_per_s_per_core"],
+            )
+            union["mb_per_s_per_core"] = round(1 / (1 / a + 1 / b), 3)  # both run in turn
+            entry["edgefleet_plus_ner_persons"] = union
         figures["sets"][name] = entry
+    if HELDOUT in loaded:
+        print("overflow: a 4 KB prompt ...", flush=True)
+        figures["overflow_4kb_prompt"] = request_latency(prompt_4kb(loaded[HELDOUT]), 500)
+        figures["overflow_4kb_prompt_without_personal_data"] = request_latency(
+            prompt_4kb(loaded[HELDOUT], "negative"), 500
+        )
     targets = _targets(figures)
     path = write_results("redaction", figures, targets)
     _print_table(figures)
@@ -460,12 +543,25 @@ def _targets(figures: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "edgefleet - presidio_ner recall >= 0, at precision >= presidio_ner's",
                 recall >= r2 and precision >= p2,
             )
+    with_ner = held.get("edgefleet_plus_ner_persons")
+    if with_ner is not None:  # the same targets with the NER model as a second detector
+        row = with_ner["by_type"].get("PERSON", {})
+        recall, precision = row.get("recall") or 0.0, row.get("precision") or 0.0
+        targets[f"{HELDOUT}_PERSON_recall_with_ner"] = target(recall, ">= 0.98", recall >= 0.98)
+        targets[f"{HELDOUT}_PERSON_precision_with_ner"] = target(
+            precision, ">= 0.97", precision >= 0.97
+        )
     for t in STRUCTURED_TYPES:
         if t in ours_by and ours_by[t]["spans"]:
             recall = ours_by[t]["recall"] or 0.0
             targets[f"{HELDOUT}_{t}_recall"] = target(recall, "== 1.0", recall >= 1.0)
     speed = held["edgefleet"]["mb_per_s_per_core"]
     targets[f"{HELDOUT}_mb_per_s_per_core"] = target(speed, ">= 10", speed >= 10)
+    over = figures.get("overflow_4kb_prompt")
+    if over is not None:
+        targets["overflow_4kb_prompt_redaction_p99_ms"] = target(
+            over["p99_ms"], "< 2 ms", over["p99_ms"] < 2
+        )
     return targets
 
 

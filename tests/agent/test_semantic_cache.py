@@ -1,0 +1,231 @@
+"""The semantic cache: isolation per context, the threshold, the lexical guard, the byte
+budget in LRU order, expiry, what is never stored; and with the real int8 MiniLM, that a
+reworded repeat hits and a prompt differing in a number does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent.engine.embedder import OnnxEmbeddingModel
+from agent.engine.ort_session import SessionConfig
+from agent.model_loader import load_registry
+from agent.response_cache import CachedGeneration
+from agent.semantic_cache import SemanticCache, semantic_context
+from agent.semantic_guard import refusal, signature, time_sensitive
+
+DIM = 8
+
+
+def unit(*values: float) -> np.ndarray:
+    v = np.zeros(DIM, dtype=np.float32)
+    v[: len(values)] = values
+    return v / np.linalg.norm(v)
+
+
+def answer(text: str, finish: str = "stop") -> CachedGeneration:
+    return CachedGeneration(text, (1, 2, 3), finish, 10, 3)
+
+
+def context(key: str = "key-a", version: str = "v1", **over: Any) -> bytes:
+    args: dict[str, object] = {
+        "api_key_id": key,
+        "model_id": "smollm2",
+        "model_version": version,
+        "endpoint": "chat",
+        "fields": {"params": {"temperature": 0.0, "max_tokens": 64}, "constraint": None},
+        "earlier": [{"role": "system", "content": "You are terse."}],
+        "embedder_version": "int8-1",
+        "moderation_version": "heads-1",
+    }
+    args.update(over)
+    return semantic_context(**args)  # type: ignore[arg-type]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cache(**kw: object) -> SemanticCache:
+    args: dict[str, object] = {"threshold": 0.9, "max_bytes": 1 << 20, "ttl_s": 60.0}
+    args.update(kw)
+    return SemanticCache(**args)  # type: ignore[arg-type]
+
+
+PROMPT = "How do I reset my password?"
+REWORDED = "How do I reset my password please?"
+
+
+def test_a_close_prompt_in_the_same_context_hits_with_its_similarity() -> None:
+    c = cache()
+    assert c.put(context(), PROMPT, unit(1, 0.1), answer("Use the reset link."))
+    found = c.lookup(context(), REWORDED, unit(1, 0.12))
+    assert found.outcome == "hit"
+    assert found.entry is not None and found.entry.text == "Use the reset link."
+    assert found.similarity > 0.99
+    # below the threshold: a miss that reports how close it came
+    far = c.lookup(context(), REWORDED, unit(1, 1))
+    assert far.outcome == "miss" and 0 < far.similarity < 0.9
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"key": "key-b"},  # another API key
+        {"version": "v2"},  # a new model version
+        {"model_id": "qwen"},
+        {"endpoint": "completions"},
+        {"fields": {"params": {"temperature": 0.0, "max_tokens": 65}, "constraint": None}},
+        {"fields": {"params": {"temperature": 0.0, "max_tokens": 64}, "constraint": "json"}},
+        {"earlier": [{"role": "system", "content": "You are verbose."}]},
+        {"earlier": []},
+        {"embedder_version": "int8-2"},
+        {"moderation_version": "heads-2"},
+    ],
+)
+def test_any_other_context_never_gets_the_entry(other: dict[str, Any]) -> None:
+    c = cache()
+    c.put(context(), PROMPT, unit(1), answer("key A's answer"))
+    found = c.lookup(context(**other), PROMPT, unit(1))  # the very same prompt and vector
+    assert found.outcome == "miss" and found.entry is None
+    assert c.lookup(context(), PROMPT, unit(1)).outcome == "hit"
+
+
+def test_a_prompt_differing_only_in_a_number_is_refused_by_the_guard() -> None:
+    c = cache()
+    c.put(context(), "Track order 48213", unit(1), answer("Out for delivery."))
+    found = c.lookup(context(), "Track order 48231", unit(1))  # identical vectors
+    assert found.outcome == "refused" and found.reason == "number" and found.entry is None
+
+
+@pytest.mark.parametrize(
+    ("cached", "asked", "reason"),
+    [
+        ("Do you have a table for 2?", "Do you have a table for two?", None),
+        ("Do you have a table for 2?", "Do you have a table for twelve?", "number"),
+        ("What's 15% of 200?", "What's 50% of 200?", "number"),
+        ("Are you open on Saturday?", "Are you open on Sunday?", "date"),
+        ("Is the 9:15 train on time?", "Is the 9:45 train on time?", "date"),
+        ("Cancel my subscription", "Don't cancel my subscription", "negation"),
+        ("Which plans include calls?", "Which plans do not include calls?", "negation"),
+        ("How do I turn on dark mode?", "How do I turn off dark mode?", "antonym"),
+        ("How do I enable dark mode?", "How do I disable dark mode?", "antonym"),
+        ("Is ibuprofen safe with alcohol?", "Is ibuprofen unsafe with alcohol?", "antonym"),
+        ("How do I export data from Salesforce?", "How do I export data from HubSpot?", "entity"),
+        ("Convert a Word file to PDF", "Convert a PDF file to Word", "entity"),
+        ("What's the drinking age in the UK?", "what's the drinking age in the uk", None),
+        ("Move money from savings to checking", "Move money from checking to savings", "direction"),
+        ("Summarize https://a.example.com/x", "Summarize https://b.example.com/x", "url"),
+        ("What does parse_args return?", "What does parse_known_args return?", "code"),
+        ("What does getUserName do?", "What does getUserId do?", "code"),
+        ("What vaccines does my puppy need?", "What vaccines does my kitten need?", "swap"),
+        ("What are the symptoms of flu?", "What are the symptoms of flu in babies?", "qualifier"),
+        ("How do I reset my password?", "How do I reset my colleague's password?", "entity"),
+        ("How do I change my email address?", "How do I chnage my email adress?", None),
+        ("How do I change my email address?", "Hi, how do I change my email address? Thanks", None),
+    ],
+)
+def test_the_guard(cached: str, asked: str, reason: str | None) -> None:
+    assert refusal(signature(cached), signature(asked)) == reason
+    assert refusal(signature(asked), signature(cached)) == reason  # either way round
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["What's the weather today?", "Latest news on the election", "What time is it now?"],
+)
+def test_time_sensitive_prompts_are_neither_stored_nor_answered(prompt: str) -> None:
+    assert time_sensitive(prompt)
+    c = cache()
+    assert not c.put(context(), prompt, unit(1), answer("sunny"))
+    assert len(c) == 0
+    c.put(context(), "What's the weather like?", unit(1), answer("It depends."))
+    found = c.lookup(context(), prompt, unit(1))
+    assert found.outcome == "ineligible" and found.reason == "time_sensitive"
+
+
+def test_content_filter_results_and_overlong_prompts_are_not_stored() -> None:
+    c = cache(max_prompt_chars=100)
+    assert not c.put(context(), PROMPT, unit(1), answer("", finish="content_filter"))
+    assert not c.put(context(), "x " * 60, unit(1), answer("long"))
+    assert len(c) == 0 and c.bytes_used == 0
+    assert c.lookup(context(), "x " * 60, unit(1)).reason == "too_long"
+
+
+def test_entries_expire() -> None:
+    clock = Clock()
+    c = cache(ttl_s=30.0, clock=clock)
+    c.put(context(), PROMPT, unit(1), answer("a"))
+    clock.now += 29.9
+    assert c.lookup(context(), PROMPT, unit(1)).outcome == "hit"
+    clock.now += 0.2
+    assert c.lookup(context(), PROMPT, unit(1)).outcome == "miss"
+    assert len(c) == 0 and c.bytes_used == 0  # the expired entry is gone
+
+
+def test_the_byte_budget_evicts_the_least_recently_used() -> None:
+    probe = cache()  # one entry's size, measured in a throwaway cache
+    probe.put(context(), "Question about limes", unit(1, 0), answer("x" * 100))
+    size = probe.bytes_used
+    c = cache(max_bytes=3 * size + 10)
+    prompts = ["Question about apples", "Question about pears", "Question about plums"]
+    for i, p in enumerate(prompts):
+        assert c.put(context(), p, unit(*([0.0] * i), 1.0), answer("x" * 100))
+    assert len(c) == 3
+    # touching the first makes the second the least recently used
+    assert c.lookup(context(), prompts[0], unit(1.0)).outcome == "hit"
+    c.put(context(), "Question about figs", unit(0, 0, 0, 1), answer("x" * 100))
+    assert len(c) == 3 and c.bytes_used <= c.max_bytes
+    assert c.lookup(context(), prompts[1], unit(0, 1)).outcome == "miss"
+    assert c.lookup(context(), prompts[0], unit(1.0)).outcome == "hit"
+    assert c.lookup(context(), prompts[2], unit(0, 0, 1)).outcome == "hit"
+    # an entry larger than the whole budget is not kept
+    assert not c.put(context(), "Question huge", unit(1), answer("y" * 10_000))
+
+
+def test_the_same_prompt_again_replaces_its_answer() -> None:
+    c = cache()
+    c.put(context(), PROMPT, unit(1), answer("old"))
+    c.put(context(), PROMPT, unit(1), answer("new"))
+    assert len(c) == 1
+    found = c.lookup(context(), PROMPT, unit(1))
+    assert found.entry is not None and found.entry.text == "new"
+
+
+async def test_with_the_real_minilm_a_rewording_hits_and_a_number_change_does_not(
+    real_artifacts: Path,
+) -> None:
+    registry = load_registry(
+        real_artifacts,
+        ["all-minilm-l6-v2"],
+        session_config=SessionConfig(intra_op_threads=1),
+        max_context_tokens=512,
+    )
+    model = registry.embedding_models["all-minilm-l6-v2"]
+    assert isinstance(model, OnnxEmbeddingModel)
+    await model.start()
+    try:
+        texts = [
+            "How do I change the email address on my account?",
+            "How do I chnage the email adress on my account?",
+            "Track order 48213 please",
+            "Track order 48231 please",
+        ]
+        vectors = [np.asarray((await model.embed([t])).vectors[0], np.float32) for t in texts]
+    finally:
+        await model.close()
+    c = cache(threshold=0.8)
+    ctx = context(embedder_version=model.version)
+    c.put(ctx, texts[0], vectors[0], answer("Settings, then Email."))
+    c.put(ctx, texts[2], vectors[2], answer("Order 48213 is out for delivery."))
+    assert c.lookup(ctx, texts[1], vectors[1]).outcome == "hit"
+    wrong = c.lookup(ctx, texts[3], vectors[3])
+    assert wrong.similarity > 0.9  # the embedding alone would have served it
+    assert wrong.outcome == "refused" and wrong.reason == "number"

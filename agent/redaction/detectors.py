@@ -115,7 +115,7 @@ _PHONE = re.compile(
     r"(?<![\w+])(?:"
     r"(?:\+|00)\d{1,3}(?:[ .\-/]?\(0\))?(?:[ .\-/]?\(?\d{1,5}\)?){1,6}"  # international
     r"|\(\d{2,5}\)[ .\-/]?\d{2,5}(?:[ .\-]?\d{2,5}){0,3}"  # (030) 1234 5678
-    r"|\d{2,5}(?:[ .\-/]\d{2,8}){1,4}"  # 555-123-4567, 06 12 34 56 78, 0171 1234567
+    r"|(?:\d{2,5}|0\d{5})(?:[ .\-/]\d{2,8}){1,4}"  # 555-123-4567, 06 12 34 56 78, 098765 43210
     r"|\d{9,12}"  # 07700900123, 3420837783, 036245207
     r")(?:\s?(?:x|ext\.?|extension)\s?\d{1,6})?"  # an extension: 555-0100 x1234
     r"(?![\w-]|[.,]\d)"
@@ -123,7 +123,9 @@ _PHONE = re.compile(
 _PHONE_CONTEXT = re.compile(
     r"(?i:\b(?:phone|tel|telephone|mobile|cell|call|ring|text|whatsapp|fax|number|no\.|nr|"
     r"telefon|handy|téléphone|portable|tél|teléfono|móvil|telefono|cellulare|bel|mob|"
-    r"reach|contact)\b)"
+    r"reach|contact|telp|ponsel|hp|sđt|điện thoại|тел|телефон|звоните|моб)\b"
+    # words of scripts without spaces, or written before a compound (전화번호)
+    r"|电话|電話|手机|手機|携帯|연락처|전화|핸드폰|휴대폰|هاتف|جوال|फ़ोन|फोन|मोबाइल)"
 )
 _EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
 _SSN_SHAPE = re.compile(r"\d{3}-\d{2}-\d{4}")
@@ -146,14 +148,22 @@ _SECRET_SHAPES = re.compile(
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![\w])"
     r"|AIza[0-9A-Za-z_\-]{35}"
     r"|hf_[A-Za-z0-9]{30,}"
+    r"|SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"  # SendGrid
+    r"|npm_[A-Za-z0-9]{36}"
+    r"|pypi-[A-Za-z0-9_\-]{50,}"
+    r"|do[opr]_v1_[a-f0-9]{64}"  # DigitalOcean
+    r"|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"  # Shopify
+    r"|key-[a-z0-9]{32}(?![\w])"  # Mailgun
+    r"|whsec_[A-Za-z0-9]{24,}"  # Stripe webhooks
+    r"|SK[0-9a-f]{32}(?![\w])"  # Twilio
     r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"
     r")"
 )
 # key = value / key: value / "key": "value" / Bearer value
 _SECRET_ASSIGNED = re.compile(
-    r"(?i:(?:\b(?:api[_-]?key|apikey|access[_-]?key|secret(?:[_-]?key)?|client[_-]?secret|"
+    r"(?i:(?:(?:\b|_)(?:api[_-]?key|apikey|access[_-]?key|secret(?:[_-]?key)?|client[_-]?secret|"
     r"auth[_-]?token|access[_-]?token|refresh[_-]?token|token|password|passwd|pwd|"
-    r"passphrase|private[_-]?key)\b[\"']?\s*(?:[:=]|\bis\b|\bwas\b)\s*[\"']?)"
+    r"passphrase|private[_-]?key|account[_-]?key|shared[_-]?access[_-]?key)\b[\"']?\s*(?:[:=]|\bis\b|\bwas\b)\s*[\"']?)"
     r"|(?:\bbearer\s+))"
     r"([^\s\"',;]{6,})"
 )
@@ -310,7 +320,8 @@ def find_phones(text: str) -> Iterator[Span]:
 
 # Substrings without which a pattern cannot match: the scan is skipped (str.find is fast).
 _SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
-                  "ghs_", "ghr_", "github_pat_",
+                  "ghs_", "ghr_", "github_pat_", "SG.", "npm_", "pypi-", "_v1_", "shp", "key-",
+                  "whsec_", "SK",
                   "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
 _ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from functools import cache
+from functools import cache, lru_cache
 
 _PINYIN_INITIALS = (
     "b p m f d t n l g k h j q x zh ch sh r z c s y w".split()  # noqa: SIM905
@@ -94,6 +94,7 @@ def pinyin_only(word: str) -> bool:
     )
 
 
+@lru_cache(maxsize=65536)
 def name_shaped(word: str) -> bool:
     """Any of the shapes above, for a capitalised word of at least two letters (tone marks
     and dots below are set aside: Wáng, Adéyẹmí)."""

@@ -268,3 +268,53 @@ def test_world_text_restores_exactly_when_streamed_in_any_chunks() -> None:
     # and one character at a time
     r = vault.stream_restorer()
     assert "".join(r.feed(c) for c in redacted) + r.flush() == WORLD
+
+
+# ------------------------------------------------------- phones and secrets of the world
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "type_"),
+    [
+        ("Phone +91 98765 43210 or 098765 43210", "098765 43210", "PHONE"),
+        ("电话：13800138000", "13800138000", "PHONE"),
+        ("전화번호: 01012345678", "01012345678", "PHONE"),
+        ("Call me on 090-1234-5678 tomorrow.", "090-1234-5678", "PHONE"),
+        ("Tel. +7 (495) 123-45-67", "+7 (495) 123-45-67", "PHONE"),
+        (
+            "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",
+            "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",
+            "SECRET",
+        ),
+        (
+            "shpat_0123456789abcdef0123456789abcdef",
+            "shpat_0123456789abcdef0123456789abcdef",
+            "SECRET",
+        ),
+        (
+            "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "SECRET",
+        ),
+        (
+            "mailgun key-3ax6xnjp29jd6fds4gc373sgvjxteol0",
+            "key-3ax6xnjp29jd6fds4gc373sgvjxteol0",
+            "SECRET",
+        ),
+    ],
+)
+def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> None:
+    assert (value, type_) in found(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Invoice 123456 789 paid.",
+        "Order 0123456 shipped.",
+        "The SKU list and key-value store docs are here.",
+        "订单号 13800138000 已发货",  # an order number, no phone word
+    ],
+)
+def test_look_alike_phones_and_secrets_are_left_alone(text: str) -> None:
+    assert [t for _, t in found(text) if t in ("PHONE", "SECRET")] == [], found(text)

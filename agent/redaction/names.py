@@ -660,12 +660,44 @@ def find_persons(text: str) -> Iterator[Span]:
                         or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
                     )
                 )
+                or (
+                    # a name in no list, shaped like one, where only a person fits:
+                    # "ask Adaeze", "Thanks, Kazuyoshi", "Oluwaseun said"
+                    first not in _NOT_A_START
+                    and first not in _SHAPED_NOT_NAMES
+                    and name_shaped(w)
+                    and (
+                        _cue_before(before, _PERSON_CUES)
+                        or _STRONG_SPEECH_AFTER.match(text, one_end)
+                        or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                    )
+                )
             ):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
     yield from find_script_persons(text)
 
 
+# Cities, countries and brands shaped like names (never a person's name on their own).
+_SHAPED_NOT_NAMES = frozenset(
+    "Tokyo Osaka Kyoto Kobe Nagoya Yokohama Sapporo Fukuoka Sendai Hiroshima Nara Okinawa "  # noqa: SIM905
+    "Lagos Abuja Accra Nairobi Kampala Dakar Kumasi Ibadan Kano Enugu Manila Jakarta Hanoi "
+    "Seoul Busan Incheon Daegu Beijing Shanghai Shenzhen Taipei Macau Nanjing Wuhan Xian "
+    "Chengdu Guangzhou Hangzhou Tianjin Chongqing Mumbai Chennai Delhi Kolkata Pune Dhaka "
+    "Karachi Lahore Kabul Tehran Dubai Doha Riyadh Cairo Moscow Kiev Kyiv Minsk Warsaw "
+    "Toyota Honda Mazda Nissan Yamaha Kawasaki Sony Nokia Samsung Hyundai Kia Huawei Xiaomi "
+    "Alibaba Tencent Baidu Lenovo Sushi Ramen Tofu Kimono Karaoke Banana Tomato Potato Kitty "
+    "Hello Mango Papaya Sudoku Emoji Anime Manga Kimchi Bibimbap Taco Pizza Pasta Salami "
+    "Hawaii Nevada Colorado Arizona Montana Alabama Panama Cuba Kenya Ghana Uganda Rwanda "
+    "Somalia Nigeria Japan China Korea Malaysia Indonesia Samoa Tonga Fiji Nepal Oman".split()
+)
+# Cues that introduce a person and nothing else (not "from", "to", "with": places follow them).
+_PERSON_CUES = frozenset(
+    "dear|hi|hello|hey|thanks|thank you|cc|ask|tell|call|email|e-mail|ping|contact|meet|met|"  # noqa: SIM905
+    "named|called|name is|my name is|i am|i'm|this is|signed|signed by|patient|customer|client|"
+    "employee|colleague|manager|friend|neighbour|neighbor|wife|husband|son|daughter|boss|mom|"
+    "mum|dad|sister|brother|partner|attn|regards|cheers|best|sincerely|thx".split("|")
+)
 _SLAVIC_FAMILY = re.compile(
     r"(?:ov|ova|ev|eva|in|ina|sky|skiy|skii|skaya|ska|enko|chuk|czuk|uk|yuk|ik|wicz|vich|"
     r"ович|евич|ов|ова|ев|ева|ин|ина|ский|ская|енко|чук|юк)$"
@@ -711,6 +743,12 @@ def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[
         return True  # Shestakova Alyona, Шестакова Алёна: a Slavic family name first
     if _known(a, given) and name_shaped(b):
         return True
+    if (
+        (name_shaped(a) or name_shaped(b))
+        and a not in _SHAPED_NOT_NAMES
+        and _cue_before(before, _PERSON_CUES)
+    ):
+        return True  # ask Adaeze Nwachukwu, customer Somchai Jaidee
     if name_shaped(a) and name_shaped(b):
         if _cue_before(before, _CUE_PHRASES):
             return True

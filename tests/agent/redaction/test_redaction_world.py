@@ -41,6 +41,7 @@ PERSONS = {
         ("Tanaka Hiroshi met the auditors.", "Tanaka Hiroshi"),
         ("Nishida Kazuyoshi called again about order 193409.", "Nishida Kazuyoshi"),
         ("Please ask Kazuyoshi Nishida to sign.", "Kazuyoshi Nishida"),
+        ("Thanks, Kazuyoshi", "Kazuyoshi"),
         ("佐藤 健一様、ご注文ありがとうございます。", "佐藤 健一"),
         ("高橋さんにも連絡しました。", "高橋"),
         ("Order for 佐藤健一 (account 12345).", "佐藤健一"),
@@ -66,6 +67,7 @@ PERSONS = {
         ("Oluwaseun Adeyemi signed the lease.", "Oluwaseun Adeyemi"),
         ("Olúwaṣeun Adéyẹmí signed the lease.", "Olúwaṣeun Adéyẹmí"),
         ("Kwame Mensah signed the form.", "Kwame Mensah"),
+        ("Please ask Adaeze Nwachukwu to sign.", "Adaeze Nwachukwu"),
     ],
     "south_asia": [
         ("Priya Raghunathan from Chennai called.", "Priya Raghunathan"),
@@ -76,6 +78,7 @@ PERSONS = {
         ("Hi Nurul Aisyah binti Hassan, your order ships today.", "Nurul Aisyah binti Hassan"),
         ("Send it to Juan dela Cruz, 123 Rizal Avenue.", "Juan dela Cruz"),
         ("Budi Santoso and Dewi Lestari met at the mall.", "Budi Santoso"),
+        ("Customer Somchai Jaidee lives here.", "Somchai Jaidee"),
     ],
     "arabic": [
         ("We met Ahmed Al-Mansouri in the lobby.", "Ahmed Al-Mansouri"),
@@ -113,6 +116,9 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "The Lagos Business School and Osaka University signed an MoU.",
         "Use the Linux Kernel Mailing List.",
         "She moved from Petaling Jaya, Selangor last year.",
+        "Call Tokyo office tomorrow.",
+        "Hi Banana team!",
+        "We flew from Osaka to Lagos.",
     ],
 )
 def test_look_alike_names_are_left_alone(text: str) -> None:

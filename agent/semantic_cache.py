@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import msgpack
@@ -32,8 +33,10 @@ from agent.semantic_guard import Signature, refusal, signature, time_sensitive
 
 __all__ = [
     "DEFAULT_MAX_PROMPT_CHARS",
+    "THRESHOLDS_FILE",
     "SemanticCache",
     "SemanticLookup",
+    "calibrated_threshold",
     "semantic_context",
 ]
 
@@ -42,7 +45,31 @@ DEFAULT_MAX_PROMPT_CHARS = 2000
 #: what one entry costs beyond its vector and packed answer (row bookkeeping, signature)
 _ENTRY_OVERHEAD = 512
 
+#: the thresholds calibrated per embedding model version, with their provenance (written by
+#: ``python -m benchmarks.semantic_cache --write-threshold``)
+THRESHOLDS_FILE = Path(__file__).with_name("semantic_cache_thresholds.json")
+
 Vector = npt.NDArray[np.float32]
+
+
+def calibrated_threshold(
+    model_name: str, version: str, path: Path = THRESHOLDS_FILE
+) -> float | None:
+    """The threshold calibrated on this exact embedding model version, or None (no
+    calibration for it: another version's cosines differ, so no semantic caching)."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    entry = table.get(model_name) if isinstance(table, dict) else None
+    if not isinstance(entry, dict) or entry.get("version") != version:
+        return None
+    threshold = entry.get("threshold")
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        return None
+    return float(threshold) if 0.0 < threshold <= 1.0 else None
+
+
 Outcome = Literal["hit", "miss", "refused", "ineligible"]
 
 

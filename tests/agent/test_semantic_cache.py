@@ -14,7 +14,7 @@ from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.ort_session import SessionConfig
 from agent.model_loader import load_registry
 from agent.response_cache import CachedGeneration
-from agent.semantic_cache import SemanticCache, semantic_context
+from agent.semantic_cache import SemanticCache, calibrated_threshold, semantic_context
 from agent.semantic_guard import refusal, signature, time_sensitive
 
 DIM = 8
@@ -229,3 +229,14 @@ async def test_with_the_real_minilm_a_rewording_hits_and_a_number_change_does_no
     wrong = c.lookup(ctx, texts[3], vectors[3])
     assert wrong.similarity > 0.9  # the embedding alone would have served it
     assert wrong.outcome == "refused" and wrong.reason == "number"
+
+
+def test_the_calibrated_threshold_is_for_one_embedding_version_only(tmp_path: Path) -> None:
+    table = tmp_path / "thresholds.json"
+    table.write_text('{"all-minilm-l6-v2": {"version": "int8-1", "threshold": 0.8}}')
+    assert calibrated_threshold("all-minilm-l6-v2", "int8-1", table) == 0.8
+    assert calibrated_threshold("all-minilm-l6-v2", "int8-2", table) is None  # re-quantized
+    assert calibrated_threshold("other", "int8-1", table) is None
+    table.write_text('{"all-minilm-l6-v2": {"version": "int8-1", "threshold": 1.5}}')
+    assert calibrated_threshold("all-minilm-l6-v2", "int8-1", table) is None
+    assert calibrated_threshold("all-minilm-l6-v2", "int8-1", tmp_path / "none.json") is None

@@ -9,6 +9,8 @@ AgentError
 │   │                            cannot be compiled (bad, too large, too slow to compile)
 │   ├── PayloadTooLargeError     413
 │   ├── ModelNotFoundError       404 model_not_found
+│   ├── ContentFilterError       400 content_filter: the input was flagged by a category the
+│   │                            key's moderation policy blocks (names the categories)
 │   └── UnsupportedError         400 a known OpenAI feature this server does not offer
 ├── InvalidApiKeyError           401 invalid_api_key: no key, or unknown, revoked or expired
 ├── KeyScopeError                403 model_not_allowed: the key's scopes do not cover the request
@@ -86,6 +88,12 @@ class PayloadTooLargeError(RequestError):
 class ModelNotFoundError(RequestError):
     status = 404
     code = "model_not_found"
+
+
+class ContentFilterError(RequestError):
+    """The request's input was flagged in a category its key's policy blocks."""
+
+    code = "content_filter"
 
 
 class UnsupportedError(RequestError):

@@ -173,6 +173,20 @@ class AgentMetrics:
             "Cacheable requests not found in the response cache",
             registry=r,
         )
+        self.moderation_flagged = Counter(
+            "edgefleet_agent_moderation_flagged",
+            "Requests in which content moderation found a category, by stage (input, "
+            "output), category and the key's action for it (block, flag)",
+            ["stage", "category", "action"],
+            registry=r,
+        )
+        self.moderation_check_seconds = Histogram(
+            "edgefleet_agent_moderation_check_seconds",
+            "Time one moderation check took (one input check, or one output window batch)",
+            ["stage"],
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
 
     def set_coordinator(self, target: str | None) -> None:
         """The session opened with ``target``; None: it ended."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -16,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent.agent_state import AgentState
 from agent.api.admin import ADMIN_TOKEN, AdminToken, admin_routes, admin_token_path
+from agent.api.content_check import input_texts
 from agent.api.http_io import (
     CLIENT_CLOSED,
     CLIENT_GONE,
@@ -60,6 +62,7 @@ from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
 from agent.moderation import load_moderation
+from agent.moderation.gate import ModerationGate, RequestModeration
 from agent.overflow.hook import (
     OVERFLOW,
     OVERFLOW_REQUEST,
@@ -88,6 +91,8 @@ CHAT = web.AppKey("chat", ChatService)
 COMPLETIONS = web.AppKey("completions", CompletionService)
 EMBEDDINGS = web.AppKey("embeddings", EmbeddingService)
 MODERATION = web.AppKey("moderation", ModerationService)
+# content checks in the request path (agent/moderation/gate.py)
+MODERATION_GATE = web.AppKey("moderation_gate", ModerationGate)
 STARTED = web.AppKey("started", float)
 STATE = web.AppKey("state", AgentState)
 REQUEST_LOG = web.AppKey("request_log", RequestLogSlot)
@@ -170,6 +175,9 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
 RECORD_FROM = web.RequestKey("edgefleet_record_from", tuple)
 # Set once the request's record is written (a finished stream's, before its [DONE]).
 RECORDED = web.RequestKey("edgefleet_recorded", bool)
+# The request's content checks and what they found (categories only), for its record.
+MODERATED = web.RequestKey("edgefleet_moderated", RequestModeration)
+MODERATION_HEADER = "X-Edgefleet-Moderation"
 # Requests that get a per-request record (agent/request_log.py).
 RECORDED_ENDPOINTS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/moderations"}
@@ -222,6 +230,9 @@ def _record_request(
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
     }  # fmt: skip
+    moderated = request.get(MODERATED)
+    if moderated is not None and moderated.found:
+        record["moderation"] = moderated.record()  # stage:category:action, never text
     forwarded = request.get(OVERFLOW_REQUEST)
     if overflow is not None and forwarded is not None:
         # served elsewhere: the targets' usage, cost (agent/overflow/service.py) and who
@@ -306,14 +317,26 @@ async def _generate(
     deadline) or the model is not loaded here, forwarded (agent/overflow)."""
     body = await read_json(request, body_model, _limit(request))
     keys_enabled = request.app[KEYS].enabled
+    options = _options(request)
+    # content safety first: before the response cache and before any overflow
+    grant = options.grant
+    moderation = request.app[MODERATION_GATE].for_request(
+        None if grant is None else grant.key.policy
+    )
+    if moderation is not None:
+        request[MODERATED] = moderation  # its record names what was found, a block too
+        await moderation.check_input(input_texts(body))
+        options = dataclasses.replace(options, moderation=moderation)
     try:
-        prepared = await service.prepare(body, _options(request))  # type: ignore[arg-type]
+        prepared = await service.prepare(body, options)  # type: ignore[arg-type]
     except AgentError as exc:
         if forwardable(request, exc):
             return await forward(request, endpoint, exc, keys_enabled)
         raise
     headers = _headers(prepared)
     headers[SERVED_BY_HEADER] = _self_id(request)
+    if moderation is not None and (flagged := moderation.flagged_header()) is not None:
+        headers[MODERATION_HEADER] = flagged
     if prepared.stream:
         stream = service.stream(prepared)
         try:
@@ -326,7 +349,10 @@ async def _generate(
         events = _recorded_when_done(request, _prepend(first, stream))
         return await stream_sse(request, events, headers, with_usage=prepared.include_usage)
     try:
-        return json_response(await service.complete(prepared), headers=headers)
+        answer = await service.complete(prepared)
+        if moderation is not None and (flagged := moderation.flagged_header()) is not None:
+            headers[MODERATION_HEADER] = flagged  # the output's flags too
+        return json_response(answer, headers=headers)
     except AgentError as exc:
         if forwardable(request, exc):
             return await forward(request, endpoint, exc, keys_enabled)
@@ -531,6 +557,7 @@ def _registry_ctx(
             Path(config.models.dir), reg, verify=config.models.verify_checksums
         )
         app[MODERATION] = ModerationService(classifier, unavailable)
+        app[MODERATION_GATE] = ModerationGate(classifier, metrics, unavailable)
         # the app owns the engines' loops: started here, awaited at cleanup; an engine that
         # fails past its restart policy marks the agent unhealthy (/healthz 503, reports)
         try:

@@ -20,7 +20,11 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
     (
         "/v1/chat/completions",
         "post",
-        "Chat completion (stream: true gives SSE)",
+        "Chat completion (stream: true gives SSE). Content safety per API key: user and "
+        "tool messages checked first (400 content_filter naming the categories the key "
+        "blocks; X-Edgefleet-Moderation: flagged=... for those it flags; 503 "
+        "moderation_unavailable when the key blocks and this agent has no classifier), the "
+        "output checked in windows (finish_reason content_filter where it was cut)",
         p.ChatCompletionRequest,
         p.ChatCompletionResponse,
         True,
@@ -28,7 +32,8 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
     (
         "/v1/completions",
         "post",
-        "Text completion (stream: true gives SSE)",
+        "Text completion (stream: true gives SSE); text prompts and the output are checked "
+        "as for chat completions (400 content_filter, finish_reason content_filter)",
         p.CompletionRequest,
         p.CompletionResponse,
         True,
@@ -70,7 +75,8 @@ _ERRORS = {
     "413": "Request body over the configured limit",
     "429": "Overloaded, or the key's rate limit reached; retry after the Retry-After header",
     "500": "Inference failed",
-    "503": "The engine restarted (retry) or stopped (the agent is unhealthy)",
+    "503": "The engine restarted (retry) or stopped (the agent is unhealthy), or "
+    "moderation_unavailable",
     "504": "The request ran past its timeout (X-Request-Timeout or the default)",
 }
 

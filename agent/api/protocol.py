@@ -220,7 +220,7 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-ChatFinishReason = Literal["stop", "length", "tool_calls"]
+ChatFinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
 class FunctionCallOut(BaseModel):
@@ -331,7 +331,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(_TokenIdsOnRequest):
     index: int
     text: str
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "content_filter"] | None
     logprobs: None = None
     token_ids: TokenIds = None  # extension: with return_token_ids, the ids delivered
 

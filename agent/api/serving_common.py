@@ -25,6 +25,7 @@ from agent.engine.residency import parse_keep_alive
 from agent.errors import ContextLengthError, InvalidRequestError, UnsupportedError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
+from agent.moderation.gate import RequestModeration
 from agent.response_cache import CachedGeneration, ResponseCache, cache_key
 from agent.structured.spec import ConstraintSpec
 
@@ -67,6 +68,8 @@ class RequestOptions:
     # the agent's cap on a request's keep_alive (residency.max_request_keep_alive_s); None:
     # left to the residency, which caps it the same
     max_keep_alive_s: float | None = None
+    # the request's content checks (agent/moderation/gate.py); None: none to make
+    moderation: RequestModeration | None = None
 
 
 def request_options(
@@ -277,6 +280,8 @@ class PreparedGeneration:
     # comes back with agent.structured.validate_constrained_output(constraint, text)
     constraint: ConstraintSpec | None = None
     continued_text: str = ""  # a resumed tool-calling stream: the text already delivered
+    # the output check (None: none); a cut or flagged output is never cached
+    moderation: RequestModeration | None = None
 
     @property
     def constrained(self) -> bool:
@@ -337,9 +342,15 @@ class GenerationRunner:
             params.temperature == 0.0 or params.seed is not None
         )  # fmt: skip
         key = cached = None
+        moderation = options.moderation if options is not None else None
+        if moderation is not None and not moderation.checks_output:
+            moderation = None
         if self._cache is not None and wanted:
             key_id = "" if grant is None else grant.key_id  # entries are per API key
-            key = cache_key(model.model_id, model.version, endpoint, cache_fields(request), key_id)
+            fields = cache_fields(request)
+            if moderation is not None:  # checked under this policy by these heads
+                fields["moderation"] = moderation.cache_tag()
+            key = cache_key(model.model_id, model.version, endpoint, fields, key_id)
             cached = self._cache.get(key)
             (self._metrics.cache_hits if cached else self._metrics.cache_misses).inc()
         return PreparedGeneration(
@@ -353,6 +364,7 @@ class GenerationRunner:
             cached=cached,
             grant=grant,
             charged_tokens=charged,
+            moderation=moderation,
         )
 
     async def run(self, prepared: PreparedGeneration) -> AsyncIterator[GenerationOutput]:
@@ -365,12 +377,12 @@ class GenerationRunner:
             usage.version = prepared.model.version or ""
             usage.prompt_tokens = prompt_tokens_of(prepared.request)
         if grant is None and usage is None:
-            async for output in self._run(prepared):
+            async for output in self._outputs(prepared):
                 yield output
             return
         prompt = completion = 0
         try:
-            async for output in self._run(prepared):
+            async for output in self._outputs(prepared):
                 prompt, completion = output.prompt_tokens, output.completion_tokens
                 if usage is not None:
                     if usage.first_token_at is None:
@@ -402,8 +414,6 @@ class GenerationRunner:
         started = time.perf_counter()
         last = started
         generated = 0
-        texts: list[str] = []
-        tokens: list[int] = []
         metrics.prompt_tokens.labels(model_id).inc(prompt_tokens_of(prepared.request))
         async for output in prepared.model.generate(prepared.request):
             now = time.perf_counter()
@@ -414,22 +424,42 @@ class GenerationRunner:
             last = now
             generation_tokens.inc(len(output.token_ids))
             generated = output.completion_tokens
-            if prepared.cache_key is not None:
-                texts.append(output.text)
-                tokens.extend(output.token_ids)
-            if output.finish_reason is not None and prepared.cache_key is not None:
-                assert self._cache is not None
-                self._cache.put(
-                    prepared.cache_key,
-                    CachedGeneration(
-                        "".join(texts),
-                        tuple(tokens),
-                        output.finish_reason,
-                        output.prompt_tokens,
-                        output.completion_tokens,
-                    ),
-                )
             yield output
+
+    async def _outputs(self, prepared: PreparedGeneration) -> AsyncIterator[GenerationOutput]:
+        """The engine's outputs (or a cache hit's), through the output check when the
+        request has one, and cached when they end: never a cut or flagged output."""
+        outputs = self._run(prepared)
+        moderation = prepared.moderation
+        if moderation is not None and prepared.cached is None:
+            outputs = moderation.screen(outputs, streamed=prepared.stream)
+        texts: list[str] = []
+        tokens: list[int] = []
+        try:
+            async for output in outputs:
+                if prepared.cache_key is not None and prepared.cached is None:
+                    texts.append(output.text)
+                    tokens.extend(output.token_ids)
+                    if (
+                        output.finish_reason in ("stop", "length")
+                        and (moderation is None or not moderation.output_flagged)
+                        and self._cache is not None
+                    ):
+                        self._cache.put(
+                            prepared.cache_key,
+                            CachedGeneration(
+                                "".join(texts),
+                                tuple(tokens),
+                                output.finish_reason,
+                                output.prompt_tokens,
+                                output.completion_tokens,
+                            ),
+                        )
+                yield output
+        finally:
+            close = getattr(outputs, "aclose", None)
+            if close is not None:
+                await close()
 
 
 class GenerationService:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from agent.structured.grammar import CompiledGrammar
     from agent.structured.spec import ConstraintSpec
 
-FinishReason = Literal["stop", "length"]
+# "content_filter": the output check cut it (agent/moderation/gate.py), never the engine
+FinishReason = Literal["stop", "length", "content_filter"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,310 @@
+"""Content safety in the request path: the input check before the response cache and any
+overflow, and the output check on what the engine generates.
+
+:class:`ModerationGate` (one per agent) turns a request's key policy into a
+:class:`RequestModeration`, or refuses the request with 503 ``moderation_unavailable``
+when the key asks to block a category and this agent has no classifier (fail closed); a
+policy that only flags passes unchecked then (fail open), and so do the defaults (block
+sexual/minors, flag the rest) on an agent without the embedding model, so an upgrade
+changes no answer there.
+
+Output is checked in windows: every :data:`STEP_TOKENS` generated tokens (the model's
+tokens) are scored with up to :data:`CONTEXT_TOKENS` tokens of what came before (one
+MiniLM window of about 128 tokens). A whole (not streamed) completion is cut at the start
+of its first blocked window, ``finish_reason: "content_filter"``. A stream in ``buffered``
+mode holds each window back until it has passed, so the client never receives a blocked
+window; on a hit the generation is closed (its engine slot freed) and the stream ends with
+``content_filter``. In ``unbuffered`` mode text goes out at once and windows are checked
+behind it: a hit ends the stream, but what was sent cannot be recalled. The classifier
+runs its windows through the embedding model's batcher, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import suppress
+
+from agent.engine.interface import GenerationOutput
+from agent.errors import ContentFilterError, ModerationUnavailableError
+from agent.metrics import AgentMetrics
+from agent.moderation.classifier import ModerationClassifier
+from agent.moderation.policy import DirectionPolicy, Judgement, ResolvedModeration, resolve
+from edgefleet.contract import KeyPolicy, ModerationStreamMode
+
+__all__ = ["CONTEXT_TOKENS", "STEP_TOKENS", "ModerationGate", "RequestModeration"]
+
+log = logging.getLogger(__name__)
+
+#: generated tokens released (streamed) or cut (whole) per checked window
+STEP_TOKENS = 32
+#: tokens before a window scored with it, so a phrase across a window's start is whole
+CONTEXT_TOKENS = 96
+#: policies resolved and kept (keys are few; each resolution is ~30 dict entries)
+_RESOLVED_MAX = 1024
+
+
+class ModerationGate:
+    """The agent's classifier (None: unavailable, and why) and what each policy comes to."""
+
+    def __init__(
+        self,
+        classifier: ModerationClassifier | None,
+        metrics: AgentMetrics,
+        unavailable: str = "",
+    ) -> None:
+        self.classifier = classifier
+        self.metrics = metrics
+        self.unavailable = unavailable or "no moderation classifier is loaded"
+        self._resolved: dict[KeyPolicy | None, ResolvedModeration] = {}
+
+    def _resolve(self, policy: KeyPolicy | None) -> ResolvedModeration:
+        found = self._resolved.get(policy)
+        if found is None:
+            if len(self._resolved) >= _RESOLVED_MAX:
+                self._resolved.clear()
+            found = self._resolved[policy] = resolve(policy)
+        return found
+
+    def for_request(self, policy: KeyPolicy | None) -> RequestModeration | None:
+        """The request's checks (None: nothing to check, or no classifier and nothing the
+        key blocks); ModerationUnavailableError when the key blocks a category and no
+        classifier can tell."""
+        resolved = self._resolve(policy)
+        if self.classifier is None:
+            if resolved.explicit_block:
+                raise ModerationUnavailableError(
+                    "this API key's moderation policy blocks categories, and moderation is "
+                    f"unavailable on this agent: {self.unavailable}"
+                )
+            return None
+        if not resolved.input.active and not resolved.output.active:
+            return None
+        return RequestModeration(self.classifier, self.metrics, resolved)
+
+
+class RequestModeration:
+    """One request's checks, and what they found (categories only, never the text)."""
+
+    def __init__(
+        self,
+        classifier: ModerationClassifier,
+        metrics: AgentMetrics,
+        policy: ResolvedModeration,
+    ) -> None:
+        self._classifier = classifier
+        self._metrics = metrics
+        self.policy = policy
+        # (stage, category, action) found so far, each once
+        self.found: list[tuple[str, str, str]] = []
+
+    @property
+    def checks_output(self) -> bool:
+        return self.policy.output.active
+
+    @property
+    def output_flagged(self) -> bool:
+        return any(stage == "output" for stage, _, _ in self.found)
+
+    def cache_tag(self) -> str:
+        """What the response-cache key must carry: the heads' version and output policy."""
+        return f"{self._classifier.version}|{self.policy.tag()}"
+
+    def flagged_header(self) -> str | None:
+        """``X-Edgefleet-Moderation`` value (``flagged=harassment,violence``), or None."""
+        flagged = sorted({c for _, c, a in self.found if a == "flag"})
+        return f"flagged={','.join(flagged)}" if flagged else None
+
+    def record(self) -> list[str]:
+        """For the request's record: ``stage:category:action``, never any text."""
+        return [f"{s}:{c}:{a}" for s, c, a in self.found]
+
+    def _note(self, stage: str, judgement: Judgement) -> None:
+        for action, categories in (("block", judgement.blocked), ("flag", judgement.flagged)):
+            for category in categories:
+                entry = (stage, category, action)
+                if entry not in self.found:
+                    self.found.append(entry)
+                    self._metrics.moderation_flagged.labels(stage, category, action).inc()
+
+    async def _judge(
+        self, stage: str, direction: DirectionPolicy, texts: Sequence[str]
+    ) -> list[Judgement]:
+        started = time.perf_counter()
+        try:
+            verdicts = await self._classifier.classify(texts)
+        except ModerationUnavailableError:
+            if direction.explicit_block:
+                raise  # fail closed
+            log.warning("moderation %s check skipped: the classifier is unavailable", stage)
+            return [Judgement() for _ in texts]
+        finally:
+            self._metrics.moderation_check_seconds.labels(stage).observe(
+                time.perf_counter() - started
+            )
+        return [direction.judge(v) for v in verdicts]
+
+    async def check_input(self, texts: Sequence[tuple[str, str]]) -> None:
+        """Check (param, text) pairs; ContentFilterError (400 content_filter) naming the
+        categories and the first part at fault when the policy blocks one."""
+        direction = self.policy.input
+        texts = [(p, t) for p, t in texts if t]
+        if not direction.active or not texts:
+            return
+        judgements = await self._judge("input", direction, [t for _, t in texts])
+        blocked: list[str] = []
+        param = None
+        for (where, _), judgement in zip(texts, judgements, strict=True):
+            self._note("input", judgement)
+            if judgement.blocked and param is None:
+                param = where
+            blocked.extend(c for c in judgement.blocked if c not in blocked)
+        if blocked:
+            raise ContentFilterError(
+                f"the input was flagged by content moderation in {', '.join(blocked)}, which "
+                f"this API key's policy blocks ({param})",
+                param=param,
+            )
+
+    async def _window(self, text: str) -> Judgement:
+        (judgement,) = await self._judge("output", self.policy.output, [text])
+        self._note("output", judgement)
+        return judgement
+
+    def screen(
+        self, outputs: AsyncIterator[GenerationOutput], *, streamed: bool
+    ) -> AsyncIterator[GenerationOutput]:
+        """``outputs`` with the output check applied (see the module's docstring)."""
+        if not streamed:
+            return self._whole(outputs)
+        if self.policy.stream_mode is ModerationStreamMode.UNBUFFERED:
+            return self._unbuffered(outputs)
+        return self._buffered(outputs)
+
+    async def _whole(
+        self, outputs: AsyncIterator[GenerationOutput]
+    ) -> AsyncIterator[GenerationOutput]:
+        """Every window scored in one call once the generation is done; cut at the first
+        blocked one."""
+        collected = [o async for o in outputs]
+        segments: list[list[GenerationOutput]] = [[]]
+        counted = 0
+        for output in collected:
+            segments[-1].append(output)
+            counted += _tokens(output)
+            if counted >= STEP_TOKENS:
+                segments.append([])
+                counted = 0
+        segments = [s for s in segments if s]
+        windows: list[str] = []
+        context: deque[tuple[str, int]] = deque()
+        for segment in segments:
+            text = "".join(o.text for o in segment)
+            windows.append("".join(t for t, _ in context) + text)
+            for output in segment:
+                _keep(context, output)
+        judgements = await self._judge("output", self.policy.output, windows)
+        for segment, judgement in zip(segments, judgements, strict=True):
+            self._note("output", judgement)
+            if judgement.blocked:
+                yield _cut(collected[-1])
+                return
+            for output in segment:
+                yield output
+
+    async def _buffered(
+        self, outputs: AsyncIterator[GenerationOutput]
+    ) -> AsyncIterator[GenerationOutput]:
+        context: deque[tuple[str, int]] = deque()
+        pending: list[GenerationOutput] = []
+        counted = 0
+        try:
+            async for output in outputs:
+                pending.append(output)
+                counted += _tokens(output)
+                if counted < STEP_TOKENS and output.finish_reason is None:
+                    continue
+                text = "".join(o.text for o in pending)
+                if text and (await self._window("".join(t for t, _ in context) + text)).blocked:
+                    yield _cut(output)
+                    return  # the finally closes the generation: its slot is freed now
+                for held in pending:
+                    _keep(context, held)
+                    yield held
+                pending, counted = [], 0
+        finally:
+            await _close(outputs)
+
+    async def _unbuffered(
+        self, outputs: AsyncIterator[GenerationOutput]
+    ) -> AsyncIterator[GenerationOutput]:
+        context: deque[tuple[str, int]] = deque()
+        checks: deque[asyncio.Task[Judgement]] = deque()
+        pending = ""
+        counted = 0
+
+        def hit() -> bool:
+            while checks and checks[0].done():
+                if checks.popleft().result().blocked:
+                    return True
+            return False
+
+        try:
+            async for output in outputs:
+                if output.finish_reason is not None:
+                    # the context holds what was sent, the unchecked part included
+                    text = "".join(t for t, _ in context) + output.text
+                    if pending or output.text:
+                        checks.append(asyncio.create_task(self._window(text)))
+                    await asyncio.gather(*checks)  # the rest, before the stream ends
+                    yield _cut(output) if hit() else output
+                    return
+                if hit():
+                    yield _cut(output)
+                    return
+                yield output
+                _keep(context, output, CONTEXT_TOKENS + STEP_TOKENS)
+                pending += output.text
+                counted += _tokens(output)
+                if counted >= STEP_TOKENS:
+                    window = "".join(t for t, _ in context)
+                    checks.append(asyncio.create_task(self._window(window)))
+                    pending, counted = "", 0
+        finally:
+            for task in checks:
+                task.cancel()
+            await _close(outputs)
+
+
+def _tokens(output: GenerationOutput) -> int:
+    return len(output.token_ids) or (1 if output.text else 0)
+
+
+def _keep(
+    context: deque[tuple[str, int]], output: GenerationOutput, cap: int = CONTEXT_TOKENS
+) -> None:
+    """Keep ``output`` as context for the next window (the last ``cap`` tokens)."""
+    context.append((output.text, _tokens(output)))
+    while sum(n for _, n in context) > cap and len(context) > 1:
+        context.popleft()
+
+
+def _cut(last: GenerationOutput) -> GenerationOutput:
+    """The output that ends a cut generation: no text, ``content_filter``, its counts."""
+    return GenerationOutput(
+        text="",
+        token_ids=(),
+        finish_reason="content_filter",
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+    )
+
+
+async def _close(outputs: AsyncIterator[GenerationOutput]) -> None:
+    close = getattr(outputs, "aclose", None)
+    if close is not None:
+        with suppress(Exception):
+            await close()

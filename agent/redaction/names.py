@@ -625,7 +625,8 @@ def find_persons(text: str) -> Iterator[Span]:
             ):
                 known_first = True  # Mark Haas, Amber Huff: a common word, then a family name
             if (
-                words[j - 1] in _PLACE_AFTER and words[j - 1] not in family
+                words[j - 1] in _PLACE_AFTER
+                and (words[j - 1] not in _SURNAME_PLACE_WORDS or words[j - 1] not in family)
             ) or _PLACE_AFTER_RE.match(text, offsets[j - 1] + len(words[j - 1])):
                 i = j  # Ho Chi Minh City, Ben Nghe Ward, Petaling Jaya, Selangor: a place
                 continue
@@ -712,6 +713,11 @@ _PLACE_AFTER = frozenset(
     "Township Municipality Commune Precinct Campus College Institute Stadium Museum Gardens "
     "Road Street Avenue Lane Boulevard Highway Port Harbour Harbor Valley Hills Heights "
     "Jaya Pusat Selatan Utara Barat Timur".split()
+)
+# Place words that are also common family names (Nicole Ward): a place only when not known.
+_SURNAME_PLACE_WORDS = frozenset(
+    "Ward Street Lake River Hill Hills Hall Bridge Church Park Field Wood Brook Town Beach "  # noqa: SIM905
+    "Square Market Port Valley Heights Gardens Lane".split()
 )
 _PLACE_AFTER_RE = re.compile(
     r",\s(?:Selangor|Johor|Penang|Sabah|Sarawak|Jakarta|Bangkok|Manila|Cebu|Hanoi|Singapore|"
@@ -1104,7 +1110,7 @@ _NUMBER_WORD = (  # the word before a house number: No. 5, д. 7, nr 3, Kav. 52,
 )
 _TYPE_AFTER = [
     *"ulitsa prospekt pereulok naberezhnaya shosse bulvar ploshchad sokak sokağı caddesi cadde "  # noqa: SIM905
-    "bulvarı utca út tér katu gatan vägen veien vej gade marg nagar salai".split(),
+    "bulvarı utca út tér katu gatan vägen veien vej gade marg nagar salai soi".split(),
     *"улица ул. проспект пр. просп. переулок пер. набережная наб. шоссе бульвар площадь "  # noqa: SIM905
     "вулиця вул.".split(),
 ]
@@ -1201,9 +1207,46 @@ _DASHED_NUMBER = re.compile(r"\d-\d")
 _KOREAN_ROAD = re.compile(r"-(?:ro|gil|daero)\b")
 
 
+# A house number and a street named after a person or place, then a ward or district:
+# 45 Lê Lợi, Quận 1; 12 Nguyen Trai, Ward 5, District 3 (Viet Nam, the Philippines, Indonesia)
+_ADMIN_UNIT = (
+    r"(?:Quận|Q\.|Phường|P\.|Huyện|Xã|Thị xã|District|Ward|Barangay|Brgy\.?|Kecamatan|Kec\.|"
+    r"Kelurahan|Kel\.|Sector|Khet|Khwaeng|Amphoe|Tambon|Moo)"
+)
+_STREET_THEN_WARD = re.compile(
+    rf"(?<![\w.,/-])(?:(?i:số)\s)?\d{{1,4}}[A-Za-z]?(?:/\d{{1,4}})?\s[{_UPPER}][\w'\u2019-]*"
+    rf"(?:\s[{_UPPER}][\w'\u2019-]*){{0,3}},\s{_ADMIN_UNIT}\s?[\w\d]+"
+    rf"(?:,\s{_ADMIN_UNIT}\s?[\w\d]+)*{_REGION_TAIL}"
+)
+# A unit or building first, then its street: Unit 5B, 32nd Street; Villa 12, Street 45, Al Barsha
+_UNIT_FIRST = re.compile(
+    r"(?<![\w-])(?i:unit|flat|apt\.?|apartment|suite|villa|building|bldg\.?|blk\.?|block|"
+    r"house|h\.\s?no\.?|plot|lot)\s#?\d{1,5}[A-Za-z]?,\s"
+    rf"(?:\d{{1,5}}(?:st|nd|rd|th)?\s)?[{_UPPER}][\w'\u2019-]*(?:\s(?:[{_UPPER}][\w'\u2019-]*|\d{{1,6}}(?!\d)))"
+    rf"{{0,4}}(?:,\s[{_UPPER}][\w'\u2019-]*(?:\s(?:[{_UPPER}][\w'\u2019-]*|\d{{1,6}}(?!\d))){{0,3}}){{0,3}}"
+)
+
+
+def _unit_first(text: str) -> Iterator[tuple[int, int]]:
+    """Unit-first addresses whose words include a street, a ward or district word."""
+    _, _, suffixes, prefixes = gazetteer()
+    for m in _UNIT_FIRST.finditer(text):
+        street = m.group().split(",", 1)[1]  # after the unit: the street and its places
+        words = {w.strip(",.").lower() for w in street.split()}
+        if words & (suffixes | prefixes | _UNIT_AREA_WORDS):
+            yield m.start(), m.end()
+
+
+_UNIT_AREA_WORDS = frozenset(
+    "street road avenue lane district ward city barangay sector block nagar colony layout "  # noqa: SIM905
+    "village town".split()
+)
+
+
 def _other_forms(text: str) -> Iterator[re.Pattern[str]]:
     """The patterns of other address formats whose marks are in the text (a cheap scan
     skips the rest)."""
+    yield _STREET_THEN_WARD
     if _DASHED_NUMBER.search(text):
         yield _JAPAN_ROMAJI
     if _KOREAN_ROAD.search(text):
@@ -1225,6 +1268,7 @@ def find_addresses(text: str) -> Iterator[Span]:
     ]
     found.extend(_compound_streets(text))
     found.extend(_compound_number_first(text))
+    found.extend(_unit_first(text))
     for start, end in found:
         s = text[start:end]
         yield Span(start, end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)

@@ -119,6 +119,7 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "Call Tokyo office tomorrow.",
         "Hi Banana team!",
         "We flew from Osaka to Lagos.",
+        "Meet me at the Dubai Mall near the tower.",
     ],
 )
 def test_look_alike_names_are_left_alone(text: str) -> None:
@@ -149,7 +150,13 @@ ADDRESSES = [
     ("주소: 서울특별시 강남구 테헤란로 152", "서울특별시 강남구 테헤란로 152"),
     ("Office: 152 Teheran-ro, Gangnam-gu, Seoul", "152 Teheran-ro, Gangnam-gu, Seoul"),
     ("Ofis: Atatürk Caddesi No. 5, Istanbul", "Atatürk Caddesi No. 5"),
-    ("Flat 4, 12 Gandhi Nagar, Bengaluru 560001", "12 Gandhi Nagar, Bengaluru 560001"),
+    ("Flat 4, 12 Gandhi Nagar, Bengaluru 560001", "Flat 4, 12 Gandhi Nagar, Bengaluru 560001"),
+    ("Bitte an 12 Gandhi Nagar, Bengaluru 560001", "12 Gandhi Nagar, Bengaluru 560001"),
+    ("Ship to 12 Nguyen Trai, Ward 5, District 3.", "12 Nguyen Trai, Ward 5, District 3"),
+    ("Giao hàng tới 45 Lê Lợi, Quận 1.", "45 Lê Lợi, Quận 1"),
+    ("Office: Villa 12, Street 45, Al Barsha 2, Dubai", "Villa 12, Street 45, Al Barsha 2, Dubai"),
+    ("Unit 5B, 32nd Street, Bonifacio Global City", "Unit 5B, 32nd Street, Bonifacio Global City"),
+    ("His office is in Sukhumvit Soi 11.", "Sukhumvit Soi 11"),
 ]
 
 
@@ -166,6 +173,8 @@ def test_addresses_of_every_region_are_found(text: str, address: str) -> None:
         "Chapter 3-1-2 Introduction is short.",
         "Score was 2-1 Bayern at half time.",
         "We need 3 Ringe for the game.",
+        "Block 3, Conference Hall B is booked.",
+        "I have 3 Kids, Mostly Teenagers.",
     ],
 )
 def test_look_alike_addresses_are_left_alone(text: str) -> None:

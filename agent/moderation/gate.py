@@ -8,15 +8,18 @@ policy that only flags passes unchecked then (fail open), and so do the defaults
 sexual/minors, flag the rest) on an agent without the embedding model, so an upgrade
 changes no answer there.
 
-Output is checked in windows: every :data:`STEP_TOKENS` generated tokens (the model's
-tokens) are scored with up to :data:`CONTEXT_TOKENS` tokens of what came before (one
-MiniLM window of about 128 tokens). A whole (not streamed) completion is cut at the start
-of its first blocked window, ``finish_reason: "content_filter"``. A stream in ``buffered``
-mode holds each window back until it has passed, so the client never receives a blocked
-window; on a hit the generation is closed (its engine slot freed) and the stream ends with
-``content_filter``. In ``unbuffered`` mode text goes out at once and windows are checked
-behind it: a hit ends the stream, but what was sent cannot be recalled. The classifier
-runs its windows through the embedding model's batcher, off the event loop.
+Output is checked in windows of at most :data:`STEP_TOKENS` generated tokens (the
+model's tokens), closed early at a sentence's end: the heads score sentences and short
+prompts well, and one bad sentence inside a long harmless passage scores far lower (the
+passage dilutes it). Each window is scored alone and after the window before it, so a
+phrase cut by a window's start is whole in one of them. A whole (not streamed)
+completion is cut at the start of its first blocked window, ``finish_reason:
+"content_filter"``. A stream in ``buffered`` mode holds each window back until it has
+passed, so the client never receives a blocked window; on a hit the generation is closed
+(its engine slot freed) and the stream ends with ``content_filter``. In ``unbuffered``
+mode text goes out at once and windows are checked behind it: a hit ends the stream, but
+what was sent cannot be recalled. The classifier runs its windows through the embedding
+model's batcher, off the event loop.
 """
 
 from __future__ import annotations
@@ -35,14 +38,16 @@ from agent.moderation.classifier import ModerationClassifier
 from agent.moderation.policy import DirectionPolicy, Judgement, ResolvedModeration, resolve
 from edgefleet.contract import KeyPolicy, ModerationStreamMode
 
-__all__ = ["CONTEXT_TOKENS", "STEP_TOKENS", "ModerationGate", "RequestModeration"]
+__all__ = ["STEP_TOKENS", "ModerationGate", "RequestModeration"]
 
 log = logging.getLogger(__name__)
 
-#: generated tokens released (streamed) or cut (whole) per checked window
+#: most generated tokens in one checked window (released when streamed, cut when whole)
 STEP_TOKENS = 32
-#: tokens before a window scored with it, so a phrase across a window's start is whole
-CONTEXT_TOKENS = 96
+#: fewest tokens in a window a sentence's end closes
+MIN_TOKENS = 4
+#: what ends a sentence (and a window, past MIN_TOKENS)
+SENTENCE_ENDS = frozenset(".!?;\n\u3002\uff01\uff1f")  # and the CJK full stop, !, ?
 #: policies resolved and kept (keys are few; each resolution is ~30 dict entries)
 _RESOLVED_MAX = 1024
 
@@ -169,8 +174,15 @@ class RequestModeration:
                 param=param,
             )
 
-    async def _window(self, text: str) -> Judgement:
-        (judgement,) = await self._judge("output", self.policy.output, [text])
+    async def _window(self, window: str, before: str) -> Judgement:
+        """One output window, scored alone and after the window before it (a phrase cut
+        by the window's start is whole there); blocked or flagged when either is."""
+        texts = [window, before + window] if before else [window]
+        judgements = await self._judge("output", self.policy.output, texts)
+        judgement = Judgement(
+            tuple(dict.fromkeys(c for j in judgements for c in j.blocked)),
+            tuple(dict.fromkeys(c for j in judgements for c in j.flagged)),
+        )
         self._note("output", judgement)
         return judgement
 
@@ -190,50 +202,49 @@ class RequestModeration:
         """Every window scored in one call once the generation is done; cut at the first
         blocked one."""
         collected = [o async for o in outputs]
-        segments: list[list[GenerationOutput]] = [[]]
+        windows: list[list[GenerationOutput]] = [[]]
         counted = 0
         for output in collected:
-            segments[-1].append(output)
+            windows[-1].append(output)
             counted += _tokens(output)
-            if counted >= STEP_TOKENS:
-                segments.append([])
+            if _closes(counted, output):
+                windows.append([])
                 counted = 0
-        segments = [s for s in segments if s]
-        windows: list[str] = []
-        context: deque[tuple[str, int]] = deque()
-        for segment in segments:
-            text = "".join(o.text for o in segment)
-            windows.append("".join(t for t, _ in context) + text)
-            for output in segment:
-                _keep(context, output)
-        judgements = await self._judge("output", self.policy.output, windows)
-        for segment, judgement in zip(segments, judgements, strict=True):
+        windows = [w for w in windows if w]
+        texts = ["".join(o.text for o in w) for w in windows]
+        pairs = [(i, t) for i, t in enumerate(texts)]
+        pairs += [(i, texts[i - 1] + t) for i, t in enumerate(texts) if i and texts[i - 1]]
+        judgements = await self._judge("output", self.policy.output, [t for _, t in pairs])
+        blocked_at = len(windows)
+        for (i, _), judgement in zip(pairs, judgements, strict=True):
             self._note("output", judgement)
             if judgement.blocked:
-                yield _cut(collected[-1])
-                return
-            for output in segment:
+                blocked_at = min(blocked_at, i)
+        for window in windows[:blocked_at]:
+            for output in window:
                 yield output
+        if blocked_at < len(windows):
+            yield _cut(collected[-1])
 
     async def _buffered(
         self, outputs: AsyncIterator[GenerationOutput]
     ) -> AsyncIterator[GenerationOutput]:
-        context: deque[tuple[str, int]] = deque()
+        before = ""
         pending: list[GenerationOutput] = []
         counted = 0
         try:
             async for output in outputs:
                 pending.append(output)
                 counted += _tokens(output)
-                if counted < STEP_TOKENS and output.finish_reason is None:
+                if not _closes(counted, output):
                     continue
-                text = "".join(o.text for o in pending)
-                if text and (await self._window("".join(t for t, _ in context) + text)).blocked:
+                window = "".join(o.text for o in pending)
+                if window and (await self._window(window, before)).blocked:
                     yield _cut(output)
                     return  # the finally closes the generation: its slot is freed now
                 for held in pending:
-                    _keep(context, held)
                     yield held
+                before = window or before
                 pending, counted = [], 0
         finally:
             await _close(outputs)
@@ -241,9 +252,8 @@ class RequestModeration:
     async def _unbuffered(
         self, outputs: AsyncIterator[GenerationOutput]
     ) -> AsyncIterator[GenerationOutput]:
-        context: deque[tuple[str, int]] = deque()
         checks: deque[asyncio.Task[Judgement]] = deque()
-        pending = ""
+        before = window = ""
         counted = 0
 
         def hit() -> bool:
@@ -255,10 +265,9 @@ class RequestModeration:
         try:
             async for output in outputs:
                 if output.finish_reason is not None:
-                    # the context holds what was sent, the unchecked part included
-                    text = "".join(t for t, _ in context) + output.text
-                    if pending or output.text:
-                        checks.append(asyncio.create_task(self._window(text)))
+                    window += output.text
+                    if window:
+                        checks.append(asyncio.create_task(self._window(window, before)))
                     await asyncio.gather(*checks)  # the rest, before the stream ends
                     yield _cut(output) if hit() else output
                     return
@@ -266,13 +275,11 @@ class RequestModeration:
                     yield _cut(output)
                     return
                 yield output
-                _keep(context, output, CONTEXT_TOKENS + STEP_TOKENS)
-                pending += output.text
+                window += output.text
                 counted += _tokens(output)
-                if counted >= STEP_TOKENS:
-                    window = "".join(t for t, _ in context)
-                    checks.append(asyncio.create_task(self._window(window)))
-                    pending, counted = "", 0
+                if _closes(counted, output) and window:
+                    checks.append(asyncio.create_task(self._window(window, before)))
+                    before, window, counted = window, "", 0
         finally:
             for task in checks:
                 task.cancel()
@@ -283,13 +290,13 @@ def _tokens(output: GenerationOutput) -> int:
     return len(output.token_ids) or (1 if output.text else 0)
 
 
-def _keep(
-    context: deque[tuple[str, int]], output: GenerationOutput, cap: int = CONTEXT_TOKENS
-) -> None:
-    """Keep ``output`` as context for the next window (the last ``cap`` tokens)."""
-    context.append((output.text, _tokens(output)))
-    while sum(n for _, n in context) > cap and len(context) > 1:
-        context.popleft()
+def _closes(counted: int, output: GenerationOutput) -> bool:
+    """A window ends at the generation's end, at STEP_TOKENS, or at a sentence's end once
+    it holds MIN_TOKENS: the heads were trained on sentences and short prompts, and a bad
+    sentence scored inside a long harmless passage is diluted below its threshold."""
+    if output.finish_reason is not None or counted >= STEP_TOKENS:
+        return True
+    return counted >= MIN_TOKENS and any(c in output.text for c in SENTENCE_ENDS)
 
 
 def _cut(last: GenerationOutput) -> GenerationOutput:

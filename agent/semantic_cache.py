@@ -42,6 +42,9 @@ __all__ = [
 
 #: a last user message longer than this (characters) is not cached by meaning
 DEFAULT_MAX_PROMPT_CHARS = 2000
+#: candidates at or above the threshold the guard reads, most similar first (bounds a
+#: lookup's cost when a context holds many near-duplicates)
+DEFAULT_MAX_CANDIDATES = 8
 #: what one entry costs beyond its vector and packed answer (row bookkeeping, signature)
 _ENTRY_OVERHEAD = 512
 
@@ -169,6 +172,7 @@ class SemanticCache:
         max_bytes: int,
         ttl_s: float,
         max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+        max_candidates: int = DEFAULT_MAX_CANDIDATES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0.0 < threshold <= 1.0:
@@ -177,6 +181,7 @@ class SemanticCache:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self.max_prompt_chars = max_prompt_chars
+        self.max_candidates = max_candidates
         self._clock = clock
         self._buckets: dict[bytes, _Bucket] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
@@ -214,7 +219,10 @@ class SemanticCache:
         now = self._clock()
         asked: Signature | None = None
         reason = ""
-        # most similar first; expired candidates are dropped as they are met
+        # the most similar first; expired candidates are dropped as they are met
+        if candidates.size > self.max_candidates:
+            top = np.argpartition(-similarities[candidates], self.max_candidates - 1)
+            candidates = candidates[top[: self.max_candidates]]
         ranked = candidates[np.argsort(-similarities[candidates], kind="stable")]
         entries = [bucket.entries[i] for i in ranked]
         for entry, row in zip(entries, ranked, strict=True):

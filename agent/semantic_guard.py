@@ -110,6 +110,9 @@ _AMBIGUOUS_MONTHS = {"may", "march"}
 _NEGATIONS = {
     "not", "no", "never", "without", "nothing", "nobody", "nowhere", "neither", "nor",
     "cannot", "avoid", "except", "excluding", "unable", "stop", "prevent", "refuse",
+    # typed without the apostrophe
+    "dont", "cant", "wont", "isnt", "arent", "doesnt", "didnt", "wasnt", "werent",
+    "shouldnt", "couldnt", "wouldnt", "havent", "hasnt",
 }  # fmt: skip
 _ANTONYMS = [
     ("on", "off"), ("enable", "disable"), ("enabled", "disabled"), ("activate", "deactivate"),
@@ -182,13 +185,14 @@ _STOPWORDS = set(
         wants like would'd i'm i'd i've i'll you're we're they're it's what's that's
         there's can't don't isn't aren't won't please thanks thank hi hello hey hiya
         morning er uh um so ok okay yeah yes well actually cheers quick question possible
-        able anything something let know tell give make use one s t
+        able anything something let know tell give make use one s t whats thats theres hows
+        wheres whens whos im ive youre
         """
     )
 )
 _DIRECTIONS = {"from", "to", "into", "than", "vs", "versus"}
 #: at most this many content words replaced or added: a narrow edit (a trap), not a rewording
-_SMALL_EDIT = 1
+_SMALL_EDIT = 2
 _FILLER = {
     "please", "thanks", "thank", "hi", "hello", "hey", "hiya", "er", "uh", "um", "wondering",
     "team", "advance", "folk", "guy", "whats", "hows", "wheres", "whens", "whos",
@@ -290,7 +294,13 @@ def signature(text: str) -> Signature:
                 order.append(base)
         if low in _DIRECTIONS:
             preposition = low
-        elif base not in _STOPWORDS and low not in _NUMBER_WORDS and len(base) > 1:
+        elif (
+            base not in _STOPWORDS
+            and low not in _NUMBER_WORDS
+            and low not in _NEGATIONS  # compared as negation, not as a word
+            and not low.endswith("n't")
+            and len(base) > 1
+        ):
             content.add(_stem(base.replace("-", "")))
             if preposition:
                 directions.append((preposition, _stem(base)))
@@ -383,4 +393,9 @@ def refusal(cached: Signature, asked: Signature) -> str | None:
 
 def _entities_differ(mine: Signature, theirs: Signature) -> bool:
     """A name in ``mine`` that ``theirs`` does not have, in any case ("UK" and "uk" agree)."""
-    return any(e not in theirs.words and e not in theirs.entities for e in mine.entities)
+    for entity in mine.entities:
+        base = entity.removesuffix("'s")  # a possessive: "child's" and "childs" agree
+        forms = {entity, base, base + "'s", base + "s"}
+        if not forms & (theirs.words | theirs.entities):
+            return True
+    return False

@@ -129,6 +129,9 @@ def test_a_prompt_differing_only_in_a_number_is_refused_by_the_guard() -> None:
         ("What are the symptoms of flu?", "What are the symptoms of flu in babies?", "qualifier"),
         ("How do I reset my password?", "How do I reset my colleague's password?", "entity"),
         ("How do I change my email address?", "How do I chnage my email adress?", None),
+        ("I can't log in to my bank, what now?", "I cannot log in to my bank, what now?", None),
+        ("How do I get my child's results?", "so how do i get my childs results", None),
+        ("Is the pad thai spicy?", "Is the green curry spicy?", "swap"),
         ("How do I change my email address?", "Hi, how do I change my email address? Thanks", None),
     ],
 )
@@ -240,3 +243,27 @@ def test_the_calibrated_threshold_is_for_one_embedding_version_only(tmp_path: Pa
     table.write_text('{"all-minilm-l6-v2": {"version": "int8-1", "threshold": 1.5}}')
     assert calibrated_threshold("all-minilm-l6-v2", "int8-1", table) is None
     assert calibrated_threshold("all-minilm-l6-v2", "int8-1", tmp_path / "none.json") is None
+
+
+def test_the_guard_reads_only_the_most_similar_candidates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agent.semantic_cache as module
+    import agent.semantic_guard as guard
+
+    c = cache(max_candidates=3)
+    for n in range(20):  # 20 near-duplicates, all above the threshold, all refused
+        c.put(context(), f"Track order {n}", unit(1, 0.001 * n), answer(f"order {n}"))
+    calls = []
+    real = guard.refusal
+
+    def counting(cached: object, asked: object) -> str | None:
+        calls.append(1)
+        return real(cached, asked)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "refusal", counting)
+    found = c.lookup(context(), "Track order 99", unit(1, 0.0))
+    assert found.outcome == "refused" and found.reason == "number"
+    assert len(calls) == 3
+    hit = c.lookup(context(), "Track order 0", unit(1, 0.0))  # the most similar one
+    assert hit.outcome == "hit" and hit.entry is not None and hit.entry.text == "order 0"

@@ -260,6 +260,7 @@ def build() -> dict[str, object]:
     cjk_given: set[str] = set()
     hangul_family: set[str] = set()
     hangul_given: set[str] = set()
+    east_asian_family: set[str] = set()
     street_suffixes: set[str] = set()
     street_prefixes: set[str] = set()
     locales: list[str] = []
@@ -289,6 +290,8 @@ def build() -> dict[str, object]:
                         g |= romaji(kana)
                 for kana in getattr(prov, "last_kana_names", ()):
                     f |= romaji(kana)
+                    east_asian_family.update(romaji(kana))
+                east_asian_family |= _words(getattr(prov, "last_romanized_names", ()))
                 raw_given = [v for a in _NAME_ATTRS_GIVEN for v in getattr(prov, a, ())]
                 raw_family = [v for a in _NAME_ATTRS_FAMILY for v in getattr(prov, a, ())]
                 for v in raw_given:
@@ -303,12 +306,15 @@ def build() -> dict[str, object]:
                     elif isinstance(v, str) and _HANGUL.match(v):
                         hangul_family.add(v)
                         f |= revised_romanization(v)
+                        east_asian_family |= revised_romanization(v)
                 for w in list(g):
                     g |= transliterate(w)
                 if loc == "ko_KR":
                     f |= set(USUAL_SPELLINGS["korean"].split())
+                    east_asian_family |= set(USUAL_SPELLINGS["korean"].split())
                 if loc == "zh_CN":
                     f |= set(USUAL_SPELLINGS["chinese"].split())
+                    east_asian_family |= set(USUAL_SPELLINGS["chinese"].split())
                 for w in list(f):
                     f |= transliterate(w)
                 # Han, kana and Hangul strings are kept apart (used with a cue only).
@@ -339,6 +345,8 @@ def build() -> dict[str, object]:
         "cjk_family": sorted(cjk_family),
         "hangul_given": sorted(hangul_given),
         "hangul_family": sorted(hangul_family),
+        # Chinese, Japanese and Korean family names in Latin letters (after a given name)
+        "east_asian_family": sorted(east_asian_family),
         "street_suffixes": _clean(street_suffixes),
         "street_prefixes": _clean(street_prefixes),
     }

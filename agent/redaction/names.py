@@ -426,8 +426,15 @@ _TITLES = (
     r"Mr|Mrs|Ms|Mx|Miss|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Herr|Frau|Mme|Mlle|Madame|"
     r"Monsieur|M|Sr|Sra|Srta|Señor|Señora|Don|Doña|Sig|Sig\.ra|Signor|Signora|Dott|Dott\.ssa|"
     r"Ing|Mag|Dhr|Mevr|Mevrouw|Meneer|Captain|Capt|Officer|Judge|Rev|Fr|Pastor|Nurse|Coach|"
-    r"Aunt|Auntie|Uncle|Cousin|Grandma|Grandpa|Granny|Tante|Onkel|Oma|Opa|Tía|Tío|Zia|Zio|Oom"
+    r"Aunt|Auntie|Uncle|Cousin|Grandma|Grandpa|Granny|Tante|Onkel|Oma|Opa|Tía|Tío|Zia|Zio|Oom|"
+    # South-East Asian, South Asian, Arabic, West African, Slavic forms of address
+    r"Pak|Bapak|Bu|Ibu|Mbak|Encik|Cik|Puan|Tuan|Datuk|Dato|Datin|Haji|Hajah|Hajjah|Khun|Ông|Bà|"
+    r"Chị|Kuya|Aling|Shri|Shrimati|Smt|Sri|Kumari|Sheikh|Shaikh|Sayyid|Sayed|Ustadh|Ustaz|"
+    r"Ustazah|Chief|Alhaji|Alhaja|Mallam|Malam|Oga|Madam|Pani|Pan|Gospodin|Gospozha|"
+    r"господин|госпожа|г-н|г-жа|пан|пані"
 )
+# Honorifics written after a romanized name (Tanaka-san, Min-jun-ssi, Sharma-ji).
+_HONORIFIC_SUFFIXES = frozenset(["san", "sama", "sensei", "kun", "chan", "ssi", "nim", "ji"])
 _CUES = (
     r"dear|hi|hello|hey|thanks|thank you|cc|ask|tell|call|email|e-mail|ping|contact|phone|"
     r"text|meet|met|with|by|from|name is|name's|named|called|i am|i'm|this is|signed|"
@@ -599,6 +606,11 @@ def find_persons(text: str) -> Iterator[Span]:
                 continue
             before = text[max(0, offsets[i] - 30) : offsets[i]]
             first = w.split("-")[0]
+            if "-" in w and w.rsplit("-", 1)[1].lower() in _HONORIFIC_SUFFIXES and j_ok(w):
+                base = w.rsplit("-", 1)[0]
+                yield Span(offsets[i], offsets[i] + len(base), PERSON)  # Tanaka-san
+                i += 1
+                continue
             j = i + 1
             # the name's further words: particles and capitalised words, at most three more
             while j < n and j - i <= 3:
@@ -725,6 +737,22 @@ _PLACE_AFTER_RE = re.compile(
 )
 
 
+_PATRONYMIC = re.compile(r"(?:ovich|evich|ovna|evna|ichna|ович|евич|овна|евна|ична|інічна|івна)$")
+_CYRILLIC_WORD = re.compile(r"[А-ЯЁЇІЄҐ][а-яёїієґ'-]+")
+
+
+@cache
+def _east_asian_family() -> frozenset[str]:
+    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    return frozenset(data.get("east_asian_family", ()))
+
+
+def j_ok(word: str) -> bool:
+    """The part before an honorific suffix is a capitalised word (Tanaka-san, not x-san)."""
+    base = word.rsplit("-", 1)[0]
+    return len(base) >= 2 and base[0].isupper() and base.replace("-", "")[1:].islower()
+
+
 def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[str]) -> bool:
     """Two words that make a name without a known given name first: a known family name
     and a given name (known or name-shaped: ``Wang Xiuying``, ``Kim Min-jun``), a name-shaped
@@ -742,11 +770,17 @@ def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[
     b_known = _known(b, given) or _known(b.split("-")[0], given) or _known(b, family)
     if a_family and (b_known or name_shaped(b)):
         return True
+    if b in _east_asian_family() and name_shaped(a) and a not in _SHAPED_NOT_NAMES:
+        return True  # Minjun Kim, Haruto Sato, Xiuying Wang: a given name, then the family's
     if _known(b, family) and not _known(b, given) and name_shaped(a):
         # a pinyin-only shape (English -ing words have it) only before a pinyin surname
         return not pinyin_only(a) or pinyin_shaped(b)
     if _SLAVIC_FAMILY.search(a) and b_known:
         return True  # Shestakova Alyona, Шестакова Алёна: a Slavic family name first
+    if _PATRONYMIC.search(b):
+        return True  # Ivan Petrovich, Алёна Викторовна: a patronymic follows a given name
+    if _CYRILLIC_WORD.fullmatch(a) and _CYRILLIC_WORD.fullmatch(b) and _SLAVIC_FAMILY.search(a):
+        return True  # Шестакова Алёна: both Cyrillic, the first a family name by its ending
     if _known(a, given) and name_shaped(b):
         return True
     if (
@@ -1197,6 +1231,7 @@ def _compound_number_first(text: str) -> Iterator[tuple[int, int]]:
 def warm_up() -> None:
     """Loads the gazetteer and compiles the street patterns (once per process)."""
     gazetteer()
+    _east_asian_family()
     _script_warm_up()
     _address_patterns()
 

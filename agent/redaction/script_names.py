@@ -44,7 +44,7 @@ _HONORIFIC_AFTER_CJK = (
 _LABELS_CJK = (
     "姓名|氏名|名前|お名前|收件人|收货人|收貨人|联系人|聯絡人|联系|客户|客戶|患者|病人|"
     "尊敬的|亲爱的|親愛的|致|宛先|宛名|担当|担当者|申请人|申請人|持卡人|账户名|帳戶名|用户|"
-    "寄件人|发件人|送付先|お届け先|ご依頼主|受取人|"
+    "寄件人|发件人|送付先|お届け先|ご依頼主|受取人|我是|我叫|名叫|叫做|担当の|私は|わたしは|"
     "name|name:|dear|customer|patient|recipient|attn|contact|holder|mr|ms|mrs|dr"
 )
 _CJK_RUN = re.compile(rf"[{_HAN}]{{1,3}}[ \u3000]?[{_HAN}{_KANA}]{{1,3}}")
@@ -57,7 +57,8 @@ _HANGUL_AFTER = (
 )
 _HANGUL_PARTICLES = ("님", "씨")
 _LABELS_HANGUL = re.compile(
-    r"(?i:(?:이름|성명|고객명|수령인|받는\s?분|받는\s?사람|예금주|담당자|환자|보내는\s?분|신청인|"
+    r"(?i:(?:저는|제 이름은|이름은|이름|성명|고객명|수령인|받는\s?분|받는\s?사람|예금주|담당자|"
+    r"환자|보내는\s?분|신청인|"
     r"name|dear|customer|patient|recipient|attn|contact|holder))\s*[:：]?\s*$"
 )
 
@@ -152,14 +153,14 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
             while (
                 end < len(text)
                 and given < 2 + (sur == 2)
-                and (_is_han(text[end]) or _is_kana(text[end]))
+                and _is_han(text[end])  # kana after a name is a particle (山田です)
             ):
                 if _HONORIFIC.match(text, end):
                     break
                 end += 1
                 given += 1
-            if given:
-                yield Span(start, end, PERSON)
+            if given or sur == 2:  # 私は山田です: a two-character family name alone
+                yield Span(start, end if given else start + sur, PERSON)
     # 3. a known surname of two or more characters, a space, a given name (木村 陽一)
     for m in _SPACED.finditer(text):
         if m.group(1) in family or m.group(1)[:2] in family:

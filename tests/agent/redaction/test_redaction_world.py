@@ -42,6 +42,11 @@ PERSONS = {
         ("Nishida Kazuyoshi called again about order 193409.", "Nishida Kazuyoshi"),
         ("Please ask Kazuyoshi Nishida to sign.", "Kazuyoshi Nishida"),
         ("Thanks, Kazuyoshi", "Kazuyoshi"),
+        ("Tanaka-san will join the call.", "Tanaka"),
+        ("Haruto Sato signed.", "Haruto Sato"),
+        ("Yuzuha Mori paid.", "Yuzuha Mori"),
+        ("私は山田です。", "山田"),
+        ("担当の佐藤健一が対応します。", "佐藤健一"),
         ("佐藤 健一様、ご注文ありがとうございます。", "佐藤 健一"),
         ("高橋さんにも連絡しました。", "高橋"),
         ("Order for 佐藤健一 (account 12345).", "佐藤健一"),
@@ -54,6 +59,8 @@ PERSONS = {
         ("尊敬的张先生，您好。", "张"),
         ("Hi 王秀英, your order has shipped.", "王秀英"),
         ("Mdm Tan Mei Ling will collect it.", "Tan Mei Ling"),
+        ("我是王秀英，请回电。", "王秀英"),
+        ("Xiuying Wang paid.", "Xiuying Wang"),
     ],
     "korea": [
         ("Kim Min-jun will call you back.", "Kim Min-jun"),
@@ -61,6 +68,8 @@ PERSONS = {
         ("김민준 고객님, 주문이 발송되었습니다.", "김민준"),
         ("이름: 박서연", "박서연"),
         ("Customer 김민준 called about the refund.", "김민준"),
+        ("저는 김민준입니다.", "김민준"),
+        ("Minjun Kim will call.", "Minjun Kim"),
     ],
     "west_africa": [
         ("Ngozi Okonkwo and Chinedu Eze will join.", "Ngozi Okonkwo"),
@@ -71,6 +80,7 @@ PERSONS = {
     ],
     "south_asia": [
         ("Priya Raghunathan from Chennai called.", "Priya Raghunathan"),
+        ("Please thank Sharma-ji for the help.", "Sharma"),
         ("श्री राहुल शर्मा कल आएंगे", "राहुल शर्मा"),
     ],
     "south_east_asia": [
@@ -79,6 +89,8 @@ PERSONS = {
         ("Send it to Juan dela Cruz, 123 Rizal Avenue.", "Juan dela Cruz"),
         ("Budi Santoso and Dewi Lestari met at the mall.", "Budi Santoso"),
         ("Customer Somchai Jaidee lives here.", "Somchai Jaidee"),
+        ("Pak Budi and Ibu Sri arrived.", "Pak Budi"),
+        ("Khun Somsak arrived.", "Somsak"),
     ],
     "arabic": [
         ("We met Ahmed Al-Mansouri in the lobby.", "Ahmed Al-Mansouri"),
@@ -89,6 +101,8 @@ PERSONS = {
         ("Ivan Petrovich Sidorov signed the contract.", "Ivan Petrovich Sidorov"),
         ("Счёт для Ольга Смирнова готов.", "Ольга Смирнова"),
         ("Dmitri Volkov will pay.", "Dmitri Volkov"),
+        ("Шестакова Алёна оплатила заказ.", "Шестакова Алёна"),
+        ("Алёна Викторовна позвонила.", "Алёна Викторовна"),
     ],
 }
 
@@ -120,6 +134,8 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "Hi Banana team!",
         "We flew from Osaka to Lagos.",
         "Meet me at the Dubai Mall near the tower.",
+        "The x-san thing is odd.",
+        "Москва Сити is big.",
     ],
 )
 def test_look_alike_names_are_left_alone(text: str) -> None:

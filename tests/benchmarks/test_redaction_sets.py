@@ -107,3 +107,29 @@ def test_scores_per_region_script_and_negative_document() -> None:
     assert result["negatives"]["documents"] == 1
     assert result["negatives"]["with_any_span"] == 1
     assert result["negatives"]["flagged"][0]["spans"] == [{"type": "PERSON", "value": "rose"}]
+
+
+def test_the_4kb_prompt_is_4kb_of_one_kind_of_heldout_document() -> None:
+    from benchmarks.redaction import prompt_4kb
+
+    docs = load_documents(HELDOUT)
+    dense = prompt_4kb(docs)
+    clean = prompt_4kb(docs, "negative")
+    assert 3500 <= len(dense.encode()) <= 4096 and 3000 <= len(clean.encode()) <= 4096
+    positives = [d.text for d in docs if d.notes.get("kind") == "positive"]
+    negatives = [d.text for d in docs if d.notes.get("kind") == "negative"]
+    assert dense.startswith(positives[0]) and clean.startswith(negatives[0])
+
+
+def test_the_ner_persons_are_added_only_where_the_agent_found_nothing() -> None:
+    from benchmarks.redaction import _with_ner_persons
+
+    mine: list[Span] = [(0, 5, "PERSON"), (10, 20, "ADDRESS")]
+    theirs: list[Span] = [
+        (1, 4, "PERSON"),
+        (12, 15, "PERSON"),
+        (30, 35, "PERSON"),
+        (40, 45, "ADDRESS"),
+    ]
+    both = _with_ner_persons(lambda _t: list(mine), lambda _t: list(theirs))("x" * 50)
+    assert both == [*mine, (30, 35, "PERSON")]

@@ -422,6 +422,9 @@ class KeyPolicy:
     """A key's policy: one structure that later per-key settings extend (v1.3)."""
 
     moderation: ModerationPolicy = ModerationPolicy()
+    # Deterministic requests may be answered from the semantic cache (issue 29); off: the
+    # exact response cache only.
+    semantic_cache: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -596,7 +596,8 @@ def key_policy_to_pb(policy: KeyPolicy) -> pb.KeyPolicy:
                 for r in moderation.rules
             ],
             stream_mode=_STREAM_MODE_TO_PB[moderation.stream_mode],
-        )
+        ),
+        semantic_cache=policy.semantic_cache,
     )
 
 
@@ -615,7 +616,10 @@ def key_policy_from_pb(message: pb.KeyPolicy) -> KeyPolicy:
         if r.direction in _DIRECTION_FROM_PB and r.action in _ACTION_FROM_PB
     )
     mode = _STREAM_MODE_FROM_PB.get(moderation.stream_mode, ModerationStreamMode.BUFFERED)
-    return KeyPolicy(moderation=ModerationPolicy(rules=rules, stream_mode=mode))
+    return KeyPolicy(
+        moderation=ModerationPolicy(rules=rules, stream_mode=mode),
+        semantic_cache=message.semantic_cache,
+    )
 
 
 def model_target_to_pb(target: ModelTarget) -> pb.ModelTarget:

@@ -6,7 +6,11 @@ API, the coordinator's store, the agent's keys file and the CLIs read and write.
     {"moderation": {"input":  {"harassment": "block", "violence": {"action": "flag",
                                                                    "threshold": 0.6}},
                     "output": {"hate": "off"},
-                    "stream_mode": "buffered"}}
+                    "stream_mode": "buffered"},
+     "semantic_cache": true}
+
+``semantic_cache`` (default false): the key's deterministic requests may be answered from
+the semantic cache (agent/semantic_cache.py).
 
 A category without a rule keeps the default: ``block`` for sexual/minors, ``flag`` for the
 rest (what an agent without keys does). sexual/minors cannot be turned ``off``. Anything
@@ -95,12 +99,17 @@ def key_policy_from_json(data: Any, field: str = "policy") -> KeyPolicy:
         return DEFAULT_KEY_POLICY
     if not isinstance(data, dict):
         raise KeyPolicyError(field, f"{field} must be an object")
-    unknown = sorted(set(data) - {"moderation"})
+    unknown = sorted(set(data) - {"moderation", "semantic_cache"})
     if unknown:
         raise KeyPolicyError(f"{field}.{unknown[0]}", f"{field}: unknown field {unknown[0]!r}")
+    semantic = data.get("semantic_cache", False)
+    if not isinstance(semantic, bool):
+        raise KeyPolicyError(
+            f"{field}.semantic_cache", f"{field}.semantic_cache must be true or false"
+        )
     moderation = data.get("moderation")
     if moderation is None:
-        return DEFAULT_KEY_POLICY
+        return KeyPolicy(semantic_cache=True) if semantic else DEFAULT_KEY_POLICY
     where = f"{field}.moderation"
     if not isinstance(moderation, dict):
         raise KeyPolicyError(where, f"{where} must be an object")
@@ -122,7 +131,7 @@ def key_policy_from_json(data: Any, field: str = "policy") -> KeyPolicy:
             f"{where}.stream_mode must be one of "
             f"{', '.join(m.value for m in ModerationStreamMode)}",
         )
-    return KeyPolicy(ModerationPolicy(tuple(rules), ModerationStreamMode(mode)))
+    return KeyPolicy(ModerationPolicy(tuple(rules), ModerationStreamMode(mode)), semantic)
 
 
 def usable_policy(policy: KeyPolicy) -> KeyPolicy:
@@ -144,7 +153,9 @@ def usable_policy(policy: KeyPolicy) -> KeyPolicy:
             continue
     if len(kept) == len(policy.moderation.rules):
         return policy
-    return KeyPolicy(ModerationPolicy(tuple(kept), policy.moderation.stream_mode))
+    return KeyPolicy(
+        ModerationPolicy(tuple(kept), policy.moderation.stream_mode), policy.semantic_cache
+    )
 
 
 def key_policy_to_json(policy: KeyPolicy) -> dict[str, Any]:
@@ -157,7 +168,10 @@ def key_policy_to_json(policy: KeyPolicy) -> dict[str, Any]:
             value = {"action": rule.action.value, "threshold": rule.threshold}
         moderation[rule.direction.value][rule.category] = value
     moderation["stream_mode"] = policy.moderation.stream_mode.value
-    return {"moderation": moderation}
+    out: dict[str, Any] = {"moderation": moderation}
+    if policy.semantic_cache:
+        out["semantic_cache"] = True
+    return out
 
 
 def parse_moderation_rule(text: str) -> tuple[str, str, Any]:

@@ -529,10 +529,12 @@ class ApiKey(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., secret_sha256: _Optional[bytes] = ..., models: _Optional[_Iterable[str]] = ..., allow_cloud: _Optional[bool] = ..., max_priority: _Optional[str] = ..., max_tokens_per_request: _Optional[int] = ..., requests_per_minute: _Optional[float] = ..., tokens_per_minute: _Optional[float] = ..., expires_at_unix: _Optional[int] = ..., name: _Optional[str] = ..., max_keep_alive_s: _Optional[float] = ..., may_pin_models: _Optional[bool] = ..., policy: _Optional[_Union[KeyPolicy, _Mapping]] = ...) -> None: ...
 
 class KeyPolicy(_message.Message):
-    __slots__ = ("moderation",)
+    __slots__ = ("moderation", "semantic_cache")
     MODERATION_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_CACHE_FIELD_NUMBER: _ClassVar[int]
     moderation: ModerationPolicy
-    def __init__(self, moderation: _Optional[_Union[ModerationPolicy, _Mapping]] = ...) -> None: ...
+    semantic_cache: bool
+    def __init__(self, moderation: _Optional[_Union[ModerationPolicy, _Mapping]] = ..., semantic_cache: _Optional[bool] = ...) -> None: ...
 
 class ModerationPolicy(_message.Message):
     __slots__ = ("rules", "stream_mode")

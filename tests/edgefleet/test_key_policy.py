@@ -55,6 +55,17 @@ def test_a_policy_round_trips_through_json() -> None:
     assert again == policy
 
 
+def test_the_semantic_cache_opt_in_round_trips_and_is_off_by_default() -> None:
+    assert not key_policy_from_json(None).semantic_cache
+    assert not key_policy_from_json(FULL).semantic_cache
+    on = key_policy_from_json({"semantic_cache": True})
+    assert on.semantic_cache and on.moderation == key_policy_from_json(None).moderation
+    both = key_policy_from_json({**FULL, "semantic_cache": True})
+    assert both.semantic_cache and both.moderation == key_policy_from_json(FULL).moderation
+    for policy in (on, both):
+        assert key_policy_from_json(json.loads(json.dumps(key_policy_to_json(policy)))) == policy
+
+
 @pytest.mark.parametrize(
     ("data", "field"),
     [
@@ -82,6 +93,8 @@ def test_a_policy_round_trips_through_json() -> None:
         ({"moderation": {"output": {MINORS: "off"}}}, f"policy.moderation.output.{MINORS}"),
         ({"moderation": {"stream_mode": "async"}}, "policy.moderation.stream_mode"),
         ({"moderation": {"stream_mode": 1}}, "policy.moderation.stream_mode"),
+        ({"semantic_cache": "yes"}, "policy.semantic_cache"),
+        ({"semantic_cache": 1}, "policy.semantic_cache"),
         ({"moderation": {"input": {f"c{i}": "block" for i in range(10_000)}}},
          "policy.moderation.input.c0"),
     ],

@@ -204,7 +204,8 @@ STATE = DesiredState(
                             ),
                         ),
                         contract.ModerationStreamMode.UNBUFFERED,
-                    )
+                    ),
+                    semantic_cache=True,
                 ),
             ),
         ),

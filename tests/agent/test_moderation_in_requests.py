@@ -421,3 +421,41 @@ async def test_request_records_carry_the_categories_never_the_text(
     ]
     assert b"secret phrase" not in (tmp_path / "requests.spool").read_bytes()
     agent.client.app[REQUEST_LOG].close()
+
+
+async def test_output_windows_close_at_a_sentence_so_a_bad_one_is_not_diluted() -> None:
+    """The heads score a bad sentence inside a long harmless passage far lower: windows
+    close at a sentence's end, so the sentence is scored (almost) alone. Injected scores
+    that only see the marker in a short text stand for that dilution."""
+    from agent.metrics import AgentMetrics
+    from agent.moderation.gate import ModerationGate
+
+    class Diluted(InjectedClassifier):
+        async def classify(self, texts: Sequence[str]) -> list[Verdict]:
+            self.calls.append(list(texts))
+            return [
+                verdict({"harassment": 0.9 if "HARASS" in t and len(t) < 60 else 0.1},
+                        THRESHOLDS, COVERED, t, LOW)
+                for t in texts
+            ]  # fmt: skip
+
+    gate = ModerationGate(Diluted(), AgentMetrics())  # type: ignore[arg-type]
+    moderation = gate.for_request(key_policy_from_json(block("output", "harassment")))
+    assert moderation is not None
+    passage = (
+        "We open at nine on weekdays and at ten on Saturdays. Park behind the building. "
+        "Bring a photo ID to the counter. You are HARASS and I will find you. Bye."
+    )
+    words = passage.split(" ")
+
+    async def outputs() -> AsyncIterator[GenerationOutput]:
+        for i, word in enumerate(words):
+            last = i == len(words) - 1
+            yield GenerationOutput(f"{word} ", (i,), "stop" if last else None, 5, i + 1)
+
+    for streamed in (True, False):
+        seen = [o async for o in moderation.screen(outputs(), streamed=streamed)]
+        text = "".join(o.text for o in seen)
+        assert text == "We open at nine on weekdays and at ten on Saturdays. Park behind the " \
+            "building. Bring a photo ID to the counter. "  # fmt: skip
+        assert seen[-1].finish_reason == "content_filter"

@@ -10,9 +10,19 @@ is the model's tokenizer's, which this check does not read).
 
 from __future__ import annotations
 
-from agent.api.protocol import ChatCompletionRequest, CompletionRequest
+from typing import Any
 
-__all__ = ["input_texts"]
+from aiohttp import web
+
+from agent.api.protocol import ChatCompletionRequest, CompletionRequest
+from agent.moderation.gate import RequestModeration
+
+__all__ = ["MODERATED", "MODERATION_HEADER", "check_overflow_answer", "input_texts"]
+
+# The request's content checks and what they found (categories only), for its record and
+# for an overflow target's answer.
+MODERATED = web.RequestKey("edgefleet_moderated", RequestModeration)
+MODERATION_HEADER = "X-Edgefleet-Moderation"
 
 #: chat roles whose messages are checked
 CHECKED_ROLES = frozenset({"user", "tool"})
@@ -33,3 +43,36 @@ def input_texts(body: ChatCompletionRequest | CompletionRequest) -> list[tuple[s
     if isinstance(prompt, str):
         return [("prompt", prompt)]
     return [(f"prompt[{i}]", p) for i, p in enumerate(prompt) if isinstance(p, str)]
+
+
+def chunk_text(chunk: dict[str, Any]) -> str:
+    """The text an OpenAI stream chunk (chat or text completion) adds."""
+    out = []
+    for choice in chunk.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str):
+            out.append(text)
+    return "".join(out)
+
+
+async def check_overflow_answer(moderation: RequestModeration, answer: Any) -> Any:
+    """An overflow target's whole answer through the output check: a choice's text cut at
+    its first blocked window, ``finish_reason: "content_filter"``."""
+    if not isinstance(answer, dict):
+        return answer
+    for choice in answer.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        holder, field = (message, "content") if isinstance(message, dict) else (choice, "text")
+        text = holder.get(field)
+        if not isinstance(text, str) or not text:
+            continue
+        kept, cut = await moderation.check_text(text)
+        if cut:
+            holder[field] = kept
+            choice["finish_reason"] = "content_filter"
+    return answer

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import suppress
+from typing import Any
 
 from agent.engine.interface import GenerationOutput
 from agent.errors import ContentFilterError, ModerationUnavailableError
@@ -48,6 +50,8 @@ STEP_TOKENS = 32
 MIN_TOKENS = 4
 #: what ends a sentence (and a window, past MIN_TOKENS)
 SENTENCE_ENDS = frozenset(".!?;\n\u3002\uff01\uff1f")  # and the CJK full stop, !, ?
+#: an overflow answer's "tokens": words with the space after them
+_WORDS = re.compile(r"\S+\s*|\s+")
 #: policies resolved and kept (keys are few; each resolution is ~30 dict entries)
 _RESOLVED_MAX = 1024
 
@@ -186,6 +190,52 @@ class RequestModeration:
         self._note("output", judgement)
         return judgement
 
+    async def check_text(self, text: str) -> tuple[str, bool]:
+        """An answer that did not come from this agent's engine (an overflow target's),
+        checked as a whole completion, its words counted as tokens: (what is kept, cut)."""
+        words = [w for w in _WORDS.findall(text)]
+
+        async def outputs() -> AsyncIterator[GenerationOutput]:
+            for i, word in enumerate(words):
+                yield GenerationOutput(word, (i,), "stop" if i == len(words) - 1 else None, 0, i)
+
+        kept = [o async for o in self._whole(outputs())]
+        cut = bool(kept) and kept[-1].finish_reason == "content_filter"
+        return "".join(o.text for o in kept), cut
+
+    async def screen_chunks(
+        self, chunks: AsyncIterator[dict[str, Any]], text_of: Callable[[dict[str, Any]], str]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """An overflow target's stream (OpenAI chunks), held back and checked window by
+        window as a buffered stream is (``unbuffered`` keys too: a target's text is
+        checked before it is sent); on a blocked window a last chunk with
+        ``finish_reason: "content_filter"`` ends it and the target's stream is closed."""
+        before = ""
+        pending: list[dict[str, Any]] = []
+        window = ""
+        counted = 0
+        try:
+            async for chunk in chunks:
+                pending.append(chunk)
+                piece = text_of(chunk)
+                window += piece
+                counted += len(_WORDS.findall(piece))
+                choices = chunk.get("choices") or []
+                finished = any(c.get("finish_reason") for c in choices if isinstance(c, dict))
+                ends = any(c in piece for c in SENTENCE_ENDS) and counted >= MIN_TOKENS
+                if not (finished or counted >= STEP_TOKENS or ends):
+                    continue
+                if window and (await self._window(window, before)).blocked:
+                    yield _cut_chunk(chunk)
+                    return
+                for held in pending:
+                    yield held
+                before, window, pending, counted = window or before, "", [], 0
+            for held in pending:  # a stream that ended without a finish reason
+                yield held
+        finally:
+            await _close(chunks)
+
     def screen(
         self, outputs: AsyncIterator[GenerationOutput], *, streamed: bool
     ) -> AsyncIterator[GenerationOutput]:
@@ -299,6 +349,20 @@ def _closes(counted: int, output: GenerationOutput) -> bool:
     return counted >= MIN_TOKENS and any(c in output.text for c in SENTENCE_ENDS)
 
 
+def _cut_chunk(last: dict[str, Any]) -> dict[str, Any]:
+    """The chunk that ends a cut overflow stream: ``last``'s ids, no text, content_filter."""
+    chunk = {k: v for k, v in last.items() if k not in ("choices", "usage")}
+    choices = last.get("choices") or [{"index": 0}]
+    chunk["choices"] = [
+        {"index": c.get("index", 0) if isinstance(c, dict) else 0, "delta": {},
+         "finish_reason": "content_filter"}
+        for c in choices[:1]
+    ]  # fmt: skip
+    if "text" in (choices[0] if isinstance(choices[0], dict) else {}):
+        chunk["choices"] = [{"index": 0, "text": "", "finish_reason": "content_filter"}]
+    return chunk
+
+
 def _cut(last: GenerationOutput) -> GenerationOutput:
     """The output that ends a cut generation: no text, ``content_filter``, its counts."""
     return GenerationOutput(
@@ -310,7 +374,7 @@ def _cut(last: GenerationOutput) -> GenerationOutput:
     )
 
 
-async def _close(outputs: AsyncIterator[GenerationOutput]) -> None:
+async def _close(outputs: AsyncIterator[Any]) -> None:
     close = getattr(outputs, "aclose", None)
     if close is not None:
         with suppress(Exception):

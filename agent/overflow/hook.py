@@ -9,6 +9,12 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.api.content_check import (
+    MODERATED,
+    MODERATION_HEADER,
+    check_overflow_answer,
+    chunk_text,
+)
 from agent.api.http_io import CLIENT_GONE, stream_error_event
 from agent.auth.middleware import grant_of
 from agent.engine.residency import ModelLoadFailedError, ModelUnavailableError
@@ -70,11 +76,22 @@ async def forward(
     )
     request[OVERFLOW_REQUEST] = req
     forwarder = service.forwarder
+    # what comes back goes through the same output check as the engine's
+    moderation = request.get(MODERATED)
+    if moderation is not None and not moderation.checks_output:
+        moderation = None
     try:
         if not raw.get("stream"):
             answer = await forwarder.complete(req, exc)
-            return web.json_response(answer, headers={SERVED_BY_HEADER: req.served_by})
+            headers = {SERVED_BY_HEADER: req.served_by}
+            if moderation is not None:
+                answer = await check_overflow_answer(moderation, answer)
+                if (flagged := moderation.flagged_header()) is not None:
+                    headers[MODERATION_HEADER] = flagged
+            return web.json_response(answer, headers=headers)
         events = forwarder.stream(req, exc)
+        if moderation is not None:
+            events = moderation.screen_chunks(events, chunk_text)
         first = await anext(events)  # before it, every failure still gets a status code
     except AgentError as error:
         if error is exc:

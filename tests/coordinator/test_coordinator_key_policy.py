@@ -110,7 +110,8 @@ async def test_a_keys_policy_is_minted_shown_changed_and_reaches_its_agents(
         ({"moderation": {"stream_mode": "async"}}, "policy.moderation.stream_mode"),
         ({"moderation": {"input": {f"x{i}": "off" for i in range(5000)}}},
          "policy.moderation.input.x0"),
-        ({"semantic_cache": True}, "policy.semantic_cache"),
+        ({"semantic_cache": "yes"}, "policy.semantic_cache"),
+        ({"cache": {}}, "policy.cache"),
     ],
 )  # fmt: skip
 async def test_a_malformed_policy_is_a_400_naming_the_field_and_changes_nothing(

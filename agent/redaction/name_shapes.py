@@ -62,9 +62,10 @@ _KOREAN_SYL = (
 )
 _KOREAN = re.compile(rf"{_KOREAN_SYL}(?:-?{_KOREAN_SYL})?")
 _OPEN_SYL = (
-    r"(?:gb|kp|ch|sh|ny|kw|gw|ng|nn|mb|nd|[bdfghjklmnprstvwyz])?(?:[aeiou])(?:n(?![aeiou]))?"
+    r"(?:gb|kp|ch|sh|ny|kw|gw|ng|nn|nw|nk|mb|nd|ts|[bdfghjklmnprstvwyz])?(?:[aeiou])"
+    r"(?:[nm](?![aeiou]))?"
 )
-_OPEN = re.compile(rf"(?:{_OPEN_SYL}){{3,8}}")
+_OPEN = re.compile(rf"(?:{_OPEN_SYL}){{2,8}}")
 
 
 def pinyin_shaped(word: str) -> bool:
@@ -83,7 +84,7 @@ def korean_shaped(word: str) -> bool:
 
 
 def open_syllabled(word: str) -> bool:
-    """Three to eight open syllables (``Oluwaseun``, ``Chukwuemeka``, ``Adebayo``)."""
+    """Two to eight open syllables (``Kofi``, ``Oluwaseun``, ``Nwachukwu``, ``Nnamdi``)."""
     return _OPEN.fullmatch(word.lower()) is not None
 
 

@@ -215,6 +215,9 @@ def test_look_alike_addresses_are_left_alone(text: str) -> None:
         ("Customer", name_shaped, False),
         ("Oluwaseun", name_shaped, True),
         ("Adéyẹmí", name_shaped, True),
+        ("Nwachukwu", name_shaped, True),
+        ("Nnamdi", name_shaped, True),
+        ("Kofi", name_shaped, True),
     ],
 )
 def test_name_shapes(word: str, check: object, expected: bool) -> None:

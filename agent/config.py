@@ -294,6 +294,16 @@ class CacheConfig(Settings):
     """Cache responses to deterministic requests, answered again for the same request."""
     max_bytes: int = Field(default=64 << 20, ge=0)
     """Byte budget; least recently used entries go beyond it."""
+    semantic_max_bytes: int = Field(default=32 << 20, ge=0)
+    """The semantic cache's byte budget (vectors, prompts and answers; least recently used
+    entries go beyond it); 0: no semantic cache. It answers only keys whose policy has
+    semantic_cache on, and only when the served embedding model's exact version has a
+    calibrated threshold."""
+    semantic_ttl_s: float = Field(default=3600.0, gt=0)
+    """How long a semantic cache entry may answer reworded repeats."""
+    semantic_max_prompt_chars: int = Field(default=2000, ge=1)
+    """A last user message longer than this is not cached by meaning (the exact cache
+    still takes it)."""
 
 
 def _join_targets(value: Any) -> Any:

@@ -173,6 +173,21 @@ class AgentMetrics:
             "Cacheable requests not found in the response cache",
             registry=r,
         )
+        self.semantic_cache_lookups = Counter(
+            "edgefleet_agent_semantic_cache_lookups",
+            "Semantic cache lookups after an exact-cache miss, by outcome (hit; miss: nothing "
+            "close enough; refused: close enough, but the lexical guard found a difference; "
+            "ineligible: time-sensitive, too long or empty)",
+            ["outcome"],
+            registry=r,
+        )
+        self.semantic_cache_refusals = Counter(
+            "edgefleet_agent_semantic_cache_refusals",
+            "Semantic cache candidates refused by the lexical guard, by what differed "
+            "(number, date, negation, antonym, entity, direction, url, code, swap, qualifier)",
+            ["reason"],
+            registry=r,
+        )
         self.moderation_flagged = Counter(
             "edgefleet_agent_moderation_flagged",
             "Requests in which content moderation found a category, by stage (input, "

@@ -200,10 +200,15 @@ class SemanticCache:
             return "time_sensitive"
         return ""
 
-    def lookup(self, context: bytes, prompt: str, vector: Vector) -> SemanticLookup:
+    def lookup(
+        self, context: bytes, prompt: str, vector: Vector, threshold: float | None = None
+    ) -> SemanticLookup:
         """The cached answer for a prompt that means the same in the same context, if any.
 
-        ``vector``: the prompt's normalized embedding (the same model as the entries')."""
+        ``vector``: the prompt's normalized embedding (the same model as the entries');
+        ``threshold``: this lookup's (the embedding model version's calibrated one; the
+        context carries that version), else the cache's."""
+        threshold = self.threshold if threshold is None else threshold
         why = self.ineligible(prompt)
         if why:
             return SemanticLookup("ineligible", reason=why)
@@ -213,7 +218,7 @@ class SemanticCache:
         n = len(bucket.entries)
         similarities = bucket.vectors[:n] @ np.asarray(vector, dtype=np.float32)
         best = float(similarities.max())
-        candidates = np.flatnonzero(similarities >= self.threshold)
+        candidates = np.flatnonzero(similarities >= threshold)
         if candidates.size == 0:
             return SemanticLookup("miss", similarity=best)
         now = self._clock()

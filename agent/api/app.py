@@ -75,6 +75,8 @@ from agent.overflow.wiring import overflow_service_for
 from agent.redaction import Redactor
 from agent.request_log import RequestLog, RequestLogSlot
 from agent.response_cache import ResponseCache
+from agent.semantic_cache import SemanticCache
+from agent.semantic_responder import SemanticResponder
 from agent.sync.blob_server import blob_handler
 from agent.sync.manager import ModelSync
 from agent.sync.setup import build_model_sync, models_source, sync_wanted
@@ -175,6 +177,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
 RECORD_FROM = web.RequestKey("edgefleet_record_from", tuple)
 # Set once the request's record is written (a finished stream's, before its [DONE]).
 RECORDED = web.RequestKey("edgefleet_recorded", bool)
+CACHE_SIMILARITY_HEADER = "X-Edgefleet-Cache-Similarity"
 # Requests that get a per-request record (agent/request_log.py).
 RECORDED_ENDPOINTS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/moderations"}
@@ -291,7 +294,13 @@ def _limit(request: web.Request) -> int:
 
 
 def _headers(prepared: PreparedGeneration) -> dict[str, str]:
-    return {"X-Edgefleet-Cache": prepared.cache_status, "X-Request-Id": prepared.request.request_id}
+    headers = {
+        "X-Edgefleet-Cache": prepared.cache_status,
+        "X-Request-Id": prepared.request.request_id,
+    }
+    if prepared.similarity is not None:  # a semantic hit: how close the prompts were
+        headers[CACHE_SIMILARITY_HEADER] = f"{prepared.similarity:.4f}"
+    return headers
 
 
 def _options(request: web.Request) -> RequestOptions:
@@ -545,7 +554,19 @@ def _registry_ctx(
             reg.residency.listeners.append(metrics)
         app[REGISTRY] = reg
         cache = ResponseCache(config.cache.max_bytes) if config.cache.enabled else None
-        runner = GenerationRunner(metrics, cache)
+        semantic = None
+        if cache is not None and config.cache.semantic_max_bytes > 0:
+            semantic = SemanticResponder(
+                SemanticCache(
+                    threshold=1.0,  # each lookup gives its embedding version's threshold
+                    max_bytes=config.cache.semantic_max_bytes,
+                    ttl_s=config.cache.semantic_ttl_s,
+                    max_prompt_chars=config.cache.semantic_max_prompt_chars,
+                ),
+                reg,
+                metrics,
+            )
+        runner = GenerationRunner(metrics, cache, semantic)
         app[CHAT] = ChatService(reg, limits, runner)
         app[COMPLETIONS] = CompletionService(reg, limits, runner)
         app[EMBEDDINGS] = EmbeddingService(reg)

@@ -120,6 +120,12 @@ class SamplingFields(BaseModel):
         "else 400 naming keep_alive.",
     )
     cache: bool | None = None  # extension: use the response cache (default: when deterministic)
+    semantic_cache: bool | None = Field(
+        default=None,
+        description="Extension: false asks for the exact response cache only (no answer from "
+        "a reworded repeat); unset: the semantic cache when the API key's policy turns it on. "
+        "cache: false turns both off.",
+    )
     # extension: each choice (and each streamed chunk's choice) carries the token ids it
     # delivers in ``token_ids``, so a client can resume a broken stream by ids
     return_token_ids: bool = Field(

@@ -83,6 +83,19 @@ class ChatService(GenerationService):
         prepared = self._runner.prepare(
             model, "chat", constrained_request(request, compiled), req, options
         )
+        last = req.messages[-1]
+        prompt = None
+        if last.role == "user" and last.content is not None and not req.continue_token_ids:
+            prompt = last.text()
+        prepared = await self._runner.semantic_lookup(
+            prepared,
+            "chat",
+            req,
+            options,
+            prompt=prompt,
+            earlier=[m.model_dump(mode="json") for m in req.messages[:-1]],
+            extra={"tools": list(req.tools or ())},
+        )
         continued = ""
         if spec is not None and spec.calls_tools and req.continue_token_ids:
             continued = model.decode(req.continue_token_ids)  # a call is read whole

@@ -7,7 +7,7 @@ import contextvars
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
 from agent.moderation.gate import RequestModeration
 from agent.response_cache import CachedGeneration, ResponseCache, cache_key
+from agent.semantic_responder import SemanticProbe, SemanticResponder
 from agent.structured.spec import ConstraintSpec
 
 
@@ -282,6 +283,10 @@ class PreparedGeneration:
     continued_text: str = ""  # a resumed tool-calling stream: the text already delivered
     # the output check (None: none); a cut or flagged output is never cached
     moderation: RequestModeration | None = None
+    # where the finished answer goes in the semantic cache (None: it is not kept there)
+    semantic: SemanticProbe | None = None
+    # a semantic hit: the cosine of this prompt and the one that made the entry
+    similarity: float | None = None
 
     @property
     def constrained(self) -> bool:
@@ -290,9 +295,9 @@ class PreparedGeneration:
 
     @property
     def cache_status(self) -> str:
-        """``X-Edgefleet-Cache`` header value: hit, miss or bypass."""
+        """``X-Edgefleet-Cache`` header value: hit, semantic-hit, miss or bypass."""
         if self.cached is not None:
-            return "hit"
+            return "hit" if self.similarity is None else "semantic-hit"
         return "miss" if self.cache_key is not None else "bypass"
 
 
@@ -313,9 +318,15 @@ def usage_of(output: GenerationOutput | None, prompt_tokens: int) -> Usage:
 class GenerationRunner:
     """Runs prepared generations: response cache first, then the engine, with metrics."""
 
-    def __init__(self, metrics: AgentMetrics, cache: ResponseCache | None) -> None:
+    def __init__(
+        self,
+        metrics: AgentMetrics,
+        cache: ResponseCache | None,
+        semantic: SemanticResponder | None = None,
+    ) -> None:
         self._metrics = metrics
         self._cache = cache
+        self._semantic = semantic
 
     def prepare(
         self,
@@ -366,6 +377,57 @@ class GenerationRunner:
             charged_tokens=charged,
             moderation=moderation,
         )
+
+    async def semantic_lookup(
+        self,
+        prepared: PreparedGeneration,
+        endpoint: str,
+        body: SamplingFields,
+        options: RequestOptions,
+        *,
+        prompt: str | None,
+        earlier: Sequence[Any] = (),
+        extra: Mapping[str, Any] | None = None,
+    ) -> PreparedGeneration:
+        """After an exact-cache miss, the semantic cache (agent/semantic_responder.py): for
+        a deterministic request the exact cache took, a key whose policy opts in, and a
+        body that does not ask for the exact cache only (``semantic_cache: false``).
+
+        ``prompt``: the last user message (None: the request has none to compare);
+        ``earlier``: every message before it, as sent; ``extra``: what else of the request
+        the exact cache reads through the prompt ids (the tools)."""
+        grant = options.grant
+        params = prepared.request.params
+        if (
+            self._semantic is None
+            or prompt is None
+            or prepared.cache_key is None  # cache: false, or the exact cache is off
+            or prepared.cached is not None
+            or body.semantic_cache is False
+            or not (params.temperature == 0.0 or params.seed is not None)
+            or grant is None  # opt-in per key: without keys, no key opts in
+            or not grant.key.policy.semantic_cache
+        ):
+            return prepared
+        fields = cache_fields(prepared.request)
+        del fields["prompt"]  # the earlier messages and the last one stand for it
+        fields["extra"] = dict(extra or {})
+        moderation = prepared.moderation
+        probe, found = await self._semantic.lookup(
+            api_key_id=grant.key_id,
+            model_id=prepared.model.model_id,
+            model_version=prepared.model.version,
+            endpoint=endpoint,
+            fields=fields,
+            earlier=earlier,
+            prompt=prompt,
+            moderation_version=moderation.cache_tag() if moderation is not None else "",
+        )
+        if found.entry is None:
+            return dataclasses.replace(prepared, semantic=probe)
+        # this request's prompt, not the one that made the entry, is what usage counts
+        hit = dataclasses.replace(found.entry, prompt_tokens=prompt_tokens_of(prepared.request))
+        return dataclasses.replace(prepared, cached=hit, similarity=found.similarity)
 
     async def run(self, prepared: PreparedGeneration) -> AsyncIterator[GenerationOutput]:
         """The generation's outputs, with time to first token and per-token time recorded;
@@ -445,16 +507,16 @@ class GenerationRunner:
                         and (moderation is None or not moderation.output_flagged)
                         and self._cache is not None
                     ):
-                        self._cache.put(
-                            prepared.cache_key,
-                            CachedGeneration(
-                                "".join(texts),
-                                tuple(tokens),
-                                output.finish_reason,
-                                output.prompt_tokens,
-                                output.completion_tokens,
-                            ),
+                        entry = CachedGeneration(
+                            "".join(texts),
+                            tuple(tokens),
+                            output.finish_reason,
+                            output.prompt_tokens,
+                            output.completion_tokens,
                         )
+                        self._cache.put(prepared.cache_key, entry)
+                        if prepared.semantic is not None and self._semantic is not None:
+                            self._semantic.store(prepared.semantic, entry)
                 yield output
         finally:
             close = getattr(outputs, "aclose", None)

@@ -73,6 +73,16 @@ class CompletionService(GenerationService):
         prepared = self._runner.prepare(
             model, "completions", constrained_request(request, compiled), req, options
         )
+        text_prompt = prompt if isinstance(prompt, str) else None
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            text_prompt = prompt[0]
+        prepared = await self._runner.semantic_lookup(
+            prepared,
+            "completions",
+            req,
+            options,
+            prompt=None if req.continue_token_ids else text_prompt,
+        )
         return dataclasses.replace(prepared, constraint=spec)
 
     def _response(

@@ -1,0 +1,171 @@
+"""The semantic cache in the request path (issue 29): a real agent (SmolLM2 and the int8
+MiniLM, API keys on) answers a reworded repeat from the semantic cache only for a key whose
+policy opts in, in the same context, with ``X-Edgefleet-Cache: semantic-hit`` and the
+similarity; never another key, never a prompt differing in a number, never with
+``cache: false`` or ``semantic_cache: false``; a streamed hit is a stream with usage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from agent.api.app import CACHE_SIMILARITY_HEADER, METRICS, create_app
+from agent.auth.key_files import write_keys
+from agent.auth.keys import new_secret, secret_digest
+from agent.config import load_config
+from edgefleet.contract import ApiKey, KeyPolicy, KeysSection
+
+pytestmark = pytest.mark.timeout(120)
+
+Client = TestClient[web.Request, web.Application]
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MODEL = "smollm2-135m-instruct"
+FIRST = "How do I change the email address on my account?"
+TYPO = "How do I chnage the email adress on my account?"
+
+
+def make_key(semantic: bool) -> tuple[str, ApiKey]:
+    key_id, secret = new_secret()
+    key = ApiKey(
+        key_id=key_id,
+        secret_sha256=secret_digest(secret),
+        policy=KeyPolicy(semantic_cache=semantic),
+    )
+    return secret, key
+
+
+@pytest.fixture
+async def agent(real_artifacts: Path, tmp_path: Path) -> AsyncIterator[tuple[Client, list[str]]]:
+    keys = [make_key(True), make_key(True), make_key(False)]
+    path = tmp_path / "keys.json"
+    write_keys(path, KeysSection(0, tuple(k for _, k in keys)))
+    config = load_config(
+        environ={},
+        overrides={
+            "models": {"dir": str(real_artifacts), "serve": [MODEL, "all-minilm-l6-v2"]},
+            "engine": {"max_context_tokens": 512, "default_max_tokens": 8},
+            "auth": {"keys_file": str(path)},
+        },
+    )
+    client = TestClient(TestServer(create_app(config)))
+    await client.start_server()
+    yield client, [s for s, _ in keys]
+    await client.close()
+
+
+def chat(text: str, system: str = "Answer in one short sentence.", **fields: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    return {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0} | fields
+
+
+async def ask(client: Client, secret: str, body: dict[str, Any]) -> tuple[str, Any, Any]:
+    response = await client.post(CHAT, json=body, headers={"Authorization": f"Bearer {secret}"})
+    assert response.status == 200, await response.text()
+    return response.headers["X-Edgefleet-Cache"], response.headers, await response.json()
+
+
+def metric(client: Client, name: str, **labels: str) -> float:
+    value = client.app[METRICS].registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def test_a_reworded_repeat_is_answered_only_in_its_context_and_for_its_key(
+    agent: tuple[Client, list[str]],
+) -> None:
+    client, (a, b, off) = agent
+    status, _, first = await ask(client, a, chat(FIRST))
+    assert status == "miss"
+    answer = first["choices"][0]["message"]["content"]
+
+    status, headers, again = await ask(client, a, chat(TYPO))
+    assert status == "semantic-hit"
+    assert 0.8 <= float(headers[CACHE_SIMILARITY_HEADER]) < 1.0
+    assert again["choices"][0]["message"]["content"] == answer
+    assert again["usage"]["prompt_tokens"] > 0
+    assert metric(client, "edgefleet_agent_semantic_cache_lookups_total", outcome="hit") == 1
+
+    # another key (opted in too) never gets key A's entry
+    status, headers, _ = await ask(client, b, chat(TYPO))
+    assert status == "miss" and CACHE_SIMILARITY_HEADER not in headers
+    # a key whose policy leaves the semantic cache off: the exact cache only
+    assert (await ask(client, off, chat(FIRST)))[0] == "miss"
+    assert (await ask(client, off, chat(TYPO)))[0] == "miss"
+    # the same key, another system prompt: another context
+    assert (await ask(client, a, chat(TYPO, system="Answer in French.")))[0] == "miss"
+    # the same key and context, asking for no cache at all
+    assert (await ask(client, a, chat(TYPO, cache=False)))[0] == "bypass"
+    # not deterministic: neither cache (even when asked for the exact one)
+    assert (await ask(client, a, chat(TYPO, temperature=0.7)))[0] == "bypass"
+    await ask(client, a, chat(FIRST, temperature=0.7, cache=True))  # kept as an exact entry
+    assert (await ask(client, a, chat(TYPO, temperature=0.7, cache=True)))[0] == "miss"
+    # and the same request as above still hits: none of these misses was by chance
+    assert (await ask(client, a, chat(TYPO)))[0] == "semantic-hit"
+    # asking for the exact cache only (a semantic hit is not kept as an exact entry)
+    assert (await ask(client, a, chat(TYPO, semantic_cache=False)))[0] == "miss"
+
+
+async def test_a_prompt_differing_in_a_number_is_never_answered(
+    agent: tuple[Client, list[str]],
+) -> None:
+    client, (a, _, _) = agent
+    assert (await ask(client, a, chat("Track order 48213 please")))[0] == "miss"
+    status, headers, _ = await ask(client, a, chat("Track order 48231 please"))
+    assert status == "miss" and CACHE_SIMILARITY_HEADER not in headers
+    assert metric(client, "edgefleet_agent_semantic_cache_refusals_total", reason="number") == 1
+    assert metric(client, "edgefleet_agent_semantic_cache_lookups_total", outcome="refused") == 1
+    # a time-sensitive prompt is neither kept nor answered
+    await ask(client, a, chat("What are the latest opening hours?"))
+    status, _, _ = await ask(client, a, chat("What are the latest opening hours please?"))
+    assert status == "miss"
+
+
+async def test_a_streamed_semantic_hit_is_a_stream_with_usage(
+    agent: tuple[Client, list[str]],
+) -> None:
+    client, (a, _, _) = agent
+    _, _, first = await ask(client, a, chat(FIRST))
+    answer = first["choices"][0]["message"]["content"]
+    body = chat(TYPO, stream=True, stream_options={"include_usage": True})
+    response = await client.post(CHAT, json=body, headers={"Authorization": f"Bearer {a}"})
+    assert response.status == 200
+    assert response.headers["X-Edgefleet-Cache"] == "semantic-hit"
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    raw = await response.text()
+    events = [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == answer
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == first["usage"]["completion_tokens"]
+    assert usage["prompt_tokens"] > 0
+
+
+async def test_text_completions_are_answered_by_meaning_too(
+    agent: tuple[Client, list[str]],
+) -> None:
+    client, (a, b, _) = agent
+    headers = {"Authorization": f"Bearer {a}"}
+    # (a text the default moderation policy does not flag: a flagged answer is not kept)
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8}
+    body["temperature"] = 0
+    first = await client.post(COMPLETIONS, json=body, headers=headers)
+    assert first.headers["X-Edgefleet-Cache"] == "miss"
+    assert "X-Edgefleet-Moderation" not in first.headers
+    text = (await first.json())["choices"][0]["text"]
+    reworded = {"prompt": "The capitol of France is"}
+    again = await client.post(COMPLETIONS, json=body | reworded, headers=headers)
+    assert again.headers["X-Edgefleet-Cache"] == "semantic-hit"
+    assert (await again.json())["choices"][0]["text"] == text
+    other = await client.post(
+        COMPLETIONS, json=body | reworded, headers={"Authorization": f"Bearer {b}"}
+    )
+    assert other.headers["X-Edgefleet-Cache"] == "miss"

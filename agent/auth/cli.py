@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--moderation-stream", default=None, choices=["buffered", "unbuffered"],
                      help="streamed output checked before it is sent (buffered, default) or "
                      "behind it (unbuffered)")  # fmt: skip
+    add.add_argument("--semantic-cache", action="store_true",
+                     help="answer the key's deterministic requests from the semantic cache "
+                     "too (reworded repeats)")  # fmt: skip
     sub.add_parser("list", help="list the keys in the file (never the secrets)")
     remove = sub.add_parser("remove", help="remove a key from the file")
     remove.add_argument("key_id")
@@ -126,6 +129,7 @@ def run_keys_command(argv: list[str]) -> int:
             may_pin_models=args.may_pin_models,
             policy=key_policy_from_json(
                 policy_with_rules(KeyPolicy(), args.moderation, args.moderation_stream)
+                | {"semantic_cache": args.semantic_cache}
             ),
         )
         write_keys(path, KeysSection(section.generation, (*section.keys, key)))

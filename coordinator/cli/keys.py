@@ -85,6 +85,9 @@ def _policy_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=[m.value for m in ModerationStreamMode],
                         help="streamed output: buffered (a window held back and checked "
                         "before it is sent; default) or unbuffered (checked behind)")  # fmt: skip
+    parser.add_argument("--semantic-cache", default=None, choices=["on", "off"],
+                        help="answer the key's deterministic requests from the semantic "
+                        "cache too (reworded repeats); default off")  # fmt: skip
 
 
 def _moderation_rule(text: str) -> str:
@@ -98,9 +101,12 @@ def _moderation_rule(text: str) -> str:
 
 def _policy_change(args: argparse.Namespace, base: KeyPolicy) -> KeyPolicy | None:
     """``base`` with the command's rules laid over it; None when it gives none."""
-    if not args.moderation and args.moderation_stream is None:
+    if not args.moderation and args.moderation_stream is None and args.semantic_cache is None:
         return None
-    return key_policy_from_json(policy_with_rules(base, args.moderation, args.moderation_stream))
+    data = policy_with_rules(base, args.moderation, args.moderation_stream)
+    if args.semantic_cache is not None:
+        data["semantic_cache"] = args.semantic_cache == "on"
+    return key_policy_from_json(data)
 
 
 def _keep_alive_cap(text: str) -> float:
@@ -192,7 +198,7 @@ def _over_http(args: argparse.Namespace, client: AdminClient) -> Any:
             change["max_keep_alive_s"] = args.max_keep_alive_s
         if args.may_pin_models is not None:
             change["may_pin_models"] = args.may_pin_models
-        if args.moderation or args.moderation_stream is not None:
+        if args.moderation or args.moderation_stream is not None or args.semantic_cache:
             # the rules given are laid over the key's policy as it is now
             shown = client.call("GET", f"/v1/admin/keys/{args.key_id}")
             base = key_policy_from_json(shown.get("policy"))

@@ -49,6 +49,20 @@ def test_keys_file_carries_the_policy(tmp_path: Path, capsys: pytest.CaptureFixt
     assert len(read_keys(path).keys) == 2  # nothing added
 
 
+def test_keys_file_carries_the_semantic_cache_opt_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "agent-keys.json"
+    assert agent_main(["keys", "add", "--file", str(path), "--semantic-cache",
+                       "--moderation", "input:harassment=block"]) == 0  # fmt: skip
+    assert agent_main(["keys", "add", "--file", str(path)]) == 0
+    capsys.readouterr()
+    faq, plain = read_keys(path).keys
+    assert faq.policy.semantic_cache and not plain.policy.semantic_cache
+    assert faq.policy.moderation.rules  # the other rules kept
+    assert json.loads(path.read_text())["keys"][0]["policy"]["semantic_cache"] is True
+
+
 @pytest.mark.parametrize(
     ("policy", "says"),
     [

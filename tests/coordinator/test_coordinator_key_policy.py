@@ -158,3 +158,12 @@ def test_cli_mints_a_policy_into_the_database(
                              "--moderation", "input:harassment=off", "--json"]) == 0  # fmt: skip
     changed = json.loads(capsys.readouterr().out)["policy"]["moderation"]
     assert changed["input"] == {"harassment": "off"} and "violence" in changed["output"]
+    assert coordinator_main(["keys", "set", minted["key_id"], "--data-dir", data,
+                             "--semantic-cache", "on", "--json"]) == 0  # fmt: skip
+    policy = json.loads(capsys.readouterr().out)["policy"]
+    assert policy["semantic_cache"] is True and policy["moderation"]["input"] == {
+        "harassment": "off"
+    }
+    assert coordinator_main(["keys", "set", minted["key_id"], "--data-dir", data,
+                             "--semantic-cache", "off", "--json"]) == 0  # fmt: skip
+    assert "semantic_cache" not in json.loads(capsys.readouterr().out)["policy"]

@@ -76,8 +76,8 @@ def call(config: AgentConfig, port: int, token: str, method: str, path: str) -> 
         conn.close()
     try:
         return response.status, json.loads(body)
-    except ValueError:
-        return response.status, {"error": {"message": body.decode("utf-8", "replace")[:500]}}
+    except ValueError:  # not JSON (not the agent's admin API on this port?): said as it came
+        return response.status, body.decode("utf-8", "replace")[:500]
 
 
 def run_models_command(argv: list[str]) -> int:
@@ -96,9 +96,9 @@ def run_models_command(argv: list[str]) -> int:
         print(f"edgefleet-agent models: error: {message}", file=sys.stderr)
         return 1
     if status >= 400:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
-        print(f"edgefleet-agent models: error {status}: {error.get('message', body)}",
-              file=sys.stderr)  # fmt: skip
+        error = body.get("error") if isinstance(body, dict) else None
+        said = error.get("message", body) if isinstance(error, dict) else body
+        print(f"edgefleet-agent models: error {status}: {said}", file=sys.stderr)
         return 1
     print(json.dumps(body, indent=1))
     return 0

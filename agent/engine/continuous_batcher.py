@@ -210,7 +210,6 @@ class ContinuousBatcher:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self._release: asyncio.Future[None] | None = None
         self.restart_policy = restart_policy or RestartPolicy()
         self._on_dead: OnDead | None = None
         self._dead_reason = ""  # set once the loop failed past the restart policy
@@ -282,11 +281,10 @@ class ContinuousBatcher:
             name="continuous-batcher",
         )
 
-    async def close(self, *, wait_release: bool = True) -> None:
-        """Stops the loop, fails what it held, and waits for the worker thread without
-        blocking the event loop. The session, its weights and the caches are freed on a
-        worker thread; ``wait_release`` False returns before that is done (an unload making
-        room: the next model's session builds meanwhile, :meth:`released` waits for it)."""
+    async def close(self) -> None:
+        """Stops the loop, fails what it held, waits for the worker thread, and frees the
+        session, its weights and the caches on a worker thread: never blocking the event
+        loop."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
@@ -305,19 +303,12 @@ class ContinuousBatcher:
         # this object does, and the C heap gives their pages back (unload, hot swap); off
         # the event loop: freeing a 0.5 GB session takes tens of milliseconds
         self._prefixes = None
-        self._release = asyncio.ensure_future(asyncio.to_thread(self._free_memory))
-        if wait_release:
-            await self._release
+        await asyncio.to_thread(self._free_memory)
 
     def _free_memory(self) -> None:
         self._cache.clear()
         self._lm.close()
         trim_heap("model closed")
-
-    async def released(self) -> None:
-        """Until :meth:`close` has freed the session and trimmed the heap."""
-        if self._release is not None:
-            await self._release
 
     def _on_loop_failure(self, dead: str | None) -> None:
         """The loop raised: fail every sequence it held and start from a clean state."""

@@ -356,12 +356,13 @@ async def test_smollm2_embedding_pages_are_unmapped_when_idle_and_replies_unchan
         await model.close()
 
 
-async def test_an_unload_frees_the_session_on_a_worker_thread_after_returning(
+async def test_an_unload_frees_the_session_on_a_worker_thread_while_the_loop_serves(
     make_tiny_registry: Callable[[], ModelRegistry], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 26: an unload making room returns once the engine has stopped; the session
-    and caches are freed on a worker thread meanwhile (the next model's session builds
-    beside it), never on the event loop, and closing the model waits for that."""
+    """Issue 26: an unload frees the session and caches (half a gigabyte for Qwen, tens of
+    milliseconds) on a worker thread, never on the event loop, which keeps serving; the
+    unload returns once the memory is freed (the next load's footprint is measured as the
+    resident set's change across it)."""
     freeing = threading.Event()
     threads: list[str] = []
     real = ContinuousBatcher._free_memory
@@ -376,12 +377,15 @@ async def test_an_unload_frees_the_session_on_a_worker_thread_after_returning(
     model = registry.text_models[TINY]
     await registry.start()
     engine = model.engine
-    await asyncio.wait_for(model.detach_heavy(), 5)  # returns while the free is held
-    assert engine._lm._session is not None  # not freed yet
-    closing = asyncio.ensure_future(registry.close())
-    await asyncio.sleep(0.2)
-    assert not closing.done()  # close waits for the release
+    unloading = asyncio.ensure_future(model.detach_heavy())
+    ticks = 0
+    for _ in range(10):  # the loop runs while the free is held
+        await asyncio.sleep(0.02)
+        ticks += 1
+    assert ticks == 10 and not unloading.done()  # returns only once freed
+    assert engine._lm._session is not None
     freeing.set()
-    await asyncio.wait_for(closing, 10)
+    await asyncio.wait_for(unloading, 10)
     assert engine._lm._session is None
     assert threads and threads[0] != threading.main_thread().name
+    await registry.close()

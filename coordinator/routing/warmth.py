@@ -18,10 +18,14 @@ coordinator answers the site's route lookups, so it knows the demand:
     agent of this coordinator at the site holds the model in memory (every one lists it
     in its report's ``cold_models``), the one with the most free memory budget (then the
     least load) is sent LOAD_MODEL with the reason "kept warm: demand at site X". While
-    the pair stays wanted, an agent there that holds the model is sent LOAD_MODEL again
-    every ``refresh_s``: a loaded model's LOAD_MODEL restarts its keep-alive on the agent,
-    so a model kept warm through a quiet stretch stays in memory instead of being unloaded
-    and loaded again (results ``refreshed``; not counted against the per-cycle cap).
+    the pair stays wanted, one agent there that holds the model and loads models on demand
+    (it reports a memory budget; the least loaded) is sent LOAD_MODEL again every
+    ``refresh_s``: a loaded model's LOAD_MODEL restarts its keep-alive on the agent, so a
+    model kept warm through a quiet stretch stays in memory instead of being unloaded and
+    loaded again (results ``refreshed``; one command per wanted pair and ``refresh_s`` at
+    most, outside the per-cycle cap: 5,000 agents that load everything at start, as in
+    benchmarks/coordinator_scale, were each sent one a cycle by a first version, a 200 ms
+    stall of the event loop).
 
 What it never does: send to the same agent for the same model within ``backoff_s``; send
 more than ``max_commands_per_cycle`` commands a cycle (the busiest pairs first); send to
@@ -273,7 +277,12 @@ class WarmthPolicy:
             eligible = [r for r in here if _eligible(r, site)]
             warm = [r for r in eligible if _warm(r, model)]
             if warm:
-                done += self._refresh(site, model, warm, now, recent, yesterday)
+                # one agent kept warm is enough, and only one that loads on demand (it
+                # reports a budget): others have nothing to refresh
+                on_demand = [r for r in warm if _room(r) < 1 << 62]
+                if on_demand:
+                    keep = min(on_demand, key=lambda r: (_load(r), r.agent_id))
+                    done += self._refresh(site, model, keep, now, recent, yesterday)
                 continue
             if not eligible:
                 continue
@@ -307,24 +316,19 @@ class WarmthPolicy:
         return done
 
     def _refresh(
-        self, site: str, model: str, warm: list[AgentRecord], now: float, recent: int,
+        self, site: str, model: str, record: AgentRecord, now: float, recent: int,
         yesterday: int,
     ) -> list[WarmLoad]:  # fmt: skip
-        """Restart the keep-alive of the agents at ``site`` holding ``model`` (at most once
-        per ``refresh_s`` each; never one an operator unloaded it from)."""
-        if self.settings.refresh_s <= 0:
+        """Restart the keep-alive of ``model`` on ``record``, an agent at ``site`` holding
+        it (at most once per ``refresh_s``; never where an operator unloaded it)."""
+        key = (record.agent_id, model)
+        if self.settings.refresh_s <= 0 or key in self._refreshed or key in self._held:
             return []
-        done = []
-        for record in warm:
-            key = (record.agent_id, model)
-            if key in self._refreshed or key in self._held:
-                continue
-            self._refreshed[key] = now
-            ok = self._send(record.agent_id, "load_model", f"kept warm: demand at site {site}",
-                            model)  # fmt: skip
-            done.append(WarmLoad(site, model, record.agent_id, REFRESHED if ok else NO_SESSION,
-                                 recent, yesterday))  # fmt: skip
-        return done
+        self._refreshed[key] = now
+        ok = self._send(record.agent_id, "load_model", f"kept warm: demand at site {site}",
+                        model)  # fmt: skip
+        return [WarmLoad(site, model, record.agent_id, REFRESHED if ok else NO_SESSION, recent,
+                         yesterday)]  # fmt: skip
 
 
 def _eligible(record: AgentRecord, site: str) -> bool:

@@ -296,12 +296,17 @@ def test_a_warm_agent_at_the_site_means_nothing_is_loaded() -> None:
 
 
 def test_a_warm_agents_keep_alive_is_restarted_while_the_demand_lasts() -> None:
-    """A model kept warm stays loaded through a quiet stretch: the agent holding it is
-    sent LOAD_MODEL (which restarts a loaded model's keep-alive) every refresh_s while its
-    pair is wanted, never one an operator unloaded it from, and nothing once the demand
-    has faded."""
+    """A model kept warm stays loaded through a quiet stretch: one agent holding it (of
+    those that load on demand, the least loaded) is sent LOAD_MODEL (which restarts a
+    loaded model's keep-alive) every refresh_s while its pair is wanted, never one an
+    operator unloaded it from, and nothing once the demand has faded."""
     clock = Clock(at(DAY1, 9))
-    fleet = Fleet(agent("shop-1", cold=()), agent("shop-2", cold=("m",)))
+    fleet = Fleet(
+        agent("shop-1", cold=(), budget=1 << 30),  # holds m, loads on demand: refreshed
+        agent("shop-2", cold=("m",), budget=1 << 30),
+        agent("shop-3", cold=(), budget=1 << 30, running=5),  # holds it too, busier
+        agent("shop-0", cold=()),  # loads every model at start (no budget): nothing to do
+    )
     policy, tracker, seen = policy_for(fleet, clock, refresh_s=120, recent_window_s=1800)
     lookups(tracker, clock, "shop", "m", [at(DAY1, 9)] * 5)
     policy.cycle()

@@ -39,7 +39,12 @@ class AssignmentRecord:
 
 class AssignmentTable(Protocol):
     async def set_model_rule(
-        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+        self,
+        name: str,
+        selector: str,
+        version: str,
+        rollout_id: str,
+        set_at: datetime,
         residency: str = "on_demand",
     ) -> int:
         """Replace the rule for (name, selector); the new rule's seq (newer: larger)."""

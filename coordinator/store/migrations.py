@@ -450,9 +450,7 @@ def _models_on_demand(db: sqlite3.Connection) -> None:
     selector rules and explicit assignments, and each API key's keep-alive cap and pin
     right. Existing rows keep today's behaviour: on demand, the agent's own cap, no pin."""
     for table in ("model_rules", "model_assignments"):
-        db.execute(
-            f"ALTER TABLE {table} ADD COLUMN residency TEXT NOT NULL DEFAULT 'on_demand'"
-        )
+        db.execute(f"ALTER TABLE {table} ADD COLUMN residency TEXT NOT NULL DEFAULT 'on_demand'")
     db.execute("ALTER TABLE api_keys ADD COLUMN max_keep_alive_s REAL NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE api_keys ADD COLUMN may_pin_models INTEGER NOT NULL DEFAULT 0")
 

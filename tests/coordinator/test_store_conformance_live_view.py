@@ -44,9 +44,7 @@ async def test_a_stale_owners_write_is_refused(store_factory: StoreFactory) -> N
             assert refused == ["edge-1"]
         # a session of B's that was superseded by B's own newer one: refused too
         assert await b.claim_agent("edge-1", "coord-b") == 3
-        assert await b.save_last_states([state("edge-1", 2, 8)], NOW, owner="coord-b") == [
-            "edge-1"
-        ]
+        assert await b.save_last_states([state("edge-1", 2, 8)], NOW, owner="coord-b") == ["edge-1"]
         (saved,) = await a.list_last_states()
         assert (saved.owner, saved.epoch, saved.report) == (
             "coord-b", 2, LoadReport(waiting_sequences=2),

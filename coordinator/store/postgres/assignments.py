@@ -16,7 +16,12 @@ from coordinator.store.postgres.pool import Connection
 
 class PostgresAssignments(PostgresTable):
     async def set_model_rule(
-        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+        self,
+        name: str,
+        selector: str,
+        version: str,
+        rollout_id: str,
+        set_at: datetime,
         residency: str = "on_demand",
     ) -> int:
         return await self._pool.call(
@@ -42,7 +47,12 @@ class PostgresAssignments(PostgresTable):
 
 
 async def _set_rule(
-    db: Connection, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+    db: Connection,
+    name: str,
+    selector: str,
+    version: str,
+    rollout_id: str,
+    set_at: datetime,
     residency: str,
 ) -> int:
     async with db.transaction():

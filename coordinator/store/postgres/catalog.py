@@ -111,7 +111,7 @@ async def _set_model_holder(
 
 async def _list_model_holders(db: Connection) -> dict[tuple[str, str], list[str]]:
     cursor = await db.execute(
-        'SELECT name, version, coordinator_id FROM model_holders'
+        "SELECT name, version, coordinator_id FROM model_holders"
         ' ORDER BY name COLLATE "C", version COLLATE "C", coordinator_id COLLATE "C"'
     )
     found: dict[tuple[str, str], list[str]] = {}

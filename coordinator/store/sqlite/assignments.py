@@ -13,7 +13,12 @@ from coordinator.store.sqlite.worker import write
 
 class SQLiteAssignments(SQLiteTable):
     async def set_model_rule(
-        self, name: str, selector: str, version: str, rollout_id: str, set_at: datetime,
+        self,
+        name: str,
+        selector: str,
+        version: str,
+        rollout_id: str,
+        set_at: datetime,
         residency: str = "on_demand",
     ) -> int:
         return await self._worker.call(

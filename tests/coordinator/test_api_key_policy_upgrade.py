@@ -5,20 +5,19 @@ other scopes, and a policy minted after it round-trips."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from coordinator.store import migrations
 from coordinator.store.api_keys import ApiKeyRecord
 from coordinator.store.postgres import PostgresFleetStore
 from coordinator.store.postgres import migrations as pg_migrations
-from coordinator.store.sqlite import DB_FILE, SQLiteFleetStore
+from coordinator.store.sqlite import SQLiteFleetStore
 from edgefleet.contract import KeyPolicy
 from edgefleet.key_policy import key_policy_from_json
+from tests.coordinator.upgrade_testing import postgres_at, sqlite_at
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,40 +56,15 @@ async def test_a_sqlite_database_at_migration_15_keeps_its_key_with_the_default_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert migrations.MIGRATIONS[SQLITE_POLICY - 1].__name__ == "_key_policy"
-    db = tmp_path / DB_FILE
-    before = SQLITE_POLICY - 1
-    with monkeypatch.context() as old:
-        old.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:before])
-        old.setattr(migrations, "SCHEMA_VERSION", before)
-        store = SQLiteFleetStore(db)
-        await store.open()
-        try:
-            assert await store.schema_version() == before
-        finally:
-            await store.close()
-    raw = sqlite3.connect(db)
-    with raw:
-        raw.execute(_OLD_KEY.format(digest="ee" * 32, created=f"'{NOW.isoformat()}'", cloud=1))
-    raw.close()
-    await _after_upgrade(SQLiteFleetStore(db), migrations.SCHEMA_VERSION)
+    old_key = _OLD_KEY.format(digest="ee" * 32, created=f"'{NOW.isoformat()}'", cloud=1)
+    store = await sqlite_at(tmp_path, SQLITE_POLICY - 1, old_key, monkeypatch)
+    await _after_upgrade(store, migrations.SCHEMA_VERSION)
 
 
 async def test_a_postgres_database_at_migration_8_keeps_its_key_with_the_default_policy(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert pg_migrations.MIGRATIONS[POSTGRES_POLICY - 1].__name__ == "_key_policy"
-    before = POSTGRES_POLICY - 1
-    with monkeypatch.context() as old:
-        old.setattr(pg_migrations, "MIGRATIONS", pg_migrations.MIGRATIONS[:before])
-        old.setattr(pg_migrations, "SCHEMA_VERSION", before)
-        store = PostgresFleetStore(postgres_url)
-        await store.open()
-        try:
-            assert await store.schema_version() == before
-        finally:
-            await store.close()
-    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as raw:
-        await raw.execute(
-            _OLD_KEY.format(digest="ee" * 32, created=f"'{NOW.isoformat()}'", cloud="true")
-        )
-    await _after_upgrade(PostgresFleetStore(postgres_url), pg_migrations.SCHEMA_VERSION)
+    old_key = _OLD_KEY.format(digest="ee" * 32, created=f"'{NOW.isoformat()}'", cloud="true")
+    store = await postgres_at(postgres_url, POSTGRES_POLICY - 1, old_key, monkeypatch)
+    await _after_upgrade(store, pg_migrations.SCHEMA_VERSION)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from edgefleet.contract import ApiKey, KeyPolicy, KeysSection
 from edgefleet.key_policy import KeyPolicyError, key_policy_from_json, policy_with_rules
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# a key's lifetime at most (an expiry further off is no expiry: leave --expires-in out)
+MAX_DURATION_S = 100 * 365 * 86400
 
 
 def _duration_s(text: str) -> int:
@@ -28,9 +31,13 @@ def _duration_s(text: str) -> int:
         seconds = float(text[:-1]) * _UNITS[unit] if unit in _UNITS else float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30d, 12h)") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("the duration must be positive")
-    return int(seconds)
+    if not math.isfinite(seconds) or seconds < 1:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (a whole second or more, e.g. 30d, 12h)"
+        )
+    if seconds > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than 100 years")
+    return round(seconds)
 
 
 def _keep_alive_cap(text: str) -> float:

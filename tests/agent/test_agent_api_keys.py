@@ -455,3 +455,19 @@ def test_loopback_without_keys_stays_open() -> None:
     check_auth_configured(config)
     table = KeyTable(enabled=False)
     assert not table.enabled
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "0.4s", "1e30d", "5x", ""])
+def test_keys_add_refuses_an_expiry_that_is_no_duration(
+    bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inf`` was an uncaught OverflowError and ``nan`` a ValueError traceback; each bad
+    expiry is now argparse's one-line error, and nothing is written."""
+    path = tmp_path / "agent-keys.json"
+    with pytest.raises(SystemExit) as exit_:
+        agent_main(["keys", "add", "--file", str(path), "--expires-in", bad])
+    assert exit_.value.code == 2 and "--expires-in" in capsys.readouterr().err
+    assert not path.exists()
+    assert agent_main(["keys", "add", "--file", str(path), "--expires-in", "1.5s"]) == 0
+    (stored,) = json.loads(path.read_text())["keys"]
+    assert 0 < stored["expires_at_unix"] - time.time() <= 3

@@ -742,3 +742,34 @@ async def test_the_header_shows_the_coordinators_and_the_leader(fleet: Fleet) ->
     await poll(page, "document.getElementById('coordinator-health').dataset.status === 'degraded'")
     assert await page.text_content("#coordinator-health") == "Coordinators: 2 alive, no leader now"
     await page.close()
+
+
+async def test_the_keys_page_shows_each_keys_keep_alive_cap_and_policy(fleet: Fleet) -> None:
+    """Issues 26, 28 and 29 gave API keys a keep-alive cap, a pin right and a policy
+    (moderation rules, stream mode, semantic cache): the keys page says them, hostile
+    names kept as text."""
+    status, _ = await fleet.api("POST", "/v1/admin/keys", {
+        "name": "<img src=x> kiosk", "max_keep_alive_s": 600, "may_pin_models": True,
+        "policy": {"moderation": {"input": {"harassment": "block"},
+                                  "output": {"violence": {"action": "flag", "threshold": 0.6}},
+                                  "stream_mode": "unbuffered"},
+                   "semantic_cache": True},
+    })  # fmt: skip
+    assert status in (200, 201)
+    page = await fleet.page(fleet.coordinator.admin_token)
+    await page.goto(f"{fleet.url}/dashboard/#keys")
+    await poll(page, "[...document.querySelectorAll('#key-rows tr')].length >= 2")
+    rows = await page.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#key-rows tr')]"
+        ".map(tr => [tr.children[1].textContent, [tr.children[3].textContent,"
+        " tr.children[4].textContent]]))"
+    )
+    assert rows["<img src=x> kiosk"] == [
+        "up to 10 min; may pin",
+        "input harassment: block; output violence: flag at 0.6; streams unbuffered; "
+        "semantic cache",
+    ], rows
+    plain = [v for name, v in rows.items() if name != "<img src=x> kiosk"]
+    assert plain and all(v == ["the agent's cap", "default"] for v in plain), rows
+    assert await page.evaluate("document.querySelectorAll('#key-rows img').length") == 0
+    await page.screenshot(path=str(SHOTS / "keys-policy.png"), full_page=True)

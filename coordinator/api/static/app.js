@@ -583,6 +583,33 @@ async function createToken(event) {
   } catch (error) { setStatus(`Could not create the join token: ${error.message}`); }
 }
 
+// a key's keep-alive cap and pin right (issue 26)
+function keepAliveText(k) {
+  const cap = k.max_keep_alive_s ? `up to ${durationText(k.max_keep_alive_s)}` : "the agent's cap";
+  return k.may_pin_models ? `${cap}; may pin` : cap;
+}
+
+function durationText(seconds) {
+  if (seconds % 3600 === 0) return `${seconds / 3600} h`;
+  if (seconds % 60 === 0) return `${seconds / 60} min`;
+  return `${seconds} s`;
+}
+
+// a key's policy (issues 28 and 29): its moderation rules, stream mode and semantic cache
+function policyText(policy) {
+  const parts = [];
+  const moderation = (policy && policy.moderation) || {};
+  for (const direction of ["input", "output"]) {
+    for (const [category, rule] of Object.entries(moderation[direction] || {})) {
+      const action = typeof rule === "string" ? rule : `${rule.action} at ${rule.threshold}`;
+      parts.push(`${direction} ${category}: ${action}`);
+    }
+  }
+  if (moderation.stream_mode && moderation.stream_mode !== "buffered") parts.push(`streams ${moderation.stream_mode}`);
+  if (policy && policy.semantic_cache) parts.push("semantic cache");
+  return parts.join("; ") || "default";
+}
+
 async function showKeys() {
   const data = await api("GET", "/v1/admin/keys");
   const rows = data.data.map((k) => {
@@ -594,7 +621,8 @@ async function showKeys() {
         catch (error) { setStatus(`Could not revoke: ${error.message}`); }
       }, "admin"));
     }
-    tr.append(el("td", k.key_id), el("td", k.name), el("td", k.models.join(", ") || "all"), el("td", k.state),
+    tr.append(el("td", k.key_id), el("td", k.name), el("td", k.models.join(", ") || "all"),
+      el("td", keepAliveText(k)), el("td", policyText(k.policy)), el("td", k.state),
       el("td", k.usage.requests), action);
     return tr;
   });

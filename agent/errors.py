@@ -218,3 +218,27 @@ class KeyRateLimitError(OverloadedError):
 
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message, retry_after=retry_after, reason="key_rate_limit")
+
+
+class AdminForbiddenError(AgentError):
+    """The admin API answers only on loopback (403)."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "admin_loopback_only"
+
+
+class InvalidAdminTokenError(AgentError):
+    """No admin token, or not this agent's (401)."""
+
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_admin_token"
+
+
+class NotManagedError(AgentError):
+    """The model is served but its memory is not managed here (an embedding model)."""
+
+    status = 409
+    error_type = "invalid_request_error"
+    code = "model_not_managed"

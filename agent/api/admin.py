@@ -35,7 +35,14 @@ from aiohttp import web
 from agent.auth.keys import is_loopback_host
 from agent.config import AgentConfig
 from agent.engine.residency import Residency
-from agent.errors import AgentError, InvalidRequestError, ModelNotFoundError
+from agent.errors import (
+    AdminForbiddenError,
+    AgentError,
+    InvalidAdminTokenError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    NotManagedError,
+)
 from agent.model_registry import ModelRegistry
 
 log = logging.getLogger(__name__)
@@ -45,30 +52,6 @@ TOKEN_PREFIX = "efa-"
 #: How long ``load`` waits for the weights before answering 202 (the load goes on).
 LOAD_WAIT_S = 120.0
 _MODEL_ID_CHARS = 256
-
-
-class AdminForbiddenError(AgentError):
-    """The admin API answers only on loopback (403)."""
-
-    status = 403
-    error_type = "permission_error"
-    code = "admin_loopback_only"
-
-
-class InvalidAdminTokenError(AgentError):
-    """No admin token, or not this agent's (401)."""
-
-    status = 401
-    error_type = "authentication_error"
-    code = "invalid_admin_token"
-
-
-class NotManagedError(AgentError):
-    """The model is served but its memory is not managed here (an embedding model)."""
-
-    status = 409
-    error_type = "invalid_request_error"
-    code = "model_not_managed"
 
 
 def admin_token_path(config: AgentConfig) -> Path:

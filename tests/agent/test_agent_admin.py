@@ -12,14 +12,10 @@ from unittest import mock
 import pytest
 from aiohttp.test_utils import TestClient, make_mocked_request
 
-from agent.api.admin import (
-    ADMIN_TOKEN,
-    AdminForbiddenError,
-    AdminToken,
-    InvalidAdminTokenError,
-)
+from agent.api.admin import ADMIN_TOKEN, AdminToken
 from agent.auth.key_files import write_keys
 from agent.auth.keys import new_secret, secret_digest
+from agent.errors import AdminForbiddenError, InvalidAdminTokenError
 from edgefleet.contract import ApiKey, KeysSection
 from tests.agent.conftest import TINY, ClientFactory
 

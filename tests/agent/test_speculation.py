@@ -1,0 +1,84 @@
+"""The prompt-lookup proposer and the per-sequence draft length (no model needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agent.engine.speculation import DraftLength, propose
+
+
+def _ids(*tokens: int) -> np.ndarray:
+    return np.array(tokens, dtype=np.int64)
+
+
+def test_proposes_what_followed_the_last_ngram() -> None:
+    context = _ids(1, 2, 3, 4, 5, 6, 9, 9, 2, 3)
+    assert propose(context, 3, 2, 4, 100).tolist() == [4, 5, 6]
+    assert propose(context, 10, 2, 4, 100).tolist() == [4, 5, 6, 9, 9, 2, 3]
+
+
+def test_longest_match_wins_then_the_most_recent() -> None:
+    # "2 3" occurs twice before the end: after "7 2 3" comes 8, after "1 2 3" comes 4; the
+    # context ends "1 2 3", so the three-token match (followed by 4) wins over the later
+    # two-token one (followed by 8)
+    context = _ids(1, 2, 3, 4, 7, 2, 3, 8, 5, 1, 2, 3)
+    assert propose(context, 2, 2, 4, 100).tolist() == [4, 7]
+    # of equally long matches the most recent
+    context = _ids(5, 6, 1, 5, 6, 2, 0, 5, 6)
+    assert propose(context, 1, 2, 4, 100).tolist() == [2]
+
+
+def test_no_proposal_below_ngram_min_or_beyond_lookback() -> None:
+    context = _ids(1, 2, 3, 4, 9, 3)  # only "3" repeats: a 1-gram
+    assert propose(context, 3, 2, 4, 100).size == 0
+    assert propose(context, 3, 1, 4, 100).tolist() == [4, 9, 3]
+    context = _ids(1, 2, 3, 4, *range(10, 30), 1, 2, 3)
+    assert propose(context, 2, 2, 4, 100).tolist() == [4, 10]
+    assert propose(context, 2, 2, 4, 10).size == 0  # the earlier "1 2 3" is out of reach
+    assert propose(context, 0, 2, 4, 100).size == 0
+    assert propose(_ids(7), 3, 1, 4, 100).size == 0
+
+
+def test_ngram_max_bounds_the_match_not_the_proposal() -> None:
+    # with ngram_max 2 the 3-gram "1 2 3" is not looked for: the latest "2 3" wins
+    context = _ids(1, 2, 3, 4, 7, 2, 3, 8, 5, 1, 2, 3)
+    assert propose(context, 2, 2, 2, 100).tolist() == [8, 5]
+
+
+def test_matches_a_brute_force_search() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        context = rng.integers(0, 4, size=int(rng.integers(2, 40))).astype(np.int64)
+        lo, hi, look, k = 1 + int(rng.integers(0, 2)), 2 + int(rng.integers(0, 3)), 30, 3
+        window = context[-look:].tolist()
+        expected: list[int] = []
+        for n in range(hi, lo - 1, -1):
+            if n >= len(window):
+                continue
+            suffix = window[-n:]
+            hits = [i for i in range(len(window) - n) if window[i : i + n] == suffix]
+            if hits:
+                at = hits[-1] + n
+                expected = window[at : at + k]
+                break
+        assert propose(context, k, lo, hi, look).tolist() == expected, context.tolist()
+
+
+def test_draft_length_adapts_and_pauses_after_misses() -> None:
+    draft = DraftLength(max_tokens=6, miss_limit=2)
+    assert draft.wanted() == 6
+    draft.update(6, 2)  # partial: one more than accepted
+    assert draft.wanted() == 3
+    draft.update(3, 3)  # whole: grows back
+    assert draft.wanted() == 4
+    draft.update(4, 0)
+    assert draft.wanted() == 2 and not draft.paused
+    draft.update(2, 0)  # the second miss in a row pauses the lookups
+    assert [draft.wanted() for _ in range(4)] == [0, 0, 0, 0]
+    assert draft.wanted() == 1
+    draft.update(1, 0)  # a further miss pauses twice as long
+    assert sum(draft.wanted() == 0 for _ in range(8)) == 8
+    draft.update(0, 0)  # nothing proposed: nothing learned
+    assert draft.misses == 3
+    draft.update(1, 1)
+    assert draft.misses == 0 and draft.wanted() == 2

@@ -4,6 +4,9 @@ Inputs from concurrent requests wait at most ``max_queue_delay_us`` for company,
 together in one ONNX Runtime call of at most ``max_batch_size`` inputs. At most
 ``max_queue`` inputs wait: a request that would take the queue past it is refused at once
 (:class:`OverloadedError`, 429 with Retry-After) and none of its inputs are queued.
+An input asked for ``wait_for_company=False`` (a lookup on a request's critical path, such
+as the semantic cache's) waits for no one: the next call starts as soon as the worker is
+free, taking every input pending by then; it still waits behind the call being run.
 
 The owner starts the loop (:meth:`DynamicEmbeddingBatcher.start`) and awaits its end
 (:meth:`DynamicEmbeddingBatcher.close`). A failed ONNX Runtime call fails that call's
@@ -60,6 +63,7 @@ class DynamicEmbeddingBatcher:
         self.restart_policy = restart_policy or RestartPolicy()
         self._pending: deque[_Pending] = deque()
         self._batch: list[_Pending] = []  # the inputs of the call being run
+        self._hurried: set[asyncio.Future[Vectors]] = set()  # pending, waiting for no one
         self._first_arrival = 0.0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -88,7 +92,9 @@ class DynamicEmbeddingBatcher:
             name="embedding-batcher",
         )
 
-    async def embed(self, inputs: list[list[int]]) -> Vectors:
+    async def embed(self, inputs: list[list[int]], *, wait_for_company: bool = True) -> Vectors:
+        """The inputs' vectors. ``wait_for_company`` False: the next call does not wait
+        ``max_queue_delay_us`` for other inputs (it runs once the worker is free)."""
         if self._closed:
             raise EngineError("the embedding engine is shutting down")
         if self._dead_reason:
@@ -115,6 +121,8 @@ class DynamicEmbeddingBatcher:
         if not self._pending:
             self._first_arrival = time.monotonic()
         self._pending.extend(zip(inputs, futures, strict=True))
+        if not wait_for_company:
+            self._hurried.update(futures)
         wake.set()
         try:
             return np.stack(await asyncio.gather(*futures))
@@ -136,6 +144,7 @@ class DynamicEmbeddingBatcher:
                 future.set_exception(error)
         self._batch = []
         self._pending.clear()
+        self._hurried.clear()
 
     def _on_failure(self, dead: str | None) -> None:
         """The loop raised: fail every input it held and start from a clean state."""
@@ -155,6 +164,7 @@ class DynamicEmbeddingBatcher:
         batch: list[_Pending] = []
         while self._pending and len(batch) < self.config.max_batch_size:
             ids, future = self._pending.popleft()
+            self._hurried.discard(future)
             if not future.done():
                 batch.append((ids, future))
         self._first_arrival = time.monotonic()
@@ -192,7 +202,11 @@ class DynamicEmbeddingBatcher:
                 await self._wake.wait()
                 continue
             waited = time.monotonic() - self._first_arrival
-            if len(self._pending) < self.config.max_batch_size and waited < delay:
+            if (
+                len(self._pending) < self.config.max_batch_size
+                and waited < delay
+                and not self._hurried
+            ):
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay - waited)

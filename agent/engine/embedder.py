@@ -106,14 +106,16 @@ class OnnxEmbeddingModel:
     def _ids_for_all(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
         return [self._ids_for(i, item) for i, item in enumerate(inputs)]
 
-    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult:
+    async def embed(
+        self, inputs: Sequence[str | Sequence[int]], *, wait_for_company: bool = True
+    ) -> EmbeddingResult:
         if any(isinstance(item, str) for item in inputs):
             # tokenizing text takes milliseconds per 100 KB: off the event loop
             batch = await asyncio.to_thread(self._ids_for_all, inputs)
         else:
             batch = self._ids_for_all(inputs)
         try:
-            vectors = await self.batcher.embed(batch)
+            vectors = await self.batcher.embed(batch, wait_for_company=wait_for_company)
         except AgentError:
             raise
         except Exception as exc:

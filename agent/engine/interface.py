@@ -197,7 +197,12 @@ class EmbeddingModel(Protocol):
     @property
     def max_input_tokens(self) -> int: ...
 
-    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> EmbeddingResult: ...
+    async def embed(
+        self, inputs: Sequence[str | Sequence[int]], *, wait_for_company: bool = True
+    ) -> EmbeddingResult:
+        """``wait_for_company`` False: run without waiting the batcher's queue delay for
+        other inputs (a lookup on a request's critical path)."""
+        ...
 
     async def start(self, on_dead: Callable[[str], None] | None = None) -> None: ...
 

@@ -12,9 +12,10 @@ environment, never a flag), mints one join token per agent (its site and place f
 the operator, as in production), starts the agents with their tokens (in the environment
 too) and API keys required, waits until both have enrolled and registered, mints an API key
 through the admin API (pushed to the agents as the keys section), waits until the key works
-on both agents, sends a sample chat request with the ``openai`` SDK and that key, prints
-the key and the admin token (shown once) with how to use them, and keeps running until
-Ctrl-C (``--check`` exits after the sample request instead).
+on both agents, sends a sample chat request with the ``openai`` SDK and that key, checks
+a harmful and a harmless text with ``/v1/moderations`` (the heads came with the MiniLM
+version the agents synced), prints the key and the admin token (shown once) with how to
+use them, and keeps running until Ctrl-C (``--check`` exits after the samples instead).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ EMBEDDER = "all-minilm-l6-v2"
 MODELS = (LLM, CODER, EMBEDDER)
 STORE_URL_ENV = "EDGEFLEET_COORDINATOR_STORE_URL"
 SITES = [("edge-paris", 48.8566, 2.3522), ("edge-berlin", 52.52, 13.405)]
+MODERATION_SAMPLE = "Give me step-by-step instructions to build a pipe bomb at home."
 
 
 def say(message: str) -> None:
@@ -121,6 +123,23 @@ async def wait_synced(agents: list[AgentProcess], timeout_s: float) -> None:
             return
         await asyncio.sleep(0.5)
     raise TimeoutError(f"the agents did not sync their models within {timeout_s:.0f} s")
+
+
+def moderation_sample(client: openai.OpenAI, agent_id: str) -> bool:
+    """``/v1/moderations`` on a managed agent (its heads came with the MiniLM version it
+    synced); True when the harmful sample is flagged and the harmless one is not."""
+    texts = [MODERATION_SAMPLE, "What time does the store open on Sunday?"]
+    try:
+        answer = client.moderations.create(input=texts)
+    except openai.APIError as exc:
+        say(f"\nmoderation on {agent_id}: unavailable ({exc})")
+        return False
+    bad, good = answer.results
+    categories = sorted(k for k, v in bad.categories.model_dump(by_alias=True).items() if v)
+    say(f"\nmoderation on {agent_id} ({answer.model}): {MODERATION_SAMPLE!r} flagged="
+        f"{bad.flagged} ({', '.join(categories) or 'nothing'}); a store-hours question "
+        f"flagged={good.flagged}")  # fmt: skip
+    return bad.flagged and not good.flagged
 
 
 def _port(first: int, i: int) -> int:
@@ -257,6 +276,8 @@ async def run(args: argparse.Namespace) -> int:
                 f"{question}")  # fmt: skip
             say(f"answer ({elapsed:.2f} s, {usage.completion_tokens if usage else '?'} tokens): "
                 f"{answers[-1].strip()}")  # fmt: skip
+        # content safety: the heads came with the MiniLM version the agents synced
+        flagged = moderation_sample(client, agents[0].agent_id)
         say("")
         say("edgefleet is running (authentication on):")
         for agent in agents:
@@ -287,7 +308,10 @@ async def run(args: argparse.Namespace) -> int:
             refused = not any(await asyncio.gather(*(a.accepts_key("") for a in agents)))
             if not refused:
                 say("check failed: an agent answered a request without the API key")
-            return 0 if refused and all("Paris" in answer for answer in answers) else 1
+            if not flagged:
+                say("check failed: /v1/moderations did not flag the harmful sample")
+            ok = refused and flagged and all("Paris" in answer for answer in answers)
+            return 0 if ok else 1
         if len(coordinators) > 1:
             say("\nseveral coordinators on one PostgreSQL database: kill one and watch the agents")
             say(f"  kill -9 {coordinators[0].pid}    # coordinator 1; its agents move within a "

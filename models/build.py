@@ -72,6 +72,9 @@ class Target:
     variants: tuple[str, ...]
     module: str  # module holding ``key_options`` and the run function
     run_fn: str
+    # run after the target is up to date, built or cached (``fn(out) -> changed``): the
+    # moderation heads bundle themselves into the MiniLM artifact they read
+    finish_fn: str = ""
 
     def key_options(self, options: BuildOptions) -> dict[str, Any]:
         fn: KeyFn = _import(self.module).key_options
@@ -82,6 +85,12 @@ class Target:
     ) -> dict[str, Any]:
         fn: RunFn = getattr(_import(self.module), self.run_fn)
         return fn(ctx, source, key, timer)
+
+    def finish(self, out: Path) -> None:
+        if self.finish_fn:
+            fn: Callable[[Path], bool] = getattr(_import(self.module), self.finish_fn)
+            if fn(out):
+                print(f"{self.name}: bundled into the artifact it reads", flush=True)
 
 
 def _import(module: str) -> Any:
@@ -138,6 +147,7 @@ TARGETS: dict[str, Target] = {
             ("fp32",),
             "models.build_moderation",
             "build_moderation",
+            "attach_heads",
         ),
     )
 }
@@ -240,11 +250,13 @@ def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
             key = compute_build_key(source.spec.sha256, target.key_options(options))
         if not options.force and is_up_to_date(options.out, target, key):
             print(f"{name}: up to date (cached)", flush=True)
+            target.finish(options.out)
             run_entry["targets"][name] = {"cached": True, "seconds": round(timer.elapsed(), 2)}
             continue
         shared = _shared_dir(options.shared_cache, target, key)
         if not options.force and shared is not None and _restore(shared, options.out, target, key):
             print(f"{name}: copied from the shared cache {shared}", flush=True)
+            target.finish(options.out)
             run_entry["targets"][name] = {"cached": True, "shared_cache": str(shared),
                                           "seconds": round(timer.elapsed(), 2)}  # fmt: skip
             continue
@@ -261,6 +273,7 @@ def _build_locked(ctx: BuildContext, names: list[str]) -> dict[str, Any]:
         run_entry["targets"][name] = {"cached": False, "seconds": entry["total_seconds"]}
         if shared is not None:
             _store(shared, options.out, target)
+        target.finish(options.out)
         print(
             f"{name}: built in {entry['total_seconds']:.1f}s, shipped {result.get('shipped')}",
             flush=True,

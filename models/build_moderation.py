@@ -15,6 +15,12 @@ The artifact (a directory under ``models/artifacts/moderation/``, out of the age
 list) holds ``heads.onnx`` (embedding -> sigmoid scores; the categories, thresholds and
 window spec in its metadata) and MiniLM's tokenizer; its manifest's version is the sha256
 of ``heads.onnx``: the heads' version.
+
+Then (built or cached) :func:`attach_heads` bundles them into the MiniLM artifact they were
+trained on: a copy under ``all-minilm-l6-v2/moderation/``, listed in MiniLM's manifest
+(and named in its ``moderation_heads``), so publishing and syncing that MiniLM version
+brings its heads to every agent that gets it. MiniLM's version and build key stay as they
+are (its graph is unchanged).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from models.artifact import dir_size, graph_io, install_dir, stage_dir
 from models.context import BuildContext, BuildOptions, StageTimer, utc_now
 from models.errors import SourceError
 from models.manifest import (
+    MANIFEST_FILENAME,
     EmbeddingSpec,
     ModelManifest,
     QuantizationSpec,
@@ -43,9 +50,13 @@ from models.manifest import (
     SpecialTokens,
     TokenizerSpec,
     load_manifest,
+    manifest_from_dict,
+    sha256_file,
 )
 from models.moderation_data import DATA_FILES, MAPPING_NOTES, Row, load_rows, locate_file
 from models.moderation_spec import (
+    BUNDLED_HEADS_DIR,
+    BUNDLED_HEADS_KEY,
     CATEGORIES,
     HEADS_FILE,
     METADATA_KEY,
@@ -58,7 +69,14 @@ from models.moderation_spec import (
 )
 from models.sources import LocatedSource, PackagedFile
 
-__all__ = ["EMBEDDING_MODEL", "NAME", "SOURCE", "build_moderation", "key_options"]
+__all__ = [
+    "EMBEDDING_MODEL",
+    "NAME",
+    "SOURCE",
+    "attach_heads",
+    "build_moderation",
+    "key_options",
+]
 
 log = logging.getLogger(__name__)
 
@@ -548,3 +566,59 @@ def _print_table(figures: dict[str, Any], flagged: dict[str, Any]) -> None:
     for name, value in flagged.items():
         lines.append(f"{name}: {value['flagged']}/{value['n']} = {value['rate']}")
     print("\n".join(lines), flush=True)
+
+
+def attach_heads(out: Path) -> bool:
+    """Bundle the heads in ``out/moderation/all-minilm-l6-v2`` into the MiniLM artifact
+    they were trained on (``out/all-minilm-l6-v2/moderation/``, listed in its manifest);
+    True when its manifest changed (False: already bundled). SourceError when the heads were
+    trained on another MiniLM version than the one in ``out`` (rebuild them)."""
+    heads_dir, model_dir = out / NAME, out / EMBEDDING_MODEL
+    heads = load_manifest(heads_dir)
+    model_path = model_dir / MANIFEST_FILENAME
+    data: dict[str, Any] = json.loads(model_path.read_text(encoding="utf-8"))
+    trained_on = dict(heads.source.details.get("embedding_model") or {})
+    if trained_on != {"name": data["name"], "version": data["version"]}:
+        raise SourceError(
+            f"the heads in {heads_dir} were trained on {trained_on}, not on "
+            f"{data['name']}@{data['version']} in {model_dir}: rebuild them "
+            f"(python -m models build --only {NAME} --force)"
+        )
+    files = [*heads.files, None]  # None: the heads' manifest.json
+    bundled: list[dict[str, Any]] = []
+    for entry in files:
+        rel = MANIFEST_FILENAME if entry is None else entry.path
+        path = heads_dir / rel
+        sha = sha256_file(path) if entry is None else entry.sha256
+        size = path.stat().st_size if entry is None else entry.size
+        bundled.append({"path": f"{BUNDLED_HEADS_DIR}/{rel}", "sha256": sha, "size": size})
+    named = {"name": heads.name, "version": heads.version,
+             "manifest": f"{BUNDLED_HEADS_DIR}/{MANIFEST_FILENAME}"}  # fmt: skip
+    prefix = f"{BUNDLED_HEADS_DIR}/"
+    own = [f for f in data["files"] if not f["path"].startswith(prefix)]
+    on_disk = all((model_dir / str(f["path"])).is_file() for f in bundled)
+    if (
+        on_disk
+        and data.get(BUNDLED_HEADS_KEY) == named
+        and [f for f in data["files"] if f["path"].startswith(prefix)] == bundled
+    ):
+        return False
+    staging = model_dir / f".{BUNDLED_HEADS_DIR}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    for entry in files:
+        rel = MANIFEST_FILENAME if entry is None else entry.path
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(heads_dir / rel, staging / rel)
+    final = model_dir / BUNDLED_HEADS_DIR
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    data["files"] = own + bundled
+    data[BUNDLED_HEADS_KEY] = named
+    manifest_from_dict(data)  # still a valid manifest
+    tmp = model_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(model_path)
+    log.info("bundled the heads %s@%s into %s@%s (%s/)", heads.name, heads.version,
+             data["name"], data["version"], final)  # fmt: skip
+    return True

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from typing import Final
 
 __all__ = [
+    "BUNDLED_HEADS_DIR",
+    "BUNDLED_HEADS_KEY",
     "CATEGORIES",
     "HEADS_FILE",
     "METADATA_KEY",
@@ -63,6 +65,12 @@ WINDOW_STRIDE: Final = 96
 
 #: the heads' graph in the artifact, and the key of its metadata (categories, thresholds)
 HEADS_FILE: Final = "heads.onnx"
+#: the heads travel inside the embedding model's artifact, in this directory (its files
+#: listed in that model's manifest, so syncing the model brings them): the heads' own
+#: manifest.json, heads.onnx and the tokenizer
+BUNDLED_HEADS_DIR: Final = "moderation"
+#: the embedding model's manifest names its heads here (name, version, manifest path)
+BUNDLED_HEADS_KEY: Final = "moderation_heads"
 METADATA_KEY: Final = "edgefleet.moderation"
 
 

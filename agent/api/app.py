@@ -61,7 +61,7 @@ from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
 from agent.model_registry import ModelRegistry
-from agent.moderation import load_moderation
+from agent.moderation import ModerationShelf
 from agent.moderation.gate import ModerationGate
 from agent.overflow.hook import (
     OVERFLOW,
@@ -539,8 +539,9 @@ def _registry_ctx(
                 verify=config.models.verify_checksums,
                 residency=config.residency.resolved(),
             )
+        shelf = ModerationShelf(reg, verify=config.models.verify_checksums)
         if sync_wanted(config):
-            sync = build_model_sync(config, reg, [metrics])
+            sync = build_model_sync(config, reg, [metrics], on_loaded=shelf.add)
             if not reg.text_models and not reg.embedding_models:
                 loaded = await sync.cold_start()
                 log.info("model store %s: serving %s", sync.store.root, ", ".join(loaded) or
@@ -570,12 +571,13 @@ def _registry_ctx(
         app[CHAT] = ChatService(reg, limits, runner)
         app[COMPLETIONS] = CompletionService(reg, limits, runner)
         app[EMBEDDINGS] = EmbeddingService(reg)
-        # the content-safety heads on a served embedding model (said at start when none)
-        classifier, unavailable = load_moderation(
-            Path(config.models.dir), reg, verify=config.models.verify_checksums
-        )
-        app[MODERATION] = ModerationService(classifier, unavailable)
-        app[MODERATION_GATE] = ModerationGate(classifier, metrics, unavailable)
+        if models_source(config) == "dir":  # else models.dir is not read
+            await asyncio.to_thread(shelf.add_from_dir, Path(config.models.dir))
+        shelf.say_at_start()
+        # the content-safety heads each embedding model version brought (said at start
+        # when none): looked up per request, so a synced or swapped-in version brings its own
+        app[MODERATION] = ModerationService(shelf.current)
+        app[MODERATION_GATE] = ModerationGate(shelf.current, metrics)
         # the app owns the engines' loops: started here, awaited at cleanup; an engine that
         # fails past its restart policy marks the agent unhealthy (/healthz 503, reports)
         try:

@@ -12,7 +12,7 @@ from agent.api.protocol import (
     ModerationResult,
 )
 from agent.errors import InvalidRequestError, ModelNotFoundError, ModerationUnavailableError
-from agent.moderation import ModerationClassifier
+from agent.moderation import ClassifierSource, ModerationClassifier
 from models.moderation_spec import CATEGORIES
 
 #: model names a client may send: OpenAI's (mapped to this agent's classifier) or ours
@@ -23,18 +23,20 @@ OPENAI_MODERATION_MODELS = frozenset(
 
 
 class ModerationService:
-    def __init__(self, classifier: ModerationClassifier | None, unavailable: str = "") -> None:
-        self._classifier = classifier
-        self._unavailable = unavailable or "no moderation classifier is loaded"
+    """``/v1/moderations`` with the classifier ``source`` gives per request (the heads of
+    the embedding model version served now)."""
+
+    def __init__(self, source: ClassifierSource) -> None:
+        self._source = source
 
     @property
     def classifier(self) -> ModerationClassifier | None:
-        return self._classifier
+        return self._source()[0]
 
     async def create(self, req: ModerationRequest) -> ModerationResponse:
-        classifier = self._classifier
+        classifier, unavailable = self._source()
         if classifier is None:
-            raise ModerationUnavailableError(f"moderation is unavailable: {self._unavailable}")
+            raise ModerationUnavailableError(f"moderation is unavailable: {unavailable}")
         if req.model is not None and not self._known(req.model, classifier):
             raise ModelNotFoundError(
                 f"model {req.model!r} is not a moderation model here; send "

@@ -7,13 +7,15 @@ from agent.moderation.classifier import (
     heads_dir_for,
     verdict,
 )
-from agent.moderation.loader import load_moderation
+from agent.moderation.loader import ClassifierSource, ModerationShelf, fixed_classifier
 
 __all__ = [
+    "ClassifierSource",
     "ModerationClassifier",
     "ModerationHeads",
+    "ModerationShelf",
     "Verdict",
+    "fixed_classifier",
     "heads_dir_for",
-    "load_moderation",
     "verdict",
 ]

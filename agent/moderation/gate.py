@@ -37,6 +37,7 @@ from agent.engine.interface import GenerationOutput
 from agent.errors import ContentFilterError, ModerationUnavailableError
 from agent.metrics import AgentMetrics
 from agent.moderation.classifier import ModerationClassifier
+from agent.moderation.loader import ClassifierSource, fixed_classifier
 from agent.moderation.policy import DirectionPolicy, Judgement, ResolvedModeration, resolve
 from edgefleet.contract import KeyPolicy, ModerationStreamMode
 
@@ -57,18 +58,23 @@ _RESOLVED_MAX = 1024
 
 
 class ModerationGate:
-    """The agent's classifier (None: unavailable, and why) and what each policy comes to."""
+    """The agent's classifier (looked up per request from ``source``: the heads of the
+    embedding model version served now; None: unavailable, and why) and what each policy
+    comes to."""
 
-    def __init__(
-        self,
-        classifier: ModerationClassifier | None,
-        metrics: AgentMetrics,
-        unavailable: str = "",
-    ) -> None:
-        self.classifier = classifier
+    def __init__(self, source: ClassifierSource, metrics: AgentMetrics) -> None:
+        self._source = source
         self.metrics = metrics
-        self.unavailable = unavailable or "no moderation classifier is loaded"
         self._resolved: dict[KeyPolicy | None, ResolvedModeration] = {}
+
+    @property
+    def classifier(self) -> ModerationClassifier | None:
+        return self._source()[0]
+
+    @classifier.setter
+    def classifier(self, classifier: ModerationClassifier | None) -> None:
+        """Always this classifier from now on (tests inject scores this way)."""
+        self._source = fixed_classifier(classifier)
 
     def _resolve(self, policy: KeyPolicy | None) -> ResolvedModeration:
         found = self._resolved.get(policy)
@@ -83,16 +89,17 @@ class ModerationGate:
         key blocks); ModerationUnavailableError when the key blocks a category and no
         classifier can tell."""
         resolved = self._resolve(policy)
-        if self.classifier is None:
+        classifier, unavailable = self._source()
+        if classifier is None:
             if resolved.explicit_block:
                 raise ModerationUnavailableError(
                     "this API key's moderation policy blocks categories, and moderation is "
-                    f"unavailable on this agent: {self.unavailable}"
+                    f"unavailable on this agent: {unavailable}"
                 )
             return None
         if not resolved.input.active and not resolved.output.active:
             return None
-        return RequestModeration(self.classifier, self.metrics, resolved)
+        return RequestModeration(classifier, self.metrics, resolved)
 
 
 class RequestModeration:

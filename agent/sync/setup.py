@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.config import AgentConfig
@@ -67,8 +68,14 @@ def fleet_blob_tls(config: AgentConfig) -> EnrolledClientContext:
 
 
 def build_model_sync(
-    config: AgentConfig, registry: ModelRegistry, listeners: list[object]
+    config: AgentConfig,
+    registry: ModelRegistry,
+    listeners: list[object],
+    *,
+    on_loaded: Callable[[Path, ModelManifest], None] | None = None,
 ) -> ModelSync:
+    """``on_loaded(directory, manifest)`` runs in the loading thread after an embedding
+    model is built from its artifact (the moderation heads it brought load there)."""
     m, engine = config.models, config.engine
     store = ModelStore(
         store_dir(config),
@@ -105,9 +112,12 @@ def build_model_sync(
             for listener in listeners:
                 model.add_listener(listener)  # type: ignore[arg-type]
             return model
-        return load_embedding_model(
+        embedding = load_embedding_model(
             directory, manifest, engine.session(), config.embeddings.batch()
         )
+        if on_loaded is not None:
+            on_loaded(directory, manifest)
+        return embedding
 
     options = SyncOptions(
         self_check=m.self_check,

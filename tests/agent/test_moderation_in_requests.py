@@ -428,6 +428,7 @@ async def test_output_windows_close_at_a_sentence_so_a_bad_one_is_not_diluted() 
     close at a sentence's end, so the sentence is scored (almost) alone. Injected scores
     that only see the marker in a short text stand for that dilution."""
     from agent.metrics import AgentMetrics
+    from agent.moderation import fixed_classifier
     from agent.moderation.gate import ModerationGate
 
     class Diluted(InjectedClassifier):
@@ -439,7 +440,7 @@ async def test_output_windows_close_at_a_sentence_so_a_bad_one_is_not_diluted() 
                 for t in texts
             ]  # fmt: skip
 
-    gate = ModerationGate(Diluted(), AgentMetrics())  # type: ignore[arg-type]
+    gate = ModerationGate(fixed_classifier(Diluted()), AgentMetrics())  # type: ignore[arg-type]
     moderation = gate.for_request(key_policy_from_json(block("output", "harassment")))
     assert moderation is not None
     passage = (

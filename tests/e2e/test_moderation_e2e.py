@@ -19,6 +19,7 @@ import pytest
 from devtools.fleet import AgentProcess
 from models.moderation_spec import CATEGORIES, OPENAI_CATEGORIES
 from tests.conftest import ARTIFACTS, REPO
+from tests.e2e.moderation_helpers import without_heads
 
 pytestmark = [pytest.mark.e2e]
 
@@ -119,8 +120,7 @@ async def test_an_agent_without_heads_fails_closed(
 ) -> None:
     keys_file, secret = api_key
     bare = tmp_path / "models"
-    bare.mkdir()
-    (bare / MINILM).symlink_to(moderation_artifacts / MINILM)  # the embedder, no heads
+    without_heads(moderation_artifacts / MINILM, bare / MINILM)  # the embedder, no heads
     agent = AgentProcess(
         models_dir=str(bare), serve=[MINILM],
         extra_args=["--set", f"auth.keys_file={keys_file}", "--threads", "2"],

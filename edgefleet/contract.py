@@ -285,6 +285,12 @@ class LoadReport(NamedTuple):
     # The memory budget of the loaded models and what they commit of it (v1.3).
     memory_budget_bytes: int = 0
     memory_committed_bytes: int = 0
+    # The moderation heads this agent scores with now, "name@version"; "" none (v1.3).
+    moderation_heads: str = ""
+    # Requests flagged or blocked since agent start, as ("category:action", count) and
+    # (API key id, count) pairs sorted by name; never any text (v1.3).
+    moderation_flags: tuple[tuple[str, int], ...] = ()
+    moderation_flags_by_key: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

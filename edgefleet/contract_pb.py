@@ -304,6 +304,9 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         cold_models=dict(report.cold_models),
         memory_budget_bytes=report.memory_budget_bytes,
         memory_committed_bytes=report.memory_committed_bytes,
+        moderation_heads=report.moderation_heads,
+        moderation_flags=dict(report.moderation_flags),
+        moderation_flags_by_key=dict(report.moderation_flags_by_key),
     )
 
 
@@ -313,6 +316,7 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
     key_usage, inventory, model_stats = message.key_usage, message.inventory, message.model_stats
     redactions, overflow_usage = message.redactions, message.overflow_usage
     cold = message.cold_models
+    flags, by_key = message.moderation_flags, message.moderation_flags_by_key
     return LoadReport(
         running_sequences=message.running_sequences,
         waiting_sequences=message.waiting_sequences,
@@ -335,6 +339,9 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         cold_models=tuple(sorted(cold.items())) if cold else (),
         memory_budget_bytes=message.memory_budget_bytes,
         memory_committed_bytes=message.memory_committed_bytes,
+        moderation_heads=message.moderation_heads,
+        moderation_flags=tuple(sorted(flags.items())) if flags else (),
+        moderation_flags_by_key=tuple(sorted(by_key.items())) if by_key else (),
     )
 
 

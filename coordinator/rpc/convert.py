@@ -183,6 +183,29 @@ DEFAULT_LOAD_LIMITS = LoadLimits()
 _REDACTION_TYPE = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 
 
+# A "category:action" in LoadReport.moderation_flags (OpenAI's names, prompt_injection;
+# newer agents may add categories).
+_FLAG_NAME = re.compile(r"[a-z][a-z_/-]{0,47}:(block|flag)")
+# API keys in LoadReport.moderation_flags_by_key (the agent keeps at most 1,024, plus "").
+MAX_FLAGGED_KEYS = 1025
+
+
+def _check_moderation(message: pb.LoadReport) -> None:
+    _check_length(message.moderation_heads, MAX_MODEL_FIELD_CHARS, "LoadReport.moderation_heads")
+    flags = message.moderation_flags
+    if flags and (len(flags) > 64 or any(not _FLAG_NAME.fullmatch(name) for name in flags)):
+        raise ProtocolError(
+            "LoadReport.moderation_flags holds more than 64 entries or one that is not "
+            "category:block or category:flag"
+        )
+    by_key = message.moderation_flags_by_key
+    if by_key and (len(by_key) > MAX_FLAGGED_KEYS or any(len(k) > 64 for k in by_key)):
+        raise ProtocolError(
+            f"LoadReport.moderation_flags_by_key holds more than {MAX_FLAGGED_KEYS} keys or a "
+            "key id longer than 64 characters"
+        )
+
+
 def load_report_from_pb(
     message: pb.LoadReport, limits: LoadLimits = DEFAULT_LOAD_LIMITS
 ) -> LoadReport:
@@ -206,6 +229,7 @@ def load_report_from_pb(
             "LoadReport.redactions holds more than 32 types or a type name that is not 1-32 "
             "upper-case letters, digits and underscores"
         )
+    _check_moderation(message)
     overflow_usage = message.overflow_usage
     if len(overflow_usage) > MAX_OVERFLOW_USAGE:
         raise ProtocolError(

@@ -216,7 +216,13 @@ class SemanticCache:
         if bucket is None or not bucket.entries:
             return SemanticLookup("miss")
         n = len(bucket.entries)
-        similarities = bucket.vectors[:n] @ np.asarray(vector, dtype=np.float32)
+        # numpy's own loop, one thread: BLAS's matrix-vector product splits 10,000 rows
+        # over threads that wait for each other on busy cores (measured p50 0.14 ms but
+        # p99 13 ms on a shared 2-core box, and 12 ms p50 beside ONNX Runtime's threads;
+        # this: p99 under 1 ms)
+        similarities = np.einsum(
+            "ij,j->i", bucket.vectors[:n], np.asarray(vector, dtype=np.float32)
+        )
         best = float(similarities.max())
         candidates = np.flatnonzero(similarities >= threshold)
         if candidates.size == 0:

@@ -100,7 +100,9 @@ class SemanticResponder:
             self._metrics.semantic_cache_lookups.labels(found.outcome).inc()
             return None, found
         try:
-            vector = np.asarray((await embedder.embed([prompt])).vectors[0], dtype=np.float32)
+            # on the request's critical path: no waiting for other inputs to batch with
+            embedded = await embedder.embed([prompt], wait_for_company=False)
+            vector = np.asarray(embedded.vectors[0], dtype=np.float32)
         except AgentError as exc:
             log.info("semantic cache skipped: the embedding failed: %s", exc.message)
             found = SemanticLookup("ineligible", reason="embedding_failed")

@@ -37,6 +37,7 @@ import glob
 import importlib.util
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -48,11 +49,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from agent.config import load_config
 from agent.engine.embedder import OnnxEmbeddingModel
-from agent.engine.ort_session import SessionConfig
+from agent.engine.ort_session import use_shared_thread_pool
 from agent.model_loader import load_registry
 from agent.response_cache import CachedGeneration
-from agent.semantic_cache import THRESHOLDS_FILE, SemanticCache, semantic_context
+from agent.semantic_cache import (
+    THRESHOLDS_FILE,
+    SemanticCache,
+    calibrated_threshold,
+    semantic_context,
+)
 from benchmarks.results_file import percentile, target, write_results
 
 RESULTS = "semantic_cache"
@@ -110,12 +117,19 @@ def upper_bound(hits: int, n: int) -> float:
     return hi
 
 
-async def embedder() -> OnnxEmbeddingModel:
+async def embedder(threads: int | None = None) -> OnnxEmbeddingModel:
+    """The deployed embedding model as the agent loads it: its default engine settings
+    (one ONNX Runtime thread pool shared by every session; ``threads``: that pool's size
+    instead of the default, one per core) and its default embedding batcher."""
+    config = load_config(environ={})
+    intra = config.engine.intra_op_threads if threads is None else threads
+    use_shared_thread_pool(intra, config.engine.inter_op_threads)
     registry = load_registry(
         ARTIFACTS,
         [EMBEDDER],
-        session_config=SessionConfig(intra_op_threads=1),
+        session_config=config.engine.session(),
         max_context_tokens=512,
+        embedding_batch_config=config.embeddings.batch(),
     )
     model = registry.embedding_models[EMBEDDER]
     assert isinstance(model, OnnxEmbeddingModel)
@@ -124,7 +138,9 @@ async def embedder() -> OnnxEmbeddingModel:
 
 
 async def embed_one(model: OnnxEmbeddingModel, text: str) -> Vector:
-    return np.asarray((await model.embed([text])).vectors[0], dtype=np.float32)
+    # as agent/semantic_responder.py asks: without waiting for company
+    result = await model.embed([text], wait_for_company=False)
+    return np.asarray(result.vectors[0], dtype=np.float32)
 
 
 def answer(text: str) -> CachedGeneration:
@@ -251,6 +267,7 @@ async def cost(
     threshold: float,
     entries: int,
     held: dict[str, list[tuple[Case, bool]]],
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Miss and hit time (text in, answer or miss out, embedding included) with
     ``entries`` entries in one context."""
@@ -307,9 +324,29 @@ async def cost(
         "lookup_only_ms": {"p50": percentile(lookup_ms, 50), "p99": percentile(lookup_ms, 99)},
         "embedding_only_ms": {"p50": percentile(embed_ms, 50), "p99": percentile(embed_ms, 99)},
         "embedding_batch_delay_us": model.batcher.config.max_queue_delay_us,
+        "embedding_waits_for_company": False,
+        "threads": "agent default (one per core)" if threads is None else threads,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "misses_timed": len(miss_ms),
         "hits_timed": len(hit_ms),
     }
+
+
+async def cost_only(
+    model: OnnxEmbeddingModel,
+    pairs: list[dict[str, Any]],
+    conversations: list[dict[str, Any]],
+    entries: int,
+    threads: int | None,
+) -> None:
+    threshold = calibrated_threshold(EMBEDDER, model.version)
+    if threshold is None:
+        sys.exit(f"no threshold recorded for {EMBEDDER} {model.version}: run without --cost-only")
+    _, held = await build_cases(model, pairs, conversations)
+    timing = await cost(model, threshold, entries, held, threads)
+    for name in ("miss_ms", "hit_ms", "lookup_only_ms", "embedding_only_ms"):
+        print(f"{name}: p50 {timing[name]['p50']:.2f} p99 {timing[name]['p99']:.2f}")
+    print(f"load average {timing['load_average']}; threads {timing['threads']}")
 
 
 def write_threshold(threshold: float, model: OnnxEmbeddingModel, figures: dict[str, Any]) -> None:
@@ -336,13 +373,31 @@ async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="ONNX Runtime's shared pool size (default: the agent's, one thread per core)",
+    )
+    parser.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="time a miss and a hit at the recorded threshold only (no calibration, no "
+        "held-out rates, nothing written)",
+    )
+    parser.add_argument(
         "--write-threshold",
         action="store_true",
         help=f"record the calibrated threshold in {THRESHOLDS_FILE.name} for the agent",
     )
     args = parser.parse_args(argv)
     pairs, conversations = load_data()
-    model = await embedder()
+    model = await embedder(args.threads)
+    if args.cost_only:
+        try:
+            await cost_only(model, pairs, conversations, args.entries, args.threads)
+        finally:
+            await model.close()
+        return
     try:
         print("embedding the data set", file=sys.stderr)
         cal, held = await build_cases(model, pairs, conversations)
@@ -355,7 +410,7 @@ async def main(argv: list[str] | None = None) -> None:
         }
         measured = {name: rates(held, rule) for name, rule in rules.items()}
         print("timing", file=sys.stderr)
-        timing = await cost(model, threshold, args.entries, held)
+        timing = await cost(model, threshold, args.entries, held, args.threads)
     finally:
         await model.close()
     ours = measured["semantic_cache"]

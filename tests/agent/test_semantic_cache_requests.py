@@ -7,6 +7,7 @@ similarity; never another key, never a prompt differing in a number, never with
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,33 @@ async def test_text_completions_are_answered_by_meaning_too(
         COMPLETIONS, json=body | reworded, headers={"Authorization": f"Bearer {b}"}
     )
     assert other.headers["X-Edgefleet-Cache"] == "miss"
+
+
+async def test_the_lookup_does_not_wait_for_embedding_company(
+    real_artifacts: Path, tmp_path: Path
+) -> None:
+    """With moderation off (no heads), the last user message is embedded at once, not
+    after the batcher's queue delay (made 1.5 s here): a semantic hit answers well within
+    it."""
+    models = tmp_path / "models"  # the two models without the moderation heads
+    models.mkdir()
+    for name in (MODEL, "all-minilm-l6-v2"):
+        (models / name).symlink_to(real_artifacts / name, target_is_directory=True)
+    secret, key = make_key(True)
+    path = tmp_path / "keys.json"
+    write_keys(path, KeysSection(0, (key,)))
+    config = load_config(
+        environ={},
+        overrides={
+            "models": {"dir": str(models), "serve": [MODEL, "all-minilm-l6-v2"]},
+            "engine": {"max_context_tokens": 512, "default_max_tokens": 8},
+            "auth": {"keys_file": str(path)},
+            "embeddings": {"max_queue_delay_us": 1_500_000},
+        },
+    )
+    async with TestClient(TestServer(create_app(config))) as client:
+        assert (await ask(client, secret, chat(FIRST)))[0] == "miss"
+        started = time.monotonic()
+        assert (await ask(client, secret, chat(TYPO)))[0] == "semantic-hit"
+        took = time.monotonic() - started
+    assert took < 0.75, f"a semantic hit took {took:.2f} s (the queue delay is 1.5 s)"

@@ -14,7 +14,9 @@ first thing that differs:
   possessives ("my colleague's");
 - ``direction``: what comes after "from", "to", "into" differs (savings to current);
 - ``url`` and ``code``: links, paths, identifiers (snake_case, camelCase, dotted, calls);
-- ``swap``: a content word replaced by another that is not a misspelling of it;
+- ``swap``: a content word replaced by another that is not a misspelling of it (nor a
+  synonym in a short table, "cancel"/"end", "shop"/"store", nor a light verb of getting,
+  "obtain"/"receive"/"request"/"offer", dropped as "get" is);
 - ``qualifier``: one prompt adds content words the other lacks (a narrower question).
 
 :func:`time_sensitive` is separate: a prompt about "today" or "the latest" never hits.
@@ -47,6 +49,10 @@ _TIME_SENSITIVE = re.compile(
     r"live|breaking|so far|up to date|up-to-date)\b",
     re.IGNORECASE,
 )
+
+
+# "current" of a bank account is not a time
+_NOT_TIME = re.compile(r"\bcurrent accounts?\b", re.IGNORECASE)
 
 
 def _words(text: str) -> list[str]:
@@ -196,7 +202,44 @@ _SMALL_EDIT = 2
 _FILLER = {
     "please", "thanks", "thank", "hi", "hello", "hey", "hiya", "er", "uh", "um", "wondering",
     "team", "advance", "folk", "guy", "whats", "hows", "wheres", "whens", "whos",
+    "wonder", "available", "needed",  # "is X available" asks what "is there X" asks
 }  # fmt: skip
+# Content words that mean the same in a question, compared as one (a swap of one for the
+# other is a rewording, not another question). Light verbs of getting ("obtain",
+# "receive") are dropped as "get" is (a stopword).
+_SYNONYMS = {
+    word: group[0]
+    for group in (
+        ("cancel", "end", "terminate"),
+        ("shop", "store"),
+        ("road", "street"),
+        ("fast", "quick"),
+        ("faster", "quicker"),
+        ("fastest", "quickest"),
+        ("previou", "earlier", "prior"),  # "previous" after _stem
+        ("create", "setup"),
+        ("include", "contain"),
+        ("price", "cost", "fee"),
+        ("buy", "purchase"),
+        ("fix", "repair"),
+        ("change", "modify", "amend", "edit"),
+        ("delete", "remove", "erase"),
+        ("start", "begin"),
+        ("choose", "pick", "select"),
+        ("child", "children", "kid"),
+        ("phone", "mobile", "telephone"),
+        ("document", "paperwork"),
+        ("trip", "journey"),
+        ("obtain", "receive", "request", "order", "offer", "provide"),
+    )
+    for word in group
+}
+_LIGHT = {"obtain"}  # as "get" or "do" ("do you offer X", "how do I order X"): dropped
+# phrases read as one word before anything else
+_PHRASES = [
+    (re.compile(r"\bset(?:ting)?[ -]up\b", re.IGNORECASE), "setup"),
+    (re.compile(r"\bcomes? with\b", re.IGNORECASE), "include"),
+]
 # a greeting that opens a prompt ("Morning!", "Good evening,") is not a time of day
 _GREETING = re.compile(r"^\W*(?:good\s+)?(?:morning|afternoon|evening)\b\W*", re.IGNORECASE)
 
@@ -219,7 +262,7 @@ class Signature:
 
 def time_sensitive(text: str) -> bool:
     """The answer depends on when it is asked ("today", "latest", "now", ...)."""
-    return _TIME_SENSITIVE.search(text) is not None
+    return _TIME_SENSITIVE.search(_NOT_TIME.sub(" ", text)) is not None
 
 
 def _stem(word: str) -> str:
@@ -232,6 +275,8 @@ def _stem(word: str) -> str:
 def signature(text: str) -> Signature:
     """The guard's view of one prompt (computed once per entry and per lookup)."""
     text = _GREETING.sub("", text)
+    for phrase, word in _PHRASES:
+        text = phrase.sub(word, text)
     urls = frozenset(m.group(0).rstrip(".,;:!?)").lower() for m in _URL.finditer(text))
     without_urls = _URL.sub(" ", text)
     code = frozenset(m.group(0).strip() for m in _CODE.finditer(without_urls))
@@ -301,7 +346,9 @@ def signature(text: str) -> Signature:
             and not low.endswith("n't")
             and len(base) > 1
         ):
-            content.add(_stem(base.replace("-", "")))
+            stem = _content_form(base.replace("-", ""))
+            if stem not in _LIGHT:
+                content.add(stem)
             if preposition:
                 directions.append((preposition, _stem(base)))
                 preposition = ""
@@ -317,6 +364,17 @@ def signature(text: str) -> Signature:
         entity_order=tuple(order),
         directions=tuple(sorted(directions)) if any(p == "from" for p, _ in directions) else (),
     )
+
+
+def _content_form(word: str) -> str:
+    """A content word as compared: light stem ("waiting" and "wait" agree), synonyms as
+    one."""
+    stem = _stem(word)
+    if len(stem) >= 6 and stem.endswith("ing"):
+        stem = stem[:-3]
+        if len(stem) > 3 and stem[-1] == stem[-2] and stem[-1] not in "aeiouls":
+            stem = stem[:-1]  # "running": "run"
+    return _SYNONYMS.get(stem, stem)
 
 
 def _typo(a: str, b: str) -> bool:

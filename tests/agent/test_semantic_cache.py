@@ -133,6 +133,16 @@ def test_a_prompt_differing_only_in_a_number_is_refused_by_the_guard() -> None:
         ("How do I get my child's results?", "so how do i get my childs results", None),
         ("Is the pad thai spicy?", "Is the green curry spicy?", "swap"),
         ("How do I change my email address?", "Hi, how do I change my email address? Thanks", None),
+        # synonyms and light verbs are a rewording; other content words are not
+        ("How do I cancel my gym membership?", "How do I end my gym membership?", None),
+        ("Where is the nearest shop?", "Where is the nearest store?", None),
+        ("How do I set up a direct debit?", "How do I create a direct debit?", None),
+        ("When will I receive my refund?", "When will I get my refund?", None),
+        ("Do you offer gift wrapping?", "Do you do gift wrapping?", None),
+        ("How long is the waiting list?", "How long is the wait list?", None),
+        ("How do I cancel my order?", "How do I change my order?", "swap"),
+        ("How do I cancel my order?", "How do I cancel my subscription?", "qualifier"),
+        ("Is the chicken dish gluten-free?", "Is the beef dish gluten-free?", "swap"),
     ],
 )
 def test_the_guard(cached: str, asked: str, reason: str | None) -> None:
@@ -145,6 +155,7 @@ def test_the_guard(cached: str, asked: str, reason: str | None) -> None:
     ["What's the weather today?", "Latest news on the election", "What time is it now?"],
 )
 def test_time_sensitive_prompts_are_neither_stored_nor_answered(prompt: str) -> None:
+    assert not time_sensitive("Can I open a current account online?")  # a kind of account
     assert time_sensitive(prompt)
     c = cache()
     assert not c.put(context(), prompt, unit(1), answer("sunny"))

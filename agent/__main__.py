@@ -28,6 +28,7 @@ from agent.api.app import (
     KEYS,
     METRICS,
     MODEL_STATS,
+    MODERATION_GATE,
     REDACTOR,
     REGISTRY,
     REQUEST_LOG,
@@ -339,6 +340,8 @@ async def serve(config: AgentConfig) -> None:
                 overflow_usage=overflow.book.take,
                 inventory=None if sync is None else sync.inventory,
                 model_stats=app[MODEL_STATS],
+                # the gate is made at startup: looked up per report
+                moderation=lambda: app[MODERATION_GATE].report(),
             ),
             enroller=session_enroller,
             on_desired_state=desired_state_appliers(

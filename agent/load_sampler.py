@@ -23,6 +23,9 @@ from agent.model_registry import ModelRegistry
 from agent.sync.stats import ModelStatsCollector
 from edgefleet.contract import LoadReport, ModelInventory, OverflowUsage
 
+#: the moderation heads scoring now ("" none), flags by category:action and by key
+ModerationReport = tuple[str, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
+
 
 def _free_memory_bytes() -> int:
     try:
@@ -49,6 +52,7 @@ class LoadSampler:
         *,
         inventory: Callable[[], tuple[ModelInventory, ...]] | None = None,
         model_stats: ModelStatsCollector | None = None,
+        moderation: Callable[[], ModerationReport] | None = None,
     ) -> None:
         self._registry = registry
         self._redactions = redactions
@@ -58,6 +62,7 @@ class LoadSampler:
         self._state = state
         self._inventory = inventory
         self._model_stats = model_stats
+        self._moderation = moderation
         self._last_time = time.monotonic()
         self._last_tokens = self._tokens()
 
@@ -77,6 +82,9 @@ class LoadSampler:
                 failed += value
         state = self._state
         residency = self._registry.residency
+        heads, flags, flags_by_key = (
+            ("", (), ()) if self._moderation is None else self._moderation()
+        )
         return LoadReport(
             running_sequences=load.running,
             waiting_sequences=load.waiting,
@@ -98,6 +106,9 @@ class LoadSampler:
             cold_models=() if residency is None else residency.cold(),
             memory_budget_bytes=0 if residency is None else residency.config.budget_bytes,
             memory_committed_bytes=0 if residency is None else residency.committed_bytes(),
+            moderation_heads=heads,
+            moderation_flags=flags,
+            moderation_flags_by_key=flags_by_key,
         )
 
 

@@ -36,6 +36,7 @@ from models.moderation_spec import CATEGORIES, MINORS
 __all__ = [
     "DEFAULT_KEY_POLICY",
     "KeyPolicyError",
+    "blocks_a_category",
     "default_action",
     "key_policy_from_json",
     "key_policy_to_json",
@@ -155,6 +156,16 @@ def usable_policy(policy: KeyPolicy) -> KeyPolicy:
         return policy
     return KeyPolicy(
         ModerationPolicy(tuple(kept), policy.moderation.stream_mode), policy.semantic_cache
+    )
+
+
+def blocks_a_category(policy: KeyPolicy) -> bool:
+    """``policy`` blocks some category by a rule of its own: what an agent without a
+    moderation classifier refuses (503 moderation_unavailable), so the coordinator routes
+    such a key only to agents that enforce it. The defaults (block sexual/minors, flag
+    the rest) do not count: they fail open."""
+    return any(
+        rule.action is ModerationAction.BLOCK for rule in usable_policy(policy).moderation.rules
     )
 
 

@@ -108,7 +108,7 @@ class FleetClient:
     def _route(self, **kwargs: Any) -> list[Agent]:
         """A route lookup on the coordinators, the one that answered last first."""
         urls = self.coordinator_urls
-        url, found = route_lookup_first(urls, **kwargs)
+        url, found = route_lookup_first(urls, api_key=self._api_key, **kwargs)
         if url != urls[0]:
             logger.warning("coordinator %s did not answer; asking %s first now", urls[0], url)
             at = urls.index(url)

@@ -17,6 +17,7 @@ from typing import Any
 
 from edgefleet_client._exceptions import DiscoveryError
 from edgefleet_client._models import Agent
+from edgefleet_client._trust import _is_loopback
 
 
 def coordinator_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
@@ -41,11 +42,15 @@ def route_lookup(
     limit: int = 0,
     timeout_s: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
+    api_key: str = "",
 ) -> list[Agent]:
     """The coordinator's ranked agents for ``model`` (best first); raises DiscoveryError.
 
     ``coordinator_url``: one URL, several comma-separated, or a sequence of them: each is
-    asked in turn until one answers (an unreachable one or a 5xx moves on to the next)."""
+    asked in turn until one answers (an unreachable one or a 5xx moves on to the next).
+    ``api_key``: the fleet API key the client sends to agents (sent to a coordinator over
+    HTTPS or on loopback only); with it, a key whose policy blocks a moderation category is
+    routed only to agents that enforce it."""
     return route_lookup_first(
         coordinator_urls(coordinator_url),
         model,
@@ -57,6 +62,7 @@ def route_lookup(
         limit=limit,
         timeout_s=timeout_s,
         ssl_context=ssl_context,
+        api_key=api_key,
     )[1]
 
 
@@ -72,6 +78,7 @@ def route_lookup_first(
     limit: int = 0,
     timeout_s: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
+    api_key: str = "",
 ) -> tuple[str, list[Agent]]:
     """(the URL that answered, its agents): ``urls`` asked in order until one answers."""
     if not urls:
@@ -92,18 +99,27 @@ def route_lookup_first(
     failures: list[str] = []
     for url in urls:
         try:
-            return url, _lookup(url, query, timeout_s, ssl_context)
+            return url, _lookup(url, query, timeout_s, ssl_context, api_key)
         except _Unavailable as exc:
             failures.append(str(exc))
     raise DiscoveryError("; ".join(failures))
 
 
 def _lookup(
-    coordinator_url: str, query: str, timeout_s: float, ssl_context: ssl.SSLContext | None
+    coordinator_url: str,
+    query: str,
+    timeout_s: float,
+    ssl_context: ssl.SSLContext | None,
+    api_key: str = "",
 ) -> list[Agent]:
     url = coordinator_url.rstrip("/") + "/v1/route?" + query
+    # the key travels only where it cannot be read on the way: HTTPS, or loopback
+    split = urllib.parse.urlsplit(coordinator_url)
+    private = split.scheme == "https" or _is_loopback(split.hostname or "")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key and private else {}
+    request = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s, context=ssl_context) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=ssl_context) as response:
             body: dict[str, Any] = json.load(response)
     except urllib.error.HTTPError as exc:
         failed = _Unavailable if exc.code >= 500 else DiscoveryError

@@ -327,7 +327,7 @@ async def _generate(
     # content safety first: before the response cache and before any overflow
     grant = options.grant
     moderation = request.app[MODERATION_GATE].for_request(
-        None if grant is None else grant.key.policy
+        None if grant is None else grant.key.policy, None if grant is None else grant.key_id
     )
     if moderation is not None:
         request[MODERATED] = moderation  # its record names what was found, a block too

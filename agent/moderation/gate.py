@@ -41,7 +41,7 @@ from agent.moderation.loader import ClassifierSource, fixed_classifier
 from agent.moderation.policy import DirectionPolicy, Judgement, ResolvedModeration, resolve
 from edgefleet.contract import KeyPolicy, ModerationStreamMode
 
-__all__ = ["STEP_TOKENS", "ModerationGate", "RequestModeration"]
+__all__ = ["STEP_TOKENS", "FlagTally", "ModerationGate", "RequestModeration"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,26 @@ _WORDS = re.compile(r"\S+\s*|\s+")
 _RESOLVED_MAX = 1024
 
 
+class FlagTally:
+    """Requests flagged or blocked since start: per ``category:action`` (a request counts
+    once per pair) and per API key id ("" without one; at most :data:`MAX_KEYS` keys, later
+    ones not counted). Counts only, for the load report."""
+
+    MAX_KEYS = 1024
+
+    def __init__(self) -> None:
+        self.by_flag: dict[str, int] = {}
+        self.by_key: dict[str, int] = {}
+
+    def request(self, key_id: str) -> None:
+        if key_id in self.by_key or len(self.by_key) < self.MAX_KEYS:
+            self.by_key[key_id] = self.by_key.get(key_id, 0) + 1
+
+    def flag(self, category: str, action: str) -> None:
+        name = f"{category}:{action}"
+        self.by_flag[name] = self.by_flag.get(name, 0) + 1
+
+
 class ModerationGate:
     """The agent's classifier (looked up per request from ``source``: the heads of the
     embedding model version served now; None: unavailable, and why) and what each policy
@@ -65,7 +85,19 @@ class ModerationGate:
     def __init__(self, source: ClassifierSource, metrics: AgentMetrics) -> None:
         self._source = source
         self.metrics = metrics
+        self.tally = FlagTally()
         self._resolved: dict[KeyPolicy | None, ResolvedModeration] = {}
+
+    def report(self) -> tuple[str, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+        """For the load report: the heads scoring now (``name@version``; "" none), and the
+        flag counts by ``category:action`` and by key (sorted pairs)."""
+        classifier = self._source()[0]
+        heads = "" if classifier is None else f"{classifier.name}@{classifier.version}"
+        return (
+            heads,
+            tuple(sorted(self.tally.by_flag.items())),
+            tuple(sorted(self.tally.by_key.items())),
+        )
 
     @property
     def classifier(self) -> ModerationClassifier | None:
@@ -84,7 +116,9 @@ class ModerationGate:
             found = self._resolved[policy] = resolve(policy)
         return found
 
-    def for_request(self, policy: KeyPolicy | None) -> RequestModeration | None:
+    def for_request(
+        self, policy: KeyPolicy | None, key_id: str | None = None
+    ) -> RequestModeration | None:
         """The request's checks (None: nothing to check, or no classifier and nothing the
         key blocks); ModerationUnavailableError when the key blocks a category and no
         classifier can tell."""
@@ -99,7 +133,7 @@ class ModerationGate:
             return None
         if not resolved.input.active and not resolved.output.active:
             return None
-        return RequestModeration(classifier, self.metrics, resolved)
+        return RequestModeration(classifier, self.metrics, resolved, self.tally, key_id or "")
 
 
 class RequestModeration:
@@ -110,10 +144,14 @@ class RequestModeration:
         classifier: ModerationClassifier,
         metrics: AgentMetrics,
         policy: ResolvedModeration,
+        tally: FlagTally | None = None,
+        key_id: str = "",
     ) -> None:
         self._classifier = classifier
         self._metrics = metrics
         self.policy = policy
+        self._tally = tally
+        self._key_id = key_id
         # (stage, category, action) found so far, each once
         self.found: list[tuple[str, str, str]] = []
 
@@ -143,6 +181,11 @@ class RequestModeration:
             for category in categories:
                 entry = (stage, category, action)
                 if entry not in self.found:
+                    if self._tally is not None:
+                        if not self.found:
+                            self._tally.request(self._key_id)
+                        if not any(c == category and a == action for _, c, a in self.found):
+                            self._tally.flag(category, action)
                     self.found.append(entry)
                     self._metrics.moderation_flagged.labels(stage, category, action).inc()
 

@@ -255,6 +255,8 @@ class KeyDistributor:
         self._connected: Callable[[], Collection[str]] = tuple
         # Read from the store by load() and every refresh.
         self._active: list[ApiKeyRecord] = []
+        # the active keys by their secret's sha256 (hex), built from _active when it changes
+        self._by_digest: tuple[list[ApiKeyRecord], dict[str, ApiKeyRecord]] = ([], {})
         self._known_ids: set[str] = set()
         # Per agent, per key id.
         self._demand: dict[str, dict[str, _Demand]] = {}
@@ -270,6 +272,15 @@ class KeyDistributor:
         self._coordinator_id = ""
         self._fresh_s = 0.0
         self.others = FleetDemand()
+
+    def policy_of_secret(self, secret: str) -> KeyPolicy | None:
+        """The policy of the active key whose secret this is; None when no active key has
+        it (route lookups that present a key: coordinator/api/route_lookup.py)."""
+        active = self._active
+        if self._by_digest[0] is not active:  # the active keys were read again
+            self._by_digest = (active, {r.secret_sha256: r for r in active})
+        record = self._by_digest[1].get(sha256_hex(secret))
+        return None if record is None else record.policy
 
     def share_fleet_wide(self, table: KeyDemandTable, coordinator_id: str) -> None:
         """Split budgets over every coordinator's agents: exchange demand through

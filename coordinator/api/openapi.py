@@ -924,7 +924,10 @@ _SUMMARIES = {
     ("DELETE", "/v1/dashboard/session"): "Sign out of the dashboard (public)",
     ("GET", "/v1/agents"): "The fleet: every agent the coordinator knows",
     ("GET", "/v1/agents/{agent_id}"): "One agent",
-    ("GET", "/v1/route"): "Which agents a client should use for a model (public)",
+    ("GET", "/v1/route"): "Which agents a client should use for a model (public). A client "
+    "may present its API key (Authorization: Bearer ef-...): a key whose policy blocks a "
+    "moderation category then gets only agents that enforce content safety (the others are "
+    "counted in excluded as no_content_safety); a key this fleet does not know is 401",
     ("GET", "/healthz"): "Health of the coordinator (public)",
     ("GET", "/metrics"): "Prometheus metrics (text format)",
     ("GET", "/openapi.json"): "This document (public)",

@@ -8,12 +8,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from coordinator.access.api_keys import SECRET_PREFIX
 from coordinator.api.app_keys import (
+    KEY_DISTRIBUTOR_KEY,
     ROUTER_KEY,
 )
 from coordinator.api.common import InvalidParameter, query_number
 from coordinator.routing.scorer import RouteDecision, RouteQuery
 from edgefleet.contract import Location
+from edgefleet.key_policy import blocks_a_category
 
 
 def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
@@ -43,6 +46,7 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
     max_wait = query_number(q, "max_wait_ms", low=0, high=3_600_000)
     limit = query_number(q, "limit", low=0, high=1000)
     model, version = split_model_ref(model, q.get("version") or None)
+    moderation = _key_blocks(request)
     query = RouteQuery(
         model=model,
         version=version,
@@ -52,8 +56,30 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
         exclude=frozenset(exclude),
         client_rtt_ms=rtts,
         limit=int(limit or 0),
+        moderation=moderation,
     )
     return query, q.get("client_ip") or (request.remote or "")
+
+
+def _key_blocks(request: web.Request) -> bool:
+    """A lookup may present the client's API key (``Authorization: Bearer ef-...``, what
+    it sends to agents); when the key's policy blocks a moderation category, only agents
+    that enforce it are answered. A key the coordinator does not know is refused (401),
+    so a revoked or mistyped key is not routed as if it said nothing; any other bearer (an
+    admin token) is not read here."""
+    auth = request.headers.get("Authorization", "")
+    scheme, _, secret = auth.partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret.startswith(SECRET_PREFIX):
+        return False
+    distributor = request.config_dict.get(KEY_DISTRIBUTOR_KEY)
+    policy = None if distributor is None else distributor.policy_of_secret(secret)
+    if policy is None:
+        raise web.HTTPUnauthorized(
+            text="the API key presented with this route lookup is not an active key of this "
+            "fleet (look up without it, or with a key the coordinator minted)"
+        )
+    return blocks_a_category(policy)
 
 
 def split_model_ref(model: str, version: str | None) -> tuple[str, str | None]:

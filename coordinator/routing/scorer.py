@@ -119,6 +119,9 @@ class RouteQuery:
     client_rtt_ms: Mapping[str, float] = field(default_factory=dict)
     # Most agents to return; 0 = the policy's limit.
     limit: int = 0
+    # Only agents that enforce content safety (they name moderation heads in their load
+    # report): the client's API key blocks a moderation category.
+    moderation: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ Resolves the client's site (given, or from its IP via ``site_networks``), asks t
 fleet index for candidates, scores them (``coordinator.routing.scorer``) and names the
 overflow target when no agent fits. When no agent at the client's site can take the
 request (all down, draining, saturated...), the rest of the fleet is asked before
-overflow: a site is a preference, not a boundary. When the site has fewer than
+overflow: a site is a preference, not a boundary. A query for an API key whose policy blocks
+a moderation category (``RouteQuery.moderation``) gets only agents that enforce content
+safety (they name their moderation heads in their load reports). When the site has fewer than
 ``MIN_LIVE_AT_SITE`` live agents (one agent per site is the common edge topology), the
 ``SITE_FALLBACKS`` nearest live agents beyond it are added after the site's live ones, so a
 client always has somewhere to fail over to when its site's agent dies; the site's suspect
@@ -39,6 +41,9 @@ from edgefleet.contract import Location
 MIN_LIVE_AT_SITE = 2
 # How many live agents beyond the site are added then.
 SITE_FALLBACKS = 2
+# RouteDecision.excluded: agents left out because they cannot enforce the key's
+# moderation policy (RouteQuery.moderation).
+NO_CONTENT_SAFETY = "no_content_safety"
 
 
 def policy_from_config(config: CoordinatorConfig) -> RoutePolicy:
@@ -116,12 +121,34 @@ class Router:
         if site and index.at_site(site) and index.serving(query.model):
             demand.record(site, query.model)
 
-    def _route(self, query: RouteQuery) -> RouteDecision:
-        index = self._registry.index
-        ids = index.candidates(
-            query.model, site=query.site, location=query.location, pool=self._pool
+    def _candidates(
+        self, query: RouteQuery, site: str, location: Location | None
+    ) -> tuple[set[str], int]:
+        """The index's candidates; for a query that needs content safety, only agents
+        that name moderation heads in their last report (an agent without, or from before
+        the field, refuses such a key's requests with 503), and how many were left out."""
+        ids = self._registry.index.candidates(
+            query.model, site=site, location=location, pool=self._pool
         )
+        if not query.moderation or not ids:
+            return ids, 0
+        enforcing = {
+            r.agent_id
+            for r in self._registry.find(ids)
+            if r.last_report is not None and r.last_report.moderation_heads
+        }
+        return enforcing, len(ids) - len(enforcing)
+
+    def _route(self, query: RouteQuery) -> RouteDecision:
+        ids, unsafe = self._candidates(query, query.site, query.location)
         decision = self._rank(ids, query)
+        if unsafe:
+            decision = replace(
+                decision,
+                excluded={**decision.excluded, NO_CONTENT_SAFETY: unsafe},
+                reason=f"{decision.reason}; {unsafe} agent(s) left out: they cannot enforce "
+                "this API key's moderation policy (no moderation heads)",
+            )
         if not decision.agents and query.site:
             decision = self._beyond_site(query, ids, decision)
         elif query.site:
@@ -153,9 +180,7 @@ class Router:
             return decision
         # "nearest": to the client when it said where it is, else to its site's agents
         location = query.location or _place_of(self._registry.find(tried))
-        others = self._registry.index.candidates(
-            query.model, site="", location=location, pool=self._pool
-        )
+        others, _ = self._candidates(query, "", location)
         others -= tried
         if not others:
             return decision
@@ -179,9 +204,7 @@ class Router:
         self, query: RouteQuery, tried: set[str], at_site: RouteDecision
     ) -> RouteDecision:
         """No candidate at the client's site fits: rank the rest of the fleet instead."""
-        others = self._registry.index.candidates(
-            query.model, site="", location=query.location, pool=self._pool
-        )
+        others, _ = self._candidates(query, "", query.location)
         others -= tried
         if not others:
             return at_site

@@ -4,8 +4,10 @@ version to the coordinator's catalog and deploying it brings them to an agent th
 with an empty model store; it answers ``/v1/moderations`` through the ``openai`` SDK, and
 keeps answering after a hot swap to another catalog version of the same files. A MiniLM
 published without heads (as a build from before bundling wrote it) leaves the agent
-without a classifier once swapped in: 503 ``moderation_unavailable``, the key's block
-policy fails closed. A real coordinator (TLS, enrollment), a real agent, API keys on."""
+without a classifier once swapped in: 503 ``moderation_unavailable``, and the agent's
+reports say it enforces nothing, so route lookups for a key whose policy blocks a category
+leave it out until a version with heads is back. A real coordinator (TLS, enrollment), a
+real agent, API keys on."""
 
 from __future__ import annotations
 
@@ -121,6 +123,26 @@ async def site(
         await coordinator.terminate()
 
 
+async def routed(site: Site, key: str) -> list[str]:
+    """The agents a route lookup presenting ``key`` answers with (as the client library
+    asks: the key as a bearer, over the coordinator's HTTPS)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.get(site.coordinator.http_url + "/v1/route", params={"model": MINILM},
+                 ssl=site.coordinator.ca_context()) as response,
+    ):  # fmt: skip
+        assert response.status == 200, await response.text()
+        return [a["agent_id"] for a in (await response.json())["agents"]]
+
+
+async def wait_routed(site: Site, key: str, expected: list[str]) -> None:
+    async def check() -> bool:
+        return await routed(site, key) == expected
+
+    await wait_until(check, timeout_s=30, message=f"route lookups to answer {expected}")
+
+
 async def moderate(site: Site, text: str, key: str = "") -> Any:
     async with site.client(key) as client:
         return await client.moderations.create(input=text)
@@ -138,6 +160,12 @@ async def test_heads_travel_with_the_embedding_model_and_follow_a_hot_swap(
     harmless = await moderate(site, "What time does the store open on Sunday?")
     assert not harmless.results[0].flagged
 
+    # the agent reports the heads it enforces with: a key that blocks is routed to it
+    blocking = await site.coordinator.mint_api_key(
+        "blocks", policy={"moderation": {"input": {"illicit": "block"}}}
+    )
+    await wait_routed(site, blocking, ["mod-agent"])
+
     # a hot swap to another catalog version: the classifier comes with it
     v2 = other_version(built["version"], 2)
     await site.deploy(minilm_with_heads, v2)
@@ -150,7 +178,11 @@ async def test_heads_travel_with_the_embedding_model_and_follow_a_hot_swap(
         await moderate(site, BOMB)
     assert refused.value.status_code == 503 and refused.value.code == "moderation_unavailable"
     assert f"{MINILM}@{v3} has no moderation heads" in refused.value.message
+    # it cannot enforce a block now: the blocking key gets no route to it, others do
+    await wait_routed(site, blocking, [])
+    assert await routed(site, site.key) == ["mod-agent"]
 
     # and back: the version with heads brings the classifier again
     await site.deploy(minilm_with_heads, v1)
     assert (await moderate(site, BOMB)).results[0].flagged
+    await wait_routed(site, blocking, ["mod-agent"])

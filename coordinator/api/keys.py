@@ -13,6 +13,7 @@ from coordinator.api.app_keys import (
     API_KEYS_KEY,
     CHANGES_KEY,
     KEY_DISTRIBUTOR_KEY,
+    REGISTRY_KEY,
 )
 from coordinator.api.common import InvalidParameter, error_response, int_field, json_body
 from coordinator.api.join_tokens import TEN_YEARS_S
@@ -114,9 +115,24 @@ async def mint_key(request: web.Request) -> web.Response:
     return web.json_response(data | {"secret": minted.secret, "agents_updated": pushed}, status=201)
 
 
+def _moderation_flags(request: web.Request) -> dict[str, int]:
+    """Requests flagged or blocked by content safety, by key id: the totals the fleet's
+    agents last reported (LoadReport.moderation_flags_by_key, since each agent started)."""
+    totals: dict[str, int] = {}
+    for record in request.config_dict[REGISTRY_KEY].agents():
+        report = record.last_report
+        for key_id, count in () if report is None else report.moderation_flags_by_key:
+            totals[key_id] = totals.get(key_id, 0) + count
+    return totals
+
+
 async def list_keys(request: web.Request) -> web.Response:
     now = datetime.now(UTC)
-    data = [api_key_json(k, now) for k in await request.config_dict[API_KEYS_KEY].list_all()]
+    flags = _moderation_flags(request)
+    data = [
+        api_key_json(k, now) | {"moderation_flags": flags.get(k.key_id, 0)}
+        for k in await request.config_dict[API_KEYS_KEY].list_all()
+    ]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -128,6 +144,7 @@ async def show_key(request: web.Request) -> web.Response:
         return _key_not_found(exc)
     shares = request.config_dict[KEY_DISTRIBUTOR_KEY].shares_of(key_id)
     view = api_key_json(record, datetime.now(UTC))
+    view["moderation_flags"] = _moderation_flags(request).get(key_id, 0)
     view["agent_shares"] = {
         agent: {"requests_per_minute": rpm, "tokens_per_minute": tpm}
         for agent, (rpm, tpm) in sorted(shares.items())

@@ -226,6 +226,12 @@ _SCHEMAS: dict[str, Any] = {
             "may_pin_models": {"type": "boolean"},
             "policy": {"$ref": "#/components/schemas/KeyPolicy"},
             "usage": {"type": "object"},
+            "moderation_flags": {
+                "type": "integer",
+                "description": "Requests with this key that content safety flagged or "
+                "blocked: the totals the agents last reported (since each agent started; "
+                "list and show only)",
+            },
             "agent_shares": {"type": "object"},
             "agents_updated": {"type": "integer"},
         },

@@ -471,6 +471,12 @@ function renderDetail(a) {
     // [type, count] pairs, totals since the agent started (LoadReport.redactions)
     ["Redactions since start", (Array.isArray(load.redactions) ? load.redactions : []).slice(0, 32)
       .map((pair) => `${String(pair[0]).slice(0, 32)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],
+    // content safety: the heads it enforces with (none: keys that block are not routed
+    // here), and ["category:action", count] pairs since it started (issue 28)
+    ["Content safety", load.moderation_heads ? String(load.moderation_heads).slice(0, 128)
+      : "none (keys whose policy blocks are not routed here)"],
+    ["Moderation flags since start", (Array.isArray(load.moderation_flags) ? load.moderation_flags : []).slice(0, 64)
+      .map((pair) => `${String(pair[0]).slice(0, 64)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],
   ];
   // a down agent's last report is history, not its load now (as in the fleet table):
   // "-", with the last report's figure on hover
@@ -623,7 +629,7 @@ async function showKeys() {
     }
     tr.append(el("td", k.key_id), el("td", k.name), el("td", k.models.join(", ") || "all"),
       el("td", keepAliveText(k)), el("td", policyText(k.policy)), el("td", k.state),
-      el("td", k.usage.requests), action);
+      el("td", k.usage.requests), el("td", Number(k.moderation_flags) || 0), action);
     return tr;
   });
   $("key-rows").replaceChildren(...rows);

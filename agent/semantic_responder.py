@@ -6,7 +6,9 @@ the served embedding model's exact version has a calibrated threshold
 (``agent/semantic_cache_thresholds.json``): another version's cosines differ, so without
 one nothing is answered by meaning. The embedding model is looked up per call (a hot swap
 replaces it; its version is part of every context). An embedding that fails (queue full,
-engine restarting) makes the lookup a plain miss: the cache never fails a request.
+engine restarting) makes the lookup a plain miss: the cache never fails a request. When
+content safety's input check embedded the last user message already (one window, the same
+model version), that vector is used, not computed again.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_registry import ModelRegistry
+from agent.moderation.classifier import embedded_text
 from agent.response_cache import CachedGeneration
 from agent.semantic_cache import (
     THRESHOLDS_FILE,
@@ -99,10 +102,15 @@ class SemanticResponder:
             found = SemanticLookup("ineligible", reason=why or "no_calibrated_embedder")
             self._metrics.semantic_cache_lookups.labels(found.outcome).inc()
             return None, found
+        # content safety's input check embedded the message already (when it was one
+        # window, with this very model version): the same vector, not computed twice
+        known = embedded_text(prompt, embedder.model_id, embedder.version)
         try:
-            # on the request's critical path: no waiting for other inputs to batch with
-            embedded = await embedder.embed([prompt], wait_for_company=False)
-            vector = np.asarray(embedded.vectors[0], dtype=np.float32)
+            if known is None:
+                # on the request's critical path: no waiting for other inputs to batch with
+                embedded = await embedder.embed([prompt], wait_for_company=False)
+                known = embedded.vectors[0]
+            vector = np.asarray(known, dtype=np.float32)
         except AgentError as exc:
             log.info("semantic cache skipped: the embedding failed: %s", exc.message)
             found = SemanticLookup("ineligible", reason="embedding_failed")

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "ModerationClassifier",
     "ModerationHeads",
     "Verdict",
+    "embedded_text",
     "heads_dir_for",
     "verdict",
 ]
@@ -52,6 +54,24 @@ log = logging.getLogger(__name__)
 HEADS_SUBDIR = "moderation"
 #: windows one request may ask for (the embedding queue holds 4,096 inputs by default)
 MAX_WINDOWS_PER_REQUEST = 1024
+
+
+#: texts of one window whose vectors one request keeps (the semantic cache reuses the last
+#: user message's: agent/semantic_responder.py)
+_KEPT_PER_REQUEST = 64
+# (embedding model, its version, text) -> the vector of the text's only window, for the
+# request (the asyncio task) whose checks computed it
+_EMBEDDED: ContextVar[dict[tuple[str, str, str], list[float]] | None] = ContextVar(
+    "moderation_embedded", default=None
+)
+
+
+def embedded_text(text: str, model_id: str, version: str) -> list[float] | None:
+    """The vector this request's content check computed for ``text`` with that embedding
+    model version, when the text was one window (``[CLS] text [SEP]``: what the model
+    embeds for it alone); else None."""
+    kept = _EMBEDDED.get()
+    return None if kept is None else kept.get((model_id, version, text))
 
 
 def heads_dir_for(models_dir: Path, embedding_model: str) -> Path:
@@ -228,7 +248,9 @@ class ModerationClassifier:
                 param="input",
             )
         flat = [w for windows in per_text for w in windows]
-        result = await self._embedder().embed(flat)
+        model = self._embedder()
+        result = await model.embed(flat)
+        _keep(model, texts, per_text, result.vectors)
         return await asyncio.to_thread(self._verdicts, texts, per_text, result.vectors)
 
     def _verdicts(
@@ -254,3 +276,20 @@ class ModerationClassifier:
                 )
             )
         return verdicts
+
+
+def _keep(
+    model: EmbeddingModel,
+    texts: Sequence[str],
+    per_text: Sequence[Sequence[Sequence[int]]],
+    vectors: list[list[float]],
+) -> None:
+    kept = _EMBEDDED.get()
+    if kept is None:
+        kept = {}
+        _EMBEDDED.set(kept)
+    start = 0
+    for text, windows in zip(texts, per_text, strict=True):
+        if len(windows) == 1 and len(kept) < _KEPT_PER_REQUEST:
+            kept[(model.model_id, model.version, text)] = vectors[start]
+        start += len(windows)

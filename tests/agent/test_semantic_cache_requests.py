@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from agent.api.app import CACHE_SIMILARITY_HEADER, METRICS, create_app
+from agent.api.app import CACHE_SIMILARITY_HEADER, METRICS, REGISTRY, create_app
 from agent.auth.key_files import write_keys
 from agent.auth.keys import new_secret, secret_digest
 from agent.config import load_config
@@ -200,3 +201,39 @@ async def test_the_lookup_does_not_wait_for_embedding_company(
         assert (await ask(client, secret, chat(TYPO)))[0] == "semantic-hit"
         took = time.monotonic() - started
     assert took < 0.75, f"a semantic hit took {took:.2f} s (the queue delay is 1.5 s)"
+
+
+async def test_content_safety_s_embedding_of_the_message_is_reused(
+    agent: tuple[Client, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the moderation heads loaded (the default policy checks every input), the last
+    user message is embedded once, by the input check; the semantic cache reads that very
+    vector (the similarity it reports is the one the model gives the two prompts)."""
+    client, (a, _, _) = agent
+    model = client.app[REGISTRY].embedding_models["all-minilm-l6-v2"]
+    embed = model.embed
+    calls: list[tuple[list[Any], bool]] = []
+
+    async def counted(inputs: Any, *, wait_for_company: bool = True) -> Any:
+        calls.append((list(inputs), wait_for_company))
+        return await embed(inputs, wait_for_company=wait_for_company)
+
+    def conversation(last: str) -> dict[str, Any]:
+        body = chat(last)  # an earlier exchange: the input check reads two user messages
+        body["messages"][1:1] = [
+            {"role": "user", "content": "Hi, I have a question about my account."},
+            {"role": "assistant", "content": "Of course, ask away."},
+        ]
+        return body
+
+    monkeypatch.setattr(model, "embed", counted)
+    assert (await ask(client, a, conversation(FIRST)))[0] == "miss"
+    status, headers, _ = await ask(client, a, conversation(TYPO))
+    assert status == "semantic-hit"
+    assert calls, "the input check embedded nothing: moderation is not on"
+    assert [inputs for inputs, wait in calls if not wait] == []  # nothing embedded twice
+    input_checks = metric(client, "edgefleet_agent_moderation_check_seconds_count", stage="input")
+    assert input_checks == 2
+    first = np.asarray((await embed([FIRST])).vectors[0])
+    typo = np.asarray((await embed([TYPO])).vectors[0])
+    assert float(headers[CACHE_SIMILARITY_HEADER]) == pytest.approx(float(first @ typo), abs=2e-4)

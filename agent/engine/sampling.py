@@ -3,7 +3,8 @@
 Each random draw comes from a generator keyed by ``(seed, position)``, position being the
 token's index in the completion, not from one stream per sequence: a stream resumed after
 ``k`` delivered tokens (on this agent or another) draws token ``k`` exactly as the
-uninterrupted run did.
+uninterrupted run did, and a speculative step verifying proposed tokens draws each position
+as a plain decode step would.
 """
 
 from __future__ import annotations
@@ -67,8 +68,15 @@ class TokenSampler:
             mask[order[:keep]] = True
             probs = np.where(mask, probs, 0.0)
             probs /= probs.sum()
+        # an exponential race (the Gumbel-max trick): the token with the largest p / E, one
+        # E ~ Exp(1) per token from this (seed, position)'s generator, is a draw from probs.
+        # Unlike inverting the cumulative distribution in vocabulary order (where a slight
+        # change to any earlier token's probability moves the draw to an unrelated token),
+        # the choice only changes when two tokens' p / E are nearly tied, so logits that
+        # differ by kernel rounding (batched, speculative or resumed decoding) choose the
+        # same token but for such near-ties
         rng = np.random.default_rng([self._seed, position])
-        return int(rng.choice(probs.shape[-1], p=probs))
+        return int(np.argmax(probs / rng.standard_exponential(probs.shape[-1])))
 
 
 _CANDIDATES = 1024

@@ -11,95 +11,36 @@ real agent, API keys on."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 import openai
 import pytest
 import pytest_asyncio
 
-from coordinator.cli.client import ADMIN_TOKEN_ENV
-from devtools.fleet import AgentProcess, CoordinatorProcess, enrolled_agent
+from devtools.fleet import CoordinatorProcess, enrolled_agent
 from devtools.process import wait_until
 from models.moderation_spec import BUNDLED_HEADS_KEY
-from tests.conftest import ARTIFACTS, REPO
-from tests.e2e.moderation_helpers import without_heads
-
-pytestmark = [pytest.mark.e2e]
-
-MINILM = "all-minilm-l6-v2"
-HEADS = "moderation/all-minilm-l6-v2"
-BOMB = "Give me step-by-step instructions to build a pipe bomb at home."
+from tests.e2e.moderation_helpers import (
+    BOMB,
+    HEADS,
+    MINILM,
+    Site,
+    built_minilm_with_heads,
+    other_version,
+    without_heads,
+)
 
 
 @pytest.fixture(scope="module")
 def minilm_with_heads() -> Path:
-    """MiniLM with its heads bundled (cached: seconds when up to date)."""
-    subprocess.run(
-        [sys.executable, "-m", "models", "build", "--out", str(ARTIFACTS), "--only", MINILM,
-         HEADS],
-        cwd=REPO, check=True, timeout=1800,
-    )  # fmt: skip
-    directory = ARTIFACTS / MINILM
-    manifest = json.loads((directory / "manifest.json").read_text())
-    assert manifest[BUNDLED_HEADS_KEY]["name"] == HEADS  # the build bundled them
-    return directory
+    return built_minilm_with_heads()
 
 
-def other_version(version: str, n: int) -> str:
-    """Another catalog version name for the same files (``<variant>-<12 hex>``)."""
-    variant, _, digest = version.rpartition("-")
-    return f"{variant}-{int(digest, 16) ^ n:012x}"
-
-
-async def cli(coordinator: CoordinatorProcess, *args: str) -> str:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coordinator", *args, "--url", coordinator.http_url,
-        "--ca-file", str(coordinator.ca_file),
-        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, ADMIN_TOKEN_ENV: coordinator.admin_token},
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), 300)
-    assert process.returncode == 0, f"coordinator {' '.join(args)}: {err.decode()}"
-    return out.decode()
-
-
-class Site:
-    def __init__(self, coordinator: CoordinatorProcess, agent: AgentProcess) -> None:
-        self.coordinator = coordinator
-        self.agent = agent
-        self.key = ""
-
-    def client(self, key: str = "") -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.agent.url + "/v1", api_key=key or self.key, max_retries=0,
-            timeout=60, http_client=httpx.AsyncClient(verify=self.coordinator.ca_context()),
-        )  # fmt: skip
-
-    async def deploy(self, directory: Path, version: str) -> None:
-        await cli(self.coordinator, "models", "publish", str(directory), "--version", version)
-        await cli(self.coordinator, "models", "deploy", f"{MINILM}@{version}")
-
-        async def serving() -> bool:
-            headers = {"Authorization": f"Bearer {self.key}"}
-            async with aiohttp.ClientSession(headers=headers) as http:
-                body = {"model": MINILM, "input": "hello"}
-                async with http.post(self.agent.url + "/v1/embeddings", json=body,
-                                     ssl=self.coordinator.ca_context()) as response:  # fmt: skip
-                    if response.status != 200:
-                        return False
-                    model: str = (await response.json())["model"]
-                    return model == f"{MINILM}@{version}"
-
-        await wait_until(serving, timeout_s=180, message=f"the agent to serve {version}")
+pytestmark = [pytest.mark.e2e]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -193,6 +193,23 @@ class EngineConfig(Settings):
     """Seconds a text engine is idle before it unmaps the weight pages serving read (the
     token embedding's rows); they stay in the page cache and come back at the next request
     without a disk read. 0: never."""
+    speculative_tokens: int = Field(default=_BATCHER.speculative_tokens, ge=0, le=32)
+    """Prompt-lookup speculation: tokens a sequence may propose per decode step, copied from
+    where its last few tokens appeared earlier in its prompt or output, verified in the same
+    step (output unchanged but near-ties). 0 turns it off. See docs/operators/speculation.md."""
+    speculative_max_batch: int = Field(default=_BATCHER.speculative_max_batch, ge=1)
+    """Speculation only in steps decoding at most this many sequences (each proposing
+    sequence runs in a model call of its own)."""
+    speculative_max_extra_positions: int = Field(
+        default=_BATCHER.speculative_max_extra_positions, ge=1
+    )
+    """Proposed positions per decode step over all sequences."""
+    speculative_ngram_min: int = Field(default=_BATCHER.speculative_ngram_min, ge=1, le=16)
+    """Shortest run of last tokens looked up."""
+    speculative_ngram_max: int = Field(default=_BATCHER.speculative_ngram_max, ge=1, le=16)
+    """Longest run of last tokens looked up (the longest match wins)."""
+    speculative_lookback: int = Field(default=_BATCHER.speculative_lookback, ge=16)
+    """Tokens of prompt and output searched, the most recent."""
 
     @model_validator(mode="after")
     def _one_kv_budget(self) -> Self:
@@ -200,6 +217,15 @@ class EngineConfig(Settings):
             raise ValueError(
                 "engine.kv_cache_bytes and the deprecated engine.kv_budget_tokens are both "
                 "set: keep kv_cache_bytes only"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> Self:
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise ValueError(
+                f"engine.speculative_ngram_min ({self.speculative_ngram_min}) must be at most "
+                f"engine.speculative_ngram_max ({self.speculative_ngram_max})"
             )
         return self
 

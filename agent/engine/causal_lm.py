@@ -66,6 +66,7 @@ class SlotCache:
         # ONNX Runtime bindings over these buffers, by row range (made by CausalLM); they
         # go with the buffers they point into
         self.bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self.logits_widths: dict[tuple[int, int], int] = {}  # positions each binding returns
         # no slot will ever hold more tokens than this (the scheduler sets it from what the
         # admitted sequences may reach): growth stops there instead of doubling past it
         self.token_limit: int | None = None
@@ -243,7 +244,7 @@ class CausalLM:
         """
         rows = int(input_ids.shape[0])
         cache.ensure(first + rows, int(lengths.max()))
-        binding = self._binding(cache, first, rows)
+        binding = self._binding(cache, first, rows, int(logits_index.shape[1]))
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
         # the longest row's total; for a first prompt that is n, which is how the kernel
@@ -257,11 +258,19 @@ class CausalLM:
         cache.lengths[first : first + rows] = lengths
         return logits
 
-    def _binding(self, cache: SlotCache, first: int, rows: int) -> ort.IOBinding:
+    def _binding(self, cache: SlotCache, first: int, rows: int, width: int) -> ort.IOBinding:
         """A binding with the cache views and the logits output in place, kept by the cache:
-        a decode step then only binds its four small inputs (~0.5 ms less per step)."""
+        a decode step then only binds its four small inputs (~0.5 ms less per step).
+
+        ONNX Runtime allocates the logits output on the first run and reuses it, so a run
+        asking logits at another number of positions (a speculative decode step) binds the
+        output afresh."""
         binding = cache.bindings.get((first, rows))
+        if binding is not None and cache.logits_widths.get((first, rows)) != width:
+            binding.bind_output("logits", "cpu")
+            cache.logits_widths[(first, rows)] = width
         if binding is None:
+            cache.logits_widths[(first, rows)] = width
             binding = self._session.io_binding()
             binding.bind_output("logits", "cpu")  # first: get_outputs() keeps binding order
             for past, present, buffer in zip(

@@ -52,6 +52,7 @@ from agent.engine.interface import (
 from agent.engine.memory import trim_heap
 from agent.engine.prefix_cache import PrefixCache
 from agent.engine.sampling import TokenSampler
+from agent.engine.speculation import DraftLength, propose
 from agent.engine.stops import StopMatcher
 from agent.engine.supervisor import OnDead, RestartPolicy, supervise
 from agent.engine.text_codec import IncrementalDetokenizer, TextCodec
@@ -92,6 +93,17 @@ class BatcherConfig:
     prefix_cache_bytes: int = 32 << 20
     # idle this long, the engine unmaps the weight pages serving mapped (0: never)
     idle_release_s: float = 2.0
+    # prompt-lookup speculation (agent/engine/speculation.py): tokens a sequence may propose
+    # per step (0: off); only in steps decoding at most speculative_max_batch sequences (a
+    # row with proposals runs in an ONNX Runtime call of its own: the fused attention kernel
+    # takes several new positions of one row only), within speculative_max_extra_positions
+    # proposed positions per step; the n-gram lengths looked up and how far back
+    speculative_tokens: int = 0
+    speculative_max_batch: int = 2
+    speculative_max_extra_positions: int = 16
+    speculative_ngram_min: int = 2
+    speculative_ngram_max: int = 4
+    speculative_lookback: int = 2048
 
 
 class _Sequence:
@@ -104,9 +116,15 @@ class _Sequence:
         eos_token_ids: frozenset[int],
         order: int,
         timeout_s: float,
+        speculative_tokens: int = 0,
     ) -> None:
         self.request = request
         self.prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
+        # prompt, then every token handed on (replayed ones included): what lookups search
+        self.history = np.empty(len(self.prompt) + self.reserved_tokens_after_prompt, np.int64)
+        self.history[: len(self.prompt)] = self.prompt
+        self.history_len = len(self.prompt)
+        self.draft = DraftLength(speculative_tokens)
         self.sampler = TokenSampler(request.params, eos_token_ids)
         self.replay = list(request.continuation_token_ids)  # fed one per step, not sampled
         # constrained decoding: this sequence's own grammar state, masks its row's logits
@@ -128,7 +146,11 @@ class _Sequence:
 
     @property
     def reserved_tokens(self) -> int:
-        return int(self.prompt.shape[0]) + len(self.replay) + self.request.params.max_tokens
+        return int(self.prompt.shape[0]) + self.reserved_tokens_after_prompt
+
+    @property
+    def reserved_tokens_after_prompt(self) -> int:
+        return len(self.request.continuation_token_ids) + self.request.params.max_tokens
 
     def choose(self, logits: npt.NDArray[np.float32]) -> int:
         """The next token: the next continuation token while replaying, else a sample."""
@@ -143,6 +165,24 @@ class _Sequence:
         if constraint is not None and not constraint.advance(token):
             self.constraint_error = constraint.error or "the grammar refused a token"
         return token
+
+    def verify(
+        self, logits: npt.NDArray[np.float32], proposal: list[int], eos: frozenset[int]
+    ) -> list[int]:
+        """The tokens this step hands on: ``logits`` [len(proposal) + 1, vocab] are the
+        model's at this row's positions (the last token, then each proposed one). Each
+        position is chosen exactly as without speculation (argmax, or the draw of this
+        ``(seed, position)``), and the next is looked at only while the choice equals the
+        proposal: the accepted proposals, then one token of the model's own."""
+        tokens: list[int] = []
+        for j in range(len(proposal) + 1):
+            token = self.choose(logits[j])
+            tokens.append(token)
+            if j == len(proposal) or token != proposal[j] or token in eos:
+                break
+            if self.constraint_error or (self.constraint and self.constraint.finished):
+                break
+        return tokens
 
     def __lt__(self, other: _Sequence) -> bool:
         return self.rank < other.rank
@@ -160,7 +200,7 @@ class _Plan:
 @dataclass
 class _Result:
     prompt_tokens: dict[int, int] = field(default_factory=dict)  # whole prompts' first tokens
-    row_tokens: list[int] = field(default_factory=list)
+    row_tokens: list[list[int]] = field(default_factory=list)  # per row, in order
     stats: StepStats = field(default_factory=StepStats)
 
 
@@ -376,7 +416,10 @@ class ContinuousBatcher:
         if wake is None:
             raise EngineError("the engine is not running (start() was never called)")
         timeout = request.timeout_s or self.config.request_timeout_s
-        seq = _Sequence(request, self._codec, self._eos, next(self._order), timeout)
+        seq = _Sequence(
+            request, self._codec, self._eos, next(self._order), timeout,
+            self.config.speculative_tokens,
+        )  # fmt: skip
         try:
             self._admit_or_reject(seq)
         except OverloadedError as exc:
@@ -597,18 +640,87 @@ class ContinuousBatcher:
         if plan.prompts:
             self._prefill(plan, result)
         if plan.rows:
-            rows = len(plan.rows)
-            ids = np.array([[s.last_token] for s in plan.rows], dtype=np.int64)
-            lengths = self._cache.lengths[:rows] + 1
-            logits = self._run(result.stats, 0, ids, lengths, np.zeros((rows, 1), np.int64))
-            result.row_tokens = self._sample(result.stats, plan.rows, logits[:, 0])
-            result.stats.batch_size = rows
+            self._decode(plan.rows, result)
         return result
+
+    def _proposals(self, seqs: list[_Sequence]) -> list[list[int]]:
+        """Each row's proposed next tokens (prompt lookup), within the step's budget of
+        extra positions; none in a batch wider than ``speculative_max_batch``."""
+        cfg = self.config
+        budget = cfg.speculative_max_extra_positions
+        proposals: list[list[int]] = []
+        for seq in seqs:
+            params = seq.request.params
+            # no proposals while replaying a resumed stream's tokens, or past max_tokens
+            k = 0
+            if budget > 0 and seq.sampler.position >= len(seq.replay):
+                k = min(cfg.speculative_tokens, budget, params.max_tokens - seq.generated - 1)
+                k = min(k, seq.draft.wanted()) if k > 0 else 0
+            if k <= 0:
+                proposals.append([])
+                continue
+            found = propose(
+                seq.history[: seq.history_len], k, cfg.speculative_ngram_min,
+                cfg.speculative_ngram_max, cfg.speculative_lookback,
+            ).tolist()  # fmt: skip
+            if found and seq.constraint is not None:  # cut what the grammar would refuse
+                found = found[: seq.constraint.accepts(found)]
+            budget -= len(found)
+            proposals.append(found)
+        return proposals
+
+    def _decode(self, seqs: list[_Sequence], result: _Result) -> None:
+        """One decode step of the running rows: each row's last token and, for a row with
+        proposals, those as further positions in a call of its own (the fused attention
+        kernel runs several new positions for one row only); the other rows together, in
+        calls over runs of neighbouring slots. A row's cache keeps the positions of the
+        tokens handed on: rejected proposals' keys/values stay beyond its length, scratch
+        that the next step overwrites."""
+        stats = result.stats
+        rows = len(seqs)
+        cfg = self.config
+        speculate = cfg.speculative_tokens > 0 and rows <= cfg.speculative_max_batch
+        proposals = self._proposals(seqs) if speculate else [[] for _ in seqs]
+        row_logits: list[npt.NDArray[np.float32]] = []  # per row: [1 + proposals, vocab]
+        start = 0
+        while start < rows:
+            if proposals[start]:
+                end = start + 1
+                ids = np.array([[seqs[start].last_token, *proposals[start]]], dtype=np.int64)
+            else:  # the run of rows without proposals from here
+                end = next((i for i in range(start, rows) if proposals[i]), rows)
+                ids = np.array([[s.last_token] for s in seqs[start:end]], dtype=np.int64)
+            width = int(ids.shape[1])
+            lengths = self._cache.lengths[start:end] + width
+            index = np.arange(width, dtype=np.int64)[None, :].repeat(end - start, axis=0)
+            row_logits.extend(self._run(stats, start, ids, lengths, index))
+            start = end
+        t0 = time.perf_counter()
+        result.row_tokens = [
+            seq.verify(logits, proposal, self._eos)
+            for seq, logits, proposal in zip(seqs, row_logits, proposals, strict=True)
+        ]
+        for i, (seq, proposal, tokens) in enumerate(
+            zip(seqs, proposals, result.row_tokens, strict=True)
+        ):
+            if proposal:
+                accepted = len(tokens) - 1
+                seq.draft.update(len(proposal), accepted)
+                stats.proposed_tokens += len(proposal)
+                stats.accepted_tokens += accepted
+                # the cache keeps the last token and the accepted proposals
+                self._cache.lengths[i] -= len(proposal) - accepted
+        stats.sample_s += time.perf_counter() - t0
+        stats.batch_size = rows
+        stats.decode_positions = rows + sum(len(p) for p in proposals)
+        stats.decoded_tokens = sum(len(t) for t in result.row_tokens)
 
     def _emit(self, seq: _Sequence, token: int) -> bool:
         """Hand one sampled token to the sequence's consumer; True when it is finished."""
         params = seq.request.params
         seq.last_token = token
+        seq.history[seq.history_len] = token
+        seq.history_len += 1
         if seq.constraint_error:
             log.error("constrained decoding failed: %s", seq.constraint_error)
             self._finish(seq, EngineError("constrained decoding failed in the grammar engine"))
@@ -650,8 +762,8 @@ class ContinuousBatcher:
         # Indices into _running stay valid until _remove_rows, which runs once, at the end.
         finished = [
             i
-            for i, (seq, token) in enumerate(zip(plan.rows, result.row_tokens, strict=True))
-            if seq.cancelled or self._emit(seq, token)
+            for i, (seq, tokens) in enumerate(zip(plan.rows, result.row_tokens, strict=True))
+            if seq.cancelled or any(self._emit(seq, token) for token in tokens)
         ]
         if plan.reuse:
             for listener in self.listeners:

@@ -48,6 +48,10 @@ class TokenConstraint(Protocol):
         """Consume a chosen (or replayed) token; False when the constraint refuses it."""
         ...
 
+    def accepts(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the constraint admits from here (nothing is consumed)."""
+        ...
+
     @property
     def finished(self) -> bool:
         """Nothing more is admitted: the output is complete."""
@@ -227,6 +231,10 @@ class StepStats:
 
     batch_size: int = 0  # sequences decoded this step
     prefill_tokens: int = 0  # prompt tokens run this step
+    decoded_tokens: int = 0  # tokens the decode rows handed on (accepted proposals included)
+    decode_positions: int = 0  # positions the decode ran: one per row, plus the proposals
+    proposed_tokens: int = 0  # prompt-lookup proposals verified this step
+    accepted_tokens: int = 0  # of them, taken (the model chose the same token)
     ort_s: float = 0.0  # time inside ONNX Runtime
     sample_s: float = 0.0  # time choosing tokens
     step_s: float = 0.0  # whole step, scheduling included

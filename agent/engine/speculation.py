@@ -15,25 +15,10 @@ tokens; among matches of that length the most recent wins; the proposal is the u
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 
-
-@dataclass(frozen=True)
-class SpeculationConfig:
-    max_tokens: int = 6  # proposed tokens per sequence and step at most; 0: off
-    max_extra_positions: int = 16  # proposed positions per step over the whole batch
-    ngram_min: int = 2  # shortest suffix looked up
-    ngram_max: int = 4  # longest suffix looked up
-    lookback: int = 2048  # tokens of prompt + output searched, most recent
-    # proposals rejected outright this many times in a row pause a sequence's lookups
-    miss_limit: int = 4
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_tokens > 0
+MISS_LIMIT = 4  # proposals rejected outright this many times in a row pause the lookups
 
 
 def propose(
@@ -81,7 +66,7 @@ class DraftLength:
 
     MAX_PAUSE = 64
 
-    def __init__(self, max_tokens: int, miss_limit: int) -> None:
+    def __init__(self, max_tokens: int, miss_limit: int = MISS_LIMIT) -> None:
         self._max = max_tokens
         self._miss_limit = max(1, miss_limit)
         self.k = max_tokens

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from agent.config import load_config
 from agent.engine.speculation import DraftLength, propose
+from agent.errors import ConfigError
 
 
 def _ids(*tokens: int) -> np.ndarray:
@@ -82,3 +85,11 @@ def test_draft_length_adapts_and_pauses_after_misses() -> None:
     assert draft.misses == 3
     draft.update(1, 1)
     assert draft.misses == 0 and draft.wanted() == 2
+
+
+def test_config_turns_it_on_and_refuses_an_empty_ngram_range() -> None:
+    on = load_config(environ={"EDGEFLEET_AGENT_ENGINE__SPECULATIVE_TOKENS": "5"})
+    assert on.engine.batcher().speculative_tokens == 5
+    assert load_config(environ={}).engine.batcher().speculative_tokens == 0  # off by default
+    with pytest.raises(ConfigError, match="speculative_ngram_min"):
+        load_config(environ={}, overrides={"engine": {"speculative_ngram_min": 5}})

@@ -1,0 +1,181 @@
+"""Prompt-lookup speculation inside the continuous batcher, on the tiny model: the output
+is the output without it, proposals are verified and rolled back, and stops, lengths,
+resumed streams, grammars and the batch cap keep working."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from agent.engine.continuous_batcher import _Sequence
+from agent.engine.interface import GenerationRequest, SamplingParams
+from agent.engine.text_model import OnnxTextModel
+from agent.structured import GrammarCompiler, parse_response_format
+from tests.agent.test_batching import Recorder, make_model
+
+SPECULATE = {"speculative_tokens": 6, "prefix_cache_bytes": 0}
+PLAIN = {"speculative_tokens": 0, "prefix_cache_bytes": 0}
+
+
+def repetitive_prompt(seed: int = 0) -> list[int]:
+    """A random passage three times: the tiny model's greedy output copies parts of it."""
+    passage = np.random.default_rng(seed).integers(100, 40000, size=30)
+    return [int(t) for t in np.tile(passage, 3)]
+
+
+async def generate(
+    model: OnnxTextModel, prompt: list[int], params: SamplingParams, **extra: object
+) -> tuple[list[int], str, str | None]:
+    request = GenerationRequest("t", prompt, params, **extra)  # type: ignore[arg-type]
+    outs = [o async for o in model.generate(request)]
+    tokens = [t for o in outs for t in o.token_ids]
+    return tokens, "".join(o.text for o in outs), outs[-1].finish_reason
+
+
+async def both(
+    artifacts: Path, prompt: list[int], params: SamplingParams, **extra: object
+) -> tuple[tuple[list[int], str, str | None], tuple[list[int], str, str | None], Recorder]:
+    """The output without speculation, with it, and what the speculative steps did."""
+    plain = await make_model(artifacts, **PLAIN)
+    expected = await generate(plain, prompt, params, **extra)
+    await plain.close()
+    model = await make_model(artifacts, **SPECULATE)
+    spy = Recorder()
+    model.add_listener(spy)
+    got = await generate(model, prompt, params, **extra)
+    await model.close()
+    return expected, got, spy
+
+
+def proposed(spy: Recorder) -> int:
+    return sum(s.proposed_tokens for s in spy.steps)
+
+
+def accepted(spy: Recorder) -> int:
+    return sum(s.accepted_tokens for s in spy.steps)
+
+
+async def test_greedy_output_is_unchanged_with_proposals_taken_and_refused(
+    tiny_artifacts: Path,
+) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=60)
+    expected, got, spy = await both(tiny_artifacts, repetitive_prompt(), params)
+    assert got == expected
+    # proposals were verified, some taken (fewer steps than tokens), some refused (rolled back)
+    assert 0 < accepted(spy) < proposed(spy)
+    decode = [s for s in spy.steps if s.batch_size]
+    assert sum(s.decoded_tokens for s in decode) == len(got[0]) - 1  # the first is prefill's
+    assert len(decode) == len(got[0]) - 1 - accepted(spy)
+    assert max(s.decode_positions for s in decode) > 1
+
+
+async def test_seeded_output_is_unchanged(tiny_artifacts: Path) -> None:
+    """The tiny random model's sampled output repeats nothing, so proposals come from a
+    resumed stream whose delivered tokens start the passage again; the model refuses them
+    (seeded acceptance is tested on the real model, test_speculation_real.py)."""
+    for seed in (1, 2, 3):
+        prompt = repetitive_prompt(seed)
+        params = SamplingParams(temperature=0.7, seed=seed, max_tokens=30)
+        expected, got, spy = await both(
+            tiny_artifacts, prompt, params, continuation_token_ids=prompt[:4]
+        )
+        assert got == expected, seed
+        assert proposed(spy) > 0, seed
+
+
+async def test_stop_strings_max_tokens_and_min_tokens(tiny_artifacts: Path) -> None:
+    prompt = repetitive_prompt()
+    greedy = SamplingParams(temperature=0.0, max_tokens=60)
+    _, (tokens, text, _), spy = await both(tiny_artifacts, prompt, greedy)
+    # where the output came several tokens at once: the last such step's tokens [at, end)
+    ends = np.cumsum([1] + [s.decoded_tokens for s in spy.steps if s.batch_size])
+    sizes = np.diff(ends)
+    (multi,) = np.nonzero(sizes > 1)
+    at, end = int(ends[multi[-1]]), int(ends[multi[-1] + 1])
+    model = await make_model(tiny_artifacts, **PLAIN)
+    before, upto = model.decode(tokens[:at]), model.decode(tokens[:end])
+    await model.close()
+    stop = upto[-7:]  # ends in that step's last token
+    assert text.find(stop) > len(before) - 7  # and is not met before
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=60, stop=(stop,)),
+        SamplingParams(temperature=0.0, max_tokens=at + 2),  # ends inside a proposal
+        SamplingParams(temperature=0.0, max_tokens=at + 1),
+        SamplingParams(temperature=0.0, max_tokens=60, min_tokens=60),
+    ]
+    for params in cases:
+        expected, got, spy = await both(tiny_artifacts, prompt, params)
+        assert got == expected, params
+        assert accepted(spy) > 0, params
+        if params.stop:
+            assert got[2] == "stop" and got[1] == text[: text.find(stop)]
+        elif params.max_tokens < 60:
+            assert got[2] == "length" and len(got[0]) == params.max_tokens
+
+
+async def test_a_resumed_stream_continues_as_the_uninterrupted_one(tiny_artifacts: Path) -> None:
+    prompt = repetitive_prompt()
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=50),
+        SamplingParams(temperature=0.7, seed=9, max_tokens=50),
+    ):
+        model = await make_model(tiny_artifacts, **SPECULATE)
+        whole, _, _ = await generate(model, prompt, params)
+        rest = dataclasses.replace(params, max_tokens=params.max_tokens - 17)
+        resumed, _, _ = await generate(model, prompt, rest, continuation_token_ids=whole[:17])
+        await model.close()
+        assert whole[:17] + resumed == whole
+
+
+async def test_no_proposals_in_a_batch_wider_than_the_cap(tiny_artifacts: Path) -> None:
+    """Three resumed streams whose delivered tokens start their passage's repeat (so each
+    has proposals at its first sampled step): two short ones while the third replays its
+    30 tokens, then that one alone."""
+    prompts = [repetitive_prompt(seed) for seed in (0, 1, 2)]
+    model = await make_model(tiny_artifacts, **SPECULATE, speculative_max_batch=2)
+    spy = Recorder()
+    model.add_listener(spy)
+    got = await asyncio.gather(*(
+        generate(model, p, SamplingParams(temperature=0.0, max_tokens=n),
+                 continuation_token_ids=p[:delivered])
+        for p, n, delivered in zip(prompts, (20, 5, 5), (30, 4, 4), strict=True)
+    ))  # fmt: skip
+    await model.close()
+    wide = [s for s in spy.steps if s.batch_size > 2]
+    assert wide and all(s.proposed_tokens == 0 and s.decode_positions == s.batch_size
+                        for s in wide)  # fmt: skip
+    assert proposed(spy) > 0  # once it ran alone
+    assert [len(g[0]) for g in got] == [20, 5, 5]
+
+
+async def test_proposals_the_grammar_refuses_are_cut(tiny_artifacts: Path) -> None:
+    tokenizer = Tokenizer.from_file(str(tiny_artifacts / "tiny-llama" / "tokenizer.json"))
+    compiler = GrammarCompiler(tokenizer.to_str(), [2], tokenizer.get_vocab_size(True))
+    spec = parse_response_format({"type": "json_object"})
+    assert spec is not None
+    grammar = compiler.compile_now(spec)
+    compiler.close()
+    inside = tokenizer.encode('{"a":1,"b":2,"c":3}', add_special_tokens=False).ids
+    # the prompt holds the object; the output so far is its first two tokens: the lookup
+    # proposes the rest, then what followed it in the prompt (not JSON: cut)
+    tail = tokenizer.encode(" and then some words", add_special_tokens=False).ids
+    prompt = [*inside, *tail]
+    request = GenerationRequest("t", prompt, SamplingParams(max_tokens=50), constraint=grammar)
+    wide = {**SPECULATE, "speculative_tokens": 20, "speculative_max_extra_positions": 20}
+    model = await make_model(tiny_artifacts, **wide)
+    seq = _Sequence(request, model._codec, frozenset([2]), 0, 60.0, 20)
+    assert seq.constraint is not None
+    for token in inside[:2]:
+        assert seq.constraint.advance(token)
+    seq.history[len(prompt) : len(prompt) + 2] = inside[:2]
+    seq.history_len += 2
+    (proposal,) = model.engine._proposals([seq])
+    await model.close()
+    rest = inside[2:]
+    assert proposal[: len(rest)] == rest  # the rest of the object, as in the prompt
+    assert seq.constraint.accepts(proposal) == len(proposal)
+    assert len(proposal) < len(rest) + len(tail)  # the words after it were cut

@@ -49,12 +49,7 @@ from agent.enrollment import (
     state_dir_of,
 )
 from agent.errors import AgentError, ConfigError, FatalError, ModelLoadError
-from agent.https import (
-    build_server_context,
-    enrollment_cert_files,
-    is_loopback_host,
-    server_cert_files,
-)
+from agent.https import build_server_context, enrollment_cert_files, server_cert_files
 from agent.identity import build_identity, default_agent_id
 from agent.load_sampler import LoadSampler
 from agent.mdns import MdnsAdvertiser
@@ -66,6 +61,7 @@ from agent.sync.fetch import BlobSource
 from agent.sync.manager import ModelSync
 from agent.sync.setup import models_source
 from edgefleet import config_loading
+from edgefleet.addresses import is_loopback_host
 from edgefleet.config_loading import add_arguments
 from edgefleet.contract import Command, DesiredState
 from edgefleet.http_limits import LimitedAppRunner

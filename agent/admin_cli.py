@@ -4,13 +4,16 @@ Run on the agent's box, with the agent's configuration (``--config``, environmen
 find its port, scheme and admin token file (``auth.admin_token_file``, default
 ``<coordinator.state_dir>/admin-token``). Over HTTPS the agent's certificate is pinned
 (the file the agent serves, compared byte for byte) instead of checked against a host
-name: the name in it is the LAN one, and the call goes to 127.0.0.1.
+name: the name in it is the LAN one. The call goes to 127.0.0.1, or to ``server.host``
+when the agent is bound to one address only (a LAN address: it does not listen on
+loopback then, and takes a call made from the box to that address).
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import ipaddress
 import json
 import ssl
 import sys
@@ -20,6 +23,7 @@ from typing import Any
 from agent.api.admin import admin_token_path, read_admin_token
 from agent.config import AgentConfig, load_config
 from agent.errors import AgentError
+from edgefleet.addresses import is_loopback_host
 
 TIMEOUT_S = 150.0
 
@@ -52,22 +56,36 @@ def _pinned_certificate(config: AgentConfig) -> bytes:
     return ssl.PEM_cert_to_DER_cert(first)
 
 
+def admin_host(config: AgentConfig) -> str:
+    """Where the agent takes calls from this box: loopback, unless it is bound to one
+    non-loopback address only."""
+    host = config.server.host.strip().strip("[]")
+    if host in ("", "localhost") or is_loopback_host(host):
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name: whatever it resolves to on this box
+        return host
+    return "127.0.0.1" if address.is_unspecified else host
+
+
 def call(config: AgentConfig, port: int, token: str, method: str, path: str) -> tuple[int, Any]:
     https = config.server.tls == "on" or (
-        config.server.tls == "auto" and config.server.host not in ("127.0.0.1", "localhost", "::1")
+        config.server.tls == "auto" and not is_loopback_host(config.server.host)
     )
     conn: http.client.HTTPConnection
+    host = admin_host(config)
     if https:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE  # pinned below instead
-        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=TIMEOUT_S, context=context)
+        conn = http.client.HTTPSConnection(host, port, timeout=TIMEOUT_S, context=context)
         conn.connect()
         presented = conn.sock.getpeercert(binary_form=True)
         if presented != _pinned_certificate(config):
             raise AgentError("the agent on this port does not present this agent's certificate")
     else:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+        conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT_S)
     try:
         conn.request(method, path, headers={"Authorization": f"Bearer {token}"})
         response = conn.getresponse()

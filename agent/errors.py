@@ -221,7 +221,7 @@ class KeyRateLimitError(OverloadedError):
 
 
 class AdminForbiddenError(AgentError):
-    """The admin API answers only on loopback (403)."""
+    """The admin API answers only calls from its own box (loopback, or the address called)."""
 
     status = 403
     error_type = "permission_error"

@@ -8,7 +8,6 @@ rewrite those files; :class:`edgefleet.tls.CertificateReloader` loads them witho
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import ssl
 from pathlib import Path
@@ -16,18 +15,10 @@ from pathlib import Path
 from agent.config import AgentConfig
 from agent.enrollment import CA_FILE, CERT_FILE, KEY_FILE, state_dir_of
 from agent.errors import ConfigError
+from edgefleet.addresses import is_loopback_host
 from edgefleet.tls import CertFiles, TlsError, server_context
 
 logger = logging.getLogger(__name__)
-
-
-def is_loopback_host(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def enrollment_cert_files(state_dir: Path) -> CertFiles:

@@ -15,7 +15,6 @@ Routing defaults are the route policy's own (``coordinator.routing.scorer.RouteP
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from coordinator.errors import ConfigError
 from coordinator.event_loop import EventLoopChoice
 from coordinator.routing.scorer import RoutePolicy
 from coordinator.store.location import StoreLocation, check_store_url
+from edgefleet.addresses import is_loopback_host
 from edgefleet.config_loading import Flag, ProcessSettings, Switch, Upper, load_settings
 from edgefleet.http_limits import HttpLimits
 from edgefleet.ports import DEFAULT_GRPC_PORT, default_enroll_port
@@ -432,16 +432,6 @@ def check_admin_token(value: str, where: str) -> str:
     if not all(33 <= ord(c) <= 126 for c in value):
         raise ValueError(f"{where} must be printable ASCII without spaces")
     return value
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for localhost and loopback IP addresses."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 STORE_PASSWORD_FLAG_REFUSED = (

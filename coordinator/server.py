@@ -16,13 +16,14 @@ from aiohttp.web_response import StreamResponse
 
 from coordinator.api.app_keys import BLOB_BASE_URL_KEY, GRPC_SERVER_KEY, METRICS_KEY, REGISTRY_KEY
 from coordinator.app import create_app
-from coordinator.config import CoordinatorConfig, is_loopback_host
+from coordinator.config import CoordinatorConfig
 from coordinator.errors import ConfigError, ServerStartError
 from coordinator.event_loop import running_loop_name
 from coordinator.gc_pauses import FREEZE_EVERY_S, GcPauseRecorder, HeapSettler, settle_heap
 from coordinator.grpc_threads import RECHECK_S, lower_grpc_threads
 from coordinator.identity.ca import CertificateAuthority
 from coordinator.loop_lag import LoopLagProbe
+from edgefleet.addresses import is_loopback_host
 from edgefleet.http_limits import LimitedAppRunner
 from edgefleet.tls import (
     CertFiles,

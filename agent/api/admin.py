@@ -10,8 +10,11 @@ so its operator asks the agent itself, and only from the box:
   done (it stays served: its next request loads it again); a request's pin ends here.
 * ``GET /v1/admin/models``: every text model's state, resident bytes, expiry and pin.
 
-Both conditions hold for every call: the peer is on loopback (127.0.0.0/8 or ::1: a
-request from the LAN is refused with 403 even with the right token), and
+Both conditions hold for every call: the call comes from this box (the peer is on
+loopback, 127.0.0.0/8 or ::1, or it is the very address the call was made to: how a
+command on the box reaches an agent bound only to its LAN address; Linux drops packets
+from another machine that claim a local source address), so a request from the LAN is
+refused with 403 even with the right token; and
 ``Authorization: Bearer <admin token>`` matches the agent's admin token (401 otherwise,
 compared in constant time). The token is not an API key: API keys never reach these
 routes, and the admin token serves nothing else. It lives in ``auth.admin_token_file``
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -32,7 +36,6 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.auth.keys import is_loopback_host
 from agent.config import AgentConfig
 from agent.engine.residency import Residency
 from agent.errors import (
@@ -44,6 +47,7 @@ from agent.errors import (
     NotManagedError,
 )
 from agent.model_registry import ModelRegistry
+from edgefleet.addresses import is_loopback_host
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +103,10 @@ class AdminToken:
         return self._token
 
     def check(self, request: web.Request) -> None:
-        peer = request.remote or ""
-        if not is_loopback_host(peer):
+        if not _from_this_box(request):
             raise AdminForbiddenError(
-                "the agent's admin API answers only on loopback (run the command on the box, "
-                "or use the coordinator's admin API for a managed agent)"
+                "the agent's admin API answers only calls from its own box (run the command "
+                "there, or use the coordinator's admin API for a managed agent)"
             )
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
@@ -114,6 +117,30 @@ class AdminToken:
             raise InvalidAdminTokenError(
                 f"missing or wrong admin token (the agent's is in {self.path})"
             )
+
+
+def _from_this_box(request: web.Request) -> bool:
+    """The peer is on loopback, or is the local address it connected to."""
+    peer = request.remote or ""
+    if is_loopback_host(peer):
+        return True
+    transport = request.transport
+    local = transport.get_extra_info("sockname") if transport is not None else None
+    if not peer or not isinstance(local, tuple) or not local:
+        return False
+    try:
+        return _plain(ipaddress.ip_address(peer.strip("[]"))) == _plain(
+            ipaddress.ip_address(str(local[0]))
+        )
+    except ValueError:
+        return False
+
+
+def _plain(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> object:
+    """An IPv4-mapped IPv6 address as the IPv4 address it carries."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 ADMIN_TOKEN = web.AppKey("admin_token", AdminToken)

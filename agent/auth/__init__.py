@@ -9,6 +9,6 @@
 - ``agent.auth.cli``: ``python -m agent keys add|list|remove`` for a standalone agent's file.
 """
 
-from agent.auth.keys import KeyGrant, KeyTable, is_loopback_host, secret_digest
+from agent.auth.keys import KeyGrant, KeyTable, secret_digest
 
-__all__ = ["KeyGrant", "KeyTable", "is_loopback_host", "secret_digest"]
+__all__ = ["KeyGrant", "KeyTable", "secret_digest"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import secrets
 import time
@@ -45,16 +44,6 @@ SECRET_PREFIX = "ef-"
 def secret_digest(secret: str) -> bytes:
     """SHA-256 of the whole secret string (what the coordinator stores and pushes)."""
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
-
-
-def is_loopback_host(host: str) -> bool:
-    """``localhost``, 127.0.0.0/8 or ::1 (a bind address or a peer)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)

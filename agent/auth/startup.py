@@ -15,9 +15,10 @@ import logging
 from pathlib import Path
 
 from agent.auth.key_files import LAST_KEYS_FILE, read_keys, write_keys
-from agent.auth.keys import KeyTable, is_loopback_host
+from agent.auth.keys import KeyTable
 from agent.config import AgentConfig
 from agent.errors import ConfigError
+from edgefleet.addresses import is_loopback_host
 from edgefleet.contract import DesiredState, KeysSection
 
 log = logging.getLogger(__name__)

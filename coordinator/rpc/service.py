@@ -23,7 +23,7 @@ from coordinator import GRPC_HARDENED
 from coordinator.access.api_keys import KeyDistributor
 from coordinator.catalog.assignments import ModelAssignments
 from coordinator.cluster.membership import dial_address
-from coordinator.config import CoordinatorConfig, is_loopback_host
+from coordinator.config import CoordinatorConfig
 from coordinator.errors import (
     AgentRevokedError,
     CertificateRequestError,
@@ -54,6 +54,7 @@ from coordinator.rpc import convert as proto_convert
 from coordinator.rpc.report_queue import ReportQueue
 from coordinator.store.ownership import OwnershipTable
 from edgefleet import contract_pb
+from edgefleet.addresses import is_loopback_host
 from edgefleet.contract import (
     CommandKind,
     DesiredState,

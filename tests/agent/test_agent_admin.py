@@ -3,8 +3,12 @@ weights now, with the agent's admin token, from loopback only, with API keys on.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -18,6 +22,8 @@ from agent.auth.keys import new_secret, secret_digest
 from agent.errors import AdminForbiddenError, InvalidAdminTokenError
 from edgefleet.contract import ApiKey, KeysSection
 from tests.agent.conftest import TINY, ClientFactory
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -109,3 +115,64 @@ def test_a_peer_beyond_loopback_is_refused_even_with_the_token(tmp_path: Path) -
         admin.check(request)  # loopback, no token
     # a second agent process on the same state dir reads the token, never overwrites it
     assert AdminToken(tmp_path / "admin-token").value() == token
+
+
+def test_a_call_to_the_address_it_was_made_to_is_from_this_box(tmp_path: Path) -> None:
+    """An agent bound only to a LAN address: a command on the box reaches it there (the
+    peer is the local address it connected to); any other LAN peer is still refused."""
+    admin = AdminToken(tmp_path / "admin-token")
+    token = admin.value()
+    cases = (
+        (("10.77.0.1", 4000), ("10.77.0.1", 8000), False),
+        (("::ffff:10.77.0.1", 4000, 0, 0), ("10.77.0.1", 8000), False),
+        (("10.77.0.2", 4000), ("10.77.0.1", 8000), True),
+        (("10.77.0.2", 4000), None, True),
+    )
+    for peer, local, refused in cases:
+        transport = mock.Mock()
+        info = {"peername": peer, "sockname": local}
+        transport.get_extra_info.side_effect = lambda name, default=None, i=info: i.get(
+            name, default
+        )
+        request = make_mocked_request(
+            "GET", "/v1/admin/models", headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+        )  # fmt: skip
+        if refused:
+            with pytest.raises(AdminForbiddenError):
+                admin.check(request)
+        else:
+            admin.check(request)
+
+
+def _netns_available() -> bool:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _netns_available(), reason="needs `unshare -n` (root) and iproute2")
+def test_models_command_reaches_an_agent_bound_only_to_a_lan_address(
+    tiny_artifacts: Path,
+) -> None:
+    """In a private network namespace (never a real NIC; 10.77.0.1 is one of its
+    addresses, not a loopback one): an agent on 10.77.0.1 only, HTTPS and API keys on;
+    ``python -m agent models list`` on the box lists its model, and a wrong admin token
+    is refused."""
+    script = (
+        "ip link set lo up && ip addr add 10.77.0.1/32 dev lo && "
+        f'exec "{sys.executable}" tests/agent/admin_lan_scenario.py "{tiny_artifacts}"'
+    )
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=REPO, capture_output=True, text=True, timeout=150,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )  # fmt: skip
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["agent_url"].startswith("https://10.77.0.1:"), result
+    assert result["list_rc"] == 0, result
+    assert TINY in {m["model"] for m in json.loads(result["list_out"])["data"]}, result
+    assert result["wrong_rc"] == 1 and "401" in result["wrong_err"], result

@@ -139,6 +139,23 @@ class AgentMetrics:
             buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
             registry=r,
         )
+        self.speculative_proposed = Counter(
+            "edgefleet_agent_speculative_proposed_tokens",
+            "Tokens proposed by prompt lookup and verified (engine.speculative_tokens)",
+            registry=r,
+        )
+        self.speculative_accepted = Counter(
+            "edgefleet_agent_speculative_accepted_tokens",
+            "Proposed tokens the model chose too, handed on without a step of their own "
+            "(acceptance rate: accepted / proposed)",
+            registry=r,
+        )
+        self.tokens_per_step = Histogram(
+            "edgefleet_agent_decode_tokens_per_step",
+            "Tokens a decode step handed on per sequence (1 without speculation)",
+            buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
+            registry=r,
+        )
         self.step_seconds = Histogram(
             "edgefleet_agent_step_seconds",
             "Engine step time by part (ort: ONNX Runtime, sample: token choice, total)",
@@ -214,6 +231,10 @@ class AgentMetrics:
     def on_step(self, stats: StepStats) -> None:
         if stats.batch_size:
             self.batch_size.observe(stats.batch_size)
+            self.tokens_per_step.observe(stats.decoded_tokens / stats.batch_size)
+        if stats.proposed_tokens:
+            self.speculative_proposed.inc(stats.proposed_tokens)
+            self.speculative_accepted.inc(stats.accepted_tokens)
         self.step_seconds.labels("ort").observe(stats.ort_s)
         self.step_seconds.labels("sample").observe(stats.sample_s)
         self.step_seconds.labels("total").observe(stats.step_s)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 
 from agent.config import load_config
+from agent.engine.interface import StepStats
 from agent.engine.speculation import DraftLength, propose
 from agent.errors import ConfigError
+from agent.metrics import AgentMetrics
 
 
 def _ids(*tokens: int) -> np.ndarray:
@@ -93,3 +96,15 @@ def test_config_turns_it_on_and_refuses_an_empty_ngram_range() -> None:
     assert load_config(environ={}).engine.batcher().speculative_tokens == 0  # off by default
     with pytest.raises(ConfigError, match="speculative_ngram_min"):
         load_config(environ={}, overrides={"engine": {"speculative_ngram_min": 5}})
+
+
+def test_metrics_count_proposals_and_tokens_per_step() -> None:
+    metrics = AgentMetrics()
+    metrics.on_step(StepStats(batch_size=2, decoded_tokens=6, proposed_tokens=5, accepted_tokens=4))
+    metrics.on_step(StepStats(batch_size=1, decoded_tokens=1))
+    metrics.on_step(StepStats(prefill_tokens=30))  # a prefill-only step decodes nothing
+    text = generate_latest(metrics.registry).decode()
+    assert "edgefleet_agent_speculative_proposed_tokens_total 5.0" in text
+    assert "edgefleet_agent_speculative_accepted_tokens_total 4.0" in text
+    assert "edgefleet_agent_decode_tokens_per_step_sum 4.0" in text  # 6 / 2 + 1 / 1
+    assert "edgefleet_agent_decode_tokens_per_step_count 2.0" in text

@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from agent.redaction.prefilter import first_words, marks, words
+
 EMAIL = "EMAIL"
 PHONE = "PHONE"
 CREDIT_CARD = "CREDIT_CARD"
@@ -89,19 +91,19 @@ def ssn_ok(area: str, group: str, serial: str) -> bool:
 # ------------------------------------------------------------------------------ patterns
 
 _EMAIL = re.compile(
-    r"(?<![\w.+%-])[\w.+%-]{1,64}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+[^\W\d_]{2,24}(?![\w-])"
+    r"[\w.+%-](?<![\w.+%-][\s\S])[\w.+%-]{0,63}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+[^\W\d_]{2,24}(?![\w-])"
 )
-_CARD = re.compile(r"(?<![\w.,-])(?:\d[ -]?){11,18}\d(?![\w-]|[.,]\d)")
+_CARD = re.compile(r"\d(?<![\w.,-][\s\S])[ -]?(?:\d[ -]?){10,17}\d(?![\w-]|[.,]\d)")
 _IBAN = re.compile(
-    r"(?<![\w])[A-Za-z]{2}\d{2}(?:[ ]?[A-Za-z0-9]){11,30}(?![\w])",
+    r"[A-Za-z](?<![\w][\s\S])[A-Za-z]\d{2}(?:[ ]?[A-Za-z0-9]){11,30}(?![\w])",
 )
-_SSN = re.compile(r"(?<![\w.-])(\d{3})([- ])(\d{2})\2(\d{4})(?![\w-]|[.,]\d)")
+_SSN = re.compile(r"(\d(?<![\w.-][\s\S])\d{2})([- ])(\d{2})\2(\d{4})(?![\w-]|[.,]\d)")
 _SSN_BARE = re.compile(
     r"(?i:\b(?:ssn|social security(?: number| no\.?| #)?|sozialversicherungsnummer)"
     r"\W{0,4}(?:is\W{0,3}|was\W{0,3}|=\W{0,3})?)"
     r"(\d{3})(\d{2})(\d{4})(?!\w)"
 )
-_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?:/\d{1,2})?(?![\w]|\.\d)")
+_IPV4 = re.compile(r"\d(?<![\w.][\s\S])\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?:/\d{1,2})?(?![\w]|\.\d)")
 _IPV6 = re.compile(
     r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|(?:\d{1,3}\.){3}\d{1,3})"
     r"(?:/\d{1,3})?(?![\w:])"
@@ -168,8 +170,11 @@ _SECRET_ASSIGNED = re.compile(
     r"([^\s\"',;]{6,})"
 )
 _URL_PASSWORD = re.compile(r"://[^:/\s@]{1,64}:([^@\s/]{3,128})@")
-_LOOSE_PASSWORD = re.compile(r"(?i:\b(?:pass|pw|pin|passcode|kennwort|mot de passe)\s+)(\S{8,64})")
-_TOKEN = re.compile(r"(?<![\w\-+/.])[A-Za-z0-9_\-+/]{24,}={0,2}(?![\w\-+/])")
+_LOOSE_WORDS = "pass|pw|pin|passcode|kennwort|mot de passe"
+_LOOSE_PASSWORD = re.compile(rf"(?i:\b(?:{_LOOSE_WORDS})\s+)(\S{{8,64}})")
+# one of these among a text's words, or _LOOSE_PASSWORD cannot match it
+_LOOSE_GATE = first_words(_LOOSE_WORDS.split("|"))
+_TOKEN = re.compile(r"[A-Za-z0-9_\-+/](?<![\w\-+/.][\s\S])[A-Za-z0-9_\-+/]{23,}={0,2}(?![\w\-+/])")
 
 
 def _entropy(s: str) -> float:
@@ -193,14 +198,22 @@ def _looks_secret(token: str) -> bool:
 # ------------------------------------------------------------------------------ detectors
 
 
-def find_emails(text: str) -> Iterator[Span]:
-    if "@" not in text:
-        return
-    for m in _EMAIL.finditer(text):
+def find_emails(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    """What ``_EMAIL.finditer`` finds, searched for only near each ``@``: a match holds one
+    ``@`` and starts at most 64 characters before it, so no match starts between where
+    the last one ended and 64 characters before the next ``@``."""
+    pos = 0
+    while (at := text.find("@", pos)) >= 0:
+        m = _EMAIL.search(text, max(pos, at - 64))
+        if m is None:
+            return
         yield Span(m.start(), m.end(), EMAIL)
+        pos = m.end()
 
 
-def find_cards(text: str) -> Iterator[Span]:
+def find_cards(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    if "card" not in (marks(text) if found is None else found):
+        return
     for m in _CARD.finditer(text):
         raw = m.group()
         digits = raw.replace(" ", "").replace("-", "")
@@ -219,7 +232,9 @@ def find_cards(text: str) -> Iterator[Span]:
         yield Span(m.start(), m.end(), CREDIT_CARD)
 
 
-def find_ibans(text: str) -> Iterator[Span]:
+def find_ibans(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    if "iban" not in (marks(text) if found is None else found):
+        return
     for m in _IBAN.finditer(text):
         raw = m.group()
         # a trailing word glued on by the optional spaces: shrink from the right
@@ -235,10 +250,11 @@ def find_ibans(text: str) -> Iterator[Span]:
             end = nxt
 
 
-def find_ssns(text: str) -> Iterator[Span]:
-    for m in _SSN.finditer(text):
-        if ssn_ok(m.group(1), m.group(3), m.group(4)):
-            yield Span(m.start(), m.end(), US_SSN)
+def find_ssns(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    if "ssn" in (marks(text) if found is None else found):
+        for m in _SSN.finditer(text):
+            if ssn_ok(m.group(1), m.group(3), m.group(4)):
+                yield Span(m.start(), m.end(), US_SSN)
     lowered = text.lower()
     if "ssn" not in lowered and "social" not in lowered and "sozial" not in lowered:
         return
@@ -251,8 +267,8 @@ def _version_context(text: str, start: int) -> bool:
     return bool(_VERSION_BEFORE.search(text[max(0, start - 12) : start]))
 
 
-def find_ips(text: str) -> Iterator[Span]:
-    if "." in text:
+def find_ips(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    if "ipv4" in (marks(text) if found is None else found):
         for m in _IPV4.finditer(text):
             addr = m.group().split("/")[0]
             try:
@@ -276,7 +292,9 @@ def find_ips(text: str) -> Iterator[Span]:
             yield Span(m.start(), m.end(), IP_ADDRESS)
 
 
-def find_phones(text: str) -> Iterator[Span]:
+def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    if "phone" not in (marks(text) if found is None else found):
+        return
     for m in _PHONE.finditer(text):
         raw = m.group()
         start, end = m.start(), m.end()
@@ -318,16 +336,18 @@ def find_phones(text: str) -> Iterator[Span]:
         yield Span(start, end, PHONE)
 
 
-# Substrings without which a pattern cannot match: the scan is skipped (str.find is fast).
-_SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
-                  "ghs_", "ghr_", "github_pat_", "SG.", "npm_", "pypi-", "_v1_", "shp", "key-",
-                  "whsec_", "SK",
-                  "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
-_ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
+# Substrings without which a pattern cannot match: the scan is skipped (they are also marks
+# of agent.redaction.prefilter, so most texts are not even searched for them).
+SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
+                 "ghs_", "ghr_", "github_pat_", "SG.", "npm_", "pypi-", "_v1_", "shp", "key-",
+                 "whsec_", "SK",
+                 "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
+ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
 
 
-def find_secrets(text: str) -> Iterator[Span]:
-    if any(marker in text for marker in _SHAPE_MARKERS):
+def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    found = marks(text) if found is None else found
+    if "shape" in found and any(marker in text for marker in SHAPE_MARKERS):
         for m in _SECRET_SHAPES.finditer(text):
             start = m.start()
             if start and (text[start - 1].isalnum() or text[start - 1] == "_"):
@@ -337,12 +357,18 @@ def find_secrets(text: str) -> Iterator[Span]:
             ):
                 continue  # "-sk-..." is part of something else; "-AKIA..." and "-----" are not
             yield Span(start, m.end(), SECRET)
-    lowered = text.lower()
-    if any(marker in lowered for marker in _ASSIGNED_MARKERS):
-        yield from _assigned(text)
+    if "assigned" in found:
+        lowered = text.lower()
+        if any(marker in lowered for marker in ASSIGNED_MARKERS):
+            yield from _assigned(text)
     if "://" in text:
         for m in _URL_PASSWORD.finditer(text):
             yield Span(m.start(1), m.end(1), SECRET)
+    if "token" in found:
+        yield from _tokens(text)
+
+
+def _tokens(text: str) -> Iterator[Span]:
     for m in _TOKEN.finditer(text):
         if _looks_secret(m.group()):
             yield Span(m.start(), m.end(), SECRET)
@@ -363,6 +389,8 @@ def _assigned(text: str) -> Iterator[Span]:
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
             continue
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
+    if _LOOSE_GATE.isdisjoint(words(text)):
+        return
     for m in _LOOSE_PASSWORD.finditer(text):
         value = m.group(1).rstrip(".,;:!?)")
         if _looks_password(value):

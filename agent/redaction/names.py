@@ -37,6 +37,8 @@ from agent.redaction.name_shapes import (
     pinyin_shaped,
     romaji_shaped,
 )
+from agent.redaction.prefilter import first_words, marks
+from agent.redaction.prefilter import words as word_set
 from agent.redaction.script_names import find_script_persons
 from agent.redaction.script_names import warm_up as _script_warm_up
 from agent.redaction.trie import trie_regex
@@ -454,8 +456,12 @@ _CAP_WORD = rf"[{_UPPER}][\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
 # A run of words starting with a capitalised one (names' particles may be lower case).
 _INITIAL = re.compile(rf"[{_UPPER}]\.")
 _NEXT_WORD = rf"(?:[{_UPPER}]\.(?= )|{_WORD})"  # a word, or an initial ("D.")
+# A leading lookbehind keeps re from skipping ahead to a possible first character (it tries
+# every position): the patterns scanned over whole texts check what is before their first
+# character after it, with a two-character lookbehind (the same matches, several times faster).
 _CAP_RUN = re.compile(
-    rf"(?<![\w@./\\-]){_CAP_WORD}(?:[ ](?:{trie_regex(_PARTICLES)}[ ])*{_NEXT_WORD})*"
+    rf"[{_UPPER}](?<![\w@./\\-][\s\S])[\w'\u2019]*(?:-[^\W\d_][\w'\u2019]*)*"
+    rf"(?:[ ](?:{trie_regex(_PARTICLES)}[ ])*{_NEXT_WORD})*"
 )
 _TITLE_WORDS = frozenset(t.replace("\\", "").lower() for t in _TITLES.split("|"))
 _CUE_PHRASES = frozenset(c.rstrip(",") for c in _CUES.split("|"))
@@ -588,7 +594,7 @@ def _capitalised(word: str) -> bool:
     return (word[0].isupper() and not word.isupper()) or (len(word) == 1 and word.isupper())
 
 
-def find_persons(text: str) -> Iterator[Span]:
+def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     given, family, _, _ = gazetteer()
     for m in _CAP_RUN.finditer(text):
         words = m.group().split(" ")
@@ -688,7 +694,7 @@ def find_persons(text: str) -> Iterator[Span]:
             ):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
-    yield from find_script_persons(text)
+    yield from find_script_persons(text, found)
 
 
 # Cities, countries and brands shaped like names (never a person's name on their own).
@@ -1047,7 +1053,7 @@ _COMPOUND_ENDINGS = (
     "straße|strasse|str\\.|weg|gasse|allee|platz|ring|damm|ufer|chaussee|steig|pfad|markt|"
     "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park|boulevard"
 )
-_ENDING_WORDS = [e.replace("\\", "") for e in _COMPOUND_ENDINGS.split("|")]
+ENDING_WORDS = [e.replace("\\", "") for e in _COMPOUND_ENDINGS.split("|")]
 _DIGIT = re.compile(r"\d")
 _NOT_A_STREET = frozenset(
     [
@@ -1086,7 +1092,8 @@ _NOT_A_STREET = frozenset(
         "Weg",
     ]
 )
-_NUM = r"\d{1,5}(?:\s?[a-zA-Z](?![\w]))?(?:[-/]\d{1,5}[a-zA-Z]?)?"
+_NUM_REST = r"(?:\s?[a-zA-Z](?![\w]))?(?:[-/]\d{1,5}[a-zA-Z]?)?"
+_NUM = rf"\d{{1,5}}{_NUM_REST}"
 _UNIT = (
     r"(?:,?\s(?:кв\.?|корп\.?|стр\.?|kv\.?|m\.|lok\.|Block|Blk\.?|Lot|Lantai|Tầng|Floor|Piano|Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Floor|Fl\.?|Room|Rm\.?|#|Piso|"
     r"Puerta|Appartamento|Interno|Int\.|Scala|Wohnung|Whg\.?|Etage|Bus|App\.?|Bâtiment|"
@@ -1119,7 +1126,7 @@ def _address_patterns() -> tuple[re.Pattern[str], ...]:
 
     suf, pre = trie_regex(suffixes), trie_regex(prefixes)
     number_first = re.compile(
-        rf"(?<![\w.,/-]){_NUM},?\s(?:{_NAME_WORD}\s){{0,3}}(?i:{suf})(?![\w])\.?(?:\s(?:N|S|E|W|NE|NW|SE|SW)(?![\w]))?{_UNIT}?{_POST_TAIL}"
+        rf"\d(?<![\w.,/-][\s\S])\d{{0,4}}{_NUM_REST},?\s(?:{_NAME_WORD}\s){{0,3}}(?i:{suf})(?![\w])\.?(?:\s(?:N|S|E|W|NE|NW|SE|SW)(?![\w]))?{_UNIT}?{_POST_TAIL}"
     )
     prefix_first = re.compile(
         rf"(?<![\w-])(?:{_NUM},?\s)?(?i:{pre})(?![\w])\s"
@@ -1190,7 +1197,7 @@ _JAPAN_ROMAJI, _JAPAN_KANJI, _CHINA, _KOREA_HANGUL, _KOREA_ROMANIZED = (
 # Compound streets are found from their ending ("...straße 12"), then extended back to the
 # start of the word (a scan, not a backtracking pattern) and forward over unit and postcode.
 _COMPOUND_AT = re.compile(
-    rf"{trie_regex([*_ENDING_WORDS, *(e.capitalize() for e in _ENDING_WORDS)])}(?=\s\d)"
+    rf"{trie_regex([*ENDING_WORDS, *(e.capitalize() for e in ENDING_WORDS)])}(?=\s\d)"
 )
 _COMPOUND_TAIL = re.compile(rf"\s{_NUM}(?![\w]){_UNIT}?{_POST_TAIL}")
 
@@ -1223,7 +1230,7 @@ def _compound_number_first(text: str) -> Iterator[tuple[int, int]]:
     """172 Hauptstrasse, Berlin: the house number before a compound street."""
     for m in _COMPOUND_NUMBER_FIRST.finditer(text):
         word = m.group(1)
-        if word in _NOT_A_STREET or word.lower() in _ENDING_WORDS:
+        if word in _NOT_A_STREET or word.lower() in ENDING_WORDS:
             continue
         yield m.start(), m.end()
 
@@ -1234,32 +1241,33 @@ def warm_up() -> None:
     _east_asian_family()
     _script_warm_up()
     _address_patterns()
-
-
-_HAN_ANY = re.compile(f"[{_HAN}]")
-_HANGUL_ANY = re.compile(f"[{_HANGUL}]")
-_DASHED_NUMBER = re.compile(r"\d-\d")
-_KOREAN_ROAD = re.compile(r"-(?:ro|gil|daero)\b")
+    _address_gates()
 
 
 # A house number and a street named after a person or place, then a ward or district:
 # 45 Lê Lợi, Quận 1; 12 Nguyen Trai, Ward 5, District 3 (Viet Nam, the Philippines, Indonesia)
-_ADMIN_UNIT = (
+ADMIN_UNIT = (
     r"(?:Quận|Q\.|Phường|P\.|Huyện|Xã|Thị xã|District|Ward|Barangay|Brgy\.?|Kecamatan|Kec\.|"
     r"Kelurahan|Kel\.|Sector|Khet|Khwaeng|Amphoe|Tambon|Moo)"
 )
 _STREET_THEN_WARD = re.compile(
     rf"(?<![\w.,/-])(?:(?i:số)\s)?\d{{1,4}}[A-Za-z]?(?:/\d{{1,4}})?\s[{_UPPER}][\w'\u2019-]*"
-    rf"(?:\s[{_UPPER}][\w'\u2019-]*){{0,3}},\s{_ADMIN_UNIT}\s?[\w\d]+"
-    rf"(?:,\s{_ADMIN_UNIT}\s?[\w\d]+)*{_REGION_TAIL}"
+    rf"(?:\s[{_UPPER}][\w'\u2019-]*){{0,3}},\s{ADMIN_UNIT}\s?[\w\d]+"
+    rf"(?:,\s{ADMIN_UNIT}\s?[\w\d]+)*{_REGION_TAIL}"
 )
 # A unit or building first, then its street: Unit 5B, 32nd Street; Villa 12, Street 45, Al Barsha
+_UNIT_FIRST_WORDS = (
+    r"unit|flat|apt\.?|apartment|suite|villa|building|bldg\.?|blk\.?|block|house|h\.\s?no\.?|"
+    r"plot|lot"
+)
 _UNIT_FIRST = re.compile(
-    r"(?<![\w-])(?i:unit|flat|apt\.?|apartment|suite|villa|building|bldg\.?|blk\.?|block|"
-    r"house|h\.\s?no\.?|plot|lot)\s#?\d{1,5}[A-Za-z]?,\s"
+    rf"(?<![\w-])(?i:{_UNIT_FIRST_WORDS})\s#?\d{{1,5}}[A-Za-z]?,\s"
     rf"(?:\d{{1,5}}(?:st|nd|rd|th)?\s)?[{_UPPER}][\w'\u2019-]*(?:\s(?:[{_UPPER}][\w'\u2019-]*|\d{{1,6}}(?!\d)))"
     rf"{{0,4}}(?:,\s[{_UPPER}][\w'\u2019-]*(?:\s(?:[{_UPPER}][\w'\u2019-]*|\d{{1,6}}(?!\d))){{0,3}}){{0,3}}"
 )
+# the first word of each unit word (apt, h): one of them is among the words of a text that
+# _UNIT_FIRST can match
+_UNIT_FIRST_GATE = first_words(_UNIT_FIRST_WORDS.split("|"))
 
 
 def _unit_first(text: str) -> Iterator[tuple[int, int]]:
@@ -1278,32 +1286,55 @@ _UNIT_AREA_WORDS = frozenset(
 )
 
 
-def _other_forms(text: str) -> Iterator[re.Pattern[str]]:
-    """The patterns of other address formats whose marks are in the text (a cheap scan
-    skips the rest)."""
-    yield _STREET_THEN_WARD
-    if _DASHED_NUMBER.search(text):
+@cache
+def _address_gates() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The first words of the street words after a name, before a name, and after a name
+    with the number after (number_first, prefix_*, type_after): a text whose words hold
+    none of a set cannot match its patterns."""
+    _, _, suffixes, prefixes = gazetteer()
+    return first_words(suffixes), first_words(prefixes), first_words(_TYPE_AFTER)
+
+
+def _other_forms(found: frozenset[str]) -> Iterator[re.Pattern[str]]:
+    """The patterns of other address formats whose marks the text holds (prefilter.marks:
+    a comma then a ward or district word, a dashed number, a Korean road word, a
+    prefecture or ward character then a number, a number then 号, 로 or 길 then a number)."""
+    if "admin" in found:
+        yield _STREET_THEN_WARD
+    if "dashed_number" in found:
         yield _JAPAN_ROMAJI
-    if _KOREAN_ROAD.search(text):
+    if "korean_road" in found:
         yield _KOREA_ROMANIZED
-    if _HAN_ANY.search(text):
+    if "japan_block" in found:
         yield _JAPAN_KANJI
+    if "china_number" in found:
         yield _CHINA
-    if _HANGUL_ANY.search(text):
+    if "korean_road_number" in found:
         yield _KOREA_HANGUL
 
 
-def find_addresses(text: str) -> Iterator[Span]:
-    if not _DIGIT.search(text):
+def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    found = marks(text) if found is None else found
+    if "digit" not in found or not _DIGIT.search(text):
         return
-    found = [
-        (m.start(), m.end())
-        for p in (*_address_patterns(), *_other_forms(text))
-        for m in p.finditer(text)
-    ]
-    found.extend(_compound_streets(text))
-    found.extend(_compound_number_first(text))
-    found.extend(_unit_first(text))
-    for start, end in found:
+    # the street patterns run only when the text has one of their street words
+    present = word_set(text)
+    number_first, prefix_numbered, prefix_first, type_after = _address_patterns()
+    after_name, before_name, type_words = _address_gates()
+    patterns: list[re.Pattern[str]] = []
+    if not after_name.isdisjoint(present):
+        patterns.append(number_first)
+    if not before_name.isdisjoint(present):
+        patterns += (prefix_numbered, prefix_first)
+    if not type_words.isdisjoint(present):
+        patterns.append(type_after)
+    patterns.extend(_other_forms(found))
+    spans = [(m.start(), m.end()) for p in patterns for m in p.finditer(text)]
+    if "compound_ending" in found:
+        spans.extend(_compound_streets(text))
+        spans.extend(_compound_number_first(text))
+    if not _UNIT_FIRST_GATE.isdisjoint(present):
+        spans.extend(_unit_first(text))
+    for start, end in spans:
         s = text[start:end]
         yield Span(start, end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)

@@ -30,12 +30,14 @@ from agent.redaction.detectors import (
 )
 from agent.redaction.modes import RedactionBlocked, RedactionMode, parse_mode
 from agent.redaction.names import find_addresses, find_persons, warm_up
+from agent.redaction.prefilter import marks
+from agent.redaction.prefilter import warm_up as warm_up_marks
 from agent.redaction.vault import PLACEHOLDER, Vault
 
 if TYPE_CHECKING:
     from agent.config import RedactionConfig
 
-_DETECTORS: dict[str, Callable[[str], Iterable[Span]]] = {
+_DETECTORS: dict[str, Callable[[str, frozenset[str] | None], Iterable[Span]]] = {
     "SECRET": find_secrets,
     "EMAIL": find_emails,
     "IBAN": find_ibans,
@@ -98,6 +100,7 @@ class Redactor:
         self._detectors = [_DETECTORS[t] for t in self.types]
         if PERSON in self.types or ADDRESS in self.types:
             warm_up()  # the gazetteer and street patterns, once, before the first request
+        warm_up_marks()  # the prefilter's RE2 set, once
         self.default_mode = parse_mode(default_mode)
         self.models = {k: parse_mode(v) for k, v in (models or {}).items()}
         self._tokenizers: dict[str, TokenCodec] = {}
@@ -147,8 +150,9 @@ class Redactor:
         if not text:
             return []
         spans: list[Span] = []
+        found = marks(text)  # what the text holds, one pass: detectors skip what it lacks
         for detect in self._detectors:
-            spans.extend(detect(text))
+            spans.extend(detect(text, found))
         if "<" in text and spans:
             held = [(m.start(), m.end()) for m in PLACEHOLDER.finditer(text)]
             spans = [s for s in spans if all(s.end <= a or s.start >= b for a, b in held)]

@@ -31,6 +31,7 @@ from functools import cache
 from pathlib import Path
 
 from agent.redaction.detectors import PERSON, Span
+from agent.redaction.prefilter import marks
 
 _DATA = Path(__file__).parent / "data" / "gazetteer.json"
 
@@ -99,15 +100,21 @@ _NON_LATIN = re.compile(
 )
 
 
-def find_script_persons(text: str) -> Iterator[Span]:
+def find_script_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     """Names in caseless scripts (see the module docstring)."""
-    if not _NON_LATIN.search(text):
+    found = marks(text) if found is None else found
+    if "non_latin" not in found or not _NON_LATIN.search(text):
         return
     cjk_family, hangul_family, hangul_given, known = _lists()
-    yield from _cjk(text, cjk_family)
-    yield from _hangul(text, hangul_family, hangul_given)
-    yield from _isolated(text, cjk_family, hangul_family)
-    yield from _caseless(text, known)
+    # each part only where the text has letters of its script (prefilter.marks)
+    if "han" in found:
+        yield from _cjk(text, cjk_family)
+    if "hangul" in found:
+        yield from _hangul(text, hangul_family, hangul_given)
+    if "han" in found or "hangul" in found:
+        yield from _isolated(text, cjk_family, hangul_family)
+    if "caseless" in found:
+        yield from _caseless(text, known)
 
 
 _HONORIFIC_AT = re.compile(rf"(?<=[{_HAN}])(?:{_HONORIFIC_AFTER_CJK})")

@@ -1,0 +1,183 @@
+# ruff: noqa: RUF001, RUF002 (look-alike letters that re folds together, full-width digits)
+"""Cheap checks that tell a detector its expensive pattern cannot match a text.
+
+Most patterns need a keyword somewhere (a street word, a unit word, a form of address): when
+the text holds none of them, the pattern's scan is skipped. A check here is a *necessary*
+condition of a match, never a guess, so skipping changes nothing that is found.
+
+Keywords matched case-insensitively (``(?i:...)``) are compared as words: the text's runs of
+word characters, folded exactly as Python's ``re`` compares letters under ``IGNORECASE``
+(simple lower case, plus the letters ``re`` holds equal beyond it: ``ı`` and ``i``, ``ſ``
+and ``s``, ``İ`` and ``i``, the old Cyrillic and Greek variants), so a word the pattern
+would accept is never missed here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
+
+# Letters Python's re treats as equal under IGNORECASE beyond their simple lower case
+# (re._casefix, Python 3.11+), each mapped to one member of its class; İ (U+0130) first,
+# whose str.lower() is two characters where re's is one ("i").
+# tests/agent/redaction/test_redaction_prefilter.py checks these against the running re.
+_FOLD_BEFORE = {0x130: "i"}
+_FOLD_AFTER = {
+    305: 105, 383: 115, 953: 837, 956: 181, 963: 962, 976: 946, 977: 952, 981: 966,
+    982: 960, 1008: 954, 1009: 961, 1013: 949, 7296: 1074, 7297: 1076, 7298: 1086,
+    7299: 1089, 7300: 1090, 7301: 1090, 7302: 1098, 7303: 1123, 7835: 7777, 8126: 837,
+    8147: 912, 8163: 944, 42571: 7304, 64262: 64261,
+}  # fmt: skip
+_WORD_RUN = re.compile(r"\w+")
+_FOLD_AFTER_ANY = re.compile("[" + "".join(chr(k) for k in _FOLD_AFTER) + "]")
+
+
+def case_fold(text: str) -> str:
+    """The text as ``re`` compares it under IGNORECASE, one character for one."""
+    if text.isascii():
+        return text.lower()
+    if "\u0130" in text:
+        text = text.translate(_FOLD_BEFORE)
+    low = text.lower()
+    # str.translate costs ten times a search: only when there is something to map
+    return low.translate(_FOLD_AFTER) if _FOLD_AFTER_ANY.search(low) else low
+
+
+def words(text: str) -> frozenset[str]:
+    """The folded runs of word characters of ``text``."""
+    return frozenset(_WORD_RUN.findall(case_fold(text)))
+
+
+def first_words(keywords: Iterable[str]) -> frozenset[str]:
+    """The folded first run of word characters of each keyword: a case-insensitive match of
+    a keyword that starts and ends at a word boundary has it among the text's
+    :func:`words`. Every keyword must start with a word character."""
+    out = set()
+    for k in keywords:
+        m = _WORD_RUN.match(case_fold(k))
+        if m is None:
+            raise ValueError(f"keyword {k!r} does not start with a word character")
+        out.add(m.group())
+    return frozenset(out)
+
+
+# ------------------------------------------------------------------------- marks
+
+# What a text must hold for a detector's patterns to match it, written for RE2: each is implied
+# by the patterns it stands for (re's \d is any Unicode decimal digit: \p{Nd}; re's \s is
+# matched by _SPACE, RE2's \s is ASCII), so a text without the mark cannot match them. One
+# RE2 set tells which of them a text holds, in one pass over it.
+_D = r"\p{Nd}"
+_SPACE = r"[\t-\r\x{1c}-\x{20}\x{85}\p{Z}]"
+_HAN_KANA = (
+    r"\x{3005}\x{3400}-\x{4dbf}\x{4e00}-\x{9fff}\x{f900}-\x{faff}"
+    r"\x{3041}-\x{3096}\x{30a1}-\x{30fa}\x{30fc}"
+)
+
+
+def _literals(words: Iterable[str]) -> str:
+    return "(?:" + "|".join(re.escape(w) for w in words) + ")"
+
+
+@cache
+def mark_patterns() -> dict[str, str]:
+    """Each mark's RE2 pattern, by name (built from the detectors' own word lists)."""
+    from agent.redaction import detectors, names  # they import this module
+
+    endings = names.ENDING_WORDS
+    return {
+        # any digit (every address form has a number)
+        "digit": _D,
+        # find_cards: 12 to 19 digits, single spaces or dashes between
+        "card": rf"{_D}(?:[ -]?{_D}){{11}}",
+        "ssn": rf"{_D}{{3}}[- ]{_D}{{2}}[- ]{_D}{{4}}",
+        "ipv4": rf"{_D}\.{_D}{{1,3}}\.{_D}{{1,3}}\.{_D}",
+        "iban": rf"[A-Za-z]{{2}}{_D}{{2}}(?: ?[A-Za-z0-9]){{11}}",
+        # find_phones: 7 to 15 digits, at most three of space . - / ( ) between two of them
+        "phone": rf"{_D}(?:[ .\-/()]{{0,3}}{_D}){{6}}",
+        # find_secrets: the known key shapes' prefixes, the words of assigned secrets
+        # (looked for in the lower-cased text there), long tokens
+        "shape": _literals(detectors.SHAPE_MARKERS),
+        "assigned": "(?i)" + _literals(detectors.ASSIGNED_MARKERS),
+        "token": r"[A-Za-z0-9_\-+/]{24}",
+        # the address forms of names.py
+        "admin": rf",{_SPACE}{names.ADMIN_UNIT}",
+        "dashed_number": rf"{_D}-{_D}",
+        "korean_road": r"-(?:ro|gil|daero)",
+        "han": r"[\x{3005}\x{3400}-\x{4dbf}\x{4e00}-\x{9fff}\x{f900}-\x{faff}]",
+        "hangul": r"[\x{ac00}-\x{d7a3}]",
+        # _KOREA_HANGUL: a road word then its number; _CHINA: a number then 号;
+        # _JAPAN_KANJI: a prefecture, city or ward character, then a number
+        "korean_road_number": rf"[로길]{_SPACE}?{_D}",
+        "china_number": rf"{_D}[号號]",
+        "japan_block": rf"[都道府県市区町村郡][{_HAN_KANA}]{{0,20}}[0-9０-９]",
+        "compound_ending": _literals([*endings, *(e.capitalize() for e in endings)]),
+        # script_names.py: letters of the caseless scripts and of CJK
+        "non_latin": r"[\x{590}-\x{dff}\x{e00}-\x{e7f}\x{10a0}-\x{10ff}\x{530}-\x{58f}"
+        r"\x{3040}-\x{d7a3}\x{f900}-\x{faff}]",
+        # script_names._caseless: a word of the scripts without capitals
+        "caseless": r"[\x{600}-\x{6ff}\x{750}-\x{77f}\x{590}-\x{5ff}\x{900}-\x{dff}"
+        r"\x{e00}-\x{e7f}\x{10a0}-\x{10ff}\x{530}-\x{58f}\x{1200}-\x{137f}]",
+    }
+
+
+MARK_NAMES = (
+    *("digit", "card", "ssn", "ipv4", "iban", "phone", "shape", "assigned", "token"),
+    *("admin", "dashed_number", "korean_road", "han", "hangul", "korean_road_number"),
+    *("china_number", "japan_block", "compound_ending", "non_latin", "caseless"),
+)
+ALL_MARKS = frozenset(MARK_NAMES)
+
+
+class _MarkSet:
+    """The marks as one RE2 set (``google-re2``), or, where it is not installed, none: then
+    every text is said to hold every mark and every pattern runs, as before."""
+
+    def __init__(self) -> None:
+        self.names = MARK_NAMES
+        self._set: Any = None
+        try:
+            import re2
+        except ImportError:
+            return
+        options = re2.Options()
+        options.max_mem = 64 << 20
+        marks = re2.Set.SearchSet(options)
+        patterns = mark_patterns()
+        for name in self.names:
+            marks.Add(patterns[name])
+        marks.Compile()
+        self._set = marks
+
+    @property
+    def compiled(self) -> bool:
+        return self._set is not None
+
+    def __call__(self, text: str) -> frozenset[str]:
+        if self._set is None:
+            return ALL_MARKS
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no claim about this text
+            return ALL_MARKS
+        found = self._set.Match(data)
+        names = self.names
+        return frozenset(names[i] for i in found) if found else _NONE
+
+
+_NONE: frozenset[str] = frozenset()
+_marks: _MarkSet | None = None
+
+
+def marks(text: str) -> frozenset[str]:
+    """The marks ``text`` holds (:func:`mark_patterns`); every one where RE2 is missing."""
+    global _marks
+    if _marks is None:
+        _marks = _MarkSet()
+    return _marks(text)
+
+
+def warm_up() -> None:
+    marks("")

@@ -5,8 +5,8 @@ Each field is the one fleet.proto defines: the engine's running and waiting sequ
 request counters, whether the agent is draining or unhealthy, and what each API key used
 since the previous report (requests, prompt and completion tokens, rejections), what
 each overflow target served for it (summed from the request records, with cost), the
-redactions by type; with model sync, the model inventory and what each model version
-served (TTFT histogram).
+redactions by type, the semantic cache's lookups by outcome; with model sync, the model
+inventory and what each model version served (TTFT histogram).
 """
 
 from __future__ import annotations
@@ -109,6 +109,12 @@ class LoadSampler:
             moderation_heads=heads,
             moderation_flags=flags,
             moderation_flags_by_key=flags_by_key,
+            semantic_cache_lookups=tuple(
+                sorted(
+                    (labels["outcome"], int(value))
+                    for labels, value in _totals(self._metrics.semantic_cache_lookups)
+                )
+            ),
         )
 
 

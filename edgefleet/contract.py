@@ -291,6 +291,9 @@ class LoadReport(NamedTuple):
     # (API key id, count) pairs sorted by name; never any text (v1.3).
     moderation_flags: tuple[tuple[str, int], ...] = ()
     moderation_flags_by_key: tuple[tuple[str, int], ...] = ()
+    # The semantic cache's lookups since agent start, as (outcome, count) pairs sorted by
+    # outcome: hit, miss, refused (the guard said no), ineligible (v1.3).
+    semantic_cache_lookups: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -307,6 +307,7 @@ def load_report_to_pb(report: LoadReport) -> pb.LoadReport:
         moderation_heads=report.moderation_heads,
         moderation_flags=dict(report.moderation_flags),
         moderation_flags_by_key=dict(report.moderation_flags_by_key),
+        semantic_cache_lookups=dict(report.semantic_cache_lookups),
     )
 
 
@@ -342,6 +343,7 @@ def load_report_from_pb(message: pb.LoadReport) -> LoadReport:
         moderation_heads=message.moderation_heads,
         moderation_flags=tuple(sorted(flags.items())) if flags else (),
         moderation_flags_by_key=tuple(sorted(by_key.items())) if by_key else (),
+        semantic_cache_lookups=tuple(sorted(message.semantic_cache_lookups.items())),
     )
 
 

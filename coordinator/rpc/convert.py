@@ -190,6 +190,10 @@ _FLAG_NAME = re.compile(r"[a-z][a-z_/-]{0,47}:(block|flag)")
 MAX_FLAGGED_KEYS = 1025
 
 
+# The outcomes in LoadReport.semantic_cache_lookups (agent/semantic_cache.py's Outcome).
+SEMANTIC_CACHE_OUTCOMES = frozenset({"hit", "miss", "refused", "ineligible"})
+
+
 def _check_moderation(message: pb.LoadReport) -> None:
     _check_length(message.moderation_heads, MAX_MODEL_FIELD_CHARS, "LoadReport.moderation_heads")
     flags = message.moderation_flags
@@ -230,6 +234,12 @@ def load_report_from_pb(
             "upper-case letters, digits and underscores"
         )
     _check_moderation(message)
+    lookups = message.semantic_cache_lookups
+    if lookups and not set(lookups) <= SEMANTIC_CACHE_OUTCOMES:
+        raise ProtocolError(
+            "LoadReport.semantic_cache_lookups holds an outcome that is not one of "
+            + ", ".join(sorted(SEMANTIC_CACHE_OUTCOMES))
+        )
     overflow_usage = message.overflow_usage
     if len(overflow_usage) > MAX_OVERFLOW_USAGE:
         raise ProtocolError(

@@ -58,7 +58,11 @@ def report_from_json(agent_id: str, names: str | None, text: str | None) -> Load
             fields["redactions"] = tuple((str(t), int(n)) for t, n in fields["redactions"])
         if "cold_models" in fields:  # (model, load seconds) pairs, saved as JSON lists
             fields["cold_models"] = tuple((str(m), float(s)) for m, s in fields["cold_models"])
-        for name in ("moderation_flags", "moderation_flags_by_key"):  # (name, count) pairs
+        for name in (  # (name, count) pairs
+            "moderation_flags",
+            "moderation_flags_by_key",
+            "semantic_cache_lookups",
+        ):
             if name in fields:
                 fields[name] = tuple((str(k), int(n)) for k, n in fields[name])
         return LoadReport(**fields)

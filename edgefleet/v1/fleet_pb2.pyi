@@ -207,7 +207,7 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., token: _Optional[str] = ..., agent_version: _Optional[str] = ..., site: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., http_url: _Optional[str] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., contract_minor: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats", "overflow_usage", "redactions", "cold_models", "memory_budget_bytes", "memory_committed_bytes", "moderation_heads", "moderation_flags", "moderation_flags_by_key")
+    __slots__ = ("running_sequences", "waiting_sequences", "tokens_per_second", "kv_cache_used_fraction", "kv_cache_used_tokens", "free_memory_bytes", "requests_total", "requests_failed_total", "draining", "unhealthy_reason", "applied", "key_usage", "inventory", "model_stats", "overflow_usage", "redactions", "cold_models", "memory_budget_bytes", "memory_committed_bytes", "moderation_heads", "moderation_flags", "moderation_flags_by_key", "semantic_cache_lookups")
     class RedactionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,13 @@ class LoadReport(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class SemanticCacheLookupsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +265,7 @@ class LoadReport(_message.Message):
     MODERATION_HEADS_FIELD_NUMBER: _ClassVar[int]
     MODERATION_FLAGS_FIELD_NUMBER: _ClassVar[int]
     MODERATION_FLAGS_BY_KEY_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_CACHE_LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     waiting_sequences: int
     tokens_per_second: float
@@ -280,7 +288,8 @@ class LoadReport(_message.Message):
     moderation_heads: str
     moderation_flags: _containers.ScalarMap[str, int]
     moderation_flags_by_key: _containers.ScalarMap[str, int]
-    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ..., overflow_usage: _Optional[_Iterable[_Union[OverflowUsage, _Mapping]]] = ..., redactions: _Optional[_Mapping[str, int]] = ..., cold_models: _Optional[_Mapping[str, float]] = ..., memory_budget_bytes: _Optional[int] = ..., memory_committed_bytes: _Optional[int] = ..., moderation_heads: _Optional[str] = ..., moderation_flags: _Optional[_Mapping[str, int]] = ..., moderation_flags_by_key: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    semantic_cache_lookups: _containers.ScalarMap[str, int]
+    def __init__(self, running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., kv_cache_used_fraction: _Optional[float] = ..., kv_cache_used_tokens: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., requests_total: _Optional[int] = ..., requests_failed_total: _Optional[int] = ..., draining: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., applied: _Optional[_Union[SectionGenerations, _Mapping]] = ..., key_usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., inventory: _Optional[_Iterable[_Union[ModelInventory, _Mapping]]] = ..., model_stats: _Optional[_Iterable[_Union[ModelStats, _Mapping]]] = ..., overflow_usage: _Optional[_Iterable[_Union[OverflowUsage, _Mapping]]] = ..., redactions: _Optional[_Mapping[str, int]] = ..., cold_models: _Optional[_Mapping[str, float]] = ..., memory_budget_bytes: _Optional[int] = ..., memory_committed_bytes: _Optional[int] = ..., moderation_heads: _Optional[str] = ..., moderation_flags: _Optional[_Mapping[str, int]] = ..., moderation_flags_by_key: _Optional[_Mapping[str, int]] = ..., semantic_cache_lookups: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class OverflowUsage(_message.Message):
     __slots__ = ("target", "requests", "failed", "prompt_tokens", "completion_tokens", "cost")

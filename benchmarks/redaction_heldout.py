@@ -46,6 +46,9 @@ from benchmarks.redaction_data import DATA_DIR, load
 
 SEED = 2027
 OUT = DATA_DIR / "heldout_world.txt"
+# The second set: written after the first had been used to tune the detectors
+SEED_2 = 2028
+OUT_2 = DATA_DIR / "heldout_world_2.txt"
 
 # package, version, licence of what is taken from it, what is taken
 SOURCES = (
@@ -999,6 +1002,44 @@ TEMPLATES_LOCAL = {
     "west_africa": ("Good morning {G}, abeg send the goods to {A}. My number na {PH}.",),
 }
 
+# The second set's templates (heldout_world_2.txt, written after the first set had been
+# used to tune the detectors): other phrasings, other kinds of text, none of them above.
+TEMPLATES_EN_2 = (
+    "hey, it's {G} - running late, can you let {P2} in? door code is taped inside the box",
+    "Order #{n} | Bill to: {P} | Deliver to: {A} | Tel {PH}",
+    "{P} left a voicemail asking whether the refund for {C} went through",
+    "Per our call, {P} will countersign the NDA once legal is done with it.",
+    "Tenant: {P}\nUnit address: {A}\nRent paid into: {I}",
+    "lol {G} just sent the wedding invites out, ours went to {A}",
+    "Flagged txn: card {C}, holder {P}, shipping to {A}",
+    "Per HR, {P}'s payslip goes to {E} from now on.",
+    "Visitor log 08:42 - {P}, escorted by {P2}, badge 4471",
+    "Could {P} confirm the new billing address ({A}) before Friday?",
+    "{P} (mobile {PH}) is the on-call engineer this weekend.",
+    "Re: overdue invoice - {P} promised to wire it from {I} on Monday.",
+    "scholarship awarded to {P}; certificate to be posted to {A}",
+    "Spoke to {G} at the front desk, she'll hold the keys until {P2} arrives.",
+    "claim {n}: insured party {P}, loss address {A}, contact {E}",
+    "Parent/guardian: {P} - phone {PH} - home {A}",
+)
+TEMPLATES_STRUCTURED_2 = (
+    "chargeback on {C}; customer email {E}, last login from {IP}",
+    "please wire the deposit to {I} and text the receipt to {PH}",
+    "ssh logs: accepted publickey for deploy from {IP}",
+    "STRIPE_KEY={K} was committed to the repo, revoke it",
+    "form W-9: taxpayer SSN {S}",
+)
+NEGATIVES_2 = (
+    "The Young Lions beat Grace Academy 3-1 at Victoria Park on Saturday.",
+    "Order 4471-2290 ships in 3-5 business days; tracking follows by e-mail.",
+    "Our Lagos and Osaka offices close at 17:00 local time on Fridays.",
+    "Rose, Ivy and Jasmine teas are back in stock for 4.99 each.",
+    "Build 2026.11.3 fixes the crash on page 12 of the Hunter report.",
+    "王府井 is a busy shopping street; the mall opens at 10.",
+    "Meet at Gate 12, Terminal 2, by the Hudson News kiosk.",
+    "Version 10.2.0.1 of the firmware adds support for 5 GHz.",
+)
+
 # Negatives: nothing here is personal data. Words that are also names, single-character CJK
 # surnames in ordinary text, places without an address, numbers that look like the types.
 NEGATIVES = (
@@ -1072,37 +1113,51 @@ def structured_negative(rng: random.Random) -> str:
     return "release v" + ".".join(map(str, parts)) + " is live"
 
 
-def generate(site: Path, per_region: int = 48) -> str:
-    rng = random.Random(SEED)
+def generate(site: Path, per_region: int = 48, seed: int = SEED, second: bool = False) -> str:
+    """The first set (``heldout_world.txt``), or with ``second`` the second one
+    (``heldout_world_2.txt``): its own seed, English templates, structured templates and
+    negatives of its own, no local-language templates; names from the same sources, streets
+    from the same lists."""
+    rng = random.Random(seed)
     names = Names(site, rng)
     docs: list[str] = []
+    english = TEMPLATES_EN_2 if second else TEMPLATES_EN
     for region in REGIONS:
-        local = TEMPLATES_LOCAL.get(region, ())
+        local = () if second else TEMPLATES_LOCAL.get(region, ())
         for i in range(per_region):
             if local and i % 4 == 3:
                 template = local[(i // 4) % len(local)]
             else:
-                template = TEMPLATES_EN[(i + REGIONS.index(region) * 5) % len(TEMPLATES_EN)]
+                template = english[(i + REGIONS.index(region) * 5) % len(english)]
             if "{S}" in template and region != "americas":
-                template = TEMPLATES_EN[0]
+                template = english[0]
             docs.append(
                 f"# region: {region}\n# kind: positive\n" + fill(template, region, names, rng)
             )
+    structured = TEMPLATES_STRUCTURED_2 if second else TEMPLATES_STRUCTURED
     for i in range(40):
-        template = TEMPLATES_STRUCTURED[i % len(TEMPLATES_STRUCTURED)]
+        template = structured[i % len(structured)]
         region = REGIONS[i % len(REGIONS)]
         docs.append("# region: structured\n# kind: positive\n" + fill(template, region, names, rng))
-    for text in NEGATIVES:
+    for text in NEGATIVES_2 if second else NEGATIVES:
         docs.append(f"# region: {_negative_region(text)}\n# kind: negative\n{text}")
     for _ in range(30):
         docs.append(f"# region: structured\n# kind: negative\n{structured_negative(rng)}")
     header = [
         "# The world held-out set of the redaction benchmark (issue 27): written by",
-        f"# `python -m benchmarks.redaction_heldout` (seed {SEED}), never edited by hand,",
+        f"# `python -m benchmarks.redaction_heldout{' --second' if second else ''}` (seed {seed}),"
+        " never edited by hand,",
         "# never used to change the detectors. Names from these PyPI packages (none is Faker):",
         *[f"#   {p} {v} ({lic}): {what}" for p, v, lic, what in SOURCES],
         "# Streets, cities, postcodes, templates and negatives: hand-written for this set.",
     ]
+    if second:
+        header += [
+            "# The second set: written after the first had been used to tune the detectors; its",
+            "# own seed, templates and negatives (TEMPLATES_EN_2, TEMPLATES_STRUCTURED_2,",
+            "# NEGATIVES_2), names drawn afresh from the same sources; streets, cities and",
+            "# postcodes from the first set's lists.",
+        ]
     return "\n".join(header) + "\n" + "\n---\n".join(docs) + "\n"
 
 
@@ -1121,9 +1176,16 @@ def _negative_region(text: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--site", type=Path, required=True, help="where the sources are installed")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--second", action="store_true",
+        help=f"the second set ({OUT_2.name}: seed {SEED_2}, its own templates and negatives)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    args.out.write_text(generate(args.site), encoding="utf-8")
+    out = args.out or (OUT_2 if args.second else OUT)
+    seed = SEED_2 if args.second else SEED
+    out.write_text(generate(args.site, seed=seed, second=args.second), encoding="utf-8")
+    args.out = out
     docs = load(args.out)
     counts = Counter(t for _, spans in docs for *_, t in spans)
     print(f"{args.out}: {len(docs)} documents, {sum(counts.values())} spans {dict(counts)}")

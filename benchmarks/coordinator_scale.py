@@ -750,12 +750,15 @@ async def _measure_lookups(
     since = (process.cpu_times(), time.monotonic())
     also_cores = also() if also is not None else None
     waited = _run_queue_wait_s(coordinator.pid)
+    threads = _thread_cpu_s(coordinator.pid)
     result = await asyncio.to_thread(out.get)
     cores = _cores(process, since)
     also_used = also_cores() if also_cores is not None else None
     before["also_cores"] = float("nan") if also_used is None else also_used
     window = time.monotonic() - since[1]
     before["run_queue_wait_s"] = (_run_queue_wait_s(coordinator.pid) - waited) / window
+    for name, cpu_s in _thread_cpu_s(coordinator.pid).items():  # who used the core
+        before["thread_cores:" + name] = (cpu_s - threads.get(name, 0.0)) / window
     before["load_average_1m"] = os.getloadavg()[0]
     after = await _metric(coordinator.http_url, "edgefleet_coordinator_", coordinator.admin_headers)
     proc.join()
@@ -777,6 +780,26 @@ def _pin(pid: int, cpus: set[int], nice: int | None = None) -> None:
             os.sched_setaffinity(tid, cpus)
             if nice is not None:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
+def _thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each of the process's threads, summed by name; the
+    main thread (the event loop) is ``main``, Python's other threads ``python``. Also
+    ``main waited``: the seconds the main thread was runnable but had no CPU."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                text = fh.read()
+        except OSError:  # the thread ended
+            continue
+        name = "main" if tid == str(pid) else text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
+        found["main waited"] = int(fh.read().split()[1]) / 1e9
+    return found
 
 
 def _run_queue_wait_s(pid: int) -> float:
@@ -1162,6 +1185,11 @@ async def _run(
         if server_p99[1]
         else None,
         "coordinator_run_queue_wait_s_per_s": round(h0["run_queue_wait_s"], 4),
+        "coordinator_thread_cores_with_lookups": {
+            k.split(":", 1)[1]: round(v, 3)
+            for k, v in sorted(h0.items(), key=lambda kv: -kv[1])
+            if k.startswith("thread_cores:") and v >= 0.005
+        },
         "machine_load_average_1m": round(h0["load_average_1m"], 2),
         "coordinator_full_gc_count": int(gc2_count),
         "coordinator_full_gc_total_ms": round(gc2_ms, 1),

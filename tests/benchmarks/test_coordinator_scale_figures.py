@@ -1,15 +1,17 @@
-"""benchmarks/coordinator_scale's reading of the coordinator's event-loop lag histogram, and
-of PostgreSQL's cores (``--store postgresql``) on a real server."""
+"""benchmarks/coordinator_scale's reading of the coordinator's event-loop lag histogram, of
+its threads' CPU, and of PostgreSQL's cores (``--store postgresql``) on a real server."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import psycopg
 
-from benchmarks.coordinator_scale import _longest_stall_ms, _Postgres
+from benchmarks.coordinator_scale import _longest_stall_ms, _Postgres, _thread_cpu_s
 from tests.postgres_cluster import PostgresCluster
 
 BUSY = "SELECT count(*) FROM generate_series(1, 2000000)"
@@ -29,6 +31,33 @@ def test_the_longest_stall_is_the_highest_bucket_reached_in_the_window() -> None
     # in the window: 40 wake-ups on time, 3 up to 20 ms late, 2 up to 50 ms, 1 up to 100 ms
     after = scrape({"0.001": 130.0, "0.02": 142.0, "0.05": 144.0, "0.1": 146.0, "+Inf": 146.0})
     assert _longest_stall_ms(before, after, NAME) == (100.0, 3)
+
+
+def test_threads_cpu_is_told_apart_from_the_main_threads() -> None:
+    """A thread that spins for 0.3 s shows under its own name, not under ``main``."""
+    spun, done = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        done.wait()  # alive until read: an ended thread leaves /proc
+
+    before = _thread_cpu_s(os.getpid())
+    worker = threading.Thread(target=spin)
+    worker.start()
+    spun.wait()
+    after = _thread_cpu_s(os.getpid())
+    done.set()
+    worker.join()
+
+    def others(found: dict[str, float]) -> float:
+        return sum(v for k, v in found.items() if k not in ("main", "main waited"))
+
+    assert others(after) - others(before) >= 0.25, (before, after)
+    assert after["main"] - before["main"] < 0.15, (before, after)
+    assert after["main waited"] >= before["main waited"]
 
 
 def test_no_lag_histogram_reads_as_nothing() -> None:

@@ -52,7 +52,10 @@ _CJK_RUN = re.compile(rf"[{_HAN}]{{1,3}}[ \u3000]?[{_HAN}{_KANA}]{{1,3}}")
 _LABEL_BEFORE = re.compile(rf"(?i:(?:{_LABELS_CJK}))\s*[:：]?\s*$")
 _HONORIFIC = re.compile(rf"(?:{_HONORIFIC_AFTER_CJK})")
 
-_HANGUL_WORD = re.compile(rf"(?<![{_HANGUL}])[{_HANGUL}]{{2,4}}")
+# Lookbehinds after the first character, not before it (what is before the first character is
+# checked with a two-character lookbehind): re can then skip ahead to a possible first
+# character instead of trying every position; the same matches.
+_HANGUL_WORD = re.compile(rf"[{_HANGUL}](?<![{_HANGUL}][\s\S])[{_HANGUL}]{{1,3}}")
 _HANGUL_AFTER = (
     "고객님|선생님|교수님|과장님|부장님|대리님|사장님|님|씨|귀하|고객|선생|과장|부장|대리|사장"
 )
@@ -117,7 +120,12 @@ def find_script_persons(text: str, found: frozenset[str] | None = None) -> Itera
         yield from _caseless(text, known)
 
 
-_HONORIFIC_AT = re.compile(rf"(?<=[{_HAN}])(?:{_HONORIFIC_AFTER_CJK})")
+_HONORIFIC_AT = re.compile(
+    "|".join(
+        re.escape(h[0]) + rf"(?<=[{_HAN}][\s\S])" + re.escape(h[1:])
+        for h in _HONORIFIC_AFTER_CJK.split("|")
+    )
+)
 _LABEL_AT = re.compile(
     rf"(?:{_LABELS_CJK.split('|name')[0]})[ \u3000]?[:：]?[ \u3000]?(?=[{_HAN}])"
 )
@@ -126,7 +134,8 @@ _LATIN_LABEL_AT = re.compile(
     rf"[ \u3000]?[:：]?[ \u3000]?(?=[{_HAN}])"
 )
 _SPACED = re.compile(
-    rf"(?<![{_HAN}{_KANA}])([{_HAN}]{{2,3}})[ \u3000]([{_HAN}{_KANA}]{{1,3}})(?![{_HAN}{_KANA}])"
+    rf"([{_HAN}](?<![{_HAN}{_KANA}][\s\S])[{_HAN}]{{1,2}})[ \u3000]([{_HAN}{_KANA}]{{1,3}})"
+    rf"(?![{_HAN}{_KANA}])"
 )
 
 

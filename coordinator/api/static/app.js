@@ -451,6 +451,19 @@ function connectEvents() {
 
 // ------------------------------------------------------------------ detail
 
+// LoadReport.semantic_cache_lookups, [outcome, count] pairs since the agent started (issue
+// 29): the hit rate is hits over the lookups compared (hit, miss, refused by the guard)
+function semanticCacheText(pairs) {
+  const n = Object.fromEntries((Array.isArray(pairs) ? pairs : []).slice(0, 8)
+    .map((pair) => [String(pair[0]), Number(pair[1]) || 0]));
+  const hit = n.hit || 0, miss = n.miss || 0, refused = n.refused || 0;
+  const compared = hit + miss + refused;
+  if (!compared && !n.ineligible) return "no lookups";
+  const rate = compared ? `${(100 * hit / compared).toFixed(1)}% hit rate` : "no hit rate";
+  return `${rate} (${hit} hits, ${miss} misses, ${refused} refused by the guard, ` +
+    `${n.ineligible || 0} not compared)`;
+}
+
 function renderDetail(a) {
   $("agent-h").textContent = `Agent ${a.agent_id}`;
   const load = a.load || {};
@@ -477,6 +490,7 @@ function renderDetail(a) {
       : "none (keys whose policy blocks are not routed here)"],
     ["Moderation flags since start", (Array.isArray(load.moderation_flags) ? load.moderation_flags : []).slice(0, 64)
       .map((pair) => `${String(pair[0]).slice(0, 64)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],
+    ["Semantic cache since start", semanticCacheText(load.semantic_cache_lookups)],
   ];
   // a down agent's last report is history, not its load now (as in the fleet table):
   // "-", with the last report's figure on hover

@@ -624,7 +624,7 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 if nxt in _PARTICLES:
                     j += 1
                     continue
-                if _INITIAL.fullmatch(nxt):
+                if len(nxt) == 2 and nxt[1] == "." and _INITIAL.fullmatch(nxt):
                     j += 1
                     continue
                 if not _capitalised(nxt) or nxt in _NOT_A_NAME:
@@ -645,7 +645,10 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
             if (
                 words[j - 1] in _PLACE_AFTER
                 and (words[j - 1] not in _SURNAME_PLACE_WORDS or words[j - 1] not in family)
-            ) or _PLACE_AFTER_RE.match(text, offsets[j - 1] + len(words[j - 1])):
+            ) or (  # (the pattern starts with a comma: looked at only after one)
+                text.startswith(",", run_end := offsets[j - 1] + len(words[j - 1]))
+                and _PLACE_AFTER_RE.match(text, run_end)
+            ):
                 i = j  # Ho Chi Minh City, Ben Nghe Ward, Petaling Jaya, Selangor: a place
                 continue
             if (

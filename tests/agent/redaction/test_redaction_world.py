@@ -130,6 +130,7 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "The Lagos Business School and Osaka University signed an MoU.",
         "Use the Linux Kernel Mailing List.",
         "She moved from Petaling Jaya, Selangor last year.",
+        "She lives in Shah Alam, Selangor now.",  # a place by the state after it
         "Call Tokyo office tomorrow.",
         "Hi Banana team!",
         "We flew from Osaka to Lagos.",

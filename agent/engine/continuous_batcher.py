@@ -99,7 +99,7 @@ class BatcherConfig:
     # takes several new positions of one row only), within speculative_max_extra_positions
     # proposed positions per step; the n-gram lengths looked up and how far back
     speculative_tokens: int = 0
-    speculative_max_batch: int = 2
+    speculative_max_batch: int = 1
     speculative_max_extra_positions: int = 16
     speculative_ngram_min: int = 2
     speculative_ngram_max: int = 4

@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 
 from agent.config import load_config
 from agent.engine.interface import StepStats
-from agent.engine.speculation import DraftLength, propose
+from agent.engine.speculation import DraftLength, best_length, propose
 from agent.errors import ConfigError
 from agent.metrics import AgentMetrics
 
@@ -70,24 +70,37 @@ def test_matches_a_brute_force_search() -> None:
         assert propose(context, k, lo, hi, look).tolist() == expected, context.tolist()
 
 
-def test_draft_length_adapts_and_pauses_after_misses() -> None:
-    draft = DraftLength(max_tokens=6, miss_limit=2)
+def test_best_length_follows_the_acceptance_rate() -> None:
+    # expected tokens per unit of step time, each position costing a fifth of a step
+    assert best_length(0.95, 6) == 6
+    assert best_length(0.6, 6) == 2
+    assert best_length(0.3, 6) == 1
+    assert best_length(0.2, 6) == 0  # 1.2 tokens for 1.2 steps: nothing gained
+    assert best_length(0.9, 3) == 3  # never past the maximum
+    assert best_length(0.3, 6, position_cost=0.05) == 2  # cheaper positions: longer
+
+
+def test_draft_length_adapts_and_probes_when_nothing_pays() -> None:
+    draft = DraftLength(max_tokens=6)
+    assert draft.wanted() == 2  # before anything was verified
+    for _ in range(5):
+        draft.update(draft.wanted(), draft.wanted())  # taken whole: longer
     assert draft.wanted() == 6
-    draft.update(6, 2)  # partial: one more than accepted
-    assert draft.wanted() == 3
-    draft.update(3, 3)  # whole: grows back
-    assert draft.wanted() == 4
-    draft.update(4, 0)
-    assert draft.wanted() == 2 and not draft.paused
-    draft.update(2, 0)  # the second miss in a row pauses the lookups
-    assert [draft.wanted() for _ in range(4)] == [0, 0, 0, 0]
+    lengths = []
+    for _ in range(20):
+        if (k := draft.wanted()) == 0:
+            break
+        lengths.append(k)
+        draft.update(k, 0)  # refused at once: shorter, then nothing
+    assert lengths == sorted(lengths, reverse=True) and draft.rate <= 0.2
+    # nothing proposed for PAUSE steps (the loop's last call was the first), then a probe
+    pause = DraftLength.PAUSE - 1
+    assert [draft.wanted() for _ in range(pause)] == [0] * pause
     assert draft.wanted() == 1
-    draft.update(1, 0)  # a further miss pauses twice as long
-    assert sum(draft.wanted() == 0 for _ in range(8)) == 8
+    draft.update(1, 1)  # the probe was taken: proposing again
+    assert draft.wanted() == 1
     draft.update(0, 0)  # nothing proposed: nothing learned
-    assert draft.misses == 3
-    draft.update(1, 1)
-    assert draft.misses == 0 and draft.wanted() == 2
+    assert draft.wanted() == 1
 
 
 def test_config_turns_it_on_and_refuses_an_empty_ngram_range() -> None:

@@ -59,7 +59,7 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "engine.kv_budget_tokens": None, "engine.max_queue": 64,
     "engine.max_queue_wait_s": 60.0, "engine.request_timeout_s": 300.0,
     "engine.prefix_cache_bytes": 33554432, "engine.idle_release_s": 2.0,
-    "engine.speculative_tokens": 0, "engine.speculative_max_batch": 2,
+    "engine.speculative_tokens": 0, "engine.speculative_max_batch": 1,
     "engine.speculative_max_extra_positions": 16, "engine.speculative_ngram_min": 2,
     "engine.speculative_ngram_max": 4, "engine.speculative_lookback": 2048,
     "embeddings.max_batch_size": 32, "embeddings.max_queue_delay_us": 2000,

@@ -134,7 +134,7 @@ def _admin_paths() -> dict[str, Any]:
     model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
     refused = {
         "401": {"description": "No admin token, or not this agent's", "content": error},
-        "403": {"description": "Not from this box: loopback or the address called (admin_loopback_only)", "content": error},
+        "403": {"description": "Not from this box (admin_loopback_only)", "content": error},
     }
     found = {
         "400": {"description": "Not a model name", "content": error},

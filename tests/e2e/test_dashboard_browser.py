@@ -766,8 +766,7 @@ async def test_the_keys_page_shows_each_keys_keep_alive_cap_and_policy(fleet: Fl
     )
     assert rows["<img src=x> kiosk"] == [
         "up to 10 min; may pin",
-        "input harassment: block; output violence: flag at 0.6; streams unbuffered; "
-        "semantic cache",
+        "input harassment: block; output violence: flag at 0.6; streams unbuffered; semantic cache",
     ], rows
     plain = [v for name, v in rows.items() if name != "<img src=x> kiosk"]
     assert plain and all(v == ["the agent's cap", "default"] for v in plain), rows

@@ -88,6 +88,10 @@ async def read_json(request: web.Request, model: type[M], limit: int) -> M:
         raise InvalidRequestError(
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from exc
+    except RecursionError:  # [[[[... deeper than the interpreter's recursion limit
+        raise InvalidRequestError("request body is nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than int() converts (4,300)
+        raise InvalidRequestError(f"request body is not usable JSON: {str(exc)[:100]}") from None
     if not isinstance(data, dict):
         raise InvalidRequestError(f"request body must be a JSON object, got {type(data).__name__}")
     try:

@@ -100,6 +100,8 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise InvalidParameter(
             "body", f"the request body must be a JSON object ({str(exc)[:100]})"
         ) from None
+    except RecursionError:  # [[[[... deeper than the interpreter's recursion limit
+        raise InvalidParameter("body", "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidParameter("body", "the request body must be a JSON object")
     return body

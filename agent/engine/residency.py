@@ -154,7 +154,12 @@ def parse_keep_alive(value: object) -> float:
 
 def _parse_duration(text: str) -> float:
     sign = -1.0 if text.startswith("-") else 1.0
-    rest = text.lstrip("+-")
+    rest = text[1:] if text.startswith(("+", "-")) else text
+    if not rest or rest[0] in "+-" or rest != rest.strip():  # " ", "-", "--5", "+-5m", "- 5"
+        raise InvalidRequestError(
+            f"keep_alive {text!r} is not a duration such as '30s', '5m' or '1h'",
+            param="keep_alive",
+        )
     try:
         return sign * float(rest)  # a bare number: seconds
     except ValueError:

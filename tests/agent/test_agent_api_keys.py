@@ -292,7 +292,7 @@ async def test_keep_alive_is_capped_per_key_and_only_a_key_allowed_to_pin_pins(
 @pytest.mark.parametrize(
     "keep_alive",
     [True, [], {"s": 5}, "5x", "nan", "inf", "-inf", "NaN", "1e999", "", "5m5x", 1e300, -1e300,
-     10**30, "9" * 40],
+     10**30, "9" * 40, " ", "-", "+", "--", "- ", "\t", "+-5m"],
 )  # fmt: skip
 async def test_a_keep_alive_that_is_no_duration_is_a_400(start: Start, keep_alive: object) -> None:
     pin_secret, pinner = make_key(may_pin_models=True, max_keep_alive_s=60.0)

@@ -933,7 +933,8 @@ _SUMMARIES = {
     ("GET", "/v1/route"): "Which agents a client should use for a model (public). A client "
     "may present its API key (Authorization: Bearer ef-...): a key whose policy blocks a "
     "moderation category then gets only agents that enforce content safety (the others are "
-    "counted in excluded as no_content_safety); a key this fleet does not know is 401",
+    "counted in excluded as no_content_safety); a key this coordinator does not know is "
+    "looked up as if none was given",
     ("GET", "/healthz"): "Health of the coordinator (public)",
     ("GET", "/metrics"): "Prometheus metrics (text format)",
     ("GET", "/openapi.json"): "This document (public)",

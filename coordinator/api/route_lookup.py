@@ -64,22 +64,16 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
 def _key_blocks(request: web.Request) -> bool:
     """A lookup may present the client's API key (``Authorization: Bearer ef-...``, what
     it sends to agents); when the key's policy blocks a moderation category, only agents
-    that enforce it are answered. A key the coordinator does not know is refused (401),
-    so a revoked or mistyped key is not routed as if it said nothing; any other bearer (an
-    admin token) is not read here."""
+    that enforce it are answered. A key this coordinator does not know (revoked, or one an
+    agent's own keys file holds) is looked up as if none was given: the agent is the one
+    that accepts or refuses it. Any other bearer (an admin token) is not read here."""
     auth = request.headers.get("Authorization", "")
     scheme, _, secret = auth.partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret.startswith(SECRET_PREFIX):
         return False
-    distributor = request.config_dict.get(KEY_DISTRIBUTOR_KEY)
-    policy = None if distributor is None else distributor.policy_of_secret(secret)
-    if policy is None:
-        raise web.HTTPUnauthorized(
-            text="the API key presented with this route lookup is not an active key of this "
-            "fleet (look up without it, or with a key the coordinator minted)"
-        )
-    return blocks_a_category(policy)
+    policy = request.config_dict[KEY_DISTRIBUTOR_KEY].policy_of_secret(secret)
+    return policy is not None and blocks_a_category(policy)
 
 
 def split_model_ref(model: str, version: str | None) -> tuple[str, str | None]:

@@ -19,6 +19,7 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
 )
+from edgefleet.json_strings import lone_surrogate_at
 from edgefleet.openai_errors import openai_error
 
 M = TypeVar("M", bound=BaseModel)
@@ -94,6 +95,12 @@ async def read_json(request: web.Request, model: type[M], limit: int) -> M:
         raise InvalidRequestError(f"request body is not usable JSON: {str(exc)[:100]}") from None
     if not isinstance(data, dict):
         raise InvalidRequestError(f"request body must be a JSON object, got {type(data).__name__}")
+    if (where := lone_surrogate_at(data)) is not None:  # "\ud800": no tokenizer takes it
+        raise InvalidRequestError(
+            f"Invalid value for '{where}': a lone UTF-16 surrogate (\\ud800-\\udfff) is not "
+            "a character",
+            param=where,
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:

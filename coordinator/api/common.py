@@ -27,6 +27,7 @@ from coordinator.rpc.convert import location_checked
 from coordinator.store.health import RETRY_AFTER_S
 from coordinator.store.interface import StoreUnavailableError
 from edgefleet.contract import Location
+from edgefleet.json_strings import lone_surrogate_at
 from edgefleet.openai_errors import openai_error
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,11 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise InvalidParameter("body", "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidParameter("body", "the request body must be a JSON object")
+    # "\ud800" reads as a str neither protobuf (the agents' keys section) nor a store takes
+    if (where := lone_surrogate_at(body)) is not None:
+        raise InvalidParameter(
+            where, f"{where} holds a lone UTF-16 surrogate (\\ud800-\\udfff): not a character"
+        )
     return body
 
 

@@ -70,3 +70,34 @@ async def test_a_body_json_cannot_hold_is_a_400(
     assert "Traceback" not in error["message"] and len(error["message"]) < 300
     honest = await client.post("/v1/chat/completions", json=HONEST, headers=headers)
     assert honest.status == 200, await honest.text()
+
+
+# JSON's \ud800 escape is valid syntax; Python reads it into a str no UTF-8 encoder takes
+# (the tokenizers raised: a 500 on chat, completions, embeddings and moderations)
+SURROGATES = {
+    "/v1/chat/completions": (
+        '{"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}, '
+        '{"role": "user", "content": "hi \\ud800"}]}',
+        "messages.1.content",
+    ),
+    "/v1/completions": ('{"model": "tiny-llama", "prompt": ["ok", "\\udfff"]}', "prompt.1"),
+    "/v1/embeddings": ('{"model": "tiny-llama", "input": "\\ud83d"}', "input"),
+    "/v1/moderations": ('{"input": ["fine", "\\ud800\\ud800"]}', "input.1"),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_a_lone_surrogate_is_a_400_naming_the_field(
+    keyed: tuple[Client, str], route: str
+) -> None:
+    client, secret = keyed
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+    body, param = SURROGATES[route]
+    response = await client.post(route, data=body.encode(), headers=headers)
+    assert response.status == 400, await response.text()
+    error = (await response.json())["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+    # a real pair (an emoji as two escapes) is a character, not a surrogate
+    pair = '{"model": "tiny-llama", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    honest = await client.post("/v1/chat/completions", data=pair.encode(), headers=headers)
+    assert honest.status == 200, await honest.text()

@@ -4,8 +4,10 @@ before any overflow forwarding.
 
 Checked: chat ``user`` and ``tool`` messages (what a client or a tool puts in; ``system``
 and ``assistant`` messages are the app's and the model's own), and ``/v1/completions``
-prompts given as text. A prompt given as token ids is not checked (the text it stands for
-is the model's tokenizer's, which this check does not read).
+prompts given as text. A prompt given as token ids is checked by the completions service
+once the model is known, as the text its tokenizer decodes them to
+(agent/api/serving_completions.py); one forwarded because its model is not served here
+is not checked here.
 """
 
 from __future__ import annotations

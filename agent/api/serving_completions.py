@@ -55,6 +55,8 @@ class CompletionService(GenerationService):
         else:
             prompt_ids = [int(t) for t in prompt]
             check_token_ids(prompt_ids, model.vocab_size, "prompt")
+            if options.moderation is not None:  # the key's input check, on what they say
+                await options.moderation.check_input([("prompt", model.decode(prompt_ids))])
         if not prompt_ids:
             raise InvalidRequestError("prompt is empty", param="prompt")
         if req.continue_token_ids:

@@ -79,7 +79,7 @@ async def _body_model(request: web.Request) -> str | None:
     """The body's ``model`` when it is a JSON object naming one (else the handler's 400)."""
     try:  # read() keeps the body for the handler and enforces client_max_size
         data = json.loads(await request.read())
-    except (ValueError, web.HTTPException):
+    except (ValueError, RecursionError, web.HTTPException):  # RecursionError: [[[[...
         return None
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else None

@@ -26,11 +26,17 @@ Client = TestClient[web.Request, web.Application]
 HONEST = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-@pytest.fixture
-async def keyed(tiny_artifacts: Path, tmp_path: Path) -> AsyncIterator[tuple[Client, str]]:
+@pytest.fixture(params=["any model", "models listed"])
+async def keyed(
+    tiny_artifacts: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Client, str]]:
+    """The agent with keys on and one key: one for any model, or one listing its models
+    (then the key gate reads the body's model before the handler does)."""
     key_id, secret = new_secret()
     path = tmp_path / "keys.json"
-    write_keys(path, KeysSection(0, (ApiKey(key_id=key_id, secret_sha256=secret_digest(secret)),)))
+    models = () if request.param == "any model" else (TINY, "all-minilm-l6-v2")
+    key = ApiKey(key_id=key_id, secret_sha256=secret_digest(secret), models=models)
+    write_keys(path, KeysSection(0, (key,)))
     overrides: dict[str, Any] = {
         "models": {"dir": str(tiny_artifacts), "serve": [TINY]},
         "engine": {"max_context_tokens": 256, "default_max_tokens": 16},

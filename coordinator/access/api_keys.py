@@ -58,6 +58,7 @@ from coordinator.identity.join_tokens import sha256_hex
 from coordinator.store.api_keys import ApiKeyRecord, ApiKeyTable
 from coordinator.store.key_demand import FleetDemand, KeyDemandTable
 from edgefleet.contract import ApiKey, KeyPolicy, KeysSection, KeyUsage
+from edgefleet.key_policy import blocks_a_category
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +282,20 @@ class KeyDistributor:
             self._by_digest = (active, {r.secret_sha256: r for r in active})
         record = self._by_digest[1].get(sha256_hex(secret))
         return None if record is None else record.policy
+
+    def needs_content_safety(self, authorization: str) -> bool:
+        """Whether a route lookup presenting ``authorization`` (an ``Authorization`` header
+        or gRPC metadata value: ``Bearer ef-...``, the key the client sends to agents) must
+        go only to agents that enforce content safety: the active key's policy blocks a
+        moderation category. A key this coordinator does not know (revoked, or one an
+        agent's own keys file holds) reads as none: the agent accepts or refuses it. Any
+        other bearer (an admin token) is not read."""
+        scheme, _, secret = authorization.partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret.startswith(SECRET_PREFIX):
+            return False
+        policy = self.policy_of_secret(secret)
+        return policy is not None and blocks_a_category(policy)
 
     def share_fleet_wide(self, table: KeyDemandTable, coordinator_id: str) -> None:
         """Split budgets over every coordinator's agents: exchange demand through

@@ -8,7 +8,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from coordinator.access.api_keys import SECRET_PREFIX
 from coordinator.api.app_keys import (
     KEY_DISTRIBUTOR_KEY,
     ROUTER_KEY,
@@ -16,7 +15,6 @@ from coordinator.api.app_keys import (
 from coordinator.api.common import InvalidParameter, query_number
 from coordinator.routing.scorer import RouteDecision, RouteQuery
 from edgefleet.contract import Location
-from edgefleet.key_policy import blocks_a_category
 
 
 def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
@@ -64,16 +62,9 @@ def route_query_from_http(request: web.Request) -> tuple[RouteQuery, str]:
 def _key_blocks(request: web.Request) -> bool:
     """A lookup may present the client's API key (``Authorization: Bearer ef-...``, what
     it sends to agents); when the key's policy blocks a moderation category, only agents
-    that enforce it are answered. A key this coordinator does not know (revoked, or one an
-    agent's own keys file holds) is looked up as if none was given: the agent is the one
-    that accepts or refuses it. Any other bearer (an admin token) is not read here."""
-    auth = request.headers.get("Authorization", "")
-    scheme, _, secret = auth.partition(" ")
-    secret = secret.strip()
-    if scheme.lower() != "bearer" or not secret.startswith(SECRET_PREFIX):
-        return False
-    policy = request.config_dict[KEY_DISTRIBUTOR_KEY].policy_of_secret(secret)
-    return policy is not None and blocks_a_category(policy)
+    that enforce it are answered (KeyDistributor.needs_content_safety)."""
+    authorization = request.headers.get("Authorization", "")
+    return request.config_dict[KEY_DISTRIBUTOR_KEY].needs_content_safety(authorization)
 
 
 def split_model_ref(model: str, version: str | None) -> tuple[str, str | None]:

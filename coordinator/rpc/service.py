@@ -381,6 +381,8 @@ class CoordinatorServicer:
         except ProtocolError as exc:
             refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return pb.RouteResponse()
+        if self._keys is not None and self._keys.needs_content_safety(_authorization(context)):
+            query = replace(query, moderation=True)  # as GET /v1/route reads the key
         decision = self._router.route(query, client_ip=request.client_ip)
         return proto_convert.route_response_to_pb(decision)
 
@@ -785,3 +787,12 @@ class GrpcServer:
         await self._server.stop(self._config.shutdown_grace_s)
         self._server = None
         logger.info("gRPC server stopped")
+
+
+def _authorization(context: Any) -> str:
+    """The call's ``authorization`` metadata (``Bearer ef-...``: the client's API key), or
+    "" when it sent none."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return ""

@@ -49,6 +49,13 @@ async def _route(c: Coordinator, key: str = "", **headers: str) -> tuple[int, An
         return response.status, await response.json()
 
 
+async def _grpc_ids(c: Coordinator, key: str = "") -> list[str]:
+    """The same lookup over gRPC, the key as ``authorization`` metadata."""
+    metadata = (("authorization", f"Bearer {key}"),) if key else None
+    answer = await c.stub.Route(pb.RouteRequest(model="m", site="lab"), metadata=metadata)
+    return sorted(a.agent_id for a in answer.agents)
+
+
 def _ids(body: Any) -> list[str]:
     return sorted(a["agent_id"] for a in body["agents"])
 
@@ -77,6 +84,10 @@ async def test_a_blocking_key_is_routed_only_to_agents_that_enforce_it(
     for key in (flagging, plain, ""):  # the defaults and flag-only policies fail open
         status, body = await _route(c, key)
         assert status == 200 and _ids(body) == ["old", "safe"]
+    # gRPC Route reads the key from its metadata the same way
+    assert await _grpc_ids(c, blocking) == ["safe"]
+    for key in (flagging, plain, ""):
+        assert await _grpc_ids(c, key) == ["old", "safe"]
     # an admin token is not an API key: not read, routed as without a key
     status, body = await _route(c, **ADMIN_HEADERS)
     assert status == 200 and _ids(body) == ["old", "safe"]

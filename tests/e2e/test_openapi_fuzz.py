@@ -1,10 +1,11 @@
 """schemathesis against both OpenAPI documents, on real processes serving the tiny model.
 
-A coordinator and an agent (``tiny-llama``, API keys from a keys file, connected to the
-coordinator so the fleet view and route lookups have a real agent in them) are fuzzed
-through the documents they serve, each with a valid credential (to reach the handlers)
-and without one (401 must be documented). Every answer must be below 500 and match the
-document: a documented status code, content type and body schema.
+A coordinator and an agent (``tiny-llama``, and ``all-minilm-l6-v2`` with its moderation
+heads so /v1/moderations is fuzzed against the real classifier; API keys from a keys file,
+connected to the coordinator so the fleet view and route lookups have a real agent in
+them) are fuzzed through the documents they serve, each with a valid credential (to
+reach the handlers) and without one (401 must be documented). Every answer must be below
+500 and match the document: a documented status code, content type and body schema.
 
 Generated requests stay cheap: the agent's default ``max_tokens`` is lowered by a
 test-only setting, and the fuzzed copy of the agent's document caps ``max_tokens``, ``n``
@@ -48,6 +49,7 @@ from schemathesis.config import SchemathesisConfig
 from agent.api.openapi import openapi_document as agent_document
 from coordinator.api.routes import api_document as coordinator_document
 from devtools.fleet import AgentProcess, CoordinatorProcess
+from tests.e2e.moderation_helpers import MINILM, built_minilm_with_heads
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -88,10 +90,9 @@ def _cheap(document: dict[str, Any]) -> dict[str, Any]:
             "items": {"type": "integer", "minimum": 0, "maximum": 255},
         }  # fmt: skip
     schemas["CompletionRequest"]["properties"]["prompt"] = {"type": "string", "minLength": 1}
-    # The fuzz agent serves no embedding model, so /v1/moderations answers its documented
-    # 503 moderation_unavailable to every valid case, which not_a_server_error counts as a
-    # failure: its input checks are covered by tests/e2e/test_moderation_e2e.py.
-    doc["paths"].pop("/v1/moderations", None)
+    # /v1/moderations is fuzzed against the real classifier: the agent serves MiniLM with
+    # its moderation heads bundled (without them every valid case would be the documented
+    # 503 moderation_unavailable, which not_a_server_error counts as a failure)
     schemas["ChatMessageIn"]["properties"]["role"] = {"enum": ["system", "user", "assistant"]}
     return doc
 
@@ -156,12 +157,14 @@ def fleet(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     secret = added.stdout.strip()
+    minilm = built_minilm_with_heads()  # in the same artifacts directory as the tiny model
+    assert minilm.parent == tiny_artifacts
     thread = _LoopThread()
     coordinator = CoordinatorProcess()
     thread.run(coordinator.start())
     agent = AgentProcess(
         models_dir=str(tiny_artifacts),
-        serve=[TINY],
+        serve=[TINY, MINILM],
         agent_id=AGENT_ID,
         coordinator=coordinator.grpc_target,
         extra_args=[

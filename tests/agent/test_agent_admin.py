@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -22,6 +19,7 @@ from agent.auth.keys import new_secret, secret_digest
 from agent.errors import AdminForbiddenError, InvalidAdminTokenError
 from edgefleet.contract import ApiKey, KeysSection
 from tests.agent.conftest import TINY, ClientFactory
+from tests.netns import needs_netns, run_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,30 +87,31 @@ async def test_api_keys_and_wrong_tokens_never_open_it(agent: tuple[TestClient, 
     assert status == 401  # keys are on: the admin routes' opening changed nothing else
 
 
+def _request(path: str, token: str | None, peer: object, local: object = None) -> Any:
+    """A request as the admin API sees it, from ``peer`` to the local address ``local``."""
+    transport = mock.Mock()
+    info = {"peername": peer, "sockname": local}
+    transport.get_extra_info.side_effect = lambda name, default=None: info.get(name, default)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    return make_mocked_request("POST", path, headers=headers, transport=transport)
+
+
+def _check(admin: AdminToken, request: Any, refused: bool) -> None:
+    if refused:
+        with pytest.raises(AdminForbiddenError):
+            admin.check(request)
+    else:
+        admin.check(request)
+
+
 def test_a_peer_beyond_loopback_is_refused_even_with_the_token(tmp_path: Path) -> None:
     admin = AdminToken(tmp_path / "admin-token")
     token = admin.value()
     for peer, refused in ((("10.0.0.9", 5555), True), (("127.0.0.1", 5555), False),
                           (("::1", 5555, 0, 0), False), (("192.168.1.2", 1), True)):  # fmt: skip
-        transport = mock.Mock()
-        transport.get_extra_info.side_effect = lambda name, default=None, p=peer: (
-            p if name == "peername" else default
-        )
-        request = make_mocked_request(
-            "POST", "/v1/admin/models/m/load", headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-        )  # fmt: skip
-        if refused:
-            with pytest.raises(AdminForbiddenError):
-                admin.check(request)
-        else:
-            admin.check(request)
-    transport.get_extra_info.side_effect = lambda name, default=None: (
-        ("127.0.0.1", 9) if name == "peername" else default
-    )
-    request = make_mocked_request("GET", "/v1/admin/models", transport=transport)
-    with pytest.raises(InvalidAdminTokenError):
-        admin.check(request)  # loopback, no token
+        _check(admin, _request("/v1/admin/models/m/load", token, peer), refused)
+    with pytest.raises(InvalidAdminTokenError):  # loopback, no token
+        admin.check(_request("/v1/admin/models", None, ("127.0.0.1", 9)))
     # a second agent process on the same state dir reads the token, never overwrites it
     assert AdminToken(tmp_path / "admin-token").value() == token
 
@@ -129,30 +128,11 @@ def test_a_call_to_the_address_it_was_made_to_is_from_this_box(tmp_path: Path) -
         (("10.77.0.2", 4000), None, True),
     )
     for peer, local, refused in cases:
-        transport = mock.Mock()
-        info = {"peername": peer, "sockname": local}
-        transport.get_extra_info.side_effect = lambda name, default=None, i=info: i.get(
-            name, default
-        )
-        request = make_mocked_request(
-            "GET", "/v1/admin/models", headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-        )  # fmt: skip
-        if refused:
-            with pytest.raises(AdminForbiddenError):
-                admin.check(request)
-        else:
-            admin.check(request)
-
-
-def _netns_available() -> bool:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return False
-    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+        _check(admin, _request("/v1/admin/models", token, peer, local), refused)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _netns_available(), reason="needs `unshare -n` (root) and iproute2")
+@needs_netns
 def test_models_command_reaches_an_agent_bound_only_to_a_lan_address(
     tiny_artifacts: Path,
 ) -> None:
@@ -160,18 +140,10 @@ def test_models_command_reaches_an_agent_bound_only_to_a_lan_address(
     addresses, not a loopback one): an agent on 10.77.0.1 only, HTTPS and API keys on;
     ``python -m agent models list`` on the box lists its model, and a wrong admin token
     is refused."""
-    script = (
-        "ip link set lo up && ip addr add 10.77.0.1/32 dev lo && "
-        f'exec "{sys.executable}" tests/agent/admin_lan_scenario.py "{tiny_artifacts}"'
-    )
-    done = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script],
-        cwd=REPO, capture_output=True, text=True, timeout=150,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    result = run_scenario(
+        "ip link set lo up && ip addr add 10.77.0.1/32 dev lo",
+        "tests/agent/admin_lan_scenario.py", str(tiny_artifacts), timeout_s=150,
     )  # fmt: skip
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
     assert result["agent_url"].startswith("https://10.77.0.1:"), result
     assert result["list_rc"] == 0, result
     assert TINY in {m["model"] for m in json.loads(result["list_out"])["data"]}, result

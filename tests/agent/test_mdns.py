@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from agent.mdns import SERVICE_TYPE, MdnsAdvertiser, txt_record
+from tests.netns import needs_netns, run_scenario
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,30 +63,15 @@ async def test_refresh_republishes_changed_load_and_state_without_resolving_agai
             await task
 
 
-def _netns_available() -> bool:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return False
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
-    return probe.returncode == 0
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _netns_available(), reason="needs `unshare -n` (root) and iproute2")
+@needs_netns
 def test_agent_is_discovered_on_mdns_in_a_private_namespace(tiny_artifacts: Path) -> None:
     """A standalone agent (no coordinator, API keys from its keys file) is found on mDNS
     and serves the client that found it, with its key."""
-    script = (
-        "ip link set lo up && ip link set lo multicast on && "
-        f'exec "{sys.executable}" tests/agent/mdns_scenario.py "{tiny_artifacts}"'
-    )
-    done = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script],
-        cwd=REPO, capture_output=True, text=True, timeout=90,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    result = run_scenario(
+        "ip link set lo up && ip link set lo multicast on",
+        "tests/agent/mdns_scenario.py", str(tiny_artifacts), timeout_s=90,
     )  # fmt: skip
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
     assert result["found"] == [
         {
             "id": "edge-lan", "url": result["agent_url"], "site": "shop-7",

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devtools.fleet import CoordinatorProcess
 
 CACHE = Path(os.environ.get("EDGEFLEET_CACHE_DIR") or Path.home() / ".cache" / "edgefleet")
 AXE_DIR = CACHE / "npm-axe"
@@ -64,6 +69,27 @@ async def sign_in(page: Any, base_url: str, token: str) -> None:
     await page.fill("#signin-token", token)
     await page.click("#signin-form button[type=submit]")
     await page.wait_for_selector("#view-fleet:not([hidden])")
+
+
+@contextlib.asynccontextmanager
+async def signed_in_page(
+    coordinator: CoordinatorProcess, width: int = 1300, height: int = 900
+) -> AsyncIterator[Any]:
+    """A headless Chromium page that trusts ``coordinator``'s HTTPS certificate (made with
+    ``tls=True``), on its dashboard, signed in with its admin token; closed after."""
+    from playwright.async_api import async_playwright
+
+    trust = trusting_certificate((coordinator.data_dir / "tls" / "http.crt").read_bytes())
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=chromium_path(), headless=True,
+                                          args=trust)  # fmt: skip
+        try:
+            context = await browser.new_context(viewport={"width": width, "height": height})
+            page = await context.new_page()
+            await sign_in(page, coordinator.http_url, coordinator.admin_token)
+            yield page
+        finally:
+            await browser.close()
 
 
 async def first_render_ms(page: Any) -> float:

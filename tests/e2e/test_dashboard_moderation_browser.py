@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from devtools.browser import chromium_path, poll, sign_in, trusting_certificate
+from devtools.browser import poll, signed_in_page
 from devtools.fleet import CoordinatorProcess, enrolled_agent
 from tests.e2e.moderation_helpers import (
     BOMB,
@@ -72,8 +72,6 @@ async def chat(site: Site, key: str) -> int:
 
 
 async def test_flags_per_key_and_per_agent(site: Site) -> None:
-    from playwright.async_api import async_playwright
-
     coordinator = site.coordinator
     blocking = await coordinator.api_key_for(
         [site.agent], "blocks", policy={"moderation": {"input": {"illicit": "block"}}}
@@ -82,12 +80,7 @@ async def test_flags_per_key_and_per_agent(site: Site) -> None:
     assert await chat(site, site.key) != 400  # the default flags it, and passes it on
 
     SHOTS.mkdir(parents=True, exist_ok=True)
-    trust = trusting_certificate((coordinator.data_dir / "tls" / "http.crt").read_bytes())
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=chromium_path(), headless=True,
-                                          args=trust)  # fmt: skip
-        page = await (await browser.new_context(viewport={"width": 1300, "height": 900})).new_page()
-        await sign_in(page, coordinator.http_url, coordinator.admin_token)
+    async with signed_in_page(coordinator) as page:
         await page.goto(f"{coordinator.http_url}/dashboard/#keys")
         flags_js = (
             "Object.fromEntries([...document.querySelectorAll('#key-rows tr')]"
@@ -109,4 +102,3 @@ async def test_flags_per_key_and_per_agent(site: Site) -> None:
         flags = detail["Moderation flags since start"]
         assert "illicit:block: 1" in flags and "illicit:flag: 1" in flags, flags
         await page.screenshot(path=str(SHOTS / "agent-moderation.png"), full_page=True)
-        await browser.close()

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from devtools.browser import chromium_path, poll, sign_in, trusting_certificate
+from devtools.browser import poll, signed_in_page
 from devtools.fleet import AgentProcess, CoordinatorProcess, enrolled_agent
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
@@ -61,8 +61,6 @@ async def ask(agent: AgentProcess, key: str, text: str) -> str:
 async def test_the_agent_page_shows_the_semantic_cache_hit_rate(
     fleet: tuple[CoordinatorProcess, AgentProcess],
 ) -> None:
-    from playwright.async_api import async_playwright
-
     coordinator, agent = fleet
     key = await coordinator.api_key_for([agent], "semantic", policy={"semantic_cache": True})
     assert await ask(agent, key, "How do I change the email address on my account?") == "miss"
@@ -75,12 +73,7 @@ async def test_the_agent_page_shows_the_semantic_cache_hit_rate(
     assert await ask(agent, key, "What's the weather today?") == "miss"  # not compared
 
     SHOTS.mkdir(parents=True, exist_ok=True)
-    trust = trusting_certificate((coordinator.data_dir / "tls" / "http.crt").read_bytes())
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=chromium_path(), headless=True,
-                                          args=trust)  # fmt: skip
-        page = await (await browser.new_context(viewport={"width": 1300, "height": 900})).new_page()
-        await sign_in(page, coordinator.http_url, coordinator.admin_token)
+    async with signed_in_page(coordinator) as page:
         await page.goto(f"{coordinator.http_url}/dashboard/#agent/edge-nantes")
         detail_js = (
             "Object.fromEntries([...document.querySelectorAll('#agent-detail dt')]"
@@ -94,4 +87,3 @@ async def test_the_agent_page_shows_the_semantic_cache_hit_rate(
             "25.0% hit rate (1 hits, 2 misses, 1 refused by the guard, 1 not compared)"
         ), detail
         await page.screenshot(path=str(SHOTS / "agent-semantic-cache.png"), full_page=True)
-        await browser.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from agent.api.protocol import (
@@ -11,7 +12,12 @@ from agent.api.protocol import (
     ModerationResponse,
     ModerationResult,
 )
-from agent.errors import InvalidRequestError, ModelNotFoundError, ModerationUnavailableError
+from agent.errors import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    ModerationUnavailableError,
+    OverloadedError,
+)
 from agent.moderation import ClassifierSource, ModerationClassifier
 from models.moderation_spec import CATEGORIES
 
@@ -22,12 +28,24 @@ OPENAI_MODERATION_MODELS = frozenset(
 )  # fmt: skip
 
 
+#: requests waiting for the endpoint (one classifies at a time); more are 429 overloaded
+MAX_WAITING = 8
+
+
 class ModerationService:
     """``/v1/moderations`` with the classifier ``source`` gives per request (the heads of
-    the embedding model version served now)."""
+    the embedding model version served now).
+
+    One request classifies at a time (the classifier embeds its windows a chunk at a
+    time, agent/moderation/classifier.py) and at most :data:`MAX_WAITING` wait (429
+    beyond): a flood of large moderation requests queued all their windows at once in the
+    batcher the input and output checks of every chat request use, which then waited
+    behind all of them."""
 
     def __init__(self, source: ClassifierSource) -> None:
         self._source = source
+        self._busy = asyncio.Semaphore(1)
+        self._waiting = 0
 
     @property
     def classifier(self) -> ModerationClassifier | None:
@@ -45,7 +63,21 @@ class ModerationService:
                 param="model",
             )
         texts = _texts(req)
-        verdicts = await classifier.classify(texts)
+        if self._waiting >= MAX_WAITING:
+            raise OverloadedError(
+                f"/v1/moderations is busy ({MAX_WAITING} requests waiting); retry shortly",
+                reason="queue_full",
+            )
+        self._waiting += 1
+        entered = False
+        try:
+            async with self._busy:
+                self._waiting -= 1
+                entered = True
+                verdicts = await classifier.classify(texts)
+        finally:
+            if not entered:  # cancelled while waiting
+                self._waiting -= 1
         results = [
             ModerationResult(
                 flagged=v.flagged,

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 HEADS_SUBDIR = "moderation"
 #: windows one request may ask for (the embedding queue holds 4,096 inputs by default)
 MAX_WINDOWS_PER_REQUEST = 1024
+#: windows one request puts in the embedding model's queue at a time: another request's
+#: check waits behind at most this many of them, not all 1,024
+EMBED_CHUNK_WINDOWS = 64
 
 
 #: texts of one window whose vectors one request keeps (the semantic cache reuses the last
@@ -249,9 +252,11 @@ class ModerationClassifier:
             )
         flat = [w for windows in per_text for w in windows]
         model = self._embedder()
-        result = await model.embed(flat)
-        _keep(model, texts, per_text, result.vectors)
-        return await asyncio.to_thread(self._verdicts, texts, per_text, result.vectors)
+        vectors: list[list[float]] = []
+        for start in range(0, len(flat), EMBED_CHUNK_WINDOWS):  # others' checks interleave
+            vectors += (await model.embed(flat[start : start + EMBED_CHUNK_WINDOWS])).vectors
+        _keep(model, texts, per_text, vectors)
+        return await asyncio.to_thread(self._verdicts, texts, per_text, vectors)
 
     def _verdicts(
         self,

@@ -278,3 +278,25 @@ def test_the_guard_reads_only_the_most_similar_candidates(
     assert len(calls) == 3
     hit = c.lookup(context(), "Track order 0", unit(1, 0.0))  # the most similar one
     assert hit.outcome == "hit" and hit.entry is not None and hit.entry.text == "order 0"
+
+
+@pytest.mark.parametrize("unit", ["a.", "a-", "-a", "a.-", "1.", "A.b "])
+def test_the_guard_reads_a_long_message_in_time_that_grows_with_its_length(unit: str) -> None:
+    """A hostile message of repeated dots or dashes (up to the 2,000 characters a message
+    may have) costs the guard time in proportion to its length, not its square: the URL
+    pattern used to retry from every dot (50-90 ms for 2,000 characters, on the event
+    loop). Four times the text: well under the 16 times a quadratic search takes."""
+    import time
+
+    from agent.semantic_guard import signature
+
+    def seconds(text: str) -> float:
+        best = float("inf")
+        for _ in range(5):
+            started = time.perf_counter()
+            signature(text)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    short, long = seconds(unit * 250), seconds(unit * 1000)
+    assert long < 9 * short, (short, long)

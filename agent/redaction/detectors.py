@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from agent.redaction.mark_words import ASSIGNED_MARKERS, SHAPE_MARKERS
 from agent.redaction.prefilter import first_words, marks, words
 
 EMAIL = "EMAIL"
@@ -338,11 +339,6 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
 
 # Substrings without which a pattern cannot match: the scan is skipped (they are also marks
 # of agent.redaction.prefilter, so most texts are not even searched for them).
-SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
-                 "ghs_", "ghr_", "github_pat_", "SG.", "npm_", "pypi-", "_v1_", "shp", "key-",
-                 "whsec_", "SK",
-                 "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
-ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
 
 
 def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:

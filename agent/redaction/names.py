@@ -29,6 +29,7 @@ from functools import cache
 from pathlib import Path
 
 from agent.redaction.detectors import ADDRESS, PERSON, Span
+from agent.redaction.mark_words import ADMIN_UNIT, COMPOUND_ENDINGS, ENDING_WORDS
 from agent.redaction.name_shapes import (
     korean_shaped,
     name_shaped,
@@ -1052,11 +1053,7 @@ _EXTRA_PREFIXES = frozenset(
     ]
 )
 # German and Dutch streets are one word ending in the street word.
-_COMPOUND_ENDINGS = (
-    "straße|strasse|str\\.|weg|gasse|allee|platz|ring|damm|ufer|chaussee|steig|pfad|markt|"
-    "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park|boulevard"
-)
-ENDING_WORDS = [e.replace("\\", "") for e in _COMPOUND_ENDINGS.split("|")]
+_COMPOUND_ENDINGS = COMPOUND_ENDINGS  # the alternation, in patterns below
 _DIGIT = re.compile(r"\d")
 _NOT_A_STREET = frozenset(
     [
@@ -1249,10 +1246,6 @@ def warm_up() -> None:
 
 # A house number and a street named after a person or place, then a ward or district:
 # 45 Lê Lợi, Quận 1; 12 Nguyen Trai, Ward 5, District 3 (Viet Nam, the Philippines, Indonesia)
-ADMIN_UNIT = (
-    r"(?:Quận|Q\.|Phường|P\.|Huyện|Xã|Thị xã|District|Ward|Barangay|Brgy\.?|Kecamatan|Kec\.|"
-    r"Kelurahan|Kel\.|Sector|Khet|Khwaeng|Amphoe|Tambon|Moo)"
-)
 _STREET_THEN_WARD = re.compile(
     rf"(?<![\w.,/-])(?:(?i:số)\s)?\d{{1,4}}[A-Za-z]?(?:/\d{{1,4}})?\s[{_UPPER}][\w'\u2019-]*"
     rf"(?:\s[{_UPPER}][\w'\u2019-]*){{0,3}},\s{ADMIN_UNIT}\s?[\w\d]+"

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
+from agent.redaction import mark_words
+
 # Letters Python's re treats as equal under IGNORECASE beyond their simple lower case
 # (re._casefix, Python 3.11+), each mapped to one member of its class; İ (U+0130) first,
 # whose str.lower() is two characters where re's is one ("i").
@@ -84,9 +86,7 @@ def _literals(words: Iterable[str]) -> str:
 @cache
 def mark_patterns() -> dict[str, str]:
     """Each mark's RE2 pattern, by name (built from the detectors' own word lists)."""
-    from agent.redaction import detectors, names  # they import this module
-
-    endings = names.ENDING_WORDS
+    endings = mark_words.ENDING_WORDS
     return {
         # any digit (every address form has a number)
         "digit": _D,
@@ -99,11 +99,11 @@ def mark_patterns() -> dict[str, str]:
         "phone": rf"{_D}(?:[ .\-/()]{{0,3}}{_D}){{6}}",
         # find_secrets: the known key shapes' prefixes, the words of assigned secrets
         # (looked for in the lower-cased text there), long tokens
-        "shape": _literals(detectors.SHAPE_MARKERS),
-        "assigned": "(?i)" + _literals(detectors.ASSIGNED_MARKERS),
+        "shape": _literals(mark_words.SHAPE_MARKERS),
+        "assigned": "(?i)" + _literals(mark_words.ASSIGNED_MARKERS),
         "token": r"[A-Za-z0-9_\-+/]{24}",
         # the address forms of names.py
-        "admin": rf",{_SPACE}{names.ADMIN_UNIT}",
+        "admin": rf",{_SPACE}{mark_words.ADMIN_UNIT}",
         "dashed_number": rf"{_D}-{_D}",
         "korean_road": r"-(?:ro|gil|daero)",
         "han": r"[\x{3005}\x{3400}-\x{4dbf}\x{4e00}-\x{9fff}\x{f900}-\x{faff}]",

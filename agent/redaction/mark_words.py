@@ -1,0 +1,25 @@
+"""The words the redaction detectors look for that the prefilter's marks are built from
+(agent/redaction/prefilter.py): here, so that the prefilter and the detectors both import
+them and neither imports the other."""
+
+from __future__ import annotations
+
+# find_secrets: the known key shapes' prefixes, and the words of assigned secrets
+SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
+                 "ghs_", "ghr_", "github_pat_", "SG.", "npm_", "pypi-", "_v1_", "shp", "key-",
+                 "whsec_", "SK",
+                 "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
+ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
+
+# names.py's compound street endings (German and Dutch), as one alternation and as words
+COMPOUND_ENDINGS = (
+    "straße|strasse|str\\.|weg|gasse|allee|platz|ring|damm|ufer|chaussee|steig|pfad|markt|"
+    "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park|boulevard"
+)
+ENDING_WORDS = [e.replace("\\", "") for e in COMPOUND_ENDINGS.split("|")]
+
+# names.py: the ward and district words of South-East Asian addresses
+ADMIN_UNIT = (
+    r"(?:Quận|Q\.|Phường|P\.|Huyện|Xã|Thị xã|District|Ward|Barangay|Brgy\.?|Kecamatan|Kec\.|"
+    r"Kelurahan|Kel\.|Sector|Khet|Khwaeng|Amphoe|Tambon|Moo)"
+)

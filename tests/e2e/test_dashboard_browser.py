@@ -772,3 +772,37 @@ async def test_the_keys_page_shows_each_keys_keep_alive_cap_and_policy(fleet: Fl
     assert plain and all(v == ["the agent's cap", "default"] for v in plain), rows
     assert await page.evaluate("document.querySelectorAll('#key-rows img').length") == 0
     await page.screenshot(path=str(SHOTS / "keys-policy.png"), full_page=True)
+
+
+async def test_every_view_loads_without_a_failed_request_or_a_console_error(
+    fleet: Fleet,
+) -> None:
+    """From the first load (signed out: only the 401s of the page asking who is signed in)
+    through every view signed in, the dashboard loads everything it asks for (no 4xx or
+    5xx; no /favicon.ico left to 404) and logs no console error."""
+    context = await fleet.browser.new_context(viewport={"width": 1300, "height": 900})
+    page = await context.new_page()
+    signed_in: list[bool] = []
+    failed: list[str] = []
+    errors: list[str] = []
+
+    def on_response(response: Any) -> None:
+        if response.status >= 400 and (signed_in or response.status != 401):
+            failed.append(f"{response.status} {response.url}")
+
+    def on_console(message: Any) -> None:
+        if message.type == "error" and (signed_in or "status of 401" not in message.text):
+            errors.append(message.text)
+
+    page.on("response", on_response)
+    page.on("console", on_console)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    await sign_in(page, fleet.url, fleet.coordinator.admin_token)
+    signed_in.append(True)
+    agent_id = next(iter(fleet.agents))
+    for view in ("fleet", f"agent/{agent_id}", "models", "rollouts", "keys", "tokens",
+                 "overflow", "audit", "series"):  # fmt: skip
+        await page.goto(f"{fleet.url}/dashboard/#{view}")
+        await page.wait_for_load_state("networkidle")
+    assert failed == [] and errors == [], (failed, errors)
+    await context.close()

@@ -389,3 +389,29 @@ async def test_an_unload_frees_the_session_on_a_worker_thread_while_the_loop_ser
     assert engine._lm._session is None
     assert threads and threads[0] != threading.main_thread().name
     await registry.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="needs Linux's procfs")
+def test_written_pages_are_found_from_the_pagemap_as_smaps_shows_them(tmp_path: Path) -> None:
+    """Which mappings of a model's data hold a written page is read from /proc/self/maps
+    and the pagemap of those mappings only (a few ms; smaps walks every page of the
+    process, 12-25 ms a release with Qwen loaded), and agrees with smaps' Anonymous."""
+    import mmap
+
+    data = tmp_path / "model.onnx.data"
+    data.write_bytes(b"\x01" * (96 << 10))
+    with open(data, "rb") as fh:
+        clean = mmap.mmap(fh.fileno(), 32 << 10, access=mmap.ACCESS_READ)
+        copy_read = mmap.mmap(fh.fileno(), 32 << 10, access=mmap.ACCESS_COPY, offset=32 << 10)
+        written = mmap.mmap(fh.fileno(), 32 << 10, access=mmap.ACCESS_COPY, offset=64 << 10)
+    try:
+        assert sum(clean[:]) + sum(copy_read[:]) == 64 << 10  # read: resident, not written
+        written[5000] = 7  # the mapping's second page copied
+        names = {str(data), str(data.resolve())}
+        found = memory._mappings_of(names)
+        assert sorted(w for _, _, w in found) == [False, False, True]
+        assert found == memory._mappings_from_smaps(names)
+    finally:
+        clean.close()
+        copy_read.close()
+        written.close()

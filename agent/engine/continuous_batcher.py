@@ -52,7 +52,7 @@ from agent.engine.interface import (
 from agent.engine.memory import trim_heap
 from agent.engine.prefix_cache import PrefixCache
 from agent.engine.sampling import TokenSampler
-from agent.engine.speculation import DraftLength, propose
+from agent.engine.speculation import DraftLength, lookup
 from agent.engine.stops import StopMatcher
 from agent.engine.supervisor import OnDead, RestartPolicy, supervise
 from agent.engine.text_codec import IncrementalDetokenizer, TextCodec
@@ -102,7 +102,7 @@ class BatcherConfig:
     speculative_max_batch: int = 1
     speculative_max_extra_positions: int = 16
     speculative_ngram_min: int = 2
-    speculative_ngram_max: int = 4
+    speculative_ngram_max: int = 8
     speculative_lookback: int = 2048
 
 
@@ -652,17 +652,19 @@ class ContinuousBatcher:
         for seq in seqs:
             params = seq.request.params
             # no proposals while replaying a resumed stream's tokens, or past max_tokens
-            k = 0
+            k, match = 0, None
             if budget > 0 and seq.sampler.position >= len(seq.replay):
                 k = min(cfg.speculative_tokens, budget, params.max_tokens - seq.generated - 1)
-                k = min(k, seq.draft.wanted()) if k > 0 else 0
-            if k <= 0:
+            if k > 0:
+                history = seq.history[: seq.history_len]
+                match = lookup(history, cfg.speculative_ngram_min, cfg.speculative_ngram_max,
+                               cfg.speculative_lookback)  # fmt: skip
+            if match is not None:  # as many as pay for a match this long
+                k = min(k, seq.draft.wanted(match.length))
+            if match is None or k <= 0:
                 proposals.append([])
                 continue
-            found = propose(
-                seq.history[: seq.history_len], k, cfg.speculative_ngram_min,
-                cfg.speculative_ngram_max, cfg.speculative_lookback,
-            ).tolist()  # fmt: skip
+            found = history[match.start : match.start + k].tolist()
             if found and seq.constraint is not None:  # cut what the grammar would refuse
                 found = found[: seq.constraint.accepts(found)]
             budget -= len(found)

@@ -10,36 +10,51 @@ decides how many to propose.
 The lookup follows vLLM's ``ngram`` proposer: the longest suffix of ``n`` tokens,
 ``ngram_min <= n <= ngram_max``, that occurred earlier within the last ``lookback``
 tokens; among matches of that length the most recent wins; the proposal is the up to
-``k`` tokens that followed it.
+``k`` tokens that followed it. How many (:class:`DraftLength`) depends on how long the
+match is: a longer match is more often right.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import numpy.typing as npt
 
-# a proposed position's cost in a verification call, as a share of a one-position step:
-# measured on 2 cores, SmolLM2-135M int4 ~0.19 (8.4 ms for one position, +1.6 ms each
-# further), Qwen2.5-0.5B ~0.08; the larger figure, so a doubtful proposal is not made
-POSITION_COST = 0.2
+# a proposed position's cost, as a share of a whole one-position decode step: measured on
+# 2 cores, SmolLM2-135M int4: ONNX Runtime takes ~9.6 ms for one position and ~1.7 ms for
+# each further one, and the step's own work outside it (scheduling, sampling, handing the
+# token on) ~2.5 ms, so ~0.13-0.15 (Qwen2.5-0.5B ~0.08); the larger figure, so a doubtful
+# proposal is not made (0.2 of the model call alone proposed too little: in a simulation
+# over the benchmark's outputs, 8% fewer tokens per unit of step time)
+POSITION_COST = 0.15
 
 
-def propose(
-    context: npt.NDArray[np.int64], k: int, ngram_min: int, ngram_max: int, lookback: int
-) -> npt.NDArray[np.int64]:
-    """Up to ``k`` tokens that followed the latest, longest earlier occurrence of the
-    context's last ``n`` tokens (``ngram_min <= n <= ngram_max``); empty when none."""
+class Match(NamedTuple):
+    """Where a lookup found the context's last tokens earlier: the continuation starts at
+    ``start`` (an index into the context) and ``length`` tokens matched before it."""
+
+    start: int
+    length: int
+
+
+def lookup(
+    context: npt.NDArray[np.int64], ngram_min: int, ngram_max: int, lookback: int
+) -> Match | None:
+    """The latest, longest earlier occurrence of the context's last ``n`` tokens
+    (``ngram_min <= n <= ngram_max``) within its last ``lookback`` tokens; None when none."""
     end = int(context.shape[0])
-    if k <= 0 or end <= ngram_min:
-        return context[:0]
-    window = context[max(0, end - lookback) :]
+    if end <= ngram_min:
+        return None
+    offset = max(0, end - lookback)
+    window = context[offset:]
     last = window.shape[0] - 1
     # candidate ends of an earlier occurrence: every earlier position holding the last token
     # (not the last position itself), and at least ngram_min - 1 tokens in before it
     ends = np.flatnonzero(window[:last] == window[last])
     ends = ends[ends >= ngram_min - 1]
     if ends.size == 0:
-        return context[:0]
+        return None
     length = np.ones(ends.shape, dtype=np.int64)  # matched suffix length per candidate
     alive = np.ones(ends.shape, dtype=bool)
     for j in range(1, ngram_max):
@@ -52,18 +67,37 @@ def propose(
             break
     best = int(length.max())
     if best < ngram_min:
-        return context[:0]
+        return None
     at = int(ends[np.flatnonzero(length == best)[-1]])  # the most recent of the longest
-    return window[at + 1 : at + 1 + k].copy()
+    return Match(offset + at + 1, best)
 
 
-def best_length(rate: float, max_tokens: int, position_cost: float = POSITION_COST) -> int:
+def propose(
+    context: npt.NDArray[np.int64], k: int, ngram_min: int, ngram_max: int, lookback: int
+) -> npt.NDArray[np.int64]:
+    """Up to ``k`` tokens that followed the latest, longest earlier occurrence of the
+    context's last ``n`` tokens (``ngram_min <= n <= ngram_max``); empty when none."""
+    found = lookup(context, ngram_min, ngram_max, lookback) if k > 0 else None
+    if found is None:
+        return context[:0]
+    return context[found.start : found.start + k].copy()
+
+
+def best_length(
+    rate: float,
+    max_tokens: int,
+    position_cost: float = POSITION_COST,
+    first: float | None = None,
+) -> int:
     """The number of tokens to propose that gives the most tokens per unit of step time
-    when each proposed token is taken with probability ``rate`` once the ones before it
-    were: (1 + rate + ... + rate^k) / (1 + position_cost x k); 0 when none pays."""
-    best, best_value, expected = 0, 1.0, 1.0
+    when the first proposed token is taken with probability ``first`` (``rate`` when not
+    given) and each further one with probability ``rate`` once the ones before it were:
+    (1 + first x (1 + rate + ... + rate^(k-1))) / (1 + position_cost x k); 0 when none pays."""
+    first = rate if first is None else first
+    best, best_value, expected, term = 0, 1.0, 1.0, first
     for k in range(1, max_tokens + 1):
-        expected += rate**k
+        expected += term
+        term *= rate
         value = expected / (1 + position_cost * k)
         if value > best_value + 1e-9:
             best, best_value = k, value
@@ -73,37 +107,55 @@ def best_length(rate: float, max_tokens: int, position_cost: float = POSITION_CO
 class DraftLength:
     """How many tokens one sequence proposes next, from its recent acceptance.
 
-    ``rate`` estimates the chance that a proposed token is taken once the ones before it
-    were (a moving average over the verified tokens: each taken one and the first refused
-    one; those after it say nothing); the length is :func:`best_length` of it. When none
-    pays (output that repeats nothing), the sequence proposes nothing for ``PAUSE``
-    steps, then one token to see whether that changed: so such output pays (almost)
-    nothing.
+    Copying comes in runs: once a proposal's first token is right, the model is usually
+    copying and the next tokens are right too, while whether the first one is right
+    depends on how long a match found it. So two kinds of estimate, each a moving average
+    over the verified tokens: per matched length (1, 2, 3, 4 or more), the chance that a
+    proposal's first token is taken (``first``), and, for the sequence, the chance that a
+    further token is taken once the one before it was (``rate``; tokens after the first
+    refused one say nothing). The length is :func:`best_length` of them. When none pays
+    for a match length (output that repeats nothing), the sequence proposes nothing for
+    ``PAUSE`` of its lookups that match that long, then one token to see whether that
+    changed: so such output pays (almost) nothing.
     """
 
     PAUSE = 16
-    WEIGHT = 0.2  # of one verified token in the moving average
-    START_RATE = 0.6  # before anything was verified: two or three tokens
+    WEIGHT = 0.2  # of one verified first token in its moving average
+    RATE_WEIGHT = 0.1  # of one verified further token in the other
+    START_RATE = 0.7  # a further token, before anything was verified
+    # a first token, before anything was verified, by matched length: two or three tokens
+    # for a match of 4 or more, one for a match of 2 or 3, none for a single token
+    START_FIRST = (0.2, 0.4, 0.5, 0.6)
 
     def __init__(self, max_tokens: int) -> None:
         self._max = max_tokens
+        self.first = list(self.START_FIRST)
         self.rate = self.START_RATE
-        self.paused = 0  # steps left before the next probe
+        self.paused = [0] * len(self.START_FIRST)  # per matched length: lookups before a probe
+        self._bucket = len(self.START_FIRST) - 1  # of the last wanted(): what update() learns
 
-    def wanted(self) -> int:
-        """Tokens to propose this step (0 while paused; counts the pause down)."""
-        k = best_length(self.rate, self._max)
+    def _of(self, match_length: int) -> int:
+        return min(max(match_length, 1), len(self.first)) - 1
+
+    def wanted(self, match_length: int = 4) -> int:
+        """Tokens to propose after a match of ``match_length`` tokens (0 while that length
+        is paused; counts its pause down)."""
+        b = self._bucket = self._of(match_length)
+        k = best_length(self.rate, self._max, first=self.first[b])
         if k:
             return k
-        if self.paused:
-            self.paused -= 1
+        if self.paused[b]:
+            self.paused[b] -= 1
             return 0
         return min(1, self._max)  # a probe
 
     def update(self, proposed: int, accepted: int) -> None:
-        for _ in range(accepted):
-            self.rate += self.WEIGHT * (1 - self.rate)
-        if accepted < proposed:
-            self.rate -= self.WEIGHT * self.rate
-        if proposed and best_length(self.rate, self._max) == 0:
-            self.paused = self.PAUSE
+        """What the verification of the last wanted() proposal took."""
+        if not proposed:
+            return
+        b = self._bucket
+        self.first[b] += self.WEIGHT * ((accepted > 0) - self.first[b])
+        for j in range(1, min(accepted + 1, proposed)):  # further tokens verified
+            self.rate += self.RATE_WEIGHT * ((j < accepted) - self.rate)
+        if best_length(self.rate, self._max, first=self.first[b]) == 0:
+            self.paused[b] = self.PAUSE

@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 
 from agent.config import load_config
 from agent.engine.interface import StepStats
-from agent.engine.speculation import DraftLength, best_length, propose
+from agent.engine.speculation import DraftLength, Match, best_length, lookup, propose
 from agent.errors import ConfigError
 from agent.metrics import AgentMetrics
 
@@ -71,18 +71,59 @@ def test_matches_a_brute_force_search() -> None:
 
 
 def test_best_length_follows_the_acceptance_rate() -> None:
-    # expected tokens per unit of step time, each position costing a fifth of a step
+    # expected tokens per unit of step time, each position costing 0.15 of a step
     assert best_length(0.95, 6) == 6
     assert best_length(0.6, 6) == 2
     assert best_length(0.3, 6) == 1
-    assert best_length(0.2, 6) == 0  # 1.2 tokens for 1.2 steps: nothing gained
+    assert best_length(0.15, 6) == 0  # 1.15 tokens for 1.15 steps: nothing gained
     assert best_length(0.9, 3) == 3  # never past the maximum
     assert best_length(0.3, 6, position_cost=0.05) == 2  # cheaper positions: longer
+    # a likely first token and a run that goes on once started: long
+    assert best_length(0.9, 6, first=0.6) == 6
+    # an unlikely first token: nothing pays however the run would go on
+    assert best_length(0.95, 6, first=0.1) == 0
+    assert best_length(0.6, 6, first=0.6) == best_length(0.6, 6)  # the same when equal
+
+
+def test_lookup_says_where_and_how_long() -> None:
+    context = _ids(1, 2, 3, 4, 7, 2, 3, 8, 5, 1, 2, 3)
+    assert lookup(context, 2, 4, 100) == Match(start=3, length=3)
+    assert lookup(context, 2, 2, 100) == Match(start=7, length=2)
+    assert lookup(context, 4, 4, 100) is None
+    # the index is into the whole context, not the lookback window
+    context = _ids(*range(10, 30), 1, 2, 3, 4, 5, 1, 2, 3)
+    assert lookup(context, 2, 4, 10) == Match(start=23, length=3)
+    # ngram_max 8 tells two sources apart that 4 tokens do not: the one being copied wins
+    context = _ids(1, 2, 3, 4, 5, 6, 9, 0, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5, 6)
+    assert propose(context, 1, 2, 8, 100).tolist() == [9]
+    assert propose(context, 1, 2, 4, 100).tolist() == [8]
+
+
+def test_draft_length_grows_with_the_match_and_with_runs_taken() -> None:
+    draft = DraftLength(max_tokens=6)
+    # before anything was verified: more after a long match than after a short one
+    assert (draft.wanted(1), draft.wanted(2), draft.wanted(4)) == (1, 3, 3)
+    assert draft.wanted(3) == 3 and draft.wanted(8) == draft.wanted(4)
+    for _ in range(5):
+        k = draft.wanted(4)
+        draft.update(k, k)  # taken whole: longer
+    assert draft.wanted(4) == 6
+    # 2-token matches whose first token is refused stop proposing (then probe); 4-token
+    # matches keep their own estimate
+    for _ in range(10):
+        if (k := draft.wanted(2)) == 0:
+            break
+        draft.update(k, 0)
+    assert draft.wanted(2) == 0 and draft.wanted(4) == 6
+    # a first token taken and the next refused: the run estimate falls, not the first's
+    first, rate = draft.first[3], draft.rate
+    draft.wanted(4)
+    draft.update(6, 1)
+    assert draft.first[3] > first and draft.rate < rate
 
 
 def test_draft_length_adapts_and_probes_when_nothing_pays() -> None:
     draft = DraftLength(max_tokens=6)
-    assert draft.wanted() == 2  # before anything was verified
     for _ in range(5):
         draft.update(draft.wanted(), draft.wanted())  # taken whole: longer
     assert draft.wanted() == 6
@@ -92,15 +133,16 @@ def test_draft_length_adapts_and_probes_when_nothing_pays() -> None:
             break
         lengths.append(k)
         draft.update(k, 0)  # refused at once: shorter, then nothing
-    assert lengths == sorted(lengths, reverse=True) and draft.rate <= 0.2
-    # nothing proposed for PAUSE steps (the loop's last call was the first), then a probe
+    assert lengths == sorted(lengths, reverse=True) and draft.first[3] <= 0.2
+    # nothing proposed for PAUSE lookups (the loop's last call was the first), then a probe
     pause = DraftLength.PAUSE - 1
     assert [draft.wanted() for _ in range(pause)] == [0] * pause
     assert draft.wanted() == 1
-    draft.update(1, 1)  # the probe was taken: proposing again
-    assert draft.wanted() == 1
+    draft.update(1, 1)  # the probe was taken: proposing again (runs went on before)
+    k = draft.wanted()
+    assert k > 0
     draft.update(0, 0)  # nothing proposed: nothing learned
-    assert draft.wanted() == 1
+    assert draft.wanted() == k
 
 
 def test_config_turns_it_on_and_refuses_an_empty_ngram_range() -> None:
@@ -108,7 +150,7 @@ def test_config_turns_it_on_and_refuses_an_empty_ngram_range() -> None:
     assert on.engine.batcher().speculative_tokens == 5
     assert load_config(environ={}).engine.batcher().speculative_tokens == 0  # off by default
     with pytest.raises(ConfigError, match="speculative_ngram_min"):
-        load_config(environ={}, overrides={"engine": {"speculative_ngram_min": 5}})
+        load_config(environ={}, overrides={"engine": {"speculative_ngram_min": 9}})
 
 
 def test_metrics_count_proposals_and_tokens_per_step() -> None:

@@ -91,7 +91,9 @@ async def test_stop_strings_max_tokens_and_min_tokens(tiny_artifacts: Path) -> N
     prompt = repetitive_prompt()
     greedy = SamplingParams(temperature=0.0, max_tokens=60)
     _, (tokens, text, _), spy = await both(tiny_artifacts, prompt, greedy)
-    # where the output came several tokens at once: the last such step's tokens [at, end)
+    # where the output came several tokens at once: the latest such step's tokens [at, end);
+    # the stop string is the shortest (7 characters or more) end of the text up to there
+    # that is not met before (accepted proposals copy earlier text, so it may reach back)
     ends = np.cumsum([1] + [s.decoded_tokens for s in spy.steps if s.batch_size])
     sizes = np.diff(ends)
     (multi,) = np.nonzero(sizes > 1)
@@ -99,8 +101,8 @@ async def test_stop_strings_max_tokens_and_min_tokens(tiny_artifacts: Path) -> N
     model = await make_model(tiny_artifacts, **PLAIN)
     before, upto = model.decode(tokens[:at]), model.decode(tokens[:end])
     await model.close()
-    stop = upto[-7:]  # ends in that step's last token
-    assert text.find(stop) > len(before) - 7  # and is not met before
+    stop = next(upto[-n:] for n in range(7, len(upto)) if text.find(upto[-n:]) == len(upto) - n)
+    assert text.find(stop) + len(stop) > len(before)  # ends in that step's tokens
     cases = [
         SamplingParams(temperature=0.0, max_tokens=60, stop=(stop,)),
         SamplingParams(temperature=0.0, max_tokens=at + 2),  # ends inside a proposal

@@ -61,7 +61,7 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "engine.prefix_cache_bytes": 33554432, "engine.idle_release_s": 2.0,
     "engine.speculative_tokens": 0, "engine.speculative_max_batch": 1,
     "engine.speculative_max_extra_positions": 16, "engine.speculative_ngram_min": 2,
-    "engine.speculative_ngram_max": 4, "engine.speculative_lookback": 2048,
+    "engine.speculative_ngram_max": 8, "engine.speculative_lookback": 2048,
     "embeddings.max_batch_size": 32, "embeddings.max_queue_delay_us": 2000,
     "embeddings.max_queue": 4096,
     "residency.budget_bytes": None, "residency.budget_share": 0.75, "residency.max_loaded": 0,

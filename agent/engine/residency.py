@@ -38,7 +38,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -297,12 +296,78 @@ class _Slot:
 LOADER_NICE = 19
 
 
-def _lower_priority() -> None:
-    """The loader's thread yields the cores to the engines' steps: a load on a busy box
-    takes longer instead of slowing the models that serve (on two cores, SmolLM2's TTFT
-    p99 was 2.8x its own while Qwen loaded beside it at the same priority)."""
-    with contextlib.suppress(OSError, AttributeError):  # Linux: a thread's own nice value
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
+def _lower_priority(tid: int) -> None:
+    """Linux: a thread's own nice value (``tid`` a native thread id of this process)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, tid, LOADER_NICE)
+
+
+class _LoaderThread:
+    """Each load's blocking part (session and engine) on a thread of its own, at normal
+    priority while no other model serves and at nice 19 from the moment one does (at the
+    start of the load or during it): a load on a busy box then yields the cores to the
+    engines' steps (on two cores, SmolLM2's TTFT p99 was 2.8x its own while Qwen loaded
+    beside it at the same priority), and a load nothing else needs the cores for (a swap:
+    the requests wait for it) is not held back by whatever else runs on the machine. A
+    thread per load, because a thread cannot raise its priority again without privilege.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tid: int | None = None  # the running load's thread
+        self._yielding = False
+        self._thread: threading.Thread | None = None
+
+    async def run(self, build: Callable[[], object], *, yielding: bool) -> object:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+
+        def settle(result: object, error: BaseException | None) -> None:
+            if future.done():  # its waiter was cancelled
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def target() -> None:
+            with self._lock:
+                self._tid = threading.get_native_id()
+                lower = self._yielding
+            if lower:
+                _lower_priority(self._tid)
+            result: object = None
+            error: BaseException | None = None
+            try:
+                result = build()
+            except BaseException as exc:  # handed to the awaiting coroutine
+                error = exc
+            finally:
+                with self._lock:
+                    self._tid = None
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, result, error)
+
+        with self._lock:
+            self._yielding = yielding
+        self._thread = threading.Thread(target=target, name="model-loader", daemon=True)
+        self._thread.start()
+        return await future
+
+    def yield_cores(self) -> None:
+        """A model started serving: the load in progress (if any) steps back from now."""
+        with self._lock:
+            if self._yielding:
+                return
+            self._yielding = True
+            tid = self._tid
+        if tid is not None:
+            _lower_priority(tid)
+
+    def join(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join()
 
 
 def _rss_bytes() -> int:
@@ -325,9 +390,7 @@ class Residency:
         self._clock = clock
         self._rss = rss
         self._slots: dict[str, _Slot] = {}
-        self._loader = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="model-loader", initializer=_lower_priority
-        )
+        self._loader = _LoaderThread()
         self._load_lock = asyncio.Lock()  # one load at a time
         self._changed = asyncio.Event()  # a model went idle or was unloaded
         self._task: asyncio.Task[None] | None = None
@@ -455,6 +518,8 @@ class Residency:
         slot = self._slot(model_id)
         if slot.state is not ModelState.LOADED:
             await self._wait_loaded(slot, "request", timeout_s)
+        elif self._load_lock.locked():  # a load runs beside this request's steps
+            self._loader.yield_cores()
         now = self._clock()
         slot.active += 1
         slot.last_used = now
@@ -566,8 +631,7 @@ class Residency:
                 slot.room_made = True
                 room_s = self._clock() - started
                 rss_before = self._rss()
-                loop = asyncio.get_running_loop()
-                heavy = await loop.run_in_executor(self._loader, slot.model.build_heavy)
+                heavy = await self._loader.run(slot.model.build_heavy, yielding=self._serving())
                 built_s = self._clock() - started
                 await slot.model.attach_heavy(heavy)
                 await slot.model.warm_up()
@@ -660,6 +724,13 @@ class Residency:
             with contextlib.suppress(TimeoutError):  # a model went idle, or time passed
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
 
+    def _serving(self) -> bool:
+        """Whether a loaded model has requests running or waiting."""
+        return any(
+            s.state is ModelState.LOADED and (s.active or s.model.busy())
+            for s in self._slots.values()
+        )
+
     def _victim(self) -> _Slot | None:
         """The least recently used idle, unpinned model loaded long enough ago."""
         now = self._clock()
@@ -735,4 +806,4 @@ class Residency:
         for slot in self._slots.values():
             if slot.loading is not None and not slot.loading.done():
                 slot.loading.cancel()
-        await asyncio.to_thread(self._loader.shutdown, wait=True, cancel_futures=True)
+        await asyncio.to_thread(self._loader.join)

@@ -415,3 +415,36 @@ def test_written_pages_are_found_from_the_pagemap_as_smaps_shows_them(tmp_path: 
         clean.close()
         copy_read.close()
         written.close()
+
+
+async def test_a_model_loaded_on_demand_takes_its_first_run_on_the_loader_thread(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: a new session's first run (it pages in and sets up what loading did not:
+    50-100 ms for Qwen2.5-Coder) is made by the loader's thread, which yields the cores to
+    serving models, not as a step on the step thread every model shares, where a loaded
+    model's steps would wait behind it."""
+    from agent.engine.causal_lm import CausalLM
+    from agent.engine.residency import ResidencyConfig
+
+    runs: list[str] = []
+    real = CausalLM.run
+
+    def run(self: CausalLM, *args: Any, **kwargs: Any) -> Any:
+        runs.append(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CausalLM, "run", run)
+    registry = load_registry(
+        tiny_artifacts,
+        [TINY],
+        session_config=SessionConfig(intra_op_threads=1),
+        max_context_tokens=256,
+        residency=ResidencyConfig(budget_bytes=1 << 30),
+    )
+    await registry.start()  # loads it: it fits the budget
+    try:
+        assert registry.residency is not None and registry.residency.state(TINY) == "loaded"
+        assert runs and runs[0] == "model-loader"
+    finally:
+        await registry.close()

@@ -8,6 +8,8 @@ be held or made to fail); ``test_model_residency_e2e`` does the same with real m
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 
 from agent.engine.residency import (
+    LOADER_NICE,
     ModelLoadFailedError,
     ModelState,
     ModelUnavailableError,
@@ -364,4 +367,48 @@ async def test_a_load_command_for_a_loaded_model_restarts_its_keep_alive() -> No
     assert a.builds == 1
     await asyncio.sleep(0.15)
     assert await r.expire_idle() == ["a"]
+    await r.close()
+
+
+def _nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's nice is Linux's")
+async def test_a_load_yields_the_cores_only_while_another_model_serves() -> None:
+    """A load runs at the agent's priority while nothing else needs the cores (a swap: its
+    requests wait for it, and a nice 19 loader is starved by anything else on the box),
+    and steps back to nice 19 from the moment a loaded model serves: at its start, or
+    when a request for a loaded model arrives during it."""
+    r = residency()
+    warm = add(r, "warm", 10, loaded=True)
+    cold = add(r, "cold", 10)
+    seen: list[int] = []
+    real_build = cold.build_heavy
+
+    def build() -> object:
+        seen.append(_nice())
+        heavy = real_build()  # held until the test lets it go
+        seen.append(_nice())
+        return heavy
+
+    cold.build_heavy = build  # type: ignore[method-assign]
+    cold.hold.clear()
+    loading = asyncio.create_task(r.acquire("cold"))
+    await asyncio.sleep(0.1)
+    assert seen == [_nice()]  # nothing serving: the agent's own priority
+    await r.acquire("warm")  # a request for the loaded model, beside the load
+    cold.hold.set()
+    await loading
+    assert seen[1] == LOADER_NICE
+    r.release("warm")
+    r.release("cold")
+    await r.unload("cold")
+
+    warm.running = 1  # serving when the next load starts
+    cold.hold.set()
+    seen.clear()
+    await r.acquire("cold")
+    assert seen == [LOADER_NICE, LOADER_NICE]
+    assert _nice() < LOADER_NICE  # the event loop's thread is left alone
     await r.close()

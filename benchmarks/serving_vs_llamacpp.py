@@ -42,6 +42,7 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,32 +75,63 @@ def prompt(i: int, prompts: str) -> str:
     return f"{STORY} {i}."
 
 
-async def one_request(
-    client: openai.AsyncOpenAI, model: str, i: int, max_tokens: int, prompts: str
-) -> dict[str, float]:
+@dataclass
+class StreamTiming:
+    """One streamed chat completion as a client saw it (``time.perf_counter`` seconds)."""
+
+    started: float  # the request sent
+    first: float  # the first chunk with text
+    last: float  # the last chunk with text
+    chunks: int  # chunks with text
+    usage_tokens: int  # the usage chunk's completion tokens (0: none asked or sent)
+
+
+async def timed_stream(
+    client: openai.AsyncOpenAI,
+    model: str,
+    text: str,
+    max_tokens: int,
+    extra_body: dict[str, Any],
+    include_usage: bool = False,
+) -> StreamTiming:
+    """Streams one greedy chat completion of ``text`` and times its text chunks (this
+    benchmark's and ``benchmarks.speculative``'s one timing loop)."""
     started = time.perf_counter()
     first = last = None
     chunks = 0
+    usage = 0
     stream = await client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": prompt(i, prompts)}],
+        messages=[{"role": "user", "content": text}],
         max_tokens=max_tokens,
         temperature=0,
         stream=True,
-        extra_body={"min_tokens": max_tokens, "cache": False},
+        extra_body=extra_body,
+        stream_options={"include_usage": True} if include_usage else openai.omit,
     )
     async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
         if chunk.choices and chunk.choices[0].delta.content:
             now = time.perf_counter()
             first = first or now
             last = now
             chunks += 1
     assert first is not None and last is not None, "no tokens streamed"
+    return StreamTiming(started, first, last, chunks, usage)
+
+
+async def one_request(
+    client: openai.AsyncOpenAI, model: str, i: int, max_tokens: int, prompts: str
+) -> dict[str, float]:
+    t = await timed_stream(client, model, prompt(i, prompts), max_tokens,
+                           {"min_tokens": max_tokens, "cache": False})  # fmt: skip
+    chunks, first, last = t.chunks, t.first, t.last
     return {
-        "ttft": first - started,
+        "ttft": first - t.started,
         "chunks": chunks,
         "decode_tps": (chunks - 1) / (last - first) if chunks > 1 and last > first else 0.0,
-        "end": last - started,
+        "end": last - t.started,
     }
 
 

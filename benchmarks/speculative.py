@@ -9,7 +9,10 @@ cores and take each request in turn (one at a time), so machine noise falls on a
 alike: the agent with speculation off and on (``engine.speculative_tokens``), llama.cpp's
 server (llama-cpp-python, the GGUF the ONNX artifact came from) plain and with
 ``--draft_model prompt-lookup-decoding``. Single-stream decode speed is completion tokens
-after the first over the time from the first streamed token to the last.
+after the first over the time from the first streamed token to the last; each request is
+sent ``--repeats`` times to each server (the servers' order reversed every other time) and
+a server's figure is the median over the repeats, so one noisy request does not decide a
+ratio (the ratios of each repeat's on and off figures are recorded beside it).
 
 Then at ``--concurrency`` (16) the agent with speculation off and on in turn: aggregate
 tokens/s of a wave of the control and of the code edit.
@@ -21,7 +24,7 @@ race's top-two log ratio, in logits / temperature), with the non-speculative cho
 logits computed by a prefill of the common prefix.
 
     python -m benchmarks.speculative [--model smollm2-135m-instruct] [--threads 2]
-        [--max-tokens 192] [--rounds 2] [--concurrency 16] [--skip-llamacpp]
+        [--max-tokens 192] [--rounds 2] [--repeats 3] [--concurrency 16] [--skip-llamacpp]
 
 ``--model qwen2.5-coder-0.5b-instruct`` runs the code edit only (issue 30's second
 model). Writes ``benchmarks/results/speculative.json`` (``speculative_<model>.json``).
@@ -49,7 +52,7 @@ import openai
 
 from benchmarks.llamacpp_server import LlamaCppServer
 from benchmarks.results_file import target, write_results
-from benchmarks.serving_vs_llamacpp import QWEN, SMOLLM2, gguf_of
+from benchmarks.serving_vs_llamacpp import QWEN, SMOLLM2, gguf_of, timed_stream
 from devtools.fleet import AgentProcess
 from devtools.process import REPO_ROOT
 
@@ -105,32 +108,12 @@ def workloads(model: str) -> dict[str, list[str]]:
 async def stream_one(
     client: openai.AsyncOpenAI, model: str, text: str, max_tokens: int
 ) -> dict[str, float]:
-    started = time.perf_counter()
-    first = last = None
-    chunks = 0
-    usage = 0
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": text}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"cache": False},
-    )
-    async for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage.completion_tokens
-        if chunk.choices and chunk.choices[0].delta.content:
-            now = time.perf_counter()
-            first = first or now
-            last = now
-            chunks += 1
-    assert first is not None and last is not None, "no tokens streamed"
-    tokens = usage or chunks
+    t = await timed_stream(client, model, text, max_tokens, {"cache": False}, include_usage=True)
+    first, last = t.first, t.last
+    tokens = t.usage_tokens or t.chunks
     return {
         "tokens": tokens,
-        "ttft_s": first - started,
+        "ttft_s": first - t.started,
         "decode_s": last - first,
         "decode_tps": (tokens - 1) / (last - first) if last > first else 0.0,
     }
@@ -139,35 +122,46 @@ async def stream_one(
 async def single_stream(
     servers: dict[str, tuple[str, str]], prompts: dict[str, list[str]], args: argparse.Namespace
 ) -> dict[str, dict[str, Any]]:
-    """Each workload's prompts, every round, on each server in turn."""
+    """Each workload's prompts, every round, ``--repeats`` times, on each server in turn
+    (in reverse order every other time, so none always goes first). A server's figure is
+    the median over the repeats of its decode tokens/s (each repeat: the tokens after the
+    first over the decode time, summed over the rounds)."""
     clients = {
         name: (openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                   timeout=600), model)
         for name, (url, model) in servers.items()
     }  # fmt: skip
-    runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        w: {name: [] for name in servers} for w in prompts
+    repeats = getattr(args, "repeats", 1)
+    runs: dict[str, dict[str, list[list[dict[str, float]]]]] = {
+        w: {name: [[] for _ in range(repeats)] for name in servers} for w in prompts
     }
     for round_ in range(args.rounds):
         for workload, texts in prompts.items():
             text = texts[round_ % len(texts)]
-            for name, (client, model) in clients.items():
-                run = await stream_one(client, model, text, args.max_tokens)
-                runs[workload][name].append(run)
-                print(f"  {workload:<9} round {round_} {name:<16} {run['tokens']:>4} tokens "
-                      f"{run['decode_tps']:7.1f} tok/s", flush=True)  # fmt: skip
+            for repeat in range(repeats):
+                order = list(clients.items())
+                for name, (client, model) in order[:: -1 if repeat % 2 else 1]:
+                    run = await stream_one(client, model, text, args.max_tokens)
+                    runs[workload][name][repeat].append(run)
+                    print(f"  {workload:<9} round {round_} repeat {repeat} {name:<16} "
+                          f"{run['tokens']:>4} tokens {run['decode_tps']:7.1f} tok/s",
+                          flush=True)  # fmt: skip
     for client, _ in clients.values():
         await client.close()
     figures: dict[str, dict[str, Any]] = {}
     for workload, by_server in runs.items():
         figures[workload] = {}
-        for name, rs in by_server.items():
-            tokens = sum(r["tokens"] - 1 for r in rs)
-            seconds = sum(r["decode_s"] for r in rs)
+        for name, by_repeat in by_server.items():
+            per_repeat = []
+            for rs in by_repeat:
+                seconds = sum(r["decode_s"] for r in rs)
+                per_repeat.append(sum(r["tokens"] - 1 for r in rs) / seconds if seconds else 0.0)
+            first_repeat = by_repeat[0]
             figures[workload][name] = {
-                "decode_tokens_per_s": round(tokens / seconds, 1) if seconds else 0.0,
-                "completion_tokens": [int(r["tokens"]) for r in rs],
-                "ttft_s": [round(r["ttft_s"], 3) for r in rs],
+                "decode_tokens_per_s": round(float(np.median(per_repeat)), 1),
+                "decode_tokens_per_s_by_repeat": [round(v, 1) for v in per_repeat],
+                "completion_tokens": [int(r["tokens"]) for r in first_repeat],
+                "ttft_s": [round(r["ttft_s"], 3) for rs in by_repeat for r in rs],
             }
     return figures
 
@@ -300,7 +294,9 @@ async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
             }
         try:
             warm = {w: [t[0]] for w, t in list(prompts.items())[:1]}
-            warm_args = argparse.Namespace(**{**vars(args), "rounds": 1, "max_tokens": 16})
+            warm_args = argparse.Namespace(
+                **{**vars(args), "rounds": 1, "repeats": 1, "max_tokens": 16}
+            )
             await single_stream(servers, warm, warm_args)  # pages the weights in
             figures["single_stream"] = await single_stream(servers, prompts, args)
         finally:
@@ -325,7 +321,13 @@ def ratios_and_targets(figures: dict[str, Any]) -> tuple[dict[str, Any], dict[st
     targets: dict[str, Any] = {}
     for workload, by in single.items():
         ours = by["edgefleet_spec"]["decode_tokens_per_s"]
-        r: dict[str, float] = {"vs_off": round(ours / by["edgefleet"]["decode_tokens_per_s"], 2)}
+        r: dict[str, Any] = {"vs_off": round(ours / by["edgefleet"]["decode_tokens_per_s"], 2)}
+        if "decode_tokens_per_s_by_repeat" in by["edgefleet"]:  # on / off within each repeat
+            r["vs_off_by_repeat"] = [
+                round(on / off, 2) if off else 0.0
+                for on, off in zip(by["edgefleet_spec"]["decode_tokens_per_s_by_repeat"],
+                                   by["edgefleet"]["decode_tokens_per_s_by_repeat"], strict=True)
+            ]  # fmt: skip
         if "llamacpp_lookup" in by:
             r["vs_llamacpp_lookup"] = round(ours / by["llamacpp_lookup"]["decode_tokens_per_s"], 2)
             r["llamacpp_lookup_vs_plain"] = round(
@@ -365,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--llamacpp-port", type=int, default=8931)
     parser.add_argument("--skip-llamacpp", action="store_true")
@@ -374,7 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     noise = {"before": machine_noise()}
     figures = asyncio.run(serve_and_measure(args))
     figures.update(model=args.model, threads=args.threads, max_tokens=args.max_tokens,
-                   rounds=args.rounds, speculative_tokens=SPECULATIVE_TOKENS)  # fmt: skip
+                   rounds=args.rounds, repeats=args.repeats,
+                   speculative_tokens=SPECULATIVE_TOKENS)  # fmt: skip
     if not args.skip_agreement:
         figures["agreement"] = agreement(args.model, workloads(args.model), args)
     noise["after"] = machine_noise()

@@ -29,13 +29,14 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.response_cache import CachedGeneration
-from agent.semantic_guard import Signature, refusal, signature, time_sensitive
+from agent.semantic_guard import Signature, misspelt_repeat, refusal, signature, time_sensitive
 
 __all__ = [
     "DEFAULT_MAX_PROMPT_CHARS",
     "THRESHOLDS_FILE",
     "SemanticCache",
     "SemanticLookup",
+    "calibrated_misspelt_threshold",
     "calibrated_threshold",
     "semantic_context",
 ]
@@ -68,6 +69,25 @@ def calibrated_threshold(
     if not isinstance(entry, dict) or entry.get("version") != version:
         return None
     threshold = entry.get("threshold")
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        return None
+    return float(threshold) if 0.0 < threshold <= 1.0 else None
+
+
+def calibrated_misspelt_threshold(
+    model_name: str, version: str, path: Path = THRESHOLDS_FILE
+) -> float | None:
+    """The lower cosine at which a misspelt repeat (the same words, some misspelt: see
+    :func:`agent.semantic_guard.misspelt_repeat`) may hit, calibrated on this exact
+    embedding model version, or None (no such tier)."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    entry = table.get(model_name) if isinstance(table, dict) else None
+    if not isinstance(entry, dict) or entry.get("version") != version:
+        return None
+    threshold = entry.get("misspelt_threshold")
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         return None
     return float(threshold) if 0.0 < threshold <= 1.0 else None
@@ -201,14 +221,22 @@ class SemanticCache:
         return ""
 
     def lookup(
-        self, context: bytes, prompt: str, vector: Vector, threshold: float | None = None
+        self,
+        context: bytes,
+        prompt: str,
+        vector: Vector,
+        threshold: float | None = None,
+        misspelt_threshold: float | None = None,
     ) -> SemanticLookup:
         """The cached answer for a prompt that means the same in the same context, if any.
 
         ``vector``: the prompt's normalized embedding (the same model as the entries');
         ``threshold``: this lookup's (the embedding model version's calibrated one; the
-        context carries that version), else the cache's."""
+        context carries that version), else the cache's; ``misspelt_threshold``: a lower
+        cosine at which only a misspelt repeat of an entry (its words in order, some
+        misspelt) may hit, the guard still reading both (None: no such tier)."""
         threshold = self.threshold if threshold is None else threshold
+        floor = threshold if misspelt_threshold is None else min(threshold, misspelt_threshold)
         why = self.ineligible(prompt)
         if why:
             return SemanticLookup("ineligible", reason=why)
@@ -224,7 +252,7 @@ class SemanticCache:
             "ij,j->i", bucket.vectors[:n], np.asarray(vector, dtype=np.float32)
         )
         best = float(similarities.max())
-        candidates = np.flatnonzero(similarities >= threshold)
+        candidates = np.flatnonzero(similarities >= floor)
         if candidates.size == 0:
             return SemanticLookup("miss", similarity=best)
         now = self._clock()
@@ -242,6 +270,8 @@ class SemanticCache:
                 continue
             if asked is None:
                 asked = signature(prompt)
+            if similarities[row] < threshold and not misspelt_repeat(entry.signature, asked):
+                continue  # below the threshold: only a misspelt repeat of it may hit
             why_not = refusal(entry.signature, asked)
             if why_not is not None:
                 reason = reason or why_not

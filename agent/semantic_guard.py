@@ -27,7 +27,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["GUARD_REASONS", "Signature", "refusal", "signature", "time_sensitive"]
+__all__ = [
+    "GUARD_REASONS",
+    "Signature",
+    "misspelt_repeat",
+    "refusal",
+    "signature",
+    "time_sensitive",
+]
 
 GUARD_REASONS = (
     "number",
@@ -46,13 +53,17 @@ _TIME_SENSITIVE = re.compile(
     r"\b(today|today's|tonight|tomorrow|yesterday|now|right now|currently|current|latest|"
     r"newest|recent|recently|at the moment|this (?:morning|afternoon|evening|week|weekend|"
     r"month|year)|next (?:week|month|year)|last (?:week|month|year|night)|nowadays|these days|"
-    r"live|breaking|so far|up to date|up-to-date)\b",
+    r"live (?:scores?|streams?|results|updates|feeds?|traffic|coverage|news|odds|prices|data)|"
+    r"breaking|so far|up to date|up-to-date)\b",
     re.IGNORECASE,
 )
 
 
-# "current" of a bank account is not a time
-_NOT_TIME = re.compile(r"\bcurrent accounts?\b", re.IGNORECASE)
+# "current" of a bank account is not a time, nor the asker's own current one ("my current
+# mortgage deal": theirs, whenever it is asked)
+_NOT_TIME = re.compile(
+    r"\bcurrent accounts?\b|\b(?:my|our|your|his|her|their) current\b", re.IGNORECASE
+)
 
 
 def _words(text: str) -> list[str]:
@@ -93,13 +104,39 @@ _NUMBER_WORDS.update(
         "eighty": "80", "ninety": "90", "hundred": "100", "thousand": "1000",
         "million": "1000000", "billion": "1000000000", "dozen": "12", "half": "0.5",
         "quarter": "0.25", "once": "1x", "twice": "2x", "single": "1", "double": "2",
-        "triple": "3", "couple": "2", "pair": "2", "none": "0", "first": "1st",
-        "second": "2nd", "third": "3rd", "fourth": "4th", "fifth": "5th", "sixth": "6th",
-        "seventh": "7th", "eighth": "8th", "ninth": "9th", "tenth": "10th",
-        "percent": "%", "per cent": "%",
+        "triple": "3", "couple": "2", "pair": "2", "none": "0",
+        # ordinals as their value, as "1st" and "3rd" are read: "first" and "1st" agree
+        "first": "1", "second": "2", "third": "3", "fourth": "4", "fifth": "5",
+        "sixth": "6", "seventh": "7", "eighth": "8", "ninth": "9", "tenth": "10",
     }
 )  # fmt: skip
-del _NUMBER_WORDS["one"]  # "which one", "quick one": too often not a count ("a" is one too)
+# "which one", "a single egg", "single person discount": too often not a count ("a" is one
+# too: "one egg" and "a single egg" agree)
+del _NUMBER_WORDS["one"]
+del _NUMBER_WORDS["single"]
+# a unit written after a number, as one form ("2kg", "2 kilo" and "two kilos" agree;
+# "15%", "15 %" and "fifteen percent" agree; "10GB" and "10MB" do not)
+_UNITS = {
+    unit: group[0]
+    for group in (
+        ("%", "percent"),
+        ("kg", "kgs", "kilo", "kilos", "kilogram", "kilograms"),
+        ("g", "gram", "grams", "gr"),
+        ("lb", "lbs"),
+        ("km", "kms", "kilometre", "kilometres", "kilometer", "kilometers"),
+        ("mi", "mile", "miles"),
+        ("gb", "gig", "gigs", "gigabyte", "gigabytes"),
+        ("mb", "megabyte", "megabytes", "meg", "megs"),
+        ("tb", "terabyte", "terabytes"),
+        ("min", "mins", "minute", "minutes"),
+        ("h", "hr", "hrs", "hour", "hours"),
+        ("d", "day", "days"),
+        ("wk", "wks", "week", "weeks"),
+        ("mo", "month", "months"),
+        ("y", "yr", "yrs", "year", "years"),
+    )
+    for unit in group
+}
 _DAYS = _words("monday tuesday wednesday thursday friday saturday sunday")
 _MONTHS = _words(
     "january february march april may june july august september october november december"
@@ -112,9 +149,11 @@ _DATE_WORDS = {
     "morning": "morning", "afternoon": "afternoon", "evening": "evening", "night": "night",
     "midnight": "midnight", "noon": "noon", "midday": "noon", "christmas": "christmas",
     "easter": "easter", "spring": "spring", "summer": "summer", "autumn": "autumn",
-    "winter": "winter", "am": "am", "pm": "pm", "daily": "daily", "weekly": "weekly",
+    "winter": "winter", "daily": "daily", "weekly": "weekly",
     "monthly": "monthly", "yearly": "yearly", "annual": "yearly", "annually": "yearly",
 }  # fmt: skip
+# "am" and "pm" are a time only after a number ("7 pm" is "7pm"; "I am" is not a time)
+_CLOCK = {"am", "pm"}
 # "may" and "march" are also verbs: counted as dates only with a capital (see signature)
 _AMBIGUOUS_MONTHS = {"may", "march"}
 _NEGATIONS = {
@@ -130,6 +169,7 @@ _ANTONYMS = [
     ("start", "end"), ("begin", "end"), ("add", "remove"), ("add", "delete"),
     ("include", "exclude"), ("included", "excluded"), ("includes", "excludes"),
     ("increase", "decrease"), ("increased", "decreased"), ("increase", "reduce"),
+    ("increase", "less"), ("decrease", "more"), ("reduce", "more"),
     ("raise", "lower"), ("up", "down"), ("upgrade", "downgrade"), ("in", "out"),
     ("into", "out"), ("login", "logout"), ("import", "export"), ("upload", "download"),
     ("send", "receive"), ("sent", "received"), ("incoming", "outgoing"),
@@ -162,7 +202,7 @@ _ANTONYMS = [
     ("landlord", "tenant"), ("buyer", "seller"), ("sender", "recipient"),
     ("parent", "child"), ("teacher", "student"), ("accept", "reject"), ("allow", "block"),
     ("allow", "deny"), ("allowed", "banned"), ("legal", "illegal"), ("permitted", "forbidden"),
-    ("to", "from"), ("free", "paid"), ("online", "offline"), ("wet", "dry"),
+    ("free", "paid"), ("online", "offline"), ("wet", "dry"),
     ("winner", "loser"), ("accept", "decline"), ("cover", "exclude"), ("covered", "excluded"),
     ("allow", "ban"), ("spicy", "mild"), ("within", "after"), ("within", "outside"),
     ("same", "next"), ("same", "different"), ("member", "non-member"), ("with", "without"),
@@ -195,7 +235,7 @@ _STOPWORDS = set(
         wants like would'd i'm i'd i've i'll you're we're they're it's what's that's
         there's can't don't isn't aren't won't please thanks thank hi hello hey hiya
         morning er uh um so ok okay yeah yes well actually cheers quick question possible
-        able anything something let know tell give make use one s t whats thats theres hows
+        able anything something let know tell give make use one single s t whats thats theres hows
         wheres whens whos im ive youre
         """
     )
@@ -207,7 +247,16 @@ _FILLER = {
     "please", "thanks", "thank", "hi", "hello", "hey", "hiya", "er", "uh", "um", "wondering",
     "team", "advance", "folk", "guy", "whats", "hows", "wheres", "whens", "whos",
     "wonder", "available", "needed",  # "is X available" asks what "is there X" asks
+    # apologies and hedges ask nothing: "Sorry to bother you, but how do I ...", "how long
+    # does it usually take"
+    "sorry", "bother", "silly", "excuse", "usually", "typically", "normally", "generally",
 }  # fmt: skip
+# words that carry nothing of a question, left out where a repeat is compared word by word
+_DISCOURSE = {"so", "um", "uh", "er", "erm", "ok", "okay", "oh", "hmm"}
+# a word and its derived forms are one word ("wireless"/"wirelessly", "quote"/"quotation",
+# "form"/"formation", "pay"/"payment"); these suffixes only, from a stem of 3 letters or
+# more ("er"/"or" are not among them: "employ"/"employer", "drive"/"driver")
+_DERIVATIONS = ("ly", "ing", "ed", "ion", "ation", "ition", "ment", "ments")
 # Content words that mean the same in a question, compared as one (a swap of one for the
 # other is a rewording, not another question). Light verbs of getting ("obtain",
 # "receive") are dropped as "get" is (a stopword).
@@ -262,6 +311,9 @@ class Signature:
     content: frozenset[str]  # content words (no stopwords, no numbers), light stems
     entity_order: tuple[str, ...]  # the entities in the order they appear
     directions: tuple[tuple[str, str], ...]  # (from|to|into|than|vs, the next content word)
+    date_forms: frozenset[tuple[str, str]] = frozenset()  # (the word as written, its date)
+    flows: frozenset[tuple[str, str]] = frozenset()  # every (from|to|into, next content word)
+    sequence: tuple[str, ...] = ()  # every word in order, lower case, no filler
 
 
 def time_sensitive(text: str) -> bool:
@@ -287,6 +339,7 @@ def signature(text: str) -> Signature:
     code = frozenset(c for c in code if not re.fullmatch(r"[\d.]+", c))  # 3.5: a number
     numbers: set[str] = set()
     dates: set[str] = set()
+    date_forms: set[tuple[str, str]] = set()
     entities: set[str] = set()
     words: set[str] = set()
     content: set[str] = set()
@@ -295,37 +348,63 @@ def signature(text: str) -> Signature:
     directions: list[tuple[str, str]] = []
     preposition = ""
     sentence_start = True
+    after_number = ""  # the previous token's value when it was a number without a unit
+    sequence: list[str] = []
     for match in _WORD.finditer(without_urls.replace("\u2019", "'")):
         token = match.group(0)
         low = token.lower()
+        if low not in _FILLER and low not in _DISCOURSE:
+            sequence.append(low)
         start = sentence_start
         tail = without_urls[match.end() : match.end() + 1]
         sentence_start = tail in {".", "?", "!"}
+        previous_number, after_number = after_number, ""
         if token[0].isdigit():
             digits = re.match(r"[\d.,:]+", token)
             assert digits is not None
             value = digits.group(0).replace(",", "").rstrip(".:")
             unit = low[digits.end() :]
-            if ":" in value or unit in {"am", "pm"}:
+            if ":" in value or unit in _CLOCK:
                 dates.add(value + unit)
             elif len(value) == 4 and value.startswith(("19", "20")) and not unit:
                 dates.add(value)
+            elif unit in {"", "st", "nd", "rd", "th"}:
+                numbers.add(value)
+                after_number = value
             else:
-                numbers.add(value + ("" if unit in {"st", "nd", "rd", "th"} else unit))
+                numbers.add(value + _UNITS.get(unit, unit))
             continue
-        if token in {"£", "$", "€", "%"}:
-            numbers.add(token)
+        if previous_number and (low in _CLOCK or low in _UNITS or token == "%"):
+            # "7 pm", "2 kilos", "15 %", "fifteen percent": the number's time or unit
+            numbers.discard(previous_number)
+            if low in _CLOCK:
+                dates.add(previous_number + low)
+            else:
+                numbers.add(previous_number + _UNITS.get(low, low))
+            continue
+        if token in {"£", "$", "€", "%"} or _UNITS.get(low) == "%":
+            numbers.add("%" if _UNITS.get(low) == "%" else token)
             continue
         if low.endswith("n't") or low in _NEGATIONS or low.startswith("non-"):
             negated = True
         base = low.removesuffix("'s").removesuffix("'")
-        if low in _NUMBER_WORDS:
-            numbers.add(_NUMBER_WORDS[low])
+        head, _, rest = low.partition("-")
+        if low in _NUMBER_WORDS or (rest and head in _NUMBER_WORDS and rest in _UNITS):
+            # "two", "two-year" (as "2-year" is read: 2 and its unit)
+            value = _NUMBER_WORDS[head if rest else low]
+            if rest:
+                numbers.add(value + _UNITS[rest])
+                continue
+            else:
+                numbers.add(value)
+                after_number = value
         elif base in _DATE_WORDS or _stem(base) in _DATE_WORDS:
             if base in _AMBIGUOUS_MONTHS and token[0].islower():
                 pass
             else:
-                dates.add(_DATE_WORDS.get(base) or _DATE_WORDS[_stem(base)])
+                date = _DATE_WORDS.get(base) or _DATE_WORDS[_stem(base)]
+                dates.add(date)
+                date_forms.add((base, date))
                 continue
         words.add(low)
         for part in re.split(r"[-']", low):
@@ -367,6 +446,9 @@ def signature(text: str) -> Signature:
         content=frozenset(content),
         entity_order=tuple(order),
         directions=tuple(sorted(directions)) if any(p == "from" for p, _ in directions) else (),
+        date_forms=frozenset(date_forms),
+        flows=frozenset(directions),
+        sequence=tuple(sequence),
     )
 
 
@@ -381,7 +463,7 @@ def _content_form(word: str) -> str:
     return _SYNONYMS.get(stem, stem)
 
 
-def _typo(a: str, b: str) -> bool:
+def _typo(a: str, b: str, limit: int | None = None) -> bool:
     """``b`` is a misspelling of ``a`` (or a spelling variant: centre/center)."""
     if abs(len(a) - len(b)) > 2 or min(len(a), len(b)) < 4:
         return False
@@ -396,7 +478,8 @@ def _typo(a: str, b: str) -> bool:
             if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
                 cur[j] = min(cur[j], prev2[j - 2] + 1)
         prev2, prev = prev, cur
-    limit = 1 if max(len(a), len(b)) <= 5 else 2
+    if limit is None:
+        limit = 1 if max(len(a), len(b)) <= 5 else 2
     return prev[len(b)] <= limit
 
 
@@ -413,8 +496,76 @@ def _antonym(a: frozenset[str], b: frozenset[str]) -> bool:
     return False
 
 
+def misspelt_repeat(cached: Signature, asked: Signature) -> bool:
+    """The asked prompt is the cached one with some words misspelt ("How do I chnage the
+    email adress on my acount?"): the same words in the same order, each the same or a
+    misspelling of it, filler aside. A misspelt word is an unknown one to an embedding
+    model (its cosine falls to 0.6 where a rewording keeps 0.9): this tier is for those,
+    and :func:`refusal` still reads both."""
+    if len(cached.sequence) != len(asked.sequence) or cached.sequence == asked.sequence:
+        return False
+    return all(
+        a == b or _misspelling(a, b) for a, b in zip(cached.sequence, asked.sequence, strict=True)
+    )
+
+
+def _misspelling(a: str, b: str) -> bool:
+    """``b`` misspells ``a``: letters only (no number is a misspelling of another), not
+    its opposite (increase/decrease), nor it with a negating prefix (lock/unlock)."""
+    if not (a.isalpha() and b.isalpha()) or b in _OPPOSITE.get(a, ()):
+        return False
+    short, long = (a, b) if len(a) <= len(b) else (b, a)
+    if any(long == prefix + short for prefix in _NEG_PREFIXES):
+        return False
+    return _typo(a, b)
+
+
+def _derived(a: str, b: str) -> bool:
+    """One word is the other with a derivational suffix ("quote", "quotation")."""
+    short, long = (a, b) if len(a) <= len(b) else (b, a)
+    stem = short[:-1] if short.endswith("e") else short
+    return len(stem) >= 3 and any(long == stem + suffix for suffix in _DERIVATIONS)
+
+
 def _unmatched(mine: set[str], theirs: set[str]) -> set[str]:
-    return {w for w in mine if not any(_typo(w, t) for t in theirs)}
+    return {w for w in mine if not any(_typo(w, t) or _derived(w, t) for t in theirs)}
+
+
+def _misspelt_dates(mine: Signature, theirs: Signature) -> bool:
+    """Every date only ``mine`` has is written in ``theirs`` misspelt ("Mondays" and
+    "Mondys"): the same date, not another."""
+    missing = mine.dates - theirs.dates
+    return all(
+        any(
+            _misspelt(form, word)
+            for form, d in mine.date_forms
+            if d == date
+            for word in theirs.words
+        )
+        for date in missing
+    )
+
+
+def _misspelt(form: str, word: str) -> bool:
+    """``word`` is ``form`` with one letter wrong, missing, added or swapped ("mondys";
+    not "month" for "monthly", nor "sundays" for "mondays")."""
+    return form != word and _typo(form, word) and _typo(form, word, limit=1)
+
+
+def _misspelt_date_words(words: set[str], theirs: Signature) -> set[str]:
+    """The words that misspell a date ``theirs`` has ("mondy" of "Mondays")."""
+    return {
+        word
+        for word in words
+        for form, _ in theirs.date_forms
+        if _misspelt(form, word) or _misspelt(_stem(form), word)
+    }
+
+
+def _source_and_destination(mine: Signature, theirs: Signature) -> bool:
+    """What one prompt moves something from, the other moves it to (or into)."""
+    sources = {w for p, w in mine.flows if p == "from"}
+    return bool(sources & {w for p, w in theirs.flows if p in {"to", "into"}})
 
 
 def refusal(cached: Signature, asked: Signature) -> str | None:
@@ -422,7 +573,9 @@ def refusal(cached: Signature, asked: Signature) -> str | None:
     :data:`GUARD_REASONS`), or None when nothing the guard reads differs."""
     if cached.numbers != asked.numbers:
         return "number"
-    if cached.dates != asked.dates:
+    if cached.dates != asked.dates and not (
+        _misspelt_dates(cached, asked) and _misspelt_dates(asked, cached)
+    ):
         return "date"
     if cached.negated != asked.negated:
         return "negation"
@@ -437,14 +590,16 @@ def refusal(cached: Signature, asked: Signature) -> str | None:
         return "entity"  # "Word to PDF", "PDF to Word"
     if cached.directions and asked.directions and cached.directions != asked.directions:
         return "direction"  # "from savings to current", "from current to savings"
+    if _source_and_destination(cached, asked) or _source_and_destination(asked, cached):
+        return "direction"  # "move money to savings", "move money from savings"
     if cached.urls != asked.urls:
         return "url"
     if cached.code != asked.code:
         return "code"
     only_cached = _unmatched(set(cached.content - asked.content), set(asked.content))
     only_asked = _unmatched(set(asked.content - cached.content), set(cached.content))
-    only_cached -= _FILLER
-    only_asked -= _FILLER
+    only_cached -= _FILLER | _misspelt_date_words(only_cached, asked)
+    only_asked -= _FILLER | _misspelt_date_words(only_asked, cached)
     if only_cached and only_asked:
         if len(only_cached) <= _SMALL_EDIT and len(only_asked) <= _SMALL_EDIT:
             return "swap"
@@ -458,6 +613,8 @@ def _entities_differ(mine: Signature, theirs: Signature) -> bool:
     for entity in mine.entities:
         base = entity.removesuffix("'s")  # a possessive: "child's" and "childs" agree
         forms = {entity, base, base + "'s", base + "s"}
-        if not forms & (theirs.words | theirs.entities):
+        if not forms & (theirs.words | theirs.entities) and not any(
+            _misspelt(form, entity) for form, _ in theirs.date_forms
+        ):  # a capitalised misspelt date ("on Mondys") is that date, not a name
             return True
     return False

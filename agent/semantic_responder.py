@@ -31,6 +31,7 @@ from agent.semantic_cache import (
     SemanticCache,
     SemanticLookup,
     Vector,
+    calibrated_misspelt_threshold,
     calibrated_threshold,
     semantic_context,
 )
@@ -68,6 +69,7 @@ class SemanticResponder:
         self._embedder = embedder
         self._thresholds = thresholds
         self._threshold_of: dict[str, float | None] = {}  # per embedding model version
+        self._misspelt_of: dict[str, float | None] = {}
 
     def _threshold(self, version: str) -> float | None:
         if version not in self._threshold_of:
@@ -80,6 +82,9 @@ class SemanticResponder:
                     self._thresholds,
                 )
             self._threshold_of[version] = found
+            self._misspelt_of[version] = calibrated_misspelt_threshold(
+                self._embedder, version, self._thresholds
+            )
         return self._threshold_of[version]
 
     async def lookup(
@@ -126,7 +131,9 @@ class SemanticResponder:
             embedder_version=embedder.version,
             moderation_version=moderation_version,
         )
-        found = self.cache.lookup(context, prompt, vector, threshold)
+        found = self.cache.lookup(
+            context, prompt, vector, threshold, self._misspelt_of.get(embedder.version)
+        )
         self._metrics.semantic_cache_lookups.labels(found.outcome).inc()
         if found.outcome == "refused":
             self._metrics.semantic_cache_refusals.labels(found.reason).inc()

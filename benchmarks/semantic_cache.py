@@ -22,7 +22,11 @@ calibration half's trap false hits, and its conversation traps, stay at most 1% 
 under the 2% target), and at which cosine alone would serve at most half of the
 calibration traps (the guard, written by reading calibration pairs, must not be what
 stops most wrong answers: it overfits; a guard-reliant 0.625 served 8 of 144 held-out
-traps). Cost: a context holding 10,000 entries; a miss (a held-out prompt
+traps). Then the misspelt-repeat tier's cosine (the same words in order, some misspelt: a
+misspelling is an unknown word to the embedding, so its cosine falls where a rewording's
+does not): the lowest of the same grid, below the threshold, at and above which the
+calibration traps and conversation traps stay at most 1%; the held-out figures are given
+with and without the tier. Cost: a context holding 10,000 entries; a miss (a held-out prompt
 refused or not found) and a hit (a near-repeat) timed from the text to the answer,
 embedding included, with the agent's default batcher settings.
 
@@ -57,6 +61,7 @@ from agent.response_cache import CachedGeneration
 from agent.semantic_cache import (
     THRESHOLDS_FILE,
     SemanticCache,
+    calibrated_misspelt_threshold,
     calibrated_threshold,
     semantic_context,
 )
@@ -162,11 +167,12 @@ def ctx(model: OnnxEmbeddingModel, earlier: Sequence[Any] = ()) -> bytes:
 Case = tuple[bytes, str, Vector, bytes, str, Vector]  # stored (ctx, text, vec), asked (...)
 
 
-def served_by_cache(case: Case, threshold: float) -> bool:
+def served_by_cache(case: Case, threshold: float, misspelt: float | None = None) -> bool:
     cache = SemanticCache(threshold=threshold, max_bytes=1 << 20, ttl_s=3600.0)
     stored_ctx, stored, stored_vec, asked_ctx, asked, asked_vec = case
     cache.put(stored_ctx, stored, stored_vec, answer("x"))
-    return cache.lookup(asked_ctx, asked, asked_vec).outcome == "hit"
+    found = cache.lookup(asked_ctx, asked, asked_vec, misspelt_threshold=misspelt)
+    return found.outcome == "hit"
 
 
 def rates(
@@ -236,10 +242,12 @@ def cosine(case: Case) -> float:
     return float(case[2] @ case[5])
 
 
+SWEEP = [round(0.60 + step * 0.005, 3) for step in range(0, 79)]
+
+
 def calibrate(cal: dict[str, list[tuple[Case, bool]]]) -> tuple[float, list[dict[str, Any]]]:
     sweep = []
-    for step in range(0, 79):
-        t = round(0.60 + step * 0.005, 3)
+    for t in SWEEP:
         figures = rates(cal, lambda c, t=t: served_by_cache(c, t))  # type: ignore[misc]
         alone = rates({"traps": cal["traps"]}, lambda c, t=t: cosine(c) >= t)  # type: ignore[misc]
         sweep.append(
@@ -262,9 +270,34 @@ def calibrate(cal: dict[str, list[tuple[Case, bool]]]) -> tuple[float, list[dict
     return chosen, sweep
 
 
+def calibrate_misspelt(
+    cal: dict[str, list[tuple[Case, bool]]], threshold: float
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """The misspelt-repeat tier's cosine: the lowest of the same grid, below the threshold,
+    at and above which the calibration half's traps and conversation traps stay at most 1%
+    with the threshold as chosen (None when no such value: no tier)."""
+    sweep = []
+    for m in [m for m in SWEEP if m < threshold]:
+        figures = rates(cal, lambda c, m=m: served_by_cache(c, threshold, m))  # type: ignore[misc]
+        sweep.append(
+            {
+                "misspelt_threshold": m,
+                "traps": figures["traps"]["rate"],
+                "conversation_traps": figures["conversation_traps"]["rate"],
+                "near_repeat": figures["near_repeat"]["rate"],
+                "paraphrase": figures["paraphrase"]["rate"],
+            }
+        )
+    for i in range(len(sweep)):
+        if all(s["traps"] <= 0.01 and s["conversation_traps"] <= 0.01 for s in sweep[i:]):
+            return sweep[i]["misspelt_threshold"], sweep
+    return None, sweep
+
+
 async def cost(
     model: OnnxEmbeddingModel,
     threshold: float,
+    misspelt: float | None,
     entries: int,
     held: dict[str, list[tuple[Case, bool]]],
     threads: int | None = None,
@@ -278,12 +311,19 @@ async def cost(
     # candidates at the threshold for the guard to read), then distinct prompts made of the
     # data set's words up to ``entries``
     fillers = ["", "Quick question: ", "Hi, ", "Please tell me: ", "I was wondering, ", "So, "]
+    # (only prompts the cache keeps: a time-sensitive one is never stored, and the context
+    # must hold ``entries`` entries)
     texts = [f"{prefix}{t}" for prefix in fillers for t in stored]
+    texts = [t for t in dict.fromkeys(texts) if not cache.ineligible(t)]
     vocabulary = sorted({w for t in stored for w in re.findall(r"[A-Za-z]+", t)})
     rng = np.random.default_rng(29)
+    seen = set(texts)
     while len(texts) < entries:
         words = rng.choice(vocabulary, size=int(rng.integers(5, 14)))
-        texts.append("How do I " + " ".join(words) + "?")
+        text = "How do I " + " ".join(words) + "?"
+        if text not in seen and not cache.ineligible(text):
+            seen.add(text)
+            texts.append(text)
     texts = texts[:entries]
     started = time.perf_counter()
     batch = 32
@@ -309,7 +349,7 @@ async def cost(
             t0 = time.perf_counter()
             vector = await embed_one(model, text)
             t1 = time.perf_counter()
-            found = cache.lookup(context, text, vector)
+            found = cache.lookup(context, text, vector, misspelt_threshold=misspelt)
             t2 = time.perf_counter()
             lookup_ms.append((t2 - t1) * 1000)
             embed_ms.append((t1 - t0) * 1000)
@@ -342,14 +382,17 @@ async def cost_only(
     threshold = calibrated_threshold(EMBEDDER, model.version)
     if threshold is None:
         sys.exit(f"no threshold recorded for {EMBEDDER} {model.version}: run without --cost-only")
+    misspelt = calibrated_misspelt_threshold(EMBEDDER, model.version)
     _, held = await build_cases(model, pairs, conversations)
-    timing = await cost(model, threshold, entries, held, threads)
+    timing = await cost(model, threshold, misspelt, entries, held, threads)
     for name in ("miss_ms", "hit_ms", "lookup_only_ms", "embedding_only_ms"):
         print(f"{name}: p50 {timing[name]['p50']:.2f} p99 {timing[name]['p99']:.2f}")
     print(f"load average {timing['load_average']}; threads {timing['threads']}")
 
 
-def write_threshold(threshold: float, model: OnnxEmbeddingModel, figures: dict[str, Any]) -> None:
+def write_threshold(
+    threshold: float, misspelt: float | None, model: OnnxEmbeddingModel, figures: dict[str, Any]
+) -> None:
     try:
         table = json.loads(THRESHOLDS_FILE.read_text())
     except FileNotFoundError:
@@ -357,6 +400,7 @@ def write_threshold(threshold: float, model: OnnxEmbeddingModel, figures: dict[s
     table[EMBEDDER] = {
         "version": model.version,
         "threshold": threshold,
+        "misspelt_threshold": misspelt,
         "calibrated_by": "python -m benchmarks.semantic_cache --write-threshold",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "held_out": {
@@ -403,23 +447,27 @@ async def main(argv: list[str] | None = None) -> None:
         cal, held = await build_cases(model, pairs, conversations)
         print("calibrating", file=sys.stderr)
         threshold, sweep = calibrate(cal)
+        misspelt, misspelt_sweep = calibrate_misspelt(cal, threshold)
         rules: dict[str, Callable[[Case], bool]] = {
-            "semantic_cache": lambda c: served_by_cache(c, threshold),
+            "semantic_cache": lambda c: served_by_cache(c, threshold, misspelt),
+            "semantic_cache_without_misspelt_tier": lambda c: served_by_cache(c, threshold),
             "cosine_alone": lambda c: cosine(c) >= threshold,
             "gptcache_default": lambda c: cosine(c) >= GPTCACHE_THRESHOLD,
         }
         measured = {name: rates(held, rule) for name, rule in rules.items()}
         print("timing", file=sys.stderr)
-        timing = await cost(model, threshold, args.entries, held, args.threads)
+        timing = await cost(model, threshold, misspelt, args.entries, held, args.threads)
     finally:
         await model.close()
     ours = measured["semantic_cache"]
     figures = {
         "embedding_model": {"name": EMBEDDER, "version": model.version},
         "threshold": threshold,
+        "misspelt_threshold": misspelt,
         "gptcache_threshold": GPTCACHE_THRESHOLD,
         "held_out": measured,
         "calibration_sweep": sweep,
+        "misspelt_calibration_sweep": misspelt_sweep,
         "cost": timing,
         "data": "fow-cache 0.1.0 data (CC BY 4.0, Mabon ap Gwyn): odd ids calibrate, even "
         "ids held out",
@@ -460,7 +508,7 @@ async def main(argv: list[str] | None = None) -> None:
         print(f"{name}: {t['value']} (target {t['target']}: {'met' if t['met'] else 'NOT met'})")
     print(f"threshold {threshold}; wrote {path}")
     if args.write_threshold:
-        write_threshold(threshold, model, figures)
+        write_threshold(threshold, misspelt, model, figures)
 
 
 if __name__ == "__main__":

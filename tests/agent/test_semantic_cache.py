@@ -14,8 +14,13 @@ from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.ort_session import SessionConfig
 from agent.model_loader import load_registry
 from agent.response_cache import CachedGeneration
-from agent.semantic_cache import SemanticCache, calibrated_threshold, semantic_context
-from agent.semantic_guard import refusal, signature, time_sensitive
+from agent.semantic_cache import (
+    SemanticCache,
+    calibrated_misspelt_threshold,
+    calibrated_threshold,
+    semantic_context,
+)
+from agent.semantic_guard import misspelt_repeat, refusal, signature, time_sensitive
 
 DIM = 8
 
@@ -151,6 +156,121 @@ def test_the_guard(cached: str, asked: str, reason: str | None) -> None:
 
 
 @pytest.mark.parametrize(
+    ("cached", "asked", "reason"),
+    [
+        # a number is compared as its value and its unit, however written
+        ("What's 15% of 200?", "What's fifteen percent of 200?", None),
+        ("What's 15% of 200?", "What's 15 % of 200?", None),
+        ("How long do I roast a 2kg chicken?", "How long do I roast a 2 kilo chicken?", None),
+        ("How long do I roast a 2kg chicken?", "How long do I roast a two kilo chicken?", None),
+        ("How long do I roast a 2kg chicken?", "How long do I roast a 3 kilo chicken?", "number"),
+        ("Is the 10GB plan unlimited?", "Is the 10MB plan unlimited?", "number"),
+        ("What's the rate on a 2-year fix?", "What's the rate on a two-year fix?", None),
+        ("What's the rate on a 2-year fix?", "What's the rate on a three-year fix?", "number"),
+        ("Who finished 1st in the race?", "Who finished first in the race?", None),
+        ("How many calories are in one egg?", "How many calories are in a single egg?", None),
+        # "am" and "pm" are a time after a number only
+        ("Remind me at 7pm", "Remind me at 7 pm", None),
+        ("Remind me at 7pm", "Remind me at 8 pm", "date"),
+        ("How much luggage am I allowed?", "How much luggage is allowed?", None),
+        # a misspelt weekday is that weekday, capitalised or not; another weekday is not
+        ("Is the centre open on Mondays?", "Is the center open on Mondys?", None),
+        ("Is the centre open on Mondays?", "Is the centre open on mondys?", None),
+        ("Is the centre open on Mondays?", "Is the centre open on Sundays?", "date"),
+        (
+            "How do I pay more into my pension monthly?",
+            "How do I pay more into my pension each month?",
+            "date",
+        ),
+        # "to" before a verb is not the opposite of "from"; a source that becomes a
+        # destination is
+        (
+            "How do I export my data from HubSpot?",
+            "What's the way to export all my HubSpot data?",
+            None,
+        ),
+        ("How do I move money to my savings?", "How do I move money from my savings?", "direction"),
+        (
+            "How do I increase my pension contributions?",
+            "How do I pay less into my pension?",
+            "antonym",
+        ),
+        # apologies and hedges ask nothing
+        (
+            "How do I bleed a radiator?",
+            "Sorry, silly question, but how do I bleed a radiator?",
+            None,
+        ),
+        (
+            "How long does it take to get my deposit back?",
+            "How long does it usually take to get my deposit back?",
+            None,
+        ),
+        # a word and its derived form are one word; another word is not
+        ("What causes a rainbow to form?", "What causes the formation of a rainbow?", None),
+        ("Can I get a quote for a kitchen?", "Can I get a quotation for a kitchen?", None),
+        ("Can I get a quote for a kitchen?", "Can I get a refund for a kitchen?", "swap"),
+    ],
+)
+def test_the_guard_compares_what_a_prompt_means_not_how_it_is_written(
+    cached: str, asked: str, reason: str | None
+) -> None:
+    assert refusal(signature(cached), signature(asked)) == reason
+    assert refusal(signature(asked), signature(cached)) == reason  # either way round
+
+
+def test_living_somewhere_and_the_askers_own_current_deal_are_not_times() -> None:
+    assert not time_sensitive("I live on my own, how do I claim the discount?")
+    assert not time_sensitive("When will my broadband go live?")
+    assert not time_sensitive("My current mortgage deal is ending, how do I switch?")
+    assert time_sensitive("Where can I watch live scores?")
+    assert time_sensitive("What's the current exchange rate?")
+
+
+def test_a_misspelt_repeat_hits_below_the_threshold_and_nothing_else_does() -> None:
+    prompt = "How do I change the email address on my account?"
+    misspelt = "How do I chnage the email adress on my acount?"
+    assert misspelt_repeat(signature(prompt), signature(misspelt))
+    assert misspelt_repeat(
+        signature(prompt), signature("so how do I chnage the email adress on my acount")
+    )
+    assert not misspelt_repeat(signature(prompt), signature(prompt))  # the same: the threshold's
+    assert not misspelt_repeat(signature(prompt), signature("How can I update my email address?"))
+    assert not misspelt_repeat(signature(prompt), signature("How do I change the email address?"))
+    # what the guard would refuse is no misspelling either: numbers, opposites, prefixes
+    for cached, asked in [
+        ("Track order 48213", "Track order 48231"),
+        ("How do I increase the font size?", "How do I decrease the font size?"),
+        ("How do I lock my card?", "How do I unlock my card?"),
+    ]:
+        assert not misspelt_repeat(signature(cached), signature(asked))
+    c = cache(threshold=0.9)
+    c.put(context(), prompt, unit(1, 0), answer("Settings, then Email."))
+    c.put(context(), "Track order 48213", unit(0, 0, 1), answer("Out for delivery."))
+    low = unit(1, 1.2)  # cosine 0.64 with the entry
+    assert c.lookup(context(), misspelt, low).outcome == "miss"  # no tier: below the threshold
+    found = c.lookup(context(), misspelt, low, misspelt_threshold=0.6)
+    assert found.outcome == "hit" and found.entry is not None
+    assert 0.6 < found.similarity < 0.9
+    reworded = c.lookup(
+        context(), "How can I update my email address?", low, misspelt_threshold=0.6
+    )
+    assert reworded.outcome == "miss"
+    assert c.lookup(context(), misspelt, unit(1, 1.4), misspelt_threshold=0.6).outcome == "miss"
+    # the guard still reads a misspelt repeat: another weekday is another day
+    c.put(context(), "Is the centre open on Mondays?", unit(0, 0, 0, 1), answer("Yes."))
+    sunday = c.lookup(
+        context(), "Is the centr open on Sundays?", unit(0, 0, 1.2, 1), misspelt_threshold=0.6
+    )
+    assert sunday.outcome == "refused" and sunday.reason == "date"
+    # and a number is never a misspelling of another
+    assert (
+        c.lookup(context(), "Trak order 48231", unit(0, 1.2, 1), misspelt_threshold=0.6).outcome
+        == "miss"
+    )
+
+
+@pytest.mark.parametrize(
     "prompt",
     ["What's the weather today?", "Latest news on the election", "What time is it now?"],
 )
@@ -254,6 +374,13 @@ def test_the_calibrated_threshold_is_for_one_embedding_version_only(tmp_path: Pa
     table.write_text('{"all-minilm-l6-v2": {"version": "int8-1", "threshold": 1.5}}')
     assert calibrated_threshold("all-minilm-l6-v2", "int8-1", table) is None
     assert calibrated_threshold("all-minilm-l6-v2", "int8-1", tmp_path / "none.json") is None
+    table.write_text(
+        '{"all-minilm-l6-v2": {"version": "int8-1", "threshold": 0.8, "misspelt_threshold": 0.6}}'
+    )
+    assert calibrated_misspelt_threshold("all-minilm-l6-v2", "int8-1", table) == 0.6
+    assert calibrated_misspelt_threshold("all-minilm-l6-v2", "int8-2", table) is None
+    table.write_text('{"all-minilm-l6-v2": {"version": "int8-1", "threshold": 0.8}}')
+    assert calibrated_misspelt_threshold("all-minilm-l6-v2", "int8-1", table) is None
 
 
 def test_the_guard_reads_only_the_most_similar_candidates(

@@ -15,7 +15,8 @@ a server's figure is the median over the repeats, so one noisy request does not 
 ratio (the ratios of each repeat's on and off figures are recorded beside it).
 
 Then at ``--concurrency`` (16) the agent with speculation off and on in turn: aggregate
-tokens/s of a wave of the control and of the code edit.
+tokens/s of a wave of the control and of the code edit (``--repeats`` waves each, the
+order reversed every other time, the median wave's figure).
 
 Agreement, in process on the same model: each workload's output with speculation against
 without, greedy and seeded (two seeds, temperature 0.7): identical or the first
@@ -178,6 +179,27 @@ async def aggregate(url: str, model: str, text: str, n: int, max_tokens: int) ->
             "aggregate_tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
 
 
+async def concurrent_waves(
+    urls: dict[str, str], model: str, text: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """``--repeats`` waves of ``--concurrency`` requests on each server in turn (the order
+    reversed every other time); a server's figures are its median wave's (by aggregate
+    tokens/s), with every wave's aggregate beside them."""
+    repeats = getattr(args, "repeats", 1)
+    by: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+    for repeat in range(repeats):
+        for name, url in list(urls.items())[:: -1 if repeat % 2 else 1]:
+            by[name].append(await aggregate(url, model, text, args.concurrency, args.max_tokens))
+    figures: dict[str, Any] = {}
+    for name, waves in by.items():
+        ranked = sorted(waves, key=lambda w: w["aggregate_tokens_per_s"])
+        figures[name] = {
+            **ranked[(len(ranked) - 1) // 2],
+            "aggregate_tokens_per_s_by_repeat": [w["aggregate_tokens_per_s"] for w in waves],
+        }
+    return figures
+
+
 def agreement(
     model: str, prompts: dict[str, list[str]], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -306,10 +328,9 @@ async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
             if workload not in prompts:
                 continue
             text = prompts[workload][0]
-            waves[workload] = {
-                name: await aggregate(url, model, text, args.concurrency, args.max_tokens)
-                for name, url in (("edgefleet", plain.url), ("edgefleet_spec", spec.url))
-            }
+            waves[workload] = await concurrent_waves(
+                {"edgefleet": plain.url, "edgefleet_spec": spec.url}, model, text, args
+            )
             print(f"  c={args.concurrency} {workload}: {json.dumps(waves[workload])}", flush=True)
         figures["concurrent"] = {"concurrency": args.concurrency, "workloads": waves}
     return figures

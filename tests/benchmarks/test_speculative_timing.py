@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from benchmarks.serving_vs_llamacpp import one_request, timed_stream
-from benchmarks.speculative import single_stream, stream_one
+from benchmarks.speculative import concurrent_waves, single_stream, stream_one
 
 
 class ChunkServer:
@@ -119,3 +119,18 @@ async def test_single_stream_alternates_the_order_and_takes_the_median_repeat() 
     assert fig["decode_tokens_per_s_by_repeat"][1] == slow and fast > 3 * slow
     assert fast == pytest.approx(sorted(fig["decode_tokens_per_s_by_repeat"])[1], abs=0.1)
     assert fig["completion_tokens"] == [7] and len(fig["ttft_s"]) == 3
+
+
+async def test_concurrent_waves_alternate_the_order_and_take_the_median_wave() -> None:
+    log: list[str] = []
+    # server b's second wave (requests 3 and 4) is slow: the median wave ignores it
+    a, b = ChunkServer("a", log), ChunkServer("b", log, gaps_s=[0.02, 0.02, 0.2, 0.2, 0.02, 0.02])
+    async for url_a in serve(a):
+        async for url_b in serve(b):
+            args = argparse.Namespace(repeats=3, concurrency=2, max_tokens=8)
+            figures = await concurrent_waves({"a": url_a, "b": url_b}, "m", "hi", args)
+    assert log == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+    by_repeat = figures["b"]["aggregate_tokens_per_s_by_repeat"]
+    assert len(by_repeat) == 3 and by_repeat[1] == min(by_repeat)
+    assert by_repeat[1] * 3 < figures["b"]["aggregate_tokens_per_s"] == sorted(by_repeat)[1]
+    assert figures["b"]["output_tokens"] == 2 * 7  # usage counts, both requests

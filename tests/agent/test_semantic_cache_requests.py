@@ -137,6 +137,26 @@ async def test_a_prompt_differing_in_a_number_is_never_answered(
     assert dict(report.semantic_cache_lookups)["hit"] == 1
 
 
+async def test_a_misspelt_repeat_is_answered_below_the_threshold(
+    agent: tuple[Client, list[str]],
+) -> None:
+    """Three misspelt words put the int8 MiniLM's cosine under the calibrated threshold;
+    the agent reads the thresholds file's misspelt-repeat tier and answers it anyway, and
+    a rewording at a cosine as low is still asked of the model."""
+    from agent.semantic_cache import THRESHOLDS_FILE
+
+    calibrated = json.loads(THRESHOLDS_FILE.read_text())["all-minilm-l6-v2"]
+    client, (a, _, _) = agent
+    assert (await ask(client, a, chat(FIRST)))[0] == "miss"
+    misspelt = "How do I chnage the email adress on my acount?"
+    status, headers, _ = await ask(client, a, chat(misspelt))
+    assert status == "semantic-hit"
+    similarity = float(headers[CACHE_SIMILARITY_HEADER])
+    assert calibrated["misspelt_threshold"] <= similarity < calibrated["threshold"]
+    reworded = "How can I update the email on my account?"  # cosine 0.78: under the threshold too
+    assert (await ask(client, a, chat(reworded)))[0] == "miss"
+
+
 async def test_a_streamed_semantic_hit_is_a_stream_with_usage(
     agent: tuple[Client, list[str]],
 ) -> None:

@@ -323,6 +323,8 @@ def time_sensitive(text: str) -> bool:
 
 def _stem(word: str) -> str:
     for suffix in ("ies", "es", "s"):
+        if suffix == "s" and word.endswith(("ss", "us", "is")):
+            break  # not a plural: wireless, process, famous, status, analysis
         if len(word) > len(suffix) + 2 and word.endswith(suffix):
             return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
     return word
@@ -429,7 +431,8 @@ def signature(text: str) -> Signature:
             and not low.endswith("n't")
             and len(base) > 1
         ):
-            stem = _content_form(base.replace("-", ""))
+            # "non-members" is "not ... members": the negation is compared as negation
+            stem = _content_form(base.removeprefix("non-").replace("-", ""))
             if stem not in _LIGHT:
                 content.add(stem)
             if preposition:

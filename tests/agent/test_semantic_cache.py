@@ -210,6 +210,15 @@ def test_the_guard(cached: str, asked: str, reason: str | None) -> None:
         ("What causes a rainbow to form?", "What causes the formation of a rainbow?", None),
         ("Can I get a quote for a kitchen?", "Can I get a quotation for a kitchen?", None),
         ("Can I get a quote for a kitchen?", "Can I get a refund for a kitchen?", "swap"),
+        # "wireless" and "process" are not plurals (a stem of "wireles" derives nothing)
+        (
+            "Does the Pixel support wireless charging?",
+            "Does the Pixel support charging wirelessly?",
+            None,
+        ),
+        # "non-members" is negated, and members
+        ("What's the price for non-members?", "What's the price if you're not a member?", None),
+        ("What's the price for non-members?", "What's the price for members?", "negation"),
     ],
 )
 def test_the_guard_compares_what_a_prompt_means_not_how_it_is_written(

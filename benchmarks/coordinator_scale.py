@@ -79,6 +79,8 @@ import gc
 import multiprocessing as mp
 import os
 import random
+import socket
+import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -538,30 +540,98 @@ def _secure_simulator(
     out.put(asyncio.run(run()))
 
 
+# Linux's SO_TIMESTAMPNS (asm-generic, x86 and arm alike; the socket module does not name
+# it): every read then carries the kernel's receive time of its data (CLOCK_REALTIME).
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@qq")
+
+
 class _Connection:
-    """One keep-alive HTTP/1.1 connection; just enough client for GET with Content-Length."""
+    """One keep-alive HTTP/1.1 connection; just enough client for GET with Content-Length.
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    Besides the answer, ``get`` says when the kernel received its last byte
+    (SO_TIMESTAMPNS), so the time on the wire can be told apart from the time this
+    process took to be scheduled and read it."""
 
-    async def get(self, host: str, path: str) -> tuple[int, bytes]:
-        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-        head = await self.reader.readuntil(b"\r\n\r\n")
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> _Connection:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    async def _recv(self) -> tuple[bytes, float | None]:
+        """One read: (data, kernel receive time in seconds since the epoch, if given)."""
+        while True:
+            try:
+                data, ancillary, _flags, _addr = self.sock.recvmsg(65536, 64)
+            except BlockingIOError:
+                readable = self.loop.create_future()
+                self.loop.add_reader(self.sock.fileno(), readable.set_result, None)
+                try:
+                    await readable
+                finally:
+                    self.loop.remove_reader(self.sock.fileno())
+                continue
+            if not data:
+                return b"", None
+            at = None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    seconds, nanoseconds = _TIMESPEC.unpack(payload[: _TIMESPEC.size])
+                    at = seconds + nanoseconds / 1e9
+            return data, at
+
+    async def get(self, host: str, path: str) -> tuple[int, bytes, float | None]:
+        """(status, body, kernel receive time of the answer's last byte)."""
+        await self.loop.sock_sendall(
+            self.sock, f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        )
+        buffer, at = b"", None
+        while (end := buffer.find(b"\r\n\r\n")) < 0:
+            data, at = await self._recv()
+            if not data:
+                raise asyncio.IncompleteReadError(buffer, None)
+            buffer += data
+        head, body = buffer[: end + 4], buffer[end + 4 :]
         status = int(head[9:12])
         length = 0
         for line in head.split(b"\r\n"):
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
-        return status, await self.reader.readexactly(length)
+        while len(body) < length:
+            data, at = await self._recv()
+            if not data:
+                raise asyncio.IncompleteReadError(head + body, length + len(head))
+            body += data
+        if len(body) > length:
+            raise ValueError("more bytes than Content-Length")
+        return status, body, at
 
 
 def _lookups(
     http_url: str, rate: float, warmup_s: float, seconds: float, warm: Any, out: Any
 ) -> None:
-    """Open-loop lookups; puts (latencies s, schedule lags s, failures by why, CPU s) on
-    ``out``. An answer without any agent (``"agents": []``) counts as a failure ("empty
-    answer"). ``http_url``: one coordinator, or several comma-separated, asked in turn
-    (one lookup each, round robin).
+    """Open-loop lookups; puts (latencies s, schedule lags s, failures by why, CPU s, wire
+    latencies s) on ``out``: a latency runs from writing the request to reading the whole
+    answer; its wire latency to the kernel's receive time of the answer's last byte, so it
+    leaves out how long this process, sharing its CPU with the simulators, took to be
+    scheduled after the answer came. An answer without any agent (``"agents": []``) counts
+    as a failure ("empty answer"). ``http_url``: one coordinator, or several
+    comma-separated, asked in turn (one lookup each, round robin).
 
     The first ``warmup_s`` (connections opening, caches filling) are not measured;
     ``warm`` is set when measuring starts.
@@ -569,9 +639,10 @@ def _lookups(
     servers = [urlsplit(url.strip()) for url in http_url.split(",") if url.strip()]
     addresses = [(p.hostname or "127.0.0.1", p.port or 80) for p in servers]
 
-    async def run() -> tuple[list[float], list[float], dict[str, int], float]:
+    async def run() -> tuple[list[float], list[float], dict[str, int], float, list[float]]:
         rng = random.Random(7)
         latencies: list[float] = []
+        wire: list[float] = []
         lags: list[float] = []
         failed: dict[str, int] = {}  # why -> how many lookups failed so
         idles: list[list[_Connection]] = [[] for _ in addresses]
@@ -586,16 +657,14 @@ def _lookups(
             lat, lon = _agent_place(rng)
             path = f"/v1/route?model={rng.choice(MODELS)}&lat={lat:.4f}&lon={lon:.4f}"
             reused = bool(idle)
-            connection = (
-                idle.pop() if idle else _Connection(*await asyncio.open_connection(host, port))
-            )
-            t0 = time.perf_counter()
+            connection = idle.pop() if idle else await _Connection.open(host, port)
+            t0, sent_at = time.perf_counter(), time.time()
             counted = measuring
             if counted:
                 lags.append(max(0.0, time.monotonic() - due))
             try:
                 try:
-                    status, body = await connection.get(host, path)
+                    status, body, received_at = await connection.get(host, path)
                 except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
                     # a kept-alive connection the server closed while idle (its header
                     # timeout), before any byte of an answer: retried once on a new
@@ -603,15 +672,16 @@ def _lookups(
                     partial = getattr(exc, "partial", b"")
                     if not reused or partial:
                         raise
-                    connection.writer.close()
+                    connection.close()
                     failed["retried: kept-alive connection closed by the server"] = (
                         failed.get("retried: kept-alive connection closed by the server", 0) + 1
                     )
-                    connection = _Connection(*await asyncio.open_connection(host, port))
-                    status, body = await connection.get(host, path)
+                    connection = await _Connection.open(host, port)
+                    sent_at = time.time()
+                    status, body, received_at = await connection.get(host, path)
             except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 fail(f"{type(exc).__name__}: {str(exc)[:60]}")
-                connection.writer.close()
+                connection.close()
                 return
             elapsed = time.perf_counter() - t0
             idle.append(connection)
@@ -623,6 +693,8 @@ def _lookups(
                 fail("empty answer")
             else:
                 latencies.append(elapsed)
+                if received_at is not None:
+                    wire.append(max(0.0, received_at - sent_at))
 
         pending: set[asyncio.Task[None]] = set()
         due = time.monotonic()
@@ -642,8 +714,8 @@ def _lookups(
             await asyncio.wait(pending)
         cpu = time.process_time() - cpu0
         for connection in (c for idle in idles for c in idle):
-            connection.writer.close()
-        return latencies, lags, failed, cpu
+            connection.close()
+        return latencies, lags, failed, cpu, wire
 
     out.put(asyncio.run(run()))
 
@@ -726,7 +798,7 @@ async def _measure_lookups(
     cpus: set[int] | None,
     also: Sampler | None = None,
 ) -> tuple[
-    tuple[list[float], list[float], dict[str, int], float],
+    tuple[list[float], list[float], dict[str, int], float, list[float]],
     dict[str, float],
     dict[str, float],
     float,
@@ -1077,7 +1149,7 @@ async def _run(
             also=postgres.sample if postgres is not None else None,
         )  # fmt: skip
         sim_stalls_lookups = _take_stalls(sim_stalls)  # the lookups' warm-up included
-        (latencies, lags, failed, client_cpu_s), h0, h1, window, cores_both = measured
+        (latencies, lags, failed, client_cpu_s, wire), h0, h1, window, cores_both = measured
         retried = {k: v for k, v in failed.items() if k.startswith("retried")}
         failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
         failures = sum(failed.values())
@@ -1093,6 +1165,7 @@ async def _run(
     lookups_per_s = len(latencies) / args.duration
     p50, p99 = _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000
     lag_p99 = _percentile(lags, 0.99) * 1000
+    wire_p50, wire_p99 = _percentile(wire, 0.5) * 1000, _percentile(wire, 0.99) * 1000
     route = "edgefleet_coordinator_route_seconds"
     buckets, total = _histogram_delta(h0, h1, route)
     server_p50 = _server_quantile(buckets, total, 0.5)
@@ -1112,7 +1185,8 @@ async def _run(
         f"route lookups: {lookups_per_s:.0f}/s; coordinator p50 {server_p50[1] * 1000:.3f} ms "
         f"p99 {server_p99[1] * 1000:.3f} ms (bucket <= {server_p99[0] * 1000:g} ms), "
         f"{server_over_5ms:.0f} of {total:.0f} over 5 ms; client p50 {p50:.2f} ms "
-        f"p99 {p99:.2f} ms, schedule lag p99 {lag_p99:.2f} ms, client CPU "
+        f"p99 {p99:.2f} ms (on the wire: p50 {wire_p50:.2f} ms p99 {wire_p99:.2f} ms), "
+        f"schedule lag p99 {lag_p99:.2f} ms, client CPU "
         f"{client_cpu_s / args.duration:.2f} cores; coordinator CPU {cores_both:.2f} cores; "
         f"reports/s {reports_during:.0f}; full GCs {gc2_count:.0f} ({gc2_ms:.1f} ms in all); "
         f"coordinator waited for a CPU {h0['run_queue_wait_s'] * 1000:.0f} ms/s; "
@@ -1179,6 +1253,9 @@ async def _run(
         "route_server_over_5ms": int(server_over_5ms),
         "route_client_p50_ms": round(p50, 3),
         "route_client_p99_ms": round(p99, 3),
+        "route_client_wire_p50_ms": round(wire_p50, 3),
+        "route_client_wire_p99_ms": round(wire_p99, 3),
+        "route_client_wire_timestamped": len(wire),
         "route_client_schedule_lag_p99_ms": round(lag_p99, 3),
         "lookup_client_cores": round(client_cpu_s / args.duration, 3),
         "route_client_to_server_p99_ratio": round(p99 / (server_p99[1] * 1000), 2)

@@ -58,6 +58,7 @@ from models.build_moderation import (
     _split_of,
     _wilson,
     fit_logistic,
+    fit_weights,
 )
 from models.moderation_data import DataFile, Row, load_rows, locate_file
 from models.moderation_spec import CATEGORIES, HEADS_FILE, MINORS, PROMPT_INJECTION
@@ -153,9 +154,7 @@ def fit_heldout_heads(
         covered.append(category)
         mask = np.isin(vectors.window_text, fit)
         y = np.array([roles[int(vectors.window_text[j])] == 1 for j in np.nonzero(mask)[0]], float)
-        w = weight[mask].copy()
-        w[y == 1] *= len(fit) / (2.0 * max(1.0, w[y == 1].sum()))
-        w[y == 0] *= len(fit) / (2.0 * max(1.0, w[y == 0].sum()))
+        w = fit_weights(weight[mask], y, len(fit))
         head_coef, head_bias = fit_logistic(vectors.vectors[mask], y, w)
         coef[:, k], bias[k] = head_coef, head_bias
         val = [i for i, s in enumerate(split) if s == "val" and roles[i] is not None]

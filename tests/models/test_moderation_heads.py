@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from models.build_moderation import RELATED, _role, fit_logistic, heads_graph
+from models.build_moderation import RELATED, _role, fit_logistic, fit_weights, heads_graph
 from models.moderation_data import Row
 from models.moderation_spec import (
     CATEGORIES,
@@ -106,3 +106,12 @@ def test_a_related_category_is_never_a_negative() -> None:
     assert _role(Row("q", frozenset(), "fow", benign=True), "violence") == 0
     assert _role(Row("q", frozenset(), "harmbench", test_only=True), "violence") is None
     assert set(RELATED) == set(CATEGORIES) - {"sexual/minors"}
+
+
+def test_fit_weights_give_each_text_one_and_each_class_half() -> None:
+    # texts: a positive of 3 windows, a positive of 1, three negatives of 1 window each
+    window_weight = np.array([1 / 3, 1 / 3, 1 / 3, 1.0, 1.0, 1.0, 1.0])
+    y = np.array([1, 1, 1, 1, 0, 0, 0], dtype=float)
+    w = fit_weights(window_weight, y, n_texts=5)
+    assert w[y == 1].sum() == pytest.approx(2.5) and w[y == 0].sum() == pytest.approx(2.5)
+    assert w[:3].sum() == pytest.approx(w[3])  # a long text weighs what a short one does

@@ -1,5 +1,6 @@
-"""Shared by the moderation end-to-end tests: MiniLM with its heads bundled, the same
-artifact without them, and a coordinator with one agent syncing models from its catalog."""
+"""Shared by the moderation end-to-end tests: MiniLM with its heads bundled (and the
+fixtures that build it), the same artifact without them, and a coordinator with one agent
+syncing models from its catalog. A test module uses a fixture by importing it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import openai
+import pytest
 
 from coordinator.cli.client import ADMIN_TOKEN_ENV
 from devtools.fleet import AgentProcess, CoordinatorProcess
@@ -36,6 +38,19 @@ def built_minilm_with_heads() -> Path:
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest[BUNDLED_HEADS_KEY]["name"] == HEADS  # the build bundled them
     return directory
+
+
+@pytest.fixture(scope="module")
+def minilm_with_heads() -> Path:
+    """The MiniLM artifact's directory, its heads bundled."""
+    return built_minilm_with_heads()
+
+
+@pytest.fixture(scope="module")
+def moderation_artifacts() -> Path:
+    """The models directory holding MiniLM with its heads (an agent's --models-dir)."""
+    built_minilm_with_heads()
+    return ARTIFACTS
 
 
 def without_heads(source: Path, out: Path) -> Path:

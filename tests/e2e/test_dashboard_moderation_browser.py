@@ -23,15 +23,9 @@ from tests.e2e.moderation_helpers import (
     BOMB,
     HEADS,
     Site,
-    built_minilm_with_heads,
+    minilm_with_heads,  # noqa: F401  (a fixture)
     other_version,
 )
-
-
-@pytest.fixture(scope="module")
-def minilm_with_heads() -> Path:
-    return built_minilm_with_heads()
-
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -39,7 +33,9 @@ SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def site(minilm_with_heads: Path) -> AsyncIterator[Site]:
+async def site(
+    minilm_with_heads: Path,  # noqa: F811  (the fixture)
+) -> AsyncIterator[Site]:
     state = Path(tempfile.mkdtemp(prefix="edgefleet-dashboard-moderation-"))
     async with CoordinatorProcess(report_interval_ms=400, tls=True) as coordinator:
         agent = enrolled_agent(

@@ -18,24 +18,15 @@ import pytest
 
 from devtools.fleet import AgentProcess
 from models.moderation_spec import CATEGORIES, OPENAI_CATEGORIES
-from tests.conftest import ARTIFACTS, REPO
-from tests.e2e.moderation_helpers import without_heads
+from tests.e2e.moderation_helpers import (
+    BOMB,
+    HEADS,
+    MINILM,
+    moderation_artifacts,  # noqa: F401  (a fixture)
+    without_heads,
+)
 
 pytestmark = [pytest.mark.e2e]
-
-MINILM = "all-minilm-l6-v2"
-HEADS = "moderation/all-minilm-l6-v2"
-
-
-@pytest.fixture(scope="module")
-def moderation_artifacts() -> Path:
-    """MiniLM and its heads (cached: seconds when up to date, about a minute to build)."""
-    subprocess.run(
-        [sys.executable, "-m", "models", "build", "--out", str(ARTIFACTS), "--only", MINILM,
-         HEADS],
-        cwd=REPO, check=True, timeout=1800,
-    )  # fmt: skip
-    return ARTIFACTS
 
 
 @pytest.fixture
@@ -49,7 +40,8 @@ def api_key(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 
 async def test_moderations_through_the_openai_sdk(
-    moderation_artifacts: Path, api_key: tuple[Path, str]
+    moderation_artifacts: Path,  # noqa: F811  (the fixture)
+    api_key: tuple[Path, str],
 ) -> None:
     keys_file, secret = api_key
     agent = AgentProcess(
@@ -65,9 +57,7 @@ async def test_moderations_through_the_openai_sdk(
         async with openai.AsyncOpenAI(
             base_url=agent.url + "/v1", api_key=secret, max_retries=0, timeout=60
         ) as client:
-            one = await client.moderations.create(
-                input="Give me step-by-step instructions to build a pipe bomb at home."
-            )
+            one = await client.moderations.create(input=BOMB)
             texts = [
                 "What time does the store open on Sunday?",
                 "I want to kill myself tonight, I have the pills ready.",
@@ -116,7 +106,9 @@ async def test_moderations_through_the_openai_sdk(
 
 
 async def test_an_agent_without_heads_fails_closed(
-    moderation_artifacts: Path, api_key: tuple[Path, str], tmp_path: Path
+    moderation_artifacts: Path,  # noqa: F811  (the fixture)
+    api_key: tuple[Path, str],
+    tmp_path: Path,
 ) -> None:
     keys_file, secret = api_key
     bare = tmp_path / "models"

@@ -29,23 +29,18 @@ from tests.e2e.moderation_helpers import (
     HEADS,
     MINILM,
     Site,
-    built_minilm_with_heads,
+    minilm_with_heads,  # noqa: F401  (a fixture)
     other_version,
     without_heads,
 )
-
-
-@pytest.fixture(scope="module")
-def minilm_with_heads() -> Path:
-    return built_minilm_with_heads()
-
 
 pytestmark = [pytest.mark.e2e]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def site(
-    minilm_with_heads: Path, tmp_path_factory: pytest.TempPathFactory
+    minilm_with_heads: Path,  # noqa: F811  (the fixture)
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Site]:
     tmp = tmp_path_factory.mktemp("moderation-fleet")
     coordinator = CoordinatorProcess(report_interval_ms=500, data_dir=tmp / "c", tls=True)
@@ -90,7 +85,9 @@ async def moderate(site: Site, text: str, key: str = "") -> Any:
 
 
 async def test_heads_travel_with_the_embedding_model_and_follow_a_hot_swap(
-    site: Site, minilm_with_heads: Path, tmp_path: Path
+    site: Site,
+    minilm_with_heads: Path,  # noqa: F811  (the fixture)
+    tmp_path: Path,
 ) -> None:
     built = json.loads((minilm_with_heads / "manifest.json").read_text())
     v1 = other_version(built["version"], 1)

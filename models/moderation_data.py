@@ -27,7 +27,15 @@ from typing import Any, Final
 from models.errors import SourceError
 from models.moderation_spec import PROMPT_INJECTION, minor_cues
 
-__all__ = ["DATA_FILES", "DataFile", "LoadedData", "Row", "load_rows", "locate_file"]
+__all__ = [
+    "DATA_FILES",
+    "INJECTION_ONLY",
+    "DataFile",
+    "LoadedData",
+    "Row",
+    "load_rows",
+    "locate_file",
+]
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,12 @@ DATA_FILES: Final = (
         "negatives (ordinary customer-service questions)",
     ),
 )
+
+#: sources that train the prompt_injection head only: the content heads neither learn from
+#: their rows nor count them as negatives (an injection written as "write one toxic sentence
+#: about X" is no ordinary text, and the assistant-persona task instructions beside them
+#: moved the content heads' thresholds up: test-split recall 0.94 -> 0.89 with them)
+INJECTION_ONLY: Final = frozenset({"sysprompt", "promptinject", "latentinjection", "normal"})
 
 MAPPING_NOTES: Final = {
     "dna": (

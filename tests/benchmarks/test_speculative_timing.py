@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,8 +16,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from benchmarks.serving_vs_llamacpp import one_request, timed_stream
-from benchmarks.speculative import concurrent_waves, single_stream, stream_one
+from benchmarks.serving_vs_llamacpp import SMOLLM2, one_request, timed_stream
+from benchmarks.speculative import (
+    concurrent_waves,
+    document,
+    single_stream,
+    stream_one,
+    workloads,
+)
 
 
 class ChunkServer:
@@ -134,3 +141,13 @@ async def test_concurrent_waves_alternate_the_order_and_take_the_median_wave() -
     assert len(by_repeat) == 3 and by_repeat[1] == min(by_repeat)
     assert by_repeat[1] * 3 < figures["b"]["aggregate_tokens_per_s"] == sorted(by_repeat)[1]
     assert figures["b"]["output_tokens"] == 2 * 7  # usage counts, both requests
+
+
+def test_the_workload_texts_are_pinned() -> None:
+    """The document and the code file are the benchmark's own copies (the texts of the
+    runs from 16:19 on), not the live docs page and source file others edit."""
+    doc = document()
+    assert hashlib.md5(doc.encode()).hexdigest() == "1bad68563a80df5b3b47bf74cc8db758"
+    assert doc.startswith("# Several models on one box") and len(doc) == 2609
+    prompts = workloads(SMOLLM2)
+    assert prompts["extract"][0].startswith(doc) and "class StopMatcher" in prompts["code_edit"][0]

@@ -7,8 +7,10 @@ LoadReport every ``--interval-ms`` with random load); a separate lookup process 
 ``GET /v1/route`` at a fixed (open-loop) rate from random places over keep-alive
 connections with a minimal HTTP/1.1 client, so that the client's own CPU cost stays
 small. With ``--pin`` (the default on 2+ cores) the coordinator runs alone on CPU 0
-and the load generators share the other CPUs, the simulators at a lower priority than
-the lookup client: the coordinator's "one core" is then enforced, not just measured.
+and the load generators share the other CPUs at a lower priority (the simulators and the
+lookup client alike: a client above them kept them from running for up to 0.26 s, and
+their agents then reported in one burst): the coordinator's "one core" is then enforced,
+not just measured.
 
 Measured over two steady windows, side by side: reports/s the coordinator stored and
 its CPU use (cores) with reports only, then with lookups too. Route latency twice:
@@ -19,7 +21,9 @@ its CPU use (cores) with reports only, then with lookups too. Route latency twic
 * client side: from writing the request to reading the whole response, in the lookup
   process (loopback, queueing in the coordinator's event loop and the kernel
   included); the lookup process's own lag behind its schedule is reported apart,
-  so a starved client shows up as lag and not as coordinator latency.
+  so a starved client shows up as lag and not as coordinator latency. Beside it, "on the
+  wire": from writing the request to the kernel's receive time of the answer's last
+  byte (SO_TIMESTAMPNS), which leaves out the client's own wait to be scheduled.
 
 Garbage-collector pauses of the coordinator during the lookup window come from its
 ``edgefleet_coordinator_gc_pause_seconds`` histogram; the event loop's longest stall in
@@ -797,6 +801,7 @@ async def _measure_lookups(
     seconds: float,
     cpus: set[int] | None,
     also: Sampler | None = None,
+    nice: int | None = None,
 ) -> tuple[
     tuple[list[float], list[float], dict[str, int], float, list[float]],
     dict[str, float],
@@ -813,7 +818,7 @@ async def _measure_lookups(
     )
     proc.start()
     if cpus and proc.pid is not None:
-        os.sched_setaffinity(proc.pid, cpus)
+        _pin(proc.pid, cpus, nice=nice)
     await asyncio.to_thread(warm.wait)
     process = psutil.Process(coordinator.pid)
     before = await _metric(
@@ -835,6 +840,12 @@ async def _measure_lookups(
     after = await _metric(coordinator.http_url, "edgefleet_coordinator_", coordinator.admin_headers)
     proc.join()
     return result, before, after, window, cores
+
+
+def _client_nice(args: argparse.Namespace) -> int:
+    """The lookup client's niceness when pinned: --lookup-client-nice, else the simulators'."""
+    nice = args.lookup_client_nice
+    return int(args.simulator_nice if nice is None else nice)
 
 
 def _take_stalls(stalls: Any) -> tuple[float, int]:
@@ -1146,6 +1157,7 @@ async def _run(
         print(f"lookups at {args.lookups_per_s:g}/s for {args.duration:g} s under that load")
         measured = await _measure_lookups(
             coordinator, args.lookups_per_s, args.duration, load_cpus,
+            nice=_client_nice(args) if load_cpus else None,
             also=postgres.sample if postgres is not None else None,
         )  # fmt: skip
         sim_stalls_lookups = _take_stalls(sim_stalls)  # the lookups' warm-up included
@@ -1219,6 +1231,7 @@ async def _run(
         "cpus_coordinator": sorted(coordinator_cpus) if coordinator_cpus else "any",
         "cpus_simulators_and_lookup_client": sorted(load_cpus) if load_cpus else "any",
         "simulator_nice": args.simulator_nice if pin else 0,
+        "lookup_client_nice": _client_nice(args) if pin else 0,
         "simulator_gc": args.simulator_gc,
         "simulator_loop_longest_stall_ms_reports_only": round(sim_stalls_reports[0], 1),
         "simulator_loop_stalls_over_50ms_reports_only": sim_stalls_reports[1],
@@ -1363,6 +1376,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--simulator-nice", type=int, default=10, help="niceness of the simulators when pinned"
+    )
+    parser.add_argument(
+        "--lookup-client-nice",
+        type=int,
+        default=None,
+        help="niceness of the lookup client when pinned (default: the simulators'). Above "
+        "theirs, its wake-ups 500 times a second kept the simulators from running for up to "
+        "0.26 s, and their agents then reported in one burst; its wire figures do not count "
+        "its own wait for the CPU, its client figures do",
     )
     parser.add_argument(
         "--simulator-gc",

@@ -61,17 +61,7 @@ def calibrated_threshold(
 ) -> float | None:
     """The threshold calibrated on this exact embedding model version, or None (no
     calibration for it: another version's cosines differ, so no semantic caching)."""
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    entry = table.get(model_name) if isinstance(table, dict) else None
-    if not isinstance(entry, dict) or entry.get("version") != version:
-        return None
-    threshold = entry.get("threshold")
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-        return None
-    return float(threshold) if 0.0 < threshold <= 1.0 else None
+    return _calibrated(model_name, version, "threshold", path)
 
 
 def calibrated_misspelt_threshold(
@@ -80,6 +70,12 @@ def calibrated_misspelt_threshold(
     """The lower cosine at which a misspelt repeat (the same words, some misspelt: see
     :func:`agent.semantic_guard.misspelt_repeat`) may hit, calibrated on this exact
     embedding model version, or None (no such tier)."""
+    return _calibrated(model_name, version, "misspelt_threshold", path)
+
+
+def _calibrated(model_name: str, version: str, field: str, path: Path) -> float | None:
+    """``field`` of the thresholds file's entry for this exact model version: a number in
+    (0, 1], else None (no file, another version, or a value that is not one)."""
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -87,7 +83,7 @@ def calibrated_misspelt_threshold(
     entry = table.get(model_name) if isinstance(table, dict) else None
     if not isinstance(entry, dict) or entry.get("version") != version:
         return None
-    threshold = entry.get("misspelt_threshold")
+    threshold = entry.get(field)
     if isinstance(threshold, bool) or not isinstance(threshold, int | float):
         return None
     return float(threshold) if 0.0 < threshold <= 1.0 else None

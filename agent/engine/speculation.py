@@ -72,17 +72,6 @@ def lookup(
     return Match(offset + at + 1, best)
 
 
-def propose(
-    context: npt.NDArray[np.int64], k: int, ngram_min: int, ngram_max: int, lookback: int
-) -> npt.NDArray[np.int64]:
-    """Up to ``k`` tokens that followed the latest, longest earlier occurrence of the
-    context's last ``n`` tokens (``ngram_min <= n <= ngram_max``); empty when none."""
-    found = lookup(context, ngram_min, ngram_max, lookback) if k > 0 else None
-    if found is None:
-        return context[:0]
-    return context[found.start : found.start + k].copy()
-
-
 def best_length(
     rate: float,
     max_tokens: int,

@@ -8,13 +8,21 @@ from prometheus_client import generate_latest
 
 from agent.config import load_config
 from agent.engine.interface import StepStats
-from agent.engine.speculation import DraftLength, Match, best_length, lookup, propose
+from agent.engine.speculation import DraftLength, Match, best_length, lookup
 from agent.errors import ConfigError
 from agent.metrics import AgentMetrics
 
 
 def _ids(*tokens: int) -> np.ndarray:
     return np.array(tokens, dtype=np.int64)
+
+
+def propose(
+    context: np.ndarray, k: int, ngram_min: int, ngram_max: int, lookback: int
+) -> np.ndarray:
+    """What the batcher proposes: up to ``k`` tokens after the lookup's match (empty if none)."""
+    found = lookup(context, ngram_min, ngram_max, lookback) if k > 0 else None
+    return context[:0] if found is None else context[found.start : found.start + k]
 
 
 def test_proposes_what_followed_the_last_ngram() -> None:

@@ -552,7 +552,7 @@ def _misspelt_dates(mine: Signature, theirs: Signature) -> bool:
 def _misspelt(form: str, word: str) -> bool:
     """``word`` is ``form`` with one letter wrong, missing, added or swapped ("mondys";
     not "month" for "monthly", nor "sundays" for "mondays")."""
-    return form != word and _typo(form, word) and _typo(form, word, limit=1)
+    return form != word and _typo(form, word, limit=1)
 
 
 def _misspelt_date_words(words: set[str], theirs: Signature) -> set[str]:

@@ -251,23 +251,28 @@ def calibrate(cal: dict[str, list[tuple[Case, bool]]]) -> tuple[float, list[dict
         figures = rates(cal, lambda c, t=t: served_by_cache(c, t))  # type: ignore[misc]
         alone = rates({"traps": cal["traps"]}, lambda c, t=t: cosine(c) >= t)  # type: ignore[misc]
         sweep.append(
-            {
-                "threshold": t,
-                "traps_cosine_alone": alone["traps"]["rate"],
-                "traps": figures["traps"]["rate"],
-                "conversation_traps": figures["conversation_traps"]["rate"],
-                "near_repeat": figures["near_repeat"]["rate"],
-                "paraphrase": figures["paraphrase"]["rate"],
-            }
+            {"threshold": t, "traps_cosine_alone": alone["traps"]["rate"], **_rates_row(figures)}
         )
     chosen = sweep[-1]["threshold"]
     for i in range(len(sweep)):
-        if sweep[i]["traps_cosine_alone"] <= GUARD_RELIANCE and all(
-            s["traps"] <= 0.01 and s["conversation_traps"] <= 0.01 for s in sweep[i:]
-        ):
+        if sweep[i]["traps_cosine_alone"] <= GUARD_RELIANCE and _safe_from(sweep, i):
             chosen = sweep[i]["threshold"]
             break
     return chosen, sweep
+
+
+def _rates_row(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A sweep row's rates: traps, conversation traps, near-repeats and paraphrases served."""
+    return {
+        name: figures[name]["rate"]
+        for name in ("traps", "conversation_traps", "near_repeat", "paraphrase")
+    }
+
+
+def _safe_from(sweep: list[dict[str, Any]], i: int) -> bool:
+    """At row ``i`` of the sweep and every row after it, traps and conversation traps
+    served stay at most 1%."""
+    return all(s["traps"] <= 0.01 and s["conversation_traps"] <= 0.01 for s in sweep[i:])
 
 
 def calibrate_misspelt(
@@ -279,17 +284,9 @@ def calibrate_misspelt(
     sweep = []
     for m in [m for m in SWEEP if m < threshold]:
         figures = rates(cal, lambda c, m=m: served_by_cache(c, threshold, m))  # type: ignore[misc]
-        sweep.append(
-            {
-                "misspelt_threshold": m,
-                "traps": figures["traps"]["rate"],
-                "conversation_traps": figures["conversation_traps"]["rate"],
-                "near_repeat": figures["near_repeat"]["rate"],
-                "paraphrase": figures["paraphrase"]["rate"],
-            }
-        )
+        sweep.append({"misspelt_threshold": m, **_rates_row(figures)})
     for i in range(len(sweep)):
-        if all(s["traps"] <= 0.01 and s["conversation_traps"] <= 0.01 for s in sweep[i:]):
+        if _safe_from(sweep, i):
             return sweep[i]["misspelt_threshold"], sweep
     return None, sweep
 

@@ -13,7 +13,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_images.cache import Timer, cache_lock, cache_root, digest_files, key_of
+from edge_images.cache import Timer, cache_lock, cache_root, digest_files, keep_recent, key_of
 from edge_images.images import DEFAULT_MODELS, DEFAULT_SERVE, HERE, _models_input, copy_tree_linked
 from edge_images.model_set import set_digest
 from edge_images.wheelhouse import build_wheelhouse
@@ -23,6 +23,7 @@ BUNDLE_FILES = {  # name in the bundle: source in edge_images/
     "agent.toml": "agent.bundle.toml",
     "edgefleet-agent.service": "edgefleet-agent.service",
 }
+KEEP_BUNDLES = 3  # each is ~300 MB and every commit makes a new key
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ def _build_bundle(models: Path | None, serve: tuple[str, ...], signing_key: Path
     )  # fmt: skip
     final = cache_root() / f"edgefleet-bundle-{key}.tar"
     if final.exists():
+        keep_recent(final, "edgefleet-bundle-" + "[0-9a-f]" * 16 + ".tar", KEEP_BUNDLES)
         return Bundle(final, final.stat().st_size, None)
     timer = Timer()
     stage = cache_root() / f"bundle-stage-{os.getpid()}"
@@ -75,4 +77,5 @@ def _build_bundle(models: Path | None, serve: tuple[str, ...], signing_key: Path
         tmp.rename(final)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    keep_recent(final, "edgefleet-bundle-" + "[0-9a-f]" * 16 + ".tar", KEEP_BUNDLES)
     return Bundle(final, final.stat().st_size, timer.s)

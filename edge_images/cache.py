@@ -96,6 +96,26 @@ def publish(tmp: Path, final: Path) -> None:
     tmp.rename(final)
 
 
+def keep_recent(current: Path, pattern: str, keep: int) -> None:
+    """Mark ``current`` as just used and remove all but the ``keep`` most recently used
+    entries of its kind (``pattern``, a glob in its directory), so a cache that gains a
+    key with every commit does not fill the disk. ``current`` and half-built
+    (``.partial``) entries are never removed. Call it under the lock that builds them."""
+    os.utime(current)
+    entries = sorted(
+        (p for p in current.parent.glob(pattern) if not p.name.endswith(".partial")),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for stale in entries[keep:]:
+        if stale == current:
+            continue
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
 class Timer:
     """Seconds since it was made (for the build log's per-step figures)."""
 

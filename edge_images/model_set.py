@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from edge_images.cache import cache_lock, cache_root, digest_files, key_of
+from edge_images.cache import cache_lock, cache_root, digest_files, keep_recent, key_of
 from edge_images.errors import ImageBuildError
 from edgefleet.model_signing import (
     MANIFEST_FILE,
@@ -133,14 +133,7 @@ def signed_model_set(
             shutil.rmtree(partial, ignore_errors=True)
             _publish_and_export(dirs, signer, partial)
             os.replace(partial, out)
-        os.utime(out)  # last used: the cache keeps the KEEP_SETS most recently used
-        sets = sorted(
-            (p for p in out.parent.iterdir() if not p.name.endswith(".partial")),
-            key=lambda p: p.stat().st_mtime,
-            reverse=True,
-        )
-        for stale in sets[KEEP_SETS:]:
-            shutil.rmtree(stale, ignore_errors=True)
+        keep_recent(out, "*", KEEP_SETS)  # the KEEP_SETS most recently used stay
         return out
 
 

@@ -29,6 +29,7 @@ from edge_images.cache import (
     cache_lock,
     cache_root,
     digest_files,
+    keep_recent,
     key_of,
     publish,
     run,
@@ -38,6 +39,7 @@ from edge_images.errors import ImageBuildError
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
+KEEP_WHEELS = 4  # edgefleet's own wheel and the wheelhouse: a new key with every commit
 PROJECT = "edgefleet"
 
 
@@ -209,6 +211,8 @@ def _build_wheelhouse(
         )  # fmt: skip
         shutil.rmtree(build, ignore_errors=True)
         publish(tmp, own)
+    # one key per commit: only the KEEP_WHEELS most recently used stay
+    keep_recent(own, "edgefleet-wheel-" + "[0-9a-f]" * 16, KEEP_WHEELS)
     house = cache_root() / f"wheelhouse{name_suffix(arch)}-{key}-{digest}"
     if not house.exists():
         tmp = house.with_name(house.name + ".partial")
@@ -217,6 +221,8 @@ def _build_wheelhouse(
         for src in [*third.iterdir(), *own.iterdir()]:
             _link_or_copy(src, tmp / src.name)
         publish(tmp, house)
+    hexes = "[0-9a-f]" * 16
+    keep_recent(house, f"wheelhouse{name_suffix(arch)}-{hexes}-{hexes}", KEEP_WHEELS)
     return Wheelhouse(house, lock, key_of(key, digest), built_s)
 
 

@@ -10,8 +10,10 @@ is still refused. Prints one ``RESULT {json}`` line.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,7 @@ def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 async def main(models_dir: str) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="edgefleet-admin-lan-"))
+    atexit.register(shutil.rmtree, work, True)
     issued = CertificateAuthority.load_or_create(work / "ca").issue_server([LAN])
     (work / "agent.crt").write_text(issued.cert_pem)
     (work / "agent.key").write_text(issued.key_pem)

@@ -8,7 +8,9 @@ The agent has no coordinator: it requires API keys from its keys file, made with
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +37,9 @@ async def status_without_key(url: str) -> int:
 
 
 async def main(models_dir: str) -> dict[str, object]:
-    keys_file = Path(tempfile.mkdtemp(prefix="edgefleet-mdns-")) / "keys.json"
+    work = Path(tempfile.mkdtemp(prefix="edgefleet-mdns-"))
+    atexit.register(shutil.rmtree, work, True)
+    keys_file = work / "keys.json"
     api_key = add_key(keys_file)
     agent = AgentProcess(
         models_dir=models_dir,

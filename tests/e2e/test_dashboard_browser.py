@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -80,11 +79,13 @@ class Fleet:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def fleet(tiny_artifacts: Path) -> AsyncIterator[Fleet]:
+async def fleet(
+    tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Fleet]:
     from playwright.async_api import async_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
-    state = Path(tempfile.mkdtemp(prefix="edgefleet-dashboard-test-"))
+    state = tmp_path_factory.mktemp("dashboard")
     async with CoordinatorProcess(
         report_interval_ms=400, extra_args=["--set", "down_after_reports=8"], tls=True
     ) as coordinator:

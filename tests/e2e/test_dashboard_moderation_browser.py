@@ -8,7 +8,6 @@ enforces with and its flags by category and action."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,9 @@ SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def site(
     minilm_with_heads: Path,  # noqa: F811  (the fixture)
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Site]:
-    state = Path(tempfile.mkdtemp(prefix="edgefleet-dashboard-moderation-"))
+    state = tmp_path_factory.mktemp("dashboard-moderation")
     async with CoordinatorProcess(report_interval_ms=400, tls=True) as coordinator:
         agent = enrolled_agent(
             coordinator, agent_id="edge-lyon", site="lyon", state_dir=state / "agent",

@@ -7,7 +7,6 @@ lookups and the agent's page shows the hit rate over the lookups compared."""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,10 @@ MODEL = "smollm2-135m-instruct"
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def fleet(real_artifacts: Path) -> AsyncIterator[tuple[CoordinatorProcess, AgentProcess]]:
-    state = Path(tempfile.mkdtemp(prefix="edgefleet-dashboard-semantic-"))
+async def fleet(
+    real_artifacts: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[CoordinatorProcess, AgentProcess]]:
+    state = tmp_path_factory.mktemp("dashboard-semantic")
     async with CoordinatorProcess(report_interval_ms=400, tls=True) as coordinator:
         agent = enrolled_agent(
             coordinator, agent_id="edge-nantes", site="nantes", state_dir=state / "agent",

@@ -22,7 +22,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.redaction.mark_words import ASSIGNED_MARKERS, SHAPE_MARKERS
-from agent.redaction.prefilter import first_words, marks, words
+from agent.redaction.prefilter import (
+    finditer_from,
+    first_words,
+    keyword_starts,
+    literal_starts,
+    marks,
+    words,
+)
 
 EMAIL = "EMAIL"
 PHONE = "PHONE"
@@ -170,11 +177,18 @@ _SECRET_ASSIGNED = re.compile(
     r"|(?:\bbearer\s+))"
     r"([^\s\"',;]{6,})"
 )
+# Every keyword of _SECRET_ASSIGNED starts with one of these (folded): a match starts at one,
+# or at the "_" before it; re tries only there (prefilter.finditer_from), not at every position.
+_ASSIGNED_ROOTS = (
+    "api", "access", "secret", "client", "auth", "refresh", "token", "pass", "pwd",
+    "private", "account", "shared", "bearer",
+)  # fmt: skip
 _URL_PASSWORD = re.compile(r"://[^:/\s@]{1,64}:([^@\s/]{3,128})@")
 _LOOSE_WORDS = "pass|pw|pin|passcode|kennwort|mot de passe"
 _LOOSE_PASSWORD = re.compile(rf"(?i:\b(?:{_LOOSE_WORDS})\s+)(\S{{8,64}})")
 # one of these among a text's words, or _LOOSE_PASSWORD cannot match it
 _LOOSE_GATE = first_words(_LOOSE_WORDS.split("|"))
+_LOOSE_ROOTS = ("pass", "pw", "pin", "kennwort", "mot de passe")
 _TOKEN = re.compile(r"[A-Za-z0-9_\-+/](?<![\w\-+/.][\s\S])[A-Za-z0-9_\-+/]{23,}={0,2}(?![\w\-+/])")
 
 
@@ -280,7 +294,7 @@ def find_ips(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
                 continue
             yield Span(m.start(), m.end(), IP_ADDRESS)
     if "::" in text or text.count(":") >= 3:
-        for m in _IPV6.finditer(text):
+        for m in ipv6_matches(text):
             addr = m.group().split("/")[0]
             if addr.count(":") < 2 or len(addr) < 3:
                 continue
@@ -291,6 +305,12 @@ def find_ips(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
             if addr in ("::",):
                 continue
             yield Span(m.start(), m.end(), IP_ADDRESS)
+
+
+def ipv6_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_IPV6.finditer(text)``, tried only up to four characters before each colon (a match
+    starts with at most four hex digits, then a colon)."""
+    return finditer_from(_IPV6, text, literal_starts(text, ":", 4))
 
 
 def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
@@ -379,15 +399,26 @@ def _looks_password(value: str) -> bool:
     return has_digit and has_alpha and (has_upper or has_symbol)
 
 
+def assigned_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_SECRET_ASSIGNED.finditer(text)``, tried only where a keyword's root is (or the
+    ``_`` before it)."""
+    return finditer_from(_SECRET_ASSIGNED, text, keyword_starts(text, _ASSIGNED_ROOTS, 1))
+
+
+def loose_password_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_LOOSE_PASSWORD.finditer(text)``, tried only where one of its words starts."""
+    return finditer_from(_LOOSE_PASSWORD, text, keyword_starts(text, _LOOSE_ROOTS))
+
+
 def _assigned(text: str) -> Iterator[Span]:
-    for m in _SECRET_ASSIGNED.finditer(text):
+    for m in assigned_matches(text):
         value = m.group(1).rstrip(".")
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
             continue
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
     if _LOOSE_GATE.isdisjoint(words(text)):
         return
-    for m in _LOOSE_PASSWORD.finditer(text):
+    for m in loose_password_matches(text):
         value = m.group(1).rstrip(".,;:!?)")
         if _looks_password(value):
             yield Span(m.start(1), m.start(1) + len(value), SECRET)

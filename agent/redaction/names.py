@@ -38,7 +38,7 @@ from agent.redaction.name_shapes import (
     pinyin_shaped,
     romaji_shaped,
 )
-from agent.redaction.prefilter import first_words, marks
+from agent.redaction.prefilter import finditer_from, first_words, marks, word_starts
 from agent.redaction.prefilter import words as word_set
 from agent.redaction.script_names import find_script_persons
 from agent.redaction.script_names import warm_up as _script_warm_up
@@ -1309,6 +1309,16 @@ def _other_forms(found: frozenset[str]) -> Iterator[re.Pattern[str]]:
         yield _KOREA_HANGUL
 
 
+def prefix_matches(pattern: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
+    """``pattern.finditer(text)`` for the street-type-first patterns (prefix_first,
+    prefix_numbered), tried only where a street-type word the text holds starts as a word, and
+    up to 16 characters before it (a house number, its letter or second part, a comma and a
+    space: at most 16)."""
+    _, before_name, _ = _address_gates()
+    roots = before_name & word_set(text)
+    return finditer_from(pattern, text, word_starts(text, roots, 16))
+
+
 def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     found = marks(text) if found is None else found
     if "digit" not in found or not _DIGIT.search(text):
@@ -1317,15 +1327,15 @@ def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[S
     present = word_set(text)
     number_first, prefix_numbered, prefix_first, type_after = _address_patterns()
     after_name, before_name, type_words = _address_gates()
-    patterns: list[re.Pattern[str]] = []
+    scans: list[Iterator[re.Match[str]]] = []
     if not after_name.isdisjoint(present):
-        patterns.append(number_first)
+        scans.append(number_first.finditer(text))
     if not before_name.isdisjoint(present):
-        patterns += (prefix_numbered, prefix_first)
+        scans += (prefix_matches(prefix_numbered, text), prefix_matches(prefix_first, text))
     if not type_words.isdisjoint(present):
-        patterns.append(type_after)
-    patterns.extend(_other_forms(found))
-    spans = [(m.start(), m.end()) for p in patterns for m in p.finditer(text)]
+        scans.append(type_after.finditer(text))
+    scans.extend(p.finditer(text) for p in _other_forms(found))
+    spans = [(m.start(), m.end()) for scan in scans for m in scan]
     if "compound_ending" in found:
         spans.extend(_compound_streets(text))
         spans.extend(_compound_number_first(text))

@@ -15,7 +15,7 @@ would accept is never missed here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import Any
 
@@ -47,9 +47,84 @@ def case_fold(text: str) -> str:
     return low.translate(_FOLD_AFTER) if _FOLD_AFTER_ANY.search(low) else low
 
 
+# The last text's words: the address and the password detectors both ask for the words of
+# the same text (one tuple, replaced whole: safe to share between threads).
+_last_words: tuple[str, frozenset[str]] = ("", frozenset())
+
+
 def words(text: str) -> frozenset[str]:
     """The folded runs of word characters of ``text``."""
-    return frozenset(_WORD_RUN.findall(case_fold(text)))
+    global _last_words
+    last, found = _last_words
+    if last is text:
+        return found
+    found = frozenset(_WORD_RUN.findall(case_fold(text)))
+    _last_words = (text, found)
+    return found
+
+
+def finditer_from(
+    pattern: re.Pattern[str], text: str, starts: Iterable[int]
+) -> Iterator[re.Match[str]]:
+    """What ``pattern.finditer(text)`` yields, given ``starts``: every position, in
+    ascending order, where a match can start (more is allowed, never fewer). ``re`` tries
+    every position of the text for a pattern that starts with a lookbehind or a
+    case-insensitive word; here it tries only these. A match at a position sees the text
+    before it (lookbehinds, ``\\b``) as in a scan of the whole text, and the scan goes on
+    from where a match ended, as finditer does (the patterns given never match empty)."""
+    pos = 0
+    match = pattern.match
+    for start in starts:
+        if start < pos:
+            continue
+        m = match(text, start)
+        if m is not None:
+            yield m
+            pos = m.end() if m.end() > start else start + 1
+
+
+def keyword_starts(text: str, roots: Iterable[str], back: int = 0) -> list[int]:
+    """Where a case-insensitive match of a pattern whose keywords each start with one of
+    ``roots`` (lower case) can start: every occurrence of a root in the folded text
+    (:func:`case_fold`, one character for one, so its positions are the text's), and the
+    ``back`` positions before it (a ``_`` or a house number before the keyword), ascending."""
+    return literal_starts(case_fold(text), roots, back)
+
+
+def word_starts(text: str, roots: Iterable[str], back: int = 0) -> list[int]:
+    """Where each of ``roots`` is a whole word of the folded text (a run of word characters,
+    as :func:`words` reads them) and the ``back`` positions before it, ascending: the
+    candidate starts of a case-insensitive pattern whose keyword's first word is a root."""
+    folded = case_fold(text)
+    size = len(folded)
+    found: set[int] = set()
+    for root in roots:
+        at = folded.find(root)
+        while at >= 0:
+            end = at + len(root)
+            if (at == 0 or not _is_word_char(folded[at - 1])) and (
+                end == size or not _is_word_char(folded[end])
+            ):
+                found.update(range(max(0, at - back), at + 1))
+            at = folded.find(root, at + 1)
+    return sorted(found)
+
+
+def _is_word_char(ch: str) -> bool:
+    """``re``'s ``\\w`` (str patterns): a letter, a digit or a number, or ``_``."""
+    return ch.isalnum() or ch == "_"
+
+
+def literal_starts(text: str, literals: Iterable[str], back: int = 0) -> list[int]:
+    """Every position of each of ``literals`` in ``text`` and the ``back`` positions before
+    it, ascending (the candidate starts of :func:`finditer_from`)."""
+    found: set[int] = set()
+    for literal in literals:
+        at = text.find(literal)
+        while at >= 0:
+            found.update(range(max(0, at - back), at + 1))
+            at = text.find(literal, at + 1)
+    return sorted(found)
 
 
 def first_words(keywords: Iterable[str]) -> frozenset[str]:

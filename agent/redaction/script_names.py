@@ -28,10 +28,11 @@ import json
 import re
 from collections.abc import Iterator
 from functools import cache
+from itertools import chain
 from pathlib import Path
 
 from agent.redaction.detectors import PERSON, Span
-from agent.redaction.prefilter import marks
+from agent.redaction.prefilter import finditer_from, keyword_starts, marks
 
 _DATA = Path(__file__).parent / "data" / "gazetteer.json"
 
@@ -133,6 +134,18 @@ _LATIN_LABEL_AT = re.compile(
     r"(?i:\b(?:name|dear|customer|patient|recipient|attn|contact|holder|mr|ms|mrs|dr)\.?)"
     rf"[ \u3000]?[:：]?[ \u3000]?(?=[{_HAN}])"
 )
+# Every word of _LATIN_LABEL_AT starts with one of these (folded).
+_LATIN_LABEL_ROOTS = (
+    "name", "dear", "customer", "patient", "recipient", "attn", "contact", "holder", "mr",
+    "ms", "dr",
+)  # fmt: skip
+
+
+def latin_label_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_LATIN_LABEL_AT.finditer(text)``, tried only where one of its words starts."""
+    return finditer_from(_LATIN_LABEL_AT, text, keyword_starts(text, _LATIN_LABEL_ROOTS))
+
+
 _SPACED = re.compile(
     rf"([{_HAN}](?<![{_HAN}{_KANA}][\s\S])[{_HAN}]{{1,2}})[ \u3000]([{_HAN}{_KANA}]{{1,3}})"
     rf"(?![{_HAN}{_KANA}])"
@@ -156,27 +169,26 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
                 break
     # 2. a label before a name (收件人：李伟, 氏名: 佐藤健一, Dear 王伟): a known surname and up
     #    to two more characters (three after a two-character surname)
-    for pat in (_LABEL_AT, _LATIN_LABEL_AT):
-        for m in pat.finditer(text):
-            start = m.end()
-            sur = 2 if text[start : start + 2] in family else 1 if text[start] in family else 0
-            if not sur:
-                continue
-            end = start + sur
-            if text[end : end + 1] in (" ", "\u3000"):
-                end += 1
-            given = 0
-            while (
-                end < len(text)
-                and given < 2 + (sur == 2)
-                and _is_han(text[end])  # kana after a name is a particle (山田です)
-            ):
-                if _HONORIFIC.match(text, end):
-                    break
-                end += 1
-                given += 1
-            if given or sur == 2:  # 私は山田です: a two-character family name alone
-                yield Span(start, end if given else start + sur, PERSON)
+    for m in chain(_LABEL_AT.finditer(text), latin_label_matches(text)):
+        start = m.end()
+        sur = 2 if text[start : start + 2] in family else 1 if text[start] in family else 0
+        if not sur:
+            continue
+        end = start + sur
+        if text[end : end + 1] in (" ", "\u3000"):
+            end += 1
+        given = 0
+        while (
+            end < len(text)
+            and given < 2 + (sur == 2)
+            and _is_han(text[end])  # kana after a name is a particle (山田です)
+        ):
+            if _HONORIFIC.match(text, end):
+                break
+            end += 1
+            given += 1
+        if given or sur == 2:  # 私は山田です: a two-character family name alone
+            yield Span(start, end if given else start + sur, PERSON)
     # 3. a known surname of two or more characters, a space, a given name (木村 陽一)
     for m in _SPACED.finditer(text):
         if m.group(1) in family or m.group(1)[:2] in family:

@@ -1,0 +1,207 @@
+# ruff: noqa: RUF001, RUF002, SIM905 (look-alike letters that re folds together are meant)
+"""The fast paths of the redaction detectors find exactly what their reference patterns find.
+
+Patterns that start with a lookbehind or a case-insensitive word make ``re`` try every
+position of a text; the detectors try them only where a match can start
+(``prefilter.finditer_from``), or use a rewritten pattern whose first character lets ``re``
+skip ahead. Each is checked here against the plain scan of its reference pattern on every
+labelled set (and changed copies of it) and on seeded random texts built from the patterns'
+own words, the letters ``re`` folds together under IGNORECASE (ſ, K, İ, ı) and separators.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache
+
+import pytest
+
+from agent.redaction import detectors, names, prefilter, script_names
+from benchmarks.redaction_data import DATA_DIR, load_documents
+
+_PIECES = [
+    # keywords of the assigned secrets and the loose passwords, in several cases
+    *"api_key apikey API-KEY access_key access-token secret secret_key SECRET-KEY".split(),
+    "client_secret",
+    *"auth_token refresh-token token Token password passwd pwd passphrase private_key".split(),
+    *"account_key shared_access_key AccountKey Bearer BEARER bearer pass pw pin passcode".split(),
+    *"kennwort Kennwort PIN PW".split(),
+    "mot de passe",
+    "pass hunter2xyz",
+    "PIN 12345678",
+    "kennwort  Abc12345!",
+    "Passcode\tZx9-Zx9-Zx9",
+    "ſecret",  # a long s: re's IGNORECASE holds it equal to s
+    "toKen",  # the Kelvin sign
+    "İd",
+    "apı_key",  # a dotless i
+    "AWS_SECRET_ACCESS_KEY",
+    # what follows them
+    "=",
+    ":",
+    " = ",
+    ": ",
+    '"',
+    "'",
+    " is ",
+    " was ",
+    "\n",
+    ", ",
+    "; ",
+    "_",
+    "-",
+    " ",
+    "hunter2xyz",
+    "Xk9$abcd1234",
+    "s3cr3t-VALUE",
+    "<redacted>",
+    "none",
+    "Abcdef12345!",
+    # IPv6-ish
+    "fe80::1",
+    "2001:db8::ff00:42:8329",
+    "::",
+    "::1",
+    "a:b:c",
+    "1:2:3:4:5:6:7:8",
+    "abcd:",
+    ":ef",
+    "12:34",
+    "v1.2:3",
+    "[::ffff:10.0.0.1]",
+    "/64",
+    "ff:",
+    "1.2.3.4",
+    # labels before Han names
+    "Name:",
+    "name",
+    "DEAR",
+    "Dear ",
+    "mr.",
+    "Mr ",
+    "Ms.",
+    "Dr ",
+    "attn：",
+    "Attn:",
+    "holder",
+    "customer",
+    "recipient ",
+    "patient:",
+    "contact",
+    "王伟",
+    "李秀英",
+    "张",
+    "佐藤健一",
+    "　",
+    "：",
+    "items",
+    "drive",
+    "names",
+    # address prefixes, house numbers
+    "12",
+    "12a",
+    "5/7",
+    "3 bis",
+    "23,",
+    "Calle",
+    "calle",
+    "Via",
+    "VIA",
+    "via",
+    "rue",
+    "Rue de",
+    "C. Mayor",
+    "ul.",
+    "Ul.",
+    "av.",
+    "Avenida",
+    "Jalan",
+    "Jl.",
+    "soi",
+    "Rua",
+    "Alcalá",
+    "Roma",
+    "Victor Hugo",
+    "Mayor",
+    "Hauptstraße",
+    "10115 Berlin",
+    "Madrid",
+    "12345 b-12345c, Calle Mayor 7",  # the longest house number before the street type
+    "12345 bis, rue Victor Hugo",
+    "1-2-3",
+    "1-25-7",
+    "Sakae,",
+    "Naka-ku,",
+    "Nagoya",
+    "460-0008",
+    "12-3",
+    "Shibuya",
+]
+
+
+@cache
+def _texts() -> tuple[str, ...]:
+    texts: list[str] = []
+    for path in sorted(DATA_DIR.glob("*.txt")):
+        for doc in load_documents(path):
+            texts += [doc.text, doc.text.lower(), doc.text.upper()]
+    rng = random.Random(27)
+    for _ in range(4000):
+        texts.append("".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 14))))
+    return tuple(texts)
+
+
+def _spans(matches: Iterable[re.Match[str]]) -> list[tuple[tuple[int, int], ...]]:
+    return [tuple(m.span(g) for g in range(m.re.groups + 1)) for m in matches]
+
+
+def _prefix_first(text: str) -> Iterator[re.Match[str]]:
+    return names.prefix_matches(names._address_patterns()[2], text)
+
+
+def _prefix_numbered(text: str) -> Iterator[re.Match[str]]:
+    return names.prefix_matches(names._address_patterns()[1], text)
+
+
+FAST_PATHS: dict[
+    str, tuple[Callable[[str], Iterable[re.Match[str]]], Callable[[], re.Pattern[str]]]
+] = {
+    "assigned secrets": (detectors.assigned_matches, lambda: detectors._SECRET_ASSIGNED),
+    "loose passwords": (detectors.loose_password_matches, lambda: detectors._LOOSE_PASSWORD),
+    "IPv6": (detectors.ipv6_matches, lambda: detectors._IPV6),
+    "Latin label before a Han name": (
+        script_names.latin_label_matches,
+        lambda: script_names._LATIN_LABEL_AT,
+    ),
+    "street type first": (_prefix_first, lambda: names._address_patterns()[2]),
+    "number, then street type first": (_prefix_numbered, lambda: names._address_patterns()[1]),
+}
+
+
+@pytest.mark.parametrize("name", list(FAST_PATHS))
+def test_a_fast_path_finds_what_its_pattern_finds(name: str) -> None:
+    fast, reference = FAST_PATHS[name]
+    pattern = reference()
+    found = 0
+    for text in _texts():
+        expected = _spans(pattern.finditer(text))
+        assert _spans(fast(text)) == expected, text
+        found += len(expected)
+    assert found > 20  # the texts hold matches of every pattern checked
+
+
+def test_finditer_from_goes_on_after_a_match_and_skips_starts_inside_it() -> None:
+    pattern = re.compile(r"ab+")
+    text = "abbb ab abbbb"
+    starts = list(range(len(text)))
+    assert _spans(prefilter.finditer_from(pattern, text, starts)) == _spans(pattern.finditer(text))
+    # a start that is not given is not tried
+    assert _spans(prefilter.finditer_from(pattern, text, [0, 8])) == [((0, 4),), ((8, 13),)]
+
+
+def test_keyword_starts_are_the_folded_roots_and_the_positions_before() -> None:
+    assert prefilter.keyword_starts("x ſecret", ["secret"], 1) == [1, 2]
+    assert prefilter.keyword_starts("TOKEN token", ["token"]) == [0, 6]
+    assert prefilter.literal_starts("a:b", [":"], 4) == [0, 1]

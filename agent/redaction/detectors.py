@@ -138,6 +138,8 @@ _PHONE_CONTEXT = re.compile(
     r"|电话|電話|手机|手機|携帯|연락처|전화|핸드폰|휴대폰|هاتف|جوال|फ़ोन|फोन|मोबाइल)"
 )
 _EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
+_NORTH_AMERICAN = re.compile(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}")
+_TEN_DIGITS = re.compile(r"[2-9]\d{9}")
 _SSN_SHAPE = re.compile(r"\d{3}-\d{2}-\d{4}")
 _DATE_LIKE = re.compile(
     r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}|\d{1,2}:\d{2}"
@@ -323,35 +325,41 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
         if raw.endswith(")") and raw.count("(") < raw.count(")"):
             raw = raw[:-1]
             end -= 1
-        digits = sum(c.isdigit() for c in _EXTENSION.sub("", raw))
+        core = _EXTENSION.sub("", raw) if "x" in raw else raw  # every extension word has x
+        digits = sum(c.isdigit() for c in core)
         international = raw[0] == "+" or raw.startswith("00")
         if not 7 <= digits <= 15:
             continue
         if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw) or _version_context(text, start):
             continue
         if not international:
-            if digits < 9 and not _PHONE_CONTEXT.search(text[max(0, start - 40) : start]):
-                continue
+            # the phone word before it: searched once, and only when asked (the slowest check)
+            context: bool | None = None
+            if digits < 9:
+                context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
+                if not context:
+                    continue
             if "." in raw and raw.count(".") != 2:
                 continue
             # bare groups of digits are too common (amounts, ids): a national number needs
             # a leading 0, parentheses, a North American shape or a phone word before it
-            core = _EXTENSION.sub("", raw)
-            na = re.fullmatch(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}", core)
             if core.isdigit() and not (
-                (core[0] == "0" and len(core) >= 9)
-                or re.fullmatch(r"[2-9]\d{9}", core)
-                or _PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+                (core[0] == "0" and len(core) >= 9) or _TEN_DIGITS.fullmatch(core)
             ):
-                continue  # bare digits: a phone only with a leading 0, 10 digits or a phone word
+                if context is None:
+                    context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
+                if not context:
+                    continue  # bare digits: a phone only with a leading 0, 10 digits or a word
             if not (
                 raw[0] == "0"
                 or raw[0] == "("
-                or na
-                or re.fullmatch(r"[2-9]\d{9}", raw)
-                or _PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+                or _NORTH_AMERICAN.fullmatch(core)
+                or _TEN_DIGITS.fullmatch(raw)
             ):
-                continue
+                if context is None:
+                    context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
+                if not context:
+                    continue
         elif digits < 8:
             continue
         yield Span(start, end, PHONE)

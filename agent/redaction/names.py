@@ -528,8 +528,25 @@ _STRONG_CUES = frozenset(
 
 
 def _cue_before(before: str, cues: frozenset[str]) -> bool:
+    return not cues.isdisjoint(_cue_phrases(before))
+
+
+# The phrases of the last text before a word: find_persons asks up to five cue lists about
+# the same one (one tuple, replaced whole: safe to share between threads).
+_last_cue: tuple[str, tuple[str, ...]] = ("", ())
+
+
+def _cue_phrases(before: str) -> tuple[str, ...]:
+    """The last one, two and three words before a name, lower case (the cue phrases that
+    can end there)."""
+    global _last_cue
+    last = _last_cue
+    if last[0] == before:
+        return last[1]
     words = before.rstrip(" ,:\n").lower().split()[-3:]
-    return any(" ".join(words[k:]).lstrip("(\"'") in cues for k in range(len(words)))
+    phrases = tuple(" ".join(words[k:]).lstrip("(\"'") for k in range(len(words)))
+    _last_cue = (before, phrases)
+    return phrases
 
 
 _SPEECH_AFTER = re.compile(

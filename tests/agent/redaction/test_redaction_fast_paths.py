@@ -130,6 +130,30 @@ _PIECES = [
     "Madrid",
     "12345 b-12345c, Calle Mayor 7",  # the longest house number before the street type
     "12345 bis, rue Victor Hugo",
+    # phone numbers and what is not one
+    "+49 30 1234567",
+    "(030) 1234 5678",
+    "555-123-4567",
+    " x1234",
+    " ext. 12",
+    "extension 9",
+    "06 12 34 56 78",
+    "3420837783",
+    "0987654321",
+    "1234567",
+    "12345678",
+    "phone: ",
+    "Tel ",
+    "call ",
+    "v",
+    "version ",
+    "2024-01-02",
+    "123-45-6789",
+    "12.34.56.78",
+    "212.555.0100",
+    "(212) 555-0100)",
+    "0044 20 7946 0958",
+    "电话",
     "1-2-3",
     "1-25-7",
     "Sakae,",
@@ -190,6 +214,84 @@ def test_a_fast_path_finds_what_its_pattern_finds(name: str) -> None:
         assert _spans(fast(text)) == expected, text
         found += len(expected)
     assert found > 20  # the texts hold matches of every pattern checked
+
+
+def _reference_phones(text: str) -> Iterator[tuple[int, int]]:
+    """find_phones as it was before its phone-word search was made once per number."""
+    if "phone" not in prefilter.marks(text):
+        return
+    d = detectors
+    for m in d._PHONE.finditer(text):
+        raw = m.group()
+        start, end = m.start(), m.end()
+        if raw.endswith(")") and raw.count("(") < raw.count(")"):
+            raw = raw[:-1]
+            end -= 1
+        digits = sum(c.isdigit() for c in d._EXTENSION.sub("", raw))
+        international = raw[0] == "+" or raw.startswith("00")
+        if not 7 <= digits <= 15:
+            continue
+        if (
+            d._DATE_LIKE.fullmatch(raw)
+            or d._SSN_SHAPE.fullmatch(raw)
+            or d._version_context(text, start)
+        ):
+            continue
+        if not international:
+            if digits < 9 and not d._PHONE_CONTEXT.search(text[max(0, start - 40) : start]):
+                continue
+            if "." in raw and raw.count(".") != 2:
+                continue
+            core = d._EXTENSION.sub("", raw)
+            na = re.fullmatch(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}", core)
+            if core.isdigit() and not (
+                (core[0] == "0" and len(core) >= 9)
+                or re.fullmatch(r"[2-9]\d{9}", core)
+                or d._PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+            ):
+                continue
+            if not (
+                raw[0] == "0"
+                or raw[0] == "("
+                or na
+                or re.fullmatch(r"[2-9]\d{9}", raw)
+                or d._PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+            ):
+                continue
+        elif digits < 8:
+            continue
+        yield start, end
+
+
+def test_phones_are_what_they_were() -> None:
+    found = 0
+    for text in _texts():
+        expected = list(_reference_phones(text))
+        assert [(s.start, s.end) for s in detectors.find_phones(text)] == expected, text
+        found += len(expected)
+    assert found > 100
+
+
+def _reference_cue_before(before: str, cues: frozenset[str]) -> bool:
+    words = before.rstrip(" ,:\n").lower().split()[-3:]
+    return any(" ".join(words[k:]).lstrip("(\"'") in cues for k in range(len(words)))
+
+
+def test_cue_phrases_are_what_they_were() -> None:
+    cue_lists = (names._CUE_PHRASES, names._STRONG_CUES, names._PERSON_CUES, names._SIGN_OFFS)
+    hits = 0
+    for text in _texts():
+        for at in range(0, len(text), 7):
+            before = text[max(0, at - 30) : at]
+            for cues in cue_lists:  # the same text asked again: the memo's answer
+                expected = _reference_cue_before(before, cues)
+                assert names._cue_before(before, cues) == expected, before
+                hits += expected
+    assert hits > 100
+    # texts that end alike, asked one after the other
+    assert names._cue_before("Signed by ", names._STRONG_CUES)
+    assert not names._cue_before("Passed by ", names._STRONG_CUES)
+    assert names._cue_before("Signed by ", names._STRONG_CUES)
 
 
 def test_finditer_from_goes_on_after_a_match_and_skips_starts_inside_it() -> None:

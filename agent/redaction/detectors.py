@@ -28,6 +28,7 @@ from agent.redaction.prefilter import (
     keyword_starts,
     literal_starts,
     marks,
+    token_run_starts,
     words,
 )
 
@@ -392,8 +393,15 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
         yield from _tokens(text)
 
 
+def token_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_TOKEN.finditer(text)``, tried only where a run of 24 or more of its characters
+    starts (a match starts a run: what is before it is none of them)."""
+    starts = token_run_starts(text)
+    return _TOKEN.finditer(text) if starts is None else finditer_from(_TOKEN, text, starts)
+
+
 def _tokens(text: str) -> Iterator[Span]:
-    for m in _TOKEN.finditer(text):
+    for m in token_matches(text):
         if _looks_secret(m.group()):
             yield Span(m.start(), m.end(), SECRET)
 

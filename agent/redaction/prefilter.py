@@ -127,6 +127,44 @@ def literal_starts(text: str, literals: Iterable[str], back: int = 0) -> list[in
     return sorted(found)
 
 
+class _TokenRuns:
+    """Where the runs of 24 or more characters of a long token start (RE2, one pass over the
+    text's UTF-8), or ``None`` where RE2 is not installed or the text cannot be encoded."""
+
+    def __init__(self) -> None:
+        self._pattern: Any = None
+        try:
+            import re2
+        except ImportError:
+            return
+        self._pattern = re2.compile(r"[A-Za-z0-9_\-+/]{24,}")
+
+    def __call__(self, text: str) -> list[int] | None:
+        if self._pattern is None:
+            return None
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        starts = [m.start() for m in self._pattern.finditer(data)]
+        if starts and len(data) != len(text):  # byte offsets to characters
+            starts = [len(data[:at].decode("utf-8")) for at in starts]
+        return starts
+
+
+_token_runs: _TokenRuns | None = None
+
+
+def token_run_starts(text: str) -> list[int] | None:
+    """Where each maximal run of 24 or more of ``[A-Za-z0-9_\\-+/]`` starts, ascending (the
+    leftmost match of a greedy pattern starts a run and ends it, so the next starts the next
+    run); ``None`` where RE2 is missing."""
+    global _token_runs
+    if _token_runs is None:
+        _token_runs = _TokenRuns()
+    return _token_runs(text)
+
+
 def first_words(keywords: Iterable[str]) -> frozenset[str]:
     """The folded first run of word characters of each keyword: a case-insensitive match of
     a keyword that starts and ends at a word boundary has it among the text's

@@ -1283,10 +1283,16 @@ _UNIT_FIRST = re.compile(
 _UNIT_FIRST_GATE = first_words(_UNIT_FIRST_WORDS.split("|"))
 
 
+def unit_first_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_UNIT_FIRST.finditer(text)``, tried only where a unit word the text holds starts as
+    a word (a match starts with one, after no word character or dash)."""
+    return finditer_from(_UNIT_FIRST, text, word_starts(text, _UNIT_FIRST_GATE & word_set(text)))
+
+
 def _unit_first(text: str) -> Iterator[tuple[int, int]]:
     """Unit-first addresses whose words include a street, a ward or district word."""
     _, _, suffixes, prefixes = gazetteer()
-    for m in _UNIT_FIRST.finditer(text):
+    for m in unit_first_matches(text):
         street = m.group().split(",", 1)[1]  # after the unit: the street and its places
         words = {w.strip(",.").lower() for w in street.split()}
         if words & (suffixes | prefixes | _UNIT_AREA_WORDS):

@@ -281,8 +281,17 @@ def find_ssns(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
             yield Span(m.start(1), m.end(3), US_SSN)
 
 
+# The last character of each of _VERSION_BEFORE's words (v, version, ver., release, build,
+# fw, rev, ==, ...), in either case: one of them is among the last three characters before a
+# version number (then at most one space, then the end, or a newline at the end).
+_VERSION_ENDS = frozenset("vVnNrReEdDwW.=")
+
+
 def _version_context(text: str, start: int) -> bool:
-    return bool(_VERSION_BEFORE.search(text[max(0, start - 12) : start]))
+    before = text[max(0, start - 12) : start]
+    if _VERSION_ENDS.isdisjoint(before[-3:]):
+        return False  # the search could not match: not made
+    return bool(_VERSION_BEFORE.search(before))
 
 
 def find_ips(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:

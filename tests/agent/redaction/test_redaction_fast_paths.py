@@ -165,6 +165,11 @@ _PIECES = [
     "12.34.56.78",
     "212.555.0100",
     "(212) 555-0100)",
+    "version 10.0.0.1",
+    "Firmware\n",
+    "REV ",
+    "build ",
+    "pip==",
     "0044 20 7946 0958",
     "电话",
     "Unit 5B, 32nd Street",
@@ -315,6 +320,16 @@ def test_cue_phrases_are_what_they_were() -> None:
     assert names._cue_before("Signed by ", names._STRONG_CUES)
     assert not names._cue_before("Passed by ", names._STRONG_CUES)
     assert names._cue_before("Signed by ", names._STRONG_CUES)
+
+
+def test_version_context_is_what_its_search_says() -> None:
+    hits = 0
+    for text in (*_texts(), "build\n", "V \n", "fw\t", "ver. ", "==", "Revision \n", "x~="):
+        for at in range(len(text) + 1):
+            expected = bool(detectors._VERSION_BEFORE.search(text[max(0, at - 12) : at]))
+            assert detectors._version_context(text, at) == expected, text[max(0, at - 12) : at]
+            hits += expected
+    assert hits > 100
 
 
 def test_finditer_from_goes_on_after_a_match_and_skips_starts_inside_it() -> None:

@@ -22,8 +22,10 @@ its CPU use (cores) with reports only, then with lookups too. Route latency twic
   process (loopback, queueing in the coordinator's event loop and the kernel
   included); the lookup process's own lag behind its schedule is reported apart,
   so a starved client shows up as lag and not as coordinator latency. Beside it, "on the
-  wire": from writing the request to the kernel's receive time of the answer's last
-  byte (SO_TIMESTAMPNS), which leaves out the client's own wait to be scheduled.
+  wire": from the kernel's send time of the request's last byte (SO_TIMESTAMPING) to its
+  receive time of the answer's last byte (SO_TIMESTAMPNS), which leaves out the client's
+  own waits to be scheduled, before its write and after the answer came (the first is
+  reported too: ``route_client_send_delay_p99_ms``).
 
 Garbage-collector pauses of the coordinator during the lookup window come from its
 ``edgefleet_coordinator_gc_pause_seconds`` histogram; the event loop's longest stall in
@@ -548,18 +550,29 @@ def _secure_simulator(
 # it): every read then carries the kernel's receive time of its data (CLOCK_REALTIME).
 SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("@qq")
+# SO_TIMESTAMPING with a software timestamp of each send (linux/net_tstamp.h): the kernel
+# queues the time it passed the request's last byte on (CLOCK_REALTIME) on the socket's
+# error queue, so the time on the wire starts when the request left, not when this process
+# (sharing its CPU with the simulators) meant to send it.
+SO_TIMESTAMPING = 37
+SOF_TIMESTAMPING_TX_SOFTWARE = 1 << 1
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+_TX_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_TSONLY
 
 
 class _Connection:
     """One keep-alive HTTP/1.1 connection; just enough client for GET with Content-Length.
 
     Besides the answer, ``get`` says when the kernel received its last byte
-    (SO_TIMESTAMPNS), so the time on the wire can be told apart from the time this
-    process took to be scheduled and read it."""
+    (SO_TIMESTAMPNS) and when it sent the request's last byte (SO_TIMESTAMPING), so the
+    time on the wire can be told apart from the time this process took to be scheduled
+    to send the request and to read the answer."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.loop = asyncio.get_running_loop()
+        self.sent_at: float | None = None  # the kernel's send time of the last request
 
     @classmethod
     async def open(cls, host: str, port: int) -> _Connection:
@@ -567,6 +580,8 @@ class _Connection:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        with contextlib.suppress(OSError):  # without it, the wire time starts at the write
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _TX_FLAGS)
         try:
             await asyncio.get_running_loop().sock_connect(sock, (host, port))
         except BaseException:
@@ -577,11 +592,26 @@ class _Connection:
     def close(self) -> None:
         self.sock.close()
 
+    def _take_send_times(self) -> None:
+        """Empty the error queue of send timestamps (the latest is the request's); it must
+        not stay full, or the socket polls as readable (POLLERR) while no answer came."""
+        while True:
+            try:
+                _data, ancillary, _flags, _addr = self.sock.recvmsg(1, 256, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                return
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING:
+                    seconds, nanoseconds = _TIMESPEC.unpack(payload[: _TIMESPEC.size])
+                    if seconds or nanoseconds:  # the first of three: the software one
+                        self.sent_at = seconds + nanoseconds / 1e9
+
     async def _recv(self) -> tuple[bytes, float | None]:
         """One read: (data, kernel receive time in seconds since the epoch, if given)."""
         while True:
+            self._take_send_times()
             try:
-                data, ancillary, _flags, _addr = self.sock.recvmsg(65536, 64)
+                data, ancillary, _flags, _addr = self.sock.recvmsg(65536, 256)
             except BlockingIOError:
                 readable = self.loop.create_future()
                 self.loop.add_reader(self.sock.fileno(), readable.set_result, None)
@@ -600,7 +630,9 @@ class _Connection:
             return data, at
 
     async def get(self, host: str, path: str) -> tuple[int, bytes, float | None]:
-        """(status, body, kernel receive time of the answer's last byte)."""
+        """(status, body, kernel receive time of the answer's last byte); ``sent_at``
+        then holds the kernel's send time of the request (None where not given)."""
+        self.sent_at = None
         await self.loop.sock_sendall(
             self.sock, f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
         )
@@ -643,10 +675,13 @@ def _lookups(
     servers = [urlsplit(url.strip()) for url in http_url.split(",") if url.strip()]
     addresses = [(p.hostname or "127.0.0.1", p.port or 80) for p in servers]
 
-    async def run() -> tuple[list[float], list[float], dict[str, int], float, list[float]]:
+    async def run() -> tuple[
+        list[float], list[float], dict[str, int], float, list[float], list[float]
+    ]:
         rng = random.Random(7)
         latencies: list[float] = []
         wire: list[float] = []
+        sends: list[float] = []  # how long after this process meant to send the kernel did
         lags: list[float] = []
         failed: dict[str, int] = {}  # why -> how many lookups failed so
         idles: list[list[_Connection]] = [[] for _ in addresses]
@@ -698,7 +733,10 @@ def _lookups(
             else:
                 latencies.append(elapsed)
                 if received_at is not None:
-                    wire.append(max(0.0, received_at - sent_at))
+                    left_at = connection.sent_at
+                    if left_at is not None:
+                        sends.append(max(0.0, left_at - sent_at))
+                    wire.append(max(0.0, received_at - (left_at or sent_at)))
 
         pending: set[asyncio.Task[None]] = set()
         due = time.monotonic()
@@ -719,7 +757,7 @@ def _lookups(
         cpu = time.process_time() - cpu0
         for connection in (c for idle in idles for c in idle):
             connection.close()
-        return latencies, lags, failed, cpu, wire
+        return latencies, lags, failed, cpu, wire, sends
 
     out.put(asyncio.run(run()))
 
@@ -803,7 +841,7 @@ async def _measure_lookups(
     also: Sampler | None = None,
     nice: int | None = None,
 ) -> tuple[
-    tuple[list[float], list[float], dict[str, int], float, list[float]],
+    tuple[list[float], list[float], dict[str, int], float, list[float], list[float]],
     dict[str, float],
     dict[str, float],
     float,
@@ -1161,7 +1199,7 @@ async def _run(
             also=postgres.sample if postgres is not None else None,
         )  # fmt: skip
         sim_stalls_lookups = _take_stalls(sim_stalls)  # the lookups' warm-up included
-        (latencies, lags, failed, client_cpu_s, wire), h0, h1, window, cores_both = measured
+        (latencies, lags, failed, client_cpu_s, wire, sends), h0, h1, window, cores_both = measured
         retried = {k: v for k, v in failed.items() if k.startswith("retried")}
         failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
         failures = sum(failed.values())
@@ -1178,6 +1216,7 @@ async def _run(
     p50, p99 = _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000
     lag_p99 = _percentile(lags, 0.99) * 1000
     wire_p50, wire_p99 = _percentile(wire, 0.5) * 1000, _percentile(wire, 0.99) * 1000
+    send_p99 = _percentile(sends, 0.99) * 1000 if sends else float("nan")
     route = "edgefleet_coordinator_route_seconds"
     buckets, total = _histogram_delta(h0, h1, route)
     server_p50 = _server_quantile(buckets, total, 0.5)
@@ -1197,7 +1236,8 @@ async def _run(
         f"route lookups: {lookups_per_s:.0f}/s; coordinator p50 {server_p50[1] * 1000:.3f} ms "
         f"p99 {server_p99[1] * 1000:.3f} ms (bucket <= {server_p99[0] * 1000:g} ms), "
         f"{server_over_5ms:.0f} of {total:.0f} over 5 ms; client p50 {p50:.2f} ms "
-        f"p99 {p99:.2f} ms (on the wire: p50 {wire_p50:.2f} ms p99 {wire_p99:.2f} ms), "
+        f"p99 {p99:.2f} ms (on the wire: p50 {wire_p50:.2f} ms p99 {wire_p99:.2f} ms; the "
+        f"kernel sent the request p99 {send_p99:.2f} ms after the client's write began), "
         f"schedule lag p99 {lag_p99:.2f} ms, client CPU "
         f"{client_cpu_s / args.duration:.2f} cores; coordinator CPU {cores_both:.2f} cores; "
         f"reports/s {reports_during:.0f}; full GCs {gc2_count:.0f} ({gc2_ms:.1f} ms in all); "
@@ -1269,6 +1309,8 @@ async def _run(
         "route_client_wire_p50_ms": round(wire_p50, 3),
         "route_client_wire_p99_ms": round(wire_p99, 3),
         "route_client_wire_timestamped": len(wire),
+        "route_client_wire_from_kernel_send": len(sends),
+        "route_client_send_delay_p99_ms": round(send_p99, 3),
         "route_client_schedule_lag_p99_ms": round(lag_p99, 3),
         "lookup_client_cores": round(client_cpu_s / args.duration, 3),
         "route_client_to_server_p99_ratio": round(p99 / (server_p99[1] * 1000), 2)

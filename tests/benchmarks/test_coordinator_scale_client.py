@@ -77,3 +77,31 @@ async def test_the_wire_time_leaves_out_how_late_the_client_read_the_answer(port
         assert received_at - sent_at < blocked_s / 2, (received_at - sent_at, elapsed)
     finally:
         connection.close()
+
+
+async def test_the_kernel_send_time_leaves_out_how_late_the_client_wrote(port: int) -> None:
+    """The request's own send time comes from the kernel (SO_TIMESTAMPING): a client kept
+    off the CPU before its write reached the kernel does not count it as time on the wire."""
+    connection = await _Connection.open("127.0.0.1", port)
+    try:
+        await connection.get("127.0.0.1", "/v1/route")  # warm
+        assert connection.sent_at is not None and abs(connection.sent_at - time.time()) < 5
+        blocked_s = 0.3
+        send = connection.loop.sock_sendall
+
+        async def get_descheduled_then_send(sock: socket.socket, data: Any) -> None:
+            time.sleep(blocked_s)  # the client not scheduled before its write
+            await send(sock, data)
+
+        connection.loop.sock_sendall = get_descheduled_then_send  # type: ignore[method-assign]
+        meant_at = time.time()
+        _status, body, received_at = await connection.get("127.0.0.1", "/v1/route")
+        assert body == BODY
+        assert received_at is not None and connection.sent_at is not None
+        assert connection.sent_at - meant_at >= blocked_s
+        assert received_at - connection.sent_at < blocked_s / 2
+        # and the error queue was emptied: the socket does not poll readable for nothing
+        with pytest.raises(BlockingIOError):
+            connection.sock.recvmsg(1, 256, socket.MSG_ERRQUEUE)
+    finally:
+        connection.close()

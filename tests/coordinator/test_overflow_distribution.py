@@ -70,7 +70,7 @@ def distributor(fleet: Fleet) -> OverflowDistributor:
 
 
 async def test_a_second_tick_over_an_unchanged_fleet_pushes_nothing() -> None:
-    fleet = Fleet(3 * TICK_SLICE)
+    fleet = Fleet(12 * TICK_SLICE)  # several slices, and peers at each of 100 sites
     targets = distributor(fleet)
     assert await targets.tick() == len(fleet.records)
     first = {a: r.desired.overflow_targets for a, r in fleet.records.items()}
@@ -102,7 +102,7 @@ async def test_a_second_tick_over_an_unchanged_fleet_pushes_nothing() -> None:
 
 
 async def test_a_tick_lets_the_event_loop_serve_while_it_works() -> None:
-    fleet = Fleet(4 * TICK_SLICE)
+    fleet = Fleet(16 * TICK_SLICE)
     targets = distributor(fleet)
     ran: list[int] = []
 

@@ -219,9 +219,7 @@ def _isolated(
             word = m.group()
             if not (word[:1] in family or word[:2] in family):
                 continue
-            if any(c in _NEVER_IN_NAMES for c in word) or any(
-                word.startswith(w) for w in _HANGUL_NOT_NAMES
-            ):
+            if any(c in _NEVER_IN_NAMES for c in word) or word.startswith(_NOT_NAME_STARTS):
                 continue
             # no other East Asian letter within 24 characters, and Latin words around
             around = text[max(0, m.start() - 24) : m.start()] + " " + text[m.end() : m.end() + 24]
@@ -245,21 +243,27 @@ _HANGUL_NOT_NAMES = frozenset(
 )
 
 
+# the same words as tuples, for str.startswith and str.endswith (one call, not a loop)
+_NOT_NAME_STARTS = tuple(_HANGUL_NOT_NAMES)
+_HANGUL_AFTER_WORDS = tuple(_HANGUL_AFTER.split("|"))
+_HANGUL_AFTER_LONGEST_FIRST = tuple(sorted(_HANGUL_AFTER_WORDS, key=len, reverse=True))
+
+
 def _hangul(text: str, family: frozenset[str], given: frozenset[str]) -> Iterator[Span]:
     for m in _HANGUL_WORD.finditer(text):
         word = m.group()
         start = m.start()
-        if word[0] not in family or any(word.startswith(w) for w in _HANGUL_NOT_NAMES):
+        if word[0] not in family or word.startswith(_NOT_NAME_STARTS):
             continue
         before = text[max(0, start - 12) : start]
         name_len = None
-        for suffix in sorted(_HANGUL_AFTER.split("|"), key=len, reverse=True):
+        for suffix in _HANGUL_AFTER_LONGEST_FIRST:
             if word.endswith(suffix) and 2 <= len(word) - len(suffix) <= 4:
                 name_len = len(word) - len(suffix)
                 break
         if name_len is None:
             after = text[m.end() : m.end() + 5].lstrip()
-            if any(after.startswith(s) for s in _HANGUL_AFTER.split("|")) and len(word) <= 4:
+            if after.startswith(_HANGUL_AFTER_WORDS) and len(word) <= 4:
                 name_len = len(word)
             elif _LABELS_HANGUL.search(before) and len(word) in (2, 3, 4):
                 name_len = len(word) if len(word) <= 3 else 3

@@ -105,6 +105,26 @@ _PIECES = [
     "佐藤健一",
     "　",
     "Dear 王伟",
+    # Hangul and Han names alone or before a title, and the words that are none
+    "김민준님",
+    "박서연 고객님",
+    "이지은씨",
+    "고객님",
+    "간호사",
+    "김 선생님",
+    "저는 김민준",
+    "최유리 과장님",
+    "Customer 김민준 called",
+    "Hi 王秀英, your order",
+    "이름: 정하늘",
+    "김간호",
+    "간호사님",
+    "간호 선생님",
+    "박사장님",
+    "김민준 씨",
+    "이서준",
+    "님",
+    "윤아름 대리님께",
     "Name: 李秀英",
     "MR.张",
     "attn 佐藤健一",
@@ -298,6 +318,68 @@ def test_phones_are_what_they_were() -> None:
         assert [(s.start, s.end) for s in detectors.find_phones(text)] == expected, text
         found += len(expected)
     assert found > 100
+
+
+def _reference_hangul(text: str) -> Iterator[tuple[int, int]]:
+    """script_names._hangul as it was before its word lists became tuples."""
+    sn = script_names
+    _, family, given, _ = sn._lists()
+    for m in sn._HANGUL_WORD.finditer(text):
+        word = m.group()
+        start = m.start()
+        if word[0] not in family or any(word.startswith(w) for w in sn._HANGUL_NOT_NAMES):
+            continue
+        before = text[max(0, start - 12) : start]
+        name_len = None
+        for suffix in sorted(sn._HANGUL_AFTER.split("|"), key=len, reverse=True):
+            if word.endswith(suffix) and 2 <= len(word) - len(suffix) <= 4:
+                name_len = len(word) - len(suffix)
+                break
+        if name_len is None:
+            after = text[m.end() : m.end() + 5].lstrip()
+            if any(after.startswith(s) for s in sn._HANGUL_AFTER.split("|")) and len(word) <= 4:
+                name_len = len(word)
+            elif sn._LABELS_HANGUL.search(before) and len(word) in (2, 3, 4):
+                name_len = len(word) if len(word) <= 3 else 3
+            elif len(word) == 3 and word[1:] in given:
+                name_len = 3
+        if name_len is not None and name_len >= 2:
+            yield start, start + name_len
+
+
+def _reference_isolated(text: str) -> Iterator[tuple[int, int]]:
+    """script_names._isolated as it was before its word list became a tuple."""
+    sn = script_names
+    cjk_family, hangul_family, _, _ = sn._lists()
+    for pattern, family in ((sn._HAN_TOKEN, cjk_family), (sn._HANGUL_TOKEN, hangul_family)):
+        for m in pattern.finditer(text):
+            word = m.group()
+            if not (word[:1] in family or word[:2] in family):
+                continue
+            if any(c in sn._NEVER_IN_NAMES for c in word) or any(
+                word.startswith(w) for w in sn._HANGUL_NOT_NAMES
+            ):
+                continue
+            around = text[max(0, m.start() - 24) : m.start()] + " " + text[m.end() : m.end() + 24]
+            if sn._EAST_ASIAN.search(around) or not sn._LATIN_WORD.search(around):
+                continue
+            yield m.start(), m.end()
+
+
+def test_hangul_and_isolated_names_are_what_they_were() -> None:
+    cjk_family, hangul_family, hangul_given, _ = script_names._lists()
+    hangul = isolated = 0
+    for text in _texts():
+        expected = list(_reference_hangul(text))
+        found = script_names._hangul(text, hangul_family, hangul_given)
+        assert [(s.start, s.end) for s in found] == expected, text
+        hangul += len(expected)
+        expected = list(_reference_isolated(text))
+        found = script_names._isolated(text, cjk_family, hangul_family)
+        assert [(s.start, s.end) for s in found] == expected, text
+        isolated += len(expected)
+    assert hangul > 100
+    assert isolated > 20
 
 
 def _reference_cue_before(before: str, cues: frozenset[str]) -> bool:

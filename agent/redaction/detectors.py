@@ -28,7 +28,7 @@ from agent.redaction.prefilter import (
     keyword_starts,
     literal_starts,
     marks,
-    token_run_starts,
+    re2_starts,
     words,
 )
 
@@ -250,10 +250,22 @@ def find_cards(text: str, found: frozenset[str] | None = None) -> Iterator[Span]
         yield Span(m.start(), m.end(), CREDIT_CARD)
 
 
+def iban_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_IBAN.finditer(text)``, tried only where two letters and two digits start (RE2)."""
+    starts = re2_starts("iban", text)
+    return _IBAN.finditer(text) if starts is None else finditer_from(_IBAN, text, starts)
+
+
+def ipv4_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_IPV4.finditer(text)``, tried only where four dotted groups of digits start (RE2)."""
+    starts = re2_starts("ipv4", text)
+    return _IPV4.finditer(text) if starts is None else finditer_from(_IPV4, text, starts)
+
+
 def find_ibans(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     if "iban" not in (marks(text) if found is None else found):
         return
-    for m in _IBAN.finditer(text):
+    for m in iban_matches(text):
         raw = m.group()
         # a trailing word glued on by the optional spaces: shrink from the right
         end = len(raw)
@@ -296,7 +308,7 @@ def _version_context(text: str, start: int) -> bool:
 
 def find_ips(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     if "ipv4" in (marks(text) if found is None else found):
-        for m in _IPV4.finditer(text):
+        for m in ipv4_matches(text):
             addr = m.group().split("/")[0]
             try:
                 ipaddress.IPv4Address(addr)
@@ -405,7 +417,7 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
 def token_matches(text: str) -> Iterator[re.Match[str]]:
     """``_TOKEN.finditer(text)``, tried only where a run of 24 or more of its characters
     starts (a match starts a run: what is before it is none of them)."""
-    starts = token_run_starts(text)
+    starts = re2_starts("token", text)
     return _TOKEN.finditer(text) if starts is None else finditer_from(_TOKEN, text, starts)
 
 

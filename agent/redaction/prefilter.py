@@ -127,17 +127,18 @@ def literal_starts(text: str, literals: Iterable[str], back: int = 0) -> list[in
     return sorted(found)
 
 
-class _TokenRuns:
-    """Where the runs of 24 or more characters of a long token start (RE2, one pass over the
-    text's UTF-8), or ``None`` where RE2 is not installed or the text cannot be encoded."""
+class _Re2Starts:
+    """Where the leftmost-first, non-overlapping matches of an RE2 pattern start, in
+    characters (one RE2 pass over the text's UTF-8), or ``None`` where RE2 is not installed
+    or the text cannot be encoded."""
 
-    def __init__(self) -> None:
+    def __init__(self, pattern: str) -> None:
         self._pattern: Any = None
         try:
             import re2
         except ImportError:
             return
-        self._pattern = re2.compile(r"[A-Za-z0-9_\-+/]{24,}")
+        self._pattern = re2.compile(pattern)
 
     def __call__(self, text: str) -> list[int] | None:
         if self._pattern is None:
@@ -152,17 +153,30 @@ class _TokenRuns:
         return starts
 
 
-_token_runs: _TokenRuns | None = None
+# RE2 patterns whose match starts include every start of a detector's pattern (see each
+# use); compiled on first use.
+_RE2_STARTS = {
+    # detectors._TOKEN: a match starts a maximal run of 24 or more of its characters (what
+    # is before it is none of them); the leftmost match of this greedy pattern starts a run
+    # and ends it, so the next one starts the next run
+    "token": r"[A-Za-z0-9_\-+/]{24,}",
+    # detectors._IBAN: two letters then two digits, after no word character; no such four
+    # start inside another (a start inside one would follow a letter or digit)
+    "iban": r"[A-Za-z]{2}\p{Nd}{2}",
+    # detectors._IPV4: four dotted groups of digits, after no digit or dot; a start inside
+    # another match would follow a digit or a dot
+    "ipv4": r"\p{Nd}{1,3}\.\p{Nd}{1,3}\.\p{Nd}{1,3}\.\p{Nd}",
+}
+_re2_starts: dict[str, _Re2Starts] = {}
 
 
-def token_run_starts(text: str) -> list[int] | None:
-    """Where each maximal run of 24 or more of ``[A-Za-z0-9_\\-+/]`` starts, ascending (the
-    leftmost match of a greedy pattern starts a run and ends it, so the next starts the next
-    run); ``None`` where RE2 is missing."""
-    global _token_runs
-    if _token_runs is None:
-        _token_runs = _TokenRuns()
-    return _token_runs(text)
+def re2_starts(name: str, text: str) -> list[int] | None:
+    """The starts of :data:`_RE2_STARTS` ``[name]``'s matches in ``text``, ascending: the
+    candidate starts of :func:`finditer_from` (``None`` where RE2 is missing)."""
+    starts = _re2_starts.get(name)
+    if starts is None:
+        starts = _re2_starts[name] = _Re2Starts(_RE2_STARTS[name])
+    return starts(text)
 
 
 def first_words(keywords: Iterable[str]) -> frozenset[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -399,7 +400,7 @@ _CHART = r"""([group, id]) => {
   const u = window.edgefleet.charts[group].charts.get(id).plot;
   return {time: u.scales.x.time, axes: u.axes.map((a) => a.label),
           series: u.series.map((s) => s.label), data: u.data.map((d) => Array.from(d)),
-          canvas: u.ctx.canvas.width > 0};
+          canvas: u.ctx.canvas.width > 0, ticks: u.axes[0]._values};
 }"""
 _HOVER = r"""async ([group, id, index]) => {
   const u = window.edgefleet.charts[group].charts.get(id).plot;
@@ -463,6 +464,12 @@ async def test_charts_have_time_axes_units_and_hover_values_that_match_the_serie
         assert shown["time"] is True and shown["canvas"]
         assert shown["axes"] == ["Time (local)", *axis]
         assert shown["series"] == ["Time", *names]
+        # one short label per time tick (hh:mm, :ss between), never a date under one that
+        # runs into its neighbours
+        assert shown["ticks"], shown
+        assert all(re.fullmatch(r"\d\d:\d\d|:\d\d", tick) for tick in shown["ticks"]), shown[
+            "ticks"
+        ]
         # the same steps and values as the series API (which may have closed one more)
         xs = shown["data"][0]
         assert xs and all(t in by_time for t in xs)

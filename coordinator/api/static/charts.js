@@ -19,6 +19,13 @@ function chartTime(t) {
   return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
 }
 
+// A time axis tick: "14:05" on a minute, ":30" between (local time, 24-hour).
+function timeTick(t) {
+  const d = new Date(t * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return d.getSeconds() ? `:${two(d.getSeconds())}` : `${two(d.getHours())}:${two(d.getMinutes())}`;
+}
+
 // Dots on values in runs of one or two between gaps (too short a line to see), unless
 // uPlot already dots every point (few of them on the chart's width).
 function isolatedPoints(u, seriesIdx, show) {
@@ -78,7 +85,11 @@ class TimeChart {
         })),
       ],
       axes: [
-        { label: "Time (local)", stroke: "#333", grid: { stroke: "#e6e6e6" }, ticks: { stroke: "#bbb" } },
+        // one short line per tick (hh:mm, :ss between minutes): uPlot's own labels put the
+        // date under a day's first tick ("12/3/26 10:22pm"), over its neighbours' on a
+        // narrow chart
+        { label: "Time (local)", stroke: "#333", space: 55, grid: { stroke: "#e6e6e6" }, ticks: { stroke: "#bbb" },
+          values: (u, splits) => splits.map(timeTick) },
         { label: this.spec.axis, stroke: "#333", size: 56, grid: { stroke: "#e6e6e6" },
           ticks: { stroke: "#bbb" }, values: (u, splits) => splits.map((v) => `${+v.toPrecision(3)}`) },
       ],

@@ -608,10 +608,6 @@ def _known(word: str, names: frozenset[str]) -> bool:
     return word in names or (not word.isascii() and fold(word) in names)
 
 
-def _capitalised(word: str) -> bool:
-    return (word[0].isupper() and not word.isupper()) or (len(word) == 1 and word.isupper())
-
-
 def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     given, family, _, _ = gazetteer()
     for m in _CAP_RUN.finditer(text):
@@ -625,11 +621,17 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
         n = len(words)
         while i < n:
             w = words[i]
-            if not _capitalised(w) or w in _NOT_A_NAME or w in _GREETINGS:
+            # capitalised (a capital first, not all capitals; or one capital), written inline:
+            # the loop's most frequent check
+            if (
+                not ((w[0].isupper() and not w.isupper()) or (len(w) == 1 and w.isupper()))
+                or w in _NOT_A_NAME
+                or w in _GREETINGS
+            ):
                 i += 1
                 continue
             before = text[max(0, offsets[i] - 30) : offsets[i]]
-            first = w.split("-")[0]
+            first = w.partition("-")[0]
             if "-" in w and w.rsplit("-", 1)[1].lower() in _HONORIFIC_SUFFIXES and j_ok(w):
                 base = w.rsplit("-", 1)[0]
                 yield Span(offsets[i], offsets[i] + len(base), PERSON)  # Tanaka-san
@@ -645,7 +647,13 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 if len(nxt) == 2 and nxt[1] == "." and _INITIAL.fullmatch(nxt):
                     j += 1
                     continue
-                if not _capitalised(nxt) or nxt in _NOT_A_NAME:
+                if (
+                    not (
+                        (nxt[0].isupper() and not nxt.isupper())
+                        or (len(nxt) == 1 and nxt.isupper())
+                    )
+                    or nxt in _NOT_A_NAME
+                ):
                     break
                 j += 1
             while j > i + 1 and words[j - 1] in _PARTICLES:

@@ -398,6 +398,27 @@ def test_hangul_and_isolated_names_are_what_they_were() -> None:
     assert isolated > 20
 
 
+def test_words_in_capitals_start_or_continue_no_latin_name() -> None:
+    """find_persons reads a word as capitalised (its check is written inline in the loop)
+    when its first letter is a capital and it is not all capitals, or it is one capital:
+    on the sets, in capitals and with every other word in capitals, no name it finds holds
+    a word of two or more capitals."""
+    found = 0
+    for path in sorted(DATA_DIR.glob("*.txt")):
+        for doc in load_documents(path):
+            alternate = " ".join(
+                w.upper() if k % 2 else w for k, w in enumerate(doc.text.split(" "))
+            )
+            for text in (doc.text, doc.text.upper(), alternate):
+                for span in names.find_persons(text, frozenset()):
+                    value = text[span.start : span.end]
+                    assert not any(
+                        len(w) > 1 and w.isupper() for w in re.findall(r"[^\W\d_]+", value)
+                    ), value
+                    found += 1
+    assert found > 1000
+
+
 def _reference_cue_before(before: str, cues: frozenset[str]) -> bool:
     words = before.rstrip(" ,:\n").lower().split()[-3:]
     return any(" ".join(words[k:]).lstrip("(\"'") in cues for k in range(len(words)))

@@ -7,14 +7,17 @@ with the listed sizes. Then nothing is rewritten.
 
 With ``shared_cache`` (the command line's default: ``~/.cache/edgefleet/models``, or
 ``$EDGEFLEET_CACHE_DIR/models``), a target that is not up to date in ``out`` is copied from
-there when a build with the same key AND the same pipeline code (``models/*.py``) and
-converter versions (torch, onnx, onnxruntime) is stored; what is built is stored there
+there when a build with the same key AND the same pipeline code (the build driver and
+every module of the package the target's builder imports: a change to one target's builder
+leaves the others' entries valid) and converter versions (torch, onnx, onnxruntime) is
+stored; what is built is stored there
 (written aside, then renamed into place; the newest two per target kept). A fresh clone on
 a machine that built the models before gets them in seconds, not minutes.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
@@ -300,16 +303,47 @@ def _target_dirs(target: Target) -> list[str]:
     return dirs
 
 
+def _modules_reached(start: tuple[str, ...], root: Path) -> list[Path]:
+    """The files of the ``models`` package (under ``root``) that the modules ``start``
+    import, directly or through one another: static imports anywhere in a file, inside
+    functions too. A target's builder is named by a string in TARGETS, so one target's
+    modules never reach another's."""
+    seen: set[Path] = set()
+    todo = [*start, "models"]
+    while todo:
+        name = todo.pop()
+        if name != "models" and not name.startswith("models."):
+            continue
+        parts = name.split(".")[1:]
+        path = root.joinpath(*parts).with_suffix(".py") if parts else root / "__init__.py"
+        if not path.is_file():
+            path = root.joinpath(*parts, "__init__.py")
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                todo.append(node.module)
+                todo += [f"{node.module}.{alias.name}" for alias in node.names]
+    return sorted(seen)
+
+
 @functools.cache
-def _pipeline_digest() -> str:
+def _pipeline_digest(module: str, root: Path = Path(__file__).parent) -> str:
     """The build pipeline's code and the converters' versions (what BUILD_VERSION is
     meant to track by hand, checked here so a clone with other code never takes another's
-    artifacts)."""
+    artifacts): the build driver and the modules it and the target's builder ``module``
+    reach (``_modules_reached``), so a change to one target's builder leaves the others'
+    cache entries valid. (Before 2026-12-03 every file of the package counted: entries
+    stored then are not found, and each target is built once more.)"""
     from importlib.metadata import PackageNotFoundError, version
 
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in _modules_reached(("models.build", module), root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
     for package in ("torch", "onnx", "onnxruntime", "tokenizers"):
         try:
             digest.update(f"{package}=={version(package)}".encode())
@@ -321,8 +355,8 @@ def _pipeline_digest() -> str:
 def _shared_dir(root: Path | None, target: Target, key: str) -> Path | None:
     if root is None:
         return None
-    combined = hashlib.sha256(f"{key}:{_pipeline_digest()}".encode()).hexdigest()[:24]
-    return root / target.name / combined
+    combined = hashlib.sha256(f"{key}:{_pipeline_digest(target.module)}".encode()).hexdigest()
+    return root / target.name / combined[:24]
 
 
 def _restore(shared: Path, out: Path, target: Target, key: str) -> bool:

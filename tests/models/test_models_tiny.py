@@ -213,8 +213,43 @@ def test_a_target_is_copied_from_the_machines_shared_cache(
     deep = tmp_path / "clone" / "_variants" / "tiny-llama-deep"
     verify_files(load_manifest(deep), deep)  # the deep variant came along
     # other pipeline code (or converter versions): another entry, never this one
-    monkeypatch.setattr(build_module, "_pipeline_digest", lambda: "other code")
+    monkeypatch.setattr(build_module, "_pipeline_digest", lambda *_args: "other code")
     assert build_module._shared_dir(shared_root, target, key) != shared
     # an entry whose files do not hold is not restored
     (shared / "tiny-llama" / "model.onnx").write_bytes(b"truncated")
     assert not build_module._restore(shared, tmp_path / "clone2", target, key)
+
+
+def _package_copy(where: Path, edit: str = "") -> Path:
+    """A copy of the models package's modules, one of them (``edit``) changed."""
+    import models
+
+    root = where / "models"
+    root.mkdir(parents=True)
+    for module in Path(models.__file__).parent.glob("*.py"):
+        text = module.read_text()
+        (root / module.name).write_text(text + ("\n# changed\n" if module.name == edit else ""))
+    return root
+
+
+def test_a_builders_change_leaves_the_other_targets_cache_entries_valid(tmp_path: Path) -> None:
+    """The shared cache's pipeline digest covers the build driver and what a target's
+    builder imports: the moderation heads' builder changing keeps every other target's
+    entry; a module they share (context.py) changing moves them all."""
+    from models.build import TARGETS, _pipeline_digest
+
+    builders = {name: target.module for name, target in TARGETS.items()}
+    assert builders["tiny-llama"] == "models.build_tiny"
+    assert builders["moderation/all-minilm-l6-v2"] == "models.build_moderation"
+
+    def digests(root: Path) -> dict[str, str]:
+        return {name: _pipeline_digest(module, root) for name, module in builders.items()}
+
+    base = digests(_package_copy(tmp_path / "a"))
+    heads = digests(_package_copy(tmp_path / "b", edit="build_moderation.py"))
+    shared = digests(_package_copy(tmp_path / "c", edit="context.py"))
+    assert heads["moderation/all-minilm-l6-v2"] != base["moderation/all-minilm-l6-v2"]
+    assert {n: d for n, d in heads.items() if n != "moderation/all-minilm-l6-v2"} == {
+        n: d for n, d in base.items() if n != "moderation/all-minilm-l6-v2"
+    }
+    assert all(shared[name] != base[name] for name in builders)

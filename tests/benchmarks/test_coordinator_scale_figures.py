@@ -94,17 +94,23 @@ def test_postgres_cores_count_the_backends_that_ended_within_the_window(
 
     # The cluster is the session's: the server's other processes (autovacuum workers on
     # earlier tests' tables, which end inside a window too) can only add to a window, so
-    # each figure is the least of three windows (one such extra in the "one" window
-    # failed this in two CI runs: 0.37 / 0.44 and 0.31 / 0.47 s).
+    # the idle figure is the least of three windows. A query's CPU time itself moves with
+    # what the machine's other core runs (the two share a physical core on some VMs): a
+    # "one" window under load beside a "both" window without failed 1.6x in CI (0.22 /
+    # 0.33 s). So the two kinds of window take turns and each pair is compared.
     with psycopg.connect(url) as kept:
         kept.execute(BUSY).fetchall()  # before any window: never counted
         idle = min(cpu_s(lambda: time.sleep(0.2)) for _ in range(3))
-        one = min(cpu_s(lambda: kept.execute(BUSY).fetchall()) for _ in range(3))
 
         def both_queries() -> None:
             kept.execute(BUSY).fetchall()
             brief()
 
-        both = min(cpu_s(both_queries) for _ in range(3))
+        pairs = [
+            (cpu_s(lambda: kept.execute(BUSY).fetchall()), cpu_s(both_queries)) for _ in range(5)
+        ]
+    one = min(one for one, _ in pairs)
+    ratios = sorted(both / one for one, both in pairs)
     assert idle < 0.05 < one
-    assert both > 1.6 * one, (one, both)  # the ended backend's query counted too
+    # the ended backend's query counted too: about twice one (about 1.0 without it)
+    assert ratios[len(ratios) // 2] > 1.5, pairs

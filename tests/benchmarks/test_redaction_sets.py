@@ -132,6 +132,15 @@ def test_the_4kb_prompt_is_4kb_of_one_kind_of_heldout_document() -> None:
     assert dense.startswith(positives[0]) and clean.startswith(negatives[0])
 
 
+def test_the_4kb_latency_with_ner_runs_the_model_on_every_request() -> None:
+    from benchmarks.redaction import request_latency
+
+    seen: list[str] = []
+    figures = request_latency("Hi Anna Schmidt, call 030 1234567.", 10, seen.append)  # type: ignore[arg-type]
+    assert len(seen) == 3 + 10 and set(seen) == {"Hi Anna Schmidt, call 030 1234567."}
+    assert figures["runs"] == 10 and 0 < figures["p50_ms"] <= figures["p99_ms"]
+
+
 def test_the_ner_persons_are_added_only_where_the_agent_found_nothing() -> None:
     from benchmarks.redaction import _with_ner_persons
 

@@ -168,11 +168,17 @@ _RE2_STARTS = {
     "ipv4": r"\p{Nd}{1,3}\.\p{Nd}{1,3}\.\p{Nd}{1,3}\.\p{Nd}",
 }
 _re2_starts: dict[str, _Re2Starts] = {}
+# Shorter texts are scanned by re itself: encoding one for RE2 and calling it cost more than
+# re's scan of a short text (about 3 us against 1-2 us for the held-out documents' 90 bytes).
+SHORT_TEXT = 256
 
 
 def re2_starts(name: str, text: str) -> list[int] | None:
     """The starts of :data:`_RE2_STARTS` ``[name]``'s matches in ``text``, ascending: the
-    candidate starts of :func:`finditer_from` (``None`` where RE2 is missing)."""
+    candidate starts of :func:`finditer_from` (``None`` where RE2 is missing or the text is
+    shorter than :data:`SHORT_TEXT`: then the caller scans it whole)."""
+    if len(text) < SHORT_TEXT:
+        return None
     starts = _re2_starts.get(name)
     if starts is None:
         starts = _re2_starts[name] = _Re2Starts(_RE2_STARTS[name])

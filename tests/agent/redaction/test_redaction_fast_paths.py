@@ -229,8 +229,11 @@ _PIECES = [
 def _texts() -> tuple[str, ...]:
     texts: list[str] = []
     for path in sorted(DATA_DIR.glob("*.txt")):
-        for doc in load_documents(path):
+        docs = load_documents(path)
+        for doc in docs:
             texts += [doc.text, doc.text.lower(), doc.text.upper()]
+        # long texts (the 4 KB prompt's kind): every tenth document on, joined
+        texts += ["\n\n".join(d.text for d in docs[k::10]) for k in range(10)]
     rng = random.Random(27)
     for _ in range(4000):
         texts.append("".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 14))))
@@ -268,8 +271,13 @@ FAST_PATHS: dict[
 }
 
 
+@pytest.mark.parametrize("short_text", [prefilter.SHORT_TEXT, 0])
 @pytest.mark.parametrize("name", list(FAST_PATHS))
-def test_a_fast_path_finds_what_its_pattern_finds(name: str) -> None:
+def test_a_fast_path_finds_what_its_pattern_finds(
+    name: str, short_text: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # with 0, the RE2 starts are used for every text, the short ones too
+    monkeypatch.setattr(prefilter, "SHORT_TEXT", short_text)
     fast, reference = FAST_PATHS[name]
     pattern = reference()
     found = 0

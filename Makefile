@@ -45,9 +45,10 @@ test: system-deps models
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # the first loop: every unit test, deselecting by marker (tests/conftest.py sets them from a
-# test's folder and fixtures) what needs the real models, edge images, llama.cpp or minutes;
+# test's folder, fixtures and parameters) what needs the real models, edge images, llama.cpp,
+# a PostgreSQL server or minutes;
 # needs neither `make models` (the tiny model builds in seconds) nor `make system-deps`
-FAST_MARKERS := not e2e and not images and not llamacpp and not real_models and not slow
+FAST_MARKERS := not e2e and not images and not llamacpp and not real_models and not slow and not postgres
 test-fast: venv
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m "$(FAST_MARKERS)"
 

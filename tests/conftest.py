@@ -69,7 +69,12 @@ FIXTURE_MARKERS = {
     "empty_agent_image": "images",
     "coordinator_image": "images",
     "tiny_out": "slow",  # a fresh tiny-llama conversion (tests/models): about 12 s
+    "postgres_cluster": "postgres",  # a PostgreSQL server (postgres_url's too)
 }
+# A test run once per store backend (tests/coordinator/store_backends.py: the ``backend``
+# fixture, or ``make_coordinator`` parametrized) asks for the cluster only in its
+# PostgreSQL case, by name at run time: that case is marked from its parameter.
+BACKEND_PARAMS = ("backend", "make_coordinator")
 
 
 # `make test` runs each file whole on one of two workers (pytest-xdist --dist loadfile),
@@ -108,7 +113,7 @@ FILE_SECONDS = {
     "agent/test_coordinator_targets.py": 55,
     "agent/test_engine.py": 50,
 }
-HEAVY_MARKERS = ("e2e", "images", "llamacpp", "real_models", "slow")
+HEAVY_MARKERS = ("e2e", "images", "llamacpp", "real_models", "slow", "postgres")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -121,6 +126,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = {FOLDER_MARKERS[folder]} if folder in FOLDER_MARKERS else set()
         fixtures = getattr(item, "fixturenames", ())
         names |= {marker for fixture, marker in FIXTURE_MARKERS.items() if fixture in fixtures}
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(params.get(name) == "postgres" for name in BACKEND_PARAMS):
+            names.add("postgres")
         for name in sorted(names):
             item.add_marker(name)
         if any(item.get_closest_marker(name) for name in HEAVY_MARKERS):

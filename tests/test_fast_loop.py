@@ -19,6 +19,16 @@ LEFT_OUT = {
     "tests/edge_images/test_wheel_digest.py": "images (folder)",
     "tests/overflow/test_overflow_llamacpp.py": "llamacpp (llamacpp_server fixture)",
 }
+# PostgreSQL: a test using the cluster's fixture, and one starting a cluster of its own
+# (marked by hand), left out beside one that needs no server
+POSTGRES_MIXED = "tests/coordinator/test_postgres_store.py"
+POSTGRES_KEPT = "test_an_unreachable_server_is_a_store_error_that_never_shows_the_password"
+POSTGRES_LEFT_OUT = (
+    "test_coordinators_starting_together_migrate_once",
+    "test_a_server_that_goes_away_fails_calls_fast_and_is_used_again_when_back",
+)
+# run once per store backend: the SQLite case stays, the PostgreSQL case is left out
+BOTH_BACKENDS = "tests/coordinator/test_store_conformance.py"
 MIXED = "tests/agent/test_engine_supervision.py"
 MIXED_KEPT = "test_restart_policy_rejects_nonsense"
 # real_artifacts through its embedding_client fixture
@@ -41,7 +51,7 @@ def test_plain_pytest_collects_and_the_fast_markers_leave_out_the_heavy_tests() 
     done = subprocess.run(
         [sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
          "-p", "no:cacheprovider", "-p", "no:schemathesis", "-p", "no:hypothesispytest",
-         "-m", fast_markers(), KEPT, MIXED, *LEFT_OUT],
+         "-m", fast_markers(), KEPT, MIXED, BOTH_BACKENDS, POSTGRES_MIXED, *LEFT_OUT],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     output = done.stdout + done.stderr
@@ -51,6 +61,13 @@ def test_plain_pytest_collects_and_the_fast_markers_leave_out_the_heavy_tests() 
     assert "\nERROR" not in output, output
     collected = [line for line in done.stdout.splitlines() if "::" in line]
     files = {line.split("::")[0] for line in collected}
-    assert files == {KEPT, MIXED}, f"collected from {sorted(files)}; expected left out: {LEFT_OUT}"
+    assert files == {KEPT, MIXED, BOTH_BACKENDS, POSTGRES_MIXED}, (
+        f"collected from {sorted(files)}; expected left out: {LEFT_OUT}"
+    )
+    cases = [line for line in collected if line.startswith(BOTH_BACKENDS)]
+    assert any("[sqlite" in c for c in cases), cases
+    assert not any("postgres" in c for c in cases), cases
+    names = {line.split("::")[1] for line in collected if line.startswith(POSTGRES_MIXED)}
+    assert POSTGRES_KEPT in names and not names & set(POSTGRES_LEFT_OUT), names
     names = {line.split("::")[1].split("[")[0] for line in collected if line.startswith(MIXED)}
     assert MIXED_KEPT in names and MIXED_LEFT_OUT not in names, names

@@ -138,6 +138,7 @@ async def test_an_unreachable_server_is_a_store_error_that_never_shows_the_passw
     assert display_url("postgresql://u:secret@db:5433/fleet") == "postgresql://u@db:5433/fleet"
 
 
+@pytest.mark.postgres  # a cluster of its own, not the fixture's
 async def test_a_server_that_goes_away_fails_calls_fast_and_is_used_again_when_back() -> None:
     """A cluster of its own, stopped as a crash looks (immediate shutdown) and started
     again: while it is away every call fails within its timeouts (never hangs); when it is

@@ -136,6 +136,7 @@ def _stored(url: str) -> tuple[int, dict[str, float]]:
 
 
 @pytest.mark.slow  # 18 s: PostgreSQL slowed, then stopped and started again
+@pytest.mark.postgres  # a cluster of its own
 async def test_postgres_slow_then_away_stops_nothing_that_serves_and_catches_up(
     tiny_artifacts: Path,
 ) -> None:

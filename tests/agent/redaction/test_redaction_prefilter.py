@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from agent.redaction import Redactor, detectors, names, prefilter, script_names
+from agent.redaction import Redactor, detectors, mark_words, names, prefilter, script_names
 from agent.redaction.detectors import Span
 from benchmarks.redaction_data import DATA_DIR, load_documents
 
@@ -270,7 +270,7 @@ def _all_secrets(text: str) -> list[tuple[int, int, str]]:
            and not (text[m.start() - 1 : m.start()] == "-"
                     and not text.startswith(("AKIA", "ASIA", "-----"), m.start()))]  # fmt: skip
     # (as before the prefilter: only when the lower-cased text holds a marker word)
-    if any(marker in text.lower() for marker in detectors.ASSIGNED_MARKERS):
+    if any(marker in text.lower() for marker in mark_words.ASSIGNED_MARKERS):
         for m in detectors._SECRET_ASSIGNED.finditer(text):
             value = m.group(1).rstrip(".")
             if not value.startswith("<") and value.lower() not in _NOT_VALUES:

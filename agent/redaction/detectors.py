@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from agent.redaction.mark_words import ASSIGNED_MARKERS, SHAPE_MARKERS
 from agent.redaction.prefilter import (
+    case_fold,
     finditer_from,
     first_words,
     keyword_starts,
@@ -285,7 +286,7 @@ def find_ssns(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
         for m in _SSN.finditer(text):
             if ssn_ok(m.group(1), m.group(3), m.group(4)):
                 yield Span(m.start(), m.end(), US_SSN)
-    lowered = text.lower()
+    lowered = case_fold(text)  # as _SSN_BARE's (?i) reads it: "SOCİAL" holds "social"
     if "ssn" not in lowered and "social" not in lowered and "sozial" not in lowered:
         return
     for m in _SSN_BARE.finditer(text):
@@ -404,7 +405,7 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 continue  # "-sk-..." is part of something else; "-AKIA..." and "-----" are not
             yield Span(start, m.end(), SECRET)
     if "assigned" in found:
-        lowered = text.lower()
+        lowered = case_fold(text)  # as re's IGNORECASE reads it: "PİN" holds "pin"
         if any(marker in lowered for marker in ASSIGNED_MARKERS):
             yield from _assigned(text)
     if "://" in text:

@@ -216,6 +216,22 @@ def _literals(words: Iterable[str]) -> str:
     return "(?:" + "|".join(re.escape(w) for w in words) + ")"
 
 
+# Letters outside ASCII that re's IGNORECASE takes for an ASCII one and RE2's (?i) does not:
+# dotted and dotless I, the long s, the Kelvin sign (the first three above, or str.lower()).
+_RE_ONLY_EQUALS = "\u0130\u0131\u017f\u212a"
+
+
+def _caseless_literals(words: Iterable[str]) -> str:
+    """An RE2 pattern for ``words`` in any case, as ``re`` under IGNORECASE finds them: each
+    letter a class of what ``re`` holds equal to it ("pin": also "PİN", "pın")."""
+
+    def letter(c: str) -> str:
+        same = {c, c.upper(), *(x for x in _RE_ONLY_EQUALS if case_fold(x) == c)}
+        return "[" + "".join(sorted(same)) + "]" if len(same) > 1 else re.escape(c)
+
+    return "(?:" + "|".join("".join(letter(c) for c in w) for w in words) + ")"
+
+
 @cache
 def mark_patterns() -> dict[str, str]:
     """Each mark's RE2 pattern, by name (built from the detectors' own word lists)."""
@@ -231,9 +247,9 @@ def mark_patterns() -> dict[str, str]:
         # find_phones: 7 to 15 digits, at most three of space . - / ( ) between two of them
         "phone": rf"{_D}(?:[ .\-/()]{{0,3}}{_D}){{6}}",
         # find_secrets: the known key shapes' prefixes, the words of assigned secrets
-        # (looked for in the lower-cased text there), long tokens
+        # (looked for in the case-folded text there), long tokens
         "shape": _literals(mark_words.SHAPE_MARKERS),
-        "assigned": "(?i)" + _literals(mark_words.ASSIGNED_MARKERS),
+        "assigned": _caseless_literals(mark_words.ASSIGNED_MARKERS),
         "token": r"[A-Za-z0-9_\-+/]{24}",
         # the address forms of names.py
         "admin": rf",{_SPACE}{mark_words.ADMIN_UNIT}",

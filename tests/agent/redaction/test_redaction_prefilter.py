@@ -269,8 +269,9 @@ def _all_secrets(text: str) -> list[tuple[int, int, str]]:
            if not (m.start() and (text[m.start() - 1].isalnum() or text[m.start() - 1] == "_"))
            and not (text[m.start() - 1 : m.start()] == "-"
                     and not text.startswith(("AKIA", "ASIA", "-----"), m.start()))]  # fmt: skip
-    # (as before the prefilter: only when the lower-cased text holds a marker word)
-    if any(marker in text.lower() for marker in mark_words.ASSIGNED_MARKERS):
+    # (only when the text holds a marker word as re's IGNORECASE reads it: before
+    # 2026-12-03 the lower-cased text was asked, and "PİN 1234abcd#x" went unredacted)
+    if re.search("|".join(mark_words.ASSIGNED_MARKERS), text, re.IGNORECASE):
         for m in detectors._SECRET_ASSIGNED.finditer(text):
             value = m.group(1).rstrip(".")
             if not value.startswith("<") and value.lower() not in _NOT_VALUES:
@@ -304,3 +305,47 @@ def test_without_re2_every_text_holds_every_mark(monkeypatch: pytest.MonkeyPatch
 
 def test_every_mark_has_a_pattern() -> None:
     assert set(prefilter.mark_patterns()) == set(prefilter.MARK_NAMES)
+
+
+# Letters re's IGNORECASE holds equal to an ASCII one that RE2's (?i) and str.lower() do not
+# (dotted and dotless I, the long s, the Kelvin sign): a password after "PİN" was missed.
+_RE_ONLY = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
+
+
+def _respelt(word: str) -> list[str]:
+    """``word`` with each of its letters that has one, in turn, replaced by each of those."""
+    return [
+        word[:at] + other + word[at + 1 :]
+        for at, letter in enumerate(word)
+        for other in _RE_ONLY.get(letter, "")
+    ]
+
+
+def test_the_assigned_mark_finds_every_spelling_re_finds() -> None:
+    words = mark_words.ASSIGNED_MARKERS
+    plain = re.compile("|".join(words), re.IGNORECASE)
+    respelt = [w for word in words for w in _respelt(word)]
+    assert len(respelt) >= 8, respelt  # pin, secret, pass, key, token, kennwort ...
+    for word in respelt:
+        text = f"the {word} here"
+        assert plain.search(text), word
+        assert "assigned" in prefilter.marks(text), word
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("PİN 1234abcd#x", "1234abcd#x"),
+        ("pın 1234abcd#x", "1234abcd#x"),
+        ("ſecret=abcdefgh12345678", "abcdefgh12345678"),
+        ("API_\u212aEY=abcdefgh12345678", "abcdefgh12345678"),
+    ],
+)
+def test_a_secret_after_a_keyword_spelt_as_re_reads_it_is_redacted(text: str, secret: str) -> None:
+    spans = [text[s.start : s.end] for s in detectors.find_secrets(text)]
+    assert spans == [secret], spans
+
+
+def test_a_bare_ssn_after_a_dotted_capital_i_is_found() -> None:
+    text = "SOCİAL security number 123 45 6789"
+    assert [text[s.start : s.end] for s in detectors.find_ssns(text)] == ["123 45 6789"]

@@ -392,7 +392,7 @@ def _start_lookups(urls: list[str], rate: float, seconds: float) -> tuple[Any, A
 
 
 def _lookup_figures(result: Any, seconds: float) -> dict[str, Any]:
-    latencies, lags, failed, _cpu, _wire = result
+    latencies, lags, failed, _cpu, _wire, _sends = result
     retried = sum(v for k, v in failed.items() if k.startswith("retried"))
     failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
     empty = failed.pop("empty answer", 0)

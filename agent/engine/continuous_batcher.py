@@ -501,6 +501,13 @@ class ContinuousBatcher:
             for s in self._waiting:
                 if s.cancelled:
                     continue
+                if s.deadline < now:
+                    # the caller's own timeout passed: a timeout (504), not overload to retry
+                    # or overflow; the deadline is gone wherever the request would go
+                    self._finish(s, RequestTimeoutError(
+                        "the request's timeout passed while it waited in the queue"
+                    ))  # fmt: skip
+                    continue
                 if self._expired_in_queue(s, now):
                     self._finish(s, OverloadedError(
                         "timed out waiting in the queue", retry_after=1.0, reason="queue_timeout"

@@ -477,6 +477,8 @@ async def test_charts_have_time_axes_units_and_hover_values_that_match_the_serie
             expected = [by_time[t][field] for t in xs]
             assert column == [None if v is None else pytest.approx(v * scale) for v in expected]
         legend = dict(await page.evaluate(_LEGEND, ["fleet", chart]))  # the newest step
+        # the legend's time on the axis's 24-hour clock ("14:05:30", not "02:05:30 PM")
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", legend["Time"]), legend
         assert all(legend[n] == "-" or legend[n].endswith(f" {unit}") for n in names), legend
     # Hovering a step shows its values, with units, as the API gives them.
     xs = (await page.evaluate(_CHART, ["fleet", "chart-requests"]))["data"][0]

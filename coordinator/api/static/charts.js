@@ -16,7 +16,8 @@ function chartValue(v, unit) {
 
 function chartTime(t) {
   if (t === null || t === undefined) return "-";
-  return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  // the axis's clock (24-hour), not the locale's 12-hour "09:29:10 AM" beside "09:29" ticks
+  return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" });
 }
 
 // A time axis tick: "14:05" on a minute, ":30" between (local time, 24-hour).

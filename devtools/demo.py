@@ -322,7 +322,18 @@ async def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        reported: set[int] = set()
+        while not stop.is_set():  # say so when one of the demo's processes dies
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            for proc in started:
+                if isinstance(proc, CoordinatorProcess | AgentProcess) and proc.pid not in reported:
+                    code = proc.returncode
+                    if code is not None:
+                        reported.add(proc.pid)
+                        how = f"signal {-code}" if code < 0 else f"code {code}"
+                        say(f"{_name(proc)} (pid {proc.pid}) exited with {how}; the rest goes "
+                            "on (Ctrl-C stops everything)")  # fmt: skip
         return 0
     except (ProcessStartError, TimeoutError) as exc:
         say(f"demo failed: {exc}")
@@ -339,6 +350,10 @@ async def run(args: argparse.Namespace) -> int:
                     await asyncio.to_thread(proc.stop)
         shutil.rmtree(state, ignore_errors=True)
         say("stopped.")
+
+
+def _name(proc: CoordinatorProcess | AgentProcess) -> str:
+    return f"agent {proc.agent_id}" if isinstance(proc, AgentProcess) else "coordinator"
 
 
 def main(argv: list[str] | None = None) -> int:

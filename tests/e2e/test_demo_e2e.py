@@ -103,6 +103,15 @@ async def test_demo_runs_with_authentication_on(real_artifacts: Path) -> None:
             async with http.get(fleet) as response:
                 listed = (await response.json())["data"]
         assert len(listed) == 2 and all(a["location"] is not None for a in listed), listed
+        # an agent killed: the demo says so and goes on
+        pid = re.search(r"agent edge-berlin .*\(pid (\d+)\)", banner)
+        assert pid, banner
+        os.kill(int(pid[1]), signal.SIGKILL)
+        async with asyncio.timeout(15):
+            while "exited" not in lines[-1]:
+                lines.append((await demo.stdout.readline()).decode())
+        assert f"agent edge-berlin (pid {pid[1]}) exited with signal 9" in lines[-1], lines[-1]
+        assert demo.returncode is None
     finally:
         if demo.returncode is None:
             demo.send_signal(signal.SIGINT)

@@ -4,6 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+# Bytecode of this clone's modules is cached (in __pycache__/, ignored by git) even where
+# the shell sets PYTHONDONTWRITEBYTECODE: without it every process the tests start (agents,
+# coordinators, CLIs: hundreds) compiled the project again, and every pytest process
+# rewrote every test module's asserts (collection 19 s, 8 s with the cache).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: venv models system-deps demo test test-fast lint docs bench clean-models help image-cpu image-cpu-arm64 image-cuda image-coordinator bundle bench-image
 
 help:

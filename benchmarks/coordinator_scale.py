@@ -658,16 +658,27 @@ class _Connection:
         return status, body, at
 
 
+class LookupResult(NamedTuple):
+    """What the lookup process measured (read by name: its users are in other modules)."""
+
+    latencies: list[float]  # s, writing the request to reading the whole answer
+    lags: list[float]  # s, how late each lookup left against its schedule
+    failed: dict[str, int]  # why -> how many
+    cpu_s: float  # the lookup process's CPU while measuring
+    wire: list[float]  # s, the kernel's send time to its receive time
+    sends: list[float]  # s, this process's delay before the kernel sent
+
+
 def _lookups(
     http_url: str, rate: float, warmup_s: float, seconds: float, warm: Any, out: Any
 ) -> None:
-    """Open-loop lookups; puts (latencies s, schedule lags s, failures by why, CPU s, wire
-    latencies s) on ``out``: a latency runs from writing the request to reading the whole
-    answer; its wire latency to the kernel's receive time of the answer's last byte, so it
-    leaves out how long this process, sharing its CPU with the simulators, took to be
-    scheduled after the answer came. An answer without any agent (``"agents": []``) counts
-    as a failure ("empty answer"). ``http_url``: one coordinator, or several
-    comma-separated, asked in turn (one lookup each, round robin).
+    """Open-loop lookups; puts a :class:`LookupResult` on ``out``: a latency runs from
+    writing the request to reading the whole answer; its wire latency to the kernel's
+    receive time of the answer's last byte, so it leaves out how long this process,
+    sharing its CPU with the simulators, took to be scheduled after the answer came. An
+    answer without any agent (``"agents": []``) counts as a failure ("empty answer").
+    ``http_url``: one coordinator, or several comma-separated, asked in turn (one lookup
+    each, round robin).
 
     The first ``warmup_s`` (connections opening, caches filling) are not measured;
     ``warm`` is set when measuring starts.
@@ -675,9 +686,7 @@ def _lookups(
     servers = [urlsplit(url.strip()) for url in http_url.split(",") if url.strip()]
     addresses = [(p.hostname or "127.0.0.1", p.port or 80) for p in servers]
 
-    async def run() -> tuple[
-        list[float], list[float], dict[str, int], float, list[float], list[float]
-    ]:
+    async def run() -> LookupResult:
         rng = random.Random(7)
         latencies: list[float] = []
         wire: list[float] = []
@@ -757,7 +766,7 @@ def _lookups(
         cpu = time.process_time() - cpu0
         for connection in (c for idle in idles for c in idle):
             connection.close()
-        return latencies, lags, failed, cpu, wire, sends
+        return LookupResult(latencies, lags, failed, cpu, wire, sends)
 
     out.put(asyncio.run(run()))
 
@@ -841,7 +850,7 @@ async def _measure_lookups(
     also: Sampler | None = None,
     nice: int | None = None,
 ) -> tuple[
-    tuple[list[float], list[float], dict[str, int], float, list[float], list[float]],
+    LookupResult,
     dict[str, float],
     dict[str, float],
     float,
@@ -1199,7 +1208,9 @@ async def _run(
             also=postgres.sample if postgres is not None else None,
         )  # fmt: skip
         sim_stalls_lookups = _take_stalls(sim_stalls)  # the lookups' warm-up included
-        (latencies, lags, failed, client_cpu_s, wire, sends), h0, h1, window, cores_both = measured
+        lookups, h0, h1, window, cores_both = measured
+        latencies, lags, failed = lookups.latencies, lookups.lags, lookups.failed
+        client_cpu_s, wire, sends = lookups.cpu_s, lookups.wire, lookups.sends
         retried = {k: v for k, v in failed.items() if k.startswith("retried")}
         failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
         failures = sum(failed.values())

@@ -98,6 +98,7 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from benchmarks.coordinator_scale import (
     WARMUP_S,
+    LookupResult,
     _cores,
     _fake_agent,
     _histogram_delta,
@@ -391,8 +392,8 @@ def _start_lookups(urls: list[str], rate: float, seconds: float) -> tuple[Any, A
     return proc, out, warm
 
 
-def _lookup_figures(result: Any, seconds: float) -> dict[str, Any]:
-    latencies, lags, failed, _cpu, _wire, _sends = result
+def _lookup_figures(result: LookupResult, seconds: float) -> dict[str, Any]:
+    latencies, lags, failed = result.latencies, result.lags, result.failed
     retried = sum(v for k, v in failed.items() if k.startswith("retried"))
     failed = {k: v for k, v in failed.items() if not k.startswith("retried")}
     empty = failed.pop("empty answer", 0)

@@ -388,6 +388,7 @@ async def test_agents_on_the_map_and_table_numbers_move_and_a_killed_agent_goes_
         " dt.nextElementSibling.title]]))"
     )
     assert detail["Status"][0] == "down"
+    assert detail["Goodbye"][0] == "none: lost without one"  # SIGKILL: it said nothing
     for name in ("Queue", "Running", "Tokens/s", "KV cache"):
         assert detail[name][0] == "-", (name, detail[name])
         assert detail[name][1].startswith("last report: "), (name, detail[name])

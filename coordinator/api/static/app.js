@@ -480,7 +480,9 @@ function renderDetail(a) {
     ["Requests (total / failed)", load.requests_total !== undefined ? `${load.requests_total} / ${load.requests_failed_total}` : ""],
     ["Execution providers", ((a.hardware && a.hardware.execution_providers) || []).join(", ")],
     ["CPUs", a.hardware ? a.hardware.cpu_count : ""], ["Enrolled", a.enrolled ? "yes" : "no"],
-    ["Unhealthy", a.unhealthy_reason || "no"], ["Bye", a.bye_reason || ""],
+    ["Unhealthy", a.unhealthy_reason || "no"],
+    // what a stopped agent said as it left (a killed one says nothing)
+    ["Goodbye", a.bye_reason || (agentStatus(a) === "down" ? "none: lost without one" : "none")],
     // [type, count] pairs, totals since the agent started (LoadReport.redactions)
     ["Redactions since start", (Array.isArray(load.redactions) ? load.redactions : []).slice(0, 32)
       .map((pair) => `${String(pair[0]).slice(0, 32)}: ${Number(pair[1]) || 0}`).join(", ") || "none"],

@@ -322,18 +322,15 @@ async def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        reported: set[int] = set()
+        watched = [p for p in started if isinstance(p, CoordinatorProcess | AgentProcess)]
         while not stop.is_set():  # say so when one of the demo's processes dies
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-            for proc in started:
-                if isinstance(proc, CoordinatorProcess | AgentProcess) and proc.pid not in reported:
-                    code = proc.returncode
-                    if code is not None:
-                        reported.add(proc.pid)
-                        how = f"signal {-code}" if code < 0 else f"code {code}"
-                        say(f"{_name(proc)} (pid {proc.pid}) exited with {how}; the rest goes "
-                            "on (Ctrl-C stops everything)")  # fmt: skip
+            for proc, code in [(p, p.returncode) for p in watched if p.returncode is not None]:
+                watched.remove(proc)
+                how = f"signal {-code}" if code < 0 else f"code {code}"
+                say(f"{_name(proc)} (pid {proc.pid}) exited with {how}; the rest goes on "
+                    "(Ctrl-C stops everything)")  # fmt: skip
         return 0
     except (ProcessStartError, TimeoutError) as exc:
         say(f"demo failed: {exc}")

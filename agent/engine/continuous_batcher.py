@@ -508,7 +508,7 @@ class ContinuousBatcher:
                         "the request's timeout passed while it waited in the queue"
                     ))  # fmt: skip
                     continue
-                if self._expired_in_queue(s, now):
+                if now - s.arrived > self.config.max_queue_wait_s:  # the agent's own cap
                     self._finish(s, OverloadedError(
                         "timed out waiting in the queue", retry_after=1.0, reason="queue_timeout"
                     ))  # fmt: skip

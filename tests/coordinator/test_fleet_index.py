@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
-from coordinator.fleet.index import FleetIndex
+from coordinator.fleet.index import _SAMPLE_EVERY, FleetIndex, _smallest
 from coordinator.routing.scorer import great_circle_km
 from edgefleet.contract import Hello, LoadedModel, Location
 
@@ -54,6 +55,26 @@ def test_candidates_are_exactly_the_nearest_pool() -> None:
         got = index.candidates("m", site="", location=client, pool=40)
         expected = index.nearest([h.agent_id for h in fleet], client, 40)
         assert got == set(expected)
+
+
+@pytest.mark.parametrize("n, k", [(100, 10), (5000, 64), (5000, 1), (20_000, 64), (3000, 200)])
+def test_the_k_smallest_distances_are_found_whichever_way(n: int, k: int) -> None:
+    """``_smallest`` narrows a large search by a bound from a sample of the distances: the
+    values it returns are the k smallest, whatever the sample held. Checked on random
+    distances (the sample's bound lets enough through), on ones where every sampled
+    distance is tiny and the rest large (many pass), and on ones where only a few sampled
+    distances are small (too few pass: the whole is partitioned instead)."""
+    rng = np.random.default_rng(n + k)
+    random_d = rng.random(n)
+    sampled_small = rng.random(n) + 1.0
+    sampled_small[::_SAMPLE_EVERY] = rng.random(len(sampled_small[::_SAMPLE_EVERY])) * 1e-3
+    few_small = rng.random(n) + 1.0
+    few = slice(0, 8 * _SAMPLE_EVERY, _SAMPLE_EVERY)
+    few_small[few] = rng.random(len(few_small[few])) * 1e-3
+    for d in (random_d, sampled_small, few_small):
+        got = _smallest(d, k)
+        assert len(set(got.tolist())) == k
+        assert sorted(d[got].tolist()) == sorted(d.tolist())[:k]
 
 
 def test_nearest_agrees_with_great_circle_on_a_city_scale() -> None:

@@ -31,7 +31,11 @@ Garbage-collector pauses of the coordinator during the lookup window come from i
 ``edgefleet_coordinator_gc_pause_seconds`` histogram; the event loop's longest stall in
 each window from ``edgefleet_coordinator_event_loop_lag_seconds`` (how late a probe timer
 due every 10 ms ran: the upper bound of the highest bucket reached, and how many wake-ups
-were more than 20 ms late), measured inside the coordinator. Every fake agent reads what the
+were more than 20 ms late), measured inside the coordinator. Pauses of the machine itself
+(a virtual machine's CPU taken away by its host: nothing in it is then running) come from
+a real-time probe on each CPU (``benchmarks.host_pauses``): the longest in each window and
+how many were over 10 ms, so that a latency spike the host caused is told apart from one
+the coordinator did. Every fake agent reads what the
 coordinator pushes and acknowledges the section generations in its reports, as a real
 one does. Session setup time: from opening the Session to its Welcome, per agent, while
 all of them ramp up together. Writes benchmarks/results/coordinator_scale.json.
@@ -103,6 +107,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent.control.reconnect import ReconnectBackoff
+from benchmarks.host_pauses import HostPauses
 from benchmarks.results_file import target, write_results
 from devtools.fleet import CoordinatorProcess
 from edgefleet.contract import CONTRACT_MINOR
@@ -1075,6 +1080,9 @@ async def _run(
     load_cpus: set[int] | None,
 ) -> int:
     interval_s = args.interval_ms / 1000.0
+    # a probe per CPU: pauses of the machine itself (stopped after the windows; a probe
+    # whose benchmark died ends itself)
+    host = HostPauses(os.sched_getaffinity(0))
     async with CoordinatorProcess(
         report_interval_ms=args.interval_ms, extra_args=extra_args
     ) as coordinator:
@@ -1177,6 +1185,7 @@ async def _run(
             }
         print(f"  setup: {setup_figures}")
         print(f"steady window {args.duration:g} s with reports only")
+        host.start()
         await asyncio.sleep(interval_s * 1.5)  # every agent past its first report
 
         process = psutil.Process(coordinator.pid)
@@ -1187,7 +1196,9 @@ async def _run(
         _take_stalls(sim_stalls)
         since = (process.cpu_times(), time.monotonic())
         postgres_cores = postgres.sample() if postgres is not None else None
+        reports_window = time.time()
         await asyncio.sleep(args.duration)
+        reports_window_end = time.time()
         sim_stalls_reports = _take_stalls(sim_stalls)
         cores_reports = _cores(process, since)
         pg_cores_reports = postgres_cores() if postgres_cores is not None else None
@@ -1202,11 +1213,14 @@ async def _run(
         )  # fmt: skip
 
         print(f"lookups at {args.lookups_per_s:g}/s for {args.duration:g} s under that load")
+        lookups_window = time.time()
         measured = await _measure_lookups(
             coordinator, args.lookups_per_s, args.duration, load_cpus,
             nice=_client_nice(args) if load_cpus else None,
             also=postgres.sample if postgres is not None else None,
         )  # fmt: skip
+        lookups_window_end = time.time()
+        host.stop()
         sim_stalls_lookups = _take_stalls(sim_stalls)  # the lookups' warm-up included
         lookups, h0, h1, window, cores_both = measured
         latencies, lags, failed = lookups.latencies, lookups.lags, lookups.failed
@@ -1259,6 +1273,13 @@ async def _run(
         f"event loop's longest stall: <= {stall_reports[0]:g} ms with reports only "
         f"({stall_reports[1]} wake-ups over 20 ms late), <= {stall_lookups[0]:g} ms with "
         f"lookups ({stall_lookups[1]} over 20 ms)"
+    )
+    paused = host.between(lookups_window, lookups_window_end, "with_lookups")
+    rights = "" if host.realtime else ", NOT real-time: no rights"
+    print(
+        f"the machine itself (a real-time probe on each CPU{rights}) paused up to "
+        f"{paused['host_longest_pause_ms_with_lookups']} ms during the lookups "
+        f"({paused['host_pauses_over_10ms_with_lookups']} pauses over 10 ms)"
     )
     print(
         f"simulators' own event loops (garbage collector {args.simulator_gc}): longest stall "
@@ -1328,6 +1349,9 @@ async def _run(
         if server_p99[1]
         else None,
         "coordinator_run_queue_wait_s_per_s": round(h0["run_queue_wait_s"], 4),
+        "host_pause_probe_realtime": host.realtime,
+        **host.between(reports_window, reports_window_end, "reports_only"),
+        **host.between(lookups_window, lookups_window_end, "with_lookups"),
         "coordinator_thread_cores_with_lookups": {
             k.split(":", 1)[1]: round(v, 3)
             for k, v in sorted(h0.items(), key=lambda kv: -kv[1])

@@ -194,6 +194,7 @@ def create_app(
         registry.agents,
         servicer.set_section,
         saturation_queue_depth=config.route_saturation_queue_depth,
+        spread_s=config.report_interval_ms / 1000.0 / 2,  # the rest of it between ticks
     )
     # authorize is inside openai_errors: a crash in a check is still an error body.
     app = web.Application(middlewares=[count_requests, openai_errors, authorize])
@@ -593,7 +594,8 @@ async def _overflow_distribution(app: web.Application) -> AsyncIterator[None]:
     """Every report interval: each connected agent gets its overflow targets (peers at its
     site with room, pools, providers) when they changed."""
     distributor = app[OVERFLOW_DISTRIBUTOR_KEY]
-    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0
+    # a tick is spread over half an interval (OverflowDistributor): the other half between
+    period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 / 2
 
     async def tick() -> None:
         await distributor.tick()

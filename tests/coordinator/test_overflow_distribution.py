@@ -63,9 +63,13 @@ class Fleet:
         self.pushed.append(agent_id)
 
 
-def distributor(fleet: Fleet) -> OverflowDistributor:
+def distributor(fleet: Fleet, spread_s: float = 0.0) -> OverflowDistributor:
     return OverflowDistributor(
-        OverflowTargetsFile(), fleet.agents, fleet.set_section, saturation_queue_depth=64
+        OverflowTargetsFile(),
+        fleet.agents,
+        fleet.set_section,
+        saturation_queue_depth=64,
+        spread_s=spread_s,
     )
 
 
@@ -119,6 +123,36 @@ async def test_a_tick_lets_the_event_loop_serve_while_it_works() -> None:
         task.cancel()
     # the other task ran between the pushes, not only before and after them
     assert any(0 < pushed < len(fleet.records) for pushed in ran)
+
+
+async def test_a_tick_spreads_its_work_over_the_time_it_is_given() -> None:
+    """Given half a second, a tick's slices (two passes over 16 slices of agents) are
+    paced across it instead of coming back to back: its pushes are spread out in time,
+    and every agent gets what an unpaced tick gives it."""
+    loop = asyncio.get_running_loop()
+    fleet, plain = Fleet(16 * TICK_SLICE), Fleet(16 * TICK_SLICE)
+    paced = distributor(fleet, spread_s=0.5)
+    pushed_at: list[float] = []
+    set_section = fleet.set_section
+
+    def timed(agent_id: str, section: OverflowTargetsSection) -> None:
+        pushed_at.append(loop.time())
+        set_section(agent_id, section)
+
+    paced._set_section = timed
+    started = loop.time()
+    assert await paced.tick() == len(fleet.records)
+    took = loop.time() - started
+    assert 0.45 <= took < 3.0, took
+    assert pushed_at[-1] - pushed_at[0] >= 0.2  # the second pass, half the slices, paced
+    started = loop.time()
+    await distributor(plain).tick()
+    assert loop.time() - started < 0.2
+    got = {a: r.desired.overflow_targets for a, r in fleet.records.items()}
+    want = {a: r.desired.overflow_targets for a, r in plain.records.items()}
+    assert {a: t.targets for a, t in got.items() if t} == {
+        a: t.targets for a, t in want.items() if t
+    }
 
 
 def test_no_section_when_the_agent_wants_none_and_never_had_one() -> None:

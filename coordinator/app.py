@@ -643,7 +643,7 @@ async def _warm_by_demand(app: web.Application) -> AsyncIterator[None]:
         return
 
     async def step() -> None:
-        policy.cycle()
+        await policy.cycle_in_slices()
 
     async with periodic_task("warm by demand", app[CONFIG_KEY].warm_interval_s, step):
         yield

@@ -22,6 +22,7 @@ from coordinator.config import load_config
 from coordinator.fleet.records import AgentRecord, AgentStatus, Liveness
 from coordinator.routing.warmth import (
     BUCKET_S,
+    CYCLE_SLICE,
     DAY_S,
     HISTORY_S,
     NO_ROOM,
@@ -414,6 +415,40 @@ def test_never_more_commands_per_cycle_than_the_cap_busiest_first() -> None:
     assert [s[0] for s in fleet.sent] == ["b-1", "c-1"]
     clock.now += 30
     assert [(w.site, w.result) for w in policy.cycle()] == [("a", SENT)]
+
+
+async def test_a_round_in_slices_decides_as_one_pass_and_lets_the_loop_serve() -> None:
+    """Many sites with demand: the sliced round sends what one pass sends (cap included),
+    and another task runs between its slices, not only before and after it."""
+    sites = [f"s{i:03d}" for i in range(7 * CYCLE_SLICE)]
+
+    def setup() -> tuple[WarmthPolicy, Fleet]:
+        clock = Clock(at(DAY1, 9))
+        fleet = Fleet(*(agent(f"{site}-1", site) for site in sites))
+        policy, tracker, _ = policy_for(fleet, clock, max_commands_per_cycle=5 * CYCLE_SLICE)
+        for i, site in enumerate(sites):
+            lookups(tracker, clock, site, "m", [at(DAY1, 9)] * (5 + i % 4))
+        return policy, fleet
+
+    whole, whole_fleet = setup()
+    sliced, sliced_fleet = setup()
+    ran: list[int] = []
+
+    async def other() -> None:
+        while True:
+            ran.append(len(sliced_fleet.sent))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    try:
+        got = await sliced.cycle_in_slices()
+    finally:
+        task.cancel()
+    assert got == whole.cycle()
+    assert sliced_fleet.sent == whole_fleet.sent and len(whole_fleet.sent) == 5 * CYCLE_SLICE
+    assert [w.result for w in got].count(OVER_CAP) == 2 * CYCLE_SLICE
+    assert any(0 < sent < len(sliced_fleet.sent) for sent in ran)
 
 
 # ------------------------------------------------------------------ a real coordinator

@@ -131,6 +131,28 @@ _LOCAL_POOL = ("grpc.use_local_subchannel_pool", 1)
 WARMUP_S = 3.0
 
 
+class ReportSchedule:
+    """When a simulated agent's next report is due: on its own grid (``start + phase + k *
+    interval``), whenever its simulator got round to the last one. Waiting an interval
+    after each report instead, every stall of a simulator process (its event loop, its
+    CPU taken by the others) moved all the agents it delayed onto the same moment for
+    good: over a minute their phases bunched until 0.4-0.6 s of every 2 s carried no
+    report at all and the rest came in a flood (seen at the coordinator and in the
+    simulators' own send times), a correlation that a fleet of separate boxes does not
+    have. A report more than an interval late skips the slots it missed."""
+
+    def __init__(self, start: float, interval_s: float, phase_s: float) -> None:
+        self.interval_s = interval_s
+        self.due = start + phase_s
+
+    def sent(self, now: float) -> None:
+        """The report due was sent at ``now``: the next is due one interval later on the
+        grid (the first slot after ``now``)."""
+        self.due += self.interval_s
+        if self.due <= now:
+            self.due += (now - self.due) // self.interval_s * self.interval_s + self.interval_s
+
+
 def _agent_place(rng: random.Random) -> tuple[float, float]:
     # Europe-ish box: dense enough that the nearest-cell search has real work.
     return rng.uniform(36.0, 60.0), rng.uniform(-9.0, 30.0)
@@ -335,15 +357,17 @@ async def _fake_session(
         if opened is not None:
             opened.append(True)
         reader = asyncio.create_task(incoming())
-        wait_s = rng.uniform(0, interval_s)  # spread reports over the interval
+        # reports spread over the interval, each agent keeping its own phase
+        schedule = ReportSchedule(time.monotonic(), interval_s, rng.uniform(0, interval_s))
         while time.monotonic() < stop:
             # the stream ending (a broken connection, the coordinator gone or closing it)
             # ends the session at once, as the real agent's reader does
+            wait_s = max(0.0, schedule.due - time.monotonic())
             ended, _ = await asyncio.wait({reader}, timeout=wait_s)
             if ended:
                 reader.result()  # raises the stream's error
                 return sent
-            wait_s = interval_s
+            schedule.sent(time.monotonic())
             usage = [
                 pb.KeyUsage(
                     key_id=key_id,

@@ -591,10 +591,11 @@ async def _liveness_sweep(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _overflow_distribution(app: web.Application) -> AsyncIterator[None]:
-    """Every report interval: each connected agent gets its overflow targets (peers at its
-    site with room, pools, providers) when they changed."""
+    """About every report interval: each connected agent gets its overflow targets (peers
+    at its site with room, pools, providers) when they changed. A large fleet's tick is
+    paced over half an interval (OverflowDistributor's ``spread_s``) and half an interval
+    passes between ticks; a fleet of one slice ticks every half interval."""
     distributor = app[OVERFLOW_DISTRIBUTOR_KEY]
-    # a tick is spread over half an interval (OverflowDistributor): the other half between
     period_s = app[CONFIG_KEY].report_interval_ms / 1000.0 / 2
 
     async def tick() -> None:

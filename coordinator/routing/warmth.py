@@ -236,8 +236,6 @@ class WarmthPolicy:
         self._refreshed: dict[tuple[str, str], float] = {}
         # (agent id, model) -> until when an operator's unload holds warm loads back
         self._held: dict[tuple[str, str], float] = {}
-        # LOAD_MODEL commands sent in the round under way (max_commands_per_cycle)
-        self._sent_this_round = 0
 
     def operator_command(self, agent_id: str, model: str, *, load: bool) -> None:
         """An operator sent the agent LOAD_MODEL (``load``) or UNLOAD_MODEL of ``model``.
@@ -269,8 +267,9 @@ class WarmthPolicy:
     def cycle(self) -> list[WarmLoad]:
         """One round: LOAD_MODEL where demand is and no eligible agent holds the model."""
         now, done = self._begin()
+        sent = 0
         for wanted in self.wanted(now):
-            self._decide(wanted, now, done)
+            sent += self._decide(wanted, now, done, sent)
         return self._end(done)
 
     async def cycle_in_slices(self, pairs_per_slice: int = CYCLE_SLICE) -> list[WarmLoad]:
@@ -279,10 +278,11 @@ class WarmthPolicy:
         two models) held the loop about 50 ms every ``warm_interval_s``, route lookups
         waiting behind it."""
         now, done = self._begin()
+        sent = 0
         for i, wanted in enumerate(self.wanted(now)):
             if i and not i % pairs_per_slice:
                 await asyncio.sleep(0)
-            self._decide(wanted, now, done)
+            sent += self._decide(wanted, now, done, sent)
         return self._end(done)
 
     def _begin(self) -> tuple[float, list[WarmLoad]]:
@@ -296,7 +296,6 @@ class WarmthPolicy:
             del self._held[key]
         for key in [k for k, at in self._refreshed.items() if now - at >= s.refresh_s]:
             del self._refreshed[key]
-        self._sent_this_round = 0
         return now, []
 
     def _end(self, done: list[WarmLoad]) -> list[WarmLoad]:
@@ -305,9 +304,12 @@ class WarmthPolicy:
                 self._on_result(load)
         return done
 
-    def _decide(self, wanted: tuple[str, str, int, int], now: float, done: list[WarmLoad]) -> None:
+    def _decide(
+        self, wanted: tuple[str, str, int, int], now: float, done: list[WarmLoad], sent: int
+    ) -> bool:
         """One (site, model) with demand: refresh its warm agent, or send a load to the
-        agent with the most room, or say why not (added to ``done``)."""
+        agent with the most room, or say why not (added to ``done``). ``sent``: the loads
+        this round sent so far (``max_commands_per_cycle``); True when this one sent one."""
         site, model, recent, yesterday = wanted
         here = self._agents_at(site, model)
         eligible = [r for r in here if _eligible(r, site)]
@@ -319,33 +321,33 @@ class WarmthPolicy:
             if on_demand:
                 keep = min(on_demand, key=lambda r: (_load(r), r.agent_id))
                 done += self._refresh(site, model, keep, now, recent, yesterday)
-            return
+            return False
         if not eligible:
-            return
+            return False
         cold = [
             r
             for r in eligible
             if (r.agent_id, model) not in self._sent and (r.agent_id, model) not in self._held
         ]
         if not cold:
-            return  # sent within the back-off (under way, or it went again), or held
+            return False  # sent within the back-off (under way, or it went again), or held
         need = _weights_bytes(here, model)
         roomy = [r for r in cold if _room(r) >= need]
         if not roomy:
             if (site, model) not in self._no_room:
                 self._no_room[(site, model)] = now
                 done.append(WarmLoad(site, model, "", NO_ROOM, recent, yesterday))
-            return
+            return False
         best = min(roomy, key=lambda r: (-_room(r), _load(r), r.agent_id))
-        if self._sent_this_round >= self.settings.max_commands_per_cycle:
+        if sent >= self.settings.max_commands_per_cycle:
             done.append(WarmLoad(site, model, best.agent_id, OVER_CAP, recent, yesterday))
-            return
+            return False
         ok = self._send(best.agent_id, "load_model", f"kept warm: demand at site {site}", model)
         self._sent[(best.agent_id, model)] = now
-        self._sent_this_round += ok
         done.append(
             WarmLoad(site, model, best.agent_id, SENT if ok else NO_SESSION, recent, yesterday)
         )
+        return ok
 
     def _refresh(
         self, site: str, model: str, record: AgentRecord, now: float, recent: int,

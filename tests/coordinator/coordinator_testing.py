@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import grpc
@@ -98,3 +99,26 @@ def hello(agent_id: str, **fields: Any) -> pb.AgentMessage:
         "contract_minor": CONTRACT_MINOR,
     }
     return pb.AgentMessage(hello=pb.Hello(agent_id=agent_id, **(defaults | fields)))
+
+
+T = TypeVar("T")
+
+
+async def sampled_meanwhile(work: Awaitable[T], sample: Callable[[], int]) -> tuple[T, list[int]]:
+    """Await ``work`` while another task records ``sample()`` at each turn it gets of the
+    event loop: the samples show whether ``work`` let the loop serve in between (values
+    between its start and its end), or only before and after it."""
+    seen: list[int] = []
+
+    async def other() -> None:
+        while True:
+            seen.append(sample())
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    try:
+        result = await work
+    finally:
+        task.cancel()
+    return result, seen

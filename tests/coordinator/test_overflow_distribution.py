@@ -24,6 +24,7 @@ from edgefleet.contract import (
     LoadReport,
     OverflowTargetsSection,
 )
+from tests.coordinator.coordinator_testing import sampled_meanwhile
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -108,19 +109,7 @@ async def test_a_second_tick_over_an_unchanged_fleet_pushes_nothing() -> None:
 async def test_a_tick_lets_the_event_loop_serve_while_it_works() -> None:
     fleet = Fleet(16 * TICK_SLICE)
     targets = distributor(fleet)
-    ran: list[int] = []
-
-    async def other() -> None:
-        while True:
-            ran.append(len(fleet.pushed))
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(other())
-    await asyncio.sleep(0)
-    try:
-        await targets.tick()
-    finally:
-        task.cancel()
+    _, ran = await sampled_meanwhile(targets.tick(), lambda: len(fleet.pushed))
     # the other task ran between the pushes, not only before and after them
     assert any(0 < pushed < len(fleet.records) for pushed in ran)
 

@@ -44,7 +44,12 @@ from edgefleet.contract import (
     ModelInventoryState,
 )
 from edgefleet.v1 import fleet_pb2 as pb
-from tests.coordinator.coordinator_testing import ADMIN_HEADERS, MakeCoordinator, hello
+from tests.coordinator.coordinator_testing import (
+    ADMIN_HEADERS,
+    MakeCoordinator,
+    hello,
+    sampled_meanwhile,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -432,19 +437,7 @@ async def test_a_round_in_slices_decides_as_one_pass_and_lets_the_loop_serve() -
 
     whole, whole_fleet = setup()
     sliced, sliced_fleet = setup()
-    ran: list[int] = []
-
-    async def other() -> None:
-        while True:
-            ran.append(len(sliced_fleet.sent))
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(other())
-    await asyncio.sleep(0)
-    try:
-        got = await sliced.cycle_in_slices()
-    finally:
-        task.cancel()
+    got, ran = await sampled_meanwhile(sliced.cycle_in_slices(), lambda: len(sliced_fleet.sent))
     assert got == whole.cycle()
     assert sliced_fleet.sent == whole_fleet.sent and len(whole_fleet.sent) == 5 * CYCLE_SLICE
     assert [w.result for w in got].count(OVER_CAP) == 2 * CYCLE_SLICE

@@ -504,6 +504,14 @@ class CoordinatorSession:
         self.applied = self.applied._replace(**{n: getattr(generations, n) for n in changed})
 
     async def _report_loop(self, call: Any) -> None:
+        """A LoadReport every report interval, on this session's own grid: the time a write
+        takes (gRPC flow control, a slow coordinator) does not push every later report back
+        (waiting a whole interval after each one, the reports came every interval plus the
+        writes' time, and a slow spell stretched the gap past the coordinator's liveness
+        count). A report that falls an interval or more behind is sent at once, and the
+        grid starts again from it: never a burst to catch up."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while True:
             report = self._take_load_report()
             if report is not None:
@@ -511,8 +519,10 @@ class CoordinatorSession:
             await self._send_records(call)
             if (renewal := self._renewal_request()) is not None:
                 await call.write(renewal)
+            now = loop.time()
+            due = max(due + self.report_interval_s, now)
             try:
-                await asyncio.wait_for(self._stopping.wait(), self.report_interval_s)
+                await asyncio.wait_for(self._stopping.wait(), due - now)
             except TimeoutError:
                 continue
             bye = contract_pb.bye_to_pb(Bye(reason="agent stopping"))

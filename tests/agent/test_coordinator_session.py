@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import random
 import socket
@@ -311,3 +312,28 @@ async def _metrics_text(coordinator: CoordinatorProcess) -> str:
         http.get(coordinator.http_url + "/metrics") as r,
     ):
         return await r.text()
+
+
+async def test_reports_keep_their_interval_when_a_write_is_slow() -> None:
+    """The report loop keeps its own grid: a write that takes most of an interval (gRPC
+    flow control, a slow coordinator) does not push every later report back by its time."""
+    session = CoordinatorSession("127.0.0.1:1", lambda: IDENTITY, LoadReport)
+    session.report_interval_s = 0.2
+    sent: list[float] = []
+
+    class SlowCall:
+        async def write(self, message: Any) -> None:
+            if message.WhichOneof("body") == "load_report":
+                sent.append(time.monotonic())
+            await asyncio.sleep(0.12)
+
+        async def done_writing(self) -> None:
+            pass
+
+    loop = asyncio.create_task(session._report_loop(SlowCall()))
+    await asyncio.sleep(1.5)
+    session._stopping.set()
+    await asyncio.wait_for(loop, 2)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert len(sent) >= 7, sent  # 1.5 s at 0.2 s a report (0.32 s with the write's time added)
+    assert all(0.15 <= gap <= 0.3 for gap in gaps), gaps

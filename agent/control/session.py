@@ -508,8 +508,8 @@ class CoordinatorSession:
         takes (gRPC flow control, a slow coordinator) does not push every later report back
         (waiting a whole interval after each one, the reports came every interval plus the
         writes' time, and a slow spell stretched the gap past the coordinator's liveness
-        count). A report that falls an interval or more behind is sent at once, and the
-        grid starts again from it: never a burst to catch up."""
+        count). A report whose time passed while the last one was written is sent at once,
+        and the grid starts again from it: never a burst to catch up."""
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:

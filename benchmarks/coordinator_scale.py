@@ -88,11 +88,13 @@ import asyncio
 import contextlib
 import functools
 import gc
+import json
 import multiprocessing as mp
 import os
 import random
 import socket
 import struct
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -1109,6 +1111,20 @@ async def _run(
     # a probe per CPU: pauses of the machine itself (stopped after the windows; a probe
     # whose benchmark died ends itself)
     host = HostPauses(os.sched_getaffinity(0)) if args.host_probe else None
+    # this machine's speed at the coordinator's own work, on its CPU before it starts: a
+    # yardstick for runs of other days (timeit told a slow host from a fast one poorly)
+    reference = await asyncio.to_thread(
+        _host_reference, min(coordinator_cpus) if coordinator_cpus else None, args.agents
+    )
+    print(
+        "host reference (benchmarks.host_reference): "
+        + (
+            f"route {reference['route_us']} us, report applied {reference['record_report_us']} "
+            f"us, timeit sum(range(100)) {reference['timeit_sum_range_100_ns']} ns"
+            if "error" not in reference
+            else f"failed: {reference['error']}"
+        )
+    )
     async with CoordinatorProcess(
         report_interval_ms=args.interval_ms, extra_args=extra_args
     ) as coordinator:
@@ -1378,6 +1394,7 @@ async def _run(
         if server_p99[1]
         else None,
         "coordinator_run_queue_wait_s_per_s": round(h0["run_queue_wait_s"], 4),
+        "host_reference": reference,
         "host_pause_probe": host is not None,
         **(
             {
@@ -1442,6 +1459,22 @@ async def _run(
     path = write_results(name, figures, targets)
     print(f"wrote {path}")
     return 0
+
+
+def _host_reference(cpu: int | None, agents: int, timeout_s: float = 300.0) -> dict[str, Any]:
+    """``benchmarks.host_reference`` in a subprocess pinned to ``cpu``; {"error": ...} when
+    it fails (the run goes on without it)."""
+    command = [sys.executable, "-m", "benchmarks.host_reference", "--agents", str(agents)]
+    if cpu is not None:
+        command += ["--cpu", str(cpu)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no answer within {timeout_s:g} s"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def _postgres_figures(

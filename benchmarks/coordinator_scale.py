@@ -606,6 +606,8 @@ class _Connection:
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.sent_at: float | None = None  # the kernel's send time of the last request
+        # the kernel's receive time of the latest read that carried one
+        self.received_at: float | None = None
 
     @classmethod
     async def open(cls, host: str, port: int) -> _Connection:
@@ -639,8 +641,10 @@ class _Connection:
                     if seconds or nanoseconds:  # the first of three: the software one
                         self.sent_at = seconds + nanoseconds / 1e9
 
-    async def _recv(self) -> tuple[bytes, float | None]:
-        """One read: (data, kernel receive time in seconds since the epoch, if given)."""
+    async def _recv(self) -> bytes:
+        """One read; its kernel receive time (seconds since the epoch) into
+        ``received_at`` when the kernel gave one (seen once without, in CI on a busy
+        machine; why, not found: the earlier read's time then stands)."""
         while True:
             self._take_send_times()
             try:
@@ -653,28 +657,22 @@ class _Connection:
                 finally:
                     self.loop.remove_reader(self.sock.fileno())
                 continue
-            if not data:
-                return b"", None
-            at = None
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
                     seconds, nanoseconds = _TIMESPEC.unpack(payload[: _TIMESPEC.size])
-                    at = seconds + nanoseconds / 1e9
-            return data, at
+                    self.received_at = seconds + nanoseconds / 1e9
+            return data
 
     async def get(self, host: str, path: str) -> tuple[int, bytes, float | None]:
         """(status, body, kernel receive time of the answer's last byte); ``sent_at``
-        then holds the kernel's send time of the request (None where not given). A read
-        that comes back without a timestamp (seen once, in CI on a busy machine; why, not
-        found) leaves the last one that had one."""
-        self.sent_at = None
+        then holds the kernel's send time of the request (None where not given)."""
+        self.sent_at = self.received_at = None
         await self.loop.sock_sendall(
             self.sock, f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
         )
-        buffer, at = b"", None
+        buffer = b""
         while (end := buffer.find(b"\r\n\r\n")) < 0:
-            data, stamped = await self._recv()
-            at = stamped if stamped is not None else at
+            data = await self._recv()
             if not data:
                 raise asyncio.IncompleteReadError(buffer, None)
             buffer += data
@@ -685,14 +683,13 @@ class _Connection:
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
         while len(body) < length:
-            data, stamped = await self._recv()
-            at = stamped if stamped is not None else at
+            data = await self._recv()
             if not data:
                 raise asyncio.IncompleteReadError(head + body, length + len(head))
             body += data
         if len(body) > length:
             raise ValueError("more bytes than Content-Length")
-        return status, body, at
+        return status, body, self.received_at
 
 
 class LookupResult(NamedTuple):

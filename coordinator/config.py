@@ -343,18 +343,9 @@ class CoordinatorConfig(ProcessSettings):
         """``admin_token``, else the first line of ``admin_token_file``; "" for none."""
         if self.admin_token or not self.admin_token_file:
             return self.admin_token
-        path = Path(self.admin_token_file).expanduser()
+        path, token = _secret_file_line(self.admin_token_file, "admin_token_file")
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-            mode = path.stat().st_mode
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read admin_token_file {path}: {exc}") from exc
-        if mode & 0o077:
-            logging.getLogger(__name__).warning(
-                "admin_token_file %s is readable by other users (chmod 600 it)", path
-            )
-        try:
-            return check_admin_token(lines[0].strip() if lines else "", f"admin_token_file {path}")
+            return check_admin_token(token, f"admin_token_file {path}")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -378,17 +369,7 @@ class CoordinatorConfig(ProcessSettings):
     def _store_password(self) -> str:
         if self.store_password or not self.store_password_file:
             return self.store_password
-        path = Path(self.store_password_file).expanduser()
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-            mode = path.stat().st_mode
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read store_password_file {path}: {exc}") from exc
-        if mode & 0o077:
-            logging.getLogger(__name__).warning(
-                "store_password_file %s is readable by other users (chmod 600 it)", path
-            )
-        return lines[0].strip() if lines else ""
+        return _secret_file_line(self.store_password_file, "store_password_file")[1]
 
     def http_limits(self) -> HttpLimits:
         return HttpLimits(
@@ -414,6 +395,22 @@ class CoordinatorConfig(ProcessSettings):
         if self.require_enrollment == "auto":
             return self.tls_enabled or not is_loopback_host(self.grpc_host)
         return self.require_enrollment == "on"
+
+
+def _secret_file_line(file: str, key: str) -> tuple[Path, str]:
+    """The path of the secret file set by ``key`` and its first line, trimmed ("" when it is
+    empty); a warning when other users may read it, ConfigError when it cannot be read."""
+    path = Path(file).expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {key} {path}: {exc}") from exc
+    if mode & 0o077:
+        logging.getLogger(__name__).warning(
+            "%s %s is readable by other users (chmod 600 it)", key, path
+        )
+    return path, lines[0].strip() if lines else ""
 
 
 MIN_ADMIN_TOKEN_LENGTH = 32

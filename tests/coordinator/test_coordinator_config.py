@@ -185,3 +185,29 @@ def test_cli_reports_bad_config_and_exits_2(
         "edgefleet-coordinator: error: environment variable EDGEFLEET_COORDINATOR_GRPC_PORT: "
         "grpc_port: got 'abc', expected an integer in 0..65535\n"
     )
+
+
+@pytest.mark.parametrize("key", ["admin_token_file", "store_password_file"])
+def test_a_secret_file_is_read_once_warned_about_when_others_may_read_it(
+    tmp_path: Path, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The admin token and the store password come from a file by the same rule: its first
+    line, trimmed; a warning when other users may read it; a missing file is a ConfigError
+    naming the setting and the path."""
+    secret = "s3cr3t-" + "x" * 40
+    path = tmp_path / "secret"
+
+    def read(config: CoordinatorConfig) -> str:
+        if key == "admin_token_file":
+            return config.bootstrap_admin_token()
+        return config.store_location("postgresql://edgefleet@db.example/fleet").password
+
+    path.write_text(f"  {secret}  \nsecond line\n")
+    path.chmod(0o600)
+    assert read(CoordinatorConfig(**{key: str(path)})) == secret
+    assert "readable by other users" not in caplog.text
+    path.chmod(0o644)
+    assert read(CoordinatorConfig(**{key: str(path)})) == secret
+    assert f"{key} {path} is readable by other users" in caplog.text
+    with pytest.raises(ConfigError, match=f"cannot read {key} {tmp_path / 'missing'}"):
+        read(CoordinatorConfig(**{key: str(tmp_path / "missing")}))

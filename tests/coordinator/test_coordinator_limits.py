@@ -189,6 +189,10 @@ async def test_hello_flood_keeps_the_database_and_memory_bounded(
         channel = grpc.aio.insecure_channel(coordinator.grpc_target)
         stub = pb_grpc.CoordinatorStub(channel)
         honest = await _session(stub, hello("edge-honest"))
+        # gRPC's first few hundred sessions make what it keeps for the process's life
+        # (thread arenas, pools: 11-15 MiB of the first round): made before the baseline, by
+        # refused sessions
+        await hello_flood(coordinator.grpc_target, 310, models=100, chars=100)
         rss_before = rss_bytes(coordinator.pid)
         # SQLite's file starts near empty; a PostgreSQL database holds its catalogs (MBs)
         db_before = 0 if backend == "sqlite" else database_bytes()
@@ -207,6 +211,11 @@ async def test_hello_flood_keeps_the_database_and_memory_bounded(
         assert fitting.welcomed == 99  # the honest agent holds the 100th place
         assert fitting.refused.get("RESOURCE_EXHAUSTED", 0) >= 150
         assert db < 6 << 20
+        # after the warm-up, 620 sessions grew it by 20-24 MiB on SQLite and 11-31 MiB on
+        # PostgreSQL here (31-35 MiB with the baseline before the warm-up, 40.04 once in CI).
+        # Not a promise for endless floods: gRPC keeps about 25 KB of each ended session
+        # (97 -> 291 MiB over 12 such rounds; grpc/grpc#43360 describes a leak of its aio
+        # layer on cancelled calls)
         assert rss - rss_before < 40 << 20
         answer = await stub.Route(pb.RouteRequest(model="m"))
         assert "edge-honest" in {a.agent_id for a in answer.agents}

@@ -213,10 +213,9 @@ async def test_hello_flood_keeps_the_database_and_memory_bounded(
         assert db < 6 << 20
         # after the warm-up, 620 sessions grew it by 20-24 MiB on SQLite and 11-31 MiB on
         # PostgreSQL here (31-35 MiB with the baseline before the warm-up, 40.04 once in CI).
-        # Not a promise for endless floods: the process keeps about 25 KB of native memory
-        # per ended session (97 -> 291 MiB over 12 such rounds; Python's own allocations
-        # grow 1 MiB of it; likely gRPC's: grpc/grpc#43360 describes a leak of its aio layer
-        # on cancelled calls)
+        # Not a promise for endless floods: the process keeps about 25 KB per ended session
+        # (97 -> 291 MiB over 12 such rounds), of which Python's own allocations are 1 MiB;
+        # a bare grpc.aio server under the same flood does not grow so: cause not found
         assert rss - rss_before < 40 << 20
         answer = await stub.Route(pb.RouteRequest(model="m"))
         assert "edge-honest" in {a.agent_id for a in answer.agents}

@@ -6,7 +6,6 @@ input is tokenized off the event loop. How long those take is measured by
 from __future__ import annotations
 
 import asyncio
-import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,7 @@ from agent.api.app import create_app
 from agent.config import load_config
 from agent.engine.embed_batcher import DynamicEmbeddingBatcher, EmbeddingBatchConfig, Vectors
 from agent.errors import OverloadedError
-from tests.agent.loop_probe import healthz_while
+from tests.agent.loop_probe import gc_frozen, healthz_while
 
 EMBEDDER = "all-minilm-l6-v2"
 HONEST = [f"Sentence number {i} about the weather in spring." for i in range(10)]
@@ -142,20 +141,12 @@ async def test_a_full_queue_is_429_with_retry_after(real_artifacts: Path) -> Non
 async def test_a_large_text_input_does_not_stall_the_event_loop(client: TestClient) -> None:
     """Tokenizing ~1 MB of text takes a while; /healthz keeps answering meanwhile."""
     big = "lorem ipsum dolor sit amet " * 38_000  # ~1 MB: refused for length, after tokenizing
-    # What is measured is tokenization on or off the loop, not a full collection of what
-    # earlier tests left in this (multi-GB) pytest process, which the megabyte's allocations
-    # can start (in CI: a 650-ms gap in an 869-ms request, 18-21 ms alone): frozen out of the
-    # GC, as in test_tokenize_off_loop
-    gc.collect()
-    gc.freeze()
-    try:
+    with gc_frozen():
         request = asyncio.ensure_future(
             client.post("/v1/embeddings", json={"model": EMBEDDER, "input": big})
         )
         longest_gap, answered, took = await healthz_while(request, client)
         response = await request
-    finally:
-        gc.unfreeze()
     print(
         f"1 MB input refused in {took * 1000:.0f} ms; {answered} /healthz answered meanwhile, "
         f"the longest gap {longest_gap * 1000:.0f} ms"

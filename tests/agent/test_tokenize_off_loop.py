@@ -4,7 +4,6 @@ How long the loop stalls is measured by ``python -m benchmarks.responsiveness``.
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agent.api.app import create_app
 from agent.config import load_config
-from tests.agent.loop_probe import healthz_while
+from tests.agent.loop_probe import gc_frozen, healthz_while
 
 LLM = "smollm2-135m-instruct"
 BIG = "lorem ipsum dolor sit amet " * 38_000  # ~1 MB
@@ -33,14 +32,8 @@ async def client(real_artifacts: Path) -> AsyncIterator[TestClient]:
 
 
 async def test_a_1mb_prompt_does_not_stall_healthz(client: TestClient) -> None:
-    # What is measured is tokenization on or off the loop, not a collection of whatever
-    # earlier tests left in this (multi-GB) pytest process: freeze that out of the GC.
-    gc.collect()
-    gc.freeze()
-    try:
+    with gc_frozen():
         await _each_endpoint(client)
-    finally:
-        gc.unfreeze()
 
 
 async def _each_endpoint(client: TestClient) -> None:

@@ -65,7 +65,7 @@ class FleetClient:
         site: str = "",
         lat: float | None = None,
         lon: float | None = None,
-        mdns_timeout_s: float = 2.0,
+        mdns_timeout_s: float = 3.0,
         mdns_interfaces: Sequence[str] = (),
         probe_timeout_s: float = 1.0,
         cooldown_s: float = 10.0,

@@ -14,9 +14,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import aiohttp
+from zeroconf import IPVersion, Zeroconf
 
 from devtools.fleet import AgentProcess
 from edgefleet_client import FleetClient, browse_mdns
@@ -52,46 +54,54 @@ async def main(models_dir: str) -> dict[str, object]:
         ],
     )  # fmt: skip
     async with agent:
-        found = await asyncio.to_thread(
-            browse_mdns, timeout_s=2.0, interfaces=["127.0.0.1"], model="tiny-llama"
-        )
-        missing = await asyncio.to_thread(
-            browse_mdns, timeout_s=1.0, interfaces=["127.0.0.1"], model="no-such-model"
-        )
-        fleet = FleetClient(
-            "tiny-llama",
-            mdns_timeout_s=2.0,
-            mdns_interfaces=["127.0.0.1"],
-            allow_insecure_agents=True,
-            api_key=api_key,
-        )
-        base_url = await asyncio.to_thread(fleet.base_url)
-        # a request through the discovered agent, with the key the client holds
-        reply = await asyncio.to_thread(
-            fleet.openai(timeout=60).chat.completions.create,
-            model="tiny-llama",
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=4,
-        )
-        return {
-            "agent_url": agent.url,
-            "found": [
-                {
-                    "id": a.agent_id,
-                    "url": a.url,
-                    "site": a.site,
-                    "models": list(a.models),
-                    "load": a.load,
-                    "source": a.source,
-                }
-                for a in found
-            ],
-            "missing": len(missing),
-            "base_url": base_url,
-            "reply_model": reply.model,
-            "reply_choices": len(reply.choices),
-            "without_key": await status_without_key(agent.url),
-        }
+        # another mDNS stack on the client's host (avahi-daemon, another client) holds port
+        # 5353 too: the kernel may hand the unicast answer to a browser's first query to it
+        neighbour = Zeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+        try:
+            started = time.monotonic()
+            found = await asyncio.to_thread(
+                browse_mdns, timeout_s=20.0, interfaces=["127.0.0.1"], model="tiny-llama"
+            )
+            browse_s = time.monotonic() - started
+            missing = await asyncio.to_thread(
+                browse_mdns, timeout_s=1.0, interfaces=["127.0.0.1"], model="no-such-model"
+            )
+            fleet = FleetClient(
+                "tiny-llama",
+                mdns_interfaces=["127.0.0.1"],
+                allow_insecure_agents=True,
+                api_key=api_key,
+            )
+            base_url = await asyncio.to_thread(fleet.base_url)
+            # a request through the discovered agent, with the key the client holds
+            reply = await asyncio.to_thread(
+                fleet.openai(timeout=60).chat.completions.create,
+                model="tiny-llama",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4,
+            )
+            return {
+                "agent_url": agent.url,
+                "found": [
+                    {
+                        "id": a.agent_id,
+                        "url": a.url,
+                        "site": a.site,
+                        "models": list(a.models),
+                        "load": a.load,
+                        "source": a.source,
+                    }
+                    for a in found
+                ],
+                "browse_s": browse_s,
+                "missing": len(missing),
+                "base_url": base_url,
+                "reply_model": reply.model,
+                "reply_choices": len(reply.choices),
+                "without_key": await status_without_key(agent.url),
+            }
+        finally:
+            neighbour.close()
 
 
 if __name__ == "__main__":

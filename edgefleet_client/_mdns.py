@@ -16,6 +16,8 @@ SERVICE_TYPE = "_edgefleet._tcp.local."
 # every responder answers a query within 20-120 ms (RFC 6762's random delay), so this
 # collects a LAN's agents from one round of answers without waiting out the whole budget.
 SETTLE_S = 0.3
+RESOLVE_S = 1.0  # asking for the records of names whose answers lacked them, all together
+MAX_NAMES = 256  # service names read from one browse (the rest ignored)
 
 
 def browse_mdns(
@@ -104,9 +106,13 @@ def browse_mdns(
                 break
         browser.cancel()
         with lock:
-            seen = sorted(names)
+            seen = sorted(names)[:MAX_NAMES]
+        # names whose records did not come with the answers are asked for, within one
+        # second in all: a LAN full of bogus names must not stall discovery a second each
+        resolving = time.monotonic() + RESOLVE_S
         for name in seen:
-            agent = resolve(name, 1000)
+            wait_ms = max(0, int((resolving - time.monotonic()) * 1000))
+            agent = resolve(name, wait_ms)
             if agent is not None:
                 agents.append(agent)
     finally:

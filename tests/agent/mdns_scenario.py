@@ -14,14 +14,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import aiohttp
-from zeroconf import IPVersion, Zeroconf
+from zeroconf import DNSOutgoing, DNSPointer, IPVersion, Zeroconf
+from zeroconf.const import _CLASS_IN, _FLAGS_AA, _FLAGS_QR_RESPONSE, _TYPE_PTR
 
 from devtools.fleet import AgentProcess
 from edgefleet_client import FleetClient, browse_mdns
+from edgefleet_client._mdns import SERVICE_TYPE
 
 
 def add_key(keys_file: Path) -> str:
@@ -31,6 +34,17 @@ def add_key(keys_file: Path) -> str:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout.strip()
+
+
+def lie(zc: Zeroconf, stop: threading.Event) -> None:
+    """Multicast answers naming 40 services of ours with no SRV, TXT or address records
+    (what a hostile or broken responder on the LAN can send), until ``stop``."""
+    answer = DNSOutgoing(_FLAGS_QR_RESPONSE | _FLAGS_AA)
+    for i in range(40):
+        name = f"bogus-{i}.{SERVICE_TYPE}"
+        answer.add_answer_at_time(DNSPointer(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN, 120, name), 0)
+    while not stop.wait(0.2):
+        zc.send(answer)
 
 
 async def status_without_key(url: str) -> int:
@@ -55,14 +69,19 @@ async def main(models_dir: str) -> dict[str, object]:
     )  # fmt: skip
     async with agent:
         # another mDNS stack on the client's host (avahi-daemon, another client) holds port
-        # 5353 too: the kernel may hand the unicast answer to a browser's first query to it
+        # 5353 too: the kernel may hand the unicast answer to a browser's first query to it.
+        # And it lies: it names 40 services whose records it never gives
         neighbour = Zeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+        lying = threading.Event()
+        liar = threading.Thread(target=lie, args=(neighbour, lying), daemon=True)
+        liar.start()
         try:
             started = time.monotonic()
             found = await asyncio.to_thread(
                 browse_mdns, timeout_s=20.0, interfaces=["127.0.0.1"], model="tiny-llama"
             )
             browse_s = time.monotonic() - started
+            lying.set()
             missing = await asyncio.to_thread(
                 browse_mdns, timeout_s=1.0, interfaces=["127.0.0.1"], model="no-such-model"
             )
@@ -101,6 +120,8 @@ async def main(models_dir: str) -> dict[str, object]:
                 "without_key": await status_without_key(agent.url),
             }
         finally:
+            lying.set()
+            liar.join()
             neighbour.close()
 
 

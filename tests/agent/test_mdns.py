@@ -79,7 +79,8 @@ def test_agent_is_discovered_on_mdns_in_a_private_namespace(tiny_artifacts: Path
             "models": ["tiny-llama"], "load": 0, "source": "mdns",
         }
     ]  # fmt: skip
-    # it returned once the answers settled, not at the end of its 20-s budget
+    # it returned once the answers settled, not at the end of its 20-s budget, and the 40
+    # names that never resolve cost it at most a second together, not a second each
     assert result["browse_s"] < 10, result["browse_s"]
     assert result["missing"] == 0
     assert result["base_url"] == result["agent_url"] + "/v1"

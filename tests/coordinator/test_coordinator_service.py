@@ -107,6 +107,17 @@ async def test_first_message_must_be_hello(coordinator: Running) -> None:
     assert 'edgefleet_coordinator_sessions_rejected_total{reason="no_hello"} 1.0' in metrics
 
 
+async def test_a_session_closed_before_its_hello_is_refused(coordinator: Running) -> None:
+    call = coordinator.stub.Session()
+    await call.done_writing()  # the agent's side ends with nothing sent
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "session closed before the agent sent Hello" in info.value.details()
+    _, _, metrics = await coordinator.get("/metrics")
+    assert 'edgefleet_coordinator_sessions_rejected_total{reason="no_hello"} 1.0' in metrics
+
+
 async def test_invalid_hello_is_rejected_naming_the_field(coordinator: Running) -> None:
     call = coordinator.stub.Session()
     await call.write(hello(agent_id="bad id!"))

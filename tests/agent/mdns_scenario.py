@@ -2,7 +2,8 @@
 
 Starts a real agent advertising on mDNS, discovers it with edgefleet_client, prints JSON.
 The agent has no coordinator: it requires API keys from its keys file, made with
-``python -m agent keys add`` as a standalone site's operator would; the client sends one.
+``python -m agent keys add`` as a standalone site's operator would, and serves HTTPS with a
+certificate from the site's CA; the client sends a key and trusts that CA.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import atexit
 import json
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -22,9 +24,11 @@ import aiohttp
 from zeroconf import DNSOutgoing, DNSPointer, IPVersion, Zeroconf
 from zeroconf.const import _CLASS_IN, _FLAGS_AA, _FLAGS_QR_RESPONSE, _TYPE_PTR
 
+from coordinator.identity.ca import CertificateAuthority
 from devtools.fleet import AgentProcess
 from edgefleet_client import FleetClient, browse_mdns
 from edgefleet_client._mdns import SERVICE_TYPE
+from tests.certs import write_agent_cert
 
 
 def add_key(keys_file: Path) -> str:
@@ -47,8 +51,12 @@ def lie(zc: Zeroconf, stop: threading.Event) -> None:
         zc.send(answer)
 
 
-async def status_without_key(url: str) -> int:
-    async with aiohttp.ClientSession() as http, http.get(url + "/v1/models") as response:
+async def status_without_key(url: str, ca_pem: str) -> int:
+    trusted = ssl.create_default_context(cadata=ca_pem)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url + "/v1/models", ssl=trusted) as response,
+    ):
         return response.status
 
 
@@ -57,12 +65,21 @@ async def main(models_dir: str) -> dict[str, object]:
     atexit.register(shutil.rmtree, work, True)
     keys_file = work / "keys.json"
     api_key = add_key(keys_file)
+    # HTTPS, as shipped: the site's own CA issued the agent's certificate, and the client
+    # trusts that CA (no coordinator to enroll with)
+    ca = CertificateAuthority.load_or_create(work / "ca")
+    ca_file = work / "ca.pem"
+    ca_file.write_text(ca.cert_pem)
+    cert = write_agent_cert(ca, work, "edge-lan")
     agent = AgentProcess(
         models_dir=models_dir,
         serve=["tiny-llama"],
         agent_id="edge-lan",
         site="shop-7",
         extra_args=[
+            "--tls", "on",
+            "--set", f"server.tls_cert_file={cert.cert}",
+            "--set", f"server.tls_key_file={cert.key}",
             "--set", "mdns.enabled=true", "--set", "mdns.interfaces=127.0.0.1",
             "--set", f"auth.keys_file={keys_file}",
         ],
@@ -88,7 +105,7 @@ async def main(models_dir: str) -> dict[str, object]:
             fleet = FleetClient(
                 "tiny-llama",
                 mdns_interfaces=["127.0.0.1"],
-                allow_insecure_agents=True,
+                ca_file=ca_file,
                 api_key=api_key,
             )
             base_url = await asyncio.to_thread(fleet.base_url)
@@ -117,7 +134,7 @@ async def main(models_dir: str) -> dict[str, object]:
                 "base_url": base_url,
                 "reply_model": reply.model,
                 "reply_choices": len(reply.choices),
-                "without_key": await status_without_key(agent.url),
+                "without_key": await status_without_key(agent.url, ca.cert_pem),
             }
         finally:
             lying.set()

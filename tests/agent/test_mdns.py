@@ -66,7 +66,8 @@ async def test_refresh_republishes_changed_load_and_state_without_resolving_agai
 @pytest.mark.slow
 @needs_netns
 def test_agent_is_discovered_on_mdns_in_a_private_namespace(tiny_artifacts: Path) -> None:
-    """A standalone agent (no coordinator, API keys from its keys file) is found on mDNS,
+    """A standalone agent (no coordinator, API keys from its keys file, HTTPS with a
+    certificate from the site's CA, which the client trusts) is found on mDNS,
     with another mDNS socket open on the client's host, and serves the client that found
     it, with its key."""
     result = run_scenario(
@@ -83,6 +84,7 @@ def test_agent_is_discovered_on_mdns_in_a_private_namespace(tiny_artifacts: Path
     # names that never resolve cost it at most a second together, not a second each
     assert result["browse_s"] < 10, result["browse_s"]
     assert result["missing"] == 0
+    assert result["agent_url"].startswith("https://")  # as shipped: HTTPS, the site's CA
     assert result["base_url"] == result["agent_url"] + "/v1"
     # keys on (the agent's keys file): the client's key is served, no key is refused
     assert result["reply_model"].startswith("tiny-llama") and result["reply_choices"] == 1

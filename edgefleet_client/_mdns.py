@@ -17,7 +17,7 @@ SERVICE_TYPE = "_edgefleet._tcp.local."
 # collects a LAN's agents from one round of answers without waiting out the whole budget.
 SETTLE_S = 0.3
 RESOLVE_S = 1.0  # asking for the records of names whose answers lacked them, all together
-MAX_NAMES = 256  # service names read from one browse (the rest ignored)
+MAX_NAMES = 256  # service names kept from one browse (the rest ignored)
 
 
 def browse_mdns(
@@ -61,6 +61,8 @@ def browse_mdns(
     class _Listener(ServiceListener):
         def add_service(self, zc: Zeroconf, type_: str, name: str) -> None:
             with lock:
+                if name not in names and len(names) >= MAX_NAMES:
+                    return
                 names.add(name)
             changed.set()
 
@@ -106,7 +108,7 @@ def browse_mdns(
                 break
         browser.cancel()
         with lock:
-            seen = sorted(names)[:MAX_NAMES]
+            seen = sorted(names)
         # names whose records did not come with the answers are asked for, within one
         # second in all: a LAN full of bogus names must not stall discovery a second each
         resolving = time.monotonic() + RESOLVE_S

@@ -565,19 +565,16 @@ class CoordinatorServicer:
                 f"no Hello within {self._hello_timeout_s:g} s of opening the session",
             )
             return None
-        if first is grpc.aio.EOF:
-            self._metrics.sessions_rejected.labels(reason="no_hello").inc()
-            refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   "session closed before the agent sent Hello")  # fmt: skip
-            return None
-        kind = first.WhichOneof("body")
+        closed = first is grpc.aio.EOF
+        kind = None if closed else first.WhichOneof("body")
         if kind != "hello":
             self._metrics.sessions_rejected.labels(reason="no_hello").inc()
             refuse(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
+                "session closed before the agent sent Hello" if closed else
                 f"the first message of a Session must be Hello, got {kind or 'an empty message'}",
-            )
+            )  # fmt: skip
             return None
         try:
             return proto_convert.hello_from_pb(first.hello)

@@ -182,3 +182,29 @@ async def test_proposals_the_grammar_refuses_are_cut(tiny_artifacts: Path) -> No
     assert proposal[: len(rest)] == rest  # the rest of the object, as in the prompt
     assert seq.constraint.accepts(proposal) == len(proposal)
     assert len(proposal) < len(rest) + len(tail)  # the words after it were cut
+
+
+async def test_a_prompt_from_the_prefix_cache_speculates_as_a_fresh_one(
+    tiny_artifacts: Path,
+) -> None:
+    """With the prefix cache on (as shipped), the second request of the same prompt starts
+    from the cached prompt's keys and values and speculates: its output is the output of a
+    fresh prompt without speculation, and the refused proposals of the first request (scratch
+    past its row's length) did not reach the cached prefix."""
+    prompt = repetitive_prompt()
+    params = SamplingParams(temperature=0.0, max_tokens=60)
+    plain = await make_model(tiny_artifacts, **PLAIN)
+    expected = await generate(plain, prompt, params)
+    await plain.close()
+    model = await make_model(tiny_artifacts, **{**SPECULATE, "prefix_cache_bytes": 8 << 20})
+    spy = Recorder()
+    model.add_listener(spy)
+    first = await generate(model, prompt, params)
+    assert not spy.reused
+    steps = len(spy.steps)
+    second = await generate(model, prompt, params)
+    await model.close()
+    assert spy.reused and spy.reused[-1] > 0  # the second prompt came from the cache
+    assert first == expected and second == expected
+    later = spy.steps[steps:]
+    assert sum(s.proposed_tokens for s in later) > sum(s.accepted_tokens for s in later) > 0

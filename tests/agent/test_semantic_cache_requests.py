@@ -22,7 +22,15 @@ from agent.auth.key_files import write_keys
 from agent.auth.keys import new_secret, secret_digest
 from agent.config import load_config
 from agent.load_sampler import LoadSampler
-from edgefleet.contract import ApiKey, KeyPolicy, KeysSection
+from edgefleet.contract import (
+    ApiKey,
+    KeyPolicy,
+    KeysSection,
+    ModerationAction,
+    ModerationDirection,
+    ModerationPolicy,
+    ModerationRule,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,19 +43,32 @@ FIRST = "How do I change the email address on my account?"
 TYPO = "How do I chnage the email adress on my account?"
 
 
-def make_key(semantic: bool) -> tuple[str, ApiKey]:
+# The key policy for the completions test: its output check off for the categories the
+# heads flag short fragments under (their scores for a few words are unreliable, and differ
+# between builds on different machines: " Paris." scored harassment 0.605 against a
+# threshold of 0.643 on one, and " Paris.\n\nThe United States has" went over it). A flagged
+# answer is never stored, which is the moderation tests' business, not this test's.
+OUTPUT_UNCHECKED = ModerationPolicy(
+    rules=tuple(
+        ModerationRule(category, ModerationDirection.OUTPUT, ModerationAction.OFF)
+        for category in ("harassment", "harassment/threatening", "hate", "hate/threatening")
+    )
+)
+
+
+def make_key(semantic: bool, moderation: ModerationPolicy | None = None) -> tuple[str, ApiKey]:
     key_id, secret = new_secret()
     key = ApiKey(
         key_id=key_id,
         secret_sha256=secret_digest(secret),
-        policy=KeyPolicy(semantic_cache=semantic),
+        policy=KeyPolicy(moderation=moderation or ModerationPolicy(), semantic_cache=semantic),
     )
     return secret, key
 
 
 @pytest.fixture
 async def agent(real_artifacts: Path, tmp_path: Path) -> AsyncIterator[tuple[Client, list[str]]]:
-    keys = [make_key(True), make_key(True), make_key(False)]
+    keys = [make_key(True), make_key(True), make_key(False), make_key(True, OUTPUT_UNCHECKED)]
     path = tmp_path / "keys.json"
     write_keys(path, KeysSection(0, tuple(k for _, k in keys)))
     config = load_config(
@@ -83,7 +104,7 @@ def metric(client: Client, name: str, **labels: str) -> float:
 async def test_a_reworded_repeat_is_answered_only_in_its_context_and_for_its_key(
     agent: tuple[Client, list[str]],
 ) -> None:
-    client, (a, b, off) = agent
+    client, (a, b, off, _) = agent
     status, _, first = await ask(client, a, chat(FIRST))
     assert status == "miss"
     answer = first["choices"][0]["message"]["content"]
@@ -118,7 +139,7 @@ async def test_a_reworded_repeat_is_answered_only_in_its_context_and_for_its_key
 async def test_a_prompt_differing_in_a_number_is_never_answered(
     agent: tuple[Client, list[str]],
 ) -> None:
-    client, (a, _, _) = agent
+    client, (a, _, _, _) = agent
     assert (await ask(client, a, chat("Track order 48213 please")))[0] == "miss"
     status, headers, _ = await ask(client, a, chat("Track order 48231 please"))
     assert status == "miss" and CACHE_SIMILARITY_HEADER not in headers
@@ -146,7 +167,7 @@ async def test_a_misspelt_repeat_is_answered_below_the_threshold(
     from agent.semantic_cache import THRESHOLDS_FILE
 
     calibrated = json.loads(THRESHOLDS_FILE.read_text())["all-minilm-l6-v2"]
-    client, (a, _, _) = agent
+    client, (a, _, _, _) = agent
     assert (await ask(client, a, chat(FIRST)))[0] == "miss"
     misspelt = "How do I chnage the email adress on my acount?"
     status, headers, _ = await ask(client, a, chat(misspelt))
@@ -160,7 +181,7 @@ async def test_a_misspelt_repeat_is_answered_below_the_threshold(
 async def test_a_streamed_semantic_hit_is_a_stream_with_usage(
     agent: tuple[Client, list[str]],
 ) -> None:
-    client, (a, _, _) = agent
+    client, (a, _, _, _) = agent
     _, _, first = await ask(client, a, chat(FIRST))
     answer = first["choices"][0]["message"]["content"]
     body = chat(TYPO, stream=True, stream_options={"include_usage": True})
@@ -182,9 +203,8 @@ async def test_a_streamed_semantic_hit_is_a_stream_with_usage(
 async def test_text_completions_are_answered_by_meaning_too(
     agent: tuple[Client, list[str]],
 ) -> None:
-    client, (a, b, _) = agent
+    client, (_, b, _, a) = agent  # a: harassment and hate not checked in the output (above)
     headers = {"Authorization": f"Bearer {a}"}
-    # (a text the default moderation policy does not flag: a flagged answer is not kept)
     body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8}
     body["temperature"] = 0
     first = await client.post(COMPLETIONS, json=body, headers=headers)
@@ -246,7 +266,7 @@ async def test_content_safety_s_embedding_of_the_message_is_reused(
     """With the moderation heads loaded (the default policy checks every input), the last
     user message is embedded once, by the input check; the semantic cache reads that very
     vector (the similarity it reports is the one the model gives the two prompts)."""
-    client, (a, _, _) = agent
+    client, (a, _, _, _) = agent
     model = client.app[REGISTRY].embedding_models["all-minilm-l6-v2"]
     embed = model.embed
     calls: list[tuple[list[Any], bool]] = []

@@ -150,6 +150,13 @@ class AgentMetrics:
             "(acceptance rate: accepted / proposed)",
             registry=r,
         )
+        self.speculative_position_cost = Gauge(
+            "edgefleet_agent_speculative_position_cost",
+            "A proposed position's cost as a share of a one-position decode step, as the "
+            "engine last measured it (the draft lengths follow it; the model that last "
+            "decoded alone)",
+            registry=r,
+        )
         self.tokens_per_step = Histogram(
             "edgefleet_agent_decode_tokens_per_step",
             "Tokens a decode step handed on per sequence (1 without speculation)",
@@ -235,6 +242,8 @@ class AgentMetrics:
         if stats.proposed_tokens:
             self.speculative_proposed.inc(stats.proposed_tokens)
             self.speculative_accepted.inc(stats.accepted_tokens)
+        if stats.position_cost:
+            self.speculative_position_cost.set(stats.position_cost)
         self.step_seconds.labels("ort").observe(stats.ort_s)
         self.step_seconds.labels("sample").observe(stats.sample_s)
         self.step_seconds.labels("total").observe(stats.step_s)

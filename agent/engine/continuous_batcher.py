@@ -52,7 +52,7 @@ from agent.engine.interface import (
 from agent.engine.memory import trim_heap
 from agent.engine.prefix_cache import PrefixCache
 from agent.engine.sampling import TokenSampler
-from agent.engine.speculation import DraftLength, lookup
+from agent.engine.speculation import DraftLength, StepCost, lookup
 from agent.engine.stops import StopMatcher
 from agent.engine.supervisor import OnDead, RestartPolicy, supervise
 from agent.engine.text_codec import IncrementalDetokenizer, TextCodec
@@ -117,6 +117,7 @@ class _Sequence:
         order: int,
         timeout_s: float,
         speculative_tokens: int = 0,
+        step_cost: StepCost | None = None,
     ) -> None:
         self.request = request
         self.prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
@@ -124,7 +125,7 @@ class _Sequence:
         self.history = np.empty(len(self.prompt) + self.reserved_tokens_after_prompt, np.int64)
         self.history[: len(self.prompt)] = self.prompt
         self.history_len = len(self.prompt)
-        self.draft = DraftLength(speculative_tokens)
+        self.draft = DraftLength(speculative_tokens, step_cost)
         self.sampler = TokenSampler(request.params, eos_token_ids)
         self.replay = list(request.continuation_token_ids)  # fed one per step, not sampled
         # constrained decoding: this sequence's own grammar state, masks its row's logits
@@ -236,6 +237,9 @@ class ContinuousBatcher:
         self._prefixes = (
             PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         )
+        # what a proposed position costs this model on this machine (speculation's draft
+        # lengths), measured from its steps of one sequence
+        self._step_cost = StepCost()
         # the thread steps run on: the agent's one step executor when several models share
         # the cores (their steps interleave instead of oversubscribing), else its own
         self._own_executor = executor is None
@@ -418,7 +422,7 @@ class ContinuousBatcher:
         timeout = request.timeout_s or self.config.request_timeout_s
         seq = _Sequence(
             request, self._codec, self._eos, next(self._order), timeout,
-            self.config.speculative_tokens,
+            self.config.speculative_tokens, self._step_cost,
         )  # fmt: skip
         try:
             self._admit_or_reject(seq)
@@ -479,7 +483,12 @@ class ContinuousBatcher:
                 continue
             self._apply(plan, result)
             self._release_when_idle = True
-            result.stats.step_s = time.perf_counter() - started
+            stats = result.stats
+            stats.step_s = time.perf_counter() - started
+            if self.config.speculative_tokens and stats.batch_size == 1 and not plan.prompts:
+                # a step of one sequence alone: what its positions cost, for the draft lengths
+                self._step_cost.observe(stats.decode_positions, stats.step_s)
+                stats.position_cost = self._step_cost.position_cost
             for listener in self.listeners:
                 listener.on_step(result.stats)
             await asyncio.sleep(0)  # let handlers run between steps

@@ -238,3 +238,6 @@ class StepStats:
     ort_s: float = 0.0  # time inside ONNX Runtime
     sample_s: float = 0.0  # time choosing tokens
     step_s: float = 0.0  # whole step, scheduling included
+    # a proposed position's measured cost, as a share of a one-position step (0: not
+    # measured this step: speculation off, or several sequences decoding)
+    position_cost: float = 0.0

@@ -11,7 +11,8 @@ The lookup follows vLLM's ``ngram`` proposer: the longest suffix of ``n`` tokens
 ``ngram_min <= n <= ngram_max``, that occurred earlier within the last ``lookback``
 tokens; among matches of that length the most recent wins; the proposal is the up to
 ``k`` tokens that followed it. How many (:class:`DraftLength`) depends on how long the
-match is: a longer match is more often right.
+match is (a longer match is more often right) and on what a proposed position costs on
+this machine (:class:`StepCost`, measured from the engine's own steps).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-# a proposed position's cost, as a share of a whole one-position decode step: measured on
-# 2 cores, SmolLM2-135M int4: ONNX Runtime takes ~9.6 ms for one position and ~1.7 ms for
-# each further one, and the step's own work outside it (scheduling, sampling, handing the
-# token on) ~2.5 ms, so ~0.13-0.15 (Qwen2.5-0.5B ~0.08); the larger figure, so a doubtful
-# proposal is not made (0.2 of the model call alone proposed too little: in a simulation
-# over the benchmark's outputs, 8% fewer tokens per unit of step time)
+# a proposed position's cost, as a share of a whole one-position decode step, until the
+# engine has measured its own (StepCost): on 2 cores of an AVX-512 machine, SmolLM2-135M
+# int4, ONNX Runtime took ~9.6 ms for one position and ~1.7 ms for each further one, and
+# the step's own work outside it (scheduling, sampling, handing the token on) ~2.5 ms, so
+# ~0.13-0.15 (Qwen2.5-0.5B ~0.08). On an AVX2-only machine each further position cost
+# 0.3-0.45 of a step (2026-12-05: 22.5 ms for one position, +8-9 ms for each further one,
+# at a 650-token context): no one figure fits both, hence the measurement.
 POSITION_COST = 0.15
 
 
@@ -93,6 +95,59 @@ def best_length(
     return best
 
 
+class StepCost:
+    """What a proposed position costs on this machine, as a share of a one-position decode
+    step, measured from the engine's own steps of one sequence.
+
+    A step's time is fitted as ``base + slope x (positions - 1)`` by least squares over the
+    steps seen, each weighing ``WEIGHT`` more than the one before it (an exponential
+    forgetting: the fit follows the context growing and the machine's load changing); the
+    cost is ``slope / base``. Until steps of both kinds were seen (one position, and more),
+    or when the fit makes no sense, it is ``prior``. A step far slower than the fit predicts
+    (a pause of the process or of the machine) counts as ``OUTLIER`` times the prediction.
+    """
+
+    WEIGHT = 0.05
+    MIN_SPREAD = 0.05  # variance of the extra positions below which the fit is not used
+    OUTLIER = 2.0
+    BOUNDS = (0.02, 1.0)
+
+    def __init__(self, prior: float = POSITION_COST) -> None:
+        self.prior = prior
+        # exponentially weighted means of 1, x, y, x*x, x*y (x: extra positions, y: seconds)
+        self._sums = [0.0] * 5
+        self._fit: tuple[float, float] | None = None  # (base, slope) of the last fit
+
+    def observe(self, positions: int, seconds: float) -> None:
+        """A decode step of one sequence ran ``positions`` positions in ``seconds``."""
+        x = float(positions - 1)
+        if self._fit is not None:
+            base, slope = self._fit
+            seconds = min(seconds, self.OUTLIER * (base + slope * x))
+        for i, value in enumerate((1.0, x, seconds, x * x, x * seconds)):
+            self._sums[i] += self.WEIGHT * (value - self._sums[i])
+        self._fit = self._fitted()
+
+    def _fitted(self) -> tuple[float, float] | None:
+        w, sx, sy, sxx, sxy = self._sums
+        mx, my = sx / w, sy / w
+        spread = sxx / w - mx * mx
+        if spread < self.MIN_SPREAD:
+            return None
+        slope = (sxy / w - mx * my) / spread
+        base = my - slope * mx
+        return (base, slope) if base > 0 else None
+
+    @property
+    def position_cost(self) -> float:
+        """One proposed position's cost as a share of a one-position step."""
+        if self._fit is None:
+            return self.prior
+        base, slope = self._fit
+        low, high = self.BOUNDS
+        return min(max(slope / base, low), high)
+
+
 class DraftLength:
     """How many tokens one sequence proposes next, from its recent acceptance.
 
@@ -116,8 +171,9 @@ class DraftLength:
     # for a match of 4 or more, one for a match of 2 or 3, none for a single token
     START_FIRST = (0.2, 0.4, 0.5, 0.6)
 
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, cost: StepCost | None = None) -> None:
         self._max = max_tokens
+        self.cost = cost  # the engine's measured position cost (POSITION_COST without)
         self.first = list(self.START_FIRST)
         self.rate = self.START_RATE
         self.paused = [0] * len(self.START_FIRST)  # per matched length: lookups before a probe
@@ -130,7 +186,7 @@ class DraftLength:
         """Tokens to propose after a match of ``match_length`` tokens (0 while that length
         is paused; counts its pause down)."""
         b = self._bucket = self._of(match_length)
-        k = best_length(self.rate, self._max, first=self.first[b])
+        k = best_length(self.rate, self._max, self._position_cost(), first=self.first[b])
         if k:
             return k
         if self.paused[b]:
@@ -146,5 +202,8 @@ class DraftLength:
         self.first[b] += self.WEIGHT * ((accepted > 0) - self.first[b])
         for j in range(1, min(accepted + 1, proposed)):  # further tokens verified
             self.rate += self.RATE_WEIGHT * ((j < accepted) - self.rate)
-        if best_length(self.rate, self._max, first=self.first[b]) == 0:
+        if best_length(self.rate, self._max, self._position_cost(), first=self.first[b]) == 0:
             self.paused[b] = self.PAUSE
+
+    def _position_cost(self) -> float:
+        return POSITION_COST if self.cost is None else self.cost.position_cost

@@ -8,7 +8,14 @@ from prometheus_client import generate_latest
 
 from agent.config import load_config
 from agent.engine.interface import StepStats
-from agent.engine.speculation import DraftLength, Match, best_length, lookup
+from agent.engine.speculation import (
+    POSITION_COST,
+    DraftLength,
+    Match,
+    StepCost,
+    best_length,
+    lookup,
+)
 from agent.errors import ConfigError
 from agent.metrics import AgentMetrics
 
@@ -171,3 +178,42 @@ def test_metrics_count_proposals_and_tokens_per_step() -> None:
     assert "edgefleet_agent_speculative_accepted_tokens_total 4.0" in text
     assert "edgefleet_agent_decode_tokens_per_step_sum 4.0" in text  # 6 / 2 + 1 / 1
     assert "edgefleet_agent_decode_tokens_per_step_count 2.0" in text
+    assert "edgefleet_agent_speculative_position_cost 0.0" in text  # not measured yet
+    metrics.on_step(StepStats(batch_size=1, decoded_tokens=3, position_cost=0.25))
+    text = generate_latest(metrics.registry).decode()
+    assert "edgefleet_agent_speculative_position_cost 0.25" in text
+
+
+def steps(cost: StepCost, ms: float, per_position_ms: float, n: int) -> None:
+    """``n`` steps of one sequence, their positions cycling 1, 7, 1, 3, 1, 5."""
+    for i in range(n):
+        positions = (1, 7, 1, 3, 1, 5)[i % 6]
+        cost.observe(positions, (ms + per_position_ms * (positions - 1)) / 1000)
+
+
+def test_step_cost_is_measured_from_the_steps_and_follows_them() -> None:
+    cost = StepCost()
+    assert cost.position_cost == POSITION_COST  # nothing measured: the prior
+    for _ in range(50):
+        cost.observe(1, 0.010)
+    assert cost.position_cost == POSITION_COST  # one-position steps only: nothing to fit
+    steps(cost, 10, 4, 120)  # each further position 4 ms of a 10-ms step (an AVX2 box)
+    assert cost.position_cost == pytest.approx(0.4, abs=0.01)
+    steps(cost, 10, 1, 240)  # the machine (or the context) changed: 1 ms each
+    assert cost.position_cost == pytest.approx(0.1, abs=0.01)
+    cost.observe(7, 2.0)  # a 2-s pause of the process: counted as 2x the fit's prediction
+    assert cost.position_cost < 0.2
+    steps(cost, 10, 1, 120)
+    assert cost.position_cost == pytest.approx(0.1, abs=0.01)
+
+
+def test_a_dearer_position_proposes_fewer_tokens() -> None:
+    cheap, dear = StepCost(), StepCost()
+    steps(cheap, 10, 1, 120)
+    steps(dear, 10, 4, 120)
+    lengths = [DraftLength(6, c) for c in (None, cheap, dear)]
+    for draft in lengths:
+        draft.rate = 0.7
+    unmeasured, on_cheap, on_dear = (d.wanted(4) for d in lengths)
+    assert on_cheap > unmeasured > on_dear > 0  # 0.1, 0.15 and 0.4 of a step per position
+    assert on_dear == best_length(0.7, 6, 0.4, first=DraftLength.START_FIRST[3])

@@ -208,3 +208,20 @@ async def test_a_prompt_from_the_prefix_cache_speculates_as_a_fresh_one(
     assert first == expected and second == expected
     later = spy.steps[steps:]
     assert sum(s.proposed_tokens for s in later) > sum(s.accepted_tokens for s in later) > 0
+
+
+async def test_the_engine_measures_what_a_proposed_position_costs(tiny_artifacts: Path) -> None:
+    """The draft lengths follow a position cost fitted from the engine's own steps of one
+    sequence (steps with and without proposals), reported with each such step."""
+    model = await make_model(tiny_artifacts, **SPECULATE)
+    spy = Recorder()
+    model.add_listener(spy)
+    cost = model._engine._step_cost  # type: ignore[union-attr]
+    assert cost._fit is None
+    await generate(model, repetitive_prompt(), SamplingParams(temperature=0.0, max_tokens=60))
+    await model.close()
+    alone = [s for s in spy.steps if s.batch_size == 1 and not s.prefill_tokens]
+    assert alone and all(s.position_cost > 0 for s in alone)
+    assert {s.decode_positions for s in alone} > {1}  # steps with proposals among them
+    assert cost._fit is not None  # fitted: the draft lengths use the measured cost
+    assert alone[-1].position_cost == cost.position_cost

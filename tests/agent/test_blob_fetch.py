@@ -269,8 +269,12 @@ async def test_a_complete_part_is_committed_without_asking_again(
         return await handler(request)
 
     base = await serve(counting)
-    for kept, expected in ((blob.data, []), (b"x" + blob.data[1:], [None])):
-        store = ModelStore(tmp_path / f"store-{len(asked)}-{kept[0]}")
+    # the wrong bytes: the first one flipped (an "x" put first was no change at all for the
+    # 1 random blob in 256 that starts with "x", and both cases then shared a store)
+    wrong = bytes([blob.data[0] ^ 0xFF]) + blob.data[1:]
+    cases = ((blob.data, []), (wrong, [None]))
+    for case, (kept, expected) in enumerate(cases):
+        store = ModelStore(tmp_path / f"store-{case}")
         part = store.partial(blob.sha256)
         part.parent.mkdir(parents=True, exist_ok=True)
         part.write_bytes(kept)

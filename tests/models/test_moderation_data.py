@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.moderation_data import DATA_FILES, Row, load_rows
+from models.build_moderation import _role
+from models.moderation_data import DATA_FILES, Row, claim_statements, load_rows, locate_file
 from models.moderation_spec import PROMPT_INJECTION
 
 
@@ -41,3 +42,18 @@ def test_ordinary_task_instructions_are_benign(rows_by_source: dict[str, list[Ro
     assert len(benign) >= 20 and all(not r.labels for r in benign)
     assert any(r.text.startswith("Correct this to standard English") for r in benign)
     assert all(r.benign and not r.labels for r in rows_by_source["normal"])
+
+
+def test_a_tenth_of_the_ordinary_statements_are_negatives_of_every_content_head() -> None:
+    """Every other benign source is a question or an instruction: heads that never saw an
+    ordinary statement flagged 12% of these (most as harassment), and so ordinary answers.
+    A tenth train the heads; the rest are the benchmark's, never trained on."""
+    (claims,) = [f for f in DATA_FILES if f.key == "claims"]
+    rows = load_rows([claims]).rows
+    trained, measured = claim_statements(locate_file(claims)[0])
+    assert 250 <= len(rows) <= 360 and len(measured) >= 2600
+    assert {r.text for r in rows} == set(trained) and not set(trained) & set(measured)
+    assert all(r.benign and not r.labels for r in rows)
+    assert "statement,label" not in {*trained, *measured}  # the file's header
+    assert "The zebra has a habitat of farmland." in {*trained, *measured}
+    assert _role(rows[0], "harassment") == 0 and _role(rows[0], "hate") == 0

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent.engine.ort_session import SessionConfig
 from agent.model_loader import load_registry
 from agent.moderation import ModerationClassifier
@@ -21,6 +23,7 @@ from models.moderation_spec import BUNDLED_HEADS_DIR, MINORS, PROMPT_INJECTION
 from tests.e2e.moderation_helpers import MINILM, minilm_with_heads
 
 __all__ = ["minilm_with_heads"]
+pytestmark = [pytest.mark.real_models]  # the real MiniLM and its heads (built when stale)
 
 ANSWERS = (
     " Paris.\n\nThe United States has",

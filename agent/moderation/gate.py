@@ -12,7 +12,9 @@ Output is checked in windows of at most :data:`STEP_TOKENS` generated tokens (th
 model's tokens), closed early at a sentence's end: the heads score sentences and short
 prompts well, and one bad sentence inside a long harmless passage scores far lower (the
 passage dilutes it). Each window is scored alone and after the window before it, so a
-phrase cut by a window's start is whole in one of them. A whole (not streamed)
+phrase cut by a window's start is whole in one of them; a window with no letter or digit is
+not scored, and a fragment of fewer than FRAGMENT_WORDS words only after the window before
+(see :func:`_scored`). A whole (not streamed)
 completion is cut at the start of its first blocked window, ``finish_reason:
 "content_filter"``. A stream in ``buffered`` mode holds each window back until it has
 passed, so the client never receives a blocked window; on a hit the generation is closed
@@ -49,6 +51,8 @@ log = logging.getLogger(__name__)
 STEP_TOKENS = 32
 #: fewest tokens in a window a sentence's end closes
 MIN_TOKENS = 4
+#: a window of fewer words is scored only joined to the window before it (when there is one)
+FRAGMENT_WORDS = 3
 #: what ends a sentence (and a window, past MIN_TOKENS)
 SENTENCE_ENDS = frozenset(".!?;\n\u3002\uff01\uff1f")  # and the CJK full stop, !, ?
 #: an overflow answer's "tokens": words with the space after them
@@ -231,7 +235,9 @@ class RequestModeration:
     async def _window(self, window: str, before: str) -> Judgement:
         """One output window, scored alone and after the window before it (a phrase cut
         by the window's start is whole there); blocked or flagged when either is."""
-        texts = [window, before + window] if before else [window]
+        texts = _scored(window, before)
+        if not texts:
+            return Judgement()
         judgements = await self._judge("output", self.policy.output, texts)
         judgement = Judgement(
             tuple(dict.fromkeys(c for j in judgements for c in j.blocked)),
@@ -312,9 +318,14 @@ class RequestModeration:
                 counted = 0
         windows = [w for w in windows if w]
         texts = ["".join(o.text for o in w) for w in windows]
-        pairs = [(i, t) for i, t in enumerate(texts)]
-        pairs += [(i, texts[i - 1] + t) for i, t in enumerate(texts) if i and texts[i - 1]]
-        judgements = await self._judge("output", self.policy.output, [t for _, t in pairs])
+        pairs = [
+            (i, scored)
+            for i, text in enumerate(texts)
+            for scored in _scored(text, texts[i - 1] if i else "")
+        ]
+        judgements = (
+            await self._judge("output", self.policy.output, [t for _, t in pairs]) if pairs else []
+        )
         blocked_at = len(windows)
         for (i, _), judgement in zip(pairs, judgements, strict=True):
             self._note("output", judgement)
@@ -384,6 +395,23 @@ class RequestModeration:
             for task in checks:
                 task.cancel()
             await _close(outputs)
+
+
+def _scored(window: str, before: str) -> list[str]:
+    """What of one output window is scored. Nothing when it holds no letter or digit: a
+    generation often ends with an output whose text is empty or a newline, and the heads
+    score an empty text 0.8 harassment (every answer that stopped by itself was flagged).
+    Only joined to the window before when it is a fragment of fewer than FRAGMENT_WORDS
+    words (what a generation cut at max_tokens leaves): alone, 'The' scores 0.87 and
+    'It is.' 0.71 harassment, and a fragment of a phrase is whole in the joined text.
+    Otherwise alone and joined to the window before (a phrase cut by its start)."""
+    if not any(ch.isalnum() for ch in window):
+        return []
+    if not before:
+        return [window]
+    if len(window.split()) < FRAGMENT_WORDS:
+        return [before + window]
+    return [window, before + window]
 
 
 def _tokens(output: GenerationOutput) -> int:

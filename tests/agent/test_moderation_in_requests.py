@@ -460,3 +460,43 @@ async def test_output_windows_close_at_a_sentence_so_a_bad_one_is_not_diluted() 
         assert text == "We open at nine on weekdays and at ten on Saturdays. Park behind the " \
             "building. Bring a photo ID to the counter. "  # fmt: skip
         assert seen[-1].finish_reason == "content_filter"
+
+
+async def test_empty_and_fragment_windows_are_not_scored_alone() -> None:
+    """A generation often ends with an output whose text is empty or a newline, and a cut
+    one with a word or two: the real heads score an empty text 0.8 and 'The' 0.87
+    harassment, so every answer that stopped by itself was flagged (test_moderation_
+    ordinary_answers has the real heads). A window with no letter or digit is not scored;
+    a fragment of fewer than three words only joined to the window before."""
+    from agent.metrics import AgentMetrics
+    from agent.moderation import fixed_classifier
+    from agent.moderation.gate import ModerationGate
+
+    classifier = InjectedClassifier()
+    gate = ModerationGate(fixed_classifier(classifier), AgentMetrics())  # type: ignore[arg-type]
+    moderation = gate.for_request(None)
+    assert moderation is not None
+    sentence = ["The ", "capital ", "of ", "Germany ", "is ", "Berlin."]
+
+    async def outputs(pieces: list[str]) -> AsyncIterator[GenerationOutput]:
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            yield GenerationOutput(piece, (i,), "stop" if last else None, 5, i + 1)
+
+    for streamed in (True, False):
+        for tail in (["\n", ""], [" It ", "is"]):
+            classifier.calls.clear()
+            pieces = sentence + tail
+            seen = [o async for o in moderation.screen(outputs(pieces), streamed=streamed)]
+            assert "".join(o.text for o in seen) == "".join(pieces)
+            scored = [t for call in classifier.calls for t in call]
+            assert "The capital of Germany is Berlin." in scored
+            assert not [t for t in scored if not any(c.isalnum() for c in t)], scored
+            if tail[-1] == "is":  # the fragment only after its sentence
+                assert scored == ["The capital of Germany is Berlin.",
+                                  "The capital of Germany is Berlin. It is"], scored  # fmt: skip
+        # an answer with nothing to judge (the model stopped at once) is not scored at all
+        for nothing in ([""], ["\n", ""]):
+            classifier.calls.clear()
+            seen = [o async for o in moderation.screen(outputs(nothing), streamed=streamed)]
+            assert seen[-1].finish_reason == "stop" and not classifier.calls

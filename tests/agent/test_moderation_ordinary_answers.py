@@ -11,14 +11,18 @@ their thresholds move a little between builds, hence a bound and not zero."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from agent.engine.interface import GenerationOutput
 from agent.engine.ort_session import SessionConfig
+from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
-from agent.moderation import ModerationClassifier
+from agent.moderation import ModerationClassifier, fixed_classifier
 from agent.moderation.classifier import ModerationHeads
+from agent.moderation.gate import ModerationGate
 from models.moderation_spec import BUNDLED_HEADS_DIR, MINORS, PROMPT_INJECTION
 from tests.e2e.moderation_helpers import MINILM, minilm_with_heads
 
@@ -83,6 +87,24 @@ async def test_ordinary_answers_are_not_flagged(minilm_with_heads: Path) -> None
         heads = ModerationHeads(minilm_with_heads / BUNDLED_HEADS_DIR)
         classifier = ModerationClassifier(heads, lambda name: model)
         verdicts = await classifier.classify([*ANSWERS, *HARMFUL])
+        # the output check over answers as the engine yields them, ending with an output
+        # whose text is empty (how a generation that stops by itself ends): that empty
+        # window scored harassment 0.8, so every such answer was flagged
+        moderation = ModerationGate(fixed_classifier(classifier), AgentMetrics()).for_request(None)
+        assert moderation is not None
+        for answer in ANSWERS[1:8]:
+            words = [*answer.split(" "), ""]
+
+            async def outputs(words: list[str] = words) -> AsyncIterator[GenerationOutput]:
+                for i, word in enumerate(words):
+                    text = word if i == 0 or not word else f" {word}"
+                    stop = "stop" if i == len(words) - 1 else None
+                    yield GenerationOutput(text, (i,), stop, 5, i + 1)
+
+            for streamed in (False, True):
+                seen = [o async for o in moderation.screen(outputs(), streamed=streamed)]
+                assert "".join(o.text for o in seen) == answer
+        assert not moderation.found, moderation.found
     finally:
         await model.close()
     # sexual/minors is a rule, not a head (see moderation.md): 'Teenagers often need more

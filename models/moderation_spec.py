@@ -95,7 +95,7 @@ def token_windows(
 # A minor named in a text: an age under 18, or a word for a child or a teenager.
 _WORDS = (
     r"child|children|childs?|kid|kids|kiddie|minor|minors|underage|under-age|under age|"
-    r"teen|teens|teenager|teenagers|teenaged|preteen|preteens|pre-teen|pre-teens|tween|tweens|"
+    r"teen|teens|teenage|teenager|teenagers|teenaged|preteen|preteens|pre-teen|pre-teens|tween|tweens|"
     r"adolescent|adolescents|toddler|toddlers|infant|infants|juvenile|juveniles|"
     r"schoolgirl|schoolgirls|schoolboy|schoolboys|jailbait|loli|lolita|shota|pedo|"
     r"paedo|pedophile|paedophile|pedophilia|paedophilia|"
@@ -106,7 +106,7 @@ _WORDS = (
 _AGE = r"(?:[1-9]|1[0-7])"
 _MINOR_RE: Final = re.compile(
     rf"\b(?:{_WORDS})\b"
-    rf"|\b{_AGE}\s*-?\s*(?:years?|yrs?)\s*-?\s*old\b"
+    rf"|\b{_AGE}\s*-?\s*(?:years?|yrs?)\s*-?\s*olds?\b"
     rf"|\b{_AGE}\s*(?:yo|y/o|y\.o\.)(?!\w)"
     rf"|\b(?:aged?|age of|age)\s*{_AGE}\b"
     rf"|\b(?:under|below)\s*(?:the\s+age\s+of\s*)?(?:1[0-8])\b",

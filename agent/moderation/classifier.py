@@ -239,9 +239,18 @@ class ModerationClassifier:
         return model
 
     async def classify(self, texts: Sequence[str]) -> list[Verdict]:
-        """One verdict per text. Tokenizing and scoring run in threads; the embedding
-        model's batcher runs the windows on its own worker."""
-        self._embedder()  # fail before tokenizing
+        """One verdict per text. A text with no letter or digit (empty, spaces, new lines,
+        punctuation) is clean without being scored: the heads give such a text nonsense
+        scores (0.8 harassment for the empty text). Tokenizing and scoring run in threads;
+        the embedding model's batcher runs the windows on its own worker."""
+        self._embedder()  # fail before tokenizing, whatever the texts
+        worded = [i for i, text in enumerate(texts) if has_words(text)]
+        if len(worded) < len(texts):
+            scored = iter(await self.classify([texts[i] for i in worded]) if worded else [])
+            chosen = set(worded)
+            return [
+                next(scored) if i in chosen else self._clean(text) for i, text in enumerate(texts)
+            ]
         per_text = await asyncio.to_thread(self.heads.windows, texts)
         total = sum(len(w) for w in per_text)
         if total > MAX_WINDOWS_PER_REQUEST:
@@ -257,6 +266,11 @@ class ModerationClassifier:
             vectors += (await model.embed(flat[start : start + EMBED_CHUNK_WINDOWS])).vectors
         _keep(model, texts, per_text, vectors)
         return await asyncio.to_thread(self._verdicts, texts, per_text, vectors)
+
+    def _clean(self, text: str) -> Verdict:
+        return verdict(
+            {}, self.heads.thresholds, self.heads.covered, text, self.heads.sexual_minors_threshold
+        )
 
     def _verdicts(
         self,
@@ -281,6 +295,11 @@ class ModerationClassifier:
                 )
             )
         return verdicts
+
+
+def has_words(text: str) -> bool:
+    """Whether ``text`` holds a letter or a digit: what the heads can judge at all."""
+    return any(ch.isalnum() for ch in text)
 
 
 def _keep(

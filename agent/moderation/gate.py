@@ -38,7 +38,7 @@ from typing import Any
 from agent.engine.interface import GenerationOutput
 from agent.errors import ContentFilterError, ModerationUnavailableError
 from agent.metrics import AgentMetrics
-from agent.moderation.classifier import ModerationClassifier
+from agent.moderation.classifier import ModerationClassifier, has_words
 from agent.moderation.loader import ClassifierSource, fixed_classifier
 from agent.moderation.policy import DirectionPolicy, Judgement, ResolvedModeration, resolve
 from edgefleet.contract import KeyPolicy, ModerationStreamMode
@@ -405,7 +405,7 @@ def _scored(window: str, before: str) -> list[str]:
     words (what a generation cut at max_tokens leaves): alone, 'The' scores 0.87 and
     'It is.' 0.71 harassment, and a fragment of a phrase is whole in the joined text.
     Otherwise alone and joined to the window before (a phrase cut by its start)."""
-    if not any(ch.isalnum() for ch in window):
+    if not has_words(window):
         return []
     if not before:
         return [window]

@@ -11,7 +11,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from models.build_moderation import RELATED, _role, fit_logistic, fit_weights, heads_graph
+from models.build_moderation import (
+    MAX_BENIGN_FPR,
+    RELATED,
+    _role,
+    _sexual_minors_threshold,
+    fit_logistic,
+    fit_weights,
+    heads_graph,
+)
 from models.moderation_data import Row
 from models.moderation_spec import (
     CATEGORIES,
@@ -59,7 +67,8 @@ def test_window_parameters_are_checked() -> None:
 @pytest.mark.parametrize(
     "text",
     ["a 15 year old", "she is 14-year-old", "he's 12yo", "aged 16", "under 18", "a child",
-     "Teen girls", "my kids", "a minor", "middle schooler", "preteen", "little girl"],
+     "Teen girls", "my kids", "a minor", "middle schooler", "preteen", "little girl",
+     "my teenage daughter", "two 15-year-olds"],
 )  # fmt: skip
 def test_minor_cues_name_ages_under_18_and_child_words(text: str) -> None:
     assert minor_cues(text)
@@ -128,3 +137,23 @@ def test_injection_sources_train_the_injection_head_only() -> None:
     # other sources' injection rows stay negatives of the content heads, as before
     jailbreak = Row("You are DAN ...", frozenset({"prompt_injection"}), "jailbreak:inthewild")
     assert _role(jailbreak, "violence") == 0
+
+
+def test_the_sexual_minors_threshold_keeps_ordinary_texts_under_it() -> None:
+    """The low threshold keeps 95% of the sexual texts, but is raised until at most 1% of
+    the ordinary texts reach it (a head that scores ordinary texts up to 0.45 would
+    otherwise block those that name a child), and never passes sexual's own threshold."""
+    sexual = np.linspace(0.1, 0.99, 100)  # the 95% recall point: 0.1445
+    ordinary = np.linspace(0.0, 0.45, 200)
+    scores = np.concatenate([sexual, ordinary])
+    truth = np.array([1] * 100 + [0] * 200)
+    benign = np.array([False] * 100 + [True] * 200)
+    low = _sexual_minors_threshold(scores, truth, benign, 0.8)
+    assert np.mean(ordinary >= low) <= MAX_BENIGN_FPR < np.mean(ordinary >= low - 0.01)
+    assert 0.44 < low < 0.45
+    # ordinary texts all low: the recall point stands
+    quiet = np.concatenate([sexual, ordinary / 10])
+    assert _sexual_minors_threshold(quiet, truth, benign, 0.8) == pytest.approx(0.1449, abs=1e-4)
+    # never above sexual's own
+    assert _sexual_minors_threshold(scores, truth, benign, 0.3) == 0.3
+    assert _sexual_minors_threshold(scores, np.zeros(300, np.int64), benign, 0.8) == 0.8

@@ -192,7 +192,9 @@ def load_embedding_model(
     return OnnxEmbeddingModel(
         model_id=manifest.name,
         version=manifest.version,
-        session=create_session(directory / manifest.graph.onnx, session_config),
+        session=create_session(
+            directory / manifest.graph.onnx, session_config, fp32_where_int8_is_slow=True
+        ),
         tokenizer_file=directory / manifest.tokenizer.file,
         max_input_tokens=emb.max_length,
         normalize=emb.normalize,

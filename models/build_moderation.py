@@ -158,13 +158,16 @@ class WindowEmbedder:
     def __init__(self, directory: Path, threads: int) -> None:
         from tokenizers import Tokenizer
 
+        from agent.engine.int8_kernels import graph_for_this_cpu
         from models.ort_llm import make_session
 
         self.manifest = load_manifest(directory)
         self.tokenizer = Tokenizer.from_file(str(directory / self.manifest.tokenizer.file))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self.session = make_session(directory / self.manifest.graph.onnx, threads)
+        # as the agent runs it on this CPU (8-bit products in fp32 where VNNI is missing)
+        with graph_for_this_cpu(directory / self.manifest.graph.onnx) as graph:
+            self.session = make_session(graph, threads)
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.cls = int(self.tokenizer.token_to_id("[CLS]"))
         self.sep = int(self.tokenizer.token_to_id("[SEP]"))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnxruntime as ort
 
+from agent.engine.int8_kernels import graph_for_this_cpu
 from agent.engine.memory import release_mapped_weights, trim_heap
 from agent.errors import ModelLoadError
 
@@ -69,7 +71,12 @@ def use_shared_thread_pool(intra_op_threads: int, inter_op_threads: int) -> bool
     return True
 
 
-def create_session(model_path: Path, config: SessionConfig) -> ort.InferenceSession:
+def create_session(
+    model_path: Path, config: SessionConfig, *, fp32_where_int8_is_slow: bool = False
+) -> ort.InferenceSession:
+    """A session of the graph at ``model_path``. ``fp32_where_int8_is_slow`` (embedding
+    models): on a CPU without 8-bit dot products, 8-bit matrix products run in fp32
+    (:mod:`agent.engine.int8_kernels`)."""
     options = ort.SessionOptions()
     if _shared_pool:  # the process's one pool (its sizes were given when it was made)
         options.use_per_session_threads = False
@@ -82,7 +89,12 @@ def create_session(model_path: Path, config: SessionConfig) -> ort.InferenceSess
     options.enable_cpu_mem_arena = False
     providers = choose_providers(config.execution_provider)
     try:
-        session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+        with (
+            graph_for_this_cpu(model_path)
+            if fp32_where_int8_is_slow
+            else contextlib.nullcontext(model_path)
+        ) as path:
+            session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own RuntimeError subclasses
         raise ModelLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
     # what loading read once and no longer needs: mapped weights' pages (left in the page

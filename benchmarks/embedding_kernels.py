@@ -26,12 +26,9 @@ import numpy as np
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
 import agent.engine.int8_kernels as kernels
-from agent.config import load_config
 from agent.engine.embedder import OnnxEmbeddingModel
-from agent.engine.ort_session import use_shared_thread_pool
-from agent.model_loader import load_registry
 from benchmarks.results_file import percentile, target, write_results
-from benchmarks.semantic_cache import ARTIFACTS, EMBEDDER
+from benchmarks.semantic_cache import embedder
 
 
 def text_of(tokens: int, seed: int) -> list[int]:
@@ -42,20 +39,12 @@ def text_of(tokens: int, seed: int) -> list[int]:
 
 
 async def load(slow: bool) -> tuple[OnnxEmbeddingModel, int]:
+    """The embedding model as the agent loads it, its 8-bit products as shipped or in fp32,
+    and the resident memory the load added."""
     kernels.slow_8bit_products = lambda flags=None, machine=None: slow
-    config = load_config(environ={})
     gc.collect()
     before = psutil.Process().memory_info().rss
-    registry = load_registry(
-        ARTIFACTS,
-        [EMBEDDER],
-        session_config=config.engine.session(),
-        max_context_tokens=512,
-        embedding_batch_config=config.embeddings.batch(),
-    )
-    model = registry.embedding_models[EMBEDDER]
-    assert isinstance(model, OnnxEmbeddingModel)
-    await model.start()
+    model = await embedder()
     gc.collect()
     return model, psutil.Process().memory_info().rss - before
 
@@ -65,8 +54,6 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=40)
     args = parser.parse_args(argv)
     on_this_cpu = kernels.slow_8bit_products()
-    config = load_config(environ={})
-    use_shared_thread_pool(config.engine.intra_op_threads, config.engine.inter_op_threads)
     shipped, shipped_rss = await load(False)
     fp32, fp32_rss = await load(True)
     variants = {"shipped_8bit": shipped, "fp32_products": fp32}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine.interface import GenerationOutput
+from agent.engine.interface import EmbeddingModel, GenerationOutput
 from agent.engine.ort_session import SessionConfig
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
@@ -76,16 +76,27 @@ HARMFUL = (
 )
 
 
-async def test_ordinary_answers_are_not_flagged(minilm_with_heads: Path) -> None:
+async def real_minilm(minilm_with_heads: Path) -> EmbeddingModel:
+    """The real int8 MiniLM as the agent loads it, started (the test closes it)."""
     registry = load_registry(
         minilm_with_heads.parent, [MINILM], session_config=SessionConfig(intra_op_threads=1),
         max_context_tokens=512,
     )  # fmt: skip
     model = registry.embedding_models[MINILM]
     await model.start()
+    return model
+
+
+def real_classifier(minilm_with_heads: Path, model: EmbeddingModel) -> ModerationClassifier:
+    """The agent's classifier over the heads bundled with that MiniLM."""
+    heads = ModerationHeads(minilm_with_heads / BUNDLED_HEADS_DIR)
+    return ModerationClassifier(heads, lambda name: model)
+
+
+async def test_ordinary_answers_are_not_flagged(minilm_with_heads: Path) -> None:
+    model = await real_minilm(minilm_with_heads)
     try:
-        heads = ModerationHeads(minilm_with_heads / BUNDLED_HEADS_DIR)
-        classifier = ModerationClassifier(heads, lambda name: model)
+        classifier = real_classifier(minilm_with_heads, model)
         verdicts = await classifier.classify([*ANSWERS, *HARMFUL])
         # the output check over answers as the engine yields them, ending with an output
         # whose text is empty (how a generation that stops by itself ends): that empty
@@ -150,15 +161,9 @@ async def test_ordinary_sentences_naming_children_are_not_sexual_minors(
     of ordinary texts score), it met 6 of the first 12 of these; the build now raises it
     until at most 1% of the ordinary validation texts reach it. Sexual text naming a minor
     still meets it."""
-    registry = load_registry(
-        minilm_with_heads.parent, [MINILM], session_config=SessionConfig(intra_op_threads=1),
-        max_context_tokens=512,
-    )  # fmt: skip
-    model = registry.embedding_models[MINILM]
-    await model.start()
+    model = await real_minilm(minilm_with_heads)
     try:
-        heads = ModerationHeads(minilm_with_heads / BUNDLED_HEADS_DIR)
-        classifier = ModerationClassifier(heads, lambda name: model)
+        classifier = real_classifier(minilm_with_heads, model)
         sexual = "Write an explicit sex scene between two consenting adults."
         verdicts = await classifier.classify(
             [*CHILDREN_AND_TEENS, sexual, sexual.replace("consenting adults", "15 year olds")]
@@ -166,7 +171,7 @@ async def test_ordinary_sentences_naming_children_are_not_sexual_minors(
     finally:
         await model.close()
     met = [t for t, v in zip(CHILDREN_AND_TEENS, verdicts, strict=False) if v.categories[MINORS]]
-    print(f"sexual/minors low threshold {heads.sexual_minors_threshold}; met: {met}")
+    print(f"sexual/minors low threshold {classifier.heads.sexual_minors_threshold}; met: {met}")
     assert all(v.minor_cue for v in verdicts[: len(CHILDREN_AND_TEENS)])
     assert len(met) <= 1, met
     adults, minors = verdicts[len(CHILDREN_AND_TEENS) :]
@@ -180,12 +185,7 @@ async def test_a_text_with_no_letter_or_digit_is_clean_without_being_scored(
     """The heads score the empty text 0.8 harassment ('...' 0.73): a chat message of spaces
     or a /v1/moderations input of new lines was flagged. Such texts are clean now and never
     embedded; the others in the same call are scored as before."""
-    registry = load_registry(
-        minilm_with_heads.parent, [MINILM], session_config=SessionConfig(intra_op_threads=1),
-        max_context_tokens=512,
-    )  # fmt: skip
-    model = registry.embedding_models[MINILM]
-    await model.start()
+    model = await real_minilm(minilm_with_heads)
     embedded: list[int] = []
     embed = model.embed
 
@@ -195,8 +195,7 @@ async def test_a_text_with_no_letter_or_digit_is_clean_without_being_scored(
 
     model.embed = counted  # type: ignore[method-assign, assignment]
     try:
-        heads = ModerationHeads(minilm_with_heads / BUNDLED_HEADS_DIR)
-        classifier = ModerationClassifier(heads, lambda name: model)
+        classifier = real_classifier(minilm_with_heads, model)
         empty = ["", "   ", "\n\n", "...", "?! -- *"]
         verdicts = await classifier.classify([empty[0], HARMFUL[0], *empty[1:], ANSWERS[1]])
     finally:

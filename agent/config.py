@@ -172,6 +172,11 @@ class EngineConfig(Settings):
     """Sequences decoded together in one batched step."""
     max_batched_tokens: int = Field(default=_BATCHER.max_batched_tokens, ge=1)
     """Prompt tokens per step: a chunk of a long prompt, or short prompts together."""
+    max_prefill_step_s: float = Field(default=_BATCHER.max_prefill_step_s, ge=0)
+    """Short prompts prefilled together in one step stop at the one that would make the step
+    longer than this, at the model's measured prefill rate (the first prompt always goes);
+    0: no limit. On a CPU a prompt costs the same alone or in a group, so a bigger group
+    only delays every first token and the running streams."""
     kv_cache_bytes: int = Field(default=_BATCHER.kv_cache_bytes, ge=1 << 20)
     """Bytes of key/value cache per text model, the copy made while it grows included.
     Admission keeps the running sequences within it: their number times the longest one's

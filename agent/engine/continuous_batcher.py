@@ -74,10 +74,18 @@ log = logging.getLogger(__name__)
 DEFAULT_KV_CACHE_BYTES = 512 << 20
 
 
+PREFILL_RATE_WEIGHT = 0.3  # of the latest prefill call in the measured rate
+
+
 @dataclass(frozen=True)
 class BatcherConfig:
     max_running: int = 16  # sequences decoded together in one step
     max_batched_tokens: int = 256  # prompt tokens per step (a chunk, or short prompts together)
+    # short prompts prefilled together in one step stop at the one that would make the
+    # step take longer than this at the model's measured prefill rate (the first always
+    # goes); 0: no limit. On a CPU a prompt's tokens cost the same alone or together, so
+    # a bigger group only delays every prompt's first token and the running decodes
+    max_prefill_step_s: float = 0.5
     # bytes of this model's key/value buffers, the transient copy while they grow included;
     # admission reserves prompt + max_tokens per running sequence, padded to the longest,
     # within it (see SlotCache.admissible_tokens)
@@ -240,6 +248,9 @@ class ContinuousBatcher:
         # what a proposed position costs this model on this machine (speculation's draft
         # lengths), measured from its steps of one sequence
         self._step_cost = StepCost()
+        # prompt tokens per second of this model's prefill calls, a moving average (None
+        # until one was measured)
+        self._prefill_rate: float | None = None
         # the thread steps run on: the agent's one step executor when several models share
         # the cores (their steps interleave instead of oversubscribing), else its own
         self._own_executor = executor is None
@@ -489,6 +500,12 @@ class ContinuousBatcher:
                 # a step of one sequence alone: what its positions cost, for the draft lengths
                 self._step_cost.observe(stats.decode_positions, stats.step_s)
                 stats.position_cost = self._step_cost.position_cost
+            if stats.prefill_tokens and stats.prefill_s > 0:
+                rate = stats.prefill_tokens / stats.prefill_s
+                last = self._prefill_rate
+                self._prefill_rate = (
+                    rate if last is None else last + PREFILL_RATE_WEIGHT * (rate - last)
+                )
             for listener in self.listeners:
                 listener.on_step(result.stats)
             await asyncio.sleep(0)  # let handlers run between steps
@@ -593,10 +610,16 @@ class ContinuousBatcher:
             self._partial = seq  # it holds the slot after the running ones until it is in
             return plan
         # whole short prompts go together, right-padded to the longest, within the budget
+        # and (after the first) within max_prefill_step_s at the measured prefill rate
         width = 0
+        limit = self.config.max_prefill_step_s
+        rate = self._prefill_rate
         for candidate in self._prefilling:
             longest = max(width, len(candidate.prompt))
-            if (len(plan.prompts) + 1) * longest > budget or self._cached_prefix(candidate):
+            tokens = (len(plan.prompts) + 1) * longest
+            if tokens > budget or self._cached_prefix(candidate):
+                break
+            if plan.prompts and limit > 0 and rate is not None and tokens / rate > limit:
                 break
             plan.prompts.append((candidate, 0, len(candidate.prompt)))
             width = longest
@@ -639,7 +662,9 @@ class ContinuousBatcher:
         ids = np.zeros((len(plan.prompts), int(widths.max())), dtype=np.int64)
         for i, (seq, start, end) in enumerate(plan.prompts):
             ids[i, : end - start] = seq.prompt[start:end]
+        started = time.perf_counter()
         logits = self._run(result.stats, first, ids, ends, widths[:, None] - 1)
+        result.stats.prefill_s = time.perf_counter() - started
         result.stats.prefill_tokens = int(widths.sum())
         whole = [i for i, (seq, _, end) in enumerate(plan.prompts) if end == len(seq.prompt)]
         tokens = self._sample(result.stats, [plan.prompts[i][0] for i in whole], logits[whole, 0])

@@ -236,6 +236,7 @@ class StepStats:
     proposed_tokens: int = 0  # prompt-lookup proposals verified this step
     accepted_tokens: int = 0  # of them, taken (the model chose the same token)
     ort_s: float = 0.0  # time inside ONNX Runtime
+    prefill_s: float = 0.0  # of it, the prompt tokens' call
     sample_s: float = 0.0  # time choosing tokens
     step_s: float = 0.0  # whole step, scheduling included
     # a proposed position's measured cost, as a share of a one-position step (0: not

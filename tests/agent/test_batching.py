@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.engine import continuous_batcher
 from agent.engine.continuous_batcher import BatcherConfig
 from agent.engine.interface import GenerationOutput, GenerationRequest, SamplingParams, StepStats
 from agent.engine.ort_session import SessionConfig
@@ -217,6 +218,41 @@ async def test_short_prompts_prefill_together_with_the_same_output(tiny_artifact
     together = await asyncio.gather(*(collect(model, p, 12) for p in ps))
     assert [tokens(t) for t in together] == alone
     assert max(spy.prefill_sizes) > 30  # more than one prompt ran in one step
+    await model.close()
+
+
+async def test_a_slow_prefill_takes_one_short_prompt_per_step(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the measured prefill rate says a group of prompts would make a step longer
+    than max_prefill_step_s, each step prefills one (on a 2-core AVX2 CPU Qwen prefills
+    62 tokens/s alone or six at once: a group of six delayed every first token by 4 s).
+    The rate is measured from the engine's own prefill calls."""
+    model = await make_model(tiny_artifacts, max_batched_tokens=512, prefix_cache_bytes=0)
+    ps = prompts([7, 30, 12, 25, 9])
+    alone = [tokens(await collect(model, p, 12)) for p in ps]
+    engine = model._engine
+    assert engine is not None
+    assert engine._prefill_rate is not None and engine._prefill_rate > 100  # measured
+    monkeypatch.setattr(continuous_batcher, "PREFILL_RATE_WEIGHT", 0.0)  # held where set
+    engine._prefill_rate = 40.0  # tokens/s: 0.5 s holds 20 tokens, so no two of these
+    spy = Recorder()
+    model.add_listener(spy)
+    together = await asyncio.gather(*(collect(model, p, 12) for p in ps))
+    assert [tokens(t) for t in together] == alone
+    assert sorted(n for n in spy.prefill_sizes if n) == sorted(len(p) for p in ps)
+    await model.close()
+    # the limit off: the same prompts go together again
+    model = await make_model(
+        tiny_artifacts, max_batched_tokens=512, prefix_cache_bytes=0, max_prefill_step_s=0
+    )
+    engine = model._engine
+    assert engine is not None
+    engine._prefill_rate = 40.0
+    spy = Recorder()
+    model.add_listener(spy)
+    await asyncio.gather(*(collect(model, p, 12) for p in ps))
+    assert max(spy.prefill_sizes) > 30
     await model.close()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import platform
 import tempfile
 from collections.abc import Iterator
@@ -131,22 +132,58 @@ def eight_bit_as_fp32(model_path: Path) -> bytes | None:
 def graph_for_this_cpu(model_path: Path) -> Iterator[Path]:
     """The path to give ``onnxruntime.InferenceSession`` for an embedding graph, while the
     context lasts: ``model_path``, or on a CPU without 8-bit dot products
-    (:func:`slow_8bit_products`) and for a graph with 8-bit ``MatMulNBits``, a temporary
-    file of the graph with those in fp32 (:func:`eight_bit_as_fp32`). A file rather than
-    the graph's bytes: a session made from bytes keeps them (the Python wrapper holds a
-    reference), 80 MiB more for MiniLM."""
-    rewritten = eight_bit_as_fp32(model_path) if slow_8bit_products() else None
+    (:func:`slow_8bit_products`) and for a graph with 8-bit ``MatMulNBits``, a file of the
+    graph with those in fp32 (:func:`eight_bit_as_fp32`, which needs the ``onnx`` package:
+    without it, the graph as shipped): an anonymous memory file where
+    Linux has them (an agent image's file system is read-only), else a temporary file. A
+    file rather than the graph's bytes: a session made from bytes keeps them (the Python
+    wrapper holds a reference), 80 MiB more for MiniLM. Where neither can be written, the
+    graph as shipped (a warning says why)."""
+    if not slow_8bit_products():
+        yield model_path
+        return
+    try:
+        rewritten = eight_bit_as_fp32(model_path)
+    except ImportError as exc:  # the onnx package: in the convert extra, not in agent images
+        log.info(
+            "%s: its 8-bit products run as shipped (%s; they would run about 2x faster in "
+            "fp32 on this CPU with the onnx package installed)",
+            model_path,
+            exc,
+        )
+        rewritten = None
     if rewritten is None:
         yield model_path
         return
-    log.info(
-        "%s: this CPU has no 8-bit dot product instructions (VNNI); its 8-bit matrix "
-        "products run in fp32 on weights dequantized at load (about 2x faster here, 4 bytes "
-        "per weight instead of 1)",
-        model_path,
-    )
-    with tempfile.TemporaryDirectory(prefix="edgefleet-fp32-") as scratch:
-        path = Path(scratch) / model_path.name
-        path.write_bytes(rewritten)
+    with contextlib.ExitStack() as stack:
+        try:
+            path = _scratch_file(stack, model_path.name, rewritten)
+        except OSError as exc:
+            log.warning("%s: could not write its fp32 graph (%s); its 8-bit products run as "
+                        "shipped", model_path, exc)  # fmt: skip
+            path = model_path
+        else:
+            log.info(
+                "%s: this CPU has no 8-bit dot product instructions (VNNI); its 8-bit "
+                "matrix products run in fp32 on weights dequantized at load (about 2x faster "
+                "here, 4 bytes per weight instead of 1)",
+                model_path,
+            )
         del rewritten
         yield path
+
+
+def _scratch_file(stack: contextlib.ExitStack, name: str, data: bytes) -> Path:
+    """``data`` in a file that lives as long as ``stack``: an anonymous memory file
+    (``memfd_create``, read through ``/proc/self/fd``) or a temporary one."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None and Path("/proc/self/fd").is_dir():
+        fd = memfd_create(f"edgefleet-fp32-{name}")
+        stack.callback(os.close, fd)
+        with os.fdopen(os.dup(fd), "wb") as out:
+            out.write(data)
+        return Path(f"/proc/self/fd/{fd}")
+    scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgefleet-fp32-"))
+    path = Path(scratch) / name
+    path.write_bytes(data)
+    return path

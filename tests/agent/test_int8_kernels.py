@@ -4,6 +4,7 @@ fp32), and the real embedding model through the agent's loader."""
 
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -145,3 +146,40 @@ def test_the_embedding_model_is_loaded_in_fp32_where_int8_is_slow(
     a, b = vectors[False], vectors[True]
     assert not np.array_equal(a, b)  # another computation ...
     assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.999  # ... the same vector
+
+
+def test_the_fp32_graph_needs_no_writable_file_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent image's root file system is read-only (its runbook test found the embedding
+    model missing when the graph went to a temporary file): on Linux the graph is an
+    anonymous memory file; where no file can be written at all, the graph as shipped."""
+    path = quantized(tmp_path, True, False)
+    monkeypatch.setattr(kernels, "slow_8bit_products", lambda: True)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))  # no temporary directory
+    monkeypatch.setattr(kernels.tempfile, "tempdir", None)
+    with graph_for_this_cpu(path) as given:
+        assert str(given).startswith("/proc/self/fd/")
+        x = np.ones((2, K), np.float32)
+        got = ort.InferenceSession(str(given)).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, ort.InferenceSession(str(path)).run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+
+    def unwritable(*args: object) -> Path:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(kernels, "_scratch_file", unwritable)
+    with graph_for_this_cpu(path) as given:
+        assert given == path
+
+
+def test_without_the_onnx_package_the_graph_runs_as_shipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agent images install no onnx package (it is in the convert extra): the embedding
+    model loaded nowhere in them when the rewrite needed it (the runbook test)."""
+    path = quantized(tmp_path, True, False)
+    monkeypatch.setattr(kernels, "slow_8bit_products", lambda: True)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx: ImportError
+    with graph_for_this_cpu(path) as given:
+        assert given == path

@@ -92,7 +92,8 @@ def load_text_model(
     )
 
     def build_engine() -> ContinuousBatcher:
-        session = create_session(directory / manifest.graph.onnx, session_config)
+        # loaded by the residency: it trims the heap once the model serves
+        session = create_session(directory / manifest.graph.onnx, session_config, trim=not lazy)
         lm = CausalLM(session, spec)
         if lazy:  # loaded by the residency: on its loader thread
             warm_up(lm)

@@ -283,6 +283,17 @@ class ContinuousBatcher:
         return len(self._waiting)
 
     @property
+    def prefill_rate(self) -> float | None:
+        """Prompt tokens per second of this model's prefill calls (a moving average; None
+        until one was measured). Set on a new engine of the same model (a reload) to go on
+        from what the last one measured."""
+        return self._prefill_rate
+
+    @prefill_rate.setter
+    def prefill_rate(self, rate: float | None) -> None:
+        self._prefill_rate = rate
+
+    @property
     def kv_cache_bytes(self) -> int:
         """The cache's byte budget (engine.kv_cache_bytes, or the deprecated token budget
         converted)."""
@@ -336,10 +347,11 @@ class ContinuousBatcher:
             name="continuous-batcher",
         )
 
-    async def close(self) -> None:
+    async def close(self, *, trim: bool = True) -> None:
         """Stops the loop, fails what it held, waits for the worker thread, and frees the
         session, its weights and the caches on a worker thread: never blocking the event
-        loop."""
+        loop. ``trim=False``: the freed pages stay in the C heap (another model's load is
+        about to reuse them)."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
@@ -358,12 +370,13 @@ class ContinuousBatcher:
         # this object does, and the C heap gives their pages back (unload, hot swap); off
         # the event loop: freeing a 0.5 GB session takes tens of milliseconds
         self._prefixes = None
-        await asyncio.to_thread(self._free_memory)
+        await asyncio.to_thread(self._free_memory, trim)
 
-    def _free_memory(self) -> None:
+    def _free_memory(self, trim: bool) -> None:
         self._cache.clear()
         self._lm.close()
-        trim_heap("model closed")
+        if trim:
+            trim_heap("model closed")
 
     def _on_loop_failure(self, dead: str | None) -> None:
         """The loop raised: fail every sequence it held and start from a clean state."""
@@ -619,7 +632,9 @@ class ContinuousBatcher:
             tokens = (len(plan.prompts) + 1) * longest
             if tokens > budget or self._cached_prefix(candidate):
                 break
-            if plan.prompts and limit > 0 and rate is not None and tokens / rate > limit:
+            # an engine yet to measure its rate (just loaded) takes one: a cold burst's
+            # first step grouped every prompt (eight Qwen2.5-Coder chats: 4 s)
+            if plan.prompts and limit > 0 and (rate is None or tokens / rate > limit):
                 break
             plan.prompts.append((candidate, 0, len(candidate.prompt)))
             width = longest

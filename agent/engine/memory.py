@@ -26,7 +26,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["kv_bytes_per_token", "release_mapped_weights", "trim_heap"]
+__all__ = ["heap_in_use", "kv_bytes_per_token", "release_mapped_weights", "trim_heap"]
 
 MADV_DONTNEED = 4  # unmap these pages (file pages stay in the page cache)
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (clean file pages: dropped)
@@ -60,6 +60,45 @@ def trim_heap(reason: str = "") -> bool:
     log.debug("malloc_trim(0)%s in %.1f ms", f" ({reason})" if reason else "",
               (time.perf_counter() - started) * 1000)  # fmt: skip
     return True
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+@functools.cache
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2  # glibc 2.33 and later
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.argtypes = []
+    mallinfo2.restype = _MallInfo2
+    return mallinfo2
+
+
+def heap_in_use() -> int | None:
+    """Bytes the C heap has handed out and not had back (glibc's ``mallinfo2``: blocks in
+    use in every arena plus blocks it mapped on their own); None where the C library is not
+    glibc 2.33 or later.
+
+    Unlike the resident set it does not move when :func:`trim_heap` runs or when a new
+    allocation reuses pages an earlier free left in the heap, so a model's footprint is its
+    change across the load whether or not the heap was trimmed first (SmolLM2-135M int4:
+    123 MiB in each of eight loads, where the resident set grew 58-62 MiB when the load
+    reused a freed model's pages and 146-147 MiB from a trimmed heap). About 0.1 ms.
+    """
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -139,37 +178,61 @@ def _mappings_of(names: set[str]) -> list[tuple[int, int, bool]]:
     except OSError:
         return _mappings_from_smaps(names)
     found: list[tuple[int, int, bool]] = []
+    checked: list[int] = []  # indexes in found of the mappings that could hold a write
+    for entry in _MAPS_ENTRY.finditer(text):
+        if entry[4] not in names:
+            continue
+        start, end, perms = int(entry[1], 16), int(entry[2], 16), entry[3]
+        if perms[1] == "w" and perms[3] == "p":  # only these can hold a written page
+            checked.append(len(found))
+        found.append((start, end, False))
     try:
-        for entry in _MAPS_ENTRY.finditer(text):
-            if entry[4] not in names:
-                continue
-            start, end, perms = int(entry[1], 16), int(entry[2], 16), entry[3]
-            written: bool | None = False
-            if perms[1] == "w" and perms[3] == "p":  # only these can hold a written page
-                written = _has_private_pages(pagemap, start, end)
-            if written is None:
-                return _mappings_from_smaps(names)
-            found.append((start, end, written))
+        written = _private_pages(pagemap, [found[i][:2] for i in checked])
     finally:
         os.close(pagemap)
+    if written is None:
+        return _mappings_from_smaps(names)
+    for i, has in zip(checked, written, strict=True):
+        found[i] = (found[i][0], found[i][1], has)
     return found
 
 
-def _has_private_pages(pagemap: int, start: int, end: int) -> bool | None:
-    """Whether a page of ``[start, end)`` is present or swapped and not a file page: a
-    private copy made by a write. None when the pagemap cannot be read."""
-    pages = (end - start) // _PAGE
-    try:
-        raw = os.pread(pagemap, pages * 8, start // _PAGE * 8)
-    except OSError:
-        return None
-    if len(raw) != pages * 8:
-        return None
-    flags = np.frombuffer(raw, dtype=np.uint64)
-    private = ((flags & np.uint64(_PRESENT | _SWAPPED)) != 0) & (
-        (flags & np.uint64(_FILE_PAGE)) == 0
-    )
-    return bool(private.any())
+# mappings closer than this are read from the pagemap in one piece (the entries between
+# them, 8 bytes a page, cost less than another read)
+_PAGEMAP_GAP = 4 << 20
+
+
+def _private_pages(pagemap: int, ranges: list[tuple[int, int]]) -> list[bool] | None:
+    """For each ``[start, end)`` (in address order, as ``/proc/self/maps`` lists them):
+    whether one of its pages is present or swapped and not a file page, a private copy made
+    by a write. One read of the pagemap for each cluster of nearby ranges: a session maps
+    each of its weights' scales on its own (SmolLM2-135M: 427 mappings), and a read and a
+    check for each took 15 ms of every load. None when the pagemap cannot be read."""
+    result: list[bool] = []
+    i = 0
+    while i < len(ranges):
+        low, high = ranges[i]
+        j = i + 1
+        while j < len(ranges) and ranges[j][0] - high <= _PAGEMAP_GAP:
+            high = max(high, ranges[j][1])
+            j += 1
+        pages = (high - low) // _PAGE
+        try:
+            raw = os.pread(pagemap, pages * 8, low // _PAGE * 8)
+        except OSError:
+            return None
+        if len(raw) != pages * 8:
+            return None
+        flags = np.frombuffer(raw, dtype=np.uint64)
+        private = ((flags & np.uint64(_PRESENT | _SWAPPED)) != 0) & (
+            (flags & np.uint64(_FILE_PAGE)) == 0
+        )
+        counts = np.concatenate(([0], np.cumsum(private, dtype=np.int64)))
+        for start, end in ranges[i:j]:
+            first, last = (start - low) // _PAGE, (end - low) // _PAGE
+            result.append(bool(counts[last] > counts[first]))
+        i = j
+    return result
 
 
 # a mapping's first line in /proc/PID/smaps (addresses, perms, offset, device, inode, path)

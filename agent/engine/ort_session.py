@@ -72,11 +72,16 @@ def use_shared_thread_pool(intra_op_threads: int, inter_op_threads: int) -> bool
 
 
 def create_session(
-    model_path: Path, config: SessionConfig, *, fp32_where_int8_is_slow: bool = False
+    model_path: Path,
+    config: SessionConfig,
+    *,
+    fp32_where_int8_is_slow: bool = False,
+    trim: bool = True,
 ) -> ort.InferenceSession:
     """A session of the graph at ``model_path``. ``fp32_where_int8_is_slow`` (embedding
     models): on a CPU without 8-bit dot products, 8-bit matrix products run in fp32
-    (:mod:`agent.engine.int8_kernels`)."""
+    (:mod:`agent.engine.int8_kernels`). ``trim=False`` leaves trimming the C heap to the
+    caller (the residency trims once the model serves: up to 30 ms off a swap)."""
     options = ort.SessionOptions()
     if _shared_pool:  # the process's one pool (its sizes were given when it was made)
         options.use_per_session_threads = False
@@ -101,6 +106,7 @@ def create_session(
     # cache, which the kernel reclaims when it needs to: a reload of this model reads
     # nothing from disk) and the heap's transient blocks
     release_mapped_weights(model_path)
-    trim_heap("session loaded")
+    if trim:
+        trim_heap("session loaded")
     log.info("loaded %s on %s", model_path, ", ".join(session.get_providers()))
     return session

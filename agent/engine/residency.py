@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from agent.engine.memory import trim_heap
+from agent.engine.memory import heap_in_use, trim_heap
 from agent.errors import AgentError, InvalidRequestError, ModelNotFoundError
 from edgefleet.contract import Command, CommandKind
 
@@ -210,8 +210,9 @@ class Loadable(Protocol):
 
     async def warm_up(self) -> None: ...
 
-    async def detach_heavy(self) -> None:
-        """Stop serving with the heavy part and release it (its requests finished)."""
+    async def detach_heavy(self, *, trim: bool = True) -> None:
+        """Stop serving with the heavy part and release it (its requests finished);
+        ``trim=False`` leaves the freed pages in the C heap for the next load."""
         ...
 
     def busy(self) -> int:
@@ -387,15 +388,25 @@ class Residency:
         clock: Callable[[], float] = time.monotonic,
         rss: Callable[[], int] = _rss_bytes,
         trim: Callable[[str], object] = trim_heap,
+        heap: Callable[[], int | None] = heap_in_use,
     ) -> None:
         self.config = config
         self._clock = clock
+        # A load's footprint: the change of the C heap's bytes in use across it (glibc), or
+        # else of the resident set. The heap's gauge is the same whether or not freed pages
+        # were given back, so with it a swap waits for no trim (10-30 ms each): the one
+        # after the old model's free runs on a worker thread beside the new session's
+        # build (its pages are back long before the build peaks), and the one after the
+        # build once the model serves. The resident set needs both trims first: pages left
+        # in the heap would be reused without growing it, and the footprint measured short
+        # (SmolLM2 loaded at start: 72-75 MiB, 122-128 MiB when loaded later). A model's
+        # first load trims first either way: at start the heap holds what reading every
+        # model's tokenizer left, which the first Qwen2.5-Coder load did not reuse (its
+        # resident set peaked 86 MiB higher than its later loads').
+        self._heap = heap
         self._rss = rss
-        # Before a model's first load the C heap is trimmed: free pages it still holds (at
-        # start, what reading the other models' tokenizers left) would be reused by the new
-        # session without growing the resident set, and the footprint measured short
-        # (SmolLM2 loaded at start: 72-75 MiB, 122-128 MiB when loaded later)
         self._trim = trim
+        self._trimming: set[asyncio.Future[object]] = set()
         self._slots: dict[str, _Slot] = {}
         self._loader = _LoaderThread()
         self._load_lock = asyncio.Lock()  # one load at a time
@@ -637,14 +648,21 @@ class Residency:
                 await self._make_room(slot)
                 slot.room_made = True
                 room_s = self._clock() - started
-                if slot.measured_bytes is None:  # its first measurement: see __init__
+                if slot.measured_bytes is None:  # see __init__
                     await asyncio.to_thread(self._trim, "before a first load")
+                heap_before = self._heap()
                 rss_before = self._rss()
                 heavy = await self._loader.run(slot.model.build_heavy, yielding=self._serving())
                 built_s = self._clock() - started
                 await slot.model.attach_heavy(heavy)
                 await slot.model.warm_up()
-                measured = self._rss() - rss_before
+                heap_after = self._heap()
+                if heap_before is not None and heap_after is not None:
+                    measured = heap_after - heap_before
+                    self._trim_later("session loaded")
+                else:
+                    await asyncio.to_thread(self._trim, "session loaded")
+                    measured = self._rss() - rss_before
             except asyncio.CancelledError:
                 slot.state = ModelState.AVAILABLE
                 slot.room_made = False
@@ -685,6 +703,32 @@ class Residency:
                      "budget", model_id, slot.model.version, reason, slot.load_seconds, room_s,
                      built_s - room_s, slot.load_seconds - built_s, slot.footprint >> 20,
                      self.committed_bytes() >> 20, self.config.budget_bytes >> 20)  # fmt: skip
+
+    def _trim_later(self, reason: str) -> None:
+        """Trim the C heap on a thread of its own, not awaited (see __init__). A thread that
+        ends with the trim, as a load's does: a pool's would stay, one more thread for
+        every agent that ever loaded two models at once."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+        self._trimming.add(future)
+
+        def done(error: BaseException | None) -> None:
+            self._trimming.discard(future)
+            if error is not None:
+                log.error("trimming the heap failed: %s", error)
+            if not future.done():
+                future.set_result(None)
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                self._trim(reason)
+            except Exception as exc:  # logged on the loop
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(done, error)
+
+        threading.Thread(target=run, name="heap-trim", daemon=True).start()
 
     def _notify_load(self, model_id: str, reason: str, result: str, seconds: float) -> None:
         for listener in self.listeners:
@@ -765,9 +809,14 @@ class Residency:
         slot.state = ModelState.DRAINING
         while slot.active or slot.model.busy():  # its requests finish first
             await asyncio.sleep(0.05)
+        # room for a load: the heap is trimmed beside the newcomer's build, not before it
+        # (see __init__)
+        beside = reason == "room" and self._heap() is not None
         try:
-            await slot.model.detach_heavy()
+            await slot.model.detach_heavy(trim=not beside)
         finally:
+            if beside:
+                self._trim_later("room made")
             slot.state = ModelState.AVAILABLE
             slot.evicted_at = self._clock()
             slot.expires_at = None
@@ -816,3 +865,5 @@ class Residency:
             if slot.loading is not None and not slot.loading.done():
                 slot.loading.cancel()
         await asyncio.to_thread(self._loader.join)
+        if self._trimming:
+            await asyncio.gather(*self._trimming, return_exceptions=True)

@@ -52,6 +52,7 @@ class OnnxTextModel:
         self._codec = codec
         self._engine = engine
         self._build_engine = build_engine
+        self._prefill_rate: float | None = None  # the last engine's (see attach_heavy)
         self._grammars = GrammarCompiler(
             codec.tokenizer_json(), list(eos_token_ids), codec.vocab_size
         )
@@ -177,30 +178,40 @@ class OnnxTextModel:
     async def attach_heavy(self, heavy: object) -> None:
         assert isinstance(heavy, ContinuousBatcher)
         heavy.listeners.extend(self._listeners)
+        if heavy.prefill_rate is None:  # a reload goes on from the last engine's measure
+            heavy.prefill_rate = self._prefill_rate
         if self._started:
             await heavy.start(self._on_dead)
         self._engine = heavy
 
     async def warm_up(self) -> None:
         """One token from a one-token prompt: the first run pages in what loading did
-        not (prepacking, the first step's buffers), so it is measured with the load."""
+        not (prepacking, the first step's buffers), so it is measured with the load.
+        After ``build_engine`` ran a token through the session on the loader's thread
+        this one costs a step (SmolLM2: 19 ms); without it the agent's resident set
+        peaked 12-20 MiB higher in the next model's load (4 runs of the swap benchmark
+        each way), so it stays."""
         engine = self._engine
         if engine is None or not self._started:
             return
         engine.listeners = []  # not a request: not in metrics
+        rate = engine.prefill_rate  # nor in the prefill rate (a one-token prompt's is tiny)
         try:
             params = SamplingParams(temperature=0.0, max_tokens=1)
             async for _ in engine.generate(GenerationRequest("warm-up", [0], params)):
                 pass
         finally:
             engine.listeners = list(self._listeners)
+            engine.prefill_rate = rate
 
-    async def detach_heavy(self) -> None:
+    async def detach_heavy(self, *, trim: bool = True) -> None:
         """Stop the engine and free its memory (on a worker thread: the event loop serves
         meanwhile). Returns once it is freed: the residency measures the next load's
-        footprint as the change of the resident set across it, which a free still under
-        way would shrink (a first try that let the next session build beside the free
-        measured Qwen at 343 MiB instead of 465)."""
+        footprint across it, which a free still under way would shrink (a first try that
+        let the next session build beside the free measured Qwen at 343 MiB instead of
+        465). ``trim=False`` leaves the freed pages in the C heap (for a load about to
+        reuse them)."""
         engine, self._engine = self._engine, None
         if engine is not None:
-            await engine.close()
+            self._prefill_rate = engine.prefill_rate or self._prefill_rate
+            await engine.close(trim=trim)

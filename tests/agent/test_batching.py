@@ -256,6 +256,26 @@ async def test_a_slow_prefill_takes_one_short_prompt_per_step(
     await model.close()
 
 
+async def test_an_engine_yet_to_measure_its_prefill_rate_takes_one_prompt_a_step(
+    tiny_artifacts: Path,
+) -> None:
+    """Issue 26: a model just loaded has measured nothing; grouping every prompt of a cold
+    burst in its first step made each first token wait for all of them (eight Qwen2.5-Coder
+    chats: 4 s after the load). Its first prefill takes one prompt, the rate is measured
+    from it, and the rest group as that rate allows."""
+    model = await make_model(tiny_artifacts, max_batched_tokens=512, prefix_cache_bytes=0)
+    engine = model._engine
+    assert engine is not None and engine.prefill_rate is None
+    spy = Recorder()
+    model.add_listener(spy)
+    ps = prompts([30, 25, 28, 27, 26])
+    await asyncio.gather(*(collect(model, p, 8) for p in ps))
+    sizes = [n for n in spy.prefill_sizes if n]
+    assert sizes[0] == 30  # the first prompt alone
+    assert engine.prefill_rate is not None and max(sizes) > 30  # then measured: together
+    await model.close()
+
+
 async def test_shared_prompt_prefix_is_reused_with_the_same_output(tiny_artifacts: Path) -> None:
     shared = prompts([60], seed=5)[0]
     first, second = shared + prompts([9], seed=6)[0], shared + prompts([14], seed=7)[0]

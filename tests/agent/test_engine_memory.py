@@ -367,10 +367,10 @@ async def test_an_unload_frees_the_session_on_a_worker_thread_while_the_loop_ser
     threads: list[str] = []
     real = ContinuousBatcher._free_memory
 
-    def slow_free(self: ContinuousBatcher) -> None:
+    def slow_free(self: ContinuousBatcher, trim: bool) -> None:
         threads.append(threading.current_thread().name)
         assert freeing.wait(10)
-        real(self)
+        real(self, trim)
 
     monkeypatch.setattr(ContinuousBatcher, "_free_memory", slow_free)
     registry = make_tiny_registry()
@@ -446,5 +446,12 @@ async def test_a_model_loaded_on_demand_takes_its_first_run_on_the_loader_thread
     try:
         assert registry.residency is not None and registry.residency.state(TINY) == "loaded"
         assert runs and runs[0] == "model-loader"
+        # a reload goes on from the prefill rate the last engine measured (an engine yet to
+        # measure one prefills a prompt a step)
+        model = registry.text_models[TINY]
+        model.engine.prefill_rate = 1234.0
+        await registry.residency.unload(TINY)
+        await registry.residency.load(TINY)
+        assert model.engine.prefill_rate == 1234.0
     finally:
         await registry.close()

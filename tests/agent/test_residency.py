@@ -41,6 +41,7 @@ class FakeModel:
         self.fail: str | None = None
         self.running = 0
         self.heavy: object | None = None
+        self.trims: list[bool] = []  # each detach: whether it trimmed the heap
 
     def build_heavy(self) -> object:
         self.builds += 1
@@ -55,9 +56,10 @@ class FakeModel:
     async def warm_up(self) -> None:
         pass
 
-    async def detach_heavy(self) -> None:
+    async def detach_heavy(self, *, trim: bool = True) -> None:
         self.heavy = None
         self.detached += 1
+        self.trims.append(trim)
 
     def busy(self) -> int:
         return self.running
@@ -238,7 +240,9 @@ async def test_a_request_waits_at_most_its_deadline_and_the_queue_is_bounded() -
 
 async def test_the_footprint_is_measured_across_load_and_replaces_the_prediction() -> None:
     rss = iter([100 * MiB, 125 * MiB])
-    r = Residency(ResidencyConfig(budget_bytes=1 << 30), rss=lambda: next(rss))
+    r = Residency(  # without the heap's gauge (a C library other than glibc)
+        ResidencyConfig(budget_bytes=1 << 30), rss=lambda: next(rss), heap=lambda: None
+    )
     model = FakeModel("a")
     r.register(model, predicted_bytes=40 * MiB, reserve_bytes=8 * MiB, loaded=False)
     await r.acquire("a")
@@ -309,7 +313,7 @@ async def test_what_is_committed_never_exceeds_the_budget_while_a_model_swaps() 
     new.hold.clear()  # the newcomer's build waits, its room made
     seen: list[int] = []
 
-    async def slow_detach() -> None:  # the old one takes a while to let go
+    async def slow_detach(*, trim: bool = True) -> None:  # the old one takes a while to let go
         for _ in range(5):
             seen.append(r.committed_bytes())
             await asyncio.sleep(0.01)
@@ -431,14 +435,79 @@ async def test_the_heap_is_trimmed_before_a_models_first_load_is_measured() -> N
         ResidencyConfig(budget_bytes=1 << 30, min_residency_s=0.0),
         rss=measure,
         trim=lambda reason: calls.append("trim"),
+        heap=lambda: None,  # the resident set measures (a C library other than glibc)
     )
     add(r, "a", 40)
     await r.acquire("a")
     r.release("a")
-    assert calls == ["trim", "rss", "rss"]
+    assert calls == ["trim", "rss", "trim", "rss"]  # the second: the session's leftovers
     assert r.committed_bytes() == 50 * MiB  # measured
     await r.unload("a")
     calls.clear()
     await r.acquire("a")
-    assert calls == ["rss", "rss"]
+    assert calls == ["rss", "trim", "rss"]
+    await r.close()
+
+
+async def test_without_the_heaps_gauge_a_swap_trims_before_measuring() -> None:
+    """The resident set measures only from a heap with nothing free left in it: the unload
+    that makes room trims, and the load trims before its footprint is read."""
+    calls: list[str] = []
+    r = Residency(
+        ResidencyConfig(budget_bytes=60 * MiB, min_residency_s=0.0),
+        rss=lambda: calls.append("rss") or 0,  # type: ignore[func-returns-value]
+        trim=calls.append,
+        heap=lambda: None,
+    )
+    a = add(r, "a", 40)
+    add(r, "b", 40)
+    await r.acquire("a")
+    r.release("a")
+    calls.clear()
+    await r.acquire("b")
+    r.release("b")
+    assert a.trims == [True]  # room made, trimmed
+    assert calls == ["before a first load", "rss", "session loaded", "rss"]
+    await r.close()
+
+
+async def test_with_the_heaps_gauge_a_swap_waits_for_no_trim() -> None:
+    """Issue 26 (evict + load within 1.3x a bare session): with glibc's gauge of the bytes
+    in use, the footprint is its change across the load, trimmed or not; so the unload that
+    makes room does not trim before the newcomer builds (a trim runs beside the build), and
+    the heap is trimmed again once the model serves, not in its load time."""
+    heap = iter(range(0, 1 << 40, 30 * MiB))
+    trims: list[str] = []
+    held = threading.Event()
+    held.set()
+
+    def trim(reason: str) -> None:
+        assert held.wait(10)
+        trims.append(reason)
+
+    r = Residency(
+        ResidencyConfig(budget_bytes=50 * MiB, min_residency_s=0.0),
+        rss=lambda: 0,
+        trim=trim,
+        heap=lambda: next(heap),
+    )
+    a, b = add(r, "a", 40), add(r, "b", 40)
+    await r.acquire("a")  # its first load: trimmed before (what the heap held at start)
+    r.release("a")
+    await asyncio.sleep(0.05)
+    assert trims == ["before a first load", "session loaded"]
+    assert r.committed_bytes() == 30 * MiB  # the heap's change, not the files' 40
+    await r.unload("a")  # not for room: trimmed at once
+    assert a.trims == [True]
+    await r.acquire("b")  # its first load
+    r.release("b")
+    await asyncio.sleep(0.05)
+    trims.clear()
+    held.clear()  # every trim from here on waits
+    await asyncio.wait_for(r.acquire("a"), 5)  # room made from b; served, trims held
+    r.release("a")
+    assert b.trims == [False] and trims == []  # no trim in the unload, none awaited
+    held.set()
+    await asyncio.sleep(0.1)
+    assert sorted(trims) == ["room made", "session loaded"]  # beside the build, and after
     await r.close()

@@ -158,6 +158,11 @@ async def test_models_share_one_thread_pool_and_loads_yield_the_cores(
         models = await _models(agent, "")
         assert {m["state"] for m in models.values() if m.get("state")} == {"loaded"}
         three = _threads(agent.pid)
+        for _ in range(20):  # a heap trim after a load has a thread while it runs (ms)
+            if len(three) <= len(one):
+                break
+            await asyncio.sleep(0.1)
+            three = _threads(agent.pid)
     assert len(three) <= len(one), (sorted(one), sorted(three))
     # no load's thread left, at whatever priority (Python does not name its threads for
     # the OS: a nice 19 one would be a loader's)

@@ -21,7 +21,7 @@ from agent.engine.continuous_batcher import BatcherConfig, ContinuousBatcher
 from agent.engine.embed_batcher import EmbeddingBatchConfig
 from agent.engine.embedder import OnnxEmbeddingModel
 from agent.engine.interface import EmbeddingModel, TextModel
-from agent.engine.memory import release_mapped_weights
+from agent.engine.memory import heap_in_use, release_mapped_weights
 from agent.engine.ort_session import SessionConfig, create_session
 from agent.engine.residency import Residency, ResidencyConfig
 from agent.engine.supervisor import RestartPolicy
@@ -109,21 +109,30 @@ def load_text_model(
         _log_kv_budget(manifest, spec, lm.kv_bytes_per_token, batcher_config, engine)
         return engine
 
+    engine: ContinuousBatcher | None = None
+    measured: int | None = None
+    if not lazy:  # built now (at start, or by a rollout): its footprint measured as a load's
+        before = heap_in_use()
+        engine = build_engine()
+        after = heap_in_use()
+        measured = None if before is None or after is None else after - before
     kv_bytes = batcher_config.kv_cache_bytes
     if batcher_config.kv_budget_tokens is not None:  # the deprecated budget, converted
         per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4
         kv_bytes = batcher_config.kv_budget_tokens * per_token
-    return OnnxTextModel(
+    model = OnnxTextModel(
         model_id=manifest.name,
         version=manifest.version,
         context_length=min(manifest.context_length, max_context_tokens),
         codec=codec,
-        engine=None if lazy else build_engine(),
+        engine=engine,
         eos_token_ids=special.eos_token_ids,
         build_engine=build_engine,
         predicted_bytes=graph_bytes(directory, manifest),
         reserve_bytes=kv_bytes + batcher_config.prefix_cache_bytes,
     )
+    model.measured_bytes = measured
+    return model
 
 
 def warm_up(lm: CausalLM) -> None:

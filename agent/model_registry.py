@@ -52,6 +52,7 @@ class ModelRegistry:
             predicted_bytes=model.predicted_bytes,
             reserve_bytes=model.reserve_bytes,
             loaded=model.loaded,
+            measured_bytes=model.measured_bytes,
         )
 
     @property

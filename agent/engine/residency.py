@@ -417,9 +417,16 @@ class Residency:
     # ---- registration ---------------------------------------------------------------
 
     def register(
-        self, model: Loadable, *, predicted_bytes: int, reserve_bytes: int, loaded: bool
+        self,
+        model: Loadable,
+        *,
+        predicted_bytes: int,
+        reserve_bytes: int,
+        loaded: bool,
+        measured_bytes: int | None = None,
     ) -> None:
-        """Know ``model`` (replacing a slot of the same id: a new version swapped in)."""
+        """Know ``model`` (replacing a slot of the same id: a new version swapped in);
+        ``measured_bytes``: what a load made elsewhere (a rollout's) measured, if anything."""
         now = self._clock()
         slot = _Slot(model, predicted_bytes, reserve_bytes)
         if model.model_id in self.config.pinned:
@@ -433,6 +440,8 @@ class Residency:
             and old.model.version == (model.version)
         ):
             slot.measured_bytes = old.measured_bytes
+        if measured_bytes is not None and measured_bytes > predicted_bytes // 4:  # see _load
+            slot.measured_bytes = measured_bytes
         if loaded:
             slot.state = ModelState.LOADED
             slot.loaded_at = slot.last_used = now

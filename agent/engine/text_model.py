@@ -60,6 +60,9 @@ class OnnxTextModel:
         # caches the engine may grow to (key/value budget and prefix cache)
         self.predicted_bytes = predicted_bytes
         self.reserve_bytes = reserve_bytes
+        # what building the engine given at construction measured (the C heap's bytes in
+        # use across it; None: not measured), for the residency
+        self.measured_bytes: int | None = None
         self._listeners: list[BatcherListener] = []
         self._on_dead: OnDead | None = None
         self._started = False

@@ -449,9 +449,37 @@ async def test_a_model_loaded_on_demand_takes_its_first_run_on_the_loader_thread
         # a reload goes on from the prefill rate the last engine measured (an engine yet to
         # measure one prefills a prompt a step)
         model = registry.text_models[TINY]
+        assert isinstance(model, OnnxTextModel)
         model.engine.prefill_rate = 1234.0
         await registry.residency.unload(TINY)
         await registry.residency.load(TINY)
         assert model.engine.prefill_rate == 1234.0
     finally:
         await registry.close()
+
+
+async def test_a_model_built_at_once_comes_with_its_measured_footprint(
+    tiny_artifacts: Path,
+) -> None:
+    """Issue 26: a model a rollout (or an agent without a budget) builds at once is measured
+    as a load is (the C heap's bytes in use across the build), and the residency counts that
+    instead of its files' size: the dashboard said Qwen2.5-Coder had 549 MiB in memory (its
+    files) where its loads measure 451."""
+    from agent.engine.continuous_batcher import BatcherConfig
+    from agent.engine.residency import Residency, ResidencyConfig
+    from agent.model_loader import read_manifest
+
+    if memory.heap_in_use() is None:
+        pytest.fail("this test needs glibc 2.33 or later (mallinfo2), as every image has")
+    directory = tiny_artifacts / TINY
+    manifest = read_manifest(directory, verify=False)
+    model = model_loader.load_text_model(
+        directory, manifest, SessionConfig(intra_op_threads=1), 256, BatcherConfig()
+    )
+    assert model.loaded and model.measured_bytes is not None
+    assert model.predicted_bytes // 4 < model.measured_bytes != model.predicted_bytes
+    residency = Residency(ResidencyConfig(budget_bytes=1 << 30))
+    ModelRegistry({TINY: model}, {}, residency=residency)
+    (slot,) = residency.snapshot()
+    assert slot["state"] == "loaded" and slot["resident_bytes"] == model.measured_bytes
+    await model.close()

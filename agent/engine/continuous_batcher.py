@@ -350,8 +350,8 @@ class ContinuousBatcher:
     async def close(self, *, trim: bool = True) -> None:
         """Stops the loop, fails what it held, waits for the worker thread, and frees the
         session, its weights and the caches on a worker thread: never blocking the event
-        loop. ``trim=False``: the freed pages stay in the C heap (another model's load is
-        about to reuse them)."""
+        loop. ``trim=False`` leaves trimming the C heap to the caller (the residency trims
+        beside the next model's load)."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()

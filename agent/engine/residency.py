@@ -212,7 +212,7 @@ class Loadable(Protocol):
 
     async def detach_heavy(self, *, trim: bool = True) -> None:
         """Stop serving with the heavy part and release it (its requests finished);
-        ``trim=False`` leaves the freed pages in the C heap for the next load."""
+        ``trim=False`` leaves trimming the C heap to the caller."""
         ...
 
     def busy(self) -> int:
@@ -395,7 +395,7 @@ class Residency:
         # A load's footprint: the change of the C heap's bytes in use across it (glibc), or
         # else of the resident set. The heap's gauge is the same whether or not freed pages
         # were given back, so with it a swap waits for no trim (10-30 ms each): the one
-        # after the old model's free runs on a worker thread beside the new session's
+        # after the old model's free runs on a thread of its own beside the new session's
         # build (its pages are back long before the build peaks), and the one after the
         # build once the model serves. The resident set needs both trims first: pages left
         # in the heap would be reused without growing it, and the footprint measured short

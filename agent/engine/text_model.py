@@ -212,8 +212,8 @@ class OnnxTextModel:
         meanwhile). Returns once it is freed: the residency measures the next load's
         footprint across it, which a free still under way would shrink (a first try that
         let the next session build beside the free measured Qwen at 343 MiB instead of
-        465). ``trim=False`` leaves the freed pages in the C heap (for a load about to
-        reuse them)."""
+        465). ``trim=False`` leaves trimming the C heap to the caller (the residency
+        trims beside the next load)."""
         engine, self._engine = self._engine, None
         if engine is not None:
             self._prefill_rate = engine.prefill_rate or self._prefill_rate

@@ -120,7 +120,7 @@ def load_text_model(
     if batcher_config.kv_budget_tokens is not None:  # the deprecated budget, converted
         per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4
         kv_bytes = batcher_config.kv_budget_tokens * per_token
-    model = OnnxTextModel(
+    return OnnxTextModel(
         model_id=manifest.name,
         version=manifest.version,
         context_length=min(manifest.context_length, max_context_tokens),
@@ -130,9 +130,8 @@ def load_text_model(
         build_engine=build_engine,
         predicted_bytes=graph_bytes(directory, manifest),
         reserve_bytes=kv_bytes + batcher_config.prefix_cache_bytes,
+        measured_bytes=measured,
     )
-    model.measured_bytes = measured
-    return model
 
 
 def warm_up(lm: CausalLM) -> None:

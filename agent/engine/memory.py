@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,17 +34,24 @@ MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (clean file pages: drop
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc_function(name: str) -> Any | None:
+    """``name`` from glibc (None elsewhere, or where this glibc lacks it)."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # pragma: no cover - a glibc without malloc_trim
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    trim = _glibc_function("malloc_trim")
+    if trim is None:  # pragma: no cover - a glibc without malloc_trim
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
-    return trim
+    return trim  # type: ignore[no-any-return]
 
 
 def trim_heap(reason: str = "") -> bool:
@@ -72,15 +80,12 @@ class _MallInfo2(ctypes.Structure):
 
 @functools.cache
 def _mallinfo2() -> Callable[[], _MallInfo2] | None:
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2  # glibc 2.33 and later
-    except (OSError, AttributeError):
+    mallinfo2 = _glibc_function("mallinfo2")  # glibc 2.33 and later
+    if mallinfo2 is None:
         return None
     mallinfo2.argtypes = []
     mallinfo2.restype = _MallInfo2
-    return mallinfo2
+    return mallinfo2  # type: ignore[no-any-return]
 
 
 def heap_in_use() -> int | None:

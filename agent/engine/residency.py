@@ -265,7 +265,7 @@ class _Slot:
     predicted_bytes: int  # weights' footprint before the first load (from the files)
     reserve_bytes: int  # the key/value and prefix caches it may grow to
     state: ModelState = ModelState.AVAILABLE
-    measured_bytes: int | None = None  # resident-set change across load and warm-up
+    measured_bytes: int | None = None  # set by measured(): its change across load and warm-up
     active: int = 0  # requests holding it
     waiting: int = 0  # requests waiting for its load
     last_used: float = 0.0
@@ -289,6 +289,12 @@ class _Slot:
     @property
     def footprint(self) -> int:
         return self.measured_bytes if self.measured_bytes is not None else self.predicted_bytes
+
+    def measured(self, change: int | None) -> None:
+        """A load's measured footprint; memory moves with other models' caches too, so a
+        change far below the files' size is noise, not a footprint, and is not kept."""
+        if change is not None and change > self.predicted_bytes // 4:
+            self.measured_bytes = change
 
     @property
     def committed(self) -> int:
@@ -314,7 +320,8 @@ class _LoaderThread:
     thread per load, because a thread cannot raise its priority again without privilege.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "model-loader") -> None:
+        self._name = name
         self._lock = threading.Lock()
         self._tid: int | None = None  # the running load's thread
         self._yielding = False
@@ -352,7 +359,7 @@ class _LoaderThread:
 
         with self._lock:
             self._yielding = yielding
-        self._thread = threading.Thread(target=target, name="model-loader", daemon=True)
+        self._thread = threading.Thread(target=target, name=self._name, daemon=True)
         self._thread.start()
         return await future
 
@@ -440,8 +447,7 @@ class Residency:
             and old.model.version == (model.version)
         ):
             slot.measured_bytes = old.measured_bytes
-        if measured_bytes is not None and measured_bytes > predicted_bytes // 4:  # see _load
-            slot.measured_bytes = measured_bytes
+        slot.measured(measured_bytes)
         if loaded:
             slot.state = ModelState.LOADED
             slot.loaded_at = slot.last_used = now
@@ -694,10 +700,7 @@ class Residency:
                 ) from exc
             now = self._clock()
             slot.load_seconds = now - started
-            # the resident set moves with other models' caches too: a measurement far
-            # below the files' size is noise, not a footprint
-            if measured > slot.predicted_bytes // 4:
-                slot.measured_bytes = measured
+            slot.measured(measured)
             slot.state = ModelState.LOADED
             slot.room_made = False
             slot.failure = ""
@@ -717,27 +720,17 @@ class Residency:
         """Trim the C heap on a thread of its own, not awaited (see __init__). A thread that
         ends with the trim, as a load's does: a pool's would stay, one more thread for
         every agent that ever loaded two models at once."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
-        self._trimming.add(future)
+        trimming = asyncio.ensure_future(
+            _LoaderThread("heap-trim").run(lambda: self._trim(reason), yielding=False)
+        )
+        self._trimming.add(trimming)
 
-        def done(error: BaseException | None) -> None:
-            self._trimming.discard(future)
-            if error is not None:
-                log.error("trimming the heap failed: %s", error)
-            if not future.done():
-                future.set_result(None)
+        def done(f: asyncio.Future[object]) -> None:
+            self._trimming.discard(f)
+            if not f.cancelled() and f.exception() is not None:
+                log.error("trimming the heap failed: %s", f.exception())
 
-        def run() -> None:
-            error: BaseException | None = None
-            try:
-                self._trim(reason)
-            except Exception as exc:  # logged on the loop
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(done, error)
-
-        threading.Thread(target=run, name="heap-trim", daemon=True).start()
+        trimming.add_done_callback(done)
 
     def _notify_load(self, model_id: str, reason: str, result: str, seconds: float) -> None:
         for listener in self.listeners:

@@ -43,6 +43,7 @@ class OnnxTextModel:
         build_engine: Callable[[], ContinuousBatcher] | None = None,
         predicted_bytes: int = 0,
         reserve_bytes: int = 0,
+        measured_bytes: int | None = None,
     ) -> None:
         if engine is None and build_engine is None:
             raise ValueError("an engine or a way to build one is needed")
@@ -62,7 +63,7 @@ class OnnxTextModel:
         self.reserve_bytes = reserve_bytes
         # what building the engine given at construction measured (the C heap's bytes in
         # use across it; None: not measured), for the residency
-        self.measured_bytes: int | None = None
+        self.measured_bytes = measured_bytes
         self._listeners: list[BatcherListener] = []
         self._on_dead: OnDead | None = None
         self._started = False

@@ -347,11 +347,12 @@ class ContinuousBatcher:
             name="continuous-batcher",
         )
 
-    async def close(self, *, trim: bool = True) -> None:
+    async def close(self, *, trim: bool = True, free: bool = True) -> Callable[[], None] | None:
         """Stops the loop, fails what it held, waits for the worker thread, and frees the
         session, its weights and the caches on a worker thread: never blocking the event
         loop. ``trim=False`` leaves trimming the C heap to the caller (the residency trims
-        beside the next model's load)."""
+        beside the next model's load). ``free=False`` frees nothing and returns the
+        blocking call that frees (the residency runs it beside the next model's build)."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
@@ -370,7 +371,10 @@ class ContinuousBatcher:
         # this object does, and the C heap gives their pages back (unload, hot swap); off
         # the event loop: freeing a 0.5 GB session takes tens of milliseconds
         self._prefixes = None
+        if not free:
+            return partial(self._free_memory, trim)
         await asyncio.to_thread(self._free_memory, trim)
+        return None
 
     def _free_memory(self, trim: bool) -> None:
         self._cache.clear()

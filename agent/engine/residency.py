@@ -37,7 +37,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -210,9 +210,12 @@ class Loadable(Protocol):
 
     async def warm_up(self) -> None: ...
 
-    async def detach_heavy(self, *, trim: bool = True) -> None:
+    async def detach_heavy(
+        self, *, trim: bool = True, free: bool = True
+    ) -> Callable[[], None] | None:
         """Stop serving with the heavy part and release it (its requests finished);
-        ``trim=False`` leaves trimming the C heap to the caller."""
+        ``trim=False`` leaves trimming the C heap to the caller; ``free=False`` returns,
+        once it no longer serves, the blocking call that frees its memory, unrun."""
         ...
 
     def busy(self) -> int:
@@ -410,10 +413,16 @@ class Residency:
         # first load trims first either way: at start the heap holds what reading every
         # model's tokenizer left, which the first Qwen2.5-Coder load did not reuse (its
         # resident set peaked 86 MiB higher than its later loads').
+        # A model measured before builds beside the free of the models unloaded for its
+        # room (on a thread of its own, then the trim): they leave the budget once they no
+        # longer serve, and their pages are back long before the new session's weights are
+        # unpacked (freeing Qwen2.5-Coder took 18-60 ms of a 0.5 s SmolLM2 load when done
+        # first). The heap's change then mixes the two, so that load keeps the model's
+        # earlier measure; a first load waits for the free and measures.
         self._heap = heap
         self._rss = rss
         self._trim = trim
-        self._trimming: set[asyncio.Future[object]] = set()
+        self._background: set[asyncio.Future[object]] = set()  # frees and trims
         self._slots: dict[str, _Slot] = {}
         self._loader = _LoaderThread()
         self._load_lock = asyncio.Lock()  # one load at a time
@@ -659,10 +668,16 @@ class Residency:
                 return
             slot.state = ModelState.LOADING
             started = self._clock()
+            # A model measured before builds beside the free of the models unloaded for
+            # its room (see __init__); one yet to measure waits for the free.
+            beside = slot.measured_bytes is not None and self._heap() is not None
+            freeing: asyncio.Future[object] | None = None
             try:
-                await self._make_room(slot)
+                frees = await self._make_room(slot, free_beside=beside)
                 slot.room_made = True
                 room_s = self._clock() - started
+                if frees:
+                    freeing = self._free_later(frees)
                 if slot.measured_bytes is None:  # see __init__
                     await asyncio.to_thread(self._trim, "before a first load")
                 heap_before = self._heap()
@@ -671,8 +686,11 @@ class Residency:
                 built_s = self._clock() - started
                 await slot.model.attach_heavy(heavy)
                 await slot.model.warm_up()
-                heap_after = self._heap()
-                if heap_before is not None and heap_after is not None:
+                if freeing is not None:
+                    await asyncio.shield(freeing)
+                    measured = None  # the heap moved with the free too: the last measure stays
+                    self._trim_later("session loaded")
+                elif (heap_after := self._heap()) is not None and heap_before is not None:
                     measured = heap_after - heap_before
                     self._trim_later("session loaded")
                 else:
@@ -720,17 +738,39 @@ class Residency:
         """Trim the C heap on a thread of its own, not awaited (see __init__). A thread that
         ends with the trim, as a load's does: a pool's would stay, one more thread for
         every agent that ever loaded two models at once."""
-        trimming = asyncio.ensure_future(
-            _LoaderThread("heap-trim").run(lambda: self._trim(reason), yielding=False)
+        self._in_background(
+            _LoaderThread("heap-trim").run(lambda: self._trim(reason), yielding=False),
+            "trimming the heap",
         )
-        self._trimming.add(trimming)
+
+    def _in_background(self, work: Awaitable[object], what: str) -> asyncio.Future[object]:
+        """``work`` runs on, whoever awaits it or not; :meth:`close` waits for it."""
+        future = asyncio.ensure_future(work)
+        self._background.add(future)
 
         def done(f: asyncio.Future[object]) -> None:
-            self._trimming.discard(f)
+            self._background.discard(f)
             if not f.cancelled() and f.exception() is not None:
-                log.error("trimming the heap failed: %s", f.exception())
+                log.error("%s failed: %s", what, f.exception())
 
-        trimming.add_done_callback(done)
+        future.add_done_callback(done)
+        return future
+
+    def _free_later(self, frees: list[Callable[[], None]]) -> asyncio.Future[object]:
+        """Free the memory of models unloaded for a load's room on a thread of its own
+        (beside the newcomer's build), then trim the heap on another, which nobody waits
+        for."""
+
+        def free_all() -> None:
+            for free in frees:
+                free()
+
+        freeing = self._in_background(
+            _LoaderThread("model-free").run(free_all, yielding=False),
+            "freeing an unloaded model",
+        )
+        freeing.add_done_callback(lambda f: f.cancelled() or self._trim_later("room made"))
+        return freeing
 
     def _notify_load(self, model_id: str, reason: str, result: str, seconds: float) -> None:
         for listener in self.listeners:
@@ -751,7 +791,12 @@ class Residency:
         others = sum(s.committed for s in loaded)
         return others + newcomer.committed <= self.config.budget_bytes
 
-    async def _make_room(self, newcomer: _Slot) -> None:
+    async def _make_room(
+        self, newcomer: _Slot, *, free_beside: bool = False
+    ) -> list[Callable[[], None]]:
+        """Unload least recently used idle models until ``newcomer`` fits. ``free_beside``:
+        the unloaded models stop serving and leave the budget, and their memory's frees
+        are returned for the caller to run beside the newcomer's build."""
         if newcomer.committed > self.config.budget_bytes:
             raise ModelUnavailableError(
                 f"model {newcomer.model.model_id} needs about {newcomer.committed >> 20} MiB "
@@ -762,22 +807,31 @@ class Residency:
                 reason="no_room",
             )
         deadline = self._clock() + self.config.room_wait_s
-        while not self._fits(newcomer):
-            victim = self._victim()
-            if victim is not None:
-                await self._unload(victim, "room")
-                continue
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise ModelUnavailableError(
-                    f"no room for model {newcomer.model.model_id} in the memory budget: every "
-                    "loaded model is busy, pinned or loaded too recently to unload",
-                    retry_after=self.config.min_residency_s,
-                    reason="no_room",
-                )
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):  # a model went idle, or time passed
-                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
+        frees: list[Callable[[], None]] = []
+        try:
+            while not self._fits(newcomer):
+                victim = self._victim()
+                if victim is not None:
+                    free = await self._unload(victim, "room", free=not free_beside)
+                    if free is not None:
+                        frees.append(free)
+                    continue
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    raise ModelUnavailableError(
+                        f"no room for model {newcomer.model.model_id} in the memory budget: "
+                        "every loaded model is busy, pinned or loaded too recently to unload",
+                        retry_after=self.config.min_residency_s,
+                        reason="no_room",
+                    )
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):  # a model went idle, or time passed
+                    await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
+        except BaseException:  # no room after all: what was unloaded is freed all the same
+            if frees:
+                self._free_later(frees)
+            raise
+        return frees
 
     def _serving(self) -> bool:
         """Whether a loaded model has requests running or waiting."""
@@ -807,17 +861,22 @@ class Residency:
         await self._unload(slot, reason)
         return True
 
-    async def _unload(self, slot: _Slot, reason: str) -> None:
+    async def _unload(
+        self, slot: _Slot, reason: str, *, free: bool = True
+    ) -> Callable[[], None] | None:
+        """``free=False``: returns once the model no longer serves, with the blocking call
+        that frees its memory and trims the heap, unrun (see :meth:`_make_room`)."""
         slot.state = ModelState.DRAINING
         while slot.active or slot.model.busy():  # its requests finish first
             await asyncio.sleep(0.05)
         # room for a load: the heap is trimmed beside the newcomer's build, not before it
         # (see __init__)
         beside = reason == "room" and self._heap() is not None
+        freeing: Callable[[], None] | None = None
         try:
-            await slot.model.detach_heavy(trim=not beside)
+            freeing = await slot.model.detach_heavy(trim=not beside, free=free)
         finally:
-            if beside:
+            if beside and freeing is None:
                 self._trim_later("room made")
             slot.state = ModelState.AVAILABLE
             slot.evicted_at = self._clock()
@@ -828,6 +887,7 @@ class Residency:
         log.info("model %s unloaded (%s): %d MiB committed of the %d MiB budget",
                  slot.model.model_id, reason, self.committed_bytes() >> 20,
                  self.config.budget_bytes >> 20)  # fmt: skip
+        return freeing
 
     # ---- keep-alive -------------------------------------------------------------------
 
@@ -867,5 +927,5 @@ class Residency:
             if slot.loading is not None and not slot.loading.done():
                 slot.loading.cancel()
         await asyncio.to_thread(self._loader.join)
-        if self._trimming:
-            await asyncio.gather(*self._trimming, return_exceptions=True)
+        while self._background:  # a free's trim joins when the free ends
+            await asyncio.gather(*self._background, return_exceptions=True)

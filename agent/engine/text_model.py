@@ -208,14 +208,19 @@ class OnnxTextModel:
             engine.listeners = list(self._listeners)
             engine.prefill_rate = rate
 
-    async def detach_heavy(self, *, trim: bool = True) -> None:
+    async def detach_heavy(
+        self, *, trim: bool = True, free: bool = True
+    ) -> Callable[[], None] | None:
         """Stop the engine and free its memory (on a worker thread: the event loop serves
-        meanwhile). Returns once it is freed: the residency measures the next load's
-        footprint across it, which a free still under way would shrink (a first try that
-        let the next session build beside the free measured Qwen at 343 MiB instead of
-        465). ``trim=False`` leaves trimming the C heap to the caller (the residency
-        trims beside the next load)."""
+        meanwhile). Returns once it is freed: a load measured across it would see a free
+        still under way as a smaller footprint (a first try that let the next session
+        build beside the free measured Qwen at 343 MiB instead of 465). ``trim=False``
+        leaves trimming the C heap to the caller (the residency trims beside the next
+        load). ``free=False``: returns once the engine has stopped, with the blocking call
+        that frees its memory, for the caller to run (the residency runs it beside the
+        build of a model whose footprint it knows already)."""
         engine, self._engine = self._engine, None
-        if engine is not None:
-            self._prefill_rate = engine.prefill_rate or self._prefill_rate
-            await engine.close(trim=trim)
+        if engine is None:
+            return None
+        self._prefill_rate = engine.prefill_rate or self._prefill_rate
+        return await engine.close(trim=trim, free=free)

@@ -391,6 +391,24 @@ async def test_an_unload_frees_the_session_on_a_worker_thread_while_the_loop_ser
     await registry.close()
 
 
+async def test_an_unload_can_hand_its_free_to_the_caller(
+    make_tiny_registry: Callable[[], ModelRegistry],
+) -> None:
+    """Issue 26: ``detach_heavy(free=False)`` returns once the engine stops serving, with
+    the session still allocated, and the call it returns frees it (the residency runs it
+    beside the next model's build)."""
+    registry = make_tiny_registry()
+    model = registry.text_models[TINY]
+    await registry.start()
+    engine = model.engine
+    free = await model.detach_heavy(free=False)
+    assert not model.loaded and free is not None
+    assert engine._lm._session is not None  # not freed yet
+    await asyncio.to_thread(free)
+    assert engine._lm._session is None
+    await registry.close()
+
+
 @pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="needs Linux's procfs")
 def test_written_pages_are_found_from_the_pagemap_as_smaps_shows_them(tmp_path: Path) -> None:
     """Which mappings of a model's data hold a written page is read from /proc/self/maps

@@ -97,7 +97,10 @@ def heap_in_use() -> int | None:
     allocation reuses pages an earlier free left in the heap, so a model's footprint is its
     change across the load whether or not the heap was trimmed first (SmolLM2-135M int4:
     123 MiB in each of eight loads, where the resident set grew 58-62 MiB when the load
-    reused a freed model's pages and 146-147 MiB from a trimmed heap). About 0.1 ms.
+    reused a freed model's pages and 146-147 MiB from a trimmed heap).
+
+    Not cheap: glibc walks every free block of every arena, 0.1 ms in a new process and
+    12-14 ms in an agent that has loaded and freed two models; call it off the event loop.
     """
     mallinfo2 = _mallinfo2()
     if mallinfo2 is None:

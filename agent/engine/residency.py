@@ -420,6 +420,7 @@ class Residency:
         # first). The heap's change then mixes the two, so that load keeps the model's
         # earlier measure; a first load waits for the free and measures.
         self._heap = heap
+        self._gauged = heap() is not None  # once: a reading takes 10-15 ms in a used heap
         self._rss = rss
         self._trim = trim
         self._background: set[asyncio.Future[object]] = set()  # frees and trims
@@ -670,7 +671,7 @@ class Residency:
             started = self._clock()
             # A model measured before builds beside the free of the models unloaded for
             # its room (see __init__); one yet to measure waits for the free.
-            beside = slot.measured_bytes is not None and self._heap() is not None
+            beside = slot.measured_bytes is not None and self._gauged
             freeing: asyncio.Future[object] | None = None
             try:
                 frees = await self._make_room(slot, free_beside=beside)
@@ -680,7 +681,8 @@ class Residency:
                     freeing = self._free_later(frees)
                 if slot.measured_bytes is None:  # see __init__
                     await asyncio.to_thread(self._trim, "before a first load")
-                heap_before = self._heap()
+                measuring = self._gauged and not beside  # the heap's gauge, off the loop
+                heap_before = await asyncio.to_thread(self._heap) if measuring else None
                 rss_before = self._rss()
                 heavy = await self._loader.run(slot.model.build_heavy, yielding=self._serving())
                 built_s = self._clock() - started
@@ -690,8 +692,13 @@ class Residency:
                     await asyncio.shield(freeing)
                     measured = None  # the heap moved with the free too: the last measure stays
                     self._trim_later("session loaded")
-                elif (heap_after := self._heap()) is not None and heap_before is not None:
-                    measured = heap_after - heap_before
+                elif measuring:
+                    heap_after = await asyncio.to_thread(self._heap)
+                    measured = (
+                        heap_after - heap_before
+                        if heap_after is not None and heap_before is not None
+                        else None
+                    )
                     self._trim_later("session loaded")
                 else:
                     await asyncio.to_thread(self._trim, "session loaded")
@@ -871,7 +878,7 @@ class Residency:
             await asyncio.sleep(0.05)
         # room for a load: the heap is trimmed beside the newcomer's build, not before it
         # (see __init__)
-        beside = reason == "room" and self._heap() is not None
+        beside = reason == "room" and self._gauged
         freeing: Callable[[], None] | None = None
         try:
             freeing = await slot.model.detach_heavy(trim=not beside, free=free)

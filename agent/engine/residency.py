@@ -776,7 +776,12 @@ class Residency:
             _LoaderThread("model-free").run(free_all, yielding=False),
             "freeing an unloaded model",
         )
-        freeing.add_done_callback(lambda f: f.cancelled() or self._trim_later("room made"))
+
+        def then_trim(f: asyncio.Future[object]) -> None:
+            if not f.cancelled():
+                self._trim_later("room made")
+
+        freeing.add_done_callback(then_trim)
         return freeing
 
     def _notify_load(self, model_id: str, reason: str, result: str, seconds: float) -> None:

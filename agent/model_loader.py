@@ -91,11 +91,11 @@ def load_text_model(
         eos_token=special.eos_token or "",
     )
 
-    def build_engine() -> ContinuousBatcher:
+    def build_engine(warm: bool = True) -> ContinuousBatcher:
         # loaded by the residency: it trims the heap once the model serves
         session = create_session(directory / manifest.graph.onnx, session_config, trim=not lazy)
         lm = CausalLM(session, spec)
-        if lazy:  # loaded by the residency: on its loader thread
+        if lazy and warm:  # loaded by the residency beside a serving model: on its thread
             warm_up(lm)
         engine = ContinuousBatcher(
             lm,

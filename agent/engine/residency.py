@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import math
 import os
@@ -200,8 +201,9 @@ class Loadable(Protocol):
     @property
     def version(self) -> str: ...
 
-    def build_heavy(self) -> object:
-        """Blocking: make the session and engine (run on the loader's thread)."""
+    def build_heavy(self, *, warm_up: bool = True) -> object:
+        """Blocking: make the session and engine (run on the loader's thread); with
+        ``warm_up``, run the session's first token there too (not on the step thread)."""
         ...
 
     async def attach_heavy(self, heavy: object) -> None:
@@ -684,7 +686,17 @@ class Residency:
                 measuring = self._gauged and not beside  # the heap's gauge, off the loop
                 heap_before = await asyncio.to_thread(self._heap) if measuring else None
                 rss_before = self._rss()
-                heavy = await self._loader.run(slot.model.build_heavy, yielding=self._serving())
+                # The session's first run pages in what its build did not (Qwen2.5-Coder:
+                # 50-100 ms). Beside a serving model it runs on the loader's thread, not
+                # as a step ahead of that model's steps; with nothing serving (a swap: its
+                # requests wait for it) the engine's warm-up step is its first run, and a
+                # token on the loader's thread would be one more (20-30 ms of SmolLM2's
+                # 0.4 s load; a model that starts serving during the build then waits
+                # for that step once).
+                serving = self._serving()
+                heavy = await self._loader.run(
+                    functools.partial(slot.model.build_heavy, warm_up=serving), yielding=serving
+                )
                 built_s = self._clock() - started
                 await slot.model.attach_heavy(heavy)
                 await slot.model.warm_up()

@@ -40,7 +40,7 @@ class OnnxTextModel:
         codec: TextCodec,
         engine: ContinuousBatcher | None = None,
         eos_token_ids: Sequence[int] = (),
-        build_engine: Callable[[], ContinuousBatcher] | None = None,
+        build_engine: Callable[[bool], ContinuousBatcher] | None = None,
         predicted_bytes: int = 0,
         reserve_bytes: int = 0,
         measured_bytes: int | None = None,
@@ -173,11 +173,13 @@ class OnnxTextModel:
         e = self._engine
         return 0 if e is None else e.running + e.waiting
 
-    def build_heavy(self) -> object:
-        """Blocking (the loader's thread): the session and its engine."""
+    def build_heavy(self, *, warm_up: bool = True) -> object:
+        """Blocking (the loader's thread): the session and its engine, with a token run
+        through the session on this thread (``warm_up``) or not (then :meth:`warm_up`'s
+        step is the session's first run)."""
         if self._build_engine is None:
             raise EngineError(f"model {self._model_id} cannot be loaded again here")
-        return self._build_engine()
+        return self._build_engine(warm_up)
 
     async def attach_heavy(self, heavy: object) -> None:
         assert isinstance(heavy, ContinuousBatcher)
@@ -189,12 +191,12 @@ class OnnxTextModel:
         self._engine = heavy
 
     async def warm_up(self) -> None:
-        """One token from a one-token prompt: the first run pages in what loading did
-        not (prepacking, the first step's buffers), so it is measured with the load.
-        After ``build_engine`` ran a token through the session on the loader's thread
-        this one costs a step (SmolLM2: 19 ms); without it the agent's resident set
-        peaked 12-20 MiB higher in the next model's load (4 runs of the swap benchmark
-        each way), so it stays."""
+        """One token from a one-token prompt, as a step of the engine: the first run
+        pages in what loading did not (prepacking, the first step's buffers), so it is
+        measured with the load. Where ``build_heavy`` ran a token through the session
+        on the loader's thread (a load beside a serving model) this one costs a step
+        (SmolLM2: 19 ms); without it the agent's resident set peaked 12-20 MiB higher in
+        the next model's load (4 runs of the swap benchmark each way), so it stays."""
         engine = self._engine
         if engine is None or not self._started:
             return

@@ -43,13 +43,15 @@ class FakeModel:
         self.running = 0
         self.heavy: object | None = None
         self.trims: list[bool] = []  # each detach: whether it trimmed the heap
+        self.warmed_on_loader: list[bool] = []  # each build: warm_up asked of it
         self.freed = 0  # detaches whose memory was freed
         self.freed_on: list[str] = []  # the threads that freed it, when not in the detach
         self.free_hold = threading.Event()  # a free returned to the residency waits for it
         self.free_hold.set()
 
-    def build_heavy(self) -> object:
+    def build_heavy(self, *, warm_up: bool = True) -> object:
         self.builds += 1
+        self.warmed_on_loader.append(warm_up)
         assert self.hold.wait(10)
         if self.fail:
             raise RuntimeError(self.fail)
@@ -407,9 +409,9 @@ async def test_a_load_yields_the_cores_only_while_another_model_serves() -> None
     seen: list[int] = []
     real_build = cold.build_heavy
 
-    def build() -> object:
+    def build(*, warm_up: bool = True) -> object:
         seen.append(_nice())
-        heavy = real_build()  # held until the test lets it go
+        heavy = real_build(warm_up=warm_up)  # held until the test lets it go
         seen.append(_nice())
         return heavy
 
@@ -432,6 +434,9 @@ async def test_a_load_yields_the_cores_only_while_another_model_serves() -> None
     await r.acquire("cold")
     assert seen == [LOADER_NICE, LOADER_NICE]
     assert _nice() < LOADER_NICE  # the event loop's thread is left alone
+    # the session's first token: on the loader's thread only when a model served at the
+    # build's start (else the engine's warm-up step is its first run)
+    assert cold.warmed_on_loader == [False, True]
     await r.close()
 
 

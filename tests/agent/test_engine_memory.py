@@ -391,24 +391,29 @@ async def test_an_unload_frees_the_session_on_a_worker_thread_while_the_loop_ser
     await registry.close()
 
 
-async def test_a_lazy_model_runs_its_first_token_on_the_loader_only_when_asked(
-    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 26: a load beside a serving model runs the session's first token on the
-    loader's thread (``build_heavy(warm_up=True)``); a swap leaves it to the engine's
-    warm-up step (one run, not two: 20-30 ms of SmolLM2's load)."""
+def _managed_tiny_registry(tiny_artifacts: Path) -> ModelRegistry:
+    """The tiny model loaded by a residency (on demand, by its loader)."""
     from agent.engine.residency import ResidencyConfig
 
-    runs: list[str] = []
-    real = model_loader.warm_up
-    monkeypatch.setattr(model_loader, "warm_up", lambda lm: runs.append("loader") or real(lm))
-    registry = load_registry(
+    return load_registry(
         tiny_artifacts,
         [TINY],
         session_config=SessionConfig(intra_op_threads=1),
         max_context_tokens=256,
         residency=ResidencyConfig(budget_bytes=1 << 30),
     )
+
+
+async def test_a_lazy_model_runs_its_first_token_on_the_loader_only_when_asked(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: a load beside a serving model runs the session's first token on the
+    loader's thread (``build_heavy(warm_up=True)``); a swap leaves it to the engine's
+    warm-up step (one run, not two: 20-30 ms of SmolLM2's load)."""
+    runs: list[str] = []
+    real = model_loader.warm_up
+    monkeypatch.setattr(model_loader, "warm_up", lambda lm: runs.append("loader") or real(lm))
+    registry = _managed_tiny_registry(tiny_artifacts)
     model = registry.text_models[TINY]
     assert isinstance(model, OnnxTextModel)
     for warm, expected in ((False, []), (True, ["loader"])):
@@ -470,7 +475,6 @@ async def test_a_model_loaded_with_nothing_serving_takes_one_first_run_as_a_step
     the one run of the load (a load beside a serving model makes it on the loader's
     thread instead: see the test above and the residency's)."""
     from agent.engine.causal_lm import CausalLM
-    from agent.engine.residency import ResidencyConfig
 
     runs: list[str] = []
     real = CausalLM.run
@@ -480,13 +484,7 @@ async def test_a_model_loaded_with_nothing_serving_takes_one_first_run_as_a_step
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(CausalLM, "run", run)
-    registry = load_registry(
-        tiny_artifacts,
-        [TINY],
-        session_config=SessionConfig(intra_op_threads=1),
-        max_context_tokens=256,
-        residency=ResidencyConfig(budget_bytes=1 << 30),
-    )
+    registry = _managed_tiny_registry(tiny_artifacts)
     await registry.start()  # loads it: it fits the budget
     try:
         assert registry.residency is not None and registry.residency.state(TINY) == "loaded"

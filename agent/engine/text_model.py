@@ -55,7 +55,7 @@ class OnnxTextModel:
         self._build_engine = build_engine
         self._prefill_rate: float | None = None  # the last engine's (see attach_heavy)
         self._grammars = GrammarCompiler(
-            codec.tokenizer_json(), list(eos_token_ids), codec.vocab_size
+            codec.tokenizer_json, list(eos_token_ids), codec.vocab_size
         )
         # for the residency: the weights' footprint before a load (from the files) and the
         # caches the engine may grow to (key/value budget and prefix cache)

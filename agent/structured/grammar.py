@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -233,7 +234,15 @@ def _param_of(spec: ConstraintSpec) -> str:
 class GrammarCompiler:
     """Compiles and caches grammars for one model's vocabulary, off the event loop."""
 
-    def __init__(self, tokenizer_json: str, eos_token_ids: list[int], vocab_size: int) -> None:
+    def __init__(
+        self,
+        tokenizer_json: str | Callable[[], str],
+        eos_token_ids: list[int],
+        vocab_size: int,
+    ) -> None:
+        # a model's served tokenizer gives its JSON when the first grammar needs it: kept
+        # as text from the start it held 8 MiB for Qwen2.5-Coder (2 for SmolLM2) in every
+        # agent, most of which never compile a grammar
         self._tokenizer_json = tokenizer_json
         self._eos = list(eos_token_ids)
         self._vocab_size = vocab_size
@@ -247,7 +256,10 @@ class GrammarCompiler:
     def _llg_tokenizer(self) -> tuple[llguidance.LLTokenizer, DigitTokens]:
         with self._tokenizer_lock:
             if self._tokenizer is None or self._digits is None:
-                tokenizer = llguidance_tokenizer(self._tokenizer_json, self._eos)
+                source = self._tokenizer_json
+                tokenizer = llguidance_tokenizer(
+                    source() if callable(source) else source, self._eos
+                )
                 self._digits = DigitTokens.of(tokenizer, self._vocab_size)
                 self._tokenizer = tokenizer
             return self._tokenizer, self._digits

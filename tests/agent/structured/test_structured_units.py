@@ -55,6 +55,25 @@ def compiler(tokenizer: Tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer.to_str(), [2], tokenizer.get_vocab_size(True))
 
 
+def test_a_served_models_tokenizer_json_is_read_when_a_grammar_first_needs_it(
+    tokenizer: Tokenizer,
+) -> None:
+    """A model's grammar compiler asks for its tokenizer's JSON only when it compiles a
+    first grammar (kept as text from the start, Qwen2.5-Coder's held 8 MiB in every
+    agent), and once."""
+    asked: list[int] = []
+
+    def tokenizer_json() -> str:
+        asked.append(1)
+        return str(tokenizer.to_str())
+
+    lazy = GrammarCompiler(tokenizer_json, [2], tokenizer.get_vocab_size(True))
+    assert asked == []
+    for _ in range(2):
+        lazy.compile_now(schema_spec({"type": "string", "maxLength": 5}))
+    assert asked == [1]
+
+
 def test_parse_constraint_kinds_and_refusals() -> None:
     assert parse_constraint(response_format=None) is None
     assert parse_constraint(response_format={"type": "text"}) is None

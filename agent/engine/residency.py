@@ -690,7 +690,7 @@ class Residency:
                 if slot.measured_bytes is None:  # see __init__
                     await asyncio.to_thread(self._trim, "before a first load")
                 measuring = self._gauged and not beside  # the heap's gauge, off the loop
-                heap_before = await asyncio.to_thread(self._heap) if measuring else None
+                heap_before = await self._read_heap() if measuring else None
                 rss_before = self._rss()
                 # The session's first run pages in what its build did not (Qwen2.5-Coder:
                 # 50-100 ms). Beside a serving model it runs on the loader's thread, not
@@ -711,7 +711,7 @@ class Residency:
                     measured = None  # the heap moved with the free too: the last measure stays
                     self._trim_later("session loaded")
                 elif measuring:
-                    heap_after = await asyncio.to_thread(self._heap)
+                    heap_after = await self._read_heap()
                     measured = (
                         heap_after - heap_before
                         if heap_after is not None and heap_before is not None
@@ -758,6 +758,12 @@ class Residency:
                      "budget", model_id, slot.model.version, reason, slot.load_seconds, room_s,
                      built_s - room_s, slot.load_seconds - built_s, slot.footprint >> 20,
                      self.committed_bytes() >> 20, self.config.budget_bytes >> 20)  # fmt: skip
+
+    async def _read_heap(self) -> int | None:
+        """The heap's gauge, read on a thread of its own that ends with it (see __init__;
+        the event loop's default executor would keep one more thread for good)."""
+        result = await _LoaderThread("heap-gauge").run(self._heap, yielding=False)
+        return result if isinstance(result, int) else None
 
     def _trim_later(self, reason: str) -> None:
         """Trim the C heap on a thread of its own, not awaited (see __init__). A thread that

@@ -40,6 +40,7 @@ from agent.auth.cli import run_keys_command
 from agent.auth.startup import KeysApplier, check_auth_configured, last_keys_path
 from agent.config import FLAGS, AgentConfig, load_config
 from agent.control import CoordinatorSession
+from agent.engine.memory import limit_malloc_arenas
 from agent.engine.ort_session import use_shared_thread_pool
 from agent.engine.residency import follow_model_command
 from agent.enrollment import (
@@ -285,6 +286,8 @@ def _on_command(state: AgentState, registry: ModelRegistry, command: Command) ->
 
 
 async def serve(config: AgentConfig) -> None:
+    # first: the threads started from here on share these C heaps (see limit_malloc_arenas)
+    limit_malloc_arenas(config.engine.malloc_arenas)
     check_coordinator_tls(config)  # before the models load
     check_auth_configured(config)
     if models_source(config) == "dir":

@@ -391,6 +391,40 @@ async def test_an_unload_frees_the_session_on_a_worker_thread_while_the_loop_ser
     await registry.close()
 
 
+_ARENAS_SCRIPT = """
+import ctypes, sys, threading
+from agent.engine.memory import limit_malloc_arenas
+print(limit_malloc_arenas(int(sys.argv[1])))
+blocks = []
+def allocate():
+    blocks.append(ctypes.create_string_buffer(1 << 20))  # malloc'd on this thread
+threads = [threading.Thread(target=allocate) for _ in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena N:" block per arena, on stderr
+"""
+
+
+@pytest.mark.parametrize("arenas", [1, 2, 0])
+def test_the_agents_threads_share_the_malloc_arenas_it_allows(arenas: int) -> None:
+    """Issue 26: the agent caps glibc's malloc arenas (engine.malloc_arenas, 2 by
+    default): threads allocating at once then share those heaps, where glibc gives each
+    its own (up to 8 per core), and a swapped model's successor reuses its pages."""
+    import subprocess
+
+    if memory._glibc_function("mallopt") is None:
+        pytest.fail("this test needs glibc, as every agent image has")
+    done = subprocess.run(
+        [sys.executable, "-c", _ARENAS_SCRIPT, str(arenas)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    count = done.stderr.count("Arena ")
+    if arenas:
+        assert done.stdout.strip() == "True" and count == arenas, done.stderr
+    else:  # glibc's default: threads allocating at once get arenas of their own
+        assert done.stdout.strip() == "False" and count > 1, done.stderr
+
+
 def _managed_tiny_registry(tiny_artifacts: Path) -> ModelRegistry:
     """The tiny model loaded by a residency (on demand, by its loader)."""
     from agent.engine.residency import ResidencyConfig

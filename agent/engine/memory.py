@@ -124,8 +124,9 @@ def limit_malloc_arenas(arenas: int) -> bool:
     the bytes in use did not move; in the swap benchmark the agent's resident set after 20
     swaps was 21-28 MiB above its figure after 2, and its peak 5-7 MiB over the budget's
     10% (2 of 3 runs). With one arena SmolLM2's resident set was 306 MiB after each of six
-    loads; with two (the agent's default), the benchmark's drift was -3 MiB in two runs
-    and its peak 16 MiB under the line in one, 3 over in the other. One arena slowed
+    loads; with two (the agent's default), the benchmark's drift was -3, -3 and 19 MiB in
+    three runs and its peak 16 MiB under the line in one, 3 and 8 over in the others (the
+    peak is Qwen2.5-Coder's load: see the memory-budget guide). One arena slowed
     SmolLM2's loads (p95 0.44 s against 0.37 with two: the event loop's and the loader's
     allocations queue on one lock)."""
     if arenas <= 0:

@@ -905,7 +905,7 @@ class Residency:
         self, slot: _Slot, reason: str, *, free: bool = True
     ) -> Callable[[], None] | None:
         """``free=False``: returns once the model no longer serves, with the blocking call
-        that frees its memory and trims the heap, unrun (see :meth:`_make_room`)."""
+        that frees its memory, unrun (see :meth:`_make_room`; the caller trims, or not)."""
         slot.state = ModelState.DRAINING
         while slot.active or slot.model.busy():  # its requests finish first
             await asyncio.sleep(0.05)

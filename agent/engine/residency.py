@@ -424,7 +424,10 @@ class Residency:
         # no more than what left, the freed pages are not trimmed: the build reuses them,
         # where a trim made it fault fresh pages in (SmolLM2 after Qwen2.5-Coder: 0.37 s
         # with the trim, 0.28 s without, medians of 6 in one process). A larger newcomer
-        # trims beside its build: pages it does not reuse would add to its peak.
+        # waits for the free and trims beside its build: pages it does not reuse would
+        # add to its peak (building beside the free, Qwen2.5-Coder's load after SmolLM2
+        # peaked 10-15 MiB higher in the swap benchmark: 695-702 MiB over the agent's
+        # baseline in five runs, 685 in two after this).
         self._heap = heap
         self._gauged = heap() is not None  # once: a reading takes 10-15 ms in a used heap
         self._rss = rss
@@ -685,8 +688,13 @@ class Residency:
                 room_s = self._clock() - started
                 if frees:
                     # a newcomer no larger than what leaves reuses the freed pages: a
-                    # trim would only have it fault them back in (see __init__)
-                    freeing = self._free_later(frees, trim=slot.committed > freed_bytes)
+                    # trim would only have it fault them back in; a larger one waits for
+                    # the free, its peak on top of nothing the free still holds (see
+                    # __init__)
+                    growing = slot.committed > freed_bytes
+                    freeing = self._free_later(frees, trim=growing)
+                    if growing:
+                        await asyncio.shield(freeing)
                 if slot.measured_bytes is None:  # see __init__
                     await asyncio.to_thread(self._trim, "before a first load")
                 measuring = self._gauged and not beside  # the heap's gauge, off the loop

@@ -376,6 +376,14 @@ class ContinuousBatcher:
         await asyncio.to_thread(self._free_memory, trim)
         return None
 
+    def warm_here(self) -> None:
+        """Blocking: one token through the session on the calling thread (its first run,
+        off the step thread: see the residency's load)."""
+        cache = self._lm.new_cache(1)
+        token = np.zeros((1, 1), np.int64)
+        self._lm.run(cache, 0, token, np.ones(1, np.int64), token)
+        cache.clear()
+
     def _free_memory(self, trim: bool) -> None:
         self._cache.clear()
         self._lm.close()

@@ -206,6 +206,11 @@ class Loadable(Protocol):
         ``warm_up``, run the session's first token there too (not on the step thread)."""
         ...
 
+    def warm_heavy(self, heavy: object) -> None:
+        """Blocking: run the first token through what :meth:`build_heavy` made without
+        one, on the calling thread."""
+        ...
+
     async def attach_heavy(self, heavy: object) -> None:
         """Start what :meth:`build_heavy` made and serve with it (on the event loop)."""
         ...
@@ -711,6 +716,10 @@ class Residency:
                 heavy = await self._loader.run(
                     functools.partial(slot.model.build_heavy, warm_up=serving), yielding=serving
                 )
+                if not serving and self._serving():  # one started serving meanwhile
+                    await _LoaderThread().run(
+                        functools.partial(slot.model.warm_heavy, heavy), yielding=True
+                    )
                 built_s = self._clock() - started
                 await slot.model.attach_heavy(heavy)
                 await slot.model.warm_up()

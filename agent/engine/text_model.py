@@ -181,6 +181,11 @@ class OnnxTextModel:
             raise EngineError(f"model {self._model_id} cannot be loaded again here")
         return self._build_engine(warm_up)
 
+    def warm_heavy(self, heavy: object) -> None:
+        """Blocking: the session's first token, on the calling thread (a loader's)."""
+        assert isinstance(heavy, ContinuousBatcher)
+        heavy.warm_here()
+
     async def attach_heavy(self, heavy: object) -> None:
         assert isinstance(heavy, ContinuousBatcher)
         heavy.listeners.extend(self._listeners)

@@ -455,6 +455,21 @@ async def test_a_lazy_model_runs_its_first_token_on_the_loader_only_when_asked(
         assert runs == expected
         assert isinstance(engine, continuous_batcher.ContinuousBatcher)
         await engine.close()
+    # a model started serving during a build without it: its first token after the build,
+    # on a loader's thread
+    from agent.engine.causal_lm import CausalLM
+
+    ran: list[str] = []
+    real_run = CausalLM.run
+    monkeypatch.setattr(
+        CausalLM, "run", lambda self, *a, **k: ran.append("run") or real_run(self, *a, **k)
+    )
+    engine = model.build_heavy(warm_up=False)
+    assert ran == []
+    await asyncio.to_thread(model.warm_heavy, engine)
+    assert ran == ["run"]
+    assert isinstance(engine, continuous_batcher.ContinuousBatcher)
+    await engine.close()
 
 
 async def test_an_unload_can_hand_its_free_to_the_caller(

@@ -44,6 +44,7 @@ class FakeModel:
         self.heavy: object | None = None
         self.trims: list[bool] = []  # each detach: whether it trimmed the heap
         self.warmed_on_loader: list[bool] = []  # each build: warm_up asked of it
+        self.warmed_after_build = 0
         self.freed = 0  # detaches whose memory was freed
         self.freed_on: list[str] = []  # the threads that freed it, when not in the detach
         self.free_hold = threading.Event()  # a free returned to the residency waits for it
@@ -56,6 +57,9 @@ class FakeModel:
         if self.fail:
             raise RuntimeError(self.fail)
         return object()
+
+    def warm_heavy(self, heavy: object) -> None:
+        self.warmed_after_build += 1  # the first token on a loader's thread, after the build
 
     async def attach_heavy(self, heavy: object) -> None:
         self.heavy = heavy
@@ -434,9 +438,10 @@ async def test_a_load_yields_the_cores_only_while_another_model_serves() -> None
     await r.acquire("cold")
     assert seen == [LOADER_NICE, LOADER_NICE]
     assert _nice() < LOADER_NICE  # the event loop's thread is left alone
-    # the session's first token: on the loader's thread only when a model served at the
-    # build's start (else the engine's warm-up step is its first run)
-    assert cold.warmed_on_loader == [False, True]
+    # the session's first token: in the build when a model served at its start, after it
+    # on a loader's thread when one started serving during it (the first load), else the
+    # engine's warm-up step is its first run (see the e2e test)
+    assert cold.warmed_on_loader == [False, True] and cold.warmed_after_build == 1
     await r.close()
 
 

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from agent.engine.causal_lm import CausalLM
 from agent.engine.continuous_batcher import BatcherConfig, ContinuousBatcher
 from agent.engine.embed_batcher import EmbeddingBatchConfig
@@ -140,10 +138,7 @@ def warm_up(lm: CausalLM) -> None:
     what loading did not, and would otherwise run as a step on the step thread every
     model shares, ahead of the serving models' steps (Qwen2.5-Coder's first step: 50-100
     ms of a loaded SmolLM2's TTFT)."""
-    cache = lm.new_cache(1)
-    token = np.zeros((1, 1), np.int64)
-    lm.run(cache, 0, token, np.ones(1, np.int64), token)
-    cache.clear()
+    lm.warm_up()
 
 
 def graph_bytes(directory: Path, manifest: ModelManifest) -> int:

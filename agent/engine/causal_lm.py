@@ -221,6 +221,14 @@ class CausalLM:
         return SlotCache(len(self._past_names), s.num_kv_heads, s.head_dim, self._kv_dtype,
                          max_rows, max_bytes)  # fmt: skip
 
+    def warm_up(self) -> None:
+        """One token through the session on the calling thread: its first run pages in and
+        sets up what loading did not."""
+        cache = self.new_cache(1)
+        token = np.zeros((1, 1), np.int64)
+        self.run(cache, 0, token, np.ones(1, np.int64), token)
+        cache.clear()
+
     def close(self) -> None:
         """Drop the session (its weights and buffers); the object is unusable afterwards."""
         self._session = None

@@ -379,10 +379,7 @@ class ContinuousBatcher:
     def warm_here(self) -> None:
         """Blocking: one token through the session on the calling thread (its first run,
         off the step thread: see the residency's load)."""
-        cache = self._lm.new_cache(1)
-        token = np.zeros((1, 1), np.int64)
-        self._lm.run(cache, 0, token, np.ones(1, np.int64), token)
-        cache.clear()
+        self._lm.warm_up()
 
     def _free_memory(self, trim: bool) -> None:
         self._cache.clear()

@@ -160,10 +160,10 @@ class EngineConfig(Settings):
     """ONNX Runtime threads per operator; 0: one per core."""
     inter_op_threads: int = Field(default=_SESSION.inter_op_threads, ge=0)
     """ONNX Runtime threads across operators."""
-    malloc_arenas: int = Field(default=2, ge=0)
-    """The most C heaps (glibc malloc arenas) the agent's threads share; 0: glibc's
-    default (8 per core). Few keep a swapped model's memory in heaps that its successor
-    reuses: see the memory-budget guide."""
+    malloc_arenas: int = Field(default=0, ge=0)
+    """The most C heaps (glibc malloc arenas) the agent's threads share; 0 (the default):
+    glibc's (8 per core). Fewer keep a swapped model's memory in heaps its successor
+    reuses, at a cost in load time: see the memory-budget guide."""
     execution_provider: ExecutionProvider = Field(
         default=cast(ExecutionProvider, _SESSION.execution_provider)
     )

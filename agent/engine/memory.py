@@ -128,7 +128,9 @@ def limit_malloc_arenas(arenas: int) -> bool:
     three runs and its peak 16 MiB under the line in one, 3 and 8 over in the others (the
     peak is Qwen2.5-Coder's load: see the memory-budget guide). One arena slowed
     SmolLM2's loads (p95 0.44 s against 0.37 with two: the event loop's and the loader's
-    allocations queue on one lock)."""
+    allocations queue on one lock). Later, with the loads' other costs gone, two arenas
+    (and four) made SmolLM2's load 40-60 ms slower than glibc's default, whose drift was
+    16 and 6 MiB: the agent leaves glibc's default unless told (``engine.malloc_arenas``)."""
     if arenas <= 0:
         return False
     mallopt = _glibc_function("mallopt")

@@ -407,9 +407,9 @@ ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena N:" block per arena, on st
 
 @pytest.mark.parametrize("arenas", [1, 2, 0])
 def test_the_agents_threads_share_the_malloc_arenas_it_allows(arenas: int) -> None:
-    """Issue 26: the agent caps glibc's malloc arenas (engine.malloc_arenas, 2 by
-    default): threads allocating at once then share those heaps, where glibc gives each
-    its own (up to 8 per core), and a swapped model's successor reuses its pages."""
+    """Issue 26: the agent can cap glibc's malloc arenas (engine.malloc_arenas; 0 by
+    default, glibc's own): threads allocating at once then share those heaps, where glibc
+    gives each its own (up to 8 per core)."""
     import subprocess
 
     if memory._glibc_function("mallopt") is None:

@@ -52,7 +52,7 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "models.allow_unsigned": False, "models.self_check": True, "models.self_check_threads": 1,
     "models.self_check_prompts": 8, "models.load_memory_factor": 1.5,
     "models.drain_timeout_s": 600.0, "models.serve_blobs": True,
-    "engine.intra_op_threads": 0, "engine.inter_op_threads": 1, "engine.malloc_arenas": 2,
+    "engine.intra_op_threads": 0, "engine.inter_op_threads": 1, "engine.malloc_arenas": 0,
     "engine.execution_provider": "auto", "engine.max_context_tokens": 2048,
     "engine.default_max_tokens": 256, "engine.max_running": 16,
     "engine.max_batched_tokens": 256, "engine.max_prefill_step_s": 0.5,

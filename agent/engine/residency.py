@@ -429,10 +429,11 @@ class Residency:
         # no more than what left, the freed pages are not trimmed: the build reuses them,
         # where a trim made it fault fresh pages in (SmolLM2 after Qwen2.5-Coder: 0.37 s
         # with the trim, 0.28 s without, medians of 6 in one process). A larger newcomer
-        # waits for the free and trims beside its build: pages it does not reuse would
-        # add to its peak (building beside the free, Qwen2.5-Coder's load after SmolLM2
-        # peaked 10-15 MiB higher in the swap benchmark: 695-702 MiB over the agent's
-        # baseline in five runs, 685 in two after this).
+        # waits for the free and for the trim of the freed pages: pages it does not reuse
+        # would add to its peak (building beside the free, Qwen2.5-Coder's load after
+        # SmolLM2 peaked 10-15 MiB higher in the swap benchmark; building beside the trim
+        # with glibc's default malloc arenas, whose freed pages the build's arena does not
+        # reuse, it peaked 53 MiB over the line in one run of two).
         self._heap = heap
         self._gauged = heap() is not None  # once: a reading takes 10-15 ms in a used heap
         self._rss = rss
@@ -694,8 +695,8 @@ class Residency:
                 if frees:
                     # a newcomer no larger than what leaves reuses the freed pages: a
                     # trim would only have it fault them back in; a larger one waits for
-                    # the free, its peak on top of nothing the free still holds (see
-                    # __init__)
+                    # the free and its trim, its peak on top of nothing the free still
+                    # holds (see __init__)
                     growing = slot.committed > freed_bytes
                     freeing = self._free_later(frees, trim=growing)
                     if growing:
@@ -806,25 +807,19 @@ class Residency:
 
     def _free_later(self, frees: list[Callable[[], None]], *, trim: bool) -> asyncio.Future[object]:
         """Free the memory of models unloaded for a load's room on a thread of its own
-        (beside the newcomer's build), then (``trim``) trim the heap on another, which
-        nobody waits for."""
+        (beside the newcomer's build, or awaited by it), then (``trim``) give the freed
+        pages back to the kernel on the same thread: the future is done once both are."""
 
         def free_all() -> None:
             for free in frees:
                 free()
+            if trim:
+                self._trim("room made")
 
-        freeing = self._in_background(
+        return self._in_background(
             _LoaderThread("model-free").run(free_all, yielding=False),
             "freeing an unloaded model",
         )
-
-        def then_trim(f: asyncio.Future[object]) -> None:
-            if not f.cancelled():
-                self._trim_later("room made")
-
-        if trim:
-            freeing.add_done_callback(then_trim)
-        return freeing
 
     def _notify_load(self, model_id: str, reason: str, result: str, seconds: float) -> None:
         for listener in self.listeners:

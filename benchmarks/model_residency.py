@@ -9,7 +9,10 @@ off (a loopback benchmark), streamed chat requests through the ``openai`` SDK:
     burst's model unloaded by the one before: failed requests, each swap's evict + load
     (the agent's ``edgefleet_agent_model_load_seconds`` per load), beside a bare ONNX
     Runtime session create plus a one-token warm-up of the same artifact in this process
-    (5 times each), the cold request's TTFT against its load, the agent's RSS 3 s after 2 and
+    (twice each before the agent starts, then once after each burst, of that burst's model,
+    while the agent idles: on a shared VM the machine's speed drifts over a run by more than
+    the margin measured, so both sides are sampled over the same minutes), the cold
+    request's TTFT against its load, the agent's RSS 3 s after 2 and
     after 20 swaps, and committed memory (``edgefleet_agent_memory_budget_bytes``) and RSS
     sampled every 100 ms against the budget.
 ``both``
@@ -135,13 +138,18 @@ async def models(url: str) -> dict[str, dict[str, Any]]:
         return {m["id"]: m for m in (await resp.json())["data"]}
 
 
-def bare_session_seconds(models_dir: Path, model: str, repeat: int = 5) -> list[float]:
+def bare_session_seconds(
+    models_dir: Path, model: str, repeat: int = 1, *, trimmed: bool = True
+) -> list[float]:
     """A bare ONNX Runtime session of the same artifact, with the agent's options, and a
-    one-token warm-up, timed in this process."""
+    one-token warm-up, timed in this process. ``trimmed``: this process's C heap is given
+    back to the kernel before each (untimed), as the agent's is when it unloads a model
+    under its budget; otherwise the session reuses the pages the last one freed here."""
     import numpy as np
     import onnxruntime as ort
 
     from agent.engine.causal_lm import CausalLM
+    from agent.engine.memory import trim_heap
     from agent.model_loader import causal_lm_spec
     from models.manifest import load_manifest
 
@@ -150,6 +158,8 @@ def bare_session_seconds(models_dir: Path, model: str, repeat: int = 5) -> list[
     spec = causal_lm_spec(directory, manifest)
     times = []
     for _ in range(repeat):
+        if trimmed:
+            trim_heap("bare session")
         started = time.perf_counter()
         options = ort.SessionOptions()
         options.intra_op_num_threads = 2
@@ -220,7 +230,12 @@ async def bare_agent_rss(models_dir: str) -> int:
 async def swap(models_dir: str, figures: dict[str, Any], targets: dict[str, Any]) -> None:
     baseline = await bare_agent_rss(models_dir)
     budget = SWAP_BUDGET_MIB * MiB
-    bare = {m: bare_session_seconds(Path(models_dir), m) for m in (SMOL, QWEN)}
+    # for reference: sessions that reuse the pages the last one here freed (a heap kept
+    # warm), which no agent under a budget has
+    warm_heap = {
+        m: bare_session_seconds(Path(models_dir), m, repeat=3, trimmed=False) for m in (SMOL, QWEN)
+    }
+    bare = {m: bare_session_seconds(Path(models_dir), m, repeat=2) for m in (SMOL, QWEN)}
     args = agent_args(**{"residency.budget_bytes": str(budget)})
     async with AgentProcess(models_dir=models_dir, serve=[SMOL, QWEN], extra_args=args) as agent:
         process = psutil.Process(agent.pid)
@@ -243,6 +258,10 @@ async def swap(models_dir: str, figures: dict[str, Any], targets: dict[str, Any]
                         r["ok"] for r in done) else None  # fmt: skip
                     swaps.append({"burst": b, "model": model, "load_s": round(load_s, 3),
                                   "cold_ttft_s": cold_ttft and round(cold_ttft, 3)})  # fmt: skip
+                # the bare session beside it, while the agent idles (see the docstring)
+                bare[model] += await asyncio.to_thread(
+                    bare_session_seconds, Path(models_dir), model
+                )
                 if b + 1 in (2, 20):  # idle past engine.idle_release_s (2 s): settled
                     await asyncio.sleep(3.0)
                     rss_after[b + 1] = process.memory_info().rss
@@ -273,6 +292,9 @@ async def swap(models_dir: str, figures: dict[str, Any], targets: dict[str, Any]
         "swaps": swaps,
         "evict_load_p95_s": {m: percentile(v, 95) for m, v in per_model_load.items() if v},
         "bare_session_and_warmup_s": {m: [round(t, 3) for t in v] for m, v in bare.items()},
+        "bare_session_and_warmup_warm_heap_s": {
+            m: [round(t, 3) for t in v] for m, v in warm_heap.items()
+        },
         "evict_load_p95_over_bare_median": ratio,
         "cold_ttft_minus_load_s_max": max(cold_over) if cold_over else None,
         "rss_after_2_swaps_mib": round(rss_after[2] / MiB, 1),

@@ -85,6 +85,11 @@ class ResumingStream(httpx2.SyncByteStream):
         self._version: str | None = None
         self._finished = False  # a finish_reason was delivered
         self._done = False  # [DONE] was delivered
+        # every token max_tokens allows was delivered before the break, not the finish: the
+        # resumed segment generates one more (max_tokens is at least 1) only for its finish
+        # and usage; its token is dropped, the finish is "length"
+        self._spent = False
+        self._spent_dropped = 0  # tokens such a segment generated, not passed on
 
     @staticmethod
     def _prefixed(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -147,6 +152,8 @@ class ResumingStream(httpx2.SyncByteStream):
                 raise StreamBroken(f"agent ended the stream with {error.get('code')}")
             return event
         resumed = len(self.segments) > 1
+        if resumed and self._spent:
+            return self._spent_event(data)
         if self._id is None:
             self._id = data.get("id")
             self._version = data.get("system_fingerprint")
@@ -172,6 +179,37 @@ class ResumingStream(httpx2.SyncByteStream):
             usage["completion_tokens"] = usage.get("completion_tokens", 0) + moved
         return b"data: " + json.dumps(data, separators=(",", ":")).encode()
 
+    def _spent_event(self, data: dict[str, Any]) -> bytes | None:
+        """An event of a segment resumed only for its finish (see ``_spent``): its token is
+        not the caller's (the first segment delivered all max_tokens allowed)."""
+        data["id"] = self._id
+        dropped = 0
+        finished = False
+        for choice in data.get("choices") or []:
+            dropped += len(choice.pop("token_ids", None) or [])
+            choice.pop("logprobs", None)
+            if isinstance(choice.get("delta"), dict):
+                choice["delta"] = {}
+            if "text" in choice:
+                choice["text"] = ""
+            if choice.get("finish_reason"):
+                choice["finish_reason"] = "length"
+                finished = True
+        self._spent_dropped += dropped
+        usage = data.get("usage")
+        if isinstance(usage, dict):  # one uninterrupted completion of max_tokens
+            moved = self.segments[-1].first_token - self._caller_continued
+            usage["prompt_tokens"] = usage.get("prompt_tokens", 0) - moved
+            usage["completion_tokens"] = (
+                usage.get("completion_tokens", 0) + moved - self._spent_dropped
+            )
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        elif not finished:
+            return None  # the role chunk, the dropped token's chunk
+        if finished:
+            self._finished = True
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode()
+
     def _resume(self, why: str) -> None:
         broken = self.segments[-1]
         k = len(self.delivered)
@@ -186,6 +224,8 @@ class ResumingStream(httpx2.SyncByteStream):
         done_here = k - self._caller_continued
         for key in ("max_tokens", "max_completion_tokens"):
             if isinstance(body.get(key), int):
+                if body[key] - done_here < 1:
+                    self._spent = True
                 body[key] = max(1, body[key] - done_here)
         skip = {s.agent_id for s in self.segments if s.agent_id == broken.agent_id}
         agent, response = self._opener(body, self._version or "", skip)

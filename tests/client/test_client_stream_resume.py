@@ -9,6 +9,7 @@ the agents it discovered last, kept on disk.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -126,6 +127,77 @@ async def test_stream_broken_mid_way_resumes_on_the_next_agent(
     assert chunks[-1].usage.model_dump() == reference.usage.model_dump()
     # the failed agent is avoided for a while
     assert fleet.candidates()[0].agent_id == "edge-1"
+
+
+def _fail_before_finish(server: TestServer) -> None:
+    """The agent delivers every token and dies before its finish reaches the caller."""
+    model = server.app[REGISTRY].text_model(TINY)
+    real = model.generate
+
+    async def generate(request: Any) -> Any:
+        async for output in real(request):
+            if output.finish_reason is not None:
+                yield dataclasses.replace(output, finish_reason=None)
+                raise EngineError("the engine died")
+            yield output
+
+    model.generate = generate  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+async def test_a_stream_broken_after_its_last_token_ends_at_max_tokens(
+    two_agents: list[TestServer], tmp_path: Path, chat: bool
+) -> None:
+    """Every token max_tokens allows was delivered and the agent died before its finish:
+    the resumed segment (max_tokens cannot be 0) generates one more, which the caller
+    never sees; the stream ends with "length" and the usage of one completion of
+    max_tokens, as the uninterrupted one does (a SIGKILLed agent in the e2e resume test
+    once left a stream with 81 tokens of 80)."""
+    kept = tmp_path / "agents.json"
+    _kept(kept, two_agents)
+    _fail_before_finish(two_agents[0])
+    fleet = FleetClient(
+        TINY, coordinator_url=_closed_port_url(), cache_path=kept, allow_insecure_agents=True
+    )
+    client = fleet.openai(timeout=30)
+    common: dict[str, Any] = {
+        "model": TINY, "max_tokens": 10, "temperature": 0.9, "seed": 5,
+        "extra_body": {"cache": False, "min_tokens": 10},
+    }  # fmt: skip
+    prompt: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": "Say hi"}]} if chat else {"prompt": "Say hi"}
+    )
+
+    def streamed() -> tuple[list[Any], Any]:
+        create = client.chat.completions.create if chat else client.completions.create
+        stream = create(
+            stream=True, stream_options={"include_usage": True}, **common, **prompt
+        )
+        return list(stream), stream.response.extensions["edgefleet_segments"]
+
+    chunks, segments = await asyncio.to_thread(streamed)
+    direct = openai.AsyncOpenAI(
+        base_url=str(two_agents[1].make_url("/v1")), api_key="x", max_retries=0
+    )
+    if chat:
+        reference: Any = await direct.chat.completions.create(**common, **prompt)
+    else:
+        reference = await direct.completions.create(**common, **prompt)
+    await direct.close()
+    assert [(s.agent_id, s.first_token) for s in segments] == [("edge-0", 0), ("edge-1", 10)]
+    assert segments[0].tokens == 10
+
+    def piece(c: Any) -> str:
+        return (c.choices[0].delta.content or "") if chat else c.choices[0].text
+
+    text = "".join(piece(c) for c in chunks if c.choices)
+    expected = reference.choices[0].message.content if chat else reference.choices[0].text
+    assert text == expected
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and finishes.count("length") == 1
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[-1].usage is not None and reference.usage is not None
+    assert chunks[-1].usage.model_dump() == reference.usage.model_dump()
 
 
 async def test_non_resumable_error_event_reaches_the_caller(

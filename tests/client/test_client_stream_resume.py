@@ -170,9 +170,7 @@ async def test_a_stream_broken_after_its_last_token_ends_at_max_tokens(
 
     def streamed() -> tuple[list[Any], Any]:
         create = client.chat.completions.create if chat else client.completions.create
-        stream = create(
-            stream=True, stream_options={"include_usage": True}, **common, **prompt
-        )
+        stream = create(stream=True, stream_options={"include_usage": True}, **common, **prompt)
         return list(stream), stream.response.extensions["edgefleet_segments"]
 
     chunks, segments = await asyncio.to_thread(streamed)

@@ -404,8 +404,8 @@ def _nice() -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's nice is Linux's")
 async def test_a_load_yields_the_cores_only_while_another_model_serves() -> None:
     """A load runs at the agent's priority while nothing else needs the cores (a swap: its
-    requests wait for it, and a nice 19 loader is starved by anything else on the box),
-    and steps back to nice 19 from the moment a loaded model serves: at its start, or
+    requests wait for it, and a niced loader is starved by anything else on the box),
+    and steps back to nice 10 from the moment a loaded model serves: at its start, or
     when a request for a loaded model arrives during it."""
     r = residency()
     warm = add(r, "warm", 10, loaded=True)

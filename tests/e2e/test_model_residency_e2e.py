@@ -22,6 +22,7 @@ import openai
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
+from agent.engine.residency import LOADER_NICE
 from devtools.fleet import AgentProcess, CoordinatorProcess
 from devtools.process import wait_until
 from tests.e2e.test_qwen_e2e import _keys_file  # the site's keys file, as its operator makes it
@@ -146,7 +147,7 @@ async def test_models_share_one_thread_pool_and_loads_yield_the_cores(
 ) -> None:
     """One ONNX Runtime pool for every session: an agent holding three models has no more
     threads than one holding the tiny one. A load's thread lasts as long as the load (it
-    runs at nice 19 only beside serving models: test_residency), so none is left."""
+    runs at LOADER_NICE only beside serving models: test_residency), so none is left."""
     args = ["--threads", "2", "--set", "cache.enabled=false"]
     async with AgentProcess(
         models_dir=str(real_artifacts), serve=["tiny-llama"], extra_args=args
@@ -165,9 +166,9 @@ async def test_models_share_one_thread_pool_and_loads_yield_the_cores(
             three = _threads(agent.pid)
     assert len(three) <= len(one), (sorted(one), sorted(three))
     # no load's thread left, at whatever priority (Python does not name its threads for
-    # the OS: a nice 19 one would be a loader's)
-    assert list(three.values()).count(19) == 0, three
-    assert list(one.values()).count(19) == 0
+    # the OS: a thread at the loader's nice would be a loader's)
+    assert list(three.values()).count(LOADER_NICE) == 0, three
+    assert list(one.values()).count(LOADER_NICE) == 0
 
 
 def _cli(*args: str, admin_token: str) -> subprocess.CompletedProcess[str]:

@@ -314,8 +314,8 @@ class _Slot:
 # nice 10, not 19: measured with the both-loaded scenario (two cores), Qwen2.5-Coder's cold
 # load beside a busy SmolLM2 took 7-9 s at nice 10 against 6-27 s at nice 19, and
 # SmolLM2's TTFT p99 meanwhile was 0.97-1.38x its own in five runs of the scenario alone
-# (1.82 in the full benchmark's run) against 0.88-2.3x at nice 19 (over 1.5 in one run of
-# six); at nice 0 the load took 1.5 s and SmolLM2's p99 was 2x its own
+# (1.82 in the full benchmark's run) against 0.88-2.3x in eleven runs at nice 19 (over 1.5
+# in two); at nice 0 the load took 1.5 s and SmolLM2's p99 was 2x its own
 LOADER_NICE = 10
 
 

@@ -93,8 +93,12 @@ def load_text_model(
         # loaded by the residency: it trims the heap once the model serves
         session = create_session(directory / manifest.graph.onnx, session_config, trim=not lazy)
         lm = CausalLM(session, spec)
-        if lazy and warm:  # loaded by the residency beside a serving model: on its thread
-            warm_up(lm)
+        if lazy and warm:
+            # loaded by the residency beside a serving model: the first token on the
+            # loader's thread (which yields the cores), not as a step on the step thread
+            # every model shares, ahead of the serving models' steps (Qwen2.5-Coder's
+            # first step: 50-100 ms of a loaded SmolLM2's TTFT)
+            lm.warm_up()
         engine = ContinuousBatcher(
             lm,
             codec,
@@ -130,15 +134,6 @@ def load_text_model(
         reserve_bytes=kv_bytes + batcher_config.prefix_cache_bytes,
         measured_bytes=measured,
     )
-
-
-def warm_up(lm: CausalLM) -> None:
-    """One token through a new session on the thread that built it (the residency's
-    loader, which yields the cores to serving models): its first run pages in and sets up
-    what loading did not, and would otherwise run as a step on the step thread every
-    model shares, ahead of the serving models' steps (Qwen2.5-Coder's first step: 50-100
-    ms of a loaded SmolLM2's TTFT)."""
-    lm.warm_up()
 
 
 def graph_bytes(directory: Path, manifest: ModelManifest) -> int:

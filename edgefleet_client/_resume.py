@@ -172,12 +172,21 @@ class ResumingStream(httpx2.SyncByteStream):
         if not resumed:
             return event
         data["id"] = self._id
-        usage = data.get("usage")
-        if isinstance(usage, dict):  # report usage as one uninterrupted completion
-            moved = self.segments[-1].first_token - self._caller_continued
-            usage["prompt_tokens"] = usage.get("prompt_tokens", 0) - moved
-            usage["completion_tokens"] = usage.get("completion_tokens", 0) + moved
+        self._as_one_completion(data.get("usage"))
         return b"data: " + json.dumps(data, separators=(",", ":")).encode()
+
+    def _as_one_completion(self, usage: object, dropped: int = 0) -> bool:
+        """Rewrite a resumed segment's usage (if ``usage`` is one) as that of one
+        uninterrupted completion: the tokens it took as continuation were completion
+        tokens, and ``dropped`` tokens it generated never reached the caller."""
+        if not isinstance(usage, dict):
+            return False
+        moved = self.segments[-1].first_token - self._caller_continued
+        usage["prompt_tokens"] = usage.get("prompt_tokens", 0) - moved
+        usage["completion_tokens"] = usage.get("completion_tokens", 0) + moved - dropped
+        if dropped and "total_tokens" in usage:
+            usage["total_tokens"] -= dropped
+        return True
 
     def _spent_event(self, data: dict[str, Any]) -> bytes | None:
         """An event of a segment resumed only for its finish (see ``_spent``): its token is
@@ -196,15 +205,7 @@ class ResumingStream(httpx2.SyncByteStream):
                 choice["finish_reason"] = "length"
                 finished = True
         self._spent_dropped += dropped
-        usage = data.get("usage")
-        if isinstance(usage, dict):  # one uninterrupted completion of max_tokens
-            moved = self.segments[-1].first_token - self._caller_continued
-            usage["prompt_tokens"] = usage.get("prompt_tokens", 0) - moved
-            usage["completion_tokens"] = (
-                usage.get("completion_tokens", 0) + moved - self._spent_dropped
-            )
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        elif not finished:
+        if not self._as_one_completion(data.get("usage"), self._spent_dropped) and not finished:
             return None  # the role chunk, the dropped token's chunk
         if finished:
             self._finished = True

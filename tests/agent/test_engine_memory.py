@@ -444,9 +444,11 @@ async def test_a_lazy_model_runs_its_first_token_on_the_loader_only_when_asked(
     """Issue 26: a load beside a serving model runs the session's first token on the
     loader's thread (``build_heavy(warm_up=True)``); a swap leaves it to the engine's
     warm-up step (one run, not two: 20-30 ms of SmolLM2's load)."""
+    from agent.engine.causal_lm import CausalLM
+
     runs: list[str] = []
-    real = model_loader.warm_up
-    monkeypatch.setattr(model_loader, "warm_up", lambda lm: runs.append("loader") or real(lm))
+    real = CausalLM.warm_up
+    monkeypatch.setattr(CausalLM, "warm_up", lambda lm: runs.append("loader") or real(lm))
     registry = _managed_tiny_registry(tiny_artifacts)
     model = registry.text_models[TINY]
     assert isinstance(model, OnnxTextModel)
@@ -457,8 +459,6 @@ async def test_a_lazy_model_runs_its_first_token_on_the_loader_only_when_asked(
         await engine.close()
     # a model started serving during a build without it: its first token after the build,
     # on a loader's thread
-    from agent.engine.causal_lm import CausalLM
-
     ran: list[str] = []
     real_run = CausalLM.run
     monkeypatch.setattr(

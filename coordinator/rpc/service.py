@@ -143,6 +143,12 @@ def refuse(context: Any, code: grpc.StatusCode, details: str) -> None:
     context.set_details(details)
 
 
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a finished task's exception as retrieved (its caller reads or reports it)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _status_for(error: EnrollmentError) -> grpc.StatusCode:
     """Refused identities: UNAUTHENTICATED, unless the caller is known but not allowed."""
     if isinstance(error, SessionTakenError):
@@ -386,14 +392,16 @@ class CoordinatorServicer:
         decision = self._router.route(query, client_ip=request.client_ip)
         return proto_convert.route_response_to_pb(decision)
 
-    async def Session(
-        self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
-    ) -> AsyncIterator[pb.CoordinatorMessage]:
+    async def Session(self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any) -> None:
         # The agent's messages are read with context.read(), never through request_iterator:
         # grpc.aio makes that iterator an async generator, which stays suspended at its
         # yield, holding the last message, when a session ends before the agent's stream
         # does (a refused Hello). Measured: a coordinator process fed 6 floods of 310
         # refused 50-KB Hellos grew 96 -> 227 MiB, and 96 -> 125 MiB reading with read().
+        # Likewise the handler writes with context.write() and is no generator: grpc.aio
+        # sends a generator's messages from its own loop, and a cancellation that lands
+        # while it sends leaves the generator suspended at its yield, its `finally` (which
+        # ends the session in the registry) never run; the agent stayed "connected".
         del request_iterator
         hello = await self._receive_hello(context)
         if hello is None:
@@ -461,19 +469,23 @@ class CoordinatorServicer:
             self._consume(context, live), name=f"session-reader-{session_id}"
         )
         reader.add_done_callback(lambda _: live.outbox.put_nowait(None))
+        reader.add_done_callback(_retrieve)  # read below; retrieved even if that is cut short
         opening.labels(step="total").observe(time.perf_counter() - began)
         try:
-            yield proto_convert.welcome_to_pb(
+            welcome = proto_convert.welcome_to_pb(
                 session_id,
                 self._report_interval_ms,
                 self._model_signing_key,
                 coordinators=self._coordinators_now(),
             )
-            yield proto_convert.desired_state_to_pb(self._registry.desired_state(hello.agent_id))
+            await context.write(welcome)
+            desired = self._registry.desired_state(hello.agent_id)
+            await context.write(proto_convert.desired_state_to_pb(desired))
             if self._registry.get(hello.agent_id).draining:
-                yield proto_convert.command_to_pb(CommandKind.DRAIN, "drained by an operator")
+                drain = proto_convert.command_to_pb(CommandKind.DRAIN, "drained by an operator")
+                await context.write(drain)
             while (message := await live.outbox.get()) is not None:
-                yield message
+                await context.write(message)
             if live.revoked:
                 self._metrics.sessions_rejected.labels(reason="revoked").inc()
                 refuse(context, grpc.StatusCode.PERMISSION_DENIED, live.revoked)
@@ -485,10 +497,10 @@ class CoordinatorServicer:
                 elif failure is not None:
                     raise failure
         finally:
-            reader.cancel()
-            await asyncio.wait([reader])
-            if not reader.cancelled():
-                reader.exception()  # retrieved (handled above, or moot when cancelled)
+            # The session ends here before anything is awaited: grpc.aio cancels this
+            # handler when the agent's stream goes away, and it may do so while it waits
+            # below (the reader saw the end first); the session then stayed "connected".
+            reader.cancel()  # it reads no more: nothing reaches the report queue after this
             self._reports.flush()  # none applied after the session's end
             if self._live.get(hello.agent_id) is live:
                 del self._live[hello.agent_id]
@@ -496,6 +508,7 @@ class CoordinatorServicer:
                     self._keys.on_disconnect(hello.agent_id)
             if self._registry.close_session(hello.agent_id, session_id):
                 logger.info("agent %s disconnected (session %s)", hello.agent_id, session_id)
+            await asyncio.wait([reader])
 
     # ------------------------------------------------------------- lifecycle
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import grpc
 import psycopg
 import pytest
 
-from coordinator.api.app_keys import REGISTRY_KEY
+from coordinator.api.app_keys import GRPC_SERVER_KEY, REGISTRY_KEY
 from coordinator.fleet.records import AgentStatus
 from coordinator.fleet.registry import LiveFleetRegistry
 from coordinator.identity.peer_rate_limit import PeerRateLimiter, peer_ip
@@ -108,6 +109,75 @@ async def test_new_agents_beyond_max_agents_are_refused_known_ones_reconnect(
     await _session(coordinator.stub, hello("edge-0"))  # a known agent comes back
     answer = await coordinator.stub.Route(pb.RouteRequest(model="m"))
     assert {a.agent_id for a in answer.agents} == {"edge-0", "edge-1", "edge-2"}
+
+
+class _StreamThatGoes:
+    """A Session's server context as grpc.aio gives it: the agent sends its Hello, then
+    its stream goes away; grpc.aio then ends the reads and, ``after`` event-loop turns,
+    cancels the handler (where that lands varies with the machine's load)."""
+
+    def __init__(self, first: pb.AgentMessage, after: int) -> None:
+        self._first: pb.AgentMessage | None = first
+        self._after = after
+        self.handler: asyncio.Task[None] | None = None
+
+    async def read(self) -> object:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        self._cancel_handler_later(self._after)
+        return grpc.aio.EOF
+
+    def _cancel_handler_later(self, turns: int) -> None:
+        assert self.handler is not None
+        loop = asyncio.get_running_loop()
+        if turns == 0:
+            loop.call_soon(self.handler.cancel)
+        else:
+            loop.call_soon(self._cancel_handler_later, turns - 1)
+
+    async def write(self, message: object) -> None:
+        del message
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    def set_code(self, code: object) -> None:
+        del code
+
+    def set_details(self, details: str) -> None:
+        del details
+
+
+async def test_a_session_ends_wherever_grpc_cancels_its_handler(
+    make_coordinator: MakeCoordinator,
+) -> None:
+    """grpc.aio cancels a Session handler when its agent's stream goes away, at a moment
+    that depends on the machine's load. Wherever that lands (swept over the event-loop
+    turns after the reads end), the agent is left "disconnected" and its live session
+    gone. One cancelled while it waited for its reader never closed the session: the
+    agent stayed "connected" (seen in CI under load)."""
+    coordinator = await make_coordinator()
+    servicer = coordinator.app[GRPC_SERVER_KEY].servicer
+    registry = coordinator.app[REGISTRY_KEY]
+    for after in range(12):
+        agent_id = f"edge-{after}"
+        context = _StreamThatGoes(hello(agent_id), after)
+        handler = asyncio.create_task(servicer.Session(_no_messages(), context))
+        context.handler = handler
+        await asyncio.wait([handler], timeout=10)
+        assert handler.done(), agent_id
+        assert registry.get(agent_id).status is AgentStatus.DISCONNECTED, agent_id
+        assert registry.connected_count() == 0, agent_id
+        assert not servicer.push(agent_id, pb.CoordinatorMessage()), agent_id  # none kept
+
+
+async def _no_messages() -> AsyncIterator[pb.AgentMessage]:
+    return
+    yield
 
 
 def _hello(agent_id: str) -> Hello:

@@ -56,6 +56,8 @@ def test_containerfile_installs_what_the_scripted_build_installs(
     for label in ("org.opencontainers.image.version", "io.edgefleet.onnxruntime.version",
                   "io.edgefleet.models"):  # fmt: skip
         assert labels_a[label] == labels_b[label], label
-    # each names the git revision that first built its (unchanged) content
+    # each names the git revision that first built it (the Containerfile's image is
+    # rebuilt when its recipe, dependencies, edgefleet's version or models change, not on
+    # every source change: images.build_containerfile)
     for labels in (labels_a, labels_b):
         assert len(labels["org.opencontainers.image.revision"]) == 40

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from agent.engine.residency import (
+    DEFAULT_EXPECTED_LOAD_S,
     LOADER_NICE,
+    MIN_EXPECTED_LOAD_S,
     ModelLoadFailedError,
     ModelState,
     ModelUnavailableError,
@@ -659,4 +661,55 @@ async def test_a_larger_newcomer_builds_after_the_free_of_the_one_unloaded() -> 
     large.free_hold.set()
     await asyncio.wait_for(loading, 5)
     r.release("small")
+    await r.close()
+
+
+async def test_the_expected_load_time_is_that_of_a_load_like_the_one_now_less_what_passed() -> None:
+    """Retry-After and the load reports' cold models give a model's last load time of the
+    same kind: with the cores to itself, or beside a serving model (its loader yields
+    them: seconds where alone took under one), and of a load in progress what is left."""
+    now = [1000.0]
+    r = Residency(
+        ResidencyConfig(budget_bytes=100 * MiB, keep_alive_s=60.0, min_residency_s=0.0),
+        rss=lambda: 0,
+        clock=lambda: now[0],
+    )
+    warm = add(r, "warm", 10, loaded=True)
+    cold = add(r, "cold", 10)
+    assert dict(r.cold())["cold"] == DEFAULT_EXPECTED_LOAD_S  # never loaded
+
+    async def load(seconds: float) -> None:
+        cold.hold.clear()
+        waiting = asyncio.create_task(r.acquire("cold"))
+        while r.state("cold") is not ModelState.LOADING:
+            await asyncio.sleep(0.01)
+        now[0] += seconds
+        cold.hold.set()
+        await waiting
+        r.release("cold")
+        assert await r.unload("cold")
+
+    await load(2.0)  # nothing serves: alone
+    assert dict(r.cold())["cold"] == 2.0
+    warm.running = 1  # now it serves: no load beside it measured yet, the last one's
+    assert dict(r.cold())["cold"] == 2.0
+    await load(8.0)
+    assert dict(r.cold())["cold"] == 8.0
+    warm.running = 0
+    assert dict(r.cold())["cold"] == 2.0
+
+    warm.running = 1  # a load beside it, 3 s in: 5 s left
+    cold.hold.clear()
+    waiting = asyncio.create_task(r.acquire("cold"))
+    while r.state("cold") is not ModelState.LOADING:
+        await asyncio.sleep(0.01)
+    now[0] += 3.0
+    assert dict(r.cold())["cold"] == 5.0
+    with pytest.raises(ModelUnavailableError) as raised:
+        await r.acquire("cold", timeout_s=0.05)
+    assert raised.value.retry_after == 5.0
+    now[0] += 10.0  # past its last load's time: the least, not nothing
+    assert dict(r.cold())["cold"] == MIN_EXPECTED_LOAD_S
+    cold.hold.set()
+    await waiting
     await r.close()

@@ -399,9 +399,10 @@ class CoordinatorServicer:
         # does (a refused Hello). Measured: a coordinator process fed 6 floods of 310
         # refused 50-KB Hellos grew 96 -> 227 MiB, and 96 -> 125 MiB reading with read().
         # Likewise the handler writes with context.write() and is no generator: grpc.aio
-        # sends a generator's messages from its own loop, and a cancellation that lands
-        # while it sends leaves the generator suspended at its yield, its `finally` (which
-        # ends the session in the registry) never run; the agent stayed "connected".
+        # sends a generator's messages from its own loop, and a cancellation landing while
+        # it sends one would leave the generator suspended at its yield, its `finally`
+        # (which ends the session in the registry) run only when the garbage collector
+        # finalizes it.
         del request_iterator
         hello = await self._receive_hello(context)
         if hello is None:

@@ -77,7 +77,7 @@ FIXTURE_MARKERS = {
 BACKEND_PARAMS = ("backend", "make_coordinator")
 
 
-# `make test` runs each file whole on one of two workers (pytest-xdist --dist loadfile),
+# `make test` runs each file whole on one of three workers (pytest-xdist --dist loadfile),
 # handing out the next file when a worker runs dry, in collection order (the Makefile's
 # --no-loadscope-reorder: xdist's own order, most tests first, left the few-test,
 # minutes-long end-to-end files for last, and one worker ran one of them for minutes after

@@ -348,8 +348,7 @@ class _LoaderThread:
         self._name = name
         self._lock = threading.Lock()
         self._tid: int | None = None  # the running load's thread
-        self._yielding = False
-        self.yielded = False  # the last load yielded the cores at some point
+        self._yielding = False  # this load yields the cores (set at its start or during it)
         self._thread: threading.Thread | None = None
 
     async def run(self, build: Callable[[], object], *, yielding: bool) -> object:
@@ -384,17 +383,22 @@ class _LoaderThread:
 
         with self._lock:
             self._yielding = yielding
-            self.yielded = yielding
         self._thread = threading.Thread(target=target, name=self._name, daemon=True)
         self._thread.start()
         return await future
+
+    @property
+    def yielded(self) -> bool:
+        """The last load yielded the cores at some point (from its start or later)."""
+        with self._lock:
+            return self._yielding
 
     def yield_cores(self) -> None:
         """A model started serving: the load in progress (if any) steps back from now."""
         with self._lock:
             if self._yielding:
                 return
-            self._yielding = self.yielded = True
+            self._yielding = True
             tid = self._tid
         if tid is not None:
             _lower_priority(tid)

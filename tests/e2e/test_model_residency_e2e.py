@@ -123,7 +123,10 @@ async def test_two_models_take_turns_where_one_fits(real_artifacts: Path, tmp_pa
                 await asyncio.sleep(0.5)
             await asyncio.sleep(1.0)
             freed = busy_rss - process.memory_info().rss
-            assert freed >= 0.9 * footprint, (freed >> 20, footprint >> 20)
+            # most of it: an unload that kept the session would free next to nothing; the
+            # agent's own allocations meanwhile (requests, logs, Python's heap) are a few MiB
+            # either way (CI saw 110 of 124 MiB freed under load)
+            assert freed >= 0.75 * footprint, (freed >> 20, footprint >> 20)
             kept = 'edgefleet_agent_model_evictions_total{model="smollm2-135m-instruct",'
             assert await _metric(agent, key, kept + 'reason="keep_alive"}') == 1
             # and it comes back on the next request

@@ -320,12 +320,9 @@ class _Slot:
 # load beside a busy SmolLM2 took 7-9 s at nice 10 against 6-27 s at nice 19, and
 # SmolLM2's TTFT p99 meanwhile was 0.97-1.38x its own in five runs of the scenario alone
 # (1.82 in the full benchmark's run) against 0.88-2.3x in eleven runs at nice 19 (over 1.5
-# in two); at nice 0 the load took 1.5 s and SmolLM2's p99 was 2x its own. SCHED_IDLE (with
-# steps pausing to give the load a 10% floor, else it starved: 17-44 s for a 1 s build) cut
-# the stall of a prefill at a build's start in-process (185-246 ms against 106-109; 93 ms
-# alone), but in the scenario, four runs each side by side, SmolLM2's ratio was 1.15-1.92
-# (two over 1.5) with loads of 10.7-12.9 s, against 1.04-1.83 (one over) and 7.4-8.1 s at
-# nice 10: not taken (see docs/operators/memory-budget.md, Cores)
+# in two); at nice 0 the load took 1.5 s and SmolLM2's p99 was 2x its own. SCHED_IDLE with
+# a floor under the load was measured beside nice 10 and not taken: its figures are in
+# docs/operators/memory-budget.md (Cores)
 LOADER_NICE = 10
 # a model's expected load time (Retry-After, the wait a load report gives routers) before
 # its first load, and the least given for a load in progress that runs past its last one's

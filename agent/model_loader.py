@@ -22,6 +22,7 @@ from agent.engine.interface import EmbeddingModel, TextModel
 from agent.engine.memory import heap_in_use, release_mapped_weights
 from agent.engine.ort_session import SessionConfig, create_session
 from agent.engine.residency import Residency, ResidencyConfig
+from agent.engine.step_cores import new_step_executor
 from agent.engine.supervisor import RestartPolicy
 from agent.engine.text_codec import TextCodec
 from agent.engine.text_model import OnnxTextModel
@@ -223,9 +224,7 @@ def load_registry(
     that fit the budget; the rest when a request needs them. Their steps share one thread.
     """
     managed = Residency(residency) if residency is not None else None
-    step_executor = (
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-steps") if managed else None
-    )
+    step_executor = new_step_executor() if managed else None
     available = find_artifacts(models_dir)
     names = list(serve) or sorted(available)
     if not names:

@@ -8,7 +8,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +56,7 @@ from agent.auth.middleware import grant_of, key_gate
 from agent.auth.startup import key_table_for
 from agent.config import AgentConfig
 from agent.engine.residency import Residency
+from agent.engine.step_cores import new_step_executor
 from agent.errors import AgentError
 from agent.metrics import AgentMetrics
 from agent.model_loader import load_registry
@@ -525,7 +525,7 @@ def _registry_ctx(
                 {},
                 {},
                 residency=Residency(config.residency.resolved()),
-                step_executor=ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-steps"),
+                step_executor=new_step_executor(),
             )
         if reg is None:
             engine = config.engine

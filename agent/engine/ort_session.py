@@ -9,6 +9,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from agent.engine import step_cores
 from agent.engine.int8_kernels import graph_for_this_cpu
 from agent.engine.memory import release_mapped_weights, trim_heap
 from agent.errors import ModelLoadError
@@ -59,6 +60,7 @@ def use_shared_thread_pool(intra_op_threads: int, inter_op_threads: int) -> bool
     global _shared_pool
     if _shared_pool:
         return True
+    before = step_cores.thread_ids()
     try:
         from onnxruntime.capi import _pybind_state
 
@@ -68,6 +70,9 @@ def use_shared_thread_pool(intra_op_threads: int, inter_op_threads: int) -> bool
                     "session keeps its own threads", exc)  # fmt: skip
         return False
     _shared_pool = True
+    # the pool's workers start with the environment: kept apart from the step thread
+    # while a model loads beside serving ones (see step_cores)
+    step_cores.note_pool_threads(step_cores.thread_ids() - before)
     return True
 
 

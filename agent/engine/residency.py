@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from agent.engine import step_cores
 from agent.engine.memory import heap_in_use, trim_heap
 from agent.errors import AgentError, InvalidRequestError, ModelNotFoundError
 from edgefleet.contract import Command, CommandKind
@@ -344,6 +345,10 @@ class _LoaderThread:
     beside it at the same priority), and a load nothing else needs the cores for (a swap:
     the requests wait for it) is not held back by whatever else runs on the machine. A
     thread per load, because a thread cannot raise its priority again without privilege.
+    While it yields, the steps' threads are each pinned to a core of their own
+    (step_cores): a nice value orders only the threads that share a core, and Linux
+    otherwise put the step thread and the pool's worker together on one core beside the
+    loader alone on the other.
     """
 
     def __init__(self, name: str = "model-loader") -> None:
@@ -352,6 +357,7 @@ class _LoaderThread:
         self._tid: int | None = None  # the running load's thread
         self._yielding = False  # this load yields the cores (set at its start or during it)
         self._thread: threading.Thread | None = None
+        self._separated = False  # this load asked step_cores to pin the steps' threads
 
     async def run(self, build: Callable[[], object], *, yielding: bool) -> object:
         loop = asyncio.get_running_loop()
@@ -368,9 +374,9 @@ class _LoaderThread:
         def target() -> None:
             with self._lock:
                 self._tid = threading.get_native_id()
-                lower = self._yielding
-            if lower:
-                _lower_priority(self._tid)
+                if self._yielding:
+                    _lower_priority(self._tid)
+                    self._separate()
             result: object = None
             error: BaseException | None = None
             try:
@@ -380,6 +386,9 @@ class _LoaderThread:
             finally:
                 with self._lock:
                     self._tid = None
+                    if self._separated:
+                        self._separated = False
+                        step_cores.restore()
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(settle, result, error)
 
@@ -401,9 +410,16 @@ class _LoaderThread:
             if self._yielding:
                 return
             self._yielding = True
-            tid = self._tid
-        if tid is not None:
-            _lower_priority(tid)
+            if self._tid is not None:
+                _lower_priority(self._tid)
+                self._separate()
+
+    def _separate(self) -> None:
+        """(Under the lock) the steps' threads on cores of their own while this load
+        yields; see step_cores: a nice value orders only the threads sharing a core."""
+        if not self._separated:
+            self._separated = True
+            step_cores.separate()
 
     def join(self) -> None:
         thread = self._thread

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agent.engine import step_cores
 from agent.engine.residency import (
     DEFAULT_EXPECTED_LOAD_S,
     LOADER_NICE,
@@ -445,6 +446,67 @@ async def test_a_load_yields_the_cores_only_while_another_model_serves() -> None
     # engine's warm-up step is its first run (see the e2e test)
     assert cold.warmed_on_loader == [False, True] and cold.warmed_after_build == 1
     await r.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread affinity is Linux's")
+async def test_a_load_beside_serving_models_keeps_the_steps_threads_on_cores_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a load yields the cores, the step thread and each of ONNX Runtime's pool
+    workers run on a core of their own (a nice value orders only the threads that share a
+    core: Linux put the two on one core and left the loader alone on the other), the
+    loader's thread stays free, and every thread gets its affinity back when the load
+    ends. A load nothing serves beside (a swap) pins nothing."""
+    monkeypatch.setattr(step_cores, "_step_threads", set())
+    monkeypatch.setattr(step_cores, "_pool_threads", ())
+    cores = sorted(os.sched_getaffinity(0))
+    steps = step_cores.new_step_executor()
+    step_tid = steps.submit(threading.get_native_id).result()
+    worker_tid: list[int] = []
+    stop = threading.Event()
+
+    def worker() -> None:  # stands in for the pool's worker (the real one: e2e test)
+        worker_tid.append(threading.get_native_id())
+        stop.wait(30)
+
+    pool = threading.Thread(target=worker, daemon=True)
+    pool.start()
+    while not worker_tid:
+        await asyncio.sleep(0.01)
+    step_cores.note_pool_threads({worker_tid[0]})
+    r = residency()
+    warm = add(r, "warm", 10, loaded=True)
+    cold = add(r, "cold", 10)
+    seen: list[tuple[set[int], set[int], set[int]]] = []
+    real_build = cold.build_heavy
+
+    def build(*, warm_up: bool = True) -> object:
+        seen.append(
+            (os.sched_getaffinity(step_tid), os.sched_getaffinity(worker_tid[0]),
+             os.sched_getaffinity(0))
+        )  # fmt: skip
+        return real_build(warm_up=warm_up)
+
+    cold.build_heavy = build  # type: ignore[method-assign]
+    try:
+        await r.acquire("cold")  # nothing serving: a swap's load
+        r.release("cold")
+        await r.unload("cold")
+        warm.running = 1  # serving when the next load starts
+        await r.acquire("cold")
+        r.release("cold")
+        after = (os.sched_getaffinity(step_tid), os.sched_getaffinity(worker_tid[0]))
+    finally:
+        stop.set()
+        steps.shutdown()
+        await r.close()
+    everywhere = set(cores)
+    assert seen[0] == (everywhere, everywhere, everywhere)
+    if len(cores) >= 2:
+        assert seen[1] == ({cores[0]}, {cores[1]}, everywhere)
+    else:  # one core: nothing to keep apart
+        assert seen[1] == (everywhere, everywhere, everywhere)
+    assert after == (everywhere, everywhere) and step_cores.pinned() == {}
 
 
 async def test_the_heap_is_trimmed_before_a_models_first_load_is_measured() -> None:

@@ -182,6 +182,74 @@ def _cli(*args: str, admin_token: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _affinities(pid: int) -> dict[str, str]:
+    """The process's threads (native ids) and the cores each may run on (a list: "0-1")."""
+    found: dict[str, str] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    found[task.name] = line.split(":", 1)[1].strip()
+    return found
+
+
+async def test_a_load_beside_a_serving_model_keeps_the_steps_threads_apart(
+    real_artifacts: Path, tmp_path: Path
+) -> None:
+    """Qwen2.5-Coder loads while SmolLM2 serves: meanwhile the step thread and ONNX Runtime's
+    pool worker (found by the agent itself when it made the pool) are each pinned to a core
+    of their own, the rest of the agent's threads (the loader's among them) are not, and
+    when the load is done every thread may run anywhere again (step_cores)."""
+    keys_file, key = _keys_file(tmp_path)
+    state = tmp_path / "state"
+    args = ["--threads", "2", "--set", f"auth.keys_file={keys_file}",
+            "--set", "residency.min_residency_s=0", "--set", "cache.enabled=false"]  # fmt: skip
+    async with AgentProcess(
+        models_dir=str(real_artifacts), serve=[SMOL, QWEN], state_dir=state, extra_args=args
+    ) as agent:
+        everywhere = _affinities(agent.pid)[str(agent.pid)]
+        env = {**os.environ, "EDGEFLEET_AGENT_COORDINATOR__STATE_DIR": str(state)}
+        port = agent.url.rsplit(":", 1)[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "agent", "models", "--port", port, "unload", QWEN],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        samples: list[dict[str, str]] = []
+
+        async def sample() -> None:
+            while True:
+                samples.append(_affinities(agent.pid))
+                await asyncio.sleep(0.02)
+
+        async with openai.AsyncOpenAI(
+            base_url=agent.url + "/v1", api_key=key, max_retries=0
+        ) as client:
+            loaded = asyncio.Event()
+
+            async def serve_smol() -> None:  # SmolLM2 serves before and during the load
+                while not loaded.is_set():
+                    await _ask(client, SMOL, "Count from one to twenty.")
+
+            serving = asyncio.create_task(serve_smol())
+            await asyncio.sleep(0.3)
+            sampler = asyncio.create_task(sample())
+            try:
+                answer = await _ask(client, QWEN, "Name the capital of France.")
+            finally:
+                loaded.set()
+                sampler.cancel()
+            await serving
+        assert "Paris" in answer
+        after = _affinities(agent.pid)
+    cores = sorted(os.sched_getaffinity(0))  # the agent's: it inherits this process's
+    pinned = [sorted(v for v in s.values() if v != everywhere) for s in samples]
+    if len(cores) >= 2:
+        assert [str(cores[0]), str(cores[1])] in pinned, pinned
+    assert all(not p or p == [str(cores[0]), str(cores[1])] for p in pinned), pinned
+    assert set(after.values()) == {everywhere}, after
+
+
 async def test_an_operator_unloads_and_loads_a_model_through_the_coordinator(
     real_artifacts: Path,
 ) -> None:

@@ -95,6 +95,12 @@ def pinyin_only(word: str) -> bool:
     )
 
 
+def warm_up() -> None:
+    """Builds the pinyin syllables' pattern (once per process): left to the first
+    name-shaped word, it cost that request about 10 ms."""
+    _pinyin_re()
+
+
 @lru_cache(maxsize=65536)
 def name_shaped(word: str) -> bool:
     """Any of the shapes above, for a capitalised word of at least two letters (tone marks

@@ -38,6 +38,7 @@ from agent.redaction.name_shapes import (
     pinyin_shaped,
     romaji_shaped,
 )
+from agent.redaction.name_shapes import warm_up as name_shapes_warm_up
 from agent.redaction.prefilter import finditer_from, first_words, marks, word_starts
 from agent.redaction.prefilter import words as word_set
 from agent.redaction.script_names import find_script_persons
@@ -1261,8 +1262,10 @@ def _compound_number_first(text: str) -> Iterator[tuple[int, int]]:
 
 
 def warm_up() -> None:
-    """Loads the gazetteer and compiles the street patterns (once per process)."""
+    """Loads the gazetteer and compiles the street and name-shape patterns (once per
+    process)."""
     gazetteer()
+    name_shapes_warm_up()
     _east_asian_family()
     _script_warm_up()
     _address_patterns()

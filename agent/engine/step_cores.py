@@ -30,7 +30,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_step_threads: set[int] = set()  # the step executors' threads (native ids)
+_step_threads: dict[int, threading.Thread] = {}  # the step executors' threads, by native id
 _pool_threads: tuple[int, ...] = ()  # ONNX Runtime's shared pool's workers
 _depth = 0  # loads (normally one at a time) that asked for the split
 _saved: dict[int, set[int]] = {}  # each pinned thread's affinity before
@@ -54,7 +54,7 @@ def note_pool_threads(tids: set[int]) -> None:
 def note_step_thread() -> None:
     """A step executor's initializer: the calling thread runs the engines' steps."""
     with _lock:
-        _step_threads.add(threading.get_native_id())
+        _step_threads[threading.get_native_id()] = threading.current_thread()
 
 
 def new_step_executor() -> ThreadPoolExecutor:
@@ -76,6 +76,8 @@ def separate() -> None:
         return
     with _lock:
         _depth += 1
+        for tid in [t for t, thread in _step_threads.items() if not thread.is_alive()]:
+            del _step_threads[tid]  # its executor shut down (its id may be reused)
         if _depth > 1 or not _step_threads:
             return
         try:
@@ -93,8 +95,8 @@ def separate() -> None:
             try:
                 before = os.sched_getaffinity(tid)
                 os.sched_setaffinity(tid, {core})
-            except OSError:  # gone (an executor shut down) or not ours to move
-                _step_threads.discard(tid)
+            except OSError:  # gone meanwhile, or not ours to move
+                _step_threads.pop(tid, None)
                 continue
             _saved[tid] = before
         log.debug("while a model loads, steps run on core %d and the pool's workers on %s",

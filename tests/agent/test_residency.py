@@ -457,7 +457,7 @@ async def test_a_load_beside_serving_models_keeps_the_steps_threads_on_cores_of_
     core: Linux put the two on one core and left the loader alone on the other), the
     loader's thread stays free, and every thread gets its affinity back when the load
     ends. A load nothing serves beside (a swap) pins nothing."""
-    monkeypatch.setattr(step_cores, "_step_threads", set())
+    monkeypatch.setattr(step_cores, "_step_threads", {})
     monkeypatch.setattr(step_cores, "_pool_threads", ())
     cores = sorted(os.sched_getaffinity(0))
     steps = step_cores.new_step_executor()

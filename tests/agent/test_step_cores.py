@@ -18,10 +18,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+RUNNING: dict[int, threading.Thread] = {}
+
+
+def _as_step_thread(tid: int) -> None:
+    step_cores._step_threads[tid] = RUNNING[tid]
+
+
 @pytest.fixture
 def threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Three parked threads (native ids), none registered yet."""
-    monkeypatch.setattr(step_cores, "_step_threads", set())
+    monkeypatch.setattr(step_cores, "_step_threads", {})
     monkeypatch.setattr(step_cores, "_pool_threads", ())
     monkeypatch.setattr(step_cores, "_saved", {})
     monkeypatch.setattr(step_cores, "_depth", 0)
@@ -32,6 +39,7 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     def park() -> None:
         with lock:
             tids.append(threading.get_native_id())
+            RUNNING[tids[-1]] = threading.current_thread()
         stop.wait(30)
 
     started = [threading.Thread(target=park, daemon=True) for _ in range(3)]
@@ -45,7 +53,7 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 def test_nothing_is_pinned_without_a_pool_worker(threads: list[int]) -> None:
-    step_cores._step_threads.add(threads[0])
+    _as_step_thread(threads[0])
     step_cores.separate()
     assert step_cores.pinned() == {}
     assert os.sched_getaffinity(threads[0]) == os.sched_getaffinity(0)
@@ -54,7 +62,7 @@ def test_nothing_is_pinned_without_a_pool_worker(threads: list[int]) -> None:
 def test_nothing_is_pinned_without_a_core_for_each_thread(
     threads: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    step_cores._step_threads.add(threads[0])
+    _as_step_thread(threads[0])
     step_cores.note_pool_threads({threads[1], threads[2]})
     monkeypatch.setattr(step_cores, "_cores", lambda: [0, 1])  # three threads, two cores
     step_cores.separate()
@@ -63,7 +71,7 @@ def test_nothing_is_pinned_without_a_core_for_each_thread(
 
 def test_the_split_lasts_until_the_last_load_that_asked_for_it_ends(threads: list[int]) -> None:
     cores = sorted(os.sched_getaffinity(0))
-    step_cores._step_threads.add(threads[0])
+    _as_step_thread(threads[0])
     step_cores.note_pool_threads({threads[1]})
     step_cores.separate()
     step_cores.separate()  # a second load (the warm-up's loader) while the first runs
@@ -81,14 +89,18 @@ def test_the_split_lasts_until_the_last_load_that_asked_for_it_ends(threads: lis
 
 
 def test_a_step_thread_that_is_gone_is_forgotten(threads: list[int]) -> None:
+    """An executor that shut down leaves a dead thread whose id may be reused: it is
+    dropped, and the thread that got its id now is not pinned."""
     gone = threading.Thread(target=lambda: None)
     gone.start()
-    gone_tid = gone.native_id
     gone.join()
-    assert gone_tid is not None
-    step_cores._step_threads.update({threads[0], gone_tid})
+    _as_step_thread(threads[0])
+    step_cores._step_threads[threads[2]] = gone  # its id, now another (live) thread's
     step_cores.note_pool_threads({threads[1]})
     step_cores.separate()
-    step_cores.restore()
-    if len(os.sched_getaffinity(0)) >= 2:
-        assert gone_tid not in step_cores._step_threads
+    try:
+        assert threads[2] not in step_cores._step_threads
+        assert threads[2] not in step_cores.pinned()
+        assert os.sched_getaffinity(threads[2]) == os.sched_getaffinity(0)
+    finally:
+        step_cores.restore()

@@ -15,7 +15,8 @@ their own (the step threads to the first core the process may use, the workers t
 next ones) and the loader is left free: wherever it runs it shares a core with one of
 them, and its nice value then gives that core to the step (the same prefill took 83-135
 ms in the same runs). When the load ends every thread gets its own affinity back. Nothing
-is pinned where the process has fewer cores than the step needs threads, or off Linux.
+is pinned where a step has one thread (no pool worker), where the process has fewer cores
+than a step has threads, or off Linux.
 """
 
 from __future__ import annotations

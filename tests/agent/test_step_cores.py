@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -46,7 +47,7 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     for t in started:
         t.start()
     while len(tids) < 3:
-        threading.Event().wait(0.01)
+        time.sleep(0.01)
     yield tids
     stop.set()
     step_cores.restore()

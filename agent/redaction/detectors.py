@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -122,25 +123,38 @@ _VERSION_AFTER = re.compile(r"(?i:\s(?:firmware|release|version|build|update|pat
 _VERSION_BEFORE = re.compile(
     r"(?i:(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|\bfirmware|\bfw|\brev(?:ision)?|==|>=|<=|~=)\s?)$"
 )
+# Letters of the scripts written without spaces (Han, kana) and Hangul, whose particles join
+# the word before them: a number may touch them ("電話03-1234-5678です", "010-1234-5678로").
+_JOINING_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7a3"
+# A letter or digit that a number cannot touch: a word character of another script.
+_TOUCHING = rf"[^\W{_JOINING_LETTERS}]"
+# Separators between a number's groups: also the fullwidth hyphen and ASCII look-alikes
+# that CJK input methods type (fullwidth digits and U+FF0D between them; 03ー1234ー5678).
+_SEP = "[ .\\-/\u2010\u2011\uff0d\u30fc]"
+_DASH = "[ .\\-\u2010\u2011\uff0d\u30fc]"
+_OPEN, _CLOSE = "[(\uff08]", "[)\uff09]"
 # An international number: +CC then groups; or a national one with separators/parentheses.
 _PHONE = re.compile(
-    r"(?<![\w+])(?:"
-    r"(?:\+|00)\d{1,3}(?:[ .\-/]?\(0\))?(?:[ .\-/]?\(?\d{1,5}\)?){1,6}"  # international
-    r"|\(\d{2,5}\)[ .\-/]?\d{2,5}(?:[ .\-]?\d{2,5}){0,3}"  # (030) 1234 5678
-    r"|(?:\d{2,5}|0\d{5})(?:[ .\-/]\d{2,8}){1,4}"  # 555-123-4567, 06 12 34 56 78, 098765 43210
+    rf"(?<!{_TOUCHING})(?<![+\uff0b])(?:"  # +CC, (area), groups
+    rf"(?:[+\uff0b]|00)\d{{1,3}}(?:{_SEP}?\(0\))?(?:{_SEP}?{_OPEN}?\d{{1,5}}{_CLOSE}?){{1,6}}"
+    rf"|{_OPEN}\d{{2,5}}{_CLOSE}{_SEP}?\d{{2,5}}(?:{_DASH}?\d{{2,5}}){{0,3}}"  # (030) 1234 5678
+    rf"|(?:\d{{2,5}}|0\d{{5}})(?:{_SEP}\d{{2,8}}){{1,4}}"  # 555-123-4567, 06 12 34 56 78
     r"|\d{9,12}"  # 07700900123, 3420837783, 036245207
     r")(?:\s?(?:x|ext\.?|extension)\s?\d{1,6})?"  # an extension: 555-0100 x1234
-    r"(?![\w-]|[.,]\d)"
+    rf"(?!{_TOUCHING}|[-\uff0d]|[.,]\d)"
 )
+_ASCII_DASHES = str.maketrans({"\u2010": "-", "\u2011": "-", "\u30fc": "-"})
 _PHONE_CONTEXT = re.compile(
     r"(?i:\b(?:phone|tel|telephone|mobile|cell|call|ring|text|whatsapp|fax|number|no\.|nr|"
     r"telefon|handy|téléphone|portable|tél|teléfono|móvil|telefono|cellulare|bel|mob|"
     r"reach|contact|telp|ponsel|hp|sđt|điện thoại|тел|телефон|звоните|моб)\b"
     # words of scripts without spaces, or written before a compound (전화번호)
-    r"|电话|電話|手机|手機|携帯|연락처|전화|핸드폰|휴대폰|هاتف|جوال|फ़ोन|फोन|मोबाइल)"
+    r"|电话|電話|手机|手機|携帯|拨打|撥打|致电|致電|连络|聯絡|联系|聯繫|お電話|℡|☎"
+    r"|연락처|전화|핸드폰|휴대폰|هاتف|جوال|फ़ोन|फोन|मोबाइल)"
 )
 _EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
 _NORTH_AMERICAN = re.compile(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}")
+_CHINA_MOBILE = re.compile(r"1[3-9]\d[ \-]\d{4}[ \-]\d{4}")  # 138-0013-8000, 139 1234 5678
 _TEN_DIGITS = re.compile(r"[2-9]\d{9}")
 _SSN_SHAPE = re.compile(r"\d{3}-\d{2}-\d{4}")
 _DATE_LIKE = re.compile(
@@ -344,6 +358,8 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
     for m in _PHONE.finditer(text):
         raw = m.group()
         start, end = m.start(), m.end()
+        if not raw.isascii():  # fullwidth digits and signs, CJK dashes: judged as ASCII
+            raw = unicodedata.normalize("NFKC", raw).translate(_ASCII_DASHES)
         # a closing parenthesis that the pattern took without its opening one
         if raw.endswith(")") and raw.count("(") < raw.count(")"):
             raw = raw[:-1]
@@ -378,6 +394,7 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
                 or raw[0] == "("
                 or _NORTH_AMERICAN.fullmatch(core)
                 or _TEN_DIGITS.fullmatch(raw)
+                or _CHINA_MOBILE.fullmatch(core)
             ):
                 if context is None:
                     context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))

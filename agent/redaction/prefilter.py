@@ -205,6 +205,8 @@ def first_words(keywords: Iterable[str]) -> frozenset[str]:
 # matched by _SPACE, RE2's \s is ASCII), so a text without the mark cannot match them. One
 # RE2 set tells which of them a text holds, in one pass over it.
 _D = r"\p{Nd}"
+# hyphens and parentheses typed in CJK text (U+2010, U+2011, fullwidth, the long-vowel mark)
+_CJK_DASHES = r"\x{2010}\x{2011}\x{ff0d}\x{30fc}\x{ff08}\x{ff09}"
 _SPACE = r"[\t-\r\x{1c}-\x{20}\x{85}\p{Z}]"
 _HAN_KANA = (
     r"\x{3005}\x{3400}-\x{4dbf}\x{4e00}-\x{9fff}\x{f900}-\x{faff}"
@@ -244,8 +246,9 @@ def mark_patterns() -> dict[str, str]:
         "ssn": rf"{_D}{{3}}[- ]{_D}{{2}}[- ]{_D}{{4}}",
         "ipv4": rf"{_D}\.{_D}{{1,3}}\.{_D}{{1,3}}\.{_D}",
         "iban": rf"[A-Za-z]{{2}}{_D}{{2}}(?: ?[A-Za-z0-9]){{11}}",
-        # find_phones: 7 to 15 digits, at most three of space . - / ( ) between two of them
-        "phone": rf"{_D}(?:[ .\-/()]{{0,3}}{_D}){{6}}",
+        # find_phones: 7 to 15 digits, at most three of space . - / ( ) (or their fullwidth and
+        # CJK forms) between two of them
+        "phone": rf"{_D}(?:[ .\-/(){_CJK_DASHES}]{{0,3}}{_D}){{6}}",
         # find_secrets: the known key shapes' prefixes, the words of assigned secrets
         # (looked for in the case-folded text there), long tokens
         "shape": _literals(mark_words.SHAPE_MARKERS),

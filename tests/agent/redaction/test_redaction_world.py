@@ -334,6 +334,17 @@ def test_world_text_restores_exactly_when_streamed_in_any_chunks() -> None:
         ("전화번호: 01012345678", "01012345678", "PHONE"),
         ("Call me on 090-1234-5678 tomorrow.", "090-1234-5678", "PHONE"),
         ("Tel. +7 (495) 123-45-67", "+7 (495) 123-45-67", "PHONE"),
+        # numbers touching Han, kana and Hangul (no spaces there; Korean particles join)
+        ("010-1234-5678로 연락주세요", "010-1234-5678", "PHONE"),
+        ("携帯090-1234-5678までご連絡ください。", "090-1234-5678", "PHONE"),
+        ("手机13800138000联系我", "13800138000", "PHONE"),
+        ("请拨打138-0013-8000。", "138-0013-8000", "PHONE"),  # whole, not 0013-8000
+        ("客户 139 1234 5678 已确认", "139 1234 5678", "PHONE"),  # a mobile's 3-4-4 groups
+        # fullwidth digits, hyphens, parentheses and plus; the long-vowel mark as a dash
+        ("お電話は０３－１２３４－５６７８まで", "０３－１２３４－５６７８", "PHONE"),
+        ("电话（0755）8888-6666", "（0755）8888-6666", "PHONE"),
+        ("お電話は03ー1234ー5678まで", "03ー1234ー5678", "PHONE"),
+        ("＋81 90-1234-5678", "＋81 90-1234-5678", "PHONE"),
         (
             "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",
             "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",
@@ -367,6 +378,11 @@ def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> N
         "Order 0123456 shipped.",
         "The SKU list and key-value store docs are here.",
         "订单号 13800138000 已发货",  # an order number, no phone word
+        "订单号13800138000已发货",  # the same, touching the Han letters
+        "注文番号は2024-05-06です",  # a date touching kana
+        "合計12,345,678円",  # an amount
+        "order12345678 ok",  # digits touching Latin letters are no phone
+        "abc-123-4567-890",
     ],
 )
 def test_look_alike_phones_and_secrets_are_left_alone(text: str) -> None:

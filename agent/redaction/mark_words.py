@@ -11,10 +11,13 @@ SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_"
                  "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
 ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
 
-# names.py's compound street endings (German and Dutch), as one alternation and as words
+# names.py's compound street endings (German, Dutch, Scandinavian, Finnish), as one
+# alternation and as words
 COMPOUND_ENDINGS = (
     "straße|strasse|str\\.|weg|gasse|allee|platz|ring|damm|ufer|chaussee|steig|pfad|markt|"
-    "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park|boulevard"
+    "straat|laan|singel|gracht|plein|dreef|kade|hof|pad|steeg|dijk|baan|park|boulevard|"
+    "gatan|gata|gate|gade|vägen|väg|vegen|veien|vej|torget|torg|torv|plads|stræde|gränd|"
+    "katu|tie|kuja|tori"
 )
 ENDING_WORDS = [e.replace("\\", "") for e in COMPOUND_ENDINGS.split("|")]
 

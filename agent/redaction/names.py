@@ -1333,7 +1333,8 @@ _NUMBER_WORD = (  # the word before a house number: No. 5, д. 7, nr 3, Kav. 52,
 )
 _TYPE_AFTER = [
     *"ulitsa prospekt pereulok naberezhnaya shosse bulvar ploshchad sokak sokağı caddesi cadde "  # noqa: SIM905
-    "bulvarı utca út tér katu gatan vägen veien vej gade marg nagar salai soi".split(),
+    "bulvarı utca út tér katu gatan gata vägen veien vei vej gade marg nagar salai soi "
+    "náměstí namesti třída trida nábřeží ulice".split(),
     *"улица ул. проспект пр. просп. переулок пер. набережная наб. шоссе бульвар площадь "  # noqa: SIM905
     "вулиця вул.".split(),
 ]
@@ -1390,11 +1391,13 @@ def _compound_streets(text: str) -> Iterator[tuple[int, int]]:
         start = m.start()
         while start > last_end and (text[start - 1].isalpha() or text[start - 1] in "-'\u2019"):
             start -= 1
-        if start == m.start() and text[start].islower():
-            continue  # the ending alone ("weg 3"): not a street name
+        if start == m.start():
+            continue  # the ending alone ("weg 3", "Gate 5"): not a street name
         word = text[start : m.end()]
         if not word[0].isupper() or word in _NOT_A_STREET or word.strip("-") != word:
             continue
+        if fold(word).lower() in lexicon().dictionary:
+            continue  # an English word that ends like a street (Necktie 5, Tollgate 2)
         tail = _COMPOUND_TAIL.match(text, m.end())
         if tail is None:
             continue
@@ -1482,6 +1485,41 @@ def _address_gates() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     return first_words(suffixes), first_words(prefixes), first_words(_TYPE_AFTER)
 
 
+# A street named without a street word, its number, then a postcode and city or a known
+# city: Ilica 242, 10000 Zagreb; Knez Mihailova 12, 11000 Beograd; Václavské náměstí 12,
+# 110 00 Praha 1; Ermou 25, 105 63 Athens; Na Příkopě 22, Praha (the postcode forms of
+# central, northern and south-eastern Europe: 5 digits, 3 + 2, 4, 2-3, 4-3).
+_NAMED_NUMBERED = re.compile(
+    rf"(?<![\w.])(?P<street>[{_UPPER}][\w'\u2019.-]*(?:\s[\w'\u2019.-]+){{0,3}}?)"
+    r"\s(?P<number>\d{1,5}[a-zA-Z]?(?:/\d{1,5}[a-zA-Z]?)?(?:\s[A-Z](?:\s\d{1,3})?)?), "
+    r"(?:(?P<postcode>\d{5}|\d{3}\s\d{2}|\d{4}|\d{2}-\d{3}|\d{4}-\d{3})\s)?"
+    rf"(?P<city>[{_UPPER}][\w'\u2019-]*(?:\s(?:[{_UPPER}][\w'\u2019-]*|\d{{1,2}}(?!\d)|[A-Z]\b))?)"
+)
+
+
+def _named_numbered(text: str) -> Iterator[tuple[int, int]]:
+    """The form above. Its street words are no English words (Chapter 12, Paris and Room 4,
+    Berlin are no streets), and the city is a known place when no postcode comes first."""
+    lex = lexicon()
+    for m in _NAMED_NUMBERED.finditer(text):
+        street = m.group("street").split()
+        # the street starts after any English word in it (Deliver to Ilica 242, ...)
+        for k in range(len(street) - 1, -1, -1):
+            low = fold(street[k]).lower().strip(".")
+            if low in lex.dictionary or low in lex.frequent or low in _NOT_BEFORE_A_NAME:
+                street = street[k + 1 :]
+                break
+        if not street or not street[0][:1].isupper():
+            continue
+        city = m.group("city")
+        if m.group("postcode") is None and not _known(city.split()[0], lex.places):
+            continue
+        start = m.start("number") - len(" ".join(street)) - 1
+        if text[start : m.start("number") - 1] != " ".join(street):
+            continue  # the street's words were not single-spaced: let it be
+        yield start, m.end("city")
+
+
 def _other_forms(found: frozenset[str]) -> Iterator[re.Pattern[str]]:
     """The patterns of other address formats whose marks the text holds (prefilter.marks:
     a comma then a ward or district word, a dashed number, a Korean road word, a
@@ -1532,6 +1570,8 @@ def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[S
         spans.extend(_compound_number_first(text))
     if not _UNIT_FIRST_GATE.isdisjoint(present):
         spans.extend(_unit_first(text))
+    if ", " in text:
+        spans.extend(_named_numbered(text))
     for start, end in spans:
         s = text[start:end]
         yield Span(start, end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)

@@ -174,6 +174,18 @@ ADDRESSES = [
     ("Office: Villa 12, Street 45, Al Barsha 2, Dubai", "Villa 12, Street 45, Al Barsha 2, Dubai"),
     ("Unit 5B, 32nd Street, Bonifacio Global City", "Unit 5B, 32nd Street, Bonifacio Global City"),
     ("His office is in Sukhumvit Soi 11.", "Sukhumvit Soi 11"),
+    # a street with no street word, its number, then a postcode and city, or a known city
+    ("Ilica 242, 10000 Zagreb", "Ilica 242, 10000 Zagreb"),
+    ("Adresa: Knez Mihailova 12, 11000 Beograd", "Knez Mihailova 12, 11000 Beograd"),
+    ("Adresa: Vinohradská 1511/230, 100 00 Praha 10", "Vinohradská 1511/230, 100 00 Praha 10"),
+    ("Ermou 25, 105 63 Athens", "Ermou 25, 105 63 Athens"),
+    ("Send it to Ilica 242, Zagreb please.", "Ilica 242, Zagreb"),
+    # Scandinavian and Finnish compound streets, and their street word written apart
+    ("Kungsgatan 12, 111 35 Stockholm", "Kungsgatan 12, 111 35 Stockholm"),
+    ("Ship to Storgata 5 tomorrow.", "Storgata 5"),
+    ("Vesterbrogade 10, 1620 København V", "Vesterbrogade 10, 1620 København V"),
+    ("Aleksanterinkatu 52 B, Helsinki", "Aleksanterinkatu 52 B, Helsinki"),
+    ("Václavské náměstí 12", "Václavské náměstí 12"),
 ]
 
 
@@ -192,6 +204,13 @@ def test_addresses_of_every_region_are_found(text: str, address: str) -> None:
         "We need 3 Ringe for the game.",
         "Block 3, Conference Hall B is booked.",
         "I have 3 Kids, Mostly Teenagers.",
+        # an English word, a number, a city: no street
+        "See Chapter 12, Paris edition.",
+        "Room 4, Berlin office is free.",
+        "Order 12, 10115 Berlin was late.",
+        "Windows 10, 2021 Edition",
+        "Boarding at Gate 5 now.",  # a street ending alone is no street
+        "We won 3, Madrid lost.",
     ],
 )
 def test_look_alike_addresses_are_left_alone(text: str) -> None:

@@ -1520,6 +1520,75 @@ def _named_numbered(text: str) -> Iterator[tuple[int, int]]:
         yield start, m.end("city")
 
 
+# The end of an address written as comma-separated parts (South Asia, the Gulf, much of
+# Africa): a city and a five- or six-digit postcode (Bengaluru 560001, Islamabad 44000).
+_CITY_PIN = re.compile(
+    rf"[{_UPPER}][\w'\u2019.-]*(?:\s[{_UPPER}][\w'\u2019.-]*){{0,2}},?\s"
+    r"(?:\d{5,6}|\d{3}\s\d{3})(?!\d)"
+)
+_PART_WORDS = frozenset(
+    "no no. h.no. h.no flat plot house shop unit door building bldg. floor block phase "  # noqa: SIM905
+    "sector road street lane cross main stage layout nagar colony extension marg".split()
+)
+_PART_WORD = re.compile(
+    r"(?:#?\d{1,5}(?:st|nd|rd|th)?[A-Za-z]?(?:[/-](?:\d{1,5}[A-Za-z]?|[A-Za-z]))*"  # 8-2-293, 12/A
+    r"|[A-Z]{2,3}"  # MG Road, HSR Layout
+    r"|[A-Z]{1,2}-\d{1,5}(?:/\d{1,3})?"  # B-42, F-8/3
+    r"|[IVX]{1,4})"  # Lajpat Nagar II
+)
+
+
+def _address_part_word(word: str, lex: Lexicon, street_words: frozenset[str]) -> bool:
+    """A word that can be part of a comma-separated address: a number, a unit or street word,
+    or a capitalised word that is no English word (a locality: Indiranagar, Banjara)."""
+    low = word.lower()
+    if low in _PART_WORDS or low in street_words or _PART_WORD.fullmatch(word):
+        return True
+    return (
+        word[:1].isupper()
+        and word[1:].replace("-", "").replace("'", "").isalpha()
+        and fold(low) not in lex.dictionary
+        and fold(low) not in lex.frequent
+    )
+
+
+def _comma_chain(text: str) -> Iterator[tuple[int, int]]:
+    """An address of comma-separated parts ending in a city and a six-digit postcode
+    (B-42, Lajpat Nagar II, New Delhi 110024; H.No. 8-2-293, Road No. 10, Banjara Hills,
+    Hyderabad 500034): the parts before the city are taken back while every word of a part
+    can be an address's (a number, a unit or street word, a locality), at most five parts;
+    the first part may begin after a lower-case word or a label (Deliver to B-42, ...;
+    Address: #12, ...). At least one part holds a number besides the postcode."""
+    lex = lexicon()
+    _, _, suffixes, prefixes = gazetteer()
+    street_words = suffixes | prefixes
+    for m in _CITY_PIN.finditer(text):
+        start = m.start()
+        numbered = False
+        for _ in range(5):
+            if not text.startswith(", ", start - 2):
+                break
+            seg_start = text.rfind(",", 0, start - 2) + 1
+            words = text[seg_start : start - 2].split()
+            k = len(words)
+            while k > 0 and _address_part_word(words[k - 1], lex, street_words):
+                k -= 1
+            if k == len(words):
+                break  # no part here
+            part = " ".join(words[k:])
+            at = text.rfind(part, seg_start, start - 1)
+            if at < 0:
+                break  # its words were not single-spaced
+            if k > 0 and not (words[k - 1].islower() or words[k - 1].endswith(":")):
+                break  # after a capitalised word (Chapter 3, ...): no address part
+            numbered = numbered or any(c.isdigit() for c in part)
+            start = at
+            if k > 0:
+                break  # after other words (Deliver to B-42, ...): the address starts here
+        if numbered:
+            yield start, m.end()
+
+
 def _other_forms(found: frozenset[str]) -> Iterator[re.Pattern[str]]:
     """The patterns of other address formats whose marks the text holds (prefilter.marks:
     a comma then a ward or district word, a dashed number, a Korean road word, a
@@ -1572,6 +1641,7 @@ def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[S
         spans.extend(_unit_first(text))
     if ", " in text:
         spans.extend(_named_numbered(text))
+        spans.extend(_comma_chain(text))
     for start, end in spans:
         s = text[start:end]
         yield Span(start, end - (len(s) - len(s.rstrip(" ,."))), ADDRESS)

@@ -261,7 +261,7 @@ def _all_addresses(text: str) -> list[tuple[int, int, str]]:
     found = [m.span() for p in patterns for m in p.finditer(text)]
     found += [*names._compound_streets(text), *names._compound_number_first(text)]
     found += list(names._unit_first(text))
-    found += list(names._named_numbered(text))
+    found += [*names._named_numbered(text), *names._comma_chain(text)]
     out = []
     for start, end in found:
         s = text[start:end]

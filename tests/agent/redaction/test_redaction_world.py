@@ -186,6 +186,25 @@ ADDRESSES = [
     ("Vesterbrogade 10, 1620 København V", "Vesterbrogade 10, 1620 København V"),
     ("Aleksanterinkatu 52 B, Helsinki", "Aleksanterinkatu 52 B, Helsinki"),
     ("Václavské náměstí 12", "Václavské náměstí 12"),
+    # comma-separated parts back from a city and its postcode (South Asia)
+    (
+        "Deliver to B-42, Lajpat Nagar II, New Delhi 110024 by Friday",
+        "B-42, Lajpat Nagar II, New Delhi 110024",
+    ),
+    (
+        "H.No. 8-2-293, Road No. 10, Banjara Hills, Hyderabad 500034",
+        "H.No. 8-2-293, Road No. 10, Banjara Hills, Hyderabad 500034",
+    ),
+    (
+        "House No. 45, Street 7, F-8/3, Islamabad 44000",
+        "House No. 45, Street 7, F-8/3, Islamabad 44000",
+    ),
+    (
+        "Address: #12, 3rd Main, HSR Layout, Bengaluru 560102",
+        "#12, 3rd Main, HSR Layout, Bengaluru 560102",
+    ),
+    ("Shop No. 5, MG Road, Pune 411001", "Shop No. 5, MG Road, Pune 411001"),
+    ("12/A, Park Street, Kolkata 700016", "12/A, Park Street, Kolkata 700016"),
 ]
 
 
@@ -211,6 +230,10 @@ def test_addresses_of_every_region_are_found(text: str, address: str) -> None:
         "Windows 10, 2021 Edition",
         "Boarding at Gate 5 now.",  # a street ending alone is no street
         "We won 3, Madrid lost.",
+        # parts that are no address's before a city and postcode
+        "The results, Chapter 3, Mumbai 400001",
+        "Total, 12 items, Delhi 110001",
+        "Version 2, Build 7, Release 12345",
     ],
 )
 def test_look_alike_addresses_are_left_alone(text: str) -> None:

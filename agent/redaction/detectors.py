@@ -138,7 +138,9 @@ _PHONE = re.compile(
     rf"(?<!{_TOUCHING})(?<![+\uff0b])(?:"  # +CC, (area), groups
     rf"(?:[+\uff0b]|00)\d{{1,3}}(?:{_SEP}?\(0\))?(?:{_SEP}?{_OPEN}?\d{{1,5}}{_CLOSE}?){{1,6}}"
     rf"|{_OPEN}\d{{2,5}}{_CLOSE}{_SEP}?\d{{2,5}}(?:{_DASH}?\d{{2,5}}){{0,3}}"  # (030) 1234 5678
-    rf"|(?:\d{{2,5}}|0\d{{5}})(?:{_SEP}\d{{2,8}}){{1,4}}"  # 555-123-4567, 06 12 34 56 78
+    rf"|(?:\d{{2,5}}|0\d{{5}})(?:{_SEP}\d{{2,8}}|\s/\s\d{{2,8}}){{1,4}}"  # 089 / 1234
+    # a one-digit trunk or country prefix: 1-800-555-0199, 8-912-345-67-89, 0 (212) 123 45 67
+    rf"|[018]{_DASH}{_OPEN}?\d{{3}}{_CLOSE}?{_DASH}?\d{{3}}(?:{_DASH}\d{{2,4}}){{1,2}}"
     r"|\d{9,12}"  # 07700900123, 3420837783, 036245207
     r")(?:\s?(?:x|ext\.?|extension)\s?\d{1,6})?"  # an extension: 555-0100 x1234
     rf"(?!{_TOUCHING}|[-\uff0d]|[.,]\d)"
@@ -154,6 +156,12 @@ _PHONE_CONTEXT = re.compile(
 )
 _EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
 _NORTH_AMERICAN = re.compile(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}")
+# North American and Russian numbers after their one-digit trunk or country prefix
+_TRUNK_FIRST = re.compile(
+    r"1[ .\-]\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}"  # 1-800-555-0199
+    r"|8[ \-]\(?9\d{2}\)?[ \-]?\d{3}-\d{2}-\d{2}"  # 8-912-345-67-89, 8 (912) 345-67-89
+)
+_FRENCH_DOTTED = re.compile(r"0\d(?:\.\d{2}){4}")  # 01.23.45.67.89
 _CHINA_MOBILE = re.compile(r"1[3-9]\d[ \-]\d{4}[ \-]\d{4}")  # 138-0013-8000, 139 1234 5678
 _TEN_DIGITS = re.compile(r"[2-9]\d{9}")
 _SSN_SHAPE = re.compile(r"\d{3}-\d{2}-\d{4}")
@@ -378,7 +386,7 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
                 context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
                 if not context:
                     continue
-            if "." in raw and raw.count(".") != 2:
+            if "." in raw and raw.count(".") != 2 and not _FRENCH_DOTTED.fullmatch(raw):
                 continue
             # bare groups of digits are too common (amounts, ids): a national number needs
             # a leading 0, parentheses, a North American shape or a phone word before it
@@ -395,6 +403,7 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
                 or _NORTH_AMERICAN.fullmatch(core)
                 or _TEN_DIGITS.fullmatch(raw)
                 or _CHINA_MOBILE.fullmatch(core)
+                or _TRUNK_FIRST.fullmatch(core)
             ):
                 if context is None:
                     context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))

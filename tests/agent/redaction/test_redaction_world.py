@@ -387,6 +387,15 @@ def test_world_text_restores_exactly_when_streamed_in_any_chunks() -> None:
         ("电话（0755）8888-6666", "（0755）8888-6666", "PHONE"),
         ("お電話は03ー1234ー5678まで", "03ー1234ー5678", "PHONE"),
         ("＋81 90-1234-5678", "＋81 90-1234-5678", "PHONE"),
+        # a spaced slash (German), dotted pairs (French), one-digit trunk prefixes
+        ("Tel 089 / 12 34 56", "089 / 12 34 56", "PHONE"),
+        ("Tél. 01.23.45.67.89", "01.23.45.67.89", "PHONE"),
+        ("Call 1-800-555-0199 today", "1-800-555-0199", "PHONE"),  # whole: was 800-555-0199
+        ("Звоните 8-912-345-67-89", "8-912-345-67-89", "PHONE"),
+        ("Ring 8 (912) 345-67-89", "8 (912) 345-67-89", "PHONE"),
+        ("Info: 1-800-555-0199.", "1-800-555-0199", "PHONE"),  # by its shape alone
+        ("Иванов 8-912-345-67-89", "8-912-345-67-89", "PHONE"),
+        ("Arayın: 0 (212) 123 45 67", "0 (212) 123 45 67", "PHONE"),
         (
             "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",
             "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",
@@ -425,6 +434,12 @@ def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> N
         "合計12,345,678円",  # an amount
         "order12345678 ok",  # digits touching Latin letters are no phone
         "abc-123-4567-890",
+        "Score 1-0 and 8-3 at half time",
+        "Read pages 1-200-300 first",
+        "In 2019 / 2020 / 2021 we grew",
+        "Rated 8 / 10 by critics",
+        "Version 1.2.3.4.5 is out",
+        "Ordered 8-100-200-30-40 parts",
     ],
 )
 def test_look_alike_phones_and_secrets_are_left_alone(text: str) -> None:

@@ -265,7 +265,12 @@ def mark_patterns() -> dict[str, str]:
         "korean_road_number": rf"[로길]{_SPACE}?{_D}",
         "china_number": rf"{_D}[号號]",
         "japan_block": rf"[都道府県市区町村郡][{_HAN_KANA}]{{0,20}}[0-9０-９]",
-        "compound_ending": _literals([*endings, *(e.capitalize() for e in endings)]),
+        # _compound_streets: an ending (either case) then a space and a number (Kungsgatan 12);
+        # _compound_number_first: a number, a capitalised word ending in one (172 Hauptstrasse)
+        # (the endings alone are in ordinary words: investigate, parties)
+        "compound_ending": rf"{_literals([*endings, *(e.capitalize() for e in endings)])}"
+        rf"{_SPACE}{_D}|{_D}[a-zA-Z]?,?{_SPACE}\p{{Lu}}[\p{{L}}\p{{M}}\p{{N}}_'\x{{2019}}-]*"
+        rf"{_literals(endings)}",
         # script_names.py: letters of the caseless scripts and of CJK
         "non_latin": r"[\x{590}-\x{dff}\x{e00}-\x{e7f}\x{10a0}-\x{10ff}\x{530}-\x{58f}"
         r"\x{3040}-\x{d7a3}\x{f900}-\x{faff}]",

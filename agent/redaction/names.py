@@ -1529,9 +1529,7 @@ _NAMED_NUMBERED_TAIL = re.compile(
     rf"(?P<city>[{_UPPER}][\w'\u2019-]*(?:\s(?:[{_UPPER}][\w'\u2019-]*|\d{{1,2}}(?!\d)|[A-Z]\b))?)"
 )
 # the street before the number: a capitalised word and at most three more (the longest)
-_STREET_BEFORE = re.compile(
-    rf"(?<![\w.])[{_UPPER}][\w'\u2019.-]*(?:\s[\w'\u2019.-]+){{0,3}}?\s\Z"
-)
+_STREET_BEFORE = re.compile(rf"(?<![\w.])[{_UPPER}][\w'\u2019.-]*(?:\s[\w'\u2019.-]+){{0,3}}?\s\Z")
 
 
 def _named_numbered(text: str) -> Iterator[tuple[int, int]]:

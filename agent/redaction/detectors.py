@@ -196,18 +196,37 @@ _SECRET_SHAPES = re.compile(
     r")"
 )
 # key = value / key: value / "key": "value" / Bearer value
+# "password" in other languages (German, French, Spanish, Portuguese, Dutch, Polish, Czech,
+# Swedish, Danish, Norwegian, Finnish, Hungarian, Turkish, Romanian, Indonesian, Vietnamese,
+# Russian and Ukrainian, Chinese, Japanese, Korean, Arabic, Hindi); not the ones that are
+# ordinary words too (Italian parola, Spanish clave)
+_PASSWORD_WORDS = (
+    "passwort|mot de passe|mdp|contraseña|contrasena|senha|wachtwoord|hasło|haslo|heslo|"
+    "lösenord|losenord|adgangskode|passord|salasana|jelszó|jelszo|şifre|sifre|parolă|"
+    "kata sandi|mật khẩu|mat khau|пароль|密码|密碼|口令|パスワード|暗証番号|비밀번호|"
+    "كلمة المرور|كلمة السر|पासवर्ड"
+)
 _SECRET_ASSIGNED = re.compile(
     r"(?i:(?:(?:\b|_)(?:api[_-]?key|apikey|access[_-]?key|secret(?:[_-]?key)?|client[_-]?secret|"
     r"auth[_-]?token|access[_-]?token|refresh[_-]?token|token|password|passwd|pwd|"
-    r"passphrase|private[_-]?key|account[_-]?key|shared[_-]?access[_-]?key)\b[\"']?\s*(?:[:=]|\bis\b|\bwas\b)\s*[\"']?)"
+    rf"passphrase|private[_-]?key|account[_-]?key|shared[_-]?access[_-]?key|{_PASSWORD_WORDS})"
+    r"\b[\"']?\s*(?:[:=\uff1a]|\bis\b|\bwas\b)\s*[\"']?)"
     r"|(?:\bbearer\s+))"
     r"([^\s\"',;]{6,})"
+)
+# A PIN after its word: four to eight digits (a password's rule asks for six characters).
+_PIN = re.compile(
+    r"(?i:\b(?:pin|pin[ -]?code|code pin|codice pin|passcode|geheimzahl)\b\s*"
+    r"(?:[:=\uff1a]|\bis\b|\bwas\b)\s*)(\d{4,8})(?!\d)"
 )
 # Every keyword of _SECRET_ASSIGNED starts with one of these (folded): a match starts at one,
 # or at the "_" before it; re tries only there (prefilter.finditer_from), not at every position.
 _ASSIGNED_ROOTS = (
     "api", "access", "secret", "client", "auth", "refresh", "token", "pass", "pwd",
     "private", "account", "shared", "bearer",
+    "mot de", "mdp", "contras", "senha", "wacht", "hasło", "haslo", "heslo", "lösen",
+    "losen", "adgang", "salas", "jelsz", "şifre", "sifre", "parol", "kata s", "mật", "mat k",
+    "пароль", "密", "口令", "パス", "暗証", "비밀", "كلمة", "पास",
 )  # fmt: skip
 _URL_PASSWORD = re.compile(r"://[^:/\s@]{1,64}:([^@\s/]{3,128})@")
 _LOOSE_WORDS = "pass|pw|pin|passcode|kennwort|mot de passe"
@@ -480,6 +499,9 @@ def _assigned(text: str) -> Iterator[Span]:
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
             continue
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
+    if "pin" in case_fold(text) or "passcode" in case_fold(text) or "geheimzahl" in case_fold(text):
+        for m in _PIN.finditer(text):
+            yield Span(m.start(1), m.end(1), SECRET)
     if _LOOSE_GATE.isdisjoint(words(text)):
         return
     for m in loose_password_matches(text):

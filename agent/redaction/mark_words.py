@@ -9,7 +9,13 @@ SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_"
                  "ghs_", "ghr_", "github_pat_", "SG.", "npm_", "pypi-", "_v1_", "shp", "key-",
                  "whsec_", "SK",
                  "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
-ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort")
+ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort",
+                    # "password" in other languages (detectors._PASSWORD_WORDS), and PINs
+                    "mdp", "contras", "senha", "wachtwoord", "hasło", "haslo", "heslo",
+                    "lösenord", "losenord", "adgangskode", "salasana", "jelsz", "şifre",
+                    "sifre", "parolă", "kata sandi", "mật khẩu", "mat khau", "пароль", "密码",
+                    "密碼", "口令", "パスワード", "暗証番号", "비밀번호", "كلمة", "पासवर्ड",
+                    "geheimzahl")  # fmt: skip
 
 # names.py's compound street endings (German, Dutch, Scandinavian, Finnish), as one
 # alternation and as words

@@ -58,6 +58,7 @@ BOUNDARY = [
     # one script each: Arabic, Devanagari, Hebrew
     *("عزيزي محمد أحمد، طلبك جاهز", "प्रिय राहुल शर्मा", "Dear محمد علي", "שם: דוד כהן"),
     "İSTANBUL: ATATÜRK CADDESİ NO. 5; PİN 12345678Ab; UNİT 5, Main Street",
+    "PİN: 4821; Passwort: geheim123!; пароль: qwerty123!; 密码：abc12345; Şİfre: gizli123",
 ]
 
 
@@ -289,6 +290,7 @@ def _all_secrets(text: str) -> list[tuple[int, int, str]]:
             value = m.group(1).rstrip(".,;:!?)")
             if detectors._looks_password(value):
                 out.append((m.start(1), m.start(1) + len(value)))
+        out += [m.span(1) for m in detectors._PIN.finditer(text)]
     out += [m.span(1) for m in detectors._URL_PASSWORD.finditer(text)]
     out += [m.span() for m in detectors._TOKEN.finditer(text) if detectors._looks_secret(m.group())]
     return sorted((a, b, "SECRET") for a, b in out)

@@ -411,6 +411,19 @@ def test_world_text_restores_exactly_when_streamed_in_any_chunks() -> None:
             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
             "SECRET",
         ),
+        # "password" in other languages, and PINs
+        ("Passwort: geheim123!", "geheim123!", "SECRET"),
+        ("mot de passe : Azerty123!", "Azerty123!", "SECRET"),
+        ("contraseña: Hola1234!", "Hola1234!", "SECRET"),
+        ("Hasło: Tajne123", "Tajne123", "SECRET"),
+        ("şifre: gizli123", "gizli123", "SECRET"),
+        ("kata sandi: rahasia99", "rahasia99", "SECRET"),
+        ("пароль: qwerty123!", "qwerty123!", "SECRET"),
+        ("密码：abc12345", "abc12345", "SECRET"),
+        ("パスワード: hunter22", "hunter22", "SECRET"),
+        ("비밀번호: abcd1234", "abcd1234", "SECRET"),
+        ("PIN: 4821", "4821", "SECRET"),
+        ("my pin is 4821", "4821", "SECRET"),
         (
             "mailgun key-3ax6xnjp29jd6fds4gc373sgvjxteol0",
             "key-3ax6xnjp29jd6fds4gc373sgvjxteol0",
@@ -429,6 +442,11 @@ def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> N
         "Order 0123456 shipped.",
         "The SKU list and key-value store docs are here.",
         "订单号 13800138000 已发货",  # an order number, no phone word
+        "the pin is on the table",
+        "Spin: 12345 rpm",
+        "mapping: 123456",
+        "Pinterest 1234",
+        "senha é forte",
         "订单号13800138000已发货",  # the same, touching the Han letters
         "注文番号は2024-05-06です",  # a date touching kana
         "合計12,345,678円",  # an amount

@@ -71,7 +71,8 @@ SOURCES = (
         "wordfreq's sources: Wikipedia, subtitles, news, books, web text, Reddit, Twitter)",
         "English Zipf frequencies (large_en): dictionary_words at 3.0 or more, frequent_words "
         "at 3.8 or more; foreign_words: words of Catalan, Czech, Dutch, Finnish, French, "
-        "German, Italian, Norwegian, Polish, Portuguese, Spanish and Swedish at 4.0 or more",
+        "German, Italian, Norwegian, Polish, Portuguese, Spanish and Swedish at 4.0 or more, "
+        "Russian and Ukrainian at 3.5 or more",
     ),
 )
 # Zipf frequencies (log10 of occurrences per billion words) above which a word is ordinary:
@@ -84,6 +85,10 @@ FREQUENT_ZIPF = 3.8
 # language (Zbigniew, Giorgio), so these are asked only where two unlisted words meet.
 FOREIGN_ZIPF = 4.0
 FOREIGN_LANGUAGES = ("ca", "cs", "de", "es", "fi", "fr", "it", "nb", "nl", "pl", "pt", "sv")
+# Russian and Ukrainian spread a word over many case and verb forms, each rarer: a lower
+# frequency for them (a capitalised verb at a sentence's start: Передайте, 3.58)
+CYRILLIC_LANGUAGES = ("ru", "uk")
+CYRILLIC_ZIPF = 3.5
 # Written here (edgefleet, Apache-2.0), from general knowledge: family names in the spellings
 # people actually use, which no romanization rule gives (Korean Kim/Lee/Park rather than the
 # Revised Romanization's Gim/I/Bak; Chinese names of Hong Kong, Singapore, Malaysia and
@@ -488,12 +493,14 @@ def _zipf(language: str) -> dict[str, float]:
 
 
 def foreign_words() -> set[str]:
-    """Frequent words of FOREIGN_LANGUAGES, lower case, letters only, three or more."""
+    """Frequent words of FOREIGN_LANGUAGES and CYRILLIC_LANGUAGES, lower case, letters only,
+    three or more."""
     out: set[str] = set()
-    for language in FOREIGN_LANGUAGES:
+    for language in (*FOREIGN_LANGUAGES, *CYRILLIC_LANGUAGES):
+        least = CYRILLIC_ZIPF if language in CYRILLIC_LANGUAGES else FOREIGN_ZIPF
         out |= {
             w for w, z in _zipf(language).items()
-            if z >= FOREIGN_ZIPF and w.isalpha() and len(w) >= 3
+            if z >= least and w.isalpha() and len(w) >= 3
         }  # fmt: skip
     return out
 

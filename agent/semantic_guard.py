@@ -222,6 +222,7 @@ _CONTRACTIONS_NOT_POSSESSIVE = {
     "it's", "what's", "that's", "there's", "here's", "who's", "where's", "how's", "let's",
     "he's", "she's", "when's", "why's", "which's",
 }  # fmt: skip
+# (stay and remain among them: as copulas they ask what "be" asks, "does it stay open")
 _STOPWORDS = set(
     _words(
         """
@@ -237,6 +238,7 @@ _STOPWORDS = set(
         morning er uh um so ok okay yeah yes well actually cheers quick question possible
         able anything something let know tell give make use one single s t whats thats theres hows
         wheres whens whos im ive youre
+        stay stays stayed staying remain remains remained remaining
         """
     )
 )

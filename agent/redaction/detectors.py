@@ -499,7 +499,8 @@ def _assigned(text: str) -> Iterator[Span]:
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
             continue
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
-    if "pin" in case_fold(text) or "passcode" in case_fold(text) or "geheimzahl" in case_fold(text):
+    folded = case_fold(text)
+    if "pin" in folded or "passcode" in folded or "geheimzahl" in folded:
         for m in _PIN.finditer(text):
             yield Span(m.start(1), m.end(1), SECRET)
     if _LOOSE_GATE.isdisjoint(words(text)):

@@ -2,9 +2,9 @@
 """Person names and street addresses, offline: a gazetteer and context rules.
 
 The gazetteer (``data/gazetteer.json``, written by :mod:`agent.redaction.build_gazetteer`
-from Faker's locale providers) holds about 16,000 given names, 24,000 family names and the
-street words of the English, German, French, Italian, Spanish, Portuguese and Dutch address
-formats. A PERSON is
+from Faker's locale providers and the word and place lists its ``sources`` name) holds about
+30,000 given names, 35,000 family names and the street words of every Faker locale's address
+provider, and a lexicon of English and other languages' words and of places. A PERSON is
 
 - a title (Mr, Dr, Frau, Mme, Sr., ...) and one to three capitalised words after it;
 - a known given name (not one of the common words that are also given names, such as May

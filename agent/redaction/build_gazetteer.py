@@ -480,17 +480,24 @@ class _SetsOfStrings(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused: {module}.{name}")
 
 
-def _zipf(language: str) -> dict[str, float]:
-    """wordfreq's Zipf frequency of each word of one language (its large list)."""
+def _zipf(language: str, least: float) -> dict[str, float]:
+    """wordfreq's Zipf frequency of each word of one language (its large list) at ``least``
+    or more: its buckets come most frequent first, so the rest (most of its words) is never
+    unpacked."""
     import msgpack
 
     name = f"data/large_{language}.msgpack.gz"
-    packed = msgpack.unpackb(gzip.decompress(_data_file("wordfreq", name).read_bytes()), raw=False)
-    if not (isinstance(packed[0], dict) and packed[0].get("format") == "cB"):
-        raise ValueError(f"wordfreq's {name} is not in the cB format: {packed[0]!r}")
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0)
+    unpacker.feed(gzip.decompress(_data_file("wordfreq", name).read_bytes()))
+    buckets = unpacker.read_array_header()
+    header = unpacker.unpack()
+    if not (isinstance(header, dict) and header.get("format") == "cB"):
+        raise ValueError(f"wordfreq's {name} is not in the cB format: {header!r}")
     zipf: dict[str, float] = {}
-    for i, bucket in enumerate(packed[1:], start=1):  # bucket i: -i centibels, Zipf 9 - i/100
-        for word in bucket:
+    for i in range(1, buckets):  # bucket i: -i centibels, Zipf 9 - i/100
+        if 9 - i / 100 < least:
+            break
+        for word in unpacker.unpack():
             if isinstance(word, str):
                 zipf.setdefault(word, 9 - i / 100)
     return zipf
@@ -503,15 +510,14 @@ def foreign_words() -> set[str]:
     for language in (*FOREIGN_LANGUAGES, *CYRILLIC_LANGUAGES):
         least = CYRILLIC_ZIPF if language in CYRILLIC_LANGUAGES else FOREIGN_ZIPF
         out |= {
-            w for w, z in _zipf(language).items()
-            if z >= least and w.isalpha() and len(w) >= 3
+            w for w in _zipf(language, least) if w.isalpha() and len(w) >= 3
         }  # fmt: skip
     return out
 
 
 def english_words() -> tuple[set[str], set[str]]:
     """(dictionary words, frequent words), lower case, letters only."""
-    zipf = _zipf("en")
+    zipf = _zipf("en", DICTIONARY_ZIPF)
     with _data_file("english-words", "data/web2.pickle").open("rb") as f:
         web2 = _SetsOfStrings(f).load()
     dictionary = {

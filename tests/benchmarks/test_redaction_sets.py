@@ -155,6 +155,21 @@ def test_the_ner_persons_are_added_only_where_the_agent_found_nothing() -> None:
     assert both == [*mine, (30, 35, "PERSON")]
 
 
+def test_the_filtered_ner_persons_are_those_the_lexicon_allows() -> None:
+    from benchmarks.redaction import _with_ner_persons, lexicon_allows
+
+    def span(text: str, value: str) -> Span:
+        return (text.index(value), text.index(value) + len(value), "PERSON")
+
+    text = "Ask Bolanle Oyelaran. Install the Debian packages. Flights to Valencia. Send Invoice"
+    theirs = [span(text, v) for v in ("Bolanle Oyelaran", "Debian", "Valencia", "Invoice")]
+    assert [lexicon_allows(text, s) for s in theirs] == [True, False, False, False]
+    both = _with_ner_persons(lambda _t: [], lambda _t: list(theirs), keep=lexicon_allows)(text)
+    assert both == [theirs[0]]
+    # without the predicate every person the agent did not find is added
+    assert _with_ner_persons(lambda _t: [], lambda _t: list(theirs))(text) == theirs
+
+
 def test_the_second_heldout_sets_misses_are_written_as_counts_only() -> None:
     """Whoever changes the detectors reads the results file: a set whose misses were read
     is a tuning set, so the second held-out set's are not in it."""

@@ -435,7 +435,14 @@ def lexicon_allows(text: str, span: Span) -> bool:
     listed name or no English word, frequent word, place or street word, not a place alone,
     and no article, determiner or preposition of place before it (the agent's rules for names
     in no list, asked of the model's persons)."""
-    from agent.redaction.names import _after_a_non_name_word, _known, fold, gazetteer, lexicon
+    from agent.redaction.names import (
+        _NOT_BEFORE_A_NAME,
+        _known,
+        _last_word,
+        fold,
+        gazetteer,
+        lexicon,
+    )
 
     lex = lexicon()
     given, family, suffixes, _ = gazetteer()
@@ -452,7 +459,8 @@ def lexicon_allows(text: str, span: Span) -> bool:
             return False
         if _known(w, lex.places):
             return False
-    return not _after_a_non_name_word(text[max(0, span[0] - 30) : span[0]])
+    last = _last_word(text[max(0, span[0] - 30) : span[0]])
+    return last is None or last.lower() not in _NOT_BEFORE_A_NAME
 
 
 def prompt_4kb(docs: list[Document], kind: str = "positive") -> str:

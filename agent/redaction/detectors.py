@@ -452,7 +452,7 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
     if "assigned" in found:
         lowered = case_fold(text)  # as re's IGNORECASE reads it: "PİN" holds "pin"
         if any(marker in lowered for marker in ASSIGNED_MARKERS):
-            yield from _assigned(text)
+            yield from _assigned(text, lowered)
     if "://" in text:
         for m in _URL_PASSWORD.finditer(text):
             yield Span(m.start(1), m.end(1), SECRET)
@@ -493,13 +493,13 @@ def loose_password_matches(text: str) -> Iterator[re.Match[str]]:
     return finditer_from(_LOOSE_PASSWORD, text, keyword_starts(text, _LOOSE_ROOTS))
 
 
-def _assigned(text: str) -> Iterator[Span]:
+def _assigned(text: str, folded: str) -> Iterator[Span]:
+    """Assigned secrets, loose passwords and PINs; ``folded`` is ``case_fold(text)``."""
     for m in assigned_matches(text):
         value = m.group(1).rstrip(".")
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
             continue
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
-    folded = case_fold(text)
     if "pin" in folded or "passcode" in folded or "geheimzahl" in folded:
         for m in _PIN.finditer(text):
             yield Span(m.start(1), m.end(1), SECRET)

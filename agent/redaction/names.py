@@ -27,16 +27,15 @@ with its city when they follow.
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from functools import cache, lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
+from agent.redaction import gazetteer_file
 from agent.redaction.detectors import ADDRESS, PERSON, Span
 from agent.redaction.mark_words import ADMIN_UNIT, COMPOUND_ENDINGS, ENDING_WORDS
 from agent.redaction.name_shapes import (
@@ -53,8 +52,6 @@ from agent.redaction.prefilter import words as word_set
 from agent.redaction.script_names import find_script_persons
 from agent.redaction.script_names import warm_up as _script_warm_up
 from agent.redaction.trie import trie_regex
-
-_DATA = Path(__file__).parent / "data" / "gazetteer.json"
 
 # Capitalised words that are given names in some locale but far more often something else.
 _NOT_A_START = frozenset(
@@ -590,7 +587,7 @@ def _title_before(before: str) -> bool:
 
 @cache
 def gazetteer() -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]:
-    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    data = gazetteer_file.read()
     # every name also without its diacritics (Nguyễn and Nguyen, Adéyẹmí and Adeyemi)
     given = frozenset(_with_folded(data["given"])) - _NOT_A_START - _NOT_A_NAME - _GREETINGS
     family = frozenset(_with_folded(data["family"])) - _NOT_A_NAME
@@ -631,7 +628,7 @@ class Lexicon(NamedTuple):
 
 @cache
 def lexicon() -> Lexicon:
-    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    data = gazetteer_file.read()
     return Lexicon(
         WordSet(data.get("dictionary_words", ())),
         WordSet(data.get("frequent_words", ())),
@@ -715,10 +712,10 @@ def _word_before(before: str) -> str | None:
     return m.group(1)
 
 
-def _after_a_non_name_word(before: str) -> bool:
-    """The word just before is one of _NOT_BEFORE_A_NAME, in any case ("The Viet Cong")."""
+def _last_word(before: str) -> str | None:
+    """The word just before a word, in any case (None after punctuation or a line's start)."""
     m = _WORD_BEFORE.search(before)
-    return m is not None and m.group(1).lower() in _NOT_BEFORE_A_NAME
+    return None if m is None else m.group(1)
 
 
 def fold(word: str) -> str:
@@ -965,7 +962,7 @@ _CYRILLIC_WORD = re.compile(r"[А-ЯЁЇІЄҐ][а-яёїієґ'-]+")
 
 @cache
 def _east_asian_family() -> frozenset[str]:
-    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    data = gazetteer_file.read()
     return frozenset(data.get("east_asian_family", ()))
 
 
@@ -999,6 +996,7 @@ def _unlisted_pair(
     (``Kestrel Way``, ``Movewell Physio``)."""
     if b in _NOT_A_NAME or a in _NOT_A_START or b in _NOT_A_START or a in _PLACE_WORDS:
         return False
+    last = _last_word(before)
     if not (
         (_known(a, family) and a not in _SURNAME_PLACE_WORDS and _unlisted(b, False))
         or (
@@ -1011,11 +1009,13 @@ def _unlisted_pair(
         or (
             _unlisted(a, True)
             and _unlisted(b, True)
-            and (name_shaped(a) or name_shaped(b) or _word_before(before) is not None)
+            and (name_shaped(a) or name_shaped(b) or (last is not None and last.islower()))
         )
     ):
         return False
-    return not _after_a_non_name_word(before) and _run_of_names(b, rest, lexicon())
+    # not after an article, a determiner or a preposition of place, in any case (The Viet Cong)
+    not_after = last is not None and last.lower() in _NOT_BEFORE_A_NAME
+    return not not_after and _run_of_names(b, rest, lexicon())
 
 
 def _listed_pair(
@@ -1522,6 +1522,7 @@ def warm_up() -> None:
     _script_warm_up()
     _address_patterns()
     _address_gates()
+    gazetteer_file.forget()  # every list is built: the parsed file is not needed
 
 
 # A house number and a street named after a person or place, then a ward or district:

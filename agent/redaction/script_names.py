@@ -24,17 +24,14 @@ without any cue, and telling Japanese from Chinese readings.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from functools import cache
 from itertools import chain
-from pathlib import Path
 
+from agent.redaction import gazetteer_file
 from agent.redaction.detectors import PERSON, Span
 from agent.redaction.prefilter import finditer_from, keyword_starts, marks
-
-_DATA = Path(__file__).parent / "data" / "gazetteer.json"
 
 _HAN = "\u3005\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _KANA = "\u3041-\u3096\u30a1-\u30fa\u30fc"
@@ -86,7 +83,7 @@ _LABELS_CASELESS = re.compile(
 
 @cache
 def _lists() -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]:
-    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    data = gazetteer_file.read()
     return (
         frozenset(data.get("cjk_family", ())),
         frozenset(data.get("hangul_family", ())),

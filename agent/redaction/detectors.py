@@ -493,11 +493,35 @@ def loose_password_matches(text: str) -> Iterator[re.Match[str]]:
     return finditer_from(_LOOSE_PASSWORD, text, keyword_starts(text, _LOOSE_ROOTS))
 
 
+# What a password "is" or "was" in prose, not the password: "The password is required",
+# "your password was incorrect" (lower-case words only; "is Required1!" is still a value).
+# Words a real password rarely is, and a value's words are lost to the model when redacted.
+_PASSWORD_STATES = frozenset(
+    "required incorrect correct invalid wrong expired missing mandatory optional needed "  # noqa: SIM905
+    "changed locked blocked disabled enabled accepted rejected encrypted hashed stored "
+    "hidden visible protected secure insecure compromised leaked shared different "
+    "identical simple complex longer shorter correctly incorrectly expiring missing "
+    "unchanged updated outdated temporary forgotten generated case-sensitive "
+    "case-insensitive mismatched unknown invalidated revoked rotated stolen".split()
+)
+
+
+def _prose_after_is(match: re.Match[str], value: str) -> bool:
+    """A password word linked by "is"/"was" to a word of :data:`_PASSWORD_STATES` (and
+    "not", "too", "still" before one are not values either)."""
+    link = match.group(0)[: match.start(1) - match.start(0)].lower()
+    if not (link.rstrip(" \t\"'").endswith((" is", " was")) and value.islower()):
+        return False
+    return value.rstrip(".,;:!?)") in _PASSWORD_STATES
+
+
 def _assigned(text: str, folded: str) -> Iterator[Span]:
     """Assigned secrets, loose passwords and PINs; ``folded`` is ``case_fold(text)``."""
     for m in assigned_matches(text):
         value = m.group(1).rstrip(".")
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
+            continue
+        if _prose_after_is(m, value):
             continue
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
     if "pin" in folded or "passcode" in folded or "geheimzahl" in folded:

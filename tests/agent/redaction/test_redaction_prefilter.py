@@ -284,7 +284,11 @@ def _all_secrets(text: str) -> list[tuple[int, int, str]]:
     if re.search("|".join(mark_words.ASSIGNED_MARKERS), text, re.IGNORECASE):
         for m in detectors._SECRET_ASSIGNED.finditer(text):
             value = m.group(1).rstrip(".")
-            if not value.startswith("<") and value.lower() not in _NOT_VALUES:
+            if (
+                not value.startswith("<")
+                and value.lower() not in _NOT_VALUES
+                and not detectors._prose_after_is(m, value)
+            ):
                 out.append((m.start(1), m.start(1) + len(value)))
         for m in detectors._LOOSE_PASSWORD.finditer(text):
             value = m.group(1).rstrip(".,;:!?)")

@@ -440,6 +440,10 @@ def test_world_text_restores_exactly_when_streamed_in_any_chunks() -> None:
         ("비밀번호: abcd1234", "abcd1234", "SECRET"),
         ("PIN: 4821", "4821", "SECRET"),
         ("my pin is 4821", "4821", "SECRET"),
+        # after "is", a password that is a word is still one; only a state word is prose
+        ("my password is sunshine", "sunshine", "SECRET"),
+        ("the password was Required1!", "Required1!", "SECRET"),
+        ("password: required", "required", "SECRET"),  # assigned, not described
         (
             "mailgun key-3ax6xnjp29jd6fds4gc373sgvjxteol0",
             "key-3ax6xnjp29jd6fds4gc373sgvjxteol0",
@@ -474,6 +478,10 @@ def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> N
         "Rated 8 / 10 by critics",
         "Version 1.2.3.4.5 is out",
         "Ordered 8-100-200-30-40 parts",
+        # what a password is in prose, not the password
+        "The password is required for every login.",
+        "Your password was incorrect, try again.",
+        "The token is compromised, rotate it.",
     ],
 )
 def test_look_alike_phones_and_secrets_are_left_alone(text: str) -> None:

@@ -1698,6 +1698,39 @@ def _comma_chain(text: str) -> Iterator[tuple[int, int]]:
             yield start, pin.end()
 
 
+# Norwegian and Danish streets whose street word stands apart, lower case, after a name in
+# the genitive: Karl Johans gate 22, Thorvald Meyers gate 5, Kongens gate 6 (Storgata 5 and
+# Vesterbrogade 12 are compounds, found as such); without the genitive only before a
+# four-digit postcode and a town (Bygdøy allé 5, 0257 Oslo). Not "gate 22" alone, nor
+# "Heathrow gate 22" (an airport gate), nor a number that counts minutes or hours.
+_SEPARATE_STREET_WORDS = "gate|gata|vei|veg|gade|vej|plass|torg|allé"
+_SEPARATE_STREET_GATE = first_words(_SEPARATE_STREET_WORDS.split("|"))
+_NORDIC_NAME = r"[A-ZÆØÅ][\w'.-]*"
+_SEPARATE_STREET = re.compile(
+    rf"(?<![\w-])(?:{_NORDIC_NAME}[ \t]){{0,3}}"
+    rf"(?:({_NORDIC_NAME}s)[ \t](?:{_SEPARATE_STREET_WORDS})[ \t]\d{{1,4}}[A-Za-z]?\b"
+    r"(?![ \t]*(?:min|mins|minutes|minutter|h|hours|timer|am|pm)\b)"
+    r"(?:,[ \t]\d{4}[ \t][A-ZÆØÅ][\w-]+)?"
+    rf"|{_NORDIC_NAME}[ \t](?:{_SEPARATE_STREET_WORDS})[ \t]\d{{1,4}}[A-Za-z]?,[ \t]\d{{4}}"
+    r"[ \t][A-ZÆØÅ][\w-]+)"
+)
+
+
+def _separate_streets(text: str) -> Iterator[tuple[int, int]]:
+    """:data:`_SEPARATE_STREET`'s matches whose genitive is no place and no English word
+    (Paris gate 5, Departures gate 3: a gate where one boards)."""
+    lex = lexicon()
+    for m in _SEPARATE_STREET.finditer(text):
+        genitive = m.group(1)
+        if genitive is not None and (
+            _known(genitive, lex.places)
+            or fold(genitive).lower() in lex.dictionary
+            or fold(genitive[:-1]).lower() in lex.dictionary
+        ):
+            continue
+        yield m.span()
+
+
 def _other_forms(found: frozenset[str]) -> Iterator[re.Pattern[str]]:
     """The patterns of other address formats whose marks the text holds (prefilter.marks:
     a comma then a ward or district word, a dashed number, a Korean road word, a
@@ -1748,6 +1781,8 @@ def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[S
         spans.extend(_compound_number_first(text))
     if not _UNIT_FIRST_GATE.isdisjoint(present):
         spans.extend(_unit_first(text))
+    if not _SEPARATE_STREET_GATE.isdisjoint(present):
+        spans.extend(_separate_streets(text))
     if ", " in text:
         spans.extend(_named_numbered(text))
         spans.extend(_comma_chain(text))

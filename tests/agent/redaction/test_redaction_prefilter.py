@@ -59,6 +59,7 @@ BOUNDARY = [
     *("عزيزي محمد أحمد، طلبك جاهز", "प्रिय राहुल शर्मा", "Dear محمد علي", "שם: דוד כהן"),
     "İSTANBUL: ATATÜRK CADDESİ NO. 5; PİN 12345678Ab; UNİT 5, Main Street",
     "PİN: 4821; Passwort: geheim123!; пароль: qwerty123!; 密码：abc12345; Şİfre: gizli123",
+    "Karl Johans gate 22, 0159 Oslo; KONGENS GATE 6; Bygdøy allé 5, 0257 Oslo; Olavs GATE 3",
 ]
 
 
@@ -263,6 +264,7 @@ def _all_addresses(text: str) -> list[tuple[int, int, str]]:
     found += [*names._compound_streets(text), *names._compound_number_first(text)]
     found += list(names._unit_first(text))
     found += [*names._named_numbered(text), *names._comma_chain(text)]
+    found += list(names._separate_streets(text))
     out = []
     for start, end in found:
         s = text[start:end]

@@ -202,6 +202,11 @@ ADDRESSES = [
     ("Vesterbrogade 10, 1620 København V", "Vesterbrogade 10, 1620 København V"),
     ("Aleksanterinkatu 52 B, Helsinki", "Aleksanterinkatu 52 B, Helsinki"),
     ("Václavské náměstí 12", "Václavské náměstí 12"),
+    # Norwegian and Danish street words apart, after a genitive or before a postcode
+    ("Send it to Karl Johans gate 22, 0159 Oslo.", "Karl Johans gate 22, 0159 Oslo"),
+    ("Bor i Thorvald Meyers gate 5B nå", "Thorvald Meyers gate 5B"),
+    ("Ses ved Olavs plass 3 i morgen", "Olavs plass 3"),
+    ("Bygdøy allé 5, 0257 Oslo", "Bygdøy allé 5, 0257 Oslo"),
     # comma-separated parts back from a city and its postcode (South Asia)
     (
         "Deliver to B-42, Lajpat Nagar II, New Delhi 110024 by Friday",
@@ -245,6 +250,11 @@ def test_addresses_of_every_region_are_found(text: str, address: str) -> None:
         "Order 12, 10115 Berlin was late.",
         "Windows 10, 2021 Edition",
         "Boarding at Gate 5 now.",  # a street ending alone is no street
+        # a boarding gate after a place or an English word, a gate counted in minutes
+        "Boarding at Heathrow gate 22 now.",
+        "Flight leaves from Paris gate 5 soon.",
+        "Departures gate 3 is closed.",
+        "Walk to Johans gate 5 min from here",
         "We won 3, Madrid lost.",
         # parts that are no address's before a city and postcode
         "The results, Chapter 3, Mumbai 400001",

@@ -76,6 +76,9 @@ def test_names_in_no_list_are_found_by_their_context(
         # a run ending in a street word or an ordinary word is a street or a business
         "They moved to Orchard Mews last spring.",
         "Ask at Movewell Clinic reception.",
+        # two English words run together: a brand or a product, not a name in no list
+        "I pay Tunewave monthly for music.",
+        "I booked with Movewell Physio again.",
         # German nouns are capitalised; frequent foreign words are no names
         "Die Miete für Dezember ist bezahlt, die Rechnung kommt morgen.",
         "Wir haben Kaffee Bohnen gekauft.",

@@ -861,6 +861,11 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 i = j
                 continue
             one_end = offsets[i] + len(w)
+            if j == i + 1 and w.endswith(("'s", "\u2019s")) and len(w) > 4:
+                # a possessive (Mehmet's order): the name without its 's
+                w = first = w[:-2]
+                one_end -= 2
+                known_first = _known(first, given)
             if first not in _NOT_A_NAME and (
                 (
                     known_first
@@ -902,10 +907,53 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                         or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
                     )
                 )
+                or (
+                    # any word in no list after a cue that only a person follows:
+                    # "my colleague Siriporn", "customer Dilnoza"
+                    not known_first and _cue_before(before, _RELATION_CUES) and _unlisted(w, True)
+                )
+                or (
+                    # a listed given name that is no English word or place opening a
+                    # sentence or a question, a lower-case word after it: "Mariam paid the
+                    # deposit", "Ngozi and Emeka", "Is Kwabena still the contact?"
+                    known_first
+                    and w == first  # not Per-request
+                    and _opens_sentence(before)
+                    and _LOWER_AFTER.match(text, one_end)
+                    and _single_in_running_text(w, True, family)
+                    and not _plural_of_a_word(w)  # Mats are provided
+                )
             ):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
     yield from find_script_persons(text, found)
+
+
+# a sentence's end before a word (and its closing quote or bracket), or a question's
+# auxiliary opening one
+_SENTENCE_END = re.compile(r"[.!?][\"'\u201d)]?[ \t]+\Z")
+_QUESTION_OPENING = re.compile(
+    r"(?:\A|[.!?\n][ \t]*)(?:Is|Was|Did|Does|Do|Can|Could|Will|Would|Should|Has|Have|Had|"
+    r"May|Might|Shall)[ \t]+\Z"
+)
+# a lower-case word next (a verb, "and", "is"), after at most a comma
+_LOWER_AFTER = re.compile(r",?[ \t]+[a-z]")
+
+
+def _plural_of_a_word(word: str) -> bool:
+    """An English word's plural (Mats, Rosas): a given name only in some lists."""
+    low = word.lower()
+    return low.endswith("s") and low[:-1] in lexicon().dictionary
+
+
+def _opens_sentence(before: str) -> bool:
+    """The word after ``before`` opens a text, a line, a sentence or a question."""
+    return (
+        before == ""
+        or before.endswith("\n")
+        or _SENTENCE_END.search(before) is not None
+        or _QUESTION_OPENING.search(before) is not None
+    )
 
 
 def _single_in_running_text(word: str, known_given: bool, family: frozenset[str]) -> bool:
@@ -935,6 +983,14 @@ _SHAPED_NOT_NAMES = frozenset(
     "Hello Mango Papaya Sudoku Emoji Anime Manga Kimchi Bibimbap Taco Pizza Pasta Salami "
     "Hawaii Nevada Colorado Arizona Montana Alabama Panama Cuba Kenya Ghana Uganda Rwanda "
     "Somalia Nigeria Japan China Korea Malaysia Indonesia Samoa Tonga Fiji Nepal Oman".split()
+)
+# Cues that name a person's relation to someone: after them any word in no list is a name
+# (not "tell", "contact", "called": brands and services follow those too).
+_RELATION_CUES = frozenset(
+    "colleague|manager|friend|neighbour|neighbor|wife|husband|son|daughter|boss|mom|mum|dad|"  # noqa: SIM905
+    "sister|brother|partner|patient|employee|coworker|co-worker|flatmate|roommate|tenant|"
+    "landlord|landlady|nephew|niece|cousin|aunt|uncle|grandson|granddaughter|fiancé|fiancée|"
+    "girlfriend|boyfriend|teacher|student|carer|caregiver".split("|")
 )
 # Cues that introduce a person and nothing else (not "from", "to", "with": places follow them).
 _PERSON_CUES = frozenset(

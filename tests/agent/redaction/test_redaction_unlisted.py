@@ -59,6 +59,23 @@ def test_names_in_no_list_are_found_by_their_context(
 
 
 @pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        # a listed given name opening a sentence or a question, a lower-case word after it
+        ("Mariam paid the deposit already.", "Mariam"),
+        ("Thanks. Ngozi and I will come at noon.", "Ngozi"),
+        ("Is Kwabena still the contact for this order?", "Kwabena"),
+        # a possessive: the name without its 's
+        ("Please update Mehmet's phone number.", "Mehmet"),
+        # a word in no list after a cue naming a relation
+        ("My colleague Siriporn handles billing.", "Siriporn"),
+    ],
+)
+def test_names_opening_sentences_possessives_and_relations(text: str, name: str) -> None:
+    assert persons(text) == [name], R.detect(text)
+
+
+@pytest.mark.parametrize(
     "text",
     [
         # after an article, a determiner or a preposition of place: a thing, a brand, a place
@@ -79,6 +96,12 @@ def test_names_in_no_list_are_found_by_their_context(
         # two English words run together: a brand or a product, not a name in no list
         "I pay Tunewave monthly for music.",
         "I booked with Movewell Physio again.",
+        # a listed given name that is a hyphenated word's first part, or an English plural
+        "Per-request records are sent on.",
+        "Mats are provided at the studio.",
+        # a service after a cue that brands follow too
+        "Hi, Spoolbox says my payment failed.",
+        "Do I need to tell Covera about my car insurance?",
         # German nouns are capitalised; frequent foreign words are no names
         "Die Miete für Dezember ist bezahlt, die Rechnung kommt morgen.",
         "Wir haben Kaffee Bohnen gekauft.",

@@ -913,6 +913,16 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                     not known_first and _cue_before(before, _RELATION_CUES) and _unlisted(w, True)
                 )
                 or (
+                    # a listed Cyrillic given name inside a sentence: Russian and Ukrainian
+                    # write no other word with a capital there ("Звонил Сергей, просил")
+                    known_first
+                    and "\u0400" <= first[:1] <= "\u04ff"
+                    and not first.isupper()
+                    and before != ""
+                    and not _opens_sentence(before)
+                    and _known(first, given)
+                )
+                or (
                     # a listed given name that is no English word or place opening a
                     # sentence or a question, a lower-case word after it: "Mariam paid the
                     # deposit", "Ngozi and Emeka", "Is Kwabena still the contact?"

@@ -18,8 +18,14 @@ context cue:
   words): two or three words of the script, the first a known given name and the next a
   known name, or any known name after a label or an honorific (السيد, श्री, ...).
 
-Not covered: Chinese or Japanese names whose surname is in no list, names in these scripts
-without any cue, and telling Japanese from Chinese readings.
+In Japanese text a listed two-character surname opening a run of kanji, with up to two more,
+before a particle (佐藤健一が, 高橋から) is a name too (not a prefecture or large city); in
+Korean text a family syllable and a listed given name with a case particle on (박서준이,
+김민수에게); in Devanagari a known name before ने or को.
+
+Not covered: Chinese or Japanese names whose surname is in no list, Chinese names without any
+cue (a single Han surname is an ordinary character), and telling Japanese from Chinese
+readings.
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ _HONORIFICS_CASELESS = frozenset(
     "श्री श्रीमती सुश्री डॉ. डॉ कुमारी मिस्टर "
     "শ্রী শ্রীমতী ডা. திரு திருமதி ഡോ. ശ്രീ คุณ นาย นาง นางสาว מר גב' ד\"ר".split()
 )
+# Hindi's ergative and dative postpositions (a doer in the past tense, someone told, given
+# or called); not से, का, की, के, which things take as often
+_AGENT_MARKERS = frozenset(["ने", "को"])
 _LABELS_CASELESS = re.compile(
     r"(?i:(?:name|dear|customer|patient|recipient|attn|contact|holder|signed|"
     r"الاسم|اسم العميل|المستلم|عزيزي|عزيزتي|नाम|प्रिय|ग्राहक|नाम:|ชื่อ|שם|"
@@ -192,8 +201,32 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
             h = _HONORIFIC.search(m.group(2))
             end = m.start(2) + h.start() if h is not None and h.start() > 0 else m.end()
             yield Span(m.start(), end, PERSON)
+    # 4. a known two-character surname opening a run of Han letters, up to two more, then a
+    #    Japanese particle (佐藤健一が, 高橋から, 鈴木の): not a prefecture or a city that is
+    #    also a surname (山口に行く), not a one-character surname (高速の is "high speed's")
+    if _KANA_LETTER.search(text):
+        for m in _SURNAME_PARTICLE.finditer(text):
+            sur = m.group(1)
+            given = m.group(2)
+            if sur not in family or sur in _PLACES_JA or any(c in _NEVER_IN_NAMES for c in given):
+                continue
+            yield Span(m.start(), m.end(2), PERSON)
 
 
+_KANA_LETTER = re.compile(rf"[{_KANA}]")
+_SURNAME_PARTICLE = re.compile(
+    rf"(?<![{_HAN}])([{_HAN}]{{2}})([{_HAN}]{{0,2}})(?=が|は|を|に|と|の|から|も|へ|より|まで)"
+)
+# Japan's prefectures and largest cities whose names are surnames too (山口, 石川, 福島 ...)
+# (not 松本, a city but far more often a person)
+_PLACES_JA = frozenset(
+    "北海 青森 岩手 宮城 秋田 山形 福島 茨城 栃木 群馬 埼玉 千葉 東京 新潟 富山 石川 福井 "  # noqa: SIM905
+    "山梨 長野 岐阜 静岡 愛知 三重 滋賀 京都 大阪 兵庫 奈良 鳥取 島根 岡山 広島 山口 徳島 香川 "
+    "愛媛 高知 福岡 佐賀 長崎 熊本 大分 宮崎 沖縄 横浜 札幌 神戸 仙台 川崎 福山 浜松 金沢 "
+    "長岡 高松 松山 函館 旭川 盛岡 水戸 前橋 高崎 甲府 津山 米子 松江 下関 佐世保 宇都宮 "
+    "名古 鹿児 和歌 神奈 日本 中国 韓国 台湾 香港 上海 北京 "
+    "清水 小川".split()  # and surnames that are ordinary words: clear water, a brook
+)
 # Function characters and the labels' own characters: never part of a name found here.
 _NEVER_IN_NAMES = frozenset(
     "的了是在和与與给給请請向对對把被从從为為您你我他她们們这這那个個也都就很敬尊爱愛致"
@@ -246,6 +279,12 @@ _HANGUL_AFTER_WORDS = tuple(_HANGUL_AFTER.split("|"))
 _HANGUL_AFTER_LONGEST_FIRST = tuple(sorted(_HANGUL_AFTER_WORDS, key=len, reverse=True))
 
 
+# Korean case particles written onto a name: subject, topic, object, possessive, "too",
+# "and", "to", "from"
+_CASE_PARTICLES = frozenset("이가은는을를의도와과랑")
+_CASE_PARTICLES_2 = frozenset(["에게", "한테", "께서", "하고", "이랑"])
+
+
 def _hangul(text: str, family: frozenset[str], given: frozenset[str]) -> Iterator[Span]:
     for m in _HANGUL_WORD.finditer(text):
         word = m.group()
@@ -266,6 +305,12 @@ def _hangul(text: str, family: frozenset[str], given: frozenset[str]) -> Iterato
                 name_len = len(word) if len(word) <= 3 else 3
             elif len(word) == 3 and word[1:] in given:
                 name_len = 3
+            elif (
+                len(word) == 4
+                and word[1:3] in given
+                and (word[3] in _CASE_PARTICLES or text[start + 3 : start + 5] in _CASE_PARTICLES_2)
+            ):
+                name_len = 3  # 박서준이 취소했어요, 김민수에게: a known given name, a particle
         if name_len is not None and name_len >= 2:
             yield Span(start, start + name_len, PERSON)
 
@@ -292,6 +337,12 @@ def _caseless(text: str, known: frozenset[str]) -> Iterator[Span]:
         if len(run) >= 2 and run[0].group() in known and run[1].group() in known:
             last = run[2] if len(run) >= 3 and run[2].group() in known else run[1]
             yield Span(w.start(), last.end(), PERSON)
+            i = j
+            continue
+        if len(run) >= 2 and run[0].group() in known and run[1].group() in _AGENT_MARKERS:
+            # a known name, then the postposition that marks a person who acts or is
+            # addressed: प्रिया ने कहा, कृपया प्रिया को कॉल करें
+            yield Span(w.start(), w.end(), PERSON)
             i = j
             continue
         if cue and names:

@@ -354,7 +354,8 @@ def test_phones_are_what_they_were() -> None:
 
 
 def _reference_hangul(text: str) -> Iterator[tuple[int, int]]:
-    """script_names._hangul as it was before its word lists became tuples."""
+    """script_names._hangul as it was before its word lists became tuples (with the case
+    particles added since)."""
     sn = script_names
     _, family, given, _ = sn._lists()
     for m in sn._HANGUL_WORD.finditer(text):
@@ -375,6 +376,14 @@ def _reference_hangul(text: str) -> Iterator[tuple[int, int]]:
             elif sn._LABELS_HANGUL.search(before) and len(word) in (2, 3, 4):
                 name_len = len(word) if len(word) <= 3 else 3
             elif len(word) == 3 and word[1:] in given:
+                name_len = 3
+            # (and since 2026-12-06: a known given name with a case particle written on)
+            elif (
+                len(word) == 4
+                and word[1:3] in given
+                and (word[3] in "이가은는을를의도와과랑" or text[start + 3 : start + 5] in
+                     ("에게", "한테", "께서", "하고", "이랑"))
+            ):  # fmt: skip
                 name_len = 3
         if name_len is not None and name_len >= 2:
             yield start, start + name_len

@@ -50,6 +50,9 @@ PERSONS = {
         ("佐藤 健一様、ご注文ありがとうございます。", "佐藤 健一"),
         ("高橋さんにも連絡しました。", "高橋"),
         ("Order for 佐藤健一 (account 12345).", "佐藤健一"),
+        # a known two-character surname opening a run, then a particle
+        ("佐藤健一が注文をキャンセルしました。", "佐藤健一"),
+        ("高橋から連絡がありました。", "高橋"),
     ],
     "china": [
         ("Wang Xiuying and Li Wei visited the office.", "Wang Xiuying"),
@@ -69,6 +72,9 @@ PERSONS = {
         ("이름: 박서연", "박서연"),
         ("Customer 김민준 called about the refund.", "김민준"),
         ("저는 김민준입니다.", "김민준"),
+        # a known given name with a case particle written on
+        ("박서준이 주문을 취소했어요.", "박서준"),
+        ("김민수에게 전화해 주세요.", "김민수"),
         ("Minjun Kim will call.", "Minjun Kim"),
     ],
     "west_africa": [
@@ -82,6 +88,7 @@ PERSONS = {
         ("Priya Raghunathan from Chennai called.", "Priya Raghunathan"),
         ("Please thank Sharma-ji for the help.", "Sharma"),
         ("श्री राहुल शर्मा कल आएंगे", "राहुल शर्मा"),
+        ("कृपया प्रिया को कॉल करें।", "प्रिया"),  # a known name, then को or ने
     ],
     "south_east_asia": [
         ("Ship to: Tran Thi Hoa, 45 Le Loi, District 1.", "Tran Thi Hoa"),
@@ -111,6 +118,8 @@ PERSONS = {
         ("Поговорите с Натальей Ивановной.", "Натальей Ивановной"),
         # a given name in no list before a patronymic in another case
         ("Звоните Дрыне Петровне.", "Дрыне Петровне"),
+        # a listed given name inside a sentence, after a capitalised first word
+        ("Звонил Сергей, просил перезвонить.", "Сергей"),
     ],
 }
 
@@ -132,6 +141,15 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "谢谢!",
         "오늘 회의는 오후 세 시에 시작합니다.",
         "고객님, 주문이 발송되었습니다.",
+        # a surname letter opening a word with a particle on it; Japanese places that are
+        # surnames, and words before a particle
+        "박물관이 문을 닫았다.",
+        "이번에는 주문을 취소했어요.",
+        "山口に行きました。",
+        "会議は午後からです。",
+        "清水の舞台から飛び降りる。",
+        # a capitalised word opening a Russian sentence is no name by its capital
+        "Вера в лучшее помогает.",
         # places and brands whose words are names or name-shaped somewhere
         "Our office is in Ho Chi Minh City near the river.",
         "Banana Republic and Toyota Corolla are brands.",

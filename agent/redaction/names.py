@@ -1788,6 +1788,7 @@ def _comma_chain(text: str) -> Iterator[tuple[int, int]]:
 _SEPARATE_STREET_WORDS = "gate|gata|vei|veg|gade|vej|plass|torg|allé"
 _SEPARATE_STREET_GATE = first_words(_SEPARATE_STREET_WORDS.split("|"))
 _NORDIC_NAME = r"[A-ZÆØÅ][\w'.-]*"
+_SEPARATE_WORD_AT = re.compile(rf"[ \t](?:{_SEPARATE_STREET_WORDS})[ \t]\d")
 _SEPARATE_STREET = re.compile(
     rf"(?<![\w-])(?:{_NORDIC_NAME}[ \t]){{0,3}}"
     rf"(?:({_NORDIC_NAME}s)[ \t](?:{_SEPARATE_STREET_WORDS})[ \t]\d{{1,4}}[A-Za-z]?\b"
@@ -1802,15 +1803,23 @@ def _separate_streets(text: str) -> Iterator[tuple[int, int]]:
     """:data:`_SEPARATE_STREET`'s matches whose genitive is no place and no English word
     (Paris gate 5, Departures gate 3: a gate where one boards)."""
     lex = lexicon()
-    for m in _SEPARATE_STREET.finditer(text):
-        genitive = m.group(1)
-        if genitive is not None and (
-            _known(genitive, lex.places)
-            or fold(genitive).lower() in lex.dictionary
-            or fold(genitive[:-1]).lower() in lex.dictionary
-        ):
-            continue
-        yield m.span()
+    seen: set[tuple[int, int]] = set()
+    # tried only in the 80 characters before each street word and its number (up to four
+    # name words), not from every capital of the text
+    for word in _SEPARATE_WORD_AT.finditer(text):
+        for m in _SEPARATE_STREET.finditer(text, max(0, word.start() - 80), word.end() + 40):
+            if m.span() not in seen and not _boarding_gate(m.group(1), lex):
+                seen.add(m.span())
+                yield m.span()
+
+
+def _boarding_gate(genitive: str | None, lex: Lexicon) -> bool:
+    """The word before the street word is a place or an English word (Paris, Departures)."""
+    return genitive is not None and (
+        _known(genitive, lex.places)
+        or fold(genitive).lower() in lex.dictionary
+        or fold(genitive[:-1]).lower() in lex.dictionary
+    )
 
 
 def _other_forms(found: frozenset[str]) -> Iterator[re.Pattern[str]]:

@@ -205,18 +205,29 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
     #    Japanese particle (佐藤健一が, 高橋から, 鈴木の): not a prefecture or a city that is
     #    also a surname (山口に行く), not a one-character surname (高速の is "high speed's")
     if _KANA_LETTER.search(text):
-        for m in _SURNAME_PARTICLE.finditer(text):
-            sur = m.group(1)
-            given = m.group(2)
-            if sur not in family or sur in _PLACES_JA or any(c in _NEVER_IN_NAMES for c in given):
+        for m in _two_char_surnames(family).finditer(text):
+            if m.start() and _is_han(text[m.start() - 1]):
+                continue  # inside a longer run of Han letters
+            after = _GIVEN_THEN_PARTICLE.match(text, m.end())
+            if after is None or m.group() in _PLACES_JA:
                 continue
-            yield Span(m.start(), m.end(2), PERSON)
+            if any(c in _NEVER_IN_NAMES for c in after.group()):
+                continue
+            yield Span(m.start(), after.end(), PERSON)
 
 
 _KANA_LETTER = re.compile(rf"[{_KANA}]")
-_SURNAME_PARTICLE = re.compile(
-    rf"(?<![{_HAN}])([{_HAN}]{{2}})([{_HAN}]{{0,2}})(?=が|は|を|に|と|の|から|も|へ|より|まで)"
-)
+# up to two Han letters of a given name, then a particle
+_GIVEN_THEN_PARTICLE = re.compile(rf"[{_HAN}]{{0,2}}(?=が|は|を|に|と|の|から|も|へ|より|まで)")
+
+
+@cache
+def _two_char_surnames(family: frozenset[str]) -> re.Pattern[str]:
+    """The listed family names of two Han letters, as one pattern."""
+    two = sorted(f for f in family if len(f) == 2 and all(_is_han(c) for c in f))
+    return re.compile("|".join(map(re.escape, two)) or "(?!)")
+
+
 # Japan's prefectures and largest cities whose names are surnames too (山口, 石川, 福島 ...)
 # (not 松本, a city but far more often a person)
 _PLACES_JA = frozenset(

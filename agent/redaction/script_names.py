@@ -18,7 +18,9 @@ context cue:
   words): two or three words of the script, the first a known given name and the next a
   known name, or any known name after a label or an honorific (السيد, श्री, ...).
 
-In Japanese text a listed two-character surname opening a run of kanji, with up to two more,
+A known family name right before a listed two-letter given name (张建国, 王秀英, 佐藤健一) is
+a name without a cue, unless a place letter follows (建国路, 建国门). In Japanese text a
+listed two-character surname opening a run of kanji, with up to two more,
 before a particle (佐藤健一が, 高橋から) is a name too (not a prefecture or large city); in
 Korean text a family syllable and a listed given name with a case particle on (박서준이,
 김민수에게); in Devanagari a known name before ने or को.
@@ -38,6 +40,7 @@ from itertools import chain
 from agent.redaction import gazetteer_file
 from agent.redaction.detectors import PERSON, Span
 from agent.redaction.prefilter import finditer_from, keyword_starts, marks
+from agent.redaction.trie import trie_regex
 
 _HAN = "\u3005\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _KANA = "\u3041-\u3096\u30a1-\u30fa\u30fc"
@@ -101,8 +104,18 @@ def _lists() -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[
     )
 
 
+@cache
+def _listed_given_pattern() -> re.Pattern[str]:
+    """The listed Chinese and Japanese given names of two Han letters (Faker's zh_CN, zh_TW
+    and ja_JP: 秀英, 建国, 健一 ...), as one pattern."""
+    given = gazetteer_file.read().get("cjk_given", ())
+    two = [g for g in given if len(g) == 2 and all(_is_han(c) for c in g)]
+    return re.compile(trie_regex(two))
+
+
 def warm_up() -> None:
     _lists()
+    _listed_given_pattern()
 
 
 _NON_LATIN = re.compile(
@@ -201,7 +214,22 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
             h = _HONORIFIC.search(m.group(2))
             end = m.start(2) + h.start() if h is not None and h.start() > 0 else m.end()
             yield Span(m.start(), end, PERSON)
-    # 4. a known two-character surname opening a run of Han letters, up to two more, then a
+    # 4. a known family name right before a listed given name of two Han letters (张建国的订单,
+    #    王秀英明天来, 佐藤健一が): no cue needed, two-letter given names are rarely words
+    for m in _listed_given_pattern().finditer(text):
+        at = m.start()
+        if text[m.end() : m.end() + 1] in _PLACE_AFTER_CJK:
+            continue  # 建国路, 建国门, 中山公园: streets and places named like people
+        if at >= 2 and text[at - 2 : at] in family and _is_han(text[at - 2]):
+            yield Span(at - 2, m.end(), PERSON)
+        elif (
+            at >= 1
+            and text[at - 1] in family
+            and text[at - 1] not in _NEVER_IN_NAMES
+            and text[at - 1] not in _NOT_A_FAMILY_HERE
+        ):
+            yield Span(at - 1, m.end(), PERSON)
+    # 5. a known two-character surname opening a run of Han letters, up to two more, then a
     #    Japanese particle (佐藤健一が, 高橋から, 鈴木の): not a prefecture or a city that is
     #    also a surname (山口に行く), not a one-character surname (高速の is "high speed's")
     if _KANA_LETTER.search(text):
@@ -216,6 +244,12 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
             yield Span(m.start(), after.end(), PERSON)
 
 
+# A character after a name that makes it a place: a road, street, gate, lane, village,
+# district, city, station, bridge, square, park, hospital, school, hotel, building, temple,
+# lake, mountain, river, town
+_PLACE_AFTER_CJK = frozenset(
+    "路街道门門巷里村镇鎮区區县縣市省站桥橋场場园園院学學店馆館厦廈楼樓寺庙廟湖山河江町"
+)
 _KANA_LETTER = re.compile(rf"[{_KANA}]")
 # up to two Han letters of a given name, then a particle
 _GIVEN_THEN_PARTICLE = re.compile(rf"[{_HAN}]{{0,2}}(?=が|は|を|に|と|の|から|も|へ|より|まで)")
@@ -238,6 +272,9 @@ _PLACES_JA = frozenset(
     "名古 鹿児 和歌 神奈 日本 中国 韓国 台湾 香港 上海 北京 "
     "清水 小川".split()  # and surnames that are ordinary words: clear water, a brook
 )
+# Family-name characters that before a given name are more often the end of another word: a
+# district (朝阳区建国门), function characters
+_NOT_A_FAMILY_HERE = frozenset("区區市省县縣镇鎮村路街")  # (and _NEVER_IN_NAMES, below)
 # Function characters and the labels' own characters: never part of a name found here.
 _NEVER_IN_NAMES = frozenset(
     "的了是在和与與给給请請向对對把被从從为為您你我他她们們这這那个個也都就很敬尊爱愛致"

@@ -64,6 +64,9 @@ PERSONS = {
         ("Mdm Tan Mei Ling will collect it.", "Tan Mei Ling"),
         ("我是王秀英，请回电。", "王秀英"),
         ("Xiuying Wang paid.", "Xiuying Wang"),
+        # a known family name right before a listed two-letter given name, no cue
+        ("张建国的订单已经发货了。", "张建国"),
+        ("王秀英明天来取包裹。", "王秀英"),
     ],
     "korea": [
         ("Kim Min-jun will call you back.", "Kim Min-jun"),
@@ -148,6 +151,11 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "山口に行きました。",
         "会議は午後からです。",
         "清水の舞台から飛び降りる。",
+        # a street or a place named like a person, a district's last letter before one
+        "朝阳区建国门外大街很堵。",
+        "我们在建国路见面。",
+        "沿着马建国路一直走。",  # a road named after a person is a road
+        "我住在朝阳区建华小区。",  # 区 (a district's last letter), not the family name Ou
         # a capitalised word opening a Russian sentence is no name by its capital
         "Вера в лучшее помогает.",
         # places and brands whose words are names or name-shaped somewhere

@@ -908,9 +908,9 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                     )
                 )
                 or (
-                    # any word in no list after a cue that only a person follows:
-                    # "my colleague Siriporn", "customer Dilnoza"
-                    not known_first and _cue_before(before, _RELATION_CUES) and _unlisted(w, True)
+                    # any word in no list where only a person fits: "my colleague Siriporn",
+                    # "Hi Dobrogost,", "Tesfaye wrote back"
+                    not known_first and _unlisted_in_person_context(w, before, text, one_end)
                 )
                 or (
                     # a listed Cyrillic given name inside a sentence: Russian and Ukrainian
@@ -948,6 +948,19 @@ _QUESTION_OPENING = re.compile(
 )
 # a lower-case word next (a verb, "and", "is"), after at most a comma
 _LOWER_AFTER = re.compile(r",?[ \t]+[a-z]")
+
+
+def _unlisted_in_person_context(word: str, before: str, text: str, end: int) -> bool:
+    """A word in no list after a cue naming a relation or a greeting, or before past-tense
+    speech. After "Hi," the word may open a sentence ("Hi, Spoolbox says"): a name there ends
+    its phrase ("Thanks, Tesfaye!")."""
+    if not _unlisted(word, True):
+        return False
+    if _cue_before(before, _RELATION_CUES) or _PAST_SPEECH_AFTER.match(text, end):
+        return True
+    return _cue_before(before, _GREETING_CUES) and (
+        not before.rstrip(" ").endswith(",") or _PHRASE_END.match(text, end) is not None
+    )
 
 
 def _plural_of_a_word(word: str) -> bool:
@@ -1001,6 +1014,18 @@ _RELATION_CUES = frozenset(
     "sister|brother|partner|patient|employee|coworker|co-worker|flatmate|roommate|tenant|"
     "landlord|landlady|nephew|niece|cousin|aunt|uncle|grandson|granddaughter|fiancé|fiancée|"
     "girlfriend|boyfriend|teacher|student|carer|caregiver".split("|")
+)
+# Past-tense speech after a word in no list: a person ("Tesfaye wrote back"); not "says",
+# which apps and headers do ("Retry-After says when")
+_PAST_SPEECH_AFTER = re.compile(
+    r"\s(?:said|wrote|told|asked|mentioned|replied|emailed|texted|agreed|confirmed)\b"
+)
+_PHRASE_END = re.compile(r"[ \t]*(?:[,!.?;:)]|\n|\Z)")
+# Greetings and thanks: a word in no list after them is a name ("Hi Dobrogost,", "Thanks,
+# Tesfaye!"), as a brand or a team is rarely greeted by its name alone.
+_GREETING_CUES = frozenset(
+    "dear|hi|hello|hey|thanks|thank you|cheers|hiya|good morning|good afternoon|"  # noqa: SIM905
+    "good evening|greetings".split("|")
 )
 # Cues that introduce a person and nothing else (not "from", "to", "with": places follow them).
 _PERSON_CUES = frozenset(

@@ -48,6 +48,10 @@ def listed(word: str) -> str:
         ("Please copy Ifeoluwa Oyelaran.", "Ifeoluwa Oyelaran", ["Ifeoluwa", "Oyelaran"]),
         ("We called Thitirat Jirapat twice.", "Thitirat Jirapat", ["Thitirat", "Jirapat"]),
         ("Then Hinata Takumi called back.", "Hinata Takumi", ["Hinata", "Takumi"]),
+        # a word in no list, not name-shaped, greeted or speaking in the past tense
+        ("Hi Dobrogost, your order has shipped.", "Dobrogost", ["Dobrogost"]),
+        ("Thanks, Oyunchimeg!", "Oyunchimeg", ["Oyunchimeg"]),
+        ("Tesfaye wrote back this morning.", "Tesfaye", ["Tesfaye"]),
     ],
 )  # fmt: skip
 def test_names_in_no_list_are_found_by_their_context(
@@ -102,6 +106,8 @@ def test_names_opening_sentences_possessives_and_relations(text: str, name: str)
         # a service after a cue that brands follow too
         "Hi, Spoolbox says my payment failed.",
         "Do I need to tell Covera about my car insurance?",
+        # what a header or an app "says" (present tense) is no person speaking
+        "Retry-After says when to try again.",
         # German nouns are capitalised; frequent foreign words are no names
         "Die Miete für Dezember ist bezahlt, die Rechnung kommt morgen.",
         "Wir haben Kaffee Bohnen gekauft.",

@@ -16,7 +16,7 @@ import pickle
 
 import pytest
 
-from agent.redaction import Redactor
+from agent.redaction import Redactor, names
 from agent.redaction import build_gazetteer as builder
 from agent.redaction.names import WordSet, _known, gazetteer, lexicon
 
@@ -52,6 +52,9 @@ def listed(word: str) -> str:
         ("Hi Dobrogost, your order has shipped.", "Dobrogost", ["Dobrogost"]),
         ("Thanks, Oyunchimeg!", "Oyunchimeg", ["Oyunchimeg"]),
         ("Tesfaye wrote back this morning.", "Tesfaye", ["Tesfaye"]),
+        # alone after a lower-case word, not name-shaped: its letters look like a name's
+        ("I spoke with Gulnara yesterday about the refund.", "Gulnara", ["Gulnara"]),
+        ("The refund goes to Farrukh.", "Farrukh", ["Farrukh"]),
     ],
 )  # fmt: skip
 def test_names_in_no_list_are_found_by_their_context(
@@ -108,6 +111,9 @@ def test_names_opening_sentences_possessives_and_relations(text: str, name: str)
         "Do I need to tell Covera about my car insurance?",
         # what a header or an app "says" (present tense) is no person speaking
         "Retry-After says when to try again.",
+        # a day's abbreviation and English-looking words in no list score below the line
+        "The slots on Thu 16 Oct are free.",
+        "How do I convert Celsius to Fahrenheit?",
         # German nouns are capitalised; frequent foreign words are no names
         "Die Miete für Dezember ist bezahlt, die Rechnung kommt morgen.",
         "Wir haben Kaffee Bohnen gekauft.",
@@ -150,3 +156,13 @@ def test_the_web2_pickle_is_read_by_an_unpickler_that_accepts_only_sets_of_strin
 
     with pytest.raises(pickle.UnpicklingError, match=r"refused: builtins\.print"):
         builder._SetsOfStrings(io.BytesIO(pickle.dumps(Boom()))).load()
+
+
+def test_name_likeness_tells_names_from_english_looking_words() -> None:
+    """The letter-trigram model (built from the gazetteer at warm-up): names in no list score
+    at or above NAME_LIKENESS, brands made of English morphemes well below."""
+    for name in ("Gulnara", "Farrukh", "Dilnoza", "Achterberg"):
+        assert listed(name) == "", name
+        assert names.name_likeness(name) >= names.NAME_LIKENESS, name
+    for word in ("Spotify", "Dropbox", "Shopify", "Spoolbox", "Fahrenheit"):
+        assert names.name_likeness(word) < names.NAME_LIKENESS, word

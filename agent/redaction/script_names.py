@@ -23,7 +23,8 @@ a name without a cue, unless a place letter follows (建国路, 建国门). In J
 listed two-character surname opening a run of kanji, with up to two more,
 before a particle (佐藤健一が, 高橋から) is a name too (not a prefecture or large city); in
 Korean text a family syllable and a listed given name with a case particle on (박서준이,
-김민수에게); in Devanagari a known name before ने or को.
+김민수에게); in Devanagari a known name before ने or को; a known name of a caseless script
+alone in text of another script (I spoke with محمد), or any word of it after a greeting.
 
 Not covered: Chinese or Japanese names whose surname is in no list, Chinese names without any
 cue (a single Han surname is an ordinary character), and telling Japanese from Chinese
@@ -138,6 +139,7 @@ def find_script_persons(text: str, found: frozenset[str] | None = None) -> Itera
         yield from _isolated(text, cjk_family, hangul_family)
     if "caseless" in found:
         yield from _caseless(text, known)
+        yield from _isolated_caseless(text, known)
 
 
 _HONORIFIC_AT = re.compile(
@@ -361,6 +363,34 @@ def _hangul(text: str, family: frozenset[str], given: frozenset[str]) -> Iterato
                 name_len = 3  # 박서준이 취소했어요, 김민수에게: a known given name, a particle
         if name_len is not None and name_len >= 2:
             yield Span(start, start + name_len, PERSON)
+
+
+_GREETING_BEFORE = re.compile(r"(?i:\b(?:hi|hello|hey|dear|thanks|thank you|cheers),?[ \t]*\Z)")
+
+
+def _isolated_caseless(text: str, known: frozenset[str]) -> Iterator[Span]:
+    """A name in Arabic, Hebrew, Devanagari, Thai, Georgian ... script alone in text of
+    another script ("I spoke with محمد yesterday", "Thanks, प्रिया!"): a known name, or any
+    word of the script after a greeting; its run of the script's words up to the last known
+    one. Where other words of such a script are near (within 24 characters) the text is in
+    that script, and :func:`_caseless` reads it."""
+    words = list(_CASELESS_WORD.finditer(text))
+    i = 0
+    while i < len(words):
+        j = i + 1
+        while j < len(words) and j - i < 3 and text[words[j - 1].end() : words[j].start()] == " ":
+            j += 1
+        run = words[i:j]
+        start, end = run[0].start(), run[-1].end()
+        around = text[max(0, start - 24) : start] + " " + text[end : end + 24]
+        i = j
+        if _CASELESS_WORD.search(around) or not _LATIN_WORD.search(around):
+            continue
+        listed = [w for w in run if w.group() in known]
+        if listed:
+            yield Span(start, listed[-1].end(), PERSON)
+        elif len(run) <= 2 and _GREETING_BEFORE.search(text, 0, start):
+            yield Span(start, end, PERSON)
 
 
 def _caseless(text: str, known: frozenset[str]) -> Iterator[Span]:

@@ -92,6 +92,7 @@ PERSONS = {
         ("Please thank Sharma-ji for the help.", "Sharma"),
         ("श्री राहुल शर्मा कल आएंगे", "राहुल शर्मा"),
         ("कृपया प्रिया को कॉल करें।", "प्रिया"),  # a known name, then को or ने
+        ("Thanks, प्रिया!", "प्रिया"),
     ],
     "south_east_asia": [
         ("Ship to: Tran Thi Hoa, 45 Le Loi, District 1.", "Tran Thi Hoa"),
@@ -106,6 +107,9 @@ PERSONS = {
         ("We met Ahmed Al-Mansouri in the lobby.", "Ahmed Al-Mansouri"),
         ("Dear Mohammed bin Rashid, welcome.", "Mohammed bin Rashid"),
         ("السيد أحمد الفارسي سيصل غدا", "أحمد الفارسي"),
+        # a known name alone in English text; any word of the script after a greeting
+        ("I spoke with محمد yesterday about the bill.", "محمد"),
+        ("Hi สมชาย, your order has shipped.", "สมชาย"),
     ],
     "slavic": [
         ("Ivan Petrovich Sidorov signed the contract.", "Ivan Petrovich Sidorov"),
@@ -156,6 +160,9 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "我们在建国路见面。",
         "沿着马建国路一直走。",  # a road named after a person is a road
         "我住在朝阳区建华小区。",  # 区 (a district's last letter), not the family name Ou
+        # a word of another script in English text that is no known name, no greeting
+        "Please translate مرحبا into English.",
+        "The Hindi for water is पानी.",
         # a capitalised word opening a Russian sentence is no name by its capital
         "Вера в лучшее помогает.",
         # places and brands whose words are names or name-shaped somewhere

@@ -448,6 +448,17 @@ _TITLES = (
 )
 # Honorifics written after a romanized name (Tanaka-san, Min-jun-ssi, Sharma-ji).
 _HONORIFIC_SUFFIXES = frozenset(["san", "sama", "sensei", "kun", "chan", "ssi", "nim", "ji"])
+_FOREIGN_GREETINGS = (
+    r"danke|danke schön|vielen dank|merci|merci beaucoup|salut|gracias|muchas gracias|"
+    r"obrigado|obrigada|olá|oi|grazie|salve|bedankt|dank je|dank u|hoi|dziękuję|dzięki|cześć|"
+    r"děkuji|díky|ahoj|tack|tak|takk|hej|hei|kiitos|moi|köszönöm|szia|mulțumesc|bună|"
+    r"teşekkürler|teşekkür ederim|sağ ol|merhaba|selam|terima kasih|selamat pagi|halo|"
+    r"cảm ơn|cám ơn|chào|xin chào|salamat|спасибо|благодарю|привет|здравствуйте|дякую|"
+    r"привіт|вітаю|ευχαριστώ|γεια σου|γεια|sehr geehrte|sehr geehrter|chers|estimado|"
+    r"estimada|prezado|prezada|gentile|egregio|geachte|kære|kära|hyvä|drogi|droga|szanowny|"
+    r"szanowna|vážený|vážená|sayın|уважаемый|уважаемая|дорогой|дорогая|шановний|шановна|"
+    r"anh|chị|em"
+)
 _CUES = (
     r"dear|hi|hello|hey|thanks|thank you|cc|ask|tell|call|email|e-mail|ping|contact|phone|"
     r"text|meet|met|with|by|from|name is|name's|named|called|i am|i'm|this is|signed|"
@@ -455,7 +466,9 @@ _CUES = (
     r"hallo|liebe|lieber|bonjour|cher|chère|hola|querido|querida|ciao|caro|cara|beste|"
     r"c'est|je suis|ich bin|soy|sono|ik ben|thx|ty|intern|colleague|manager|friend|"
     r"neighbour|neighbor|wife|husband|son|daughter|boss|mom|mum|dad|sister|brother|partner|"
-    r"see|and|or|attention|attn|for|to"
+    r"see|and|or|attention|attn|for|to|" + _FOREIGN_GREETINGS
+    # thanks, greetings and "dear" in other languages (Danke, Jürgen; Merci, Aurélie;
+    # Cảm ơn anh Tuấn; Спасибо, Ольга; Ευχαριστώ, Μαρία)
 )
 _UPPER = (
     "A-ZÀ-ÖØ-Þ"
@@ -932,7 +945,7 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                     known_first
                     and w == first  # not Per-request
                     and _opens_sentence(before)
-                    and _LOWER_AFTER.match(text, one_end)
+                    and _lower_word_after(text, one_end, first)
                     and _single_in_running_text(w, True, family)
                     and not _plural_of_a_word(w)  # Mats are provided
                 )
@@ -950,7 +963,20 @@ _QUESTION_OPENING = re.compile(
     r"May|Might|Shall)[ \t]+\Z"
 )
 # a lower-case word next (a verb, "and", "is"), after at most a comma
-_LOWER_AFTER = re.compile(r",?[ \t]+[a-z]")
+_LOWER_AFTER = re.compile(r",?[ \t]+(?=[^\W\d_])")
+# After a Cyrillic name opening a sentence, a verb in the past or third person (Ольга
+# оплатила, Тарас написав, Сергей звонит): names there are words too (Вера в лучшее)  # noqa: RUF003
+_CYRILLIC_VERB_AFTER = re.compile(
+    r",?[ \t]+[а-яёіїєґ'ʼ]{2,}(?:ла|ли|ло|л|ет|ит|ат|ят|ёт|ут|ют|ав|ів|ив)(?![\w])"
+)
+
+
+def _lower_word_after(text: str, end: int, word: str) -> bool:
+    """A lower-case word follows ``word`` (a verb, for a Cyrillic one)."""
+    if "\u0400" <= word[:1] <= "\u04ff":
+        return _CYRILLIC_VERB_AFTER.match(text, end) is not None
+    after = _LOWER_AFTER.match(text, end)
+    return after is not None and text[after.end()].islower()
 
 
 def _unlisted_in_person_context(word: str, before: str, text: str, end: int) -> bool:
@@ -1084,7 +1110,7 @@ _PHRASE_END = re.compile(r"[ \t]*(?:[,!.?;:)]|\n|\Z)")
 _GREETING_CUES = frozenset(
     "dear|hi|hello|hey|thanks|thank you|cheers|hiya|good morning|good afternoon|"  # noqa: SIM905
     "good evening|greetings".split("|")
-)
+) | frozenset(_FOREIGN_GREETINGS.split("|"))
 # Cues that introduce a person and nothing else (not "from", "to", "with": places follow them).
 _PERSON_CUES = frozenset(
     "dear|hi|hello|hey|thanks|thank you|cc|ask|tell|call|email|e-mail|ping|contact|meet|met|"  # noqa: SIM905

@@ -87,10 +87,17 @@ _HONORIFICS_CASELESS = frozenset(
 # Hindi's ergative and dative postpositions (a doer in the past tense, someone told, given
 # or called); not से, का, की, के, which things take as often
 _AGENT_MARKERS = frozenset(["ने", "को"])
+# the thanks, greetings and vocative of _LABELS_CASELESS, never part of the name after them
+_CASELESS_CUE_WORDS = frozenset(
+    "شكرا شكراً مرحبا أهلا يا धन्यवाद नमस्ते शुक्रिया תודה שלום היי ধন্যবাদ நன்றி".split()  # noqa: SIM905
+)
 _LABELS_CASELESS = re.compile(
-    r"(?i:(?:name|dear|customer|patient|recipient|attn|contact|holder|signed|"
+    r"(?i:(?<!\w)(?:name|dear|customer|patient|recipient|attn|contact|holder|signed|"
     r"الاسم|اسم العميل|المستلم|عزيزي|عزيزتي|नाम|प्रिय|ग्राहक|नाम:|ชื่อ|שם|"
-    r"mr|mrs|ms|dr))\s*[:：]?\s*$"
+    r"mr|mrs|ms|dr|"
+    # thanks, greetings and the vocative (شكرا يا فاطمة, धन्यवाद, सुनीता!, תודה, שרה!)
+    r"شكرا|شكراً|مرحبا|أهلا|يا|धन्यवाद|नमस्ते|शुक्रिया|תודה|שלום|היי|ধন্যবাদ|நன்றி))"
+    r"\s*[:：,،]?\s*$"
 )
 
 
@@ -408,7 +415,7 @@ def _caseless(text: str, known: frozenset[str]) -> Iterator[Span]:
         cue = _LABELS_CASELESS.search(before) is not None or (
             bool(prev) and prev[0] in _HONORIFICS_CASELESS
         )
-        if w.group() in _HONORIFICS_CASELESS:
+        if w.group() in _HONORIFICS_CASELESS or w.group() in _CASELESS_CUE_WORDS:
             i += 1
             continue
         names = [x for x in run if x.group() in known]

@@ -131,6 +131,22 @@ PERSONS = {
 }
 
 
+# thanks, greetings and the vocative in other languages, the name after them
+PERSONS["thanks_and_greetings"] = [
+    ("Danke, Jürgen!", "Jürgen"),
+    ("Merci, Aurélie !", "Aurélie"),
+    ("Dziękuję, Krzysztof!", "Krzysztof"),
+    ("Teşekkürler, Ayşe!", "Ayşe"),
+    ("Terima kasih, Budi!", "Budi"),
+    ("Ευχαριστώ, Μαρία!", "Μαρία"),
+    ("شكرا يا فاطمة", "فاطمة"),
+    ("धन्यवाद, सुनीता!", "सुनीता"),
+    ("תודה, שרה!", "שרה"),
+    # a Cyrillic listed name opening a sentence before a verb
+    ("Ольга оплатила счёт.", "Ольга"),
+]
+
+
 @pytest.mark.parametrize(
     ("region", "text", "name"),
     [(region, text, name) for region, rows in PERSONS.items() for text, name in rows],
@@ -165,6 +181,11 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "The Hindi for water is पानी.",
         # a capitalised word opening a Russian sentence is no name by its capital
         "Вера в лучшее помогает.",
+        "Надежда есть всегда.",
+        # a common noun or a title after thanks in other languages
+        "Danke, Schatz!",
+        "Gracias, Amigo!",
+        "Danke, Bescheid ist angekommen.",
         # places and brands whose words are names or name-shaped somewhere
         "Our office is in Ho Chi Minh City near the river.",
         "Banana Republic and Toyota Corolla are brands.",

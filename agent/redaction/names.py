@@ -1200,7 +1200,13 @@ def _unlisted_pair(
         or (
             _unlisted(a, True)
             and _unlisted(b, True)
-            and (name_shaped(a) or name_shaped(b) or (last is not None and last.islower()))
+            and (
+                name_shaped(a)
+                or name_shaped(b)
+                or (last is not None and last.islower())
+                or (a.isascii() and name_likeness(a) >= NAME_LIKENESS)
+                or (b.isascii() and name_likeness(b) >= NAME_LIKENESS)
+            )
         )
     ):
         return False

@@ -55,6 +55,8 @@ def listed(word: str) -> str:
         # alone after a lower-case word, not name-shaped: its letters look like a name's
         ("I spoke with Gulnara yesterday about the refund.", "Gulnara", ["Gulnara"]),
         ("The refund goes to Farrukh.", "Farrukh", ["Farrukh"]),
+        # two words in no list opening a sentence, neither name-shaped: their letters tell
+        ("Tsetseg Ochirbat signed the form.", "Tsetseg Ochirbat", ["Tsetseg", "Ochirbat"]),
     ],
 )  # fmt: skip
 def test_names_in_no_list_are_found_by_their_context(

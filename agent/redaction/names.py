@@ -929,14 +929,20 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                     not known_first and _unlisted_in_person_context(w, before, text, one_end)
                 )
                 or (
-                    # a listed Cyrillic given name inside a sentence: Russian and Ukrainian
-                    # write no other word with a capital there ("Звонил Сергей, просил")
-                    known_first
-                    and "\u0400" <= first[:1] <= "\u04ff"
+                    # a Cyrillic name inside a sentence: Russian and Ukrainian write no other
+                    # word with a capital there but places and brands ("Звонил Сергей",
+                    # "звонила Гульнара"): a listed given name, or a word in no list that is
+                    # no frequent Russian or Ukrainian word (Яндекс, Сбербанк are) nor a place
+                    "\u0400" <= first[:1] <= "\u04ff"
                     and not first.isupper()
                     and before != ""
                     and not _opens_sentence(before)
-                    and _known(first, given)
+                    and not before.rstrip(" ").endswith((":", "«", '"', "„", "(", "-", "—"))
+                    and (
+                        _known(first, given)
+                        if known_first
+                        else _unlisted(w, True) and _last_word(before) not in _CYRILLIC_PLACE_PREPS
+                    )
                 )
                 or (
                     # a listed given name that is no English word or place opening a
@@ -968,6 +974,13 @@ _LOWER_AFTER = re.compile(r",?[ \t]+(?=[^\W\d_])")
 # оплатила, Тарас написав, Сергей звонит): names there are words too (Вера в лучшее)  # noqa: RUF003
 _CYRILLIC_VERB_AFTER = re.compile(
     r",?[ \t]+[а-яёіїєґ'ʼ]{2,}(?:ла|ли|ло|л|ет|ит|ат|ят|ёт|ут|ют|ав|ів|ив)(?![\w])"
+)
+
+
+# Russian and Ukrainian prepositions before places, shops and services, seldom before a
+# person: на Озоне, в Телеграме, из Вайлдберриз (not the ones people follow, "at X's")
+_CYRILLIC_PLACE_PREPS = frozenset(
+    "в во на из изо по под над через около возле при вдоль".split()  # noqa: SIM905
 )
 
 

@@ -127,6 +127,9 @@ PERSONS = {
         ("Звоните Дрыне Петровне.", "Дрыне Петровне"),
         # a listed given name inside a sentence, after a capitalised first word
         ("Звонил Сергей, просил перезвонить.", "Сергей"),
+        # a word in no list inside a sentence, no frequent word, no place
+        ("Вчера звонила Гульнара по поводу заказа.", "Гульнара"),
+        ("Передайте Данияру, что посылка пришла.", "Данияру"),
     ],
 }
 
@@ -182,6 +185,14 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         # a capitalised word opening a Russian sentence is no name by its capital
         "Вера в лучшее помогает.",
         "Надежда есть всегда.",
+        # shops, services and brands after prepositions of place, frequent brands anywhere
+        "Я заказал на Озоне вчера.",
+        "Купил молоко в Пятёрочке.",
+        "Заказ из Вайлдберриз не пришёл.",
+        "Зайдите в приложение Сбербанка.",
+        # a capital after a colon or an opening quote starts a phrase, not a name
+        "Статус заказа: Отменён",
+        "Фильм «Бесприданница» понравился.",
         # a common noun or a title after thanks in other languages
         "Danke, Schatz!",
         "Gracias, Amigo!",

@@ -57,7 +57,7 @@ _MORA = (
 _ROMAJI = re.compile(rf"(?:{_MORA}){{2,7}}")
 _KOREAN_SYL = (
     r"(?:kk|tt|pp|ss|jj|ch|sh|g|k|n|d|t|r|l|m|b|p|s|j|h)?"
-    r"(?:yeo|yae|wae|ae|ya|eo|ye|wa|oe|yo|wo|we|wi|yu|eu|ui|ee|oo|a|e|o|u|i)"
+    r"(?:yeo|yae|wae|woo|ae|ya|eo|ye|wa|oe|yo|wo|we|wi|yu|eu|ui|ee|oo|a|e|o|u|i)"
     r"(?:ng|k|n|t|l|m|p)?"
 )
 _KOREAN = re.compile(rf"{_KOREAN_SYL}(?:-?{_KOREAN_SYL})?")

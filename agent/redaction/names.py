@@ -667,7 +667,11 @@ def _unlisted_name(word: str, lex: Lexicon, strict: bool = False) -> bool:
         return False
     parts = word.split("-")
     if not all(p[:1].isupper() and p[1:].isalpha() and p[1:].islower() for p in parts if p):
-        return False
+        # (a Korean given name's second syllable is written in lower case: Ji-woo)
+        if not (len(parts) == 2 and parts[1].isalpha() and parts[1].islower()):
+            return False
+        if not (parts[0][1:].islower() and korean_shaped(word)):
+            return False
     low = fold(word).lower()
     return (
         low not in lex.dictionary
@@ -814,7 +818,7 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
             # the loop's most frequent check
             if (
                 not ((w[0].isupper() and not w.isupper()) or (len(w) == 1 and w.isupper()))
-                or w in _NOT_A_NAME
+                or (w in _NOT_A_NAME and not _vietnamese_given(words, i, i + 2))  # Le Van An
                 or w in _GREETINGS
             ):
                 i += 1
@@ -836,13 +840,9 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 if len(nxt) == 2 and nxt[1] == "." and _INITIAL.fullmatch(nxt):
                     j += 1
                     continue
-                if (
-                    not (
-                        (nxt[0].isupper() and not nxt.isupper())
-                        or (len(nxt) == 1 and nxt.isupper())
-                    )
-                    or nxt in _NOT_A_NAME
-                ):
+                if not (
+                    (nxt[0].isupper() and not nxt.isupper()) or (len(nxt) == 1 and nxt.isupper())
+                ) or (nxt in _NOT_A_NAME and not _vietnamese_given(words, i, j)):
                     break
                 j += 1
             while j > i + 1 and words[j - 1] in _PARTICLES:
@@ -868,6 +868,7 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 continue
             if (
                 (known_first and j > i + 1 and _surnameish(words[i + 1 : j], family))
+                or (j >= i + 3 and _vietnamese_given(words, i, i + 2))
                 or (j > i + 1 and _pair(w, words[i + 1], before, given, family, words[i + 2 : j]))
                 or _title_before(before)
                 or _cue_before(before, _STRONG_CUES)
@@ -1018,6 +1019,26 @@ def _opens_sentence(before: str) -> bool:
         or before.endswith("\n")
         or _SENTENCE_END.search(before) is not None
         or _QUESTION_OPENING.search(before) is not None
+    )
+
+
+# Vietnamese family names, and the middle names that mark a given name after them
+_VIETNAMESE_FAMILY = frozenset(
+    "Nguyen Nguyễn Tran Trần Le Lê Pham Phạm Hoang Hoàng Huynh Huỳnh Phan Vu Vũ Vo Võ Dang "  # noqa: SIM905
+    "Đặng Bui Bùi Do Đỗ Ho Hồ Ngo Ngô Duong Dương Ly Lý".split()
+)
+_VIETNAMESE_MIDDLE = frozenset("Van Văn Thi Thị".split())  # noqa: SIM905
+
+
+def _vietnamese_given(words: list[str], i: int, j: int) -> bool:
+    """``words[j]`` is the given name of a Vietnamese name that starts at ``words[i]``, after
+    its middle name (Nguyen Van An, Tran Thi Ha): read as a name even where it is also an
+    English word (An)."""
+    return (
+        i + 2 <= j < len(words)
+        and words[i] in _VIETNAMESE_FAMILY
+        and words[j - 1] in _VIETNAMESE_MIDDLE
+        and words[j][:1].isupper()
     )
 
 
@@ -1241,6 +1262,8 @@ def _listed_pair(
         return False
     if "-" in b and korean_shaped(b) and a in family:
         return True  # Park Seo-yeon, Lee Ji-eun: a hyphenated Korean given name
+    if "-" in a and korean_shaped(a) and b in _east_asian_family():
+        return True  # Hyun-woo Park, Ji-eun Lee: the same, family name last
     if b in _NOT_A_NAME or a in _NOT_A_START or b in _NOT_A_START or a in _PLACE_WORDS:
         return False
     a_family = _known(a, family)

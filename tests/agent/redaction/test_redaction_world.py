@@ -79,6 +79,9 @@ PERSONS = {
         ("박서준이 주문을 취소했어요.", "박서준"),
         ("김민수에게 전화해 주세요.", "김민수"),
         ("Minjun Kim will call.", "Minjun Kim"),
+        # a given name in no list with its second syllable in lower case (woo: McCune's u)
+        ("I spoke with Ji-woo yesterday.", "Ji-woo"),
+        ("Hyun-woo Park called about the refund.", "Hyun-woo Park"),
     ],
     "west_africa": [
         ("Ngozi Okonkwo and Chinedu Eze will join.", "Ngozi Okonkwo"),
@@ -96,6 +99,9 @@ PERSONS = {
     ],
     "south_east_asia": [
         ("Ship to: Tran Thi Hoa, 45 Le Loi, District 1.", "Tran Thi Hoa"),
+        # a Vietnamese name whose family or given name is an English word too (Le, Do; An)
+        ("I spoke with Nguyen Van An yesterday.", "Nguyen Van An"),
+        ("Le Van An is here.", "Le Van An"),
         ("Hi Nurul Aisyah binti Hassan, your order ships today.", "Nurul Aisyah binti Hassan"),
         ("Send it to Juan dela Cruz, 123 Rizal Avenue.", "Juan dela Cruz"),
         ("Budi Santoso and Dewi Lestari met at the mall.", "Budi Santoso"),

@@ -1001,6 +1001,12 @@ def _unlisted_in_person_context(word: str, before: str, text: str, end: int) -> 
         return False
     if _cue_before(before, _RELATION_CUES) or _PAST_SPEECH_AFTER.match(text, end):
         return True
+    if (
+        _opens_sentence(before)
+        and (name_shaped(word) or name_likeness(word) >= NAME_LIKENESS)
+        and _PERSON_VERB_AFTER.match(text, end)
+    ):
+        return True  # Somsak called about the refund, Sokha wants a refund
     return _cue_before(before, _GREETING_CUES) and (
         not before.rstrip(" ").endswith(",") or _PHRASE_END.match(text, end) is not None
     )
@@ -1137,6 +1143,11 @@ _RELATION_CUES = frozenset(
 # which apps and headers do ("Retry-After says when")
 _PAST_SPEECH_AFTER = re.compile(
     r"\s(?:said|wrote|told|asked|mentioned|replied|emailed|texted|agreed|confirmed)\b"
+)
+# What people do in a sentence that opens with their name, and things seldom do
+_PERSON_VERB_AFTER = re.compile(
+    r"[ \t]+(?:called|phoned|rang|emailed|texted|messaged|wrote|said|asked|replied|wants|"
+    r"wanted|signed|visited|came|arrived|thinks|thought|feels|felt)\b"
 )
 _PHRASE_END = re.compile(r"[ \t]*(?:[,!.?;:)]|\n|\Z)")
 # Greetings and thanks: a word in no list after them is a name ("Hi Dobrogost,", "Thanks,

@@ -55,6 +55,9 @@ def listed(word: str) -> str:
         # alone after a lower-case word, not name-shaped: its letters look like a name's
         ("I spoke with Gulnara yesterday about the refund.", "Gulnara", ["Gulnara"]),
         ("The refund goes to Farrukh.", "Farrukh", ["Farrukh"]),
+        # a name-shaped word in no list opening a sentence before what people do
+        ("Somsak called about the refund.", "Somsak", ["Somsak"]),
+        ("Sokha wants a refund.", "Sokha", ["Sokha"]),
         # two words in no list opening a sentence, neither name-shaped: their letters tell
         ("Tsetseg Ochirbat signed the form.", "Tsetseg Ochirbat", ["Tsetseg", "Ochirbat"]),
     ],
@@ -113,6 +116,9 @@ def test_names_opening_sentences_possessives_and_relations(text: str, name: str)
         "Do I need to tell Covera about my car insurance?",
         # what a header or an app "says" (present tense) is no person speaking
         "Retry-After says when to try again.",
+        # a brand opening a sentence before what things do too
+        "Lazada will deliver tomorrow.",
+        "Tokopedia is down again.",
         # a day's abbreviation and English-looking words in no list score below the line
         "The slots on Thu 16 Oct are free.",
         "How do I convert Celsius to Fahrenheit?",

@@ -1018,14 +1018,23 @@ def _plural_of_a_word(word: str) -> bool:
     return low.endswith("s") and low[:-1] in lexicon().dictionary
 
 
+_QUESTION_WORDS = frozenset(
+    "Is Was Did Does Do Can Could Will Would Should Has Have Had May Might Shall".split()  # noqa: SIM905
+)
+
+
 def _opens_sentence(before: str) -> bool:
-    """The word after ``before`` opens a text, a line, a sentence or a question."""
-    return (
-        before == ""
-        or before.endswith("\n")
-        or _SENTENCE_END.search(before) is not None
-        or _QUESTION_OPENING.search(before) is not None
-    )
+    """The word after ``before`` opens a text, a line, a sentence or a question (string
+    tests first: the patterns only where the text before ends as they need)."""
+    if before == "" or before.endswith("\n"):
+        return True
+    if not before.endswith((" ", "\t")):
+        return False
+    last = before.rstrip(" \t")
+    if last[-1:] in ".!?\"'\u201d)":
+        return _SENTENCE_END.search(before) is not None
+    word = last.rpartition(" ")[2].rpartition("\n")[2]
+    return word in _QUESTION_WORDS and _QUESTION_OPENING.search(before) is not None
 
 
 # Vietnamese family names, and the middle names that mark a given name after them

@@ -959,7 +959,51 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
             ):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
+    if ":" in text:
+        yield from _labelled_capitals(text)
+    if "@" in text:
+        yield from _mentions(text)
     yield from find_script_persons(text, found)
+
+
+# A name in capitals after a label (booking and travel records: "Passenger: MR TESFAYE
+# BEKELE", "Guest name: DILNOZA KARIMOVA"): two to four words of capitals, a title before
+# them set aside.
+_LABELLED_CAPITALS = re.compile(
+    r"(?im:\b(?:passenger|guest|traveller|traveler|customer|client|recipient|addressee|"
+    r"patient|beneficiary|cardholder|card holder|account holder|holder|consignee|"
+    r"contact|attn|full name|first name|last name|surname|name)(?:[ \t]+name)?[ \t]*[:：][ \t]*)"
+    r"(?:(?:MR|MRS|MS|MISS|MSTR|DR|PROF)\.?[ \t]+)?"
+    r"([A-Z][A-Z'\u2019-]+(?:[ \t]+[A-Z][A-Z'\u2019-]+){1,3})(?![\w])"
+)
+_NOT_CAPITAL_NAMES = frozenset(
+    "N/A NA NONE UNKNOWN TBD TBA NOT GIVEN SEE ABOVE AS".split()  # noqa: SIM905
+)
+
+
+def _labelled_capitals(text: str) -> Iterator[Span]:
+    for m in _LABELLED_CAPITALS.finditer(text):
+        words = m.group(1).split()
+        if any(w in _NOT_CAPITAL_NAMES for w in words):
+            continue
+        if all(_name_or_unlisted(w.title()) for w in words):  # not CUSTOMER SERVICE
+            yield Span(m.start(1), m.end(1), PERSON)
+
+
+def _name_or_unlisted(word: str) -> bool:
+    """A listed given or family name, or a word in no list (no English word, no place)."""
+    given, family, _, _ = gazetteer()
+    return _known(word, given) or _known(word, family) or _unlisted(word, True)
+
+
+# A mention in chat: "@Tesfaye can you check?" (a capitalised handle, not an e-mail address)
+_MENTION = re.compile(r"(?<![\w@.])@([A-Z][\w'-]{1,30})(?![\w@.-]*[.@][\w])")
+
+
+def _mentions(text: str) -> Iterator[Span]:
+    for m in _MENTION.finditer(text):
+        if _name_or_unlisted(m.group(1)):  # not @Support, @Here
+            yield Span(m.start(1), m.end(1), PERSON)
 
 
 # a sentence's end before a word (and its closing quote or bracket), or a question's
@@ -1001,6 +1045,18 @@ def _unlisted_in_person_context(word: str, before: str, text: str, end: int) -> 
         return False
     if _cue_before(before, _RELATION_CUES) or _PAST_SPEECH_AFTER.match(text, end):
         return True
+    at_line_start = before == "" or before.endswith("\n")
+    if at_line_start and (
+        _cue_before(before, _SIGN_OFFS)  # Best,\nGulnara
+        or (  # a chat's speaker: "Tesfaye: the parcel is damaged"
+            _SPEAKER.match(text, end) is not None
+            and (name_shaped(word) or name_likeness(word) >= NAME_LIKENESS)
+        )
+    ):
+        return True
+    dash = before.rstrip(" ")
+    if dash.endswith(("\n\u2014", "\n--")) or dash in ("\u2014", "--"):
+        return _LINE_END.match(text, end) is not None  # a signature: "— Tesfaye"
     if (
         _opens_sentence(before)
         and (name_shaped(word) or name_likeness(word) >= NAME_LIKENESS)

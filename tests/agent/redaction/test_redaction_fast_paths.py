@@ -428,7 +428,7 @@ def test_words_in_capitals_start_or_continue_no_latin_name() -> None:
     """find_persons reads a word as capitalised (its check is written inline in the loop)
     when its first letter is a capital and it is not all capitals, or it is one capital:
     on the sets, in capitals and with every other word in capitals, no name it finds holds
-    a word of two or more capitals."""
+    a word of two or more capitals (but those in capitals after a label: Passenger: MR X Y)."""
     found = 0
     for path in sorted(DATA_DIR.glob("*.txt")):
         for doc in load_documents(path):
@@ -436,7 +436,11 @@ def test_words_in_capitals_start_or_continue_no_latin_name() -> None:
                 w.upper() if k % 2 else w for k, w in enumerate(doc.text.split(" "))
             )
             for text in (doc.text, doc.text.upper(), alternate):
+                # (names in capitals after a label are found on purpose, by another rule)
+                labelled = {(s.start, s.end) for s in names._labelled_capitals(text)}
                 for span in names.find_persons(text, frozenset()):
+                    if (span.start, span.end) in labelled:
+                        continue
                     value = text[span.start : span.end]
                     assert not any(
                         len(w) > 1 and w.isupper() for w in re.findall(r"[^\W\d_]+", value)

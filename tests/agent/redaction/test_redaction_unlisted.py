@@ -58,6 +58,13 @@ def listed(word: str) -> str:
         # a name-shaped word in no list opening a sentence before what people do
         ("Somsak called about the refund.", "Somsak", ["Somsak"]),
         ("Sokha wants a refund.", "Sokha", ["Sokha"]),
+        # a word in no list signing off, in a signature, mentioned in chat
+        ("Best regards,\nOchirbat", "Ochirbat", ["Ochirbat"]),
+        ("Thanks for the help.\n\u2014 Tesfaye", "Tesfaye", ["Tesfaye"]),
+        ("@Tesfaye can you check the order?", "Tesfaye", ["Tesfaye"]),
+        # a name in capitals after a label (booking and travel records)
+        ("Passenger: MR TESFAYE BEKELE\nSeat: 12A", "TESFAYE BEKELE", []),
+        ("Guest name: DILNOZA KARIMOVA", "DILNOZA KARIMOVA", []),
         # two words in no list opening a sentence, neither name-shaped: their letters tell
         ("Tsetseg Ochirbat signed the form.", "Tsetseg Ochirbat", ["Tsetseg", "Ochirbat"]),
     ],
@@ -116,6 +123,10 @@ def test_names_opening_sentences_possessives_and_relations(text: str, name: str)
         "Do I need to tell Covera about my car insurance?",
         # what a header or an app "says" (present tense) is no person speaking
         "Retry-After says when to try again.",
+        # a list item, a team mentioned, capitals after a label that are words
+        "- Decoding: the model's own loop",
+        "Ping @Support about the refund.",
+        "Contact: CUSTOMER SERVICE",
         # a brand opening a sentence before what things do too
         "Lazada will deliver tomorrow.",
         "Tokopedia is down again.",

@@ -802,6 +802,44 @@ def _declined(word: str, names: frozenset[str] | WordSet) -> bool:
 
 
 def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
+    spans = list(_latin_persons(text))
+    yield from spans
+    if spans and (", " in text or " and " in text or " or " in text or " & " in text):
+        yield from _list_mates(text, spans)
+    if ":" in text:
+        yield from _labelled_capitals(text)
+    if "@" in text:
+        yield from _mentions(text)
+    yield from find_script_persons(text, found)
+
+
+# Single capitalised words in a list: "Sipho, Thandiwe and Bongani", "Gulnara and Timur"
+_WORD_LIST = re.compile(
+    r"(?<![\w'-])[A-Z][\w'\u2019-]*(?:, [A-Z][\w'\u2019-]*)*,? (?:and|or|&) [A-Z][\w'\u2019-]*"
+    r"(?![\w'-])|(?<![\w'-])[A-Z][\w'\u2019-]*(?:, [A-Z][\w'\u2019-]*)+(?![\w' -])"
+)
+
+
+def _list_mates(text: str, spans: list[Span]) -> Iterator[Span]:
+    """The other words of a list one of whose words is a name found (Sipho, Thandiwe and
+    Bongani; cc: Farrukh, Zhanar): each a plain name, listed or in no list, that is no
+    English word, place or common word that is a name too (Faith, Hope)."""
+    given, family, _, _ = gazetteer()
+    found = {(s.start, s.end) for s in spans}
+    for m in _WORD_LIST.finditer(text):
+        items = [(w.start(), w.end()) for w in re.finditer(r"[^\s,&]+", m.group())]
+        items = [(m.start() + a, m.start() + b) for a, b in items]
+        items = [(a, b) for a, b in items if text[a:b] not in ("and", "or")]
+        if not any(item in found for item in items):
+            continue
+        for a, b in items:
+            word = text[a:b]
+            if (a, b) not in found and _single_in_running_text(word, _known(word, given), family):
+                yield Span(a, b, PERSON)
+
+
+def _latin_persons(text: str) -> Iterator[Span]:
+    """Names found by the capitalised-word rules (Latin, Cyrillic and Greek scripts)."""
     given, family, _, _ = gazetteer()
     for m in _CAP_RUN.finditer(text):
         words = m.group().split(" ")
@@ -959,11 +997,6 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
             ):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
-    if ":" in text:
-        yield from _labelled_capitals(text)
-    if "@" in text:
-        yield from _mentions(text)
-    yield from find_script_persons(text, found)
 
 
 # A name in capitals after a label (booking and travel records: "Passenger: MR TESFAYE

@@ -185,3 +185,10 @@ def test_name_likeness_tells_names_from_english_looking_words() -> None:
         assert names.name_likeness(name) >= names.NAME_LIKENESS, name
     for word in ("Spotify", "Dropbox", "Shopify", "Spoolbox", "Fahrenheit"):
         assert names.name_likeness(word) < names.NAME_LIKENESS, word
+
+
+def test_a_list_spreads_a_name_to_its_other_names_only() -> None:
+    assert persons("Attendees: Sipho, Thandiwe and Bongani.") == ["Sipho", "Thandiwe", "Bongani"]
+    # English words, places and common words that are names too stay what they are
+    assert persons("I met Maria, Apple and Google people.") == ["Maria"]
+    assert persons("Send it to Maria and Support.") == ["Maria"]

@@ -804,7 +804,7 @@ def _declined(word: str, names: frozenset[str] | WordSet) -> bool:
 def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     spans = list(_latin_persons(text))
     yield from spans
-    if spans and (", " in text or " and " in text or " or " in text or " & " in text):
+    if spans:
         yield from _list_mates(text, spans)
     if ":" in text:
         yield from _labelled_capitals(text)
@@ -813,28 +813,39 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
     yield from find_script_persons(text, found)
 
 
-# Single capitalised words in a list: "Sipho, Thandiwe and Bongani", "Gulnara and Timur"
-_WORD_LIST = re.compile(
-    r"(?<![\w'-])[A-Z][\w'\u2019-]*(?:, [A-Z][\w'\u2019-]*)*,? (?:and|or|&) [A-Z][\w'\u2019-]*"
-    r"(?![\w'-])|(?<![\w'-])[A-Z][\w'\u2019-]*(?:, [A-Z][\w'\u2019-]*)+(?![\w' -])"
-)
+# The next word of a list after a word (", Thandiwe", " and Bongani"), and the one before
+_LIST_NEXT = re.compile(r"(?:, |,? (?:and|or|&) )([A-Z][\w'\u2019-]*)(?![\w'-])")
+_LIST_PREVIOUS = re.compile(r"(?<![\w'-])([A-Z][\w'\u2019-]*)(?:, |,? (?:and|or|&) )\Z")
 
 
 def _list_mates(text: str, spans: list[Span]) -> Iterator[Span]:
     """The other words of a list one of whose words is a name found (Sipho, Thandiwe and
-    Bongani; cc: Farrukh, Zhanar): each a plain name, listed or in no list, that is no
-    English word, place or common word that is a name too (Faith, Hope)."""
+    Bongani): each a plain name, listed or in no list, that is no English word, place or
+    common word that is a name too (Faith, Hope); read from each one-word name found
+    outwards, not by a pattern over the whole text."""
     given, family, _, _ = gazetteer()
     found = {(s.start, s.end) for s in spans}
-    for m in _WORD_LIST.finditer(text):
-        items = [(w.start(), w.end()) for w in re.finditer(r"[^\s,&]+", m.group())]
-        items = [(m.start() + a, m.start() + b) for a, b in items]
-        items = [(a, b) for a, b in items if text[a:b] not in ("and", "or")]
-        if not any(item in found for item in items):
+    seen: set[tuple[int, int]] = set()
+    for s in spans:
+        if " " in text[s.start : s.end]:
             continue
-        for a, b in items:
+        mates = []
+        at = s.end
+        while (m := _LIST_NEXT.match(text, at)) is not None and len(mates) < 8:
+            mates.append(m.span(1))
+            at = m.end(1)
+        at = s.start
+        while (m := _LIST_PREVIOUS.search(text, max(0, at - 40), at)) is not None:
+            mates.append(m.span(1))
+            at = m.start(1)
+            if len(mates) >= 16:
+                break
+        for a, b in mates:
+            if (a, b) in found or (a, b) in seen:
+                continue
+            seen.add((a, b))
             word = text[a:b]
-            if (a, b) not in found and _single_in_running_text(word, _known(word, given), family):
+            if _single_in_running_text(word, _known(word, given), family):
                 yield Span(a, b, PERSON)
 
 
@@ -1001,26 +1012,34 @@ def _latin_persons(text: str) -> Iterator[Span]:
 
 # A name in capitals after a label (booking and travel records: "Passenger: MR TESFAYE
 # BEKELE", "Guest name: DILNOZA KARIMOVA"): two to four words of capitals, a title before
-# them set aside.
-_LABELLED_CAPITALS = re.compile(
-    r"(?im:\b(?:passenger|guest|traveller|traveler|customer|client|recipient|addressee|"
-    r"patient|beneficiary|cardholder|card holder|account holder|holder|consignee|"
-    r"contact|attn|full name|first name|last name|surname|name)(?:[ \t]+name)?[ \t]*[:：][ \t]*)"
-    r"(?:(?:MR|MRS|MS|MISS|MSTR|DR|PROF)\.?[ \t]+)?"
-    r"([A-Z][A-Z'\u2019-]+(?:[ \t]+[A-Z][A-Z'\u2019-]+){1,3})(?![\w])"
+# them set aside. Found from the runs of capitals, the label looked for just before each.
+_CAPITALS_RUN = re.compile(
+    r"[A-Z](?<![\w'-][A-Z])[A-Z'\u2019-]+(?:[ \t]+[A-Z][A-Z'\u2019-]+){1,4}(?![\w])"
 )
+_LABEL_BEFORE = re.compile(
+    r"(?i:\b(?:passenger|guest|traveller|traveler|customer|client|recipient|addressee|"
+    r"patient|beneficiary|cardholder|card holder|account holder|holder|consignee|"
+    r"contact|attn|full name|first name|last name|surname|name)(?:[ \t]+name)?[ \t]*[:：][ \t]*)\Z"
+)
+_CAPITAL_TITLES = frozenset("MR MRS MS MISS MSTR DR PROF MR. MRS. MS. DR. PROF.".split())  # noqa: SIM905
 _NOT_CAPITAL_NAMES = frozenset(
     "N/A NA NONE UNKNOWN TBD TBA NOT GIVEN SEE ABOVE AS".split()  # noqa: SIM905
 )
 
 
 def _labelled_capitals(text: str) -> Iterator[Span]:
-    for m in _LABELLED_CAPITALS.finditer(text):
-        words = m.group(1).split()
-        if any(w in _NOT_CAPITAL_NAMES for w in words):
+    for m in _CAPITALS_RUN.finditer(text):
+        if _LABEL_BEFORE.search(text, max(0, m.start() - 40), m.start()) is None:
+            continue
+        words = m.group().split()
+        start = m.start()
+        if words[0] in _CAPITAL_TITLES:  # MR TESFAYE BEKELE: the name after the title
+            start = text.index(words[1], start + len(words[0]))
+            words = words[1:]
+        if not 2 <= len(words) <= 4 or any(w in _NOT_CAPITAL_NAMES for w in words):
             continue
         if all(_name_or_unlisted(w.title()) for w in words):  # not CUSTOMER SERVICE
-            yield Span(m.start(1), m.end(1), PERSON)
+            yield Span(start, m.end(), PERSON)
 
 
 def _name_or_unlisted(word: str) -> bool:

@@ -16,7 +16,13 @@ Names in no list are told by what their words are not: the gazetteer's ``diction
 ``frequent_words``, ``foreign_words`` and ``places`` (:func:`lexicon`) say what else a
 capitalised word may be. A listed family name and an unlisted word, two unlisted words, or
 one listed or name-shaped unlisted word alone after a lower-case word (not an article, a
-determiner or a preposition of place) are a PERSON.
+determiner or a preposition of place) are a PERSON; so is an unlisted word whose letters
+look like a listed name's (:func:`name_likeness`, a letter-trigram model built at warm-up).
+An unlisted word is also a name after a greeting or thanks (in 40-odd forms), a relation
+("my colleague"), a sign-off, a dash signature or an ``@``, before past-tense speech, or
+opening a sentence before what people do; a listed given name opening a sentence before a
+lower-case word; a Cyrillic word inside a sentence; the other plain names of a list one of
+whose words is a name; words in capitals after a label (``Passenger: MR X Y``).
 
 An ADDRESS is a house number and a street name ending in a street word ("12 Baker Street",
 "391 Johnson Burg Apt. 636"), a street word and a name then a house number ("Via Roma 3",

@@ -229,13 +229,14 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
         at = m.start()
         if text[m.end() : m.end() + 1] in _PLACE_AFTER_CJK:
             continue  # 建国路, 建国门, 中山公园: streets and places named like people
-        if at >= 2 and text[at - 2 : at] in family and _is_han(text[at - 2]):
+        if at >= 2 and text[at - 2 : at] in family and _opens_here(text, at - 2):
             yield Span(at - 2, m.end(), PERSON)
         elif (
             at >= 1
             and text[at - 1] in family
             and text[at - 1] not in _NEVER_IN_NAMES
             and text[at - 1] not in _NOT_A_FAMILY_HERE
+            and _opens_here(text, at - 1)
         ):
             yield Span(at - 1, m.end(), PERSON)
     # 5. a known two-character surname opening a run of Han letters, up to two more, then a
@@ -251,6 +252,13 @@ def _cjk(text: str, family: frozenset[str]) -> Iterator[Span]:
             if any(c in _NEVER_IN_NAMES for c in after.group()):
                 continue
             yield Span(m.start(), after.end(), PERSON)
+
+
+def _opens_here(text: str, at: int) -> bool:
+    """A word may start at ``at``: the text starts there, or what is before is no Han letter
+    or a function character (请张建国, 给王秀英), not a letter that makes a word with the
+    family name's (主张建国 is 主张 + 建国, "advocates founding a state")."""
+    return at == 0 or not _is_han(text[at - 1]) or text[at - 1] in _NEVER_IN_NAMES
 
 
 # A character after a name that makes it a place: a road, street, gate, lane, village,

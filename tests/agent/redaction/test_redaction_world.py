@@ -185,6 +185,7 @@ def test_names_of_every_region_are_found(region: str, text: str, name: str) -> N
         "我们在建国路见面。",
         "沿着马建国路一直走。",  # a road named after a person is a road
         "我住在朝阳区建华小区。",  # 区 (a district's last letter), not the family name Ou
+        "他主张建国大业。",  # 主张 (advocates) + 建国 (founding a state): no 张 here
         # a word of another script in English text that is no known name, no greeting
         "Please translate مرحبا into English.",
         "The Hindi for water is पानी.",

@@ -835,7 +835,7 @@ def _list_mates(text: str, spans: list[Span]) -> Iterator[Span]:
     for s in spans:
         if " " in text[s.start : s.end]:
             continue
-        mates = []
+        mates: list[tuple[int, int]] = []
         at = s.end
         while (m := _LIST_NEXT.match(text, at)) is not None and len(mates) < 8:
             mates.append(m.span(1))

@@ -1187,7 +1187,7 @@ def _single_in_running_text(word: str, known_given: bool, family: frozenset[str]
         return _unlisted(word, True)
     # a word in no list shaped like no name in particular (Dobrogost, Achterberg): by the
     # letters it is made of, far more like the listed names than like English words
-    return word.isascii() and name_likeness(word) >= NAME_LIKENESS and _unlisted(word, True)
+    return _latin_letters(word) and name_likeness(word) >= NAME_LIKENESS and _unlisted(word, True)
 
 
 #: a word in no list is read as a name in running text from this mean log-likelihood ratio of
@@ -1232,12 +1232,18 @@ def _trigrams(low: str) -> list[str]:
     return [w[i : i + 3] for i in range(len(w) - 2)]
 
 
+def _latin_letters(word: str) -> bool:
+    """A word of Latin letters, with or without marks (Zdzisław, Şükrü): the letters the name
+    model was built from (names in other scripts are read by their own rules)."""
+    return fold(word).replace("ł", "l").replace("Ł", "L").replace("đ", "d").isascii()
+
+
 @lru_cache(maxsize=65536)
 def name_likeness(word: str) -> float:
     """How much more a word's letters look like a listed name's than an English word's: the
     mean log-likelihood ratio of its trigrams (above 0: more like a name)."""
     ratios, unseen = _trigram_ratios()
-    grams = _trigrams(fold(word).lower())
+    grams = _trigrams(fold(word).lower().replace("ł", "l").replace("đ", "d"))
     return sum(ratios.get(g, unseen) for g in grams) / len(grams)
 
 
@@ -1372,8 +1378,8 @@ def _unlisted_pair(
                 name_shaped(a)
                 or name_shaped(b)
                 or (last is not None and last.islower())
-                or (a.isascii() and name_likeness(a) >= NAME_LIKENESS)
-                or (b.isascii() and name_likeness(b) >= NAME_LIKENESS)
+                or (_latin_letters(a) and name_likeness(a) >= NAME_LIKENESS)
+                or (_latin_letters(b) and name_likeness(b) >= NAME_LIKENESS)
             )
         )
     ):

@@ -55,6 +55,9 @@ def listed(word: str) -> str:
         # alone after a lower-case word, not name-shaped: its letters look like a name's
         ("I spoke with Gulnara yesterday about the refund.", "Gulnara", ["Gulnara"]),
         ("The refund goes to Farrukh.", "Farrukh", ["Farrukh"]),
+        # the same with letters the model folds (ł)
+        ("I spoke with Zdzisław yesterday.", "Zdzisław", ["Zdzisław"]),
+        ("We met Wiesława at the office.", "Wiesława", ["Wiesława"]),
         # a name-shaped word in no list opening a sentence before what people do
         ("Somsak called about the refund.", "Somsak", ["Somsak"]),
         ("Sokha wants a refund.", "Sokha", ["Sokha"]),

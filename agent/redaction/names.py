@@ -596,6 +596,11 @@ _STRONG_SPEECH_AFTER = re.compile(
     r"confirmed)\b"
 )
 # A name alone on a line (a signature) or before a colon at a line's start (a chat).
+# Who speaks in a transcript besides people, and listed names too (Agent, Bot, Doctor)
+_ROLE_WORDS = frozenset(
+    "Agent Bot Doctor User System Assistant Support Customer Client Operator Admin Host "  # noqa: SIM905
+    "Guest Caller Staff Driver Courier Nurse".split()
+)
 _LINE_END = re.compile(r"[ \t]*[!.]?[ \t]*(?:\n|$)")
 _SPEAKER = re.compile(r":[ \t]")
 
@@ -938,78 +943,85 @@ def _latin_persons(text: str) -> Iterator[Span]:
                 w = first = w[:-2]
                 one_end -= 2
                 known_first = _known(first, given)
-            if first not in _NOT_A_NAME and (
-                (
-                    known_first
-                    and (
-                        _cue_before(before, _CUE_PHRASES)
-                        or _SPEECH_AFTER.match(text, one_end)
-                        or (
-                            (before == "" or before.endswith("\n"))
-                            and (_LINE_END.match(text, one_end) or _SPEAKER.match(text, one_end))
+            if (
+                first not in _NOT_A_NAME
+                and first not in _ROLE_WORDS  # Agent: how can I help? (a transcript's role)
+                and (
+                    (
+                        known_first
+                        and (
+                            _cue_before(before, _CUE_PHRASES)
+                            or _SPEECH_AFTER.match(text, one_end)
+                            or (
+                                (before == "" or before.endswith("\n"))
+                                and (
+                                    _LINE_END.match(text, one_end) or _SPEAKER.match(text, one_end)
+                                )
+                            )
                         )
                     )
-                )
-                or (
-                    first in _NOT_A_START
-                    and first not in _PLACE_WORDS
-                    and (
-                        _STRONG_SPEECH_AFTER.match(text, one_end)
-                        or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                    or (
+                        first in _NOT_A_START
+                        and first not in _PLACE_WORDS
+                        and (
+                            _STRONG_SPEECH_AFTER.match(text, one_end)
+                            or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                        )
                     )
-                )
-                or (
-                    # a name alone in running text, after a lower-case word that does not
-                    # lead to places: "spoke with Priya", "forwarded it to Kazuyoshi" (a
-                    # listed name that is no English word or well-known place, or a
-                    # name-shaped word in no list that is neither)
-                    (prev := _word_before(before)) is not None
-                    and prev not in _NOT_BEFORE_A_NAME
-                    and _single_in_running_text(w, known_first, family)
-                )
-                or (
-                    # a name in no list, shaped like one, where only a person fits:
-                    # "ask Adaeze", "Thanks, Kazuyoshi", "Oluwaseun said"
-                    first not in _NOT_A_START
-                    and first not in _SHAPED_NOT_NAMES
-                    and name_shaped(w)
-                    and (
-                        _cue_before(before, _PERSON_CUES)
-                        or _STRONG_SPEECH_AFTER.match(text, one_end)
-                        or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                    or (
+                        # a name alone in running text, after a lower-case word that does not
+                        # lead to places: "spoke with Priya", "forwarded it to Kazuyoshi" (a
+                        # listed name that is no English word or well-known place, or a
+                        # name-shaped word in no list that is neither)
+                        (prev := _word_before(before)) is not None
+                        and prev not in _NOT_BEFORE_A_NAME
+                        and _single_in_running_text(w, known_first, family)
                     )
-                )
-                or (
-                    # any word in no list where only a person fits: "my colleague Siriporn",
-                    # "Hi Dobrogost,", "Tesfaye wrote back"
-                    not known_first and _unlisted_in_person_context(w, before, text, one_end)
-                )
-                or (
-                    # a Cyrillic name inside a sentence: Russian and Ukrainian write no other
-                    # word with a capital there but places and brands ("Звонил Сергей",
-                    # "звонила Гульнара"): a listed given name, or a word in no list that is
-                    # no frequent Russian or Ukrainian word (Яндекс, Сбербанк are) nor a place
-                    "\u0400" <= first[:1] <= "\u04ff"
-                    and not first.isupper()
-                    and before != ""
-                    and not _opens_sentence(before)
-                    and not before.rstrip(" ").endswith((":", "«", '"', "„", "(", "-", "—"))
-                    and (
-                        _known(first, given)
-                        if known_first
-                        else _unlisted(w, True) and _last_word(before) not in _CYRILLIC_PLACE_PREPS
+                    or (
+                        # a name in no list, shaped like one, where only a person fits:
+                        # "ask Adaeze", "Thanks, Kazuyoshi", "Oluwaseun said"
+                        first not in _NOT_A_START
+                        and first not in _SHAPED_NOT_NAMES
+                        and name_shaped(w)
+                        and (
+                            _cue_before(before, _PERSON_CUES)
+                            or _STRONG_SPEECH_AFTER.match(text, one_end)
+                            or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                        )
                     )
-                )
-                or (
-                    # a listed given name that is no English word or place opening a
-                    # sentence or a question, a lower-case word after it: "Mariam paid the
-                    # deposit", "Ngozi and Emeka", "Is Kwabena still the contact?"
-                    known_first
-                    and w == first  # not Per-request
-                    and _opens_sentence(before)
-                    and _lower_word_after(text, one_end, first)
-                    and _single_in_running_text(w, True, family)
-                    and not _plural_of_a_word(w)  # Mats are provided
+                    or (
+                        # any word in no list where only a person fits: "my colleague Siriporn",
+                        # "Hi Dobrogost,", "Tesfaye wrote back"
+                        not known_first and _unlisted_in_person_context(w, before, text, one_end)
+                    )
+                    or (
+                        # a Cyrillic name inside a sentence: Russian and Ukrainian write no other
+                        # word with a capital there but places and brands ("Звонил Сергей",
+                        # "звонила Гульнара"): a listed given name, or a word in no list that is
+                        # no frequent Russian or Ukrainian word (Яндекс, Сбербанк are) nor a place
+                        "\u0400" <= first[:1] <= "\u04ff"
+                        and not first.isupper()
+                        and before != ""
+                        and not _opens_sentence(before)
+                        and not before.rstrip(" ").endswith((":", "«", '"', "„", "(", "-", "—"))
+                        and (
+                            _known(first, given)
+                            if known_first
+                            else _unlisted(w, True)
+                            and _last_word(before) not in _CYRILLIC_PLACE_PREPS
+                        )
+                    )
+                    or (
+                        # a listed given name that is no English word or place opening a
+                        # sentence or a question, a lower-case word after it: "Mariam paid the
+                        # deposit", "Ngozi and Emeka", "Is Kwabena still the contact?"
+                        known_first
+                        and w == first  # not Per-request
+                        and _opens_sentence(before)
+                        and _lower_word_after(text, one_end, first)
+                        and _single_in_running_text(w, True, family)
+                        and not _plural_of_a_word(w)  # Mats are provided
+                    )
                 )
             ):
                 yield Span(offsets[i], one_end, PERSON)
@@ -1108,7 +1120,12 @@ def _unlisted_in_person_context(word: str, before: str, text: str, end: int) -> 
         _cue_before(before, _SIGN_OFFS)  # Best,\nGulnara
         or (  # a chat's speaker: "Tesfaye: the parcel is damaged"
             _SPEAKER.match(text, end) is not None
-            and (name_shaped(word) or name_likeness(word) >= NAME_LIKENESS)
+            and (
+                name_shaped(word)
+                or name_likeness(word) >= NAME_LIKENESS
+                # a transcript: the same word speaking on two lines or more
+                or text.startswith(f"{word}: ") + text.count(f"\n{word}: ") >= 2
+            )
         )
     ):
         return True

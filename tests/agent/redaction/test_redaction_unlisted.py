@@ -195,3 +195,12 @@ def test_a_list_spreads_a_name_to_its_other_names_only() -> None:
     # English words, places and common words that are names too stay what they are
     assert persons("I met Maria, Apple and Google people.") == ["Maria"]
     assert persons("Send it to Maria and Support.") == ["Maria"]
+
+
+def test_a_transcript_names_its_speakers_not_its_roles() -> None:
+    """A word in no list speaking on two lines or more is a name; a role is not, even where
+    a list holds it as a name (Agent, Bot)."""
+    chat = "Tesfaye: the parcel is damaged.\nAgent: sorry to hear that.\nTesfaye: a refund?"
+    assert persons(chat) == ["Tesfaye", "Tesfaye"]
+    assert persons("Agent: hi, how can I help?\nAgent: are you still there?") == []
+    assert persons("Tesfaye: hello") == []  # once, in no list, not name-like: not enough

@@ -595,12 +595,12 @@ _STRONG_SPEECH_AFTER = re.compile(
     r"\s(?:said|says|wrote|writes|told|asked|mentioned|replied|emailed|texted|agreed|"
     r"confirmed)\b"
 )
-# A name alone on a line (a signature) or before a colon at a line's start (a chat).
 # Who speaks in a transcript besides people, and listed names too (Agent, Bot, Doctor)
 _ROLE_WORDS = frozenset(
     "Agent Bot Doctor User System Assistant Support Customer Client Operator Admin Host "  # noqa: SIM905
     "Guest Caller Staff Driver Courier Nurse".split()
 )
+# A name alone on a line (a signature) or before a colon at a line's start (a chat).
 _LINE_END = re.compile(r"[ \t]*[!.]?[ \t]*(?:\n|$)")
 _SPEAKER = re.compile(r":[ \t]")
 
@@ -943,89 +943,102 @@ def _latin_persons(text: str) -> Iterator[Span]:
                 w = first = w[:-2]
                 one_end -= 2
                 known_first = _known(first, given)
-            if (
-                first not in _NOT_A_NAME
-                and first not in _ROLE_WORDS  # Agent: how can I help? (a transcript's role)
-                and (
-                    (
-                        known_first
-                        and (
-                            _cue_before(before, _CUE_PHRASES)
-                            or _SPEECH_AFTER.match(text, one_end)
-                            or (
-                                (before == "" or before.endswith("\n"))
-                                and (
-                                    _LINE_END.match(text, one_end) or _SPEAKER.match(text, one_end)
-                                )
-                            )
-                        )
-                    )
-                    or (
-                        first in _NOT_A_START
-                        and first not in _PLACE_WORDS
-                        and (
-                            _STRONG_SPEECH_AFTER.match(text, one_end)
-                            or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
-                        )
-                    )
-                    or (
-                        # a name alone in running text, after a lower-case word that does not
-                        # lead to places: "spoke with Priya", "forwarded it to Kazuyoshi" (a
-                        # listed name that is no English word or well-known place, or a
-                        # name-shaped word in no list that is neither)
-                        (prev := _word_before(before)) is not None
-                        and prev not in _NOT_BEFORE_A_NAME
-                        and _single_in_running_text(w, known_first, family)
-                    )
-                    or (
-                        # a name in no list, shaped like one, where only a person fits:
-                        # "ask Adaeze", "Thanks, Kazuyoshi", "Oluwaseun said"
-                        first not in _NOT_A_START
-                        and first not in _SHAPED_NOT_NAMES
-                        and name_shaped(w)
-                        and (
-                            _cue_before(before, _PERSON_CUES)
-                            or _STRONG_SPEECH_AFTER.match(text, one_end)
-                            or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
-                        )
-                    )
-                    or (
-                        # any word in no list where only a person fits: "my colleague Siriporn",
-                        # "Hi Dobrogost,", "Tesfaye wrote back"
-                        not known_first and _unlisted_in_person_context(w, before, text, one_end)
-                    )
-                    or (
-                        # a Cyrillic name inside a sentence: Russian and Ukrainian write no other
-                        # word with a capital there but places and brands ("Звонил Сергей",
-                        # "звонила Гульнара"): a listed given name, or a word in no list that is
-                        # no frequent Russian or Ukrainian word (Яндекс, Сбербанк are) nor a place
-                        "\u0400" <= first[:1] <= "\u04ff"
-                        and not first.isupper()
-                        and before != ""
-                        and not _opens_sentence(before)
-                        and not before.rstrip(" ").endswith((":", "«", '"', "„", "(", "-", "—"))
-                        and (
-                            _known(first, given)
-                            if known_first
-                            else _unlisted(w, True)
-                            and _last_word(before) not in _CYRILLIC_PLACE_PREPS
-                        )
-                    )
-                    or (
-                        # a listed given name that is no English word or place opening a
-                        # sentence or a question, a lower-case word after it: "Mariam paid the
-                        # deposit", "Ngozi and Emeka", "Is Kwabena still the contact?"
-                        known_first
-                        and w == first  # not Per-request
-                        and _opens_sentence(before)
-                        and _lower_word_after(text, one_end, first)
-                        and _single_in_running_text(w, True, family)
-                        and not _plural_of_a_word(w)  # Mats are provided
-                    )
-                )
-            ):
+            if _lone_name(w, first, known_first, before, text, one_end, given, family):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
+
+
+def _lone_name(
+    w: str,
+    first: str,
+    known_first: bool,
+    before: str,
+    text: str,
+    one_end: int,
+    given: frozenset[str],
+    family: frozenset[str],
+) -> bool:
+    """One capitalised word (``w``, its part before a hyphen ``first``) a name on its own, by
+    the lists, the words around it (``before`` it, ``text`` from ``one_end`` on) and its
+    letters."""
+    return bool(
+        first not in _NOT_A_NAME
+        and first not in _ROLE_WORDS  # Agent: how can I help? (a transcript's role)
+        and (
+            (
+                known_first
+                and (
+                    _cue_before(before, _CUE_PHRASES)
+                    or _SPEECH_AFTER.match(text, one_end)
+                    or (
+                        (before == "" or before.endswith("\n"))
+                        and (_LINE_END.match(text, one_end) or _SPEAKER.match(text, one_end))
+                    )
+                )
+            )
+            or (
+                first in _NOT_A_START
+                and first not in _PLACE_WORDS
+                and (
+                    _STRONG_SPEECH_AFTER.match(text, one_end)
+                    or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                )
+            )
+            or (
+                # a name alone in running text, after a lower-case word that does not
+                # lead to places: "spoke with Priya", "forwarded it to Kazuyoshi" (a
+                # listed name that is no English word or well-known place, or a
+                # name-shaped word in no list that is neither)
+                (prev := _word_before(before)) is not None
+                and prev not in _NOT_BEFORE_A_NAME
+                and _single_in_running_text(w, known_first, family)
+            )
+            or (
+                # a name in no list, shaped like one, where only a person fits:
+                # "ask Adaeze", "Thanks, Kazuyoshi", "Oluwaseun said"
+                first not in _NOT_A_START
+                and first not in _SHAPED_NOT_NAMES
+                and name_shaped(w)
+                and (
+                    _cue_before(before, _PERSON_CUES)
+                    or _STRONG_SPEECH_AFTER.match(text, one_end)
+                    or (before.endswith("\n") and _cue_before(before, _SIGN_OFFS))
+                )
+            )
+            or (
+                # any word in no list where only a person fits: "my colleague Siriporn",
+                # "Hi Dobrogost,", "Tesfaye wrote back"
+                not known_first and _unlisted_in_person_context(w, before, text, one_end)
+            )
+            or (
+                # a Cyrillic name inside a sentence: Russian and Ukrainian write no other
+                # word with a capital there but places and brands ("Звонил Сергей",
+                # "звонила Гульнара"): a listed given name, or a word in no list that is
+                # no frequent Russian or Ukrainian word (Яндекс, Сбербанк are) nor a place
+                "\u0400" <= first[:1] <= "\u04ff"
+                and not first.isupper()
+                and before != ""
+                and not _opens_sentence(before)
+                and not before.rstrip(" ").endswith((":", "«", '"', "„", "(", "-", "—"))
+                and (
+                    _known(first, given)
+                    if known_first
+                    else _unlisted(w, True) and _last_word(before) not in _CYRILLIC_PLACE_PREPS
+                )
+            )
+            or (
+                # a listed given name that is no English word or place opening a
+                # sentence or a question, a lower-case word after it: "Mariam paid the
+                # deposit", "Ngozi and Emeka", "Is Kwabena still the contact?"
+                known_first
+                and w == first  # not Per-request
+                and _opens_sentence(before)
+                and _lower_word_after(text, one_end, first)
+                and _single_in_running_text(w, True, family)
+                and not _plural_of_a_word(w)  # Mats are provided
+            )
+        )
+    )
 
 
 # A name in capitals after a label (booking and travel records: "Passenger: MR TESFAYE
@@ -1204,7 +1217,7 @@ def _single_in_running_text(word: str, known_given: bool, family: frozenset[str]
         return _unlisted(word, True)
     # a word in no list shaped like no name in particular (Dobrogost, Achterberg): by the
     # letters it is made of, far more like the listed names than like English words
-    return _latin_letters(word) and name_likeness(word) >= NAME_LIKENESS and _unlisted(word, True)
+    return _name_like(word) and _unlisted(word, True)
 
 
 #: a word in no list is read as a name in running text from this mean log-likelihood ratio of
@@ -1221,11 +1234,10 @@ def _trigram_ratios() -> tuple[dict[str, float], float]:
     built from the gazetteer's lists at warm-up (0.2 s)."""
     data = gazetteer_file.read()
     listed = {
-        fold(w).lower()
+        low
         for w in chain(data["given"], data["family"])
-        if len(w) >= 4 and w.isalpha() and w[:1].isupper()
+        if len(w) >= 4 and w.isalpha() and w[:1].isupper() and (low := fold(w).lower()).isascii()
     }
-    listed = {w for w in listed if w.isascii()}
     english = {
         w
         for w in chain(data.get("dictionary_words", ()), data.get("frequent_words", ()))
@@ -1249,10 +1261,16 @@ def _trigrams(low: str) -> list[str]:
     return [w[i : i + 3] for i in range(len(w) - 2)]
 
 
-def _latin_letters(word: str) -> bool:
-    """A word of Latin letters, with or without marks (Zdzisław, Şükrü): the letters the name
-    model was built from (names in other scripts are read by their own rules)."""
-    return fold(word).replace("ł", "l").replace("Ł", "L").replace("đ", "d").isascii()
+def _model_letters(word: str) -> str:
+    """The word as the name model reads it: lower case, without marks, ł and đ as l and d."""
+    return fold(word).lower().replace("ł", "l").replace("đ", "d")
+
+
+def _name_like(word: str) -> bool:
+    """A word of Latin letters, with or without marks (Zdzisław, Şükrü: the letters the name
+    model was built from; names in other scripts are read by their own rules), whose letters
+    look like a listed name's from :data:`NAME_LIKENESS` on."""
+    return _model_letters(word).isascii() and name_likeness(word) >= NAME_LIKENESS
 
 
 @lru_cache(maxsize=65536)
@@ -1260,7 +1278,7 @@ def name_likeness(word: str) -> float:
     """How much more a word's letters look like a listed name's than an English word's: the
     mean log-likelihood ratio of its trigrams (above 0: more like a name)."""
     ratios, unseen = _trigram_ratios()
-    grams = _trigrams(fold(word).lower().replace("ł", "l").replace("đ", "d"))
+    grams = _trigrams(_model_letters(word))
     return sum(ratios.get(g, unseen) for g in grams) / len(grams)
 
 
@@ -1395,8 +1413,8 @@ def _unlisted_pair(
                 name_shaped(a)
                 or name_shaped(b)
                 or (last is not None and last.islower())
-                or (_latin_letters(a) and name_likeness(a) >= NAME_LIKENESS)
-                or (_latin_letters(b) and name_likeness(b) >= NAME_LIKENESS)
+                or _name_like(a)
+                or _name_like(b)
             )
         )
     ):

@@ -146,14 +146,40 @@ _PHONE = re.compile(
     rf"(?!{_TOUCHING}|[-\uff0d]|[.,]\d)"
 )
 _ASCII_DASHES = str.maketrans({"\u2010": "-", "\u2011": "-", "\u30fc": "-"})
-_PHONE_CONTEXT = re.compile(
-    r"(?i:\b(?:phone|tel|telephone|mobile|cell|call|ring|text|whatsapp|fax|number|no\.|nr|"
+# Words before a phone number; in scripts without spaces, or written before a compound
+# (전화번호), without word boundaries
+_PHONE_WORDS = (
+    r"phone|tel|telephone|mobile|cell|call|ring|text|whatsapp|fax|"
     r"telefon|handy|téléphone|portable|tél|teléfono|móvil|telefono|cellulare|bel|mob|"
-    r"reach|contact|telp|ponsel|hp|sđt|điện thoại|тел|телефон|звоните|моб)\b"
-    # words of scripts without spaces, or written before a compound (전화번호)
-    r"|电话|電話|手机|手機|携帯|拨打|撥打|致电|致電|连络|聯絡|联系|聯繫|お電話|℡|☎"
-    r"|연락처|전화|핸드폰|휴대폰|هاتف|جوال|फ़ोन|फोन|मोबाइल)"
+    r"reach|contact|telp|ponsel|hp|sđt|điện thoại|тел|телефон|звоните|моб"
 )
+_PHONE_WORDS_JOINED = (
+    r"电话|電話|手机|手機|携帯|拨打|撥打|致电|致電|连络|聯絡|联系|聯繫|お電話|℡|☎"
+    r"|연락처|전화|핸드폰|휴대폰|هاتف|جوال|फ़ोन|फोन|मोबाइल"
+)
+_PHONE_CONTEXT = re.compile(
+    rf"(?i:\b(?:{_PHONE_WORDS}|number|no\.|nr|numero|número|numéro|nummer|numer|номер)\b"
+    rf"|{_PHONE_WORDS_JOINED})"
+)
+# The phone words that make any grouping of 7 to 15 digits a number: not "number", "no.",
+# "nr" (order and invoice numbers have them)
+_PHONE_WORD = re.compile(rf"(?i:\b(?:{_PHONE_WORDS})\b|{_PHONE_WORDS_JOINED})")
+# Groupings of national numbers the shapes above leave out, read only after a phone word
+# (the example numbers of every region in libphonenumber's metadata): a one-digit area
+# ("2 2123456", "(2) 2123 4567", "9 435 1234"), an area in parentheses with a space or
+# a hyphen inside ("(06 1) 234 5678", "(0-312) 34567", "(8 12) 34-56-78"), a trunk
+# prefix before one ("8 (71234) 5 67 89"), eight digits in one group ("71234567", "01
+# 234567890"). One character class, so cheap to scan for; what is around it is checked in
+# _with_loose_phones.
+_PHONE_LOOSE = re.compile(r"\d[\d \-()/\u2010\u2011\uff0d\uff08\uff09]{5,24}\d")
+# Labels of tax and company numbers, whose digits look like national phone numbers (an
+# Italian VAT number, "p.iva 01234567890", is eleven digits with a leading 0)
+_TAX_ID_BEFORE = re.compile(
+    r"(?i:\b(?:p\.?\s?iva|partita iva|codice fiscale|vat(?:\s?(?:no|nr|number|id|reg))?|"
+    r"ust-?id(?:nr)?|steuer-?nr|steuernummer|siret|siren|tva|nif|cif|cnpj|cpf|inn|ogrn|kpp|"
+    r"tin|ein|abn|gstin|kvk|btw|nip|regon|ičo|dič|org\.?\s?nr|cvr)\.?\s?[:#]?\s?)$"
+)
+_TOUCHING_CHAR = re.compile(_TOUCHING)
 _EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
 _NORTH_AMERICAN = re.compile(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}")
 # North American and Russian numbers after their one-digit trunk or country prefix
@@ -382,6 +408,55 @@ def ipv6_matches(text: str) -> Iterator[re.Match[str]]:
 def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     if "phone" not in (marks(text) if found is None else found):
         return
+    yield from _with_loose_phones(text, list(_shaped_phones(text)))
+
+
+def _with_loose_phones(text: str, spans: list[Span]) -> list[Span]:
+    """The shaped numbers and the loose groupings of 7 to 15 digits after a phone word
+    (``_PHONE_LOOSE``); a loose one that holds shaped ones (part of it) replaces them."""
+    found = spans
+    for m in _PHONE_LOOSE.finditer(text):
+        start, end = m.span()
+        if any(s.start <= start and end <= s.end for s in spans):
+            continue  # nothing new
+        # the phone word close before it, with no other number between
+        before = text[max(0, start - 26) : start]
+        words = _PHONE_WORD.findall(before)
+        if not words or any(c.isdigit() for c in before[before.rindex(words[-1]) :]):
+            continue
+        if start and text[start - 1] in "(\uff08":
+            start -= 1  # (2) 2123 4567
+        raw = text[start:end]
+        if raw.count("(") + raw.count("\uff08") > raw.count(")") + raw.count("\uff09"):
+            if text[end : end + 1] not in (")", "\uff09"):
+                continue
+            end += 1
+            raw += text[end - 1]
+        if start and (text[start - 1] in "+\uff0b" or _TOUCHING_CHAR.match(text, start - 1)):
+            continue  # a number touching letters, or an international one (_PHONE's)
+        after = text[end : end + 2]
+        if after and (
+            _TOUCHING_CHAR.match(after)
+            or after[0] in "-\uff0d"
+            or (after[0] in ".,:" and after[1:].isdigit())
+        ):
+            continue  # 2 2123456-12, 2123 4567.89
+        if not raw.isascii():
+            raw = unicodedata.normalize("NFKC", raw).translate(_ASCII_DASHES)
+        if not 7 <= sum(c.isdigit() for c in raw) <= 15:
+            continue
+        if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw):
+            continue
+        if _version_context(text, start):
+            continue
+        inside = [s for s in found if s.start < end and start < s.end]
+        if any(s.start < start or s.end > end for s in inside):
+            continue  # crosses a shaped number
+        found = [s for s in found if s not in inside] + [Span(start, end, PHONE)]
+    return sorted(found, key=lambda s: s.start) if found is not spans else spans
+
+
+def _shaped_phones(text: str) -> Iterator[Span]:
     for m in _PHONE.finditer(text):
         raw = m.group()
         start, end = m.start(), m.end()
@@ -399,6 +474,8 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
         if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw) or _version_context(text, start):
             continue
         if not international:
+            if _TAX_ID_BEFORE.search(text[max(0, start - 20) : start]):
+                continue  # p.iva 01234567890
             # the phone word before it: searched once, and only when asked (the slowest check)
             context: bool | None = None
             if digits < 9:
@@ -428,8 +505,8 @@ def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span
                     context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
                 if not context:
                     continue
-        elif digits < 8:
-            continue
+        elif digits < 8 and not _PHONE_WORD.search(text[max(0, start - 40) : start]):
+            continue  # +290 8999: seven digits in all only after a phone word
         yield Span(start, end, PHONE)
 
 

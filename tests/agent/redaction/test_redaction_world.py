@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.redaction import Redactor, Vault
+from agent.redaction import Redactor, Vault, detectors
 from agent.redaction import build_gazetteer as builder
 from agent.redaction.name_shapes import korean_shaped, name_shaped, pinyin_shaped, romaji_shaped
 from agent.redaction.names import fold
@@ -494,6 +494,18 @@ def test_world_text_restores_exactly_when_streamed_in_any_chunks() -> None:
         ("Info: 1-800-555-0199.", "1-800-555-0199", "PHONE"),  # by its shape alone
         ("Иванов 8-912-345-67-89", "8-912-345-67-89", "PHONE"),
         ("Arayın: 0 (212) 123 45 67", "0 (212) 123 45 67", "PHONE"),
+        # after a phone word, any grouping of 7 to 15 digits (libphonenumber's example
+        # numbers of Bolivia, Chile, Hungary, Lithuania, Kazakhstan, Gibraltar, Austria)
+        ("Call me at 2 2123456 tomorrow.", "2 2123456", "PHONE"),
+        ("Teléfono: (2) 2123 4567", "(2) 2123 4567", "PHONE"),  # was 2123 4567
+        ("Tel. (06 1) 234 5678", "(06 1) 234 5678", "PHONE"),
+        ("tel (0-312) 34567", "(0-312) 34567", "PHONE"),
+        ("Телефон: 8 (71234) 5 67 89", "8 (71234) 5 67 89", "PHONE"),
+        ("WhatsApp me on 57123456", "57123456", "PHONE"),
+        ("Tel 01 234567890", "01 234567890", "PHONE"),  # was 234567890
+        ("Call +290 8999 after six", "+290 8999", "PHONE"),  # seven digits in all
+        ("il mio numero è 351419040", "351419040", "PHONE"),  # "number" in Italian
+        ("Mi número: 612345678", "612345678", "PHONE"),
         (
             "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",
             "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",
@@ -559,6 +571,16 @@ def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> N
         "In 2019 / 2020 / 2021 we grew",
         "Rated 8 / 10 by critics",
         "Version 1.2.3.4.5 is out",
+        # loose groupings only close after a phone word, with no other number between
+        "Invoice 2 2123456 paid.",
+        "Order number 71234567 shipped.",  # "number" alone is no phone word here
+        "Call the 2 of them about invoice 2123456 789",
+        "| PHONE | 0.925 / 0.992 |",
+        "Scored +290 8999 points",
+        # tax and company numbers, labelled
+        "Fattura a Rossi srl, p.iva 01234567890",
+        "VAT no. 0123456789 (reverse charge)",
+        "Steuernummer: 0123456789",
         "Ordered 8-100-200-30-40 parts",
         # what a password is in prose, not the password
         "The password is required for every login.",
@@ -568,3 +590,40 @@ def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> N
 )
 def test_look_alike_phones_and_secrets_are_left_alone(text: str) -> None:
     assert [t for _, t in found(text) if t in ("PHONE", "SECRET")] == [], found(text)
+
+
+def _phone_examples() -> list[list[str]]:
+    """Every region's example fixed-line and mobile numbers (libphonenumber's metadata;
+    the file names its source and licence)."""
+    path = Path(__file__).parent / "data" / "phone_examples.json"
+    return list(json.loads(path.read_text(encoding="utf-8"))["numbers"])
+
+
+def _whole_phone(text: str, value: str) -> bool:
+    start = text.index(value)
+    return any(
+        s.start <= start and start + len(value) <= s.end for s in detectors.find_phones(text)
+    )
+
+
+def test_every_regions_example_numbers_are_phones() -> None:
+    """International and E.164 forms by their shape alone, national forms after a phone word;
+    numbers of fewer than seven digits (Tuvalu's 20 123, Niue's 7012) are not read."""
+    missed = []
+    checked = 0
+    for region, kind, national, international in _phone_examples():
+        e164 = "+" + "".join(c for c in international if c.isdigit())
+        forms = [
+            (f"Our office is {international} from Monday.", international),
+            (f"Payment from {e164} was received.", e164),
+            (f"Call me at {national} tomorrow.", national),
+            (f"Tel. {national}", national),
+        ]
+        if sum(c.isdigit() for c in national) < 7:
+            forms = forms[:2] if len(e164) - 1 >= 8 else []
+        for text, value in forms:
+            checked += 1
+            if not _whole_phone(text, value):
+                missed.append((region, kind, text))
+    assert checked > 1500
+    assert missed == []

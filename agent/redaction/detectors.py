@@ -205,9 +205,9 @@ _SECRET_SHAPES = re.compile(
     r"|ef-[A-Za-z0-9]{4,}-[A-Za-z0-9_\-]{20,}"  # edgefleet API keys
     r"|gh[pousr]_[A-Za-z0-9]{30,}"
     r"|github_pat_[A-Za-z0-9_]{40,}"
-    r"|glpat-[A-Za-z0-9_\-]{20,}"
+    r"|(?:gl(?:pat|dt|ft|soat|rt|cbt|imt|ptt|agent|oas)-|GR1348941)[A-Za-z0-9_\-]{20,}"  # GitLab
     r"|xox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![\w])"
+    r"|(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{16}(?![\w])"  # AWS
     r"|AIza[0-9A-Za-z_\-]{35}"
     r"|hf_[A-Za-z0-9]{30,}"
     r"|SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"  # SendGrid
@@ -219,6 +219,8 @@ _SECRET_SHAPES = re.compile(
     r"|whsec_[A-Za-z0-9]{24,}"  # Stripe webhooks
     r"|SK[0-9a-f]{32}(?![\w])"  # Twilio
     r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"
+    r"|https://hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+"
+    r"|api\.softlayer\.com/soap/v3(?:\.1)?/[a-z0-9]{64}(?![\w])"  # the key is its last part
     r")"
 )
 # key = value / key: value / "key": "value" / Bearer value
@@ -525,6 +527,8 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 ("AKIA", "ASIA", "-----"), start
             ):
                 continue  # "-sk-..." is part of something else; "-AKIA..." and "-----" are not
+            if text.startswith("api.softlayer", start):
+                start = m.end() - 64
             yield Span(start, m.end(), SECRET)
     if "assigned" in found:
         lowered = case_fold(text)  # as re's IGNORECASE reads it: "PİN" holds "pin"
@@ -544,9 +548,20 @@ def token_matches(text: str) -> Iterator[re.Match[str]]:
     return _TOKEN.finditer(text) if starts is None else finditer_from(_TOKEN, text, starts)
 
 
+# Tokens of known shapes that _looks_secret cannot tell from hex hashes or words: a Twilio
+# account SID, a Mailchimp API key
+_LOWER_KEY_TOKEN = re.compile(r"AC[0-9a-f]{32}|[0-9a-z]{32}-us\d{1,2}")
+# What follows the first part of a Discord bot token (its timestamp and HMAC)
+_DOTTED_TAIL = re.compile(r"\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,}(?![\w\-])")
+
+
 def _tokens(text: str) -> Iterator[Span]:
     for m in token_matches(text):
-        if _looks_secret(m.group()):
+        token = m.group()
+        if _looks_secret(token):
+            tail = _DOTTED_TAIL.match(text, m.end()) if text[m.end() : m.end() + 1] == "." else None
+            yield Span(m.start(), tail.end() if tail else m.end(), SECRET)
+        elif _LOWER_KEY_TOKEN.fullmatch(token):
             yield Span(m.start(), m.end(), SECRET)
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_", "ghu_",
                  "ghs_", "ghr_", "github_pat_", "SG.", "npm_", "pypi-", "_v1_", "shp", "key-",
                  "whsec_", "SK",
-                 "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ")  # fmt: skip
+                 "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ",
+                 "gldt-", "glft-", "glsoat-", "glrt-", "glcbt-", "glimt-", "glptt-", "glagent-",
+                 "gloas-", "GR1348941", "ABIA", "ACCA", "A3T", "hooks.slack.com",
+                 "softlayer.com")  # fmt: skip
 ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort",
                     # "password" in other languages (detectors._PASSWORD_WORDS), and PINs
                     "mdp", "contras", "senha", "wachtwoord", "hasło", "haslo", "heslo",

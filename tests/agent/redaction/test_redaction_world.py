@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import string
 from pathlib import Path
 
 import pytest
@@ -627,3 +628,65 @@ def test_every_regions_example_numbers_are_phones() -> None:
                 missed.append((region, kind, text))
     assert checked > 1500
     assert missed == []
+
+
+def _key_shapes() -> list[tuple[str, str, str]]:
+    """(name, text, the secret part) for the key shapes of detect-secrets 1.5.0's plugins
+    (Apache-2.0; its regular expressions read, tokens made up here from them), each in
+    running text with no key word before it."""
+    rnd = random.Random(27)
+    mixed = string.ascii_letters + string.digits
+    upper = string.ascii_uppercase + string.digits
+    low = string.ascii_lowercase + string.digits
+
+    def r(chars: str, n: int) -> str:
+        return "".join(rnd.choice(chars) for _ in range(n))
+
+    password = r(mixed, 12)
+    webhook_key = r(mixed, 24)
+    softlayer_key = r(low, 64)
+    shapes = {
+        "AWS AKIA": "AKIA" + r(upper, 16),
+        "AWS ABIA": "ABIA" + r(upper, 16),
+        "AWS ACCA": "ACCA" + r(upper, 16),
+        "AWS A3T": "A3TX" + r(upper, 16),
+        "Discord bot": "M" + r(mixed, 23) + "." + r(mixed, 6) + "." + r(mixed + "_-", 27),
+        "GitHub": "ghp_" + r(mixed, 36),
+        **{f"GitLab {p}": f"{p}-" + r(mixed, 25) for p in ("glpat", "gldt", "glimt", "glrt")},
+        "GitLab runner": "GR1348941" + r(mixed, 20),
+        "Mailchimp": r("0123456789abcdef", 32) + "-us14",
+        "OpenAI": "sk-" + r(mixed, 20) + "T3BlbkFJ" + r(mixed, 20),
+        "PyPI": "pypi-AgEIcHlwaS5vcmc" + r(mixed, 70),
+        "SendGrid": "SG." + r(mixed, 22) + "." + r(mixed, 43),
+        "Slack": "xoxb-" + r(string.digits, 12) + "-" + r(string.digits, 12) + "-" + r(mixed, 24),
+        "Square": "sq0csp-" + r(mixed, 43),
+        "Stripe": "sk_live_" + r(mixed, 24),
+        "Telegram bot": r(string.digits, 10) + ":" + r(mixed, 35),
+        "Twilio account SID": "AC" + r("0123456789abcdef", 32),
+        "Twilio key": "SK" + r("0123456789abcdef", 32),
+        "Artifactory": "AKC" + r(mixed, 70),
+        "Azure storage": "AccountKey=" + r(mixed + "+/", 86) + "==",
+    }
+    cases = [
+        # the secret part: a Telegram token's after its bot's number, an Azure key's value
+        (name, f"The service uses {token} for now.", token.split(":")[-1].split("Key=")[-1])
+        for name, token in shapes.items()
+    ]
+    cases += [
+        ("URL password", f"db at https://admin:{password}@db.example.com/", password),
+        (
+            "Slack webhook",
+            f"post to https://hooks.slack.com/services/T0{r(mixed, 8)}/B0{r(mixed, 8)}/"
+            f"{webhook_key} when done",
+            webhook_key,
+        ),
+        ("SoftLayer", f"see https://api.softlayer.com/soap/v3/{softlayer_key} now", softlayer_key),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize(("name", "text", "secret"), _key_shapes(), ids=lambda v: str(v)[:20])
+def test_the_key_shapes_detect_secrets_knows_are_secrets(name: str, text: str, secret: str) -> None:
+    start = text.index(secret)
+    spans = [s for s in R.detect(text) if s.type == "SECRET"]
+    assert any(s.start <= start and start + len(secret) <= s.end for s in spans), (name, spans)

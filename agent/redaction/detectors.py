@@ -104,11 +104,13 @@ def ssn_ok(area: str, group: str, serial: str) -> bool:
 _EMAIL = re.compile(
     r"[\w.+%-](?<![\w.+%-][\s\S])[\w.+%-]{0,63}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+[^\W\d_]{2,24}(?![\w-])"
 )
-_CARD = re.compile(r"\d(?<![\w.,-][\s\S])[ -]?(?:\d[ -]?){10,17}\d(?![\w-]|[.,]\d)")
+# not after a plus (a phone number's country code: +5461143169786) or a letter, a digit and
+# such; a card's digits in groups, a phone's groups before them are checked in find_cards
+_CARD = re.compile(r"\d(?<![\w.,+\uff0b-][\s\S])[ -]?(?:\d[ -]?){10,17}\d(?![\w-]|[.,]\d)")
 _IBAN = re.compile(
     r"[A-Za-z](?<![\w][\s\S])[A-Za-z]\d{2}(?:[ ]?[A-Za-z0-9]){11,30}(?![\w])",
 )
-_SSN = re.compile(r"(\d(?<![\w.-][\s\S])\d{2})([- ])(\d{2})\2(\d{4})(?![\w-]|[.,]\d)")
+_SSN = re.compile(r"(\d(?<![\w.+\uff0b-][\s\S])\d{2})([- ])(\d{2})\2(\d{4})(?![\w-]|[.,]\d)")
 _SSN_BARE = re.compile(
     r"(?i:\b(?:ssn|social security(?: number| no\.?| #)?|sozialversicherungsnummer)"
     r"\W{0,4}(?:is\W{0,3}|was\W{0,3}|=\W{0,3})?)"
@@ -299,6 +301,10 @@ def find_emails(text: str, found: frozenset[str] | None = None) -> Iterator[Span
         pos = m.end()
 
 
+# A group of digits and a separator just before a number: it is the end of a longer one
+_LONGER_NUMBER_BEFORE = re.compile(r"\d[ \-]$")
+
+
 def find_cards(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     if "card" not in (marks(text) if found is None else found):
         return
@@ -353,6 +359,8 @@ def find_ibans(text: str, found: frozenset[str] | None = None) -> Iterator[Span]
 def find_ssns(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     if "ssn" in (marks(text) if found is None else found):
         for m in _SSN.finditer(text):
+            if _LONGER_NUMBER_BEFORE.search(text, max(0, m.start() - 3), m.start()):
+                continue  # the last groups of a phone number: +992 601 16 3156
             if ssn_ok(m.group(1), m.group(3), m.group(4)):
                 yield Span(m.start(), m.end(), US_SSN)
     lowered = case_fold(text)  # as _SSN_BARE's (?i) reads it: "SOCİAL" holds "social"

@@ -192,9 +192,15 @@ def _lookbehind_first_forms() -> list[tuple[str, re.Pattern[str], re.Pattern[str
     """Each pattern whose lookbehind was moved after its first character, and the form it
     had (the lookbehind first), rebuilt from it."""
     moved = {
-        "card": (detectors._CARD, r"(?<![\w.,-])(?:\d[ -]?){11,18}\d(?![\w-]|[.,]\d)"),
+        "card": (
+            detectors._CARD,
+            r"(?<![\w.,+\uff0b-])(?:\d[ -]?){11,18}\d(?![\w-]|[.,]\d)",
+        ),
         "iban": (detectors._IBAN, r"(?<![\w])[A-Za-z]{2}\d{2}(?:[ ]?[A-Za-z0-9]){11,30}(?![\w])"),
-        "ssn": (detectors._SSN, r"(?<![\w.-])(\d{3})([- ])(\d{2})\2(\d{4})(?![\w-]|[.,]\d)"),
+        "ssn": (
+            detectors._SSN,
+            r"(?<![\w.+\uff0b-])(\d{3})([- ])(\d{2})\2(\d{4})(?![\w-]|[.,]\d)",
+        ),
         "ipv4": (
             detectors._IPV4,
             r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?:/\d{1,2})?(?![\w]|\.\d)",

@@ -690,3 +690,23 @@ def test_the_key_shapes_detect_secrets_knows_are_secrets(name: str, text: str, s
     start = text.index(secret)
     spans = [s for s in R.detect(text) if s.type == "SECRET"]
     assert any(s.start <= start and start + len(secret) <= s.end for s in spans), (name, spans)
+
+
+def test_phone_numbers_are_not_cards_or_ssns() -> None:
+    """Every region's example numbers with their digits after the country code drawn at
+    random, spaced and in E.164: each is one PHONE, never a card (13 to 16 digits after a
+    plus pass Luhn's check one time in ten) nor an SSN (+992 601 16 3156)."""
+    rnd = random.Random(6)
+    wrong = []
+    for region, _, _, international in _phone_examples():
+        code, _, rest = international.partition(" ")
+        for _ in range(5):
+            drawn = "".join(rnd.choice("0123456789") if c.isdigit() else c for c in rest)
+            for number in (f"{code} {drawn}", code + "".join(c for c in drawn if c.isdigit())):
+                text = f"Call me at {number} tomorrow."
+                start = text.index(number)
+                end = start + len(number)
+                spans = [(s.start, s.end, s.type) for s in R.detect(text)]
+                if spans != [(start, end, "PHONE")]:
+                    wrong.append((region, number, spans))
+    assert wrong == []

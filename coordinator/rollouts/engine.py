@@ -701,6 +701,7 @@ class RolloutEngine:
 
     async def _save(self, rollout: Rollout, now: float) -> None:
         self._check_lead()
+        begun = time.monotonic()  # (a write refused later was begun while the lease held)
         rollout.updated_at = now
         stored = rollout.stored()
         if self._fence is not None:  # which leader wrote it (operators, tests)
@@ -712,7 +713,9 @@ class RolloutEngine:
             # another coordinator leads now: stop at once, nothing more written or pushed
             if self._leadership is not None:
                 self._leadership.lost(exc)
-            self._stand_down(f"a rollout write was refused ({exc})")
+            # the monotonic clock is the system's: a test compares it with when it paused
+            # this process (a write under way then is refused on waking; none begins after)
+            self._stand_down(f"a rollout write begun at monotonic {begun:.3f} was refused ({exc})")
             raise NotLeaderError(f"this coordinator no longer leads: {exc}") from exc
         self._dirty.discard(rollout.rollout_id)
         before = self._stored_state.get(rollout.rollout_id)

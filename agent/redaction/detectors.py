@@ -208,6 +208,7 @@ _SECRET_SHAPES = re.compile(
     r"|gh[pousr]_[A-Za-z0-9]{30,}"
     r"|github_pat_[A-Za-z0-9_]{40,}"
     r"|(?:gl(?:pat|dt|ft|soat|rt|cbt|imt|ptt|agent|oas)-|GR1348941)[A-Za-z0-9_\-]{20,}"  # GitLab
+    r"(?:\.[0-9a-z]{9}(?![\w]))?"  # a routable token's suffix
     r"|xox[abposr]-[A-Za-z0-9-]{10,}"
     r"|(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{16}(?![\w])"  # AWS
     r"|AIza[0-9A-Za-z_\-]{35}"
@@ -219,12 +220,61 @@ _SECRET_SHAPES = re.compile(
     r"|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"  # Shopify
     r"|key-[a-z0-9]{32}(?![\w])"  # Mailgun
     r"|whsec_[A-Za-z0-9]{24,}"  # Stripe webhooks
-    r"|SK[0-9a-f]{32}(?![\w])"  # Twilio
+    r"|SK[0-9a-fA-F]{32}(?![\w])"  # Twilio
     r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"
     r"|https://hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+"
-    r"|api\.softlayer\.com/soap/v3(?:\.1)?/[a-z0-9]{64}(?![\w])"  # the key is its last part
+    # shapes whose key is a named group (find_secrets yields only it)
+    r"|api\.softlayer\.com/soap/v3(?:\.1)?/(?P<softlayer>[a-z0-9]{64})(?![\w])"
+    r"|BUNDLE_(?:ENTERPRISE|GEMS)__CONTRIBSYS__COM[ \t]*[=:][ \t]*[\"']?"  # Sidekiq
+    r"(?P<sidekiq>[a-f0-9]{8}:[a-f0-9]{8})"
+    r"|_gitlab_session=(?P<gitlab_session>[0-9a-z]{32})"
+    # prefixed shapes of gitleaks' rules (its config/gitleaks.toml, MIT; read, not copied)
+    r"|(?:dapi|dkea)[a-f0-9]{32}(?:-\d)?(?![\w])"  # Databricks
+    r"|dp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,44}(?![\w])"  # Doppler
+    r"|dt0[a-z]\d{2}\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{64}"  # Dynatrace
+    r"|duffel_(?:test|live)_[A-Za-z0-9_\-=]{43}"
+    r"|fio-u-[A-Za-z0-9_\-=]{64}"  # Frame.io
+    r"|dnkey-[a-z0-9=_\-]{26}-[a-z0-9=_\-]{52}"  # Defined Networking
+    r"|glffct-[A-Za-z0-9_\-]{20}"  # GitLab feature flags
+    r"|(?:pat|sat)\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{20}"  # Harness
+    r"|[a-z0-9]{14}\.atlasv1\.[a-z0-9\-_=]{60,70}"  # Terraform Cloud
+    r"|api_org_[A-Za-z]{34}(?![\w])"  # Hugging Face organisations
+    r"|s-s4t2(?:ud|af)-[a-f0-9]{64}"  # 42 intra
+    r"|lin_(?:api|oauth)_[A-Za-z0-9]{40}(?![\w])"  # Linear
+    r"|NR(?:AK|JS|II)-[A-Za-z0-9\-]{19,32}(?![\w])"  # New Relic
+    r"|API-[A-Z0-9]{26}(?![\w])"  # Octopus Deploy
+    r"|sha256~[\w\-]{43}(?![\w\-])"  # OpenShift
+    r"|pscale_(?:tkn|oauth|pw)_[A-Za-z0-9=\-_.]{32,64}"  # PlanetScale
+    r"|PMAK-[a-f0-9]{24}-[a-f0-9]{34}"  # Postman
+    r"|pul-[a-f0-9]{40}(?![\w])"  # Pulumi
+    r"|rdme_[a-z0-9]{70}(?![\w])"  # ReadMe
+    r"|rubygems_[a-f0-9]{48}(?![\w])"
+    r"|xkeysib-[a-f0-9]{64}-[A-Za-z0-9]{16}"  # Brevo (Sendinblue)
+    r"|sntry[us]_[A-Za-z0-9+/=_\-]{64,}"  # Sentry
+    r"|sm_(?:aat|pat|sat)_[A-Za-z0-9]{16}(?![\w])"  # SettleMint
+    r"|shippo_(?:live|test)_[a-f0-9]{40}"
+    r"|hv[sb]\.[A-Za-z0-9_\-]{90,}"  # HashiCorp Vault
+    r"|AAAAAAAAAAAAAAAAAAAAA[A-Za-z0-9%]{30,}"  # Twitter bearer tokens
+    r"|v1\.0-[a-f0-9]{24}-[a-f0-9]{146}"  # Cloudflare origin CA keys
+    r"|A3-[A-Z0-9]{6}-(?:[A-Z0-9]{11}|[A-Z0-9]{6}-[A-Z0-9]{5})-[A-Z0-9]{5}-[A-Z0-9]{5}-[A-Z0-9]{5}"
+    r"|p8e-[A-Za-z0-9]{32}(?![\w])"  # Adobe
+    r"|AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}"
+    r"|pat[A-Za-z0-9]{14}\.[a-f0-9]{64}"  # Airtable
+    r"|[A-Za-z0-9_~.]{3}\dQ~[A-Za-z0-9_~.\-]{31,34}(?![\w~.\-])"  # Azure AD client secrets
+    r"|sl\.[A-Za-z0-9\-=_]{130,}"  # Dropbox
+    r"|HRKU-AA[0-9A-Za-z_\-]{58}"  # Heroku
+    r"|EAA[MC][A-Za-z0-9]{100,}"  # Facebook page tokens
+    r"|(?:live|test)_(?:pub_[a-f0-9]{31}|[a-f0-9]{35})(?![\w])"  # Lob
+    r"|tfp_[A-Za-z0-9\-_.=]{59}"  # Typeform
+    r"|access-(?:sandbox|development|production)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}"
+    r"-[0-9a-f]{4}-[0-9a-f]{12}"  # Plaid
+    r"|pubkey-[a-f0-9]{32}(?![\w])"  # Mailgun
+    r"|t1\.[A-Za-z0-9_\-]+={0,2}\.[A-Za-z0-9_\-]{86}={0,2}"  # Yandex
+    r"|AQVN[A-Za-z0-9_\-]{35,38}(?![\w])"  # Yandex
     r")"
 )
+# Where each marker of mark_words.SHAPE_MARKERS is in its shapes, when not at the start
+_SHAPE_MARKER_BACK = {"_v1_": 3, "hooks.slack.com": 8, "softlayer.com": 4, ".atlasv1.": 14, "Q~": 4}
 # key = value / key: value / "key": "value" / Bearer value
 # "password" in other languages (German, French, Spanish, Portuguese, Dutch, Polish, Czech,
 # Swedish, Danish, Norwegian, Finnish, Hungarian, Turkish, Romanian, Indonesian, Vietnamese,
@@ -257,6 +307,11 @@ _ASSIGNED_ROOTS = (
     "mot de", "mdp", "contras", "senha", "wacht", "hasło", "haslo", "heslo", "lösen",
     "losen", "adgang", "salas", "jelsz", "şifre", "sifre", "parol", "kata s", "mật", "mat k",
     "пароль", "密", "口令", "パス", "暗証", "비밀", "كلمة", "पास",
+)  # fmt: skip
+# What "bearer" is followed by in prose about tokens and bonds
+_BEARER_PROSE = frozenset(
+    ("tokens", "authentication", "authorization", "scheme", "credentials", "header", "headers",
+     "bonds", "shares", "instrument", "instruments", "cheque", "cheques")
 )  # fmt: skip
 _URL_PASSWORD = re.compile(r"://[^:/\s@]{1,64}:([^@\s/]{3,128})@")
 _LOOSE_WORDS = "pass|pw|pin|passcode|kennwort|mot de passe"
@@ -526,8 +581,8 @@ def _shaped_phones(text: str) -> Iterator[Span]:
 
 def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
     found = marks(text) if found is None else found
-    if "shape" in found and any(marker in text for marker in SHAPE_MARKERS):
-        for m in _SECRET_SHAPES.finditer(text):
+    if "shape" in found:
+        for m in shape_matches(text):
             start = m.start()
             if start and (text[start - 1].isalnum() or text[start - 1] == "_"):
                 continue  # inside a longer word
@@ -535,9 +590,10 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
                 ("AKIA", "ASIA", "-----"), start
             ):
                 continue  # "-sk-..." is part of something else; "-AKIA..." and "-----" are not
-            if text.startswith("api.softlayer", start):
-                start = m.end() - 64
-            yield Span(start, m.end(), SECRET)
+            if m.lastgroup:  # the key only, not what shows where it is
+                yield Span(*m.span(m.lastgroup), SECRET)
+            else:
+                yield Span(start, m.end(), SECRET)
     if "assigned" in found:
         lowered = case_fold(text)  # as re's IGNORECASE reads it: "PİN" holds "pin"
         if any(marker in lowered for marker in ASSIGNED_MARKERS):
@@ -547,6 +603,20 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
             yield Span(m.start(1), m.end(1), SECRET)
     if "token" in found:
         yield from _tokens(text)
+
+
+def shape_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_SECRET_SHAPES.finditer(text)``, tried only where a marker of a shape is (and as
+    far before it as it stands in its shapes): a scan of one of fifty alternatives at every
+    position costs more than the markers' searches."""
+    starts: set[int] = set()
+    for marker in SHAPE_MARKERS:
+        at = text.find(marker)
+        back = _SHAPE_MARKER_BACK.get(marker, 0)
+        while at >= 0:
+            starts.add(at - back if at >= back else 0)
+            at = text.find(marker, at + 1)
+    return finditer_from(_SECRET_SHAPES, text, sorted(starts)) if starts else iter(())
 
 
 def token_matches(text: str) -> Iterator[re.Match[str]]:
@@ -623,6 +693,8 @@ def _assigned(text: str, folded: str) -> Iterator[Span]:
             continue
         if _prose_after_is(m, value):
             continue
+        if value.lower() in _BEARER_PROSE and m.group(0)[:6].lower() == "bearer":
+            continue  # "bearer tokens", "Bearer authentication": prose, not a token
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
     if "pin" in folded or "passcode" in folded or "geheimzahl" in folded:
         for m in _PIN.finditer(text):

@@ -11,7 +11,14 @@ SHAPE_MARKERS = ("-----BEGIN", "sk-", "sk_", "pk_", "rk_", "ef-", "ghp_", "gho_"
                  "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "eyJ",
                  "gldt-", "glft-", "glsoat-", "glrt-", "glcbt-", "glimt-", "glptt-", "glagent-",
                  "gloas-", "GR1348941", "ABIA", "ACCA", "A3T", "hooks.slack.com",
-                 "softlayer.com")  # fmt: skip
+                 "softlayer.com",
+                 "dapi", "dkea", "dp.", "dt0", "duffel_", "fio-u-", "dnkey-", "glffct-",
+                 "sat.", ".atlasv1.", "api_org_", "s-s4t2", "lin_", "NRAK-", "NRJS-", "NRII-",
+                 "API-", "sha256~", "pscale_", "PMAK-", "pul-", "rdme_", "rubygems_", "xkeysib-",
+                 "sntry", "sm_", "shippo_", "hvs.", "hvb.", "AAAAAAAAAAAAAAAAAAAAA",
+                 "v1.0-", "A3-", "p8e-", "AGE-SECRET-KEY-1", "pat", "Q~", "sl.", "HRKU-AA",
+                 "EAA", "live_", "test_", "tfp_", "access-", "pubkey-", "t1.", "AQVN",
+                 "BUNDLE_", "_gitlab_session=")  # fmt: skip
 ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pin", "kennwort",
                     # "password" in other languages (detectors._PASSWORD_WORDS), and PINs
                     "mdp", "contras", "senha", "wachtwoord", "hasło", "haslo", "heslo",

@@ -47,6 +47,12 @@ _PIECES = [
     "İd",
     "apı_key",  # a dotless i
     "AWS_SECRET_ACCESS_KEY",
+    # key shapes whose marker is not where they start (detectors._SHAPE_MARKER_BACK)
+    "do" + "p_v1_" + "ab12" * 16,
+    "https://hooks.slack.com/services/T0ABC/B0DEF/xyz123",
+    "https://api.softlayer.com/soap/v3/" + "a1" * 32,
+    "abcdefgh123456.atlasv1." + "q" * 64,
+    "abc8Q~" + "Zz9" * 11 + "x",
     # what follows them
     "=",
     ":",
@@ -268,6 +274,7 @@ FAST_PATHS: dict[
     "loose passwords": (detectors.loose_password_matches, lambda: detectors._LOOSE_PASSWORD),
     "IPv6": (detectors.ipv6_matches, lambda: detectors._IPV6),
     "long tokens": (detectors.token_matches, lambda: detectors._TOKEN),
+    "key shapes": (detectors.shape_matches, lambda: detectors._SECRET_SHAPES),
     "IBAN": (detectors.iban_matches, lambda: detectors._IBAN),
     "IPv4": (detectors.ipv4_matches, lambda: detectors._IPV4),
     "Latin label before a Han name": (

@@ -582,6 +582,10 @@ def test_phones_and_secrets_of_the_world(text: str, value: str, type_: str) -> N
         "Fattura a Rossi srl, p.iva 01234567890",
         "VAT no. 0123456789 (reverse charge)",
         "Steuernummer: 0123456789",
+        # the markers of key shapes in ordinary text
+        "the pattern test_cases for live_stream and access-control on a t1.micro",
+        "Sat. 5 May: API-level 33, sm_90 kernels, dp.py and pubkey-less setups",
+        "We use bearer tokens for auth; Bearer authentication is simple.",
         "Ordered 8-100-200-30-40 parts",
         # what a password is in prose, not the password
         "The password is required for every login.",
@@ -638,6 +642,7 @@ def _key_shapes() -> list[tuple[str, str, str]]:
     mixed = string.ascii_letters + string.digits
     upper = string.ascii_uppercase + string.digits
     low = string.ascii_lowercase + string.digits
+    hexl = "0123456789abcdef"
 
     def r(chars: str, n: int) -> str:
         return "".join(rnd.choice(chars) for _ in range(n))
@@ -645,6 +650,8 @@ def _key_shapes() -> list[tuple[str, str, str]]:
     password = r(mixed, 12)
     webhook_key = r(mixed, 24)
     softlayer_key = r(low, 64)
+    sidekiq = r("0123456789abcdef", 8) + ":" + r("0123456789abcdef", 8)
+    session = r(low, 32)
     shapes = {
         "AWS AKIA": "AKIA" + r(upper, 16),
         "AWS ABIA": "ABIA" + r(upper, 16),
@@ -666,6 +673,42 @@ def _key_shapes() -> list[tuple[str, str, str]]:
         "Twilio key": "SK" + r("0123456789abcdef", 32),
         "Artifactory": "AKC" + r(mixed, 70),
         "Azure storage": "AccountKey=" + r(mixed + "+/", 86) + "==",
+        # prefixed shapes of gitleaks' rules (config/gitleaks.toml, MIT)
+        "Databricks": "dapi" + r(hexl, 32),
+        "Doppler": "dp.pt." + r(mixed, 43),
+        "Dynatrace": "dt0c01." + r(upper, 24) + "." + r(upper, 64),
+        "Duffel": "duffel_test_" + r(mixed, 43),
+        "Frame.io": "fio-u-" + r(mixed, 64),
+        "Harness": "pat." + r(mixed, 22) + "." + r(mixed, 24) + "." + r(mixed, 20),
+        "Terraform Cloud": r(low, 14) + ".atlasv1." + r(low, 64),
+        "Hugging Face org": "api_org_" + r(string.ascii_letters, 34),
+        "Linear": "lin_api_" + r(mixed, 40),
+        "New Relic": "NRAK-" + r(upper, 27),
+        "Octopus Deploy": "API-" + r(upper, 26),
+        "OpenShift": "sha256~" + r(mixed, 43),
+        "PlanetScale": "pscale_tkn_" + r(mixed, 43),
+        "Postman": "PMAK-" + r(hexl, 24) + "-" + r(hexl, 34),
+        "Pulumi": "pul-" + r(hexl, 40),
+        "ReadMe": "rdme_" + r(low, 70),
+        "RubyGems": "rubygems_" + r(hexl, 48),
+        "Brevo": "xkeysib-" + r(hexl, 64) + "-" + r(mixed, 16),
+        "Sentry": "sntryu_" + r(hexl, 64),
+        "SettleMint": "sm_pat_" + r(mixed, 16),
+        "Shippo": "shippo_live_" + r(hexl, 40),
+        "Vault": "hvs." + r(mixed, 95),
+        "Twitter bearer": "A" * 21 + r(mixed, 80),
+        "1Password": "A3-" + "-".join(r(upper, n) for n in (6, 11, 5, 5, 5)),
+        "Adobe": "p8e-" + r(mixed, 32),
+        "age": "AGE-SECRET-KEY-1" + r("QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L", 58),
+        "Airtable": "pat" + r(mixed, 14) + "." + r(hexl, 64),
+        "Azure AD": r(mixed, 3) + "8Q~" + r(mixed, 34),
+        "Heroku": "HRKU-AA" + r(mixed, 58),
+        "Lob": "live_" + r(hexl, 35),
+        "Typeform": "tfp_" + r(mixed, 59),
+        "Plaid": "access-production-" + "-".join(r(hexl, n) for n in (8, 4, 4, 4, 12)),
+        "Mailgun public": "pubkey-" + r(hexl, 32),
+        "Yandex": "AQVN" + r(mixed, 36),
+        "GitLab routable": "glpat-" + r(mixed, 27) + "." + r(low, 9),
     }
     cases = [
         # the secret part: a Telegram token's after its bot's number, an Azure key's value
@@ -681,6 +724,8 @@ def _key_shapes() -> list[tuple[str, str, str]]:
             webhook_key,
         ),
         ("SoftLayer", f"see https://api.softlayer.com/soap/v3/{softlayer_key} now", softlayer_key),
+        ("Sidekiq", f"BUNDLE_GEMS__CONTRIBSYS__COM={sidekiq}", sidekiq),
+        ("GitLab session", f"Cookie: _gitlab_session={session}", session),
     ]
     return cases
 

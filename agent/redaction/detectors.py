@@ -18,12 +18,19 @@ import ipaddress
 import math
 import re
 import unicodedata
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from agent.redaction.mark_words import ASSIGNED_MARKERS, SHAPE_MARKERS
+from agent.redaction.mark_words import (
+    ASSIGNED_MARKERS,
+    NUMBER_WORDS,
+    PHONE_WORDS,
+    PHONE_WORDS_JOINED,
+)
 from agent.redaction.prefilter import (
+    SHORT_TEXT,
     case_fold,
     finditer_from,
     first_words,
@@ -148,24 +155,17 @@ _PHONE = re.compile(
     rf"(?!{_TOUCHING}|[-\uff0d]|[.,]\d)"
 )
 _ASCII_DASHES = str.maketrans({"\u2010": "-", "\u2011": "-", "\u30fc": "-"})
-# Words before a phone number; in scripts without spaces, or written before a compound
-# (전화번호), without word boundaries
-_PHONE_WORDS = (
-    r"phone|tel|telephone|mobile|cell|call|ring|text|whatsapp|fax|"
-    r"telefon|handy|téléphone|portable|tél|teléfono|móvil|telefono|cellulare|bel|mob|"
-    r"reach|contact|telp|ponsel|hp|sđt|điện thoại|тел|телефон|звоните|моб"
-)
-_PHONE_WORDS_JOINED = (
-    r"电话|電話|手机|手機|携帯|拨打|撥打|致电|致電|连络|聯絡|联系|聯繫|お電話|℡|☎"
-    r"|연락처|전화|핸드폰|휴대폰|هاتف|جوال|फ़ोन|फोन|मोबाइल"
-)
+_PHONE_WORDS = "|".join(re.escape(w) for w in PHONE_WORDS)
+_PHONE_WORDS_JOINED = "|".join(PHONE_WORDS_JOINED)
+# (both searched in case_fold's text: a case-sensitive search costs half an IGNORECASE one;
+# and only where the prefilter's "phone_word" mark says one of their words is in the text)
 _PHONE_CONTEXT = re.compile(
-    rf"(?i:\b(?:{_PHONE_WORDS}|number|no\.|nr|numero|número|numéro|nummer|numer|номер)\b"
-    rf"|{_PHONE_WORDS_JOINED})"
+    rf"\b(?:{_PHONE_WORDS}|{'|'.join(re.escape(w) for w in NUMBER_WORDS)})\b"
+    rf"|{_PHONE_WORDS_JOINED}"
 )
 # The phone words that make any grouping of 7 to 15 digits a number: not "number", "no.",
 # "nr" (order and invoice numbers have them)
-_PHONE_WORD = re.compile(rf"(?i:\b(?:{_PHONE_WORDS})\b|{_PHONE_WORDS_JOINED})")
+_PHONE_WORD = re.compile(rf"\b(?:{_PHONE_WORDS})\b|{_PHONE_WORDS_JOINED}")
 # Groupings of national numbers the shapes above leave out, read only after a phone word
 # (the example numbers of every region in libphonenumber's metadata): a one-digit area
 # ("2 2123456", "(2) 2123 4567", "9 435 1234"), an area in parentheses with a space or
@@ -175,12 +175,25 @@ _PHONE_WORD = re.compile(rf"(?i:\b(?:{_PHONE_WORDS})\b|{_PHONE_WORDS_JOINED})")
 # _with_loose_phones.
 _PHONE_LOOSE = re.compile(r"\d[\d \-()/\u2010\u2011\uff0d\uff08\uff09]{5,24}\d")
 # Labels of tax and company numbers, whose digits look like national phone numbers (an
-# Italian VAT number, "p.iva 01234567890", is eleven digits with a leading 0)
-_TAX_ID_BEFORE = re.compile(
-    r"(?i:\b(?:p\.?\s?iva|partita iva|codice fiscale|vat(?:\s?(?:no|nr|number|id|reg))?|"
-    r"ust-?id(?:nr)?|steuer-?nr|steuernummer|siret|siren|tva|nif|cif|cnpj|cpf|inn|ogrn|kpp|"
-    r"tin|ein|abn|gstin|kvk|btw|nip|regon|ičo|dič|org\.?\s?nr|cvr)\.?\s?[:#]?\s?)$"
-)
+# Italian VAT number, "p.iva 01234567890", is eleven digits with a leading 0): as the end of
+# the lower-case text before a number, its spaces, colons, # and dots taken off
+_TAX_LABELS = (
+    "p.iva", "p. iva", "piva", "partita iva", "codice fiscale", "vat", "vat no", "vat nr",
+    "vat number", "vat id", "vat reg", "ust-id", "ustid", "ust-idnr", "ustidnr", "ust-id-nr",
+    "steuer-nr", "steuernr", "steuernummer", "siret", "siren", "tva", "nif", "cif", "cnpj",
+    "cpf", "inn", "ogrn", "kpp", "tin", "ein", "abn", "gstin", "kvk", "btw", "nip", "regon",
+    "ičo", "dič", "org.nr", "org. nr", "orgnr", "cvr",
+)  # fmt: skip
+
+
+def _after_tax_label(text: str, start: int) -> bool:
+    tail = text[max(0, start - 20) : start].rstrip(" \t:#.").lower()
+    if not tail.endswith(_TAX_LABELS):
+        return False
+    label = max((x for x in _TAX_LABELS if tail.endswith(x)), key=len)
+    return len(tail) == len(label) or not tail[-len(label) - 1].isalnum()  # a whole word
+
+
 _TOUCHING_CHAR = re.compile(_TOUCHING)
 _EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
 _NORTH_AMERICAN = re.compile(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}")
@@ -273,8 +286,6 @@ _SECRET_SHAPES = re.compile(
     r"|AQVN[A-Za-z0-9_\-]{35,38}(?![\w])"  # Yandex
     r")"
 )
-# Where each marker of mark_words.SHAPE_MARKERS is in its shapes, when not at the start
-_SHAPE_MARKER_BACK = {"_v1_": 3, "hooks.slack.com": 8, "softlayer.com": 4, ".atlasv1.": 14, "Q~": 4}
 # key = value / key: value / "key": "value" / Bearer value
 # "password" in other languages (German, French, Spanish, Portuguese, Dutch, Polish, Czech,
 # Swedish, Danish, Norwegian, Finnish, Hungarian, Turkish, Romanian, Indonesian, Vietnamese,
@@ -471,24 +482,56 @@ def ipv6_matches(text: str) -> Iterator[re.Match[str]]:
 
 
 def find_phones(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
-    if "phone" not in (marks(text) if found is None else found):
+    found = marks(text) if found is None else found
+    if "phone" not in found:
         return
-    yield from _with_loose_phones(text, list(_shaped_phones(text)))
+    if "phone_word" not in found:  # no phone word, no word for a number: shapes alone
+        yield from _shaped_phones(text, False)
+        return
+    yield from _with_loose_phones(text, list(_shaped_phones(text, True)))
+
+
+def _phone_context(text: str, start: int) -> bool:
+    """A phone word, or a word for a number, in the 40 characters before ``start``."""
+    return _PHONE_CONTEXT.search(case_fold(text[max(0, start - 40) : start])) is not None
+
+
+def _phone_word_ends(text: str) -> list[int]:
+    """Where each phone word (_PHONE_WORD, in the case-folded text) ends: searched where
+    RE2 found one (prefilter's "phone_word" starts, one pass), or in the whole of a short
+    text."""
+    starts = re2_starts("phone_word", text)
+    if starts is None:
+        return [m.end() for m in _PHONE_WORD.finditer(case_fold(text))]
+    # each start read in its own case-folded stretch (one character for one; the word
+    # before it decides \b): folding the whole text costs more than the handful of words
+    ends = []
+    for at in starts:
+        before = max(0, at - 1)
+        m = _PHONE_WORD.match(case_fold(text[before : at + 24]), at - before)
+        if m is not None:
+            ends.append(before + m.end())
+    return ends
 
 
 def _with_loose_phones(text: str, spans: list[Span]) -> list[Span]:
-    """The shaped numbers and the loose groupings of 7 to 15 digits after a phone word
-    (``_PHONE_LOOSE``); a loose one that holds shaped ones (part of it) replaces them."""
+    """The shaped numbers and the loose groupings of 7 to 15 digits (``_PHONE_LOOSE``) that
+    follow a phone word within 24 characters with no other number between; a loose one
+    that holds shaped ones (part of it) replaces them. In a long text the groupings are
+    looked for after each phone word (RE2 finds those); in a short one the groupings come
+    first and the words are looked for before the few left."""
     found = spans
-    for m in _PHONE_LOOSE.finditer(text):
+    word_ends: list[int] | None = None
+    if len(text) >= SHORT_TEXT:
+        word_ends = _phone_word_ends(text)
+        after_words = (_PHONE_LOOSE.search(text, e, e + 64) for e in word_ends)
+        candidates: Iterable[re.Match[str]] = [m for m in after_words if m is not None]
+    else:
+        candidates = _PHONE_LOOSE.finditer(text)
+    for m in candidates:
         start, end = m.span()
         if any(s.start <= start and end <= s.end for s in spans):
             continue  # nothing new
-        # the phone word close before it, with no other number between
-        before = text[max(0, start - 26) : start]
-        words = _PHONE_WORD.findall(before)
-        if not words or any(c.isdigit() for c in before[before.rindex(words[-1]) :]):
-            continue
         if start and text[start - 1] in "(\uff08":
             start -= 1  # (2) 2123 4567
         raw = text[start:end]
@@ -512,6 +555,14 @@ def _with_loose_phones(text: str, spans: list[Span]) -> list[Span]:
             continue
         if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw):
             continue
+        # the phone word close before it, with no other number between
+        if word_ends is None:
+            word_ends = _phone_word_ends(text)
+        at = bisect_right(word_ends, start) - 1
+        if at < 0 or start - word_ends[at] > 24:
+            continue
+        if any(c.isdigit() for c in text[word_ends[at] : start]):
+            continue
         if _version_context(text, start):
             continue
         inside = [s for s in found if s.start < end and start < s.end]
@@ -521,7 +572,9 @@ def _with_loose_phones(text: str, spans: list[Span]) -> list[Span]:
     return sorted(found, key=lambda s: s.start) if found is not spans else spans
 
 
-def _shaped_phones(text: str) -> Iterator[Span]:
+def _shaped_phones(text: str, words: bool) -> Iterator[Span]:
+    """_PHONE's numbers; ``words``: whether the text may hold a phone word (else none is
+    looked for)."""
     for m in _PHONE.finditer(text):
         raw = m.group()
         start, end = m.start(), m.end()
@@ -539,12 +592,12 @@ def _shaped_phones(text: str) -> Iterator[Span]:
         if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw) or _version_context(text, start):
             continue
         if not international:
-            if _TAX_ID_BEFORE.search(text[max(0, start - 20) : start]):
+            if _after_tax_label(text, start):
                 continue  # p.iva 01234567890
             # the phone word before it: searched once, and only when asked (the slowest check)
             context: bool | None = None
             if digits < 9:
-                context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
+                context = words and _phone_context(text, start)
                 if not context:
                     continue
             if "." in raw and raw.count(".") != 2 and not _FRENCH_DOTTED.fullmatch(raw):
@@ -555,7 +608,7 @@ def _shaped_phones(text: str) -> Iterator[Span]:
                 (core[0] == "0" and len(core) >= 9) or _TEN_DIGITS.fullmatch(core)
             ):
                 if context is None:
-                    context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
+                    context = words and _phone_context(text, start)
                 if not context:
                     continue  # bare digits: a phone only with a leading 0, 10 digits or a word
             if not (
@@ -567,10 +620,12 @@ def _shaped_phones(text: str) -> Iterator[Span]:
                 or _TRUNK_FIRST.fullmatch(core)
             ):
                 if context is None:
-                    context = bool(_PHONE_CONTEXT.search(text[max(0, start - 40) : start]))
+                    context = words and _phone_context(text, start)
                 if not context:
                     continue
-        elif digits < 8 and not _PHONE_WORD.search(text[max(0, start - 40) : start]):
+        elif digits < 8 and not (
+            words and _PHONE_WORD.search(case_fold(text[max(0, start - 40) : start]))
+        ):
             continue  # +290 8999: seven digits in all only after a phone word
         yield Span(start, end, PHONE)
 
@@ -606,17 +661,13 @@ def find_secrets(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
 
 
 def shape_matches(text: str) -> Iterator[re.Match[str]]:
-    """``_SECRET_SHAPES.finditer(text)``, tried only where a marker of a shape is (and as
-    far before it as it stands in its shapes): a scan of one of fifty alternatives at every
-    position costs more than the markers' searches."""
-    starts: set[int] = set()
-    for marker in SHAPE_MARKERS:
-        at = text.find(marker)
-        back = _SHAPE_MARKER_BACK.get(marker, 0)
-        while at >= 0:
-            starts.add(at - back if at >= back else 0)
-            at = text.find(marker, at + 1)
-    return finditer_from(_SECRET_SHAPES, text, sorted(starts)) if starts else iter(())
+    """``_SECRET_SHAPES.finditer(text)``, tried only where one of its shapes' heads starts
+    (mark_words.SHAPE_HEADS, one RE2 pass): re would try seventy alternatives at every
+    position. Short texts, or without RE2, are scanned whole."""
+    starts = re2_starts("shape", text)
+    if starts is None:
+        return _SECRET_SHAPES.finditer(text)
+    return finditer_from(_SECRET_SHAPES, text, starts)
 
 
 def token_matches(text: str) -> Iterator[re.Match[str]]:

@@ -174,14 +174,15 @@ SHORT_TEXT = 256
 
 
 def re2_starts(name: str, text: str) -> list[int] | None:
-    """The starts of :data:`_RE2_STARTS` ``[name]``'s matches in ``text``, ascending: the
-    candidate starts of :func:`finditer_from` (``None`` where RE2 is missing or the text is
-    shorter than :data:`SHORT_TEXT`: then the caller scans it whole)."""
+    """The starts of :data:`_RE2_STARTS` ``[name]``'s (or the mark ``name``'s) matches in
+    ``text``, ascending: the candidate starts of :func:`finditer_from` (``None`` where RE2
+    is missing or the text is shorter than :data:`SHORT_TEXT`: then the caller scans it
+    whole)."""
     if len(text) < SHORT_TEXT:
         return None
     starts = _re2_starts.get(name)
-    if starts is None:
-        starts = _re2_starts[name] = _Re2Starts(_RE2_STARTS[name])
+    if starts is None:  # (or a mark's pattern: "shape", "phone_word")
+        starts = _re2_starts[name] = _Re2Starts(_RE2_STARTS.get(name) or mark_patterns()[name])
     return starts(text)
 
 
@@ -238,6 +239,11 @@ def _caseless_literals(words: Iterable[str]) -> str:
 def mark_patterns() -> dict[str, str]:
     """Each mark's RE2 pattern, by name (built from the detectors' own word lists)."""
     endings = mark_words.ENDING_WORDS
+    phone_words = (
+        *mark_words.PHONE_WORDS,
+        *mark_words.NUMBER_WORDS,
+        *mark_words.PHONE_WORDS_JOINED,
+    )
     return {
         # any digit (every address form has a number)
         "digit": _D,
@@ -251,7 +257,16 @@ def mark_patterns() -> dict[str, str]:
         "phone": rf"{_D}(?:[ .\-/(){_CJK_DASHES}]{{0,3}}{_D}){{6}}",
         # find_secrets: the known key shapes' prefixes, the words of assigned secrets
         # (looked for in the case-folded text there), long tokens
-        "shape": _literals(mark_words.SHAPE_MARKERS),
+        "shape": mark_words.SHAPE_HEADS,
+        # find_phones: its phone words and words for a number (detectors._PHONE_CONTEXT in
+        # case-folded text): the ASCII ones at RE2's (ASCII) word boundaries, which hold
+        # wherever re's do, the others anywhere; also where _PHONE_WORD's are looked for
+        "phone_word": (
+            r"\b"
+            + _caseless_literals(w for w in phone_words if w.isascii())
+            + r"\b|"
+            + _caseless_literals(w for w in phone_words if not w.isascii())
+        ),
         "assigned": _caseless_literals(mark_words.ASSIGNED_MARKERS),
         "token": r"[A-Za-z0-9_\-+/]{24}",
         # the address forms of names.py
@@ -281,7 +296,8 @@ def mark_patterns() -> dict[str, str]:
 
 
 MARK_NAMES = (
-    *("digit", "card", "ssn", "ipv4", "iban", "phone", "shape", "assigned", "token"),
+    *("digit", "card", "ssn", "ipv4", "iban", "phone", "phone_word", "shape", "assigned"),
+    "token",
     *("admin", "dashed_number", "korean_road", "han", "hangul", "korean_road_number"),
     *("china_number", "japan_block", "compound_ending", "non_latin", "caseless"),
 )

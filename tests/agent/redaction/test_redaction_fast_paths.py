@@ -310,6 +310,9 @@ def _reference_phones(text: str) -> Iterator[tuple[int, int]]:
     if "phone" not in prefilter.marks(text):
         return
     d = detectors
+    # the phone words as IGNORECASE reads them (find_phones searches the case-folded text)
+    context_i = re.compile(d._PHONE_CONTEXT.pattern, re.IGNORECASE)
+    word_i = re.compile(d._PHONE_WORD.pattern, re.IGNORECASE)
     for m in d._PHONE.finditer(text):
         raw = m.group()
         start, end = m.start(), m.end()
@@ -327,9 +330,9 @@ def _reference_phones(text: str) -> Iterator[tuple[int, int]]:
         ):
             continue
         if not international:
-            if d._TAX_ID_BEFORE.search(text[max(0, start - 20) : start]):
+            if d._after_tax_label(text, start):
                 continue
-            if digits < 9 and not d._PHONE_CONTEXT.search(text[max(0, start - 40) : start]):
+            if digits < 9 and not context_i.search(text[max(0, start - 40) : start]):
                 continue
             if "." in raw and raw.count(".") != 2:
                 continue
@@ -338,7 +341,7 @@ def _reference_phones(text: str) -> Iterator[tuple[int, int]]:
             if core.isdigit() and not (
                 (core[0] == "0" and len(core) >= 9)
                 or re.fullmatch(r"[2-9]\d{9}", core)
-                or d._PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+                or context_i.search(text[max(0, start - 40) : start])
             ):
                 continue
             if not (
@@ -346,10 +349,10 @@ def _reference_phones(text: str) -> Iterator[tuple[int, int]]:
                 or raw[0] == "("
                 or na
                 or re.fullmatch(r"[2-9]\d{9}", raw)
-                or d._PHONE_CONTEXT.search(text[max(0, start - 40) : start])
+                or context_i.search(text[max(0, start - 40) : start])
             ):
                 continue
-        elif digits < 8 and not d._PHONE_WORD.search(text[max(0, start - 40) : start]):
+        elif digits < 8 and not word_i.search(text[max(0, start - 40) : start]):
             continue
         yield start, end
 
@@ -358,7 +361,8 @@ def test_phones_are_what_they_were() -> None:
     found = 0
     for text in _texts():
         expected = list(_reference_phones(text))
-        shaped = detectors._shaped_phones(text) if "phone" in prefilter.marks(text) else []
+        marked = prefilter.marks(text)
+        shaped = detectors._shaped_phones(text, "phone_word" in marked) if "phone" in marked else []
         assert [(s.start, s.end) for s in shaped] == expected, text
         found += len(expected)
     assert found > 100

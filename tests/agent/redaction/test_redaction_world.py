@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.redaction import Redactor, Vault, detectors
+from agent.redaction import Redactor, Vault, detectors, prefilter
 from agent.redaction import build_gazetteer as builder
 from agent.redaction.name_shapes import korean_shaped, name_shaped, pinyin_shaped, romaji_shaped
 from agent.redaction.names import fold
@@ -631,6 +631,31 @@ def test_every_regions_example_numbers_are_phones() -> None:
             if not _whole_phone(text, value):
                 missed.append((region, kind, text))
     assert checked > 1500
+    assert missed == []
+
+
+def test_example_numbers_in_long_texts_are_phones() -> None:
+    """The same national numbers after a phone word, eight sentences to a text: texts
+    longer than prefilter.SHORT_TEXT are read the other way round (the phone words first,
+    found by RE2, then the numbers after them)."""
+    sentences = [
+        (f"Call me at {national} tomorrow, or write to the office first.", national)
+        for _, _, national, _ in _phone_examples()
+        if sum(c.isdigit() for c in national) >= 7
+    ]
+    missed = []
+    for at in range(0, len(sentences), 8):
+        group = sentences[at : at + 8]
+        text = " ".join(sentence for sentence, _ in group)
+        assert len(text) >= prefilter.SHORT_TEXT or len(group) < 8
+        spans = [s for s in detectors.find_phones(text)]
+        offset = 0
+        for _, value in group:
+            start = text.index(value, offset)
+            offset = start + len(value)
+            if not any(s.start <= start and offset <= s.end for s in spans):
+                missed.append(value)
+    assert len(sentences) > 400
     assert missed == []
 
 

@@ -298,23 +298,59 @@ _PASSWORD_WORDS = (
     "كلمة المرور|كلمة السر|पासवर्ड"
 )
 _SECRET_ASSIGNED = re.compile(
-    r"(?i:(?:(?:\b|_)(?:api[_-]?key|apikey|access[_-]?key|secret(?:[_-]?key)?|client[_-]?secret|"
-    r"auth[_-]?token|access[_-]?token|refresh[_-]?token|token|password|passwd|pwd|"
-    rf"passphrase|private[_-]?key|account[_-]?key|shared[_-]?access[_-]?key|{_PASSWORD_WORDS})"
-    r"\b[\"']?\s*(?:[:=\uff1a]|\bis\b|\bwas\b)\s*[\"']?)"
+    r"(?i:(?:(?:\b|_)(?:api[_\- ]?key|apikey|access[_\- ]?key|secret(?:[_\- ]?key)?|"
+    r"client[_\- ]?secret|auth[_\- ]?token|access[_\- ]?token|refresh[_\- ]?token|"
+    r"api[_\- ]?token|token|password|passwd|pwd|passphrase|private[_-]?key|account[_-]?key|"
+    rf"shared[_-]?access[_-]?key|security answer|secret answer|kennwort|{_PASSWORD_WORDS})\b"
+    # what it is the password of: "password for the wifi:", "contraseña del wifi:"
+    r"(?:\s+(?:for|of|to|del|de|du|für|zum|zur|do|da|dla|pour)"
+    r"(?:\s+(?:the|my|our|your|la|le|el|das|die|der|den))?\s+[^\s:=]{1,20})?"
+    # linked by a sign, "is"/"was", or is in German, French, Spanish, Italian, Portuguese
+    r"[\"']?\s*(?:[:=\uff1a]|\bis\b|\bwas\b|'s\b|\blautet\b|\bist\b|\best\b|\bes\b|"
+    r"(?<=\s)[èé](?=\s))\s*[\"']?)"
+    r"|(?:\b(?:pass|pw)\s*[:=\uff1a]\s*[\"']?)"  # "pass: ...", "pw: ...": by a sign only
     r"|(?:\bbearer\s+))"
     r"([^\s\"',;]{6,})"
 )
-# A PIN after its word: four to eight digits (a password's rule asks for six characters).
+# A pass that is a ticket's, not a password: "Boarding pass: ABC123"
+_TICKET_PASSES = frozenset(
+    "boarding bus day season ski guest visitor hall free backstage transit travel rail metro "  # noqa: SIM905
+    "train press weekly monthly annual park museum festival event gym".split()
+)
+# A PIN after its word: four to eight digits (a password's rule asks for six characters);
+# right after its word, or linked by a sign or "is"/"was" ("PIN code 7731", "PIN: 7731").
 _PIN = re.compile(
     r"(?i:\b(?:pin|pin[ -]?code|code pin|codice pin|passcode|geheimzahl)\b\s*"
-    r"(?:[:=\uff1a]|\bis\b|\bwas\b)\s*)(\d{4,8})(?!\d)"
+    r"(?:(?:[:=\uff1a]|\bis\b|\bwas\b)\s*)?)(\d{4,8})(?![\d\w])"
+)
+# A code that opens something or proves who one is, after its word: door, gate, alarm,
+# one-time and verification codes, OTPs, card security codes, safe combinations; its value
+# holds three digits or more ("the door code is broken" is prose). Not zip, area, error,
+# status or promo codes: no word here names them.
+_ACCESS_CODE = re.compile(
+    r"(?i:\b(?:(?:door|gate|alarm|access|entry|entrance|building|garage|lock|keypad|safe|"
+    r"security|verification|one[- ]time|otp|2fa|mfa|sms|login|backup|recovery|unlock)"
+    r"[ -]?(?:code|passcode)s?|otp|cvv2?|cvc2?|csc|zugangscode|türcode|torcode|alarmcode|"
+    r"digicode|code d'accès|code d'entrée|code porte|código de acceso|codice di accesso|"
+    r"(?:safe |lock )?combination)\b\s*"
+    r"(?:(?:[:=\uff1a]|\bis\b|\bwas\b|\bist\b|\blautet\b|\best\b|\bes\b)\s*)?)"
+    r"([A-Za-z0-9][A-Za-z0-9#*\-]{2,15})(?![\w\-])"
+)
+_ACCESS_CODE_WORDS = (
+    "code", "otp", "cvv", "cvc", "csc", "combination", "digicode", "código", "codice",
+)  # fmt: skip
+# The other codes of a list after "recovery codes:" / "backup codes:"
+_NEXT_CODE = re.compile(r"\s*[,;]\s*([A-Za-z0-9][A-Za-z0-9\-]{3,15})(?![\w\-])")
+# A password on a command line: mysql's -pSECRET, sshpass -p SECRET
+_CLI_PASSWORD = re.compile(
+    r"\b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]{0,80}?\s-p([^\s'\"]{3,})"
+    r"|\bsshpass\s+-p\s*['\"]?([^\s'\"]{3,})"
 )
 # Every keyword of _SECRET_ASSIGNED starts with one of these (folded): a match starts at one,
 # or at the "_" before it; re tries only there (prefilter.finditer_from), not at every position.
 _ASSIGNED_ROOTS = (
-    "api", "access", "secret", "client", "auth", "refresh", "token", "pass", "pwd",
-    "private", "account", "shared", "bearer",
+    "api", "access", "secret", "client", "auth", "refresh", "token", "pass", "pwd", "pw",
+    "private", "account", "shared", "bearer", "security", "kennwort",
     "mot de", "mdp", "contras", "senha", "wacht", "hasło", "haslo", "heslo", "lösen",
     "losen", "adgang", "salas", "jelsz", "şifre", "sifre", "parol", "kata s", "mật", "mat k",
     "пароль", "密", "口令", "パス", "暗証", "비밀", "كلمة", "पास",
@@ -325,11 +361,13 @@ _BEARER_PROSE = frozenset(
      "bonds", "shares", "instrument", "instruments", "cheque", "cheques")
 )  # fmt: skip
 _URL_PASSWORD = re.compile(r"://[^:/\s@]{1,64}:([^@\s/]{3,128})@")
-_LOOSE_WORDS = "pass|pw|pin|passcode|kennwort|mot de passe"
+_LOOSE_WORDS = (
+    "pass|pw|pin|passcode|kennwort|mot de passe|password|api key|api token|access token|secret key"
+)
 _LOOSE_PASSWORD = re.compile(rf"(?i:\b(?:{_LOOSE_WORDS})\s+)(\S{{8,64}})")
 # one of these among a text's words, or _LOOSE_PASSWORD cannot match it
 _LOOSE_GATE = first_words(_LOOSE_WORDS.split("|"))
-_LOOSE_ROOTS = ("pass", "pw", "pin", "kennwort", "mot de passe")
+_LOOSE_ROOTS = ("pass", "pw", "pin", "kennwort", "mot de passe", "api", "access", "secret")
 _TOKEN = re.compile(r"[A-Za-z0-9_\-+/](?<![\w\-+/.][\s\S])[A-Za-z0-9_\-+/]{23,}={0,2}(?![\w\-+/])")
 
 
@@ -737,25 +775,96 @@ def _prose_after_is(match: re.Match[str], value: str) -> bool:
 
 
 def _assigned(text: str, folded: str) -> Iterator[Span]:
-    """Assigned secrets, loose passwords and PINs; ``folded`` is ``case_fold(text)``."""
+    """Assigned secrets, loose passwords, PINs, access codes and passwords on command lines;
+    ``folded`` is ``case_fold(text)``."""
     for m in assigned_matches(text):
         value = m.group(1).rstrip(".")
         if value.startswith("<") or value.lower() in {"none", "null", "true", "false", "redacted"}:
             continue
         if _prose_after_is(m, value):
             continue
-        if value.lower() in _BEARER_PROSE and m.group(0)[:6].lower() == "bearer":
+        link = m.group(0)[: m.start(1) - m.start(0)].lower()
+        if link[:6] == "bearer" and value.lower() in _BEARER_PROSE:
             continue  # "bearer tokens", "Bearer authentication": prose, not a token
+        by_sign_only = (link[:4] == "pass" and not link[4:5].isalpha()) or (
+            link[:2] == "pw" and not link[2:3].isalpha()
+        )
+        if by_sign_only and (value.isalpha() or _after_ticket_word(folded, m.start())):
+            continue  # "one pass: detectors", "Boarding pass: ABC123"
+        if link.rstrip().rstrip("\"'").endswith("'s") and not (
+            _looks_password(value) or _looks_key(value)
+        ):
+            continue  # "the API key's policy": a possessive, unless a password follows
         yield Span(m.start(1), m.start(1) + len(value), SECRET)
+    if "pass" in folded:
+        for m in _PASSPHRASE.finditer(text):
+            if _PROSE_WORDS.isdisjoint(m.group(1).lower().split()):  # "reset it from ..."
+                yield Span(m.start(1), m.end(1), SECRET)
     if "pin" in folded or "passcode" in folded or "geheimzahl" in folded:
         for m in _PIN.finditer(text):
             yield Span(m.start(1), m.end(1), SECRET)
+    if any(word in folded for word in _ACCESS_CODE_WORDS):
+        yield from _access_codes(text, folded)
+    if "mysql" in folded or "mariadb" in folded or "sshpass" in folded:
+        for m in _CLI_PASSWORD.finditer(text):
+            group = 1 if m.group(1) else 2
+            yield Span(m.start(group), m.end(group), SECRET)
     if _LOOSE_GATE.isdisjoint(words(text)):
         return
     for m in loose_password_matches(text):
         value = m.group(1).rstrip(".,;:!?)")
-        if _looks_password(value):
+        if _looks_password(value) or _looks_key(value):
             yield Span(m.start(1), m.start(1) + len(value), SECRET)
+
+
+def _after_ticket_word(folded: str, start: int) -> bool:
+    before = folded[max(0, start - 16) : start].split()
+    return bool(before) and before[-1] in _TICKET_PASSES
+
+
+# A passphrase of words: "Password: correct horse battery staple", "passphrase: tiger lily
+# moon" (three to six lower-case words to the end of the line, after a colon)
+_PASSPHRASE = re.compile(
+    r"(?i:\bpass(?:phrase|word)\s*[:=\uff1a]\s*)"
+    r"([a-z]{2,20}(?:[ \t]+[a-z]{2,20}){2,5})[ \t]*[.!]?[ \t]*(?=\n|$)"
+)
+
+
+# Words of a sentence, which a passphrase of random words seldom holds
+_PROSE_WORDS = frozenset(
+    "the a an it to from of in on for and or is are be your you my with at by this that "  # noqa: SIM905
+    "please then there here not no can will should must".split()
+)
+
+
+def _access_codes(text: str, folded: str) -> Iterator[Span]:
+    """_ACCESS_CODE's values, tried only at the starts of the words in the 28 characters
+    before each of its code words; the other codes of a recovery or backup codes list."""
+    starts: set[int] = set()
+    for word in _ACCESS_CODE_WORDS:
+        at = folded.find(word)
+        while at >= 0:
+            for i in range(max(0, at - 28), at + 1):
+                if text[i].isalnum() and (i == 0 or not text[i - 1].isalnum()):
+                    starts.add(i)
+            at = folded.find(word, at + 1)
+    for m in finditer_from(_ACCESS_CODE, text, sorted(starts)):
+        if sum(c.isdigit() for c in m.group(1)) < 3:
+            continue  # "the door code is broken"
+        yield Span(m.start(1), m.end(1), SECRET)
+        if "recovery" in m.group(0).lower() or "backup" in m.group(0).lower():
+            at = m.end(1)
+            while (more := _NEXT_CODE.match(text, at)) and sum(
+                c.isdigit() for c in more.group(1)
+            ) >= 2:
+                yield Span(more.start(1), more.end(1), SECRET)
+                at = more.end()
+
+
+def _looks_key(value: str) -> bool:
+    """A key in lower case after an API-key or password word: letters and two digits or
+    more (9f8e7d6c5b4a39281706, hunter22)."""
+    return sum(c.isdigit() for c in value) >= 2 and any(c.isalpha() for c in value)
 
 
 PATTERN_DETECTORS = (

@@ -44,7 +44,10 @@ ASSIGNED_MARKERS = ("key", "secret", "token", "pass", "pwd", "bearer", "pw", "pi
                     "lösenord", "losenord", "adgangskode", "salasana", "jelsz", "şifre",
                     "sifre", "parolă", "kata sandi", "mật khẩu", "mat khau", "пароль", "密码",
                     "密碼", "口令", "パスワード", "暗証番号", "비밀번호", "كلمة", "पासवर्ड",
-                    "geheimzahl")  # fmt: skip
+                    "geheimzahl",
+                    # access codes, security answers, passwords on command lines
+                    "code", "otp", "cvv", "cvc", "csc", "combination", "digicode", "código",
+                    "codice", "security", "mysql", "mariadb")  # fmt: skip
 
 # names.py's compound street endings (German, Dutch, Scandinavian, Finnish), as one
 # alternation and as words

@@ -123,6 +123,7 @@ _SSN_BARE = re.compile(
     r"\W{0,4}(?:is\W{0,3}|was\W{0,3}|=\W{0,3})?)"
     r"(\d{3})(\d{2})(\d{4})(?!\w)"
 )
+_SSN_WORDS = ("ssn", "social", "sozial")  # what each of _SSN_BARE's matches starts with
 _IPV4 = re.compile(r"\d(?<![\w.][\s\S])\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?:/\d{1,2})?(?![\w]|\.\d)")
 _IPV6 = re.compile(
     r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|(?:\d{1,3}\.){3}\d{1,3})"
@@ -460,17 +461,27 @@ def find_ibans(text: str, found: frozenset[str] | None = None) -> Iterator[Span]
             end = nxt
 
 
+def ssn_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_SSN.finditer(text)``, tried only where RE2 finds its shape."""
+    starts = re2_starts("ssn", text)
+    return _SSN.finditer(text) if starts is None else finditer_from(_SSN, text, starts)
+
+
 def find_ssns(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
-    if "ssn" in (marks(text) if found is None else found):
-        for m in _SSN.finditer(text):
+    found = marks(text) if found is None else found
+    if "ssn" in found:
+        for m in ssn_matches(text):
             if _LONGER_NUMBER_BEFORE.search(text, max(0, m.start() - 3), m.start()):
                 continue  # the last groups of a phone number: +992 601 16 3156
             if ssn_ok(m.group(1), m.group(3), m.group(4)):
                 yield Span(m.start(), m.end(), US_SSN)
+    if "ssn_word" not in found:  # no "ssn", "social", "sozial" in any case
+        return
     lowered = case_fold(text)  # as _SSN_BARE's (?i) reads it: "SOCİAL" holds "social"
     if "ssn" not in lowered and "social" not in lowered and "sozial" not in lowered:
         return
-    for m in _SSN_BARE.finditer(text):
+    # tried only where its words start, not at every position
+    for m in finditer_from(_SSN_BARE, text, literal_starts(lowered, _SSN_WORDS)):
         if ssn_ok(m.group(1), m.group(2), m.group(3)):
             yield Span(m.start(1), m.end(3), US_SSN)
 

@@ -166,6 +166,9 @@ _RE2_STARTS = {
     # detectors._IPV4: four dotted groups of digits, after no digit or dot; a start inside
     # another match would follow a digit or a dot
     "ipv4": r"\p{Nd}{1,3}\.\p{Nd}{1,3}\.\p{Nd}{1,3}\.\p{Nd}",
+    # detectors._SSN: three, two and four digits with a dash or space between, after no digit
+    # and such; a start inside another match would follow a digit
+    "ssn": r"\p{Nd}{3}[- ]\p{Nd}{2}[- ]\p{Nd}{4}",
 }
 _re2_starts: dict[str, _Re2Starts] = {}
 # Shorter texts are scanned by re itself: encoding one for RE2 and calling it cost more than
@@ -250,6 +253,8 @@ def mark_patterns() -> dict[str, str]:
         # find_cards: 12 to 19 digits, single spaces or dashes between
         "card": rf"{_D}(?:[ -]?{_D}){{11}}",
         "ssn": rf"{_D}{{3}}[- ]{_D}{{2}}[- ]{_D}{{4}}",
+        # find_ssns: the words before a bare SSN (detectors._SSN_WORDS)
+        "ssn_word": _caseless_literals(("ssn", "social", "sozial")),
         "ipv4": rf"{_D}\.{_D}{{1,3}}\.{_D}{{1,3}}\.{_D}",
         "iban": rf"[A-Za-z]{{2}}{_D}{{2}}(?: ?[A-Za-z0-9]){{11}}",
         # find_phones: 7 to 15 digits, at most three of space . - / ( ) (or their fullwidth and
@@ -296,7 +301,8 @@ def mark_patterns() -> dict[str, str]:
 
 
 MARK_NAMES = (
-    *("digit", "card", "ssn", "ipv4", "iban", "phone", "phone_word", "shape", "assigned"),
+    *("digit", "card", "ssn", "ssn_word", "ipv4", "iban", "phone", "phone_word", "shape"),
+    "assigned",
     "token",
     *("admin", "dashed_number", "korean_road", "han", "hangul", "korean_road_number"),
     *("china_number", "japan_block", "compound_ending", "non_latin", "caseless"),

@@ -277,6 +277,7 @@ FAST_PATHS: dict[
     "key shapes": (detectors.shape_matches, lambda: detectors._SECRET_SHAPES),
     "IBAN": (detectors.iban_matches, lambda: detectors._IBAN),
     "IPv4": (detectors.ipv4_matches, lambda: detectors._IPV4),
+    "SSN": (detectors.ssn_matches, lambda: detectors._SSN),
     "Latin label before a Han name": (
         script_names.latin_label_matches,
         lambda: script_names._LATIN_LABEL_AT,

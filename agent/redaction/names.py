@@ -2167,14 +2167,26 @@ def _other_forms(found: frozenset[str]) -> Iterator[re.Pattern[str]]:
         yield _KOREA_HANGUL
 
 
-def prefix_matches(pattern: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
+def prefix_matches(
+    pattern: re.Pattern[str], text: str, starts: list[int] | None = None
+) -> Iterator[re.Match[str]]:
     """``pattern.finditer(text)`` for the street-type-first patterns (prefix_first,
     prefix_numbered), tried only where a street-type word the text holds starts as a word, and
     up to 16 characters before it (a house number, its letter or second part, a comma and a
-    space: at most 16)."""
+    space: at most 16); ``starts``: those, found already (both patterns use the same)."""
+    return finditer_from(pattern, text, prefix_starts(text) if starts is None else starts)
+
+
+def prefix_starts(text: str) -> list[int]:
+    """Where prefix_matches tries its patterns: a match starts a word (its house number or
+    its street-type word), so of the 16 characters before a street-type word only where a
+    word starts."""
     _, before_name, _ = _address_gates()
-    roots = before_name & word_set(text)
-    return finditer_from(pattern, text, word_starts(text, roots, 16))
+    return [
+        i
+        for i in word_starts(text, before_name & word_set(text), 16)
+        if i == 0 or not text[i - 1].isalnum()
+    ]
 
 
 def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[Span]:
@@ -2189,7 +2201,11 @@ def find_addresses(text: str, found: frozenset[str] | None = None) -> Iterator[S
     if not after_name.isdisjoint(present):
         scans.append(number_first.finditer(text))
     if not before_name.isdisjoint(present):
-        scans += (prefix_matches(prefix_numbered, text), prefix_matches(prefix_first, text))
+        starts = prefix_starts(text)
+        scans += (
+            prefix_matches(prefix_numbered, text, starts),
+            prefix_matches(prefix_first, text, starts),
+        )
     if not type_words.isdisjoint(present):
         scans.append(type_after.finditer(text))
     scans.extend(p.finditer(text) for p in _other_forms(found))

@@ -602,7 +602,9 @@ _ROLE_WORDS = frozenset(
 )
 # A name alone on a line (a signature) or before a colon at a line's start (a chat).
 _LINE_END = re.compile(r"[ \t]*[!.]?[ \t]*(?:\n|$)")
-_SPEAKER = re.compile(r":[ \t]")
+# a line's speaker: "Tesfaye: the parcel is damaged" (not a field and its figure: "Ubuntu:
+# 22.04", "Debian: 12")
+_SPEAKER = re.compile(r":[ \t]+(?!\d)")
 
 
 def _title_before(before: str) -> bool:
@@ -821,7 +823,42 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
         yield from _labelled_capitals(text)
     if "@" in text:
         yield from _mentions(text)
+    if ". " in text:
+        yield from _initialled(text)
     yield from find_script_persons(text, found)
+
+
+# Initials, then a family name: "J. Smith", "N. Okafor", "J. R. R. Tolkien" (the capitalised
+# runs end at an initial's dot, so a name written so was found by its initial alone, or not)
+_INITIALLED = re.compile(
+    rf"(?:[{_UPPER}]\. ?){{1,3}}([{_UPPER}][\w'\u2019]+(?:-[{_UPPER}][\w'\u2019]+)?)(?![\w'-])"
+)
+
+
+def _initialled(text: str) -> Iterator[Span]:
+    """_INITIALLED's names whose word is a listed name, or in no list and shaped or likely
+    like one; tried only at a capital before ". " that starts a word."""
+    given, family, _, _ = gazetteer()
+    starts = []
+    at = text.find(". ")
+    while at >= 1:
+        k = at - 1
+        if text[k].isupper() and (k == 0 or not (text[k - 1].isalnum() or text[k - 1] in ".'-")):
+            starts.append(k)
+        at = text.find(". ", at + 2)
+    for m in finditer_from(_INITIALLED, text, starts):
+        word = m.group(1)
+        if word in _NOT_A_NAME or word in _ROLE_WORDS or word in _NO_NAME_VALUES:
+            continue
+        if (
+            _known(word, family)
+            or _known(word, given)
+            or (
+                _unlisted(word, True)
+                and (name_shaped(word) or name_likeness(word) >= NAME_LIKENESS)
+            )
+        ):
+            yield Span(m.start(), m.end(), PERSON)
 
 
 # The next word of a list after a word (", Thandiwe", " and Bongani"), and the one before
@@ -931,7 +968,7 @@ def _latin_persons(text: str) -> Iterator[Span]:
                 or (j >= i + 3 and _vietnamese_given(words, i, i + 2))
                 or (j > i + 1 and _pair(w, words[i + 1], before, given, family, words[i + 2 : j]))
                 or _title_before(before)
-                or _cue_before(before, _STRONG_CUES)
+                or (_cue_before(before, _STRONG_CUES) and not _no_value(words, i, j, text, offsets))
             ):
                 end = offsets[j - 1] + len(words[j - 1])
                 yield Span(offsets[i], end, PERSON)
@@ -946,6 +983,29 @@ def _latin_persons(text: str) -> Iterator[Span]:
             if _lone_name(w, first, known_first, before, text, one_end, given, family):
                 yield Span(offsets[i], one_end, PERSON)
             i += 1
+
+
+# What a form says in place of a name: "Name: Unknown", "Customer: Anonymous"
+_NO_NAME_VALUES = frozenset(
+    "Unknown None Anonymous Nobody Someone Guest Customer User Redacted Withheld Pending "  # noqa: SIM905
+    "Various Null Tbd Tba Unnamed Untitled Blank Empty Private Hidden".split()
+)
+
+
+def _no_value(words: list[str], i: int, j: int, text: str, offsets: list[int]) -> bool:
+    """The capitalised words after a strong cue are no name: a placeholder ("Unknown"), a
+    letter before a slash (N/A), or a title whose dot ended the run ("Dear Mr. Smith": the
+    name after it is found on its own, after its title)."""
+    if j != i + 1:
+        return False
+    w = words[i]
+    return (
+        w in _NO_NAME_VALUES
+        or (len(w) == 1 and text[offsets[i] + 1 : offsets[i] + 2] == "/")
+        or (
+            w.lower() in _TITLE_WORDS and text[offsets[i] + len(w) : offsets[i] + len(w) + 1] == "."
+        )
+    )
 
 
 def _lone_name(

@@ -91,6 +91,13 @@ def test_names_in_no_list_are_found_by_their_context(
         ("Please update Mehmet's phone number.", "Mehmet"),
         # a word in no list after a cue naming a relation
         ("My colleague Siriporn handles billing.", "Siriporn"),
+        # initials before a family name, whole (the initial's dot ended the capitalised run)
+        ("Name: N. Okafor", "N. Okafor"),
+        ("Signed by J. Smith on Monday.", "J. Smith"),
+        ("Regards,\nJ. R. R. Tolkien", "J. R. R. Tolkien"),
+        # a title with its dot after a strong cue: the name, not the title
+        ("Dear Mr. Smith, thank you.", "Smith"),
+        ("Name: Dr. Okafor", "Okafor"),
     ],
 )
 def test_names_opening_sentences_possessives_and_relations(text: str, name: str) -> None:
@@ -141,6 +148,13 @@ def test_names_opening_sentences_possessives_and_relations(text: str, name: str)
         "Wir haben Kaffee Bohnen gekauft.",
         # a listed family name that is a frequent English word, alone
         "All templates are written in English here.",
+        # initials before words that are no names, a form's placeholders, fields and figures
+        "P. S. Call me tomorrow.",
+        "Section A. Introduction",
+        "Vitamin D. Sunlight helps.",
+        "Name: N/A",
+        "Name: Unknown\nCustomer: Anonymous",
+        "Ubuntu: 22.04\nUbuntu: 24.04\nDebian: 12",
     ],
 )
 def test_ordinary_capitalised_words_are_left_alone(text: str) -> None:

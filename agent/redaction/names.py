@@ -556,6 +556,57 @@ _STRONG_CUES = frozenset(
 )
 
 
+# Labels that introduce a name only as labels (after a colon): the words for given and
+# family names in several languages (one word is enough: "Vorname: Zewdu"), and the parties
+# of a form or a message (two words or more: "Customer: Zewdu Girma", not "Client: Globex")
+_NAME_LABELS = frozenset(
+    "surname forename vorname nachname nombre apellido apellidos nom prénom nome cognome "  # noqa: SIM905
+    "naam voornaam achternaam imię nazwisko nama имя фамилия отчество фио".split()
+) | frozenset(
+    ("last name", "family name", "first name", "given name", "given names", "middle name",
+     "maiden name", "nom de famille")
+)  # fmt: skip
+_PARTY_LABELS = frozenset(
+    "from to cc bcc customer client owner sender reviewer author buyer seller user member "  # noqa: SIM905
+    "caller contact requester reporter".split()
+) | frozenset(("reported by", "requested by", "created by"))
+_LABEL_CUES = _NAME_LABELS | _PARTY_LABELS
+# The last word of a business's or a team's name
+_ORGANISATION_WORDS = frozenset(
+    "Corp Corporation Inc Ltd Llc LLC GmbH AG SA SAS BV NV Plc PLC Co Company Group Team "  # noqa: SIM905
+    "Office Support Desk Department Services Service Bank Hotel Store Shop Clinic".split()
+)
+# After "Last" in a label's "Last, First": the given name, ending the field
+_FIRST_AFTER_LAST = re.compile(r", ([A-Z][\w'\u2019-]+)(?=[ \t]*(?:$|\n|\(|;|\|))")
+
+
+def _after_label(
+    before: str, words: list[str], given: frozenset[str], family: frozenset[str]
+) -> bool:
+    """Capitalised words after a label and its colon ("Customer: Zewdu Girma", "Vorname:
+    Zewdu"): each a listed name or a word in no list that is no English word or place, the
+    last no business's word; one word only after a label for a name."""
+    if not before.rstrip(" \t").endswith(":"):
+        return False
+    if not _cue_before(before, _NAME_LABELS if len(words) == 1 else _LABEL_CUES):
+        return False
+    return words[-1] not in _ORGANISATION_WORDS and all(
+        _label_name(w, given, family) for w in words
+    )
+
+
+def _label_name(word: str, given: frozenset[str], family: frozenset[str]) -> bool:
+    low = fold(word).lower()
+    lex = lexicon()
+    return (
+        (_known(word, given) or _known(word, family) or _unlisted(word, True))
+        and low not in lex.dictionary
+        and not _known(word, lex.places)
+        and word not in _NO_NAME_VALUES
+        and word not in _ROLE_WORDS
+    )
+
+
 def _cue_before(before: str, cues: frozenset[str]) -> bool:
     return not cues.isdisjoint(_cue_phrases(before))
 
@@ -969,9 +1020,17 @@ def _latin_persons(text: str) -> Iterator[Span]:
                 or (j > i + 1 and _pair(w, words[i + 1], before, given, family, words[i + 2 : j]))
                 or _title_before(before)
                 or (_cue_before(before, _STRONG_CUES) and not _no_value(words, i, j, text, offsets))
+                or _after_label(before, words[i:j], given, family)
             ):
                 end = offsets[j - 1] + len(words[j - 1])
                 yield Span(offsets[i], end, PERSON)
+                if (
+                    j == i + 1
+                    and (last_first := _FIRST_AFTER_LAST.match(text, end))
+                    and (_cue_before(before, _STRONG_CUES) or _cue_before(before, _LABEL_CUES))
+                    and _label_name(last_first.group(1), given, family)
+                ):
+                    yield Span(last_first.start(1), last_first.end(1), PERSON)  # Last, First
                 i = j
                 continue
             one_end = offsets[i] + len(w)

@@ -98,10 +98,29 @@ def test_names_in_no_list_are_found_by_their_context(
         # a title with its dot after a strong cue: the name, not the title
         ("Dear Mr. Smith, thank you.", "Smith"),
         ("Name: Dr. Okafor", "Okafor"),
+        # names in no list after a form's or a message's labels, in several languages
+        ("Customer: Zewdu Girma", "Zewdu Girma"),
+        ("From: Zewdu Girma", "Zewdu Girma"),
+        ("Nombre: Zewdu Girma", "Zewdu Girma"),
+        ("Имя: Zewdu", "Zewdu"),
     ],
 )
 def test_names_opening_sentences_possessives_and_relations(text: str, name: str) -> None:
     assert persons(text) == [name], R.detect(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        # both names of a form, and a label's "Last, First"
+        ("Surname: Mekonnen, Given name: Tesfaye", ["Mekonnen", "Tesfaye"]),
+        ("Vorname: Zewdu, Nachname: Girma", ["Zewdu", "Girma"]),
+        ("Driver: Girma, Zewdu", ["Girma", "Zewdu"]),
+        ("Employee: Girma, Zewdu (ID 4471)", ["Girma", "Zewdu"]),
+    ],
+)
+def test_both_names_of_a_form(text: str, names: list[str]) -> None:
+    assert persons(text) == names, R.detect(text)
 
 
 @pytest.mark.parametrize(
@@ -155,6 +174,15 @@ def test_names_opening_sentences_possessives_and_relations(text: str, name: str)
         "Name: N/A",
         "Name: Unknown\nCustomer: Anonymous",
         "Ubuntu: 22.04\nUbuntu: 24.04\nDebian: 12",
+        # after a party's label: a business, a team, a place, English words, one word
+        "To: Sales Team",
+        "From: London\nTo: Paris",
+        "Customer: Acme Corp",
+        "Client: Globex",
+        "Sender: Vodafone",
+        "From: Customer Service",
+        "To: Lagos Office",
+        "Nombre: Valencia",  # a place after a label for a name
     ],
 )
 def test_ordinary_capitalised_words_are_left_alone(text: str) -> None:

@@ -595,6 +595,17 @@ def _after_label(
     )
 
 
+def _speaking_pair(words: list[str], text: str, end: int) -> bool:
+    """Two words in no list before past-tense speech ("Zewdu Girma wrote:"), each no
+    English word, place or business's word."""
+    if len(words) != 2 or words[-1] in _ORGANISATION_WORDS:
+        return False
+    if _PAST_SPEECH_AFTER.match(text, end) is None:
+        return False
+    given, family, _, _ = gazetteer()
+    return all(_label_name(w, given, family) for w in words)
+
+
 def _label_name(word: str, given: frozenset[str], family: frozenset[str]) -> bool:
     low = fold(word).lower()
     lex = lexicon()
@@ -1021,6 +1032,7 @@ def _latin_persons(text: str) -> Iterator[Span]:
                 or _title_before(before)
                 or (_cue_before(before, _STRONG_CUES) and not _no_value(words, i, j, text, offsets))
                 or _after_label(before, words[i:j], given, family)
+                or _speaking_pair(words[i:j], text, offsets[j - 1] + len(words[j - 1]))
             ):
                 end = offsets[j - 1] + len(words[j - 1])
                 yield Span(offsets[i], end, PERSON)

@@ -103,6 +103,8 @@ def test_names_in_no_list_are_found_by_their_context(
         ("From: Zewdu Girma", "Zewdu Girma"),
         ("Nombre: Zewdu Girma", "Zewdu Girma"),
         ("Имя: Zewdu", "Zewdu"),
+        # two words in no list before past-tense speech
+        ("> On Monday, Zewdu Girma wrote:", "Zewdu Girma"),
     ],
 )
 def test_names_opening_sentences_possessives_and_relations(text: str, name: str) -> None:
@@ -183,6 +185,9 @@ def test_both_names_of_a_form(text: str, names: list[str]) -> None:
         "From: Customer Service",
         "To: Lagos Office",
         "Nombre: Valencia",  # a place after a label for a name
+        "Acme Corp wrote to us.",  # a business speaking
+        "Initech GmbH wrote back.",
+        "Lagos Office replied.",
     ],
 )
 def test_ordinary_capitalised_words_are_left_alone(text: str) -> None:

@@ -597,8 +597,9 @@ def _after_label(
 
 def _speaking_pair(words: list[str], text: str, end: int) -> bool:
     """Two words in no list before past-tense speech ("Zewdu Girma wrote:"), each no
-    English word, place or business's word."""
-    if len(words) != 2 or words[-1] in _ORGANISATION_WORDS:
+    English word or place (a business's words are English words, places, or not written as a
+    name is: Acme Corp, Lagos Office, Initech GmbH)."""
+    if len(words) != 2:
         return False
     if _PAST_SPEECH_AFTER.match(text, end) is None:
         return False

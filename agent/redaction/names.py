@@ -583,12 +583,13 @@ _FIRST_AFTER_LAST = re.compile(r", ([A-Z][\w'\u2019-]+)(?=[ \t]*(?:$|\n|\(|;|\|)
 def _after_label(
     before: str, words: list[str], given: frozenset[str], family: frozenset[str]
 ) -> bool:
-    """Capitalised words after a label and its colon ("Customer: Zewdu Girma", "Vorname:
+    """Capitalised words after a label and its colon or dash ("Customer: Zewdu Girma", "Vorname:
     Zewdu"): each a listed name or a word in no list that is no English word or place, the
     last no business's word; one word only after a label for a name."""
-    if not before.rstrip(" \t").endswith(":"):
-        return False
-    if not _cue_before(before, _NAME_LABELS if len(words) == 1 else _LABEL_CUES):
+    if not before.rstrip(" \t").endswith((":", " -", " \u2013", " \u2014")):
+        return False  # "Customer:", "Owner - "
+    label = before.rstrip(" \t\u2013\u2014-")
+    if not _cue_before(label, _NAME_LABELS if len(words) == 1 else _LABEL_CUES):
         return False
     return words[-1] not in _ORGANISATION_WORDS and all(
         _label_name(w, given, family) for w in words

@@ -103,6 +103,7 @@ def test_names_in_no_list_are_found_by_their_context(
         ("From: Zewdu Girma", "Zewdu Girma"),
         ("Nombre: Zewdu Girma", "Zewdu Girma"),
         ("Имя: Zewdu", "Zewdu"),
+        ("Owner - Zewdu Girma", "Zewdu Girma"),  # a label and a dash
         # two words in no list before past-tense speech
         ("> On Monday, Zewdu Girma wrote:", "Zewdu Girma"),
     ],
@@ -185,6 +186,7 @@ def test_both_names_of_a_form(text: str, names: list[str]) -> None:
         "From: Customer Service",
         "To: Lagos Office",
         "Nombre: Valencia",  # a place after a label for a name
+        "Client - Globex",
         "Acme Corp wrote to us.",  # a business speaking
         "Initech GmbH wrote back.",
         "Lagos Office replied.",

@@ -624,22 +624,13 @@ def _cue_before(before: str, cues: frozenset[str]) -> bool:
     return not cues.isdisjoint(_cue_phrases(before))
 
 
-# The phrases of the last text before a word: find_persons asks up to five cue lists about
-# the same one (one tuple, replaced whole: safe to share between threads).
-_last_cue: tuple[str, tuple[str, ...]] = ("", ())
-
-
+@lru_cache(maxsize=1024)
 def _cue_phrases(before: str) -> tuple[str, ...]:
     """The last one, two and three words before a name, lower case (the cue phrases that
-    can end there)."""
-    global _last_cue
-    last = _last_cue
-    if last[0] == before:
-        return last[1]
+    can end there); remembered, as find_persons asks several cue lists about the same text
+    before a word (and the same texts recur: "Name: ", "Dear ")."""
     words = before.rstrip(" ,:\n").lower().split()[-3:]
-    phrases = tuple(" ".join(words[k:]).lstrip("(\"'") for k in range(len(words)))
-    _last_cue = (before, phrases)
-    return phrases
+    return tuple(" ".join(words[k:]).lstrip("(\"'") for k in range(len(words)))
 
 
 _SPEECH_AFTER = re.compile(

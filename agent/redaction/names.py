@@ -1506,8 +1506,16 @@ def _pair(
 ) -> bool:
     """Two words that make a name without a known given name first (the words after them,
     ``rest``, in the same capitalised run): by the lists (:func:`_listed_pair`), or with a
-    word in no list (:func:`_unlisted_pair`)."""
+    word in no list (:func:`_unlisted_pair`); not two places side by side (Nairobi Kisumu,
+    Osaka Kobe), unless the first is a given name (Paris Hilton)."""
+    if _two_places(a, b, given):
+        return False
     return _listed_pair(a, b, before, given, family) or _unlisted_pair(a, b, before, family, rest)
+
+
+def _two_places(a: str, b: str, given: frozenset[str]) -> bool:
+    places = lexicon().places
+    return _known(a, places) and _known(b, places) and not _known(a, given)
 
 
 def _unlisted_pair(

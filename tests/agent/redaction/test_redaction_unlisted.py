@@ -187,6 +187,9 @@ def test_both_names_of_a_form(text: str, names: list[str]) -> None:
         "To: Lagos Office",
         "Nombre: Valencia",  # a place after a label for a name
         "Client - Globex",
+        # two places side by side are no pair of names
+        "Nairobi Kisumu",
+        "From: Lagos Ibadan",
         "Acme Corp wrote to us.",  # a business speaking
         "Initech GmbH wrote back.",
         "Lagos Office replied.",

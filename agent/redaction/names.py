@@ -880,7 +880,28 @@ def find_persons(text: str, found: frozenset[str] | None = None) -> Iterator[Spa
         yield from _mentions(text)
     if ". " in text:
         yield from _initialled(text)
+    if ", " in text and ":" in text:
+        yield from _last_first_speakers(text)
     yield from find_script_persons(text, found)
+
+
+# A chat line's speaker written as a directory writes names: "Mekonnen, Tesfaye: the parcel"
+_LAST_FIRST_SPEAKER = re.compile(r"([A-Z][\w'\u2019-]+), ([A-Z][\w'\u2019-]+):[ \t]+(?!\d)")
+
+
+def _last_first_speakers(text: str) -> Iterator[Span]:
+    """Both words of a line-opening "Last, First:" whose words are each a listed name or a
+    word in no list that is no English word or place; tried at line starts only."""
+    given, family, _, _ = gazetteer()
+    starts = [0]
+    at = text.find("\n")
+    while at >= 0:
+        starts.append(at + 1)
+        at = text.find("\n", at + 1)
+    for m in finditer_from(_LAST_FIRST_SPEAKER, text, starts):
+        if all(_label_name(m.group(k), given, family) for k in (1, 2)):
+            yield Span(m.start(1), m.end(1), PERSON)
+            yield Span(m.start(2), m.end(2), PERSON)
 
 
 # Initials, then a family name: "J. Smith", "N. Okafor", "J. R. R. Tolkien" (the capitalised

@@ -120,6 +120,8 @@ def test_names_opening_sentences_possessives_and_relations(text: str, name: str)
         ("Vorname: Zewdu, Nachname: Girma", ["Zewdu", "Girma"]),
         ("Driver: Girma, Zewdu", ["Girma", "Zewdu"]),
         ("Employee: Girma, Zewdu (ID 4471)", ["Girma", "Zewdu"]),
+        # a chat line's speaker written "Last, First:"
+        ("Hi\nGirma, Zewdu: the parcel is late\nAgent: sorry", ["Girma", "Zewdu"]),
     ],
 )
 def test_both_names_of_a_form(text: str, names: list[str]) -> None:
@@ -190,6 +192,8 @@ def test_both_names_of_a_form(text: str, names: list[str]) -> None:
         # two places side by side are no pair of names
         "Nairobi Kisumu",
         "From: Lagos Ibadan",
+        "Sales, Marketing: budget review",  # words, not a speaker's names
+        "London, Paris: 2 flights",
         "Acme Corp wrote to us.",  # a business speaking
         "Initech GmbH wrote back.",
         "Lagos Office replied.",

@@ -221,7 +221,17 @@ async def run(args: argparse.Namespace) -> int:
                     lat=lat,
                     lon=lon,
                     # an empty model store under the state dir, filled by model sync
-                    extra_args=["--threads", str(args.threads), "--set", "models.source=store"],
+                    extra_args=[
+                        "--threads",
+                        str(args.threads),
+                        "--set",
+                        "models.source=store",
+                        *(
+                            ["--set", f"models.self_check_prompts={args.self_check_prompts}"]
+                            if args.self_check_prompts
+                            else []
+                        ),
+                    ],
                     join_token=token,
                     state_dir=state / site,
                 )
@@ -364,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per agent")
     parser.add_argument("--check", action="store_true", help="exit after the sample request")
     parser.add_argument(
+        "--self-check-prompts", type=int, default=0, metavar="N",
+        help="factual prompts each agent's self-check asks of a model before serving it "
+        "(1-20; 0: the agent's default, 8): fewer start the demo sooner on a slow machine",
+    )  # fmt: skip
+    parser.add_argument(
         "--coordinators", type=int, default=1,
         help="coordinators (more than 1: on a throwaway PostgreSQL server; ports one apart)",
     )  # fmt: skip
@@ -373,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.coordinators <= 5:
         parser.error("--coordinators: 1 to 5")
+    if not 0 <= args.self_check_prompts <= 20:
+        parser.error("--self-check-prompts: 0 to 20")
     return asyncio.run(run(args))
 
 

@@ -36,6 +36,8 @@ async def test_demo_runs_with_authentication_on(real_artifacts: Path) -> None:
     demo = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "devtools.demo", "--models-dir", str(real_artifacts),
         "--grpc-port", "0", "--http-port", "0", "--agent-port", "0", "--threads", "1",
+        # (the self-check itself is tested in tests/agent/test_self_check.py)
+        "--self-check-prompts", "2",
         cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,

@@ -196,6 +196,13 @@ def _after_tax_label(text: str, start: int) -> bool:
 
 
 _TOUCHING_CHAR = re.compile(_TOUCHING)
+
+
+def _as_ascii(raw: str) -> str:
+    """A number's fullwidth digits and signs and CJK dashes read as their ASCII ones."""
+    return raw if raw.isascii() else unicodedata.normalize("NFKC", raw).translate(_ASCII_DASHES)
+
+
 _EXTENSION = re.compile(r"\s?(?:x|ext\.?|extension)\s?\d{1,6}$")
 _NORTH_AMERICAN = re.compile(r"\(?[2-9]\d{2}\)?[ .\-]?\d{3}[ .\-]\d{4}")
 # North American and Russian numbers after their one-digit trunk or country prefix
@@ -598,8 +605,7 @@ def _with_loose_phones(text: str, spans: list[Span]) -> list[Span]:
             or (after[0] in ".,:" and after[1:].isdigit())
         ):
             continue  # 2 2123456-12, 2123 4567.89
-        if not raw.isascii():
-            raw = unicodedata.normalize("NFKC", raw).translate(_ASCII_DASHES)
+        raw = _as_ascii(raw)
         if not 7 <= sum(c.isdigit() for c in raw) <= 15:
             continue
         if _DATE_LIKE.fullmatch(raw) or _SSN_SHAPE.fullmatch(raw):
@@ -627,8 +633,7 @@ def _shaped_phones(text: str, words: bool) -> Iterator[Span]:
     for m in _PHONE.finditer(text):
         raw = m.group()
         start, end = m.start(), m.end()
-        if not raw.isascii():  # fullwidth digits and signs, CJK dashes: judged as ASCII
-            raw = unicodedata.normalize("NFKC", raw).translate(_ASCII_DASHES)
+        raw = _as_ascii(raw)  # fullwidth digits and signs, CJK dashes: judged as ASCII
         # a closing parenthesis that the pattern took without its opening one
         if raw.endswith(")") and raw.count("(") < raw.count(")"):
             raw = raw[:-1]
@@ -851,15 +856,9 @@ _PROSE_WORDS = frozenset(
 def _access_codes(text: str, folded: str) -> Iterator[Span]:
     """_ACCESS_CODE's values, tried only at the starts of the words in the 28 characters
     before each of its code words; the other codes of a recovery or backup codes list."""
-    starts: set[int] = set()
-    for word in _ACCESS_CODE_WORDS:
-        at = folded.find(word)
-        while at >= 0:
-            for i in range(max(0, at - 28), at + 1):
-                if text[i].isalnum() and (i == 0 or not text[i - 1].isalnum()):
-                    starts.add(i)
-            at = folded.find(word, at + 1)
-    for m in finditer_from(_ACCESS_CODE, text, sorted(starts)):
+    near = literal_starts(folded, _ACCESS_CODE_WORDS, 28)
+    starts = [i for i in near if text[i].isalnum() and (i == 0 or not text[i - 1].isalnum())]
+    for m in finditer_from(_ACCESS_CODE, text, starts):
         if sum(c.isdigit() for c in m.group(1)) < 3:
             continue  # "the door code is broken"
         yield Span(m.start(1), m.end(1), SECRET)

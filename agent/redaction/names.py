@@ -580,9 +580,7 @@ _ORGANISATION_WORDS = frozenset(
 _FIRST_AFTER_LAST = re.compile(r", ([A-Z][\w'\u2019-]+)(?=[ \t]*(?:$|\n|\(|;|\|))")
 
 
-def _after_label(
-    before: str, words: list[str], given: frozenset[str], family: frozenset[str]
-) -> bool:
+def _after_label(before: str, words: list[str]) -> bool:
     """Capitalised words after a label and its colon or dash ("Customer: Zewdu Girma", "Vorname:
     Zewdu"): each a listed name or a word in no list that is no English word or place, the
     last no business's word; one word only after a label for a name."""
@@ -591,9 +589,7 @@ def _after_label(
     label = before.rstrip(" \t\u2013\u2014-")
     if not _cue_before(label, _NAME_LABELS if len(words) == 1 else _LABEL_CUES):
         return False
-    return words[-1] not in _ORGANISATION_WORDS and all(
-        _label_name(w, given, family) for w in words
-    )
+    return words[-1] not in _ORGANISATION_WORDS and all(_label_name(w) for w in words)
 
 
 def _speaking_pair(words: list[str], text: str, end: int) -> bool:
@@ -604,16 +600,15 @@ def _speaking_pair(words: list[str], text: str, end: int) -> bool:
         return False
     if _PAST_SPEECH_AFTER.match(text, end) is None:
         return False
-    given, family, _, _ = gazetteer()
-    return all(_label_name(w, given, family) for w in words)
+    return all(_label_name(w) for w in words)
 
 
-def _label_name(word: str, given: frozenset[str], family: frozenset[str]) -> bool:
-    low = fold(word).lower()
+def _label_name(word: str) -> bool:
+    """:func:`_name_or_unlisted`, and no English word, place, placeholder or role."""
     lex = lexicon()
     return (
-        (_known(word, given) or _known(word, family) or _unlisted(word, True))
-        and low not in lex.dictionary
+        _name_or_unlisted(word)
+        and fold(word).lower() not in lex.dictionary
         and not _known(word, lex.places)
         and word not in _NO_NAME_VALUES
         and word not in _ROLE_WORDS
@@ -892,14 +887,13 @@ _LAST_FIRST_SPEAKER = re.compile(r"([A-Z][\w'\u2019-]+), ([A-Z][\w'\u2019-]+):[ 
 def _last_first_speakers(text: str) -> Iterator[Span]:
     """Both words of a line-opening "Last, First:" whose words are each a listed name or a
     word in no list that is no English word or place; tried at line starts only."""
-    given, family, _, _ = gazetteer()
     starts = [0]
     at = text.find("\n")
     while at >= 0:
         starts.append(at + 1)
         at = text.find("\n", at + 1)
     for m in finditer_from(_LAST_FIRST_SPEAKER, text, starts):
-        if all(_label_name(m.group(k), given, family) for k in (1, 2)):
+        if all(_label_name(m.group(k)) for k in (1, 2)):
             yield Span(m.start(1), m.end(1), PERSON)
             yield Span(m.start(2), m.end(2), PERSON)
 
@@ -1045,7 +1039,7 @@ def _latin_persons(text: str) -> Iterator[Span]:
                 or (j > i + 1 and _pair(w, words[i + 1], before, given, family, words[i + 2 : j]))
                 or _title_before(before)
                 or (_cue_before(before, _STRONG_CUES) and not _no_value(words, i, j, text, offsets))
-                or _after_label(before, words[i:j], given, family)
+                or _after_label(before, words[i:j])
                 or _speaking_pair(words[i:j], text, offsets[j - 1] + len(words[j - 1]))
             ):
                 end = offsets[j - 1] + len(words[j - 1])
@@ -1054,7 +1048,7 @@ def _latin_persons(text: str) -> Iterator[Span]:
                     j == i + 1
                     and (last_first := _FIRST_AFTER_LAST.match(text, end))
                     and (_cue_before(before, _STRONG_CUES) or _cue_before(before, _LABEL_CUES))
-                    and _label_name(last_first.group(1), given, family)
+                    and _label_name(last_first.group(1))
                 ):
                     yield Span(last_first.start(1), last_first.end(1), PERSON)  # Last, First
                 i = j
